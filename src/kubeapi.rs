@@ -1,0 +1,241 @@
+//! Raw list and watch requests.
+//!
+//! The relay reads watch responses as bytes and splits lines itself, so objects can be passed
+//! through without being decoded into typed structs, and so a malformed line is a countable
+//! event rather than the end of a typed stream.
+
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use kube::client::Body;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use thiserror::Error;
+
+/// Largest watch line the relay accepts; Kubernetes objects are limited to about 1.5 MiB in etcd,
+/// so anything much larger is a broken stream, not an object.
+pub const MAX_LINE: usize = 16 * 1024 * 1024;
+
+#[derive(Debug, Error)]
+pub enum ApiError {
+    /// The requested resourceVersion is no longer available (HTTP 410 or an in-stream ERROR).
+    #[error("resource version expired: {0}")]
+    Gone(String),
+    #[error("HTTP {code} {reason}: {message}")]
+    Status { code: u16, reason: String, message: String, retry_after: Option<Duration> },
+    #[error("request failed: {0}")]
+    Transport(#[from] kube::Error),
+    #[error("reading the response failed: {0}")]
+    Body(String),
+    #[error("malformed response: {0}")]
+    Decode(#[from] serde_json::Error),
+    #[error("a watch line exceeded {MAX_LINE} bytes")]
+    LineTooLong,
+}
+
+impl ApiError {
+    /// How long the server asked us to wait, if it did.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ApiError::Status { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
+    /// A short label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ApiError::Gone(_) => "gone",
+            ApiError::Status { code: 401 | 403, .. } => "unauthorized",
+            ApiError::Status { code: 404, .. } => "not_found",
+            ApiError::Status { code: 429, .. } => "throttled",
+            ApiError::Status { .. } => "status",
+            ApiError::Transport(_) | ApiError::Body(_) => "transport",
+            ApiError::Decode(_) | ApiError::LineTooLong => "decode",
+        }
+    }
+}
+
+/// Selectors and options shared by list and watch.
+#[derive(Clone, Debug, Default)]
+pub struct Query<'a> {
+    pub label_selector: Option<&'a str>,
+    pub field_selector: Option<&'a str>,
+}
+
+fn url(path: &str, q: &Query, extra: &[(&str, &str)]) -> String {
+    let mut s = form_urlencoded::Serializer::new(String::new());
+    if let Some(l) = q.label_selector {
+        s.append_pair("labelSelector", l);
+    }
+    if let Some(f) = q.field_selector {
+        s.append_pair("fieldSelector", f);
+    }
+    for (k, v) in extra {
+        s.append_pair(k, v);
+    }
+    format!("{path}?{}", s.finish())
+}
+
+async fn get(client: &kube::Client, uri: String) -> Result<http::Response<Body>, ApiError> {
+    let req = Request::get(uri).body(Body::empty()).expect("a GET with a valid URI builds");
+    let res = client.send(req).await?;
+    if res.status().is_success() {
+        return Ok(res);
+    }
+    let code = res.status();
+    let retry_after = res
+        .headers()
+        .get(http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let body = res.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    #[derive(Deserialize, Default)]
+    struct Status {
+        #[serde(default)]
+        reason: String,
+        #[serde(default)]
+        message: String,
+    }
+    let st: Status = serde_json::from_slice(&body).unwrap_or_default();
+    if code == StatusCode::GONE {
+        return Err(ApiError::Gone(st.message));
+    }
+    let message = if st.message.is_empty() { String::from_utf8_lossy(&body).trim().to_string() } else { st.message };
+    Err(ApiError::Status { code: code.as_u16(), reason: st.reason, message, retry_after })
+}
+
+/// One page of a list.
+pub struct ListPage {
+    /// e.g. `PodList`.
+    pub kind: String,
+    pub resource_version: String,
+    pub continue_token: Option<String>,
+    pub items: Vec<Box<RawValue>>,
+}
+
+/// Lists one page. `continue_token` pins the snapshot of the first page; an expired token comes
+/// back as [`ApiError::Gone`] and the caller starts over.
+pub async fn list_page(
+    client: &kube::Client,
+    path: &str,
+    q: &Query<'_>,
+    limit: u32,
+    continue_token: Option<&str>,
+) -> Result<ListPage, ApiError> {
+    let limit = limit.to_string();
+    let mut extra = vec![("limit", limit.as_str())];
+    if let Some(c) = continue_token {
+        extra.push(("continue", c));
+    }
+    let res = get(client, url(path, q, &extra)).await?;
+    let body = res.into_body().collect().await.map_err(|e| ApiError::Body(e.to_string()))?.to_bytes();
+    #[derive(Deserialize)]
+    struct Md {
+        #[serde(rename = "resourceVersion", default)]
+        resource_version: String,
+        #[serde(rename = "continue", default)]
+        continue_token: Option<String>,
+    }
+    #[derive(Deserialize)]
+    struct List {
+        #[serde(default)]
+        kind: String,
+        metadata: Md,
+        #[serde(default)]
+        items: Option<Vec<Box<RawValue>>>,
+    }
+    let list: List = serde_json::from_slice(&body)?;
+    Ok(ListPage {
+        kind: list.kind,
+        resource_version: list.metadata.resource_version,
+        continue_token: list.metadata.continue_token.filter(|c| !c.is_empty()),
+        items: list.items.unwrap_or_default(),
+    })
+}
+
+/// An open watch response, read line by line.
+pub struct Watch {
+    body: Body,
+    buf: BytesMut,
+    done: bool,
+}
+
+/// Opens a watch from `resource_version` with bookmarks on.
+pub async fn watch(
+    client: &kube::Client,
+    path: &str,
+    q: &Query<'_>,
+    resource_version: &str,
+    timeout_seconds: u32,
+) -> Result<Watch, ApiError> {
+    let timeout = timeout_seconds.to_string();
+    let extra = [
+        ("watch", "true"),
+        ("allowWatchBookmarks", "true"),
+        ("resourceVersion", resource_version),
+        ("timeoutSeconds", timeout.as_str()),
+    ];
+    let res = get(client, url(path, q, &extra)).await?;
+    Ok(Watch { body: res.into_body(), buf: BytesMut::with_capacity(64 * 1024), done: false })
+}
+
+impl Watch {
+    /// The next complete line; `Ok(None)` at a clean end of stream. A trailing partial line at
+    /// the end of the stream is an error: the connection was cut mid-event.
+    pub async fn next_line(&mut self) -> Result<Option<Bytes>, ApiError> {
+        loop {
+            if let Some(i) = memchr(&self.buf) {
+                let line = self.buf.split_to(i + 1).freeze();
+                let line = line.slice(..i);
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                return Ok(Some(line));
+            }
+            if self.buf.len() > MAX_LINE {
+                return Err(ApiError::LineTooLong);
+            }
+            if self.done {
+                return if self.buf.iter().all(u8::is_ascii_whitespace) {
+                    Ok(None)
+                } else {
+                    let n = self.buf.len();
+                    self.buf.advance(n);
+                    Err(ApiError::Body(format!("stream ended inside a line ({n} bytes)")))
+                };
+            }
+            match self.body.frame().await {
+                None => self.done = true,
+                Some(Err(e)) => return Err(ApiError::Body(e.to_string())),
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.buf.extend_from_slice(&data);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn memchr(b: &[u8]) -> Option<usize> {
+    b.iter().position(|c| *c == b'\n')
+}
+
+/// Whether `group/version` serves `resource`, according to discovery. Custom channels use it
+/// to wait for a CRD that does not exist yet.
+pub async fn resource_exists(client: &kube::Client, api_version: &str, resource: &str) -> Result<bool, ApiError> {
+    let res = if api_version.contains('/') {
+        client.list_api_group_resources(api_version).await
+    } else {
+        client.list_core_api_resources(api_version).await
+    };
+    match res {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == resource)),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(ApiError::Transport(e)),
+    }
+}

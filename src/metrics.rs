@@ -1,0 +1,97 @@
+//! Prometheus metrics, registered once with the `watchrelay_` prefix.
+
+use prometheus::{
+    exponential_buckets, Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+pub struct Metrics {
+    pub registry: Registry,
+    /// Watch events read, by stream and event type.
+    pub events_received: IntCounterVec,
+    /// Records Kafka acknowledged, by stream.
+    pub events_published: IntCounterVec,
+    /// Events not published because their type is not forwarded, by stream.
+    pub events_filtered: IntCounterVec,
+    /// Watch lines that could not be decoded, by stream.
+    pub malformed_lines: IntCounterVec,
+    /// Events larger than kafka.maxMessageBytes (or refused by the broker for size), by stream and
+    /// action (dead_letter, trim).
+    pub oversize: IntCounterVec,
+    /// Delivery failures, by stream and kind.
+    pub delivery_errors: IntCounterVec,
+    /// Watch restarts, by stream and reason.
+    pub watch_restarts: IntCounterVec,
+    /// Relists after a 410, by stream.
+    pub resyncs: IntCounterVec,
+    /// DELETED events inferred during a resync, by stream.
+    pub synthetic_deletes: IntCounterVec,
+    /// API errors, by stream and kind.
+    pub api_errors: IntCounterVec,
+    /// Records sent and not yet acknowledged, by stream.
+    pub in_flight: IntGaugeVec,
+    /// 1 while the stream has synced and its watch is open.
+    pub stream_up: IntGaugeVec,
+    /// Seconds from reading an event off the watch to Kafka's acknowledgement.
+    pub publish_latency: HistogramVec,
+    /// Checkpoint ConfigMap writes, by result (ok, conflict, error).
+    pub checkpoint_writes: IntCounterVec,
+    /// Streams whose known-object set did not fit in the checkpoint ConfigMap.
+    pub checkpoint_known_dropped: IntCounterVec,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new_custom(Some("watchrelay".into()), None).expect("a static prefix is valid");
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definitions are valid");
+            registry.register(Box::new(c.clone())).expect("each metric is registered once");
+            c
+        };
+        let gauge = |name: &str, help: &str| {
+            let g = IntGaugeVec::new(Opts::new(name, help), &["stream"]).expect("static metric definitions are valid");
+            registry.register(Box::new(g.clone())).expect("each metric is registered once");
+            g
+        };
+        let publish_latency = HistogramVec::new(
+            HistogramOpts::new("publish_latency_seconds", "Seconds from watch arrival to Kafka acknowledgement")
+                .buckets(exponential_buckets(0.0005, 2.0, 16).expect("valid buckets")),
+            &["stream"],
+        )
+        .expect("static metric definitions are valid");
+        registry.register(Box::new(publish_latency.clone())).expect("each metric is registered once");
+        Self {
+            events_received: counter("events_received_total", "Watch events read", &["stream", "type"]),
+            events_published: counter("events_published_total", "Records acknowledged by Kafka", &["stream"]),
+            events_filtered: counter("events_filtered_total", "Events of types not forwarded", &["stream"]),
+            malformed_lines: counter("malformed_lines_total", "Watch lines that could not be decoded", &["stream"]),
+            oversize: counter("oversize_events_total", "Events too large to publish whole", &["stream", "action"]),
+            delivery_errors: counter("delivery_errors_total", "Records Kafka did not acknowledge", &["stream", "kind"]),
+            watch_restarts: counter("watch_restarts_total", "Watches reopened", &["stream", "reason"]),
+            resyncs: counter("resyncs_total", "Relists after an expired resourceVersion", &["stream"]),
+            synthetic_deletes: counter("synthetic_deletes_total", "DELETED events inferred by a resync", &["stream"]),
+            api_errors: counter("api_errors_total", "Kubernetes API errors", &["stream", "kind"]),
+            checkpoint_writes: counter("checkpoint_writes_total", "Checkpoint ConfigMap writes", &["result"]),
+            checkpoint_known_dropped: counter(
+                "checkpoint_known_dropped_total",
+                "Known-object sets left out of the checkpoint for size",
+                &["stream"],
+            ),
+            in_flight: gauge("in_flight", "Records awaiting acknowledgement"),
+            stream_up: gauge("stream_up", "1 while the stream is synced and watching"),
+            publish_latency,
+            registry,
+        }
+    }
+
+    pub fn render(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut out).expect("encoding to a Vec cannot fail");
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
