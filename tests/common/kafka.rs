@@ -1,0 +1,110 @@
+//! Kafka fixtures: the broker address, topic creation, and reading topics back from offset 0.
+//!
+//! Consumers assign every partition at an explicit offset instead of joining a group, so the
+//! same code works against any Kafka-protocol broker.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+
+/// The broker under test. The test command starts one and exports the address; point it at any
+/// Kafka cluster to run the suite there.
+pub fn bootstrap() -> String {
+    std::env::var("KAFKA_BOOTSTRAP_SERVERS")
+        .expect("KAFKA_BOOTSTRAP_SERVERS is not set: run the suite with scripts/test.sh, or export the address of a broker")
+}
+
+/// A topic name no other test uses.
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+    format!("{prefix}-{}-{t}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
+pub async fn create_topics(names: &[&str], partitions: i32) {
+    create_topics_at(&bootstrap(), names, partitions).await
+}
+
+pub async fn create_topics_at(bootstrap: &str, names: &[&str], partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("admin client");
+    let topics: Vec<NewTopic> = names.iter().map(|n| NewTopic::new(n, partitions, TopicReplication::Fixed(1))).collect();
+    let results = admin
+        .create_topics(&topics, &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))))
+        .await
+        .expect("create_topics request");
+    for r in results {
+        if let Err((name, code)) = r {
+            assert_eq!(code, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists, "creating topic {name}");
+        }
+    }
+}
+
+/// One record read back.
+#[derive(Debug, Clone)]
+pub struct Msg {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<String>,
+    pub value: serde_json::Value,
+    pub raw_len: usize,
+    pub headers: HashMap<String, String>,
+}
+
+/// Reads `topic` from offset 0 of every partition until `done` holds for what was read (or the
+/// hang guard expires, returning what arrived so the caller's assertion shows it).
+pub fn read_until(bootstrap: &str, topic: &str, guard: Duration, done: impl Fn(&[Msg]) -> bool) -> Vec<Msg> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "watchrelay-tests")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .create()
+        .expect("consumer");
+    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).expect("metadata");
+    let partitions = md.topics().iter().find(|t| t.name() == topic).map(|t| t.partitions().len()).unwrap_or(0);
+    assert!(partitions > 0, "topic {topic} has no partitions");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions as i32 {
+        tpl.add_partition_offset(topic, p, Offset::Offset(0)).unwrap();
+    }
+    consumer.assign(&tpl).expect("assign");
+    let start = Instant::now();
+    let mut out = Vec::new();
+    while start.elapsed() < guard {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                let payload = m.payload().unwrap_or_default();
+                let mut headers = HashMap::new();
+                if let Some(h) = m.headers() {
+                    for i in 0..h.count() {
+                        let hd = h.get(i);
+                        headers.insert(hd.key.to_string(), String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned());
+                    }
+                }
+                out.push(Msg {
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+                    value: serde_json::from_slice(payload).unwrap_or(serde_json::Value::Null),
+                    raw_len: payload.len(),
+                    headers,
+                });
+            }
+            Some(Err(e)) => eprintln!("consumer error (retrying): {e}"),
+            None => {
+                if done(&out) {
+                    return out;
+                }
+            }
+        }
+    }
+    out
+}
