@@ -105,22 +105,66 @@ pub struct CatalogueEntry {
 /// (`watchNamespacedServices`), the more specific message name wins.
 pub const CATALOGUE: &[CatalogueEntry] = &[
     e("watchAllPods", "/api/v1/pods", "WatchEvent"),
-    e("watchNamespacedPods", "/api/v1/namespaces/{namespace}/pods", "WatchEvent"),
-    e("watchNamespacedDeployments", "/apis/apps/v1/namespaces/{namespace}/deployments", "WatchEvent"),
-    e("watchNamespacedServices", "/api/v1/namespaces/{namespace}/services", "ServiceWatchEvent"),
+    e(
+        "watchNamespacedPods",
+        "/api/v1/namespaces/{namespace}/pods",
+        "WatchEvent",
+    ),
+    e(
+        "watchNamespacedDeployments",
+        "/apis/apps/v1/namespaces/{namespace}/deployments",
+        "WatchEvent",
+    ),
+    e(
+        "watchNamespacedServices",
+        "/api/v1/namespaces/{namespace}/services",
+        "ServiceWatchEvent",
+    ),
     e("watchAllServices", "/api/v1/services", "ServiceWatchEvent"),
     e("watchNodes", "/api/v1/nodes", "WatchEvent"),
     e("watchNamespaces", "/api/v1/namespaces", "WatchEvent"),
-    e("watchNamespacedEvents", "/apis/events.k8s.io/v1/namespaces/{namespace}/events", "WatchEvent"),
-    e("watchNamespacedIngresses", "/apis/networking.k8s.io/v1/namespaces/{namespace}/ingresses", "IngressWatchEvent"),
-    e("watchNamespacedEndpointSlices", "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices", "EndpointSliceWatchEvent"),
-    e("watchNamespacedNetworkPolicies", "/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies", "NetworkPolicyWatchEvent"),
-    e("watchNamespacedGateways", "/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/gateways", "GatewayWatchEvent"),
-    e("watchNamespacedHTTPRoutes", "/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/httproutes", "HTTPRouteWatchEvent"),
+    e(
+        "watchNamespacedEvents",
+        "/apis/events.k8s.io/v1/namespaces/{namespace}/events",
+        "WatchEvent",
+    ),
+    e(
+        "watchNamespacedIngresses",
+        "/apis/networking.k8s.io/v1/namespaces/{namespace}/ingresses",
+        "IngressWatchEvent",
+    ),
+    e(
+        "watchNamespacedEndpointSlices",
+        "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
+        "EndpointSliceWatchEvent",
+    ),
+    e(
+        "watchNamespacedNetworkPolicies",
+        "/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies",
+        "NetworkPolicyWatchEvent",
+    ),
+    e(
+        "watchNamespacedGateways",
+        "/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/gateways",
+        "GatewayWatchEvent",
+    ),
+    e(
+        "watchNamespacedHTTPRoutes",
+        "/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/httproutes",
+        "HTTPRouteWatchEvent",
+    ),
 ];
 
-const fn e(operation_id: &'static str, path: &'static str, message: &'static str) -> CatalogueEntry {
-    CatalogueEntry { operation_id, path, message }
+const fn e(
+    operation_id: &'static str,
+    path: &'static str,
+    message: &'static str,
+) -> CatalogueEntry {
+    CatalogueEntry {
+        operation_id,
+        path,
+        message,
+    }
 }
 
 pub fn lookup(operation_id: &str) -> Option<&'static CatalogueEntry> {
@@ -142,8 +186,14 @@ mod tests {
     #[test]
     fn parses_group_and_core_paths() {
         let p = ChannelPath::parse("/apis/apps/v1/namespaces/{namespace}/deployments").unwrap();
-        assert_eq!((p.group.as_str(), p.version.as_str(), p.resource.as_str()), ("apps", "v1", "deployments"));
-        assert_eq!(p.collection_url(Some("a")), "/apis/apps/v1/namespaces/a/deployments");
+        assert_eq!(
+            (p.group.as_str(), p.version.as_str(), p.resource.as_str()),
+            ("apps", "v1", "deployments")
+        );
+        assert_eq!(
+            p.collection_url(Some("a")),
+            "/apis/apps/v1/namespaces/a/deployments"
+        );
         assert_eq!(p.collection_url(None), "/apis/apps/v1/deployments");
         assert_eq!(p.resource_name(), "deployments.apps");
         let n = ChannelPath::parse("/api/v1/nodes").unwrap();
@@ -154,7 +204,14 @@ mod tests {
 
     #[test]
     fn rejects_malformed_paths() {
-        for bad in ["", "/api", "/api/v1/namespaces/x/pods", "/apis/apps/v1/{namespace}/x", "pods", "/apis/g/v1/a/b/c"] {
+        for bad in [
+            "",
+            "/api",
+            "/api/v1/namespaces/x/pods",
+            "/apis/apps/v1/{namespace}/x",
+            "pods",
+            "/apis/g/v1/a/b/c",
+        ] {
             assert!(ChannelPath::parse(bad).is_err(), "{bad}");
         }
     }

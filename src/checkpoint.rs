@@ -49,7 +49,9 @@ pub struct StreamShared {
 
 impl StreamShared {
     pub fn new(id: String, saved: Option<Saved>) -> Arc<Self> {
-        let (rv, known) = saved.map(|s| (s.rv, s.known.unwrap_or_default())).unwrap_or_default();
+        let (rv, known) = saved
+            .map(|s| (s.rv, s.known.unwrap_or_default()))
+            .unwrap_or_default();
         Arc::new(Self {
             id,
             tracker: Mutex::new(Tracker::resume(rv, known)),
@@ -60,7 +62,10 @@ impl StreamShared {
 
     fn snapshot(&self) -> Saved {
         let t = self.tracker.lock().expect("tracker lock poisoned");
-        Saved { rv: t.checkpoint().map(str::to_string), known: Some(t.known().clone()) }
+        Saved {
+            rv: t.checkpoint().map(str::to_string),
+            known: Some(t.known().clone()),
+        }
     }
 }
 
@@ -79,39 +84,66 @@ pub struct Store {
 
 impl Store {
     pub fn new(client: kube::Client, namespace: &str, name: &str) -> Self {
-        Self { api: Api::namespaced(client, namespace), name: name.to_string() }
+        Self {
+            api: Api::namespaced(client, namespace),
+            name: name.to_string(),
+        }
     }
 
     fn err(&self, source: kube::Error) -> CheckpointError {
-        CheckpointError::Api { name: self.name.clone(), source }
+        CheckpointError::Api {
+            name: self.name.clone(),
+            source,
+        }
     }
 
     /// Reads every stream's saved position. A missing ConfigMap is an empty one; an entry that
     /// cannot be parsed is ignored (that stream starts over with a list).
     pub async fn load(&self) -> Result<HashMap<String, Saved>, CheckpointError> {
-        let cm = self.api.get_opt(&self.name).await.map_err(|e| self.err(e))?;
+        let cm = self
+            .api
+            .get_opt(&self.name)
+            .await
+            .map_err(|e| self.err(e))?;
         let mut out = HashMap::new();
         for (k, v) in cm.and_then(|c| c.data).unwrap_or_default() {
             match serde_json::from_str::<Saved>(&v) {
                 Ok(s) => {
                     out.insert(k, s);
                 }
-                Err(e) => tracing::warn!(key = %k, error = %e, "ignoring unreadable checkpoint entry"),
+                Err(e) => {
+                    tracing::warn!(key = %k, error = %e, "ignoring unreadable checkpoint entry")
+                }
             }
         }
         Ok(out)
     }
 
     /// Applies `updates` (None deletes a key) on top of whatever the ConfigMap holds now.
-    pub async fn write(&self, updates: &BTreeMap<String, Option<String>>) -> Result<(), CheckpointError> {
+    pub async fn write(
+        &self,
+        updates: &BTreeMap<String, Option<String>>,
+    ) -> Result<(), CheckpointError> {
         const ATTEMPTS: u32 = 5;
         for _ in 0..ATTEMPTS {
-            let current = self.api.get_opt(&self.name).await.map_err(|e| self.err(e))?;
+            let current = self
+                .api
+                .get_opt(&self.name)
+                .await
+                .map_err(|e| self.err(e))?;
             let result = match current {
                 None => {
                     let cm = ConfigMap {
-                        metadata: ObjectMeta { name: Some(self.name.clone()), ..Default::default() },
-                        data: Some(updates.iter().filter_map(|(k, v)| Some((k.clone(), v.clone()?))).collect()),
+                        metadata: ObjectMeta {
+                            name: Some(self.name.clone()),
+                            ..Default::default()
+                        },
+                        data: Some(
+                            updates
+                                .iter()
+                                .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
+                                .collect(),
+                        ),
                         ..Default::default()
                     };
                     self.api.create(&PostParams::default(), &cm).await
@@ -125,7 +157,9 @@ impl Store {
                         };
                     }
                     // metadata.resourceVersion is kept: a concurrent writer makes this a 409.
-                    self.api.replace(&self.name, &PostParams::default(), &cm).await
+                    self.api
+                        .replace(&self.name, &PostParams::default(), &cm)
+                        .await
                 }
             };
             match result {
@@ -134,16 +168,23 @@ impl Store {
                 Err(e) => return Err(self.err(e)),
             }
         }
-        Err(CheckpointError::Conflict { name: self.name.clone(), attempts: ATTEMPTS })
+        Err(CheckpointError::Conflict {
+            name: self.name.clone(),
+            attempts: ATTEMPTS,
+        })
     }
 }
 
 /// Serializes the dirty streams (or all of them when `all`), fitting the ConfigMap budget by
 /// leaving out the largest known sets first. Returns the updates and the ids whose known set was
 /// left out.
-pub fn collect(streams: &Mutex<Streams>, all: bool) -> (BTreeMap<String, Option<String>>, Vec<String>) {
+pub fn collect(
+    streams: &Mutex<Streams>,
+    all: bool,
+) -> (BTreeMap<String, Option<String>>, Vec<String>) {
     let mut s = streams.lock().expect("streams lock poisoned");
-    let mut updates: BTreeMap<String, Option<String>> = s.removed.drain(..).map(|k| (k, None)).collect();
+    let mut updates: BTreeMap<String, Option<String>> =
+        s.removed.drain(..).map(|k| (k, None)).collect();
     let mut snapshots = Vec::new();
     for (id, st) in &s.live {
         if st.dirty.swap(false, Ordering::AcqRel) || all {
@@ -153,7 +194,13 @@ pub fn collect(streams: &Mutex<Streams>, all: bool) -> (BTreeMap<String, Option<
     drop(s);
     let mut encoded: Vec<(String, String, Saved)> = snapshots
         .into_iter()
-        .map(|(id, saved)| (id, serde_json::to_string(&saved).expect("plain strings serialize"), saved))
+        .map(|(id, saved)| {
+            (
+                id,
+                serde_json::to_string(&saved).expect("plain strings serialize"),
+                saved,
+            )
+        })
         .collect();
     let mut total: usize = encoded.iter().map(|(k, v, _)| k.len() + v.len()).sum();
     let mut dropped = Vec::new();
@@ -181,12 +228,25 @@ mod tests {
     fn collects_only_dirty_streams_and_removals() {
         let streams = Mutex::new(Streams::default());
         let a = StreamShared::new("a".into(), None);
-        let b = StreamShared::new("b".into(), Some(Saved { rv: Some("5".into()), known: None }));
+        let b = StreamShared::new(
+            "b".into(),
+            Some(Saved {
+                rv: Some("5".into()),
+                known: None,
+            }),
+        );
         {
             let mut t = a.tracker.lock().unwrap();
             let s = t.push(
                 Some("9".into()),
-                Some(Change::Upsert { uid: "u".into(), known: Known { name: "n".into(), namespace: None, rv: "9".into() } }),
+                Some(Change::Upsert {
+                    uid: "u".into(),
+                    known: Known {
+                        name: "n".into(),
+                        namespace: None,
+                        rv: "9".into(),
+                    },
+                }),
             );
             t.ack(s);
         }
@@ -216,8 +276,18 @@ mod tests {
             {
                 let mut t = st.tracker.lock().unwrap();
                 for i in 0..n {
-                    let known = Known { name: format!("object-with-a-long-name-{i:08}"), namespace: Some("ns".into()), rv: format!("{i}") };
-                    t.push_done(Some(i.to_string()), Some(Change::Upsert { uid: format!("00000000-0000-0000-0000-{i:012}"), known }));
+                    let known = Known {
+                        name: format!("object-with-a-long-name-{i:08}"),
+                        namespace: Some("ns".into()),
+                        rv: format!("{i}"),
+                    };
+                    t.push_done(
+                        Some(i.to_string()),
+                        Some(Change::Upsert {
+                            uid: format!("00000000-0000-0000-0000-{i:012}"),
+                            known,
+                        }),
+                    );
                 }
             }
             streams.lock().unwrap().live.insert(id.into(), st);

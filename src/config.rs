@@ -14,7 +14,10 @@ use crate::catalogue::{self, ChannelPath};
 #[derive(Debug, Error)]
 pub enum ConfigError {
     #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Parse(String),
     #[error("{field}: {message}")]
@@ -22,7 +25,10 @@ pub enum ConfigError {
 }
 
 fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid { field: field.into(), message: message.into() }
+    ConfigError::Invalid {
+        field: field.into(),
+        message: message.into(),
+    }
 }
 
 /// The whole file.
@@ -154,7 +160,9 @@ pub struct HttpConfig {
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        Self { listen: "0.0.0.0:9464".into() }
+        Self {
+            listen: "0.0.0.0:9464".into(),
+        }
     }
 }
 
@@ -278,20 +286,26 @@ impl Channel {
 
 impl Config {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Self::parse(&text)
     }
 
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
-        let cfg: Config = serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let cfg: Config =
+            serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
         if !is_dns_label(&self.cluster_name) {
-            return Err(invalid("clusterName", "must be a non-empty DNS label (a-z, 0-9, '-')"));
+            return Err(invalid(
+                "clusterName",
+                "must be a non-empty DNS label (a-z, 0-9, '-')",
+            ));
         }
         if self.kafka.bootstrap_servers.trim().is_empty() {
             return Err(invalid("kafka.bootstrapServers", "must not be empty"));
@@ -310,7 +324,9 @@ impl Config {
                         "required when kafka.oversize is deadLetter (or set oversize: trim)",
                     ))
                 }
-                Some(t) if !is_topic(t) => return Err(invalid("kafka.deadLetterTopic", topic_rule())),
+                Some(t) if !is_topic(t) => {
+                    return Err(invalid("kafka.deadLetterTopic", topic_rule()))
+                }
                 _ => {}
             }
         }
@@ -330,7 +346,10 @@ impl Config {
         let mut names = std::collections::HashSet::new();
         for (i, c) in channels.iter().enumerate() {
             if !names.insert(c.name.clone()) {
-                return Err(invalid(format!("channels[{i}].name"), format!("duplicate channel name {:?}", c.name)));
+                return Err(invalid(
+                    format!("channels[{i}].name"),
+                    format!("duplicate channel name {:?}", c.name),
+                ));
             }
         }
         Ok(())
@@ -338,7 +357,11 @@ impl Config {
 
     /// The validated channels.
     pub fn channels(&self) -> Result<Vec<Channel>, ConfigError> {
-        self.channels.iter().enumerate().map(|(i, c)| c.resolve(i, &self.cluster_name)).collect()
+        self.channels
+            .iter()
+            .enumerate()
+            .map(|(i, c)| c.resolve(i, &self.cluster_name))
+            .collect()
     }
 }
 
@@ -348,11 +371,20 @@ impl ChannelConfig {
         let (operation_id, path, message, builtin) = match (&self.operation_id, &self.path) {
             (Some(op), None) => {
                 let entry = catalogue::lookup(op).ok_or_else(|| {
-                    let known: Vec<_> = catalogue::CATALOGUE.iter().map(|c| c.operation_id).collect();
-                    invalid(f("operationId"), format!("unknown operationId {op:?}; known: {}", known.join(", ")))
+                    let known: Vec<_> = catalogue::CATALOGUE
+                        .iter()
+                        .map(|c| c.operation_id)
+                        .collect();
+                    invalid(
+                        f("operationId"),
+                        format!("unknown operationId {op:?}; known: {}", known.join(", ")),
+                    )
                 })?;
                 if self.message.is_some() {
-                    return Err(invalid(f("message"), "only custom channels (path) can set message"));
+                    return Err(invalid(
+                        f("message"),
+                        "only custom channels (path) can set message",
+                    ));
                 }
                 let path = ChannelPath::parse(entry.path).expect("catalogue paths are valid");
                 (op.clone(), path, entry.message.to_string(), true)
@@ -365,13 +397,29 @@ impl ChannelConfig {
                 let msg = self.message.clone().unwrap_or_else(|| "WatchEvent".into());
                 (format!("watch{}", path.resource), path, msg, false)
             }
-            _ => return Err(invalid(f("operationId"), "set exactly one of operationId and path")),
+            _ => {
+                return Err(invalid(
+                    f("operationId"),
+                    "set exactly one of operationId and path",
+                ))
+            }
         };
         let name = self.name.clone().unwrap_or_else(|| operation_id.clone());
-        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-            return Err(invalid(f("name"), "must be non-empty and use only letters, digits, '-' and '_'"));
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(invalid(
+                f("name"),
+                "must be non-empty and use only letters, digits, '-' and '_'",
+            ));
         }
-        let scopes = [self.namespaces.is_some(), self.all_namespaces, self.namespace_selector.is_some()];
+        let scopes = [
+            self.namespaces.is_some(),
+            self.all_namespaces,
+            self.namespace_selector.is_some(),
+        ];
         let scope = if !path.namespaced {
             if scopes.iter().any(|s| *s) {
                 return Err(invalid(
@@ -396,7 +444,10 @@ impl ChannelConfig {
                 }
                 for (j, ns) in list.iter().enumerate() {
                     if !is_dns_label(ns) {
-                        return Err(invalid(format!("channels[{i}].namespaces[{j}]"), format!("{ns:?} is not a namespace name")));
+                        return Err(invalid(
+                            format!("channels[{i}].namespaces[{j}]"),
+                            format!("{ns:?} is not a namespace name"),
+                        ));
                     }
                 }
                 Scope::Namespaces(list.clone())
@@ -430,7 +481,13 @@ impl ChannelConfig {
             builtin,
         };
         let mut template = self.topic.clone();
-        for var in ["{cluster}", "{namespace}", "{resource}", "{operationId}", "{channel}"] {
+        for var in [
+            "{cluster}",
+            "{namespace}",
+            "{resource}",
+            "{operationId}",
+            "{channel}",
+        ] {
             template = template.replace(var, "x");
         }
         if template.contains(['{', '}']) {
@@ -451,13 +508,17 @@ fn topic_rule() -> &'static str {
 }
 
 fn is_topic(t: &str) -> bool {
-    !t.is_empty() && t.len() <= 249 && t.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    !t.is_empty()
+        && t.len() <= 249
+        && t.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
 }
 
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -490,24 +551,51 @@ mod tests {
         )
         .unwrap();
         let ch = cfg.channels().unwrap();
-        assert_eq!(ch[0].scope, Scope::Namespaces(vec!["default".into(), "kube-system".into()]));
+        assert_eq!(
+            ch[0].scope,
+            Scope::Namespaces(vec!["default".into(), "kube-system".into()])
+        );
         assert_eq!(ch[1].scope, Scope::Cluster);
         assert_eq!(ch[2].message, "ServiceWatchEvent");
-        assert_eq!(ch[3].topic_for("prod", None), "prod.all.widgets.example.com");
+        assert_eq!(
+            ch[3].topic_for("prod", None),
+            "prod.all.widgets.example.com"
+        );
         assert!(!ch[3].builtin);
     }
 
     #[test]
     fn errors_name_the_field() {
-        assert_eq!(err_field(with_channels("  - operationId: watchPodz\n    namespaces: [a]\n")), "channels[0].operationId");
-        assert_eq!(err_field(with_channels("  - operationId: watchNamespacedPods\n")), "channels[0].namespaces");
+        assert_eq!(
+            err_field(with_channels(
+                "  - operationId: watchPodz\n    namespaces: [a]\n"
+            )),
+            "channels[0].operationId"
+        );
+        assert_eq!(
+            err_field(with_channels("  - operationId: watchNamespacedPods\n")),
+            "channels[0].namespaces"
+        );
         assert_eq!(
             err_field(with_channels("  - operationId: watchNodes\n  - operationId: watchNamespacedPods\n    namespaces: [Bad_NS]\n")),
             "channels[1].namespaces[0]"
         );
-        assert_eq!(err_field(with_channels("  - operationId: watchNodes\n    topic: \"{nope}\"\n")), "channels[0].topic");
-        assert_eq!(err_field(with_channels("  - path: /api/v1/widgets\n")), "channels[0].name");
-        assert_eq!(err_field(with_channels("  - operationId: watchNodes\n  - operationId: watchNodes\n")), "channels[1].name");
+        assert_eq!(
+            err_field(with_channels(
+                "  - operationId: watchNodes\n    topic: \"{nope}\"\n"
+            )),
+            "channels[0].topic"
+        );
+        assert_eq!(
+            err_field(with_channels("  - path: /api/v1/widgets\n")),
+            "channels[0].name"
+        );
+        assert_eq!(
+            err_field(with_channels(
+                "  - operationId: watchNodes\n  - operationId: watchNodes\n"
+            )),
+            "channels[1].name"
+        );
         assert_eq!(
             err_field(Config::parse("clusterName: prod\nkafka:\n  bootstrapServers: x:1\ncheckpoint:\n  namespace: w\nchannels:\n  - operationId: watchNodes\n")),
             "kafka.deadLetterTopic"
@@ -516,7 +604,9 @@ mod tests {
 
     #[test]
     fn unknown_fields_are_rejected_by_name() {
-        let err = with_channels("  - operationId: watchNodes\n    topik: x\n").unwrap_err().to_string();
+        let err = with_channels("  - operationId: watchNodes\n    topik: x\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("topik"), "{err}");
     }
 }

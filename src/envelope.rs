@@ -82,7 +82,9 @@ impl<'a> Fields<'a> {
     }
 
     fn string(&self, key: &str) -> Option<String> {
-        self.get(key).and_then(|raw| serde_json::from_str::<Str>(raw.get()).ok()).map(|s| s.0.into_owned())
+        self.get(key)
+            .and_then(|raw| serde_json::from_str::<Str>(raw.get()).ok())
+            .map(|s| s.0.into_owned())
     }
 
     /// Writes the object back after `prefix` (members to add), leaving out `skip` and replacing
@@ -227,7 +229,13 @@ fn decode_object(
     }
     let drop_mf = trim.drop_managed_fields && metadata.get("managedFields").is_some();
     let secret = meta.kind == "Secret" && !trim.allow_secret_data;
-    let capacity = object.0.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum::<usize>() + prefix.len() + 2;
+    let capacity = object
+        .0
+        .iter()
+        .map(|(k, v)| k.len() + v.get().len() + 4)
+        .sum::<usize>()
+        + prefix.len()
+        + 2;
     let mut out = Vec::with_capacity(capacity);
     let skip: &[&str] = if secret { &["data", "stringData"] } else { &[] };
     if drop_mf {
@@ -237,7 +245,12 @@ fn decode_object(
     } else {
         object.write(&mut out, &prefix, skip, None);
     }
-    Ok(WatchEvent { event_type, meta, object: out, status_code })
+    Ok(WatchEvent {
+        event_type,
+        meta,
+        object: out,
+        status_code,
+    })
 }
 
 /// Routing metadata of one envelope, serialized under the `watchrelay` key.
@@ -285,12 +298,20 @@ pub fn envelope_value(event_type: &str, object: &[u8], meta: &EnvelopeMeta) -> V
 }
 
 /// CloudEvents Kafka binding headers (binary mode: the value is the event data).
-pub fn cloudevents_headers(meta: &EnvelopeMeta, event_type: &str, source: &str, subject: &str) -> Vec<(&'static str, String)> {
+pub fn cloudevents_headers(
+    meta: &EnvelopeMeta,
+    event_type: &str,
+    source: &str,
+    subject: &str,
+) -> Vec<(&'static str, String)> {
     let mut h = vec![
         ("ce_specversion", "1.0".to_string()),
         ("ce_id", meta.id.to_string()),
         ("ce_source", source.to_string()),
-        ("ce_type", format!("io.watchrelay.{}.{}", meta.message, event_type)),
+        (
+            "ce_type",
+            format!("io.watchrelay.{}.{}", meta.message, event_type),
+        ),
         ("ce_time", meta.observed_at.to_string()),
         ("content-type", "application/json".to_string()),
         ("ce_resourceversion", meta.resource_version.to_string()),
@@ -342,13 +363,20 @@ pub fn reference_object(meta: &ObjectMeta) -> Vec<u8> {
 }
 
 /// A BOOKMARK-shaped object carrying only a resourceVersion and optional annotations.
-pub fn bookmark_object(api_version: &str, kind: &str, rv: &str, annotation: Option<(&str, &str)>) -> Vec<u8> {
+pub fn bookmark_object(
+    api_version: &str,
+    kind: &str,
+    rv: &str,
+    annotation: Option<(&str, &str)>,
+) -> Vec<u8> {
     let mut md = serde_json::json!({ "resourceVersion": rv });
     if let Some((k, v)) = annotation {
         md["annotations"] = serde_json::json!({ k: v });
     }
-    serde_json::to_vec(&serde_json::json!({ "apiVersion": api_version, "kind": kind, "metadata": md }))
-        .expect("serializing a json Value cannot fail")
+    serde_json::to_vec(
+        &serde_json::json!({ "apiVersion": api_version, "kind": kind, "metadata": md }),
+    )
+    .expect("serializing a json Value cannot fail")
 }
 
 /// The current time as RFC 3339 with milliseconds.
@@ -360,8 +388,14 @@ pub fn now_rfc3339() -> String {
 mod tests {
     use super::*;
 
-    const KEEP: Trim = Trim { drop_managed_fields: false, allow_secret_data: false };
-    const DROP: Trim = Trim { drop_managed_fields: true, allow_secret_data: false };
+    const KEEP: Trim = Trim {
+        drop_managed_fields: false,
+        allow_secret_data: false,
+    };
+    const DROP: Trim = Trim {
+        drop_managed_fields: true,
+        allow_secret_data: false,
+    };
 
     fn pod_line() -> String {
         r#"{"type":"MODIFIED","object":{"kind":"Pod","apiVersion":"v1","metadata":{"name":"web-1","namespace":"shop","uid":"u-1","resourceVersion":"42","managedFields":[{"manager":"kubelet","fieldsV1":{"f:status":{}}}],"labels":{"app":"web"}},"spec":{"containers":[{"name":"c","image":"nginx:1.27"}]},"status":{"phase":"Running"}}}"#.to_string()
@@ -383,7 +417,10 @@ mod tests {
     fn drops_managed_fields_and_nothing_else() {
         let ev = decode_line(pod_line().as_bytes(), DROP).unwrap();
         let mut expected: serde_json::Value = serde_json::from_str(&pod_line()).unwrap();
-        expected["object"]["metadata"].as_object_mut().unwrap().remove("managedFields");
+        expected["object"]["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("managedFields");
         let got: serde_json::Value = serde_json::from_slice(&ev.object).unwrap();
         assert_eq!(got, expected["object"]);
     }
@@ -395,7 +432,14 @@ mod tests {
         let got: serde_json::Value = serde_json::from_slice(&ev.object).unwrap();
         assert!(got.get("data").is_none() && got.get("stringData").is_none());
         assert_eq!(got["type"], "Opaque");
-        let allowed = decode_line(line.as_bytes(), Trim { allow_secret_data: true, ..DROP }).unwrap();
+        let allowed = decode_line(
+            line.as_bytes(),
+            Trim {
+                allow_secret_data: true,
+                ..DROP
+            },
+        )
+        .unwrap();
         let got: serde_json::Value = serde_json::from_slice(&allowed.object).unwrap();
         assert_eq!(got["data"]["k"], "c2VjcmV0");
     }
@@ -416,7 +460,11 @@ mod tests {
         assert_eq!(ev.status_code, Some(410));
         assert!(decode_line(b"{\"type\":\"ADDED\",\"object\":{\"metadata\":", DROP).is_err());
         assert!(decode_line(b"not json", DROP).is_err());
-        assert!(decode_line(br#"{"type":"ADDED","object":{"kind":"Pod","metadata":{"name":"x"}}}"#, DROP).is_err());
+        assert!(decode_line(
+            br#"{"type":"ADDED","object":{"kind":"Pod","metadata":{"name":"x"}}}"#,
+            DROP
+        )
+        .is_err());
     }
 
     #[test]
@@ -435,12 +483,18 @@ mod tests {
             synthetic: false,
             truncated_bytes: None,
         };
-        let v: serde_json::Value = serde_json::from_slice(&envelope_value("MODIFIED", &ev.object, &meta)).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_slice(&envelope_value("MODIFIED", &ev.object, &meta)).unwrap();
         assert_eq!(v["type"], "MODIFIED");
         assert_eq!(v["object"]["metadata"]["name"], "web-1");
         assert_eq!(v["watchrelay"]["operationId"], "watchNamespacedPods");
         assert_eq!(v["watchrelay"]["resync"], false);
-        let h = cloudevents_headers(&meta, "MODIFIED", "/clusters/prod/api/v1/namespaces/shop/pods", "shop/web-1");
+        let h = cloudevents_headers(
+            &meta,
+            "MODIFIED",
+            "/clusters/prod/api/v1/namespaces/shop/pods",
+            "shop/web-1",
+        );
         assert!(h.contains(&("ce_type", "io.watchrelay.WatchEvent.MODIFIED".to_string())));
         assert!(h.contains(&("ce_subject", "shop/web-1".to_string())));
     }

@@ -20,13 +20,26 @@ use crate::metrics::Metrics;
 /// Ready means every stream has synced and has its watch open, not merely that the process runs.
 pub fn ready(streams: &Mutex<Streams>) -> (bool, Vec<String>) {
     let s = streams.lock().expect("streams lock poisoned");
-    let down: Vec<String> = s.live.values().filter(|st| !st.up.load(Ordering::Acquire)).map(|st| st.id.clone()).collect();
+    let down: Vec<String> = s
+        .live
+        .values()
+        .filter(|st| !st.up.load(Ordering::Acquire))
+        .map(|st| st.id.clone())
+        .collect();
     (down.is_empty() && !s.live.is_empty(), down)
 }
 
-fn respond(req: &Request<Incoming>, metrics: &Metrics, streams: &Mutex<Streams>) -> Response<Full<Bytes>> {
+fn respond(
+    req: &Request<Incoming>,
+    metrics: &Metrics,
+    streams: &Mutex<Streams>,
+) -> Response<Full<Bytes>> {
     let (status, body, ctype) = match req.uri().path() {
-        "/metrics" => (StatusCode::OK, metrics.render(), "text/plain; version=0.0.4"),
+        "/metrics" => (
+            StatusCode::OK,
+            metrics.render(),
+            "text/plain; version=0.0.4",
+        ),
         "/healthz" => (StatusCode::OK, b"ok\n".to_vec(), "text/plain"),
         "/readyz" => match ready(streams) {
             (true, _) => (StatusCode::OK, b"ready\n".to_vec(), "text/plain"),
@@ -50,7 +63,12 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, streams: Arc<Mutex<Streams>>, cancel: CancellationToken) {
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    streams: Arc<Mutex<Streams>>,
+    cancel: CancellationToken,
+) {
     loop {
         let (conn, _) = tokio::select! {
             _ = cancel.cancelled() => return,
@@ -69,7 +87,9 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, streams: Arc<Mu
                 let r = respond(&req, &metrics, &streams);
                 async move { Ok::<_, Infallible>(r) }
             });
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(conn), svc).await;
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(conn), svc)
+                .await;
         });
     }
 }

@@ -24,7 +24,12 @@ pub enum ApiError {
     #[error("resource version expired: {0}")]
     Gone(String),
     #[error("HTTP {code} {reason}: {message}")]
-    Status { code: u16, reason: String, message: String, retry_after: Option<Duration> },
+    Status {
+        code: u16,
+        reason: String,
+        message: String,
+        retry_after: Option<Duration>,
+    },
     #[error("request failed: {0}")]
     Transport(#[from] kube::Error),
     #[error("reading the response failed: {0}")]
@@ -48,7 +53,9 @@ impl ApiError {
     pub fn kind(&self) -> &'static str {
         match self {
             ApiError::Gone(_) => "gone",
-            ApiError::Status { code: 401 | 403, .. } => "unauthorized",
+            ApiError::Status {
+                code: 401 | 403, ..
+            } => "unauthorized",
             ApiError::Status { code: 404, .. } => "not_found",
             ApiError::Status { code: 429, .. } => "throttled",
             ApiError::Status { .. } => "status",
@@ -80,7 +87,9 @@ fn url(path: &str, q: &Query, extra: &[(&str, &str)]) -> String {
 }
 
 async fn get(client: &kube::Client, uri: String) -> Result<http::Response<Body>, ApiError> {
-    let req = Request::get(uri).body(Body::empty()).expect("a GET with a valid URI builds");
+    let req = Request::get(uri)
+        .body(Body::empty())
+        .expect("a GET with a valid URI builds");
     let res = client.send(req).await?;
     if res.status().is_success() {
         return Ok(res);
@@ -92,7 +101,12 @@ async fn get(client: &kube::Client, uri: String) -> Result<http::Response<Body>,
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())
         .map(Duration::from_secs);
-    let body = res.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body = res
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     #[derive(Deserialize, Default)]
     struct Status {
         #[serde(default)]
@@ -104,8 +118,17 @@ async fn get(client: &kube::Client, uri: String) -> Result<http::Response<Body>,
     if code == StatusCode::GONE {
         return Err(ApiError::Gone(st.message));
     }
-    let message = if st.message.is_empty() { String::from_utf8_lossy(&body).trim().to_string() } else { st.message };
-    Err(ApiError::Status { code: code.as_u16(), reason: st.reason, message, retry_after })
+    let message = if st.message.is_empty() {
+        String::from_utf8_lossy(&body).trim().to_string()
+    } else {
+        st.message
+    };
+    Err(ApiError::Status {
+        code: code.as_u16(),
+        reason: st.reason,
+        message,
+        retry_after,
+    })
 }
 
 /// One page of a list.
@@ -132,7 +155,12 @@ pub async fn list_page(
         extra.push(("continue", c));
     }
     let res = get(client, url(path, q, &extra)).await?;
-    let body = res.into_body().collect().await.map_err(|e| ApiError::Body(e.to_string()))?.to_bytes();
+    let body = res
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| ApiError::Body(e.to_string()))?
+        .to_bytes();
     #[derive(Deserialize)]
     struct Md {
         #[serde(rename = "resourceVersion", default)]
@@ -180,7 +208,11 @@ pub async fn watch(
         ("timeoutSeconds", timeout.as_str()),
     ];
     let res = get(client, url(path, q, &extra)).await?;
-    Ok(Watch { body: res.into_body(), buf: BytesMut::with_capacity(64 * 1024), done: false })
+    Ok(Watch {
+        body: res.into_body(),
+        buf: BytesMut::with_capacity(64 * 1024),
+        done: false,
+    })
 }
 
 impl Watch {
@@ -205,7 +237,9 @@ impl Watch {
                 } else {
                     let n = self.buf.len();
                     self.buf.advance(n);
-                    Err(ApiError::Body(format!("stream ended inside a line ({n} bytes)")))
+                    Err(ApiError::Body(format!(
+                        "stream ended inside a line ({n} bytes)"
+                    )))
                 };
             }
             match self.body.frame().await {
@@ -227,7 +261,11 @@ fn memchr(b: &[u8]) -> Option<usize> {
 
 /// Whether `group/version` serves `resource`, according to discovery. Custom channels use it
 /// to wait for a CRD that does not exist yet.
-pub async fn resource_exists(client: &kube::Client, api_version: &str, resource: &str) -> Result<bool, ApiError> {
+pub async fn resource_exists(
+    client: &kube::Client,
+    api_version: &str,
+    resource: &str,
+) -> Result<bool, ApiError> {
     let res = if api_version.contains('/') {
         client.list_api_group_resources(api_version).await
     } else {

@@ -18,13 +18,22 @@ const USAGE: &str = "usage:
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
         ["check-config", file] => {
-            let cfg = Config::load(&PathBuf::from(file)).with_context(|| format!("{file} is not valid"))?;
+            let cfg = Config::load(&PathBuf::from(file))
+                .with_context(|| format!("{file} is not valid"))?;
             let channels = cfg.channels()?;
             println!("{file}: ok ({} channels)", channels.len());
             for c in channels {
-                println!("  {} {} -> {} ({:?})", c.name, c.path.template, c.topic, c.scope);
+                println!(
+                    "  {} {} -> {} ({:?})",
+                    c.name, c.path.template, c.topic, c.scope
+                );
             }
             Ok(())
         }
@@ -39,29 +48,47 @@ fn main() -> Result<()> {
 
 fn run(file: PathBuf) -> Result<()> {
     let cfg = Config::load(&file).with_context(|| format!("{} is not valid", file.display()))?;
-    let filter = EnvFilter::try_from_env("WATCHRELAY_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        EnvFilter::try_from_env("WATCHRELAY_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     if std::env::var("WATCHRELAY_LOG_FORMAT").as_deref() == Ok("json") {
-        tracing_subscriber::fmt().json().with_env_filter(filter).init();
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .init();
     } else {
         tracing_subscriber::fmt().with_env_filter(filter).init();
     }
-    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async move {
-        let shutdown = CancellationToken::new();
-        spawn_signal_handler(shutdown.clone())?;
-        let metrics = Arc::new(Metrics::new());
-        let streams = Arc::new(Mutex::new(Streams::default()));
-        let http_cancel = CancellationToken::new();
-        if !cfg.http.listen.is_empty() {
-            let addr = cfg.http.listen.parse().with_context(|| format!("http.listen {:?} is not an address", cfg.http.listen))?;
-            let listener = watchrelay::http::bind(addr).await.with_context(|| format!("binding http.listen {addr}"))?;
-            tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
-            tokio::spawn(watchrelay::http::serve(listener, metrics.clone(), streams.clone(), http_cancel.clone()));
-        }
-        let client = kube_client(&cfg.kubernetes).await.context("connecting to the Kubernetes API")?;
-        let result = watchrelay::relay::run(cfg, client, metrics, shutdown, streams).await;
-        http_cancel.cancel();
-        result.context("relay failed")
-    })
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(async move {
+            let shutdown = CancellationToken::new();
+            spawn_signal_handler(shutdown.clone())?;
+            let metrics = Arc::new(Metrics::new());
+            let streams = Arc::new(Mutex::new(Streams::default()));
+            let http_cancel = CancellationToken::new();
+            if !cfg.http.listen.is_empty() {
+                let addr = cfg.http.listen.parse().with_context(|| {
+                    format!("http.listen {:?} is not an address", cfg.http.listen)
+                })?;
+                let listener = watchrelay::http::bind(addr)
+                    .await
+                    .with_context(|| format!("binding http.listen {addr}"))?;
+                tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+                tokio::spawn(watchrelay::http::serve(
+                    listener,
+                    metrics.clone(),
+                    streams.clone(),
+                    http_cancel.clone(),
+                ));
+            }
+            let client = kube_client(&cfg.kubernetes)
+                .await
+                .context("connecting to the Kubernetes API")?;
+            let result = watchrelay::relay::run(cfg, client, metrics, shutdown, streams).await;
+            http_cancel.cancel();
+            result.context("relay failed")
+        })
 }
 
 /// First SIGTERM/SIGINT drains; a second one exits at once.
@@ -87,10 +114,14 @@ fn spawn_signal_handler(shutdown: CancellationToken) -> Result<()> {
 }
 
 async fn kube_client(k: &KubernetesConfig) -> Result<kube::Client> {
-    let options = KubeConfigOptions { context: k.context.clone(), ..Default::default() };
+    let options = KubeConfigOptions {
+        context: k.context.clone(),
+        ..Default::default()
+    };
     let config = match &k.kubeconfig {
         Some(path) => {
-            let kc = Kubeconfig::read_from(path).with_context(|| format!("reading kubernetes.kubeconfig {}", path.display()))?;
+            let kc = Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubernetes.kubeconfig {}", path.display()))?;
             kube::Config::from_custom_kubeconfig(kc, &options).await?
         }
         None if k.context.is_some() => kube::Config::from_kubeconfig(&options).await?,

@@ -1,7 +1,8 @@
 //! Prometheus metrics, registered once with the `watchrelay_` prefix.
 
 use prometheus::{
-    exponential_buckets, Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    exponential_buckets, Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -41,36 +42,92 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let registry = Registry::new_custom(Some("watchrelay".into()), None).expect("a static prefix is valid");
+        let registry = Registry::new_custom(Some("watchrelay".into()), None)
+            .expect("a static prefix is valid");
         let counter = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definitions are valid");
-            registry.register(Box::new(c.clone())).expect("each metric is registered once");
+            let c = IntCounterVec::new(Opts::new(name, help), labels)
+                .expect("static metric definitions are valid");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("each metric is registered once");
             c
         };
         let gauge = |name: &str, help: &str| {
-            let g = IntGaugeVec::new(Opts::new(name, help), &["stream"]).expect("static metric definitions are valid");
-            registry.register(Box::new(g.clone())).expect("each metric is registered once");
+            let g = IntGaugeVec::new(Opts::new(name, help), &["stream"])
+                .expect("static metric definitions are valid");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("each metric is registered once");
             g
         };
         let publish_latency = HistogramVec::new(
-            HistogramOpts::new("publish_latency_seconds", "Seconds from watch arrival to Kafka acknowledgement")
-                .buckets(exponential_buckets(0.0005, 2.0, 16).expect("valid buckets")),
+            HistogramOpts::new(
+                "publish_latency_seconds",
+                "Seconds from watch arrival to Kafka acknowledgement",
+            )
+            .buckets(exponential_buckets(0.00025, 1.5, 24).expect("valid buckets")),
             &["stream"],
         )
         .expect("static metric definitions are valid");
-        registry.register(Box::new(publish_latency.clone())).expect("each metric is registered once");
+        registry
+            .register(Box::new(publish_latency.clone()))
+            .expect("each metric is registered once");
         Self {
-            events_received: counter("events_received_total", "Watch events read", &["stream", "type"]),
-            events_published: counter("events_published_total", "Records acknowledged by Kafka", &["stream"]),
-            events_filtered: counter("events_filtered_total", "Events of types not forwarded", &["stream"]),
-            malformed_lines: counter("malformed_lines_total", "Watch lines that could not be decoded", &["stream"]),
-            oversize: counter("oversize_events_total", "Events too large to publish whole", &["stream", "action"]),
-            delivery_errors: counter("delivery_errors_total", "Records Kafka did not acknowledge", &["stream", "kind"]),
-            watch_restarts: counter("watch_restarts_total", "Watches reopened", &["stream", "reason"]),
-            resyncs: counter("resyncs_total", "Relists after an expired resourceVersion", &["stream"]),
-            synthetic_deletes: counter("synthetic_deletes_total", "DELETED events inferred by a resync", &["stream"]),
-            api_errors: counter("api_errors_total", "Kubernetes API errors", &["stream", "kind"]),
-            checkpoint_writes: counter("checkpoint_writes_total", "Checkpoint ConfigMap writes", &["result"]),
+            events_received: counter(
+                "events_received_total",
+                "Watch events read",
+                &["stream", "type"],
+            ),
+            events_published: counter(
+                "events_published_total",
+                "Records acknowledged by Kafka",
+                &["stream"],
+            ),
+            events_filtered: counter(
+                "events_filtered_total",
+                "Events of types not forwarded",
+                &["stream"],
+            ),
+            malformed_lines: counter(
+                "malformed_lines_total",
+                "Watch lines that could not be decoded",
+                &["stream"],
+            ),
+            oversize: counter(
+                "oversize_events_total",
+                "Events too large to publish whole",
+                &["stream", "action"],
+            ),
+            delivery_errors: counter(
+                "delivery_errors_total",
+                "Records Kafka did not acknowledge",
+                &["stream", "kind"],
+            ),
+            watch_restarts: counter(
+                "watch_restarts_total",
+                "Watches reopened",
+                &["stream", "reason"],
+            ),
+            resyncs: counter(
+                "resyncs_total",
+                "Relists after an expired resourceVersion",
+                &["stream"],
+            ),
+            synthetic_deletes: counter(
+                "synthetic_deletes_total",
+                "DELETED events inferred by a resync",
+                &["stream"],
+            ),
+            api_errors: counter(
+                "api_errors_total",
+                "Kubernetes API errors",
+                &["stream", "kind"],
+            ),
+            checkpoint_writes: counter(
+                "checkpoint_writes_total",
+                "Checkpoint ConfigMap writes",
+                &["result"],
+            ),
             checkpoint_known_dropped: counter(
                 "checkpoint_known_dropped_total",
                 "Known-object sets left out of the checkpoint for size",
@@ -85,7 +142,9 @@ impl Metrics {
 
     pub fn render(&self) -> Vec<u8> {
         let mut out = Vec::new();
-        TextEncoder::new().encode(&self.registry.gather(), &mut out).expect("encoding to a Vec cannot fail");
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("encoding to a Vec cannot fail");
         out
     }
 }

@@ -61,11 +61,20 @@ impl Handle {
 }
 
 impl Spawner {
-    fn spawn(&self, channel: &Arc<Channel>, namespace: Option<String>, parent: &CancellationToken) -> Handle {
+    fn spawn(
+        &self,
+        channel: &Arc<Channel>,
+        namespace: Option<String>,
+        parent: &CancellationToken,
+    ) -> Handle {
         let id = stream_id(channel, namespace.as_deref());
         let saved = self.saved.lock().expect("saved lock poisoned").remove(&id);
         let shared = StreamShared::new(id.clone(), saved);
-        self.streams.lock().expect("streams lock poisoned").live.insert(id.clone(), shared.clone());
+        self.streams
+            .lock()
+            .expect("streams lock poisoned")
+            .live
+            .insert(id.clone(), shared.clone());
         let cancel = parent.child_token();
         let retire = Arc::new(AtomicBool::new(false));
         let stream = Stream::new(
@@ -94,9 +103,16 @@ impl Spawner {
     }
 
     /// Keeps one stream per namespace matching `selector`.
-    async fn follow_namespaces(self, channel: Arc<Channel>, selector: String, cancel: CancellationToken) {
+    async fn follow_namespaces(
+        self,
+        channel: Arc<Channel>,
+        selector: String,
+        cancel: CancellationToken,
+    ) {
         let api: Api<Namespace> = Api::all(self.client.clone());
-        let mut events = watcher::watcher(api, watcher::Config::default().labels(&selector)).default_backoff().boxed();
+        let mut events = watcher::watcher(api, watcher::Config::default().labels(&selector))
+            .default_backoff()
+            .boxed();
         let mut running: HashMap<String, Handle> = HashMap::new();
         let mut listed: HashSet<String> = HashSet::new();
         loop {
@@ -112,13 +128,17 @@ impl Spawner {
                 Ok(Event::InitApply(ns)) | Ok(Event::Apply(ns)) => {
                     let name = ns.metadata.name.unwrap_or_default();
                     listed.insert(name.clone());
-                    if !running.contains_key(&name) {
-                        let h = self.spawn(&channel, Some(name.clone()), &cancel);
-                        running.insert(name, h);
+                    if let std::collections::hash_map::Entry::Vacant(slot) = running.entry(name) {
+                        let h = self.spawn(&channel, Some(slot.key().clone()), &cancel);
+                        slot.insert(h);
                     }
                 }
                 Ok(Event::InitDone) => {
-                    let gone: Vec<String> = running.keys().filter(|n| !listed.contains(*n)).cloned().collect();
+                    let gone: Vec<String> = running
+                        .keys()
+                        .filter(|n| !listed.contains(*n))
+                        .cloned()
+                        .collect();
                     for name in gone {
                         running.remove(&name).expect("present").retire();
                     }
@@ -130,17 +150,29 @@ impl Spawner {
                         h.retire();
                     }
                 }
-                Err(e) => tracing::warn!(channel = %channel.name, error = %e, "namespace watch failed; retrying"),
+                Err(e) => {
+                    tracing::warn!(channel = %channel.name, error = %e, "namespace watch failed; retrying")
+                }
             }
         }
     }
 }
 
 /// Runs the relay until `shutdown` is cancelled, then drains and writes the final checkpoint.
-pub async fn run(cfg: Config, client: kube::Client, metrics: Arc<Metrics>, shutdown: CancellationToken, streams: Arc<Mutex<Streams>>) -> Result<(), RelayError> {
+pub async fn run(
+    cfg: Config,
+    client: kube::Client,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+    streams: Arc<Mutex<Streams>>,
+) -> Result<(), RelayError> {
     let channels = cfg.channels()?;
     let sink = Sink::new(&cfg.kafka)?;
-    let store = Store::new(client.clone(), &cfg.checkpoint.namespace, &cfg.checkpoint.name);
+    let store = Store::new(
+        client.clone(),
+        &cfg.checkpoint.namespace,
+        &cfg.checkpoint.name,
+    );
     let saved = store.load().await?;
     tracing::info!(streams = saved.len(), "loaded checkpoints");
     let spawner = Spawner {
@@ -163,7 +195,11 @@ pub async fn run(cfg: Config, client: kube::Client, metrics: Arc<Metrics>, shutd
                 }
             }
             Scope::Selector(sel) => {
-                let follower = spawner.clone().follow_namespaces(channel.clone(), sel.clone(), streams_cancel.child_token());
+                let follower = spawner.clone().follow_namespaces(
+                    channel.clone(),
+                    sel.clone(),
+                    streams_cancel.child_token(),
+                );
                 spawner.tasks.spawn(follower);
             }
         }
@@ -197,7 +233,13 @@ pub async fn run(cfg: Config, client: kube::Client, metrics: Arc<Metrics>, shutd
 }
 
 /// Writes dirty checkpoints every `interval`, and once more after `cancel`.
-async fn write_checkpoints(store: Store, streams: Arc<Mutex<Streams>>, metrics: Arc<Metrics>, interval: Duration, cancel: CancellationToken) {
+async fn write_checkpoints(
+    store: Store,
+    streams: Arc<Mutex<Streams>>,
+    metrics: Arc<Metrics>,
+    interval: Duration,
+    cancel: CancellationToken,
+) {
     loop {
         let last = tokio::select! {
             _ = cancel.cancelled() => true,
@@ -205,26 +247,33 @@ async fn write_checkpoints(store: Store, streams: Arc<Mutex<Streams>>, metrics: 
         };
         let (updates, dropped) = checkpoint::collect(&streams, false);
         for id in &dropped {
-            metrics.checkpoint_known_dropped.with_label_values(&[id]).inc();
+            metrics
+                .checkpoint_known_dropped
+                .with_label_values(&[id])
+                .inc();
             tracing::warn!(stream = %id, "known-object set too large for the checkpoint ConfigMap; deletions during a future outage cannot be inferred for this stream");
         }
         if !updates.is_empty() {
             match store.write(&updates).await {
                 Ok(()) => metrics.checkpoint_writes.with_label_values(&["ok"]).inc(),
                 Err(e) => {
-                    metrics.checkpoint_writes.with_label_values(&["error"]).inc();
+                    metrics
+                        .checkpoint_writes
+                        .with_label_values(&["error"])
+                        .inc();
                     tracing::warn!(error = %e, "checkpoint write failed; will retry");
-                    // Retry these streams next time.
-                    let s = streams.lock().expect("streams lock poisoned");
+                    // Retry these streams and removals next time.
+                    let mut s = streams.lock().expect("streams lock poisoned");
                     for (k, v) in &updates {
-                        match (v, s.live.get(k)) {
-                            (Some(_), Some(st)) => st.dirty.store(true, Ordering::Release),
-                            _ => {}
+                        match v {
+                            Some(_) => {
+                                if let Some(st) = s.live.get(k) {
+                                    st.dirty.store(true, Ordering::Release);
+                                }
+                            }
+                            None => s.removed.push(k.clone()),
                         }
                     }
-                    drop(s);
-                    let mut s = streams.lock().expect("streams lock poisoned");
-                    s.removed.extend(updates.iter().filter(|(_, v)| v.is_none()).map(|(k, _)| k.clone()));
                 }
             }
         }

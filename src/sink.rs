@@ -58,13 +58,17 @@ impl ProducerContext for Context {
     fn delivery(&self, result: &DeliveryResult<'_>, p: Box<Pending>) {
         let result = match result {
             Ok(_) => Ok(()),
-            Err((e, msg)) if is_too_large(e) => {
-                Err(DeliveryError::TooLarge { value: msg.payload().map(<[u8]>::to_vec).unwrap_or_default() })
-            }
+            Err((e, msg)) if is_too_large(e) => Err(DeliveryError::TooLarge {
+                value: msg.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+            }),
             Err((e, _)) => Err(DeliveryError::Failed(e.to_string())),
         };
         // The stream may have stopped already; its replay from the checkpoint covers the record.
-        let _ = p.tx.send(Ack { seq: p.seq, sent_at: p.sent_at, result });
+        let _ = p.tx.send(Ack {
+            seq: p.seq,
+            sent_at: p.sent_at,
+            result,
+        });
     }
 }
 
@@ -110,7 +114,9 @@ pub fn client_config(cfg: &KafkaConfig) -> ClientConfig {
 
 impl Sink {
     pub fn new(cfg: &KafkaConfig) -> Result<Self, SinkError> {
-        let producer = client_config(cfg).create_with_context(Context).map_err(SinkError::Create)?;
+        let producer = client_config(cfg)
+            .create_with_context(Context)
+            .map_err(SinkError::Create)?;
         Ok(Self { producer })
     }
 
@@ -118,7 +124,10 @@ impl Sink {
     pub async fn send(&self, rec: &Record, pending: Pending) -> Result<(), SendError> {
         let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len());
         for (k, v) in &rec.headers {
-            headers = headers.insert(Header { key: k, value: Some(v.as_str()) });
+            headers = headers.insert(Header {
+                key: k,
+                value: Some(v.as_str()),
+            });
         }
         let mut record = BaseRecord::with_opaque_to(&rec.topic, Box::new(pending))
             .key(rec.key.as_bytes())

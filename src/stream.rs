@@ -110,7 +110,12 @@ struct Backoff {
 
 impl Backoff {
     fn new(initial: Duration, max: Duration, seed: u64) -> Self {
-        Self { initial, max, current: initial, seed: seed | 1 }
+        Self {
+            initial,
+            max,
+            current: initial,
+            seed: seed | 1,
+        }
     }
 
     fn next(&mut self) -> Duration {
@@ -189,12 +194,19 @@ impl Stream {
             up: metrics.stream_up.with_label_values(&[&id]),
             latency: metrics.publish_latency.with_label_values(&[&id]),
         };
-        let seed = id.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
-            ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
+        let seed = id.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x100000001b3)
+        }) ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos() as u64;
         Self {
             topic: channel.topic_for(&settings.cluster, namespace.as_deref()),
             source: format!("/clusters/{}{}", settings.cluster, path),
-            trim: Trim { drop_managed_fields: channel.drop_managed_fields, allow_secret_data: channel.allow_secret_data },
+            trim: Trim {
+                drop_managed_fields: channel.drop_managed_fields,
+                allow_secret_data: channel.allow_secret_data,
+            },
             backoff: Backoff::new(settings.backoff_initial, settings.backoff_max, seed),
             kind: String::new(),
             position: None,
@@ -217,7 +229,11 @@ impl Stream {
     /// Runs until cancelled, then waits (up to the flush timeout) for outstanding deliveries so
     /// the final checkpoint covers them.
     pub async fn run(mut self) {
-        let mut state = if self.channel.builtin { self.start_state() } else { State::AwaitResource };
+        let mut state = if self.channel.builtin {
+            self.start_state()
+        } else {
+            State::AwaitResource
+        };
         loop {
             state = match state {
                 State::Done => break,
@@ -238,7 +254,9 @@ impl Stream {
                 },
                 State::Watch { rv } => {
                     let stop = self.watch(&rv).await;
-                    let resume = State::Watch { rv: self.position.clone().unwrap_or(rv) };
+                    let resume = State::Watch {
+                        rv: self.position.clone().unwrap_or(rv),
+                    };
                     self.after(stop, resume)
                 }
             };
@@ -248,7 +266,13 @@ impl Stream {
     }
 
     fn start_state(&mut self) -> State {
-        let checkpoint = self.shared.tracker.lock().expect("tracker lock poisoned").checkpoint().map(str::to_string);
+        let checkpoint = self
+            .shared
+            .tracker
+            .lock()
+            .expect("tracker lock poisoned")
+            .checkpoint()
+            .map(str::to_string);
         self.position = checkpoint.clone();
         match checkpoint {
             Some(rv) => State::Watch { rv },
@@ -258,7 +282,12 @@ impl Stream {
 
     /// The transition after a step ended with `stop`; `retry` is where to go back to.
     fn after(&mut self, stop: Stop, retry: State) -> State {
-        let restart = |reason: &str| self.metrics.watch_restarts.with_label_values(&[&self.id, reason]).inc();
+        let restart = |reason: &str| {
+            self.metrics
+                .watch_restarts
+                .with_label_values(&[&self.id, reason])
+                .inc()
+        };
         match stop {
             Stop::Cancelled => State::Done,
             Stop::Closed => {
@@ -272,7 +301,10 @@ impl Stream {
             }
             Stop::Malformed => {
                 restart("malformed");
-                State::Backoff { next: Box::new(retry), delay: self.backoff.next() }
+                State::Backoff {
+                    next: Box::new(retry),
+                    delay: self.backoff.next(),
+                }
             }
             Stop::Delivery(error) => {
                 restart("delivery_failed");
@@ -288,10 +320,16 @@ impl Stream {
                     Some(rv) => State::Watch { rv },
                     None => State::List { resync: false },
                 };
-                State::Backoff { next: Box::new(next), delay: self.backoff.next() }
+                State::Backoff {
+                    next: Box::new(next),
+                    delay: self.backoff.next(),
+                }
             }
             Stop::Api(e) => {
-                self.metrics.api_errors.with_label_values(&[&self.id, e.kind()]).inc();
+                self.metrics
+                    .api_errors
+                    .with_label_values(&[&self.id, e.kind()])
+                    .inc();
                 if matches!(e, ApiError::Status { code: 404, .. }) && !self.channel.builtin {
                     tracing::warn!(stream = %self.id, error = %e, "resource no longer served; waiting for it");
                     return State::AwaitResource;
@@ -303,7 +341,10 @@ impl Stream {
                     tracing::warn!(stream = %self.id, error = %e, "API request failed; backing off");
                 }
                 let delay = e.retry_after().unwrap_or_else(|| self.backoff.next());
-                State::Backoff { next: Box::new(retry), delay }
+                State::Backoff {
+                    next: Box::new(retry),
+                    delay,
+                }
             }
         }
     }
@@ -322,17 +363,29 @@ impl Stream {
             }
             Ok(false) => {
                 tracing::info!(stream = %self.id, resource = %p.resource_name(), "resource not served yet; waiting");
-                State::Backoff { next: Box::new(State::AwaitResource), delay: self.backoff.next() }
+                State::Backoff {
+                    next: Box::new(State::AwaitResource),
+                    delay: self.backoff.next(),
+                }
             }
             Err(e) => {
-                self.metrics.api_errors.with_label_values(&[&self.id, e.kind()]).inc();
-                State::Backoff { next: Box::new(State::AwaitResource), delay: self.backoff.next() }
+                self.metrics
+                    .api_errors
+                    .with_label_values(&[&self.id, e.kind()])
+                    .inc();
+                State::Backoff {
+                    next: Box::new(State::AwaitResource),
+                    delay: self.backoff.next(),
+                }
             }
         }
     }
 
     fn query(&self) -> Query<'_> {
-        Query { label_selector: self.channel.label_selector.as_deref(), field_selector: self.channel.field_selector.as_deref() }
+        Query {
+            label_selector: self.channel.label_selector.as_deref(),
+            field_selector: self.channel.field_selector.as_deref(),
+        }
     }
 
     async fn list(&mut self, resync: bool) -> Result<String, Stop> {
@@ -367,7 +420,12 @@ impl Stream {
             }
             for item in &page.items {
                 self.wait_in_flight(self.settings.max_in_flight - 1).await?;
-                let ev = match envelope::decode_item("ADDED", item, self.trim, (&api_version, &self.kind)) {
+                let ev = match envelope::decode_item(
+                    "ADDED",
+                    item,
+                    self.trim,
+                    (&api_version, &self.kind),
+                ) {
                     Ok(ev) => ev,
                     Err(e) => {
                         self.m.malformed.inc();
@@ -387,7 +445,11 @@ impl Stream {
         if resync {
             let vanished: Vec<(String, Known)> = {
                 let t = self.shared.tracker.lock().expect("tracker lock poisoned");
-                t.known().iter().filter(|(uid, _)| !seen.contains(*uid)).map(|(u, k)| (u.clone(), k.clone())).collect()
+                t.known()
+                    .iter()
+                    .filter(|(uid, _)| !seen.contains(*uid))
+                    .map(|(u, k)| (u.clone(), k.clone()))
+                    .collect()
             };
             for (uid, known) in vanished {
                 self.wait_in_flight(self.settings.max_in_flight - 1).await?;
@@ -412,11 +474,21 @@ impl Stream {
             }
             // Everything the resync produced is in Kafka before its end is marked.
             self.wait_in_flight(0).await?;
-            let object = envelope::bookmark_object(&api_version, &self.kind, &list_rv, Some(("watchrelay.io/resync-end", "true")));
-            let meta = ObjectMeta { name: self.id.clone(), resource_version: list_rv.clone(), ..Default::default() };
+            let object = envelope::bookmark_object(
+                &api_version,
+                &self.kind,
+                &list_rv,
+                Some(("watchrelay.io/resync-end", "true")),
+            );
+            let meta = ObjectMeta {
+                name: self.id.clone(),
+                resource_version: list_rv.clone(),
+                ..Default::default()
+            };
             let id = format!("resync-end/{}/{}", self.id, list_rv);
             let rec = self.record("BOOKMARK", &meta, &object, &id, &list_rv, true, false);
-            self.publish(rec, Instant::now(), Some(list_rv.clone()), None).await?;
+            self.publish(rec, Instant::now(), Some(list_rv.clone()), None)
+                .await?;
         } else {
             self.push_done(Some(list_rv.clone()), None);
         }
@@ -427,7 +499,13 @@ impl Stream {
 
     async fn watch(&mut self, rv: &str) -> Stop {
         let query = self.query();
-        let opened = kubeapi::watch(&self.client, &self.path, &query, rv, self.settings.watch_timeout_seconds);
+        let opened = kubeapi::watch(
+            &self.client,
+            &self.path,
+            &query,
+            rv,
+            self.settings.watch_timeout_seconds,
+        );
         let mut w = tokio::select! {
             _ = self.cancel.cancelled() => return Stop::Cancelled,
             w = opened => match w {
@@ -470,7 +548,10 @@ impl Stream {
                 return Err(Stop::Malformed);
             }
         };
-        self.metrics.events_received.with_label_values(&[&self.id, &ev.event_type]).inc();
+        self.metrics
+            .events_received
+            .with_label_values(&[&self.id, &ev.event_type])
+            .inc();
         match ev.event_type.as_str() {
             "ERROR" => Err(match ev.status_code {
                 Some(410) => Stop::Gone,
@@ -486,7 +567,10 @@ impl Stream {
                 self.position = Some(rv.clone());
                 if self.channel.forward_bookmarks {
                     let id = format!("bookmark/{}/{}", self.id, rv);
-                    let meta = ObjectMeta { name: self.id.clone(), ..ev.meta.clone() };
+                    let meta = ObjectMeta {
+                        name: self.id.clone(),
+                        ..ev.meta.clone()
+                    };
                     let rec = self.record("BOOKMARK", &meta, &ev.object, &id, &rv, false, false);
                     self.publish(rec, arrived, Some(rv), None).await
                 } else {
@@ -500,11 +584,20 @@ impl Stream {
                 }
                 self.position = Some(ev.meta.resource_version.clone());
                 let change = if ev.event_type == "DELETED" {
-                    Some(Change::Remove { uid: ev.meta.uid.clone() })
+                    Some(Change::Remove {
+                        uid: ev.meta.uid.clone(),
+                    })
                 } else {
                     upsert(&ev.meta)
                 };
-                self.emit(&ev, arrived, Some(ev.meta.resource_version.clone()), change, false).await
+                self.emit(
+                    &ev,
+                    arrived,
+                    Some(ev.meta.resource_version.clone()),
+                    change,
+                    false,
+                )
+                .await
             }
             other => {
                 self.m.malformed.inc();
@@ -530,7 +623,15 @@ impl Stream {
             return Ok(());
         }
         let id = format!("{}/{}", ev.meta.uid, ev.meta.resource_version);
-        let rec = self.record(&ev.event_type, &ev.meta, &ev.object, &id, &ev.meta.resource_version, resync, false);
+        let rec = self.record(
+            &ev.event_type,
+            &ev.meta,
+            &ev.object,
+            &id,
+            &ev.meta.resource_version,
+            resync,
+            false,
+        );
         self.publish(rec, arrived, rv, change).await
     }
 
@@ -569,16 +670,32 @@ impl Stream {
     }
 
     fn in_flight(&self) -> usize {
-        self.shared.tracker.lock().expect("tracker lock poisoned").in_flight()
+        self.shared
+            .tracker
+            .lock()
+            .expect("tracker lock poisoned")
+            .in_flight()
     }
 
     fn push_done(&self, rv: Option<String>, change: Option<Change>) {
-        if self.shared.tracker.lock().expect("tracker lock poisoned").push_done(rv, change) {
+        if self
+            .shared
+            .tracker
+            .lock()
+            .expect("tracker lock poisoned")
+            .push_done(rv, change)
+        {
             self.shared.dirty.store(true, Ordering::Release);
         }
     }
 
-    async fn publish(&mut self, rec: Record, arrived: Instant, rv: Option<String>, change: Option<Change>) -> Result<(), Stop> {
+    async fn publish(
+        &mut self,
+        rec: Record,
+        arrived: Instant,
+        rv: Option<String>,
+        change: Option<Change>,
+    ) -> Result<(), Stop> {
         let seq = {
             let mut t = self.shared.tracker.lock().expect("tracker lock poisoned");
             let seq = t.push(rv, change);
@@ -586,14 +703,26 @@ impl Stream {
             seq
         };
         if rec.value.len() > self.settings.max_message_bytes {
-            return self.send_oversize(seq, arrived, &rec.value, &rec.topic).await;
+            return self
+                .send_oversize(seq, arrived, &rec.value, &rec.topic)
+                .await;
         }
-        let pending = Pending { tx: self.acks_tx.clone(), seq, sent_at: arrived };
+        let pending = Pending {
+            tx: self.acks_tx.clone(),
+            seq,
+            sent_at: arrived,
+        };
         match self.sink.send(&rec, pending).await {
             Ok(()) => Ok(()),
-            Err(SendError::TooLarge) => self.send_oversize(seq, arrived, &rec.value, &rec.topic).await,
+            Err(SendError::TooLarge) => {
+                self.send_oversize(seq, arrived, &rec.value, &rec.topic)
+                    .await
+            }
             Err(SendError::Other(e)) => {
-                self.metrics.delivery_errors.with_label_values(&[&self.id, "enqueue"]).inc();
+                self.metrics
+                    .delivery_errors
+                    .with_label_values(&[&self.id, "enqueue"])
+                    .inc();
                 Err(Stop::Delivery(e.to_string()))
             }
         }
@@ -602,12 +731,21 @@ impl Stream {
     /// Replaces an event too large for Kafka by a reference envelope (the object reduced to its
     /// identity, `truncatedBytes` set), sent to the dead-letter topic or, with `trim`, to the
     /// channel's own topic. It takes the original's place in the ordered tracker.
-    async fn send_oversize(&mut self, seq: u64, arrived: Instant, value: &[u8], topic: &str) -> Result<(), Stop> {
+    async fn send_oversize(
+        &mut self,
+        seq: u64,
+        arrived: Instant,
+        value: &[u8],
+        topic: &str,
+    ) -> Result<(), Stop> {
         let (action, target) = match (&self.settings.oversize, &self.settings.dead_letter_topic) {
             (OversizePolicy::DeadLetter, Some(dlq)) if topic != dlq => ("dead_letter", dlq.clone()),
             _ => ("trim", self.topic.clone()),
         };
-        self.metrics.oversize.with_label_values(&[&self.id, action]).inc();
+        self.metrics
+            .oversize
+            .with_label_values(&[&self.id, action])
+            .inc();
         let rec = match reference_record(value, target, &self.source) {
             Some(rec) => rec,
             None => {
@@ -617,11 +755,18 @@ impl Stream {
             }
         };
         tracing::warn!(stream = %self.id, bytes = value.len(), key = %rec.key, action, "event too large for Kafka; sending a reference");
-        let pending = Pending { tx: self.acks_tx.clone(), seq, sent_at: arrived };
+        let pending = Pending {
+            tx: self.acks_tx.clone(),
+            seq,
+            sent_at: arrived,
+        };
         match self.sink.send(&rec, pending).await {
             Ok(()) => Ok(()),
             Err(e) => {
-                self.metrics.delivery_errors.with_label_values(&[&self.id, "enqueue"]).inc();
+                self.metrics
+                    .delivery_errors
+                    .with_label_values(&[&self.id, "enqueue"])
+                    .inc();
                 Err(Stop::Delivery(format!("{e:?}")))
             }
         }
@@ -645,10 +790,14 @@ impl Stream {
             }
             Err(DeliveryError::TooLarge { value }) => {
                 let topic = self.topic.clone();
-                self.send_oversize(ack.seq, ack.sent_at, &value, &topic).await
+                self.send_oversize(ack.seq, ack.sent_at, &value, &topic)
+                    .await
             }
             Err(DeliveryError::Failed(e)) => {
-                self.metrics.delivery_errors.with_label_values(&[&self.id, "delivery"]).inc();
+                self.metrics
+                    .delivery_errors
+                    .with_label_values(&[&self.id, "delivery"])
+                    .inc();
                 Err(Stop::Delivery(e))
             }
         }
@@ -687,7 +836,11 @@ impl Stream {
 fn upsert(meta: &ObjectMeta) -> Option<Change> {
     Some(Change::Upsert {
         uid: meta.uid.clone(),
-        known: Known { name: meta.name.clone(), namespace: meta.namespace.clone(), rv: meta.resource_version.clone() },
+        known: Known {
+            name: meta.name.clone(),
+            namespace: meta.namespace.clone(),
+            rv: meta.resource_version.clone(),
+        },
     })
 }
 
@@ -705,7 +858,8 @@ fn reference_record(value: &[u8], topic: String, source: &str) -> Option<Record>
         uid: s(&md["uid"]),
         resource_version: s(&md["resourceVersion"]),
     };
-    let reference: serde_json::Value = serde_json::from_slice(&envelope::reference_object(&meta)).ok()?;
+    let reference: serde_json::Value =
+        serde_json::from_slice(&envelope::reference_object(&meta)).ok()?;
     v["object"] = reference;
     v["watchrelay"]["truncatedBytes"] = value.len().into();
     let w = &v["watchrelay"];
@@ -726,7 +880,12 @@ fn reference_record(value: &[u8], topic: String, source: &str) -> Option<Record>
     let key = meta.key();
     let mut headers = envelope::cloudevents_headers(&env, &event_type, source, &key);
     headers.push(("ce_truncatedbytes", value.len().to_string()));
-    Some(Record { topic, key, value: envelope::envelope_value(&event_type, &envelope::reference_object(&meta), &env), headers })
+    Some(Record {
+        topic,
+        key,
+        value: envelope::envelope_value(&event_type, &envelope::reference_object(&meta), &env),
+        headers,
+    })
 }
 
 #[cfg(test)]
@@ -753,7 +912,8 @@ mod tests {
             "x".repeat(5000)
         );
         let value = envelope::envelope_value("MODIFIED", big.as_bytes(), &env);
-        let rec = reference_record(&value, "dlq".into(), "/clusters/c/api/v1/namespaces/a/pods").unwrap();
+        let rec =
+            reference_record(&value, "dlq".into(), "/clusters/c/api/v1/namespaces/a/pods").unwrap();
         assert_eq!(rec.topic, "dlq");
         assert_eq!(rec.key, "a/p");
         assert!(rec.value.len() < 1000);

@@ -47,12 +47,20 @@ pub struct Tracker {
 impl Tracker {
     /// A tracker resuming from a persisted checkpoint.
     pub fn resume(checkpoint: Option<String>, known: HashMap<String, Known>) -> Self {
-        Self { checkpoint, known, ..Self::default() }
+        Self {
+            checkpoint,
+            known,
+            ..Self::default()
+        }
     }
 
     /// Registers an event awaiting delivery and returns its sequence number.
     pub fn push(&mut self, rv: Option<String>, change: Option<Change>) -> u64 {
-        self.pending.push_back(Entry { rv, change, done: false });
+        self.pending.push_back(Entry {
+            rv,
+            change,
+            done: false,
+        });
         self.base + self.pending.len() as u64 - 1
     }
 
@@ -60,7 +68,11 @@ impl Tracker {
     /// the checkpoint as soon as everything before it is delivered.
     /// Returns true when the checkpoint moved.
     pub fn push_done(&mut self, rv: Option<String>, change: Option<Change>) -> bool {
-        self.pending.push_back(Entry { rv, change, done: true });
+        self.pending.push_back(Entry {
+            rv,
+            change,
+            done: true,
+        });
         self.advance()
     }
 
@@ -121,7 +133,14 @@ mod tests {
     use super::*;
 
     fn up(uid: &str, rv: &str) -> Option<Change> {
-        Some(Change::Upsert { uid: uid.into(), known: Known { name: uid.into(), namespace: None, rv: rv.into() } })
+        Some(Change::Upsert {
+            uid: uid.into(),
+            known: Known {
+                name: uid.into(),
+                namespace: None,
+                rv: rv.into(),
+            },
+        })
     }
 
     #[test]

@@ -1,0 +1,381 @@
+//! Throughput, latency, CPU and memory of the relay, next to a bare producer baseline.
+//!
+//! 1. The simulator's history is filled with N modifications of ~4 KB pods (pre-generated, not
+//!    measured).
+//! 2. Baseline: a child process sends the same N objects with a bare rdkafka producer configured
+//!    like the relay's, waiting for every acknowledgement.
+//! 3. Relay: the real binary starts from a checkpoint just before those N events, so its watch
+//!    replays them as fast as it can read, envelope and publish them; measured until Kafka has
+//!    acknowledged all N.
+//! 4. Latency: the same relay then follows live churn at a fixed rate; the publish latency (watch
+//!    arrival to Kafka acknowledgement) comes from its own histogram.
+//!
+//! CPU and peak RSS are read from /proc for each child process, so the simulator's share is not
+//! counted. Run with scripts/bench.sh (it starts a broker) or set KAFKA_BOOTSTRAP_SERVERS.
+
+use std::io::{BufRead, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::ClientContext;
+use serde_json::json;
+use watchrelay_sim::{objects, ChurnSpec, Sim, SimConfig};
+
+const NS: &str = "bench";
+const STREAM: &str = "watchNamespacedPods.bench";
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    if args.first().map(String::as_str) == Some("baseline") {
+        return baseline(&args[1], &args[2], Path::new(&args[3]));
+    }
+    let n: usize = std::env::var("BENCH_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let rate: f64 = std::env::var("BENCH_RATE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000.0);
+    let bootstrap = std::env::var("KAFKA_BOOTSTRAP_SERVERS")
+        .expect("KAFKA_BOOTSTRAP_SERVERS (scripts/bench.sh sets it)");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("sim")
+        .enable_all()
+        .build()
+        .unwrap();
+    let sim = rt
+        .block_on(Sim::start(SimConfig {
+            history_limit: n + 500_000,
+            ..Default::default()
+        }))
+        .expect("simulator");
+    let dir = tempfile::tempdir().unwrap();
+    sim.create("namespaces", None, objects::namespace(NS))
+        .unwrap();
+    sim.create("namespaces", None, objects::namespace("watchrelay"))
+        .unwrap();
+
+    // 1. Pre-generate the history and the baseline's input.
+    let pods = 500;
+    for i in 0..pods {
+        sim.create("pods", Some(NS), objects::pod(NS, &format!("pod-{i}")))
+            .unwrap();
+    }
+    let start_rv = sim.current_rv();
+    let input = dir.path().join("objects.jsonl");
+    let mut file = std::io::BufWriter::new(std::fs::File::create(&input).unwrap());
+    let mut bytes = 0usize;
+    for i in 0..n {
+        let name = format!("pod-{}", i % pods);
+        let obj = sim
+            .merge_patch(
+                "pods",
+                Some(NS),
+                &name,
+                json!({"metadata": {"annotations": {"bench/seq": i.to_string()}}}),
+            )
+            .unwrap();
+        let line = serde_json::to_string(&obj).unwrap();
+        bytes += line.len();
+        writeln!(file, "{NS}/{name}\t{line}").unwrap();
+    }
+    file.flush().unwrap();
+    drop(file);
+    let avg = bytes / n;
+    println!("pre-generated {n} pod modifications, {avg} bytes per object on average");
+
+    let topic_base = format!("bench-baseline-{}", std::process::id());
+    let topic_relay = format!("bench-relay-{}", std::process::id());
+    rt.block_on(create_topics(&bootstrap, &[&topic_base, &topic_relay]));
+
+    // 2. Baseline.
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["baseline", &bootstrap, &topic_base])
+        .arg(&input)
+        .output()
+        .expect("baseline runs");
+    assert!(
+        out.status.success(),
+        "baseline failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let base: serde_json::Value = serde_json::from_slice(&out.stdout).expect("baseline report");
+    let base_secs = base["secs"].as_f64().unwrap();
+    let base_rate = n as f64 / base_secs;
+
+    // 3. The relay, resuming just before the N events.
+    let saved = json!({ "rv": start_rv.to_string() }).to_string();
+    sim.create(
+        "configmaps",
+        Some("watchrelay"),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "watchrelay-checkpoints", "namespace": "watchrelay"}, "data": {STREAM: saved}}),
+    )
+    .unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    sim.write_kubeconfig(&kubeconfig).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "clusterName: bench\nkubernetes:\n  kubeconfig: {}\nkafka:\n  bootstrapServers: {bootstrap}\n  oversize: trim\n\
+             checkpoint:\n  namespace: watchrelay\nhttp:\n  listen: 127.0.0.1:{port}\n\
+             channels:\n  - operationId: watchNamespacedPods\n    namespaces: [{NS}]\n    topic: {topic_relay}\n",
+            kubeconfig.display()
+        ),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let mut relay = Command::new(env!("CARGO_BIN_EXE_watchrelay"))
+        .args(["run", "--config"])
+        .arg(&config)
+        .env("WATCHRELAY_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("relay starts");
+    let pid = relay.id();
+    loop {
+        if metric(
+            port,
+            &format!("watchrelay_events_published_total{{stream=\"{STREAM}\"}}"),
+        )
+        .unwrap_or(0.0) as usize
+            >= n
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "relay did not publish {n} events"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let relay_secs = started.elapsed().as_secs_f64();
+    let relay_cpu = cpu_seconds(pid);
+    let relay_rate = n as f64 / relay_secs;
+    let rss_after_replay = peak_rss_kib(pid);
+
+    // 4. Live churn at a fixed rate: publish latency from the relay's own histogram.
+    let before = histogram(port);
+    let churn_secs = 5.0;
+    let rv0 = sim.current_rv();
+    let churn = sim.start_churn(ChurnSpec {
+        rate_per_sec: rate,
+        namespaces: vec![NS.into()],
+        resources: vec!["pods".into()],
+        max_objects_per_kind: pods,
+        total_events: Some((rate * churn_secs) as u64),
+    });
+    std::thread::sleep(Duration::from_secs_f64(churn_secs + 1.0));
+    rt.block_on(churn.stop());
+    let achieved = (sim.current_rv() - rv0) as f64 / churn_secs;
+    std::thread::sleep(Duration::from_millis(500));
+    let after = histogram(port);
+    let delta: Vec<(f64, f64)> = after
+        .iter()
+        .zip(&before)
+        .map(|((le, a), (_, b))| (*le, a - b))
+        .collect();
+    let (p50, p99) = (quantile(&delta, 0.50) * 1e3, quantile(&delta, 0.99) * 1e3);
+    let peak_rss = peak_rss_kib(pid);
+    let _ = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    let _ = relay.wait();
+
+    let base_cpu = base["cpu"].as_f64().unwrap();
+    println!();
+    println!(
+        "{:<34} {:>14} {:>14} {:>8}",
+        "", "bare producer", "watchrelay", "ratio"
+    );
+    println!(
+        "{:<34} {:>14.0} {:>14.0} {:>7.0}%",
+        "events/s (~4 KB objects)",
+        base_rate,
+        relay_rate,
+        100.0 * relay_rate / base_rate
+    );
+    println!(
+        "{:<34} {:>14.2} {:>14.2} {:>7.2}x",
+        "CPU µs per event (whole process)",
+        base_cpu * 1e6 / n as f64,
+        relay_cpu * 1e6 / n as f64,
+        relay_cpu / base_cpu
+    );
+    println!(
+        "{:<34} {:>14} {:>14}",
+        "peak RSS MiB",
+        format!("{:.1}", base["rss_kib"].as_f64().unwrap() / 1024.0),
+        format!("{:.1}", peak_rss as f64 / 1024.0)
+    );
+    println!(
+        "{:<34} {:>14} {:>14}",
+        "RSS MiB after the replay",
+        "",
+        format!("{:.1}", rss_after_replay as f64 / 1024.0)
+    );
+    println!(
+        "publish latency at {achieved:.0} events/s (target {rate:.0}): p50 {p50:.2} ms, p99 {p99:.2} ms (watch arrival to Kafka ack)"
+    );
+}
+
+/// The baseline child: sends every object of `input` and waits for all acknowledgements.
+fn baseline(bootstrap: &str, topic: &str, input: &Path) {
+    let cfg = watchrelay::config::KafkaConfig {
+        bootstrap_servers: bootstrap.to_string(),
+        properties: Default::default(),
+        max_in_flight_per_stream: 10_000,
+        max_message_bytes: 1_000_000,
+        oversize: watchrelay::config::OversizePolicy::Trim,
+        dead_letter_topic: None,
+        flush_timeout_seconds: 20,
+    };
+    let lines: Vec<(String, String)> = std::io::BufReader::new(std::fs::File::open(input).unwrap())
+        .lines()
+        .map(|l| {
+            let l = l.unwrap();
+            let (k, v) = l.split_once('\t').unwrap();
+            (k.to_string(), v.to_string())
+        })
+        .collect();
+    struct Ctx;
+    impl ClientContext for Ctx {}
+    impl ProducerContext for Ctx {
+        type DeliveryOpaque = ();
+        fn delivery(&self, r: &DeliveryResult<'_>, _: ()) {
+            if let Err((e, _)) = r {
+                panic!("baseline delivery failed: {e}");
+            }
+        }
+    }
+    let producer: ThreadedProducer<Ctx> = watchrelay::sink::client_config(&cfg)
+        .create_with_context(Ctx)
+        .unwrap();
+    let cpu0 = cpu_seconds(std::process::id());
+    let t = Instant::now();
+    for (k, v) in &lines {
+        let mut rec = BaseRecord::to(topic)
+            .key(k.as_bytes())
+            .payload(v.as_bytes());
+        loop {
+            match producer.send(rec) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    rec = back;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(300)).unwrap();
+    let secs = t.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(std::process::id()) - cpu0;
+    println!(
+        "{}",
+        json!({"secs": secs, "cpu": cpu, "rss_kib": peak_rss_kib(std::process::id())})
+    );
+}
+
+async fn create_topics(bootstrap: &str, names: &[&str]) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    let topics: Vec<NewTopic> = names
+        .iter()
+        .map(|n| NewTopic::new(n, 3, TopicReplication::Fixed(1)))
+        .collect();
+    admin
+        .create_topics(&topics, &AdminOptions::new())
+        .await
+        .unwrap();
+}
+
+/// utime + stime of a process, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 of stat, counted after the command name.
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn scrape(port: u16) -> String {
+    use std::io::Read;
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+fn metric(port: u16, series: &str) -> Option<f64> {
+    scrape(port)
+        .lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Cumulative (le, count) pairs of the stream's publish latency histogram.
+fn histogram(port: u16) -> Vec<(f64, f64)> {
+    scrape(port)
+        .lines()
+        .filter(|l| {
+            l.starts_with("watchrelay_publish_latency_seconds_bucket") && l.contains(STREAM)
+        })
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, l.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Quantile by linear interpolation inside the bucket, as Prometheus' histogram_quantile does.
+fn quantile(buckets: &[(f64, f64)], q: f64) -> f64 {
+    let total = buckets.last().map(|b| b.1).unwrap_or(0.0);
+    if total == 0.0 {
+        return f64::NAN;
+    }
+    let rank = q * total;
+    let mut prev = (0.0, 0.0);
+    for &(le, count) in buckets {
+        if count >= rank {
+            if le.is_infinite() {
+                return prev.0;
+            }
+            return prev.0 + (le - prev.0) * (rank - prev.1) / (count - prev.1).max(1.0);
+        }
+        prev = (le, count);
+    }
+    prev.0
+}
