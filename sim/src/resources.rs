@@ -1,0 +1,115 @@
+//! The resource types the simulator serves, built in and registered at run time.
+
+/// One resource type, as discovery describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resource {
+    /// Empty for the core group.
+    pub group: String,
+    pub version: String,
+    pub plural: String,
+    pub singular: String,
+    pub kind: String,
+    pub namespaced: bool,
+    pub short_names: Vec<String>,
+}
+
+impl Resource {
+    pub fn new(
+        group: &str,
+        version: &str,
+        plural: &str,
+        kind: &str,
+        namespaced: bool,
+        short: &[&str],
+    ) -> Self {
+        Self {
+            group: group.into(),
+            version: version.into(),
+            plural: plural.into(),
+            singular: kind.to_lowercase(),
+            kind: kind.into(),
+            namespaced,
+            short_names: short.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    /// `pods` or `deployments.apps`.
+    pub fn key(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.clone()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+}
+
+pub fn builtin() -> Vec<Resource> {
+    let r = Resource::new;
+    vec![
+        r("", "v1", "pods", "Pod", true, &["po"]),
+        r("", "v1", "services", "Service", true, &["svc"]),
+        r("", "v1", "nodes", "Node", false, &["no"]),
+        r("", "v1", "namespaces", "Namespace", false, &["ns"]),
+        r("", "v1", "configmaps", "ConfigMap", true, &["cm"]),
+        r("", "v1", "secrets", "Secret", true, &[]),
+        r("events.k8s.io", "v1", "events", "Event", true, &["ev"]),
+        r("apps", "v1", "deployments", "Deployment", true, &["deploy"]),
+        r(
+            "networking.k8s.io",
+            "v1",
+            "ingresses",
+            "Ingress",
+            true,
+            &["ing"],
+        ),
+        r(
+            "networking.k8s.io",
+            "v1",
+            "networkpolicies",
+            "NetworkPolicy",
+            true,
+            &["netpol"],
+        ),
+        r(
+            "discovery.k8s.io",
+            "v1",
+            "endpointslices",
+            "EndpointSlice",
+            true,
+            &[],
+        ),
+        r(
+            "gateway.networking.k8s.io",
+            "v1",
+            "gateways",
+            "Gateway",
+            true,
+            &["gtw"],
+        ),
+        r(
+            "gateway.networking.k8s.io",
+            "v1",
+            "httproutes",
+            "HTTPRoute",
+            true,
+            &[],
+        ),
+        r("coordination.k8s.io", "v1", "leases", "Lease", true, &[]),
+        r(
+            "apiextensions.k8s.io",
+            "v1",
+            "customresourcedefinitions",
+            "CustomResourceDefinition",
+            false,
+            &["crd", "crds"],
+        ),
+    ]
+}

@@ -1,0 +1,448 @@
+//! Objects, the resourceVersion counter and the history log.
+//!
+//! One counter orders every change of every resource, as etcd's revision does. The history keeps
+//! each change with the object after it and the object before it, so the store can answer a
+//! list at an older resourceVersion (by undoing later changes) and replay a watch from any
+//! position still inside the window. Everything older than `compacted` is gone: asking for it is
+//! 410 Expired.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+use tokio::sync::broadcast;
+
+use crate::resources::Resource;
+use crate::{JournalEntry, SimError};
+
+/// One change, serialized once as a watch line and shared by every watcher.
+#[derive(Debug)]
+pub struct Change {
+    pub rv: u64,
+    pub resource: String,
+    pub namespace: Option<String>,
+    pub name: String,
+    pub event_type: &'static str,
+    pub object: Arc<Value>,
+    /// The object before the change (None for ADDED).
+    pub prev: Option<Arc<Value>>,
+    /// `{"type":..,"object":..}\n`
+    pub line: Bytes,
+}
+
+type Key = (String, String, String);
+
+fn key(resource: &str, ns: Option<&str>, name: &str) -> Key {
+    (
+        resource.to_string(),
+        ns.unwrap_or("").to_string(),
+        name.to_string(),
+    )
+}
+
+pub struct Store {
+    pub rv: u64,
+    objects: BTreeMap<Key, Arc<Value>>,
+    pub history: VecDeque<Arc<Change>>,
+    /// History holds every change with rv > compacted.
+    pub compacted: u64,
+    history_limit: usize,
+    pub journal: Vec<JournalEntry>,
+    pub resources: BTreeMap<String, Resource>,
+    pub tx: broadcast::Sender<Arc<Change>>,
+    uid_seed: u64,
+}
+
+pub fn watch_line(event_type: &str, object: &Value) -> Bytes {
+    let mut v = serde_json::to_vec(&json!({ "type": event_type, "object": object }))
+        .expect("json values serialize");
+    v.push(b'\n');
+    Bytes::from(v)
+}
+
+fn now() -> String {
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+/// RFC 7386 JSON merge patch.
+pub fn merge(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(p) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            let t = target.as_object_mut().expect("just made an object");
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+impl Store {
+    pub fn new(resources: Vec<Resource>, history_limit: usize) -> Self {
+        let (tx, _) = broadcast::channel(1 << 16);
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos() as u64;
+        Self {
+            rv: 1,
+            objects: BTreeMap::new(),
+            history: VecDeque::new(),
+            compacted: 1,
+            history_limit,
+            journal: Vec::new(),
+            resources: resources.into_iter().map(|r| (r.key(), r)).collect(),
+            tx,
+            uid_seed: seed | 1,
+        }
+    }
+
+    pub fn resource(&self, key: &str) -> Result<&Resource, SimError> {
+        self.resources
+            .get(key)
+            .ok_or_else(|| SimError::not_found(key, ""))
+    }
+
+    fn uid(&mut self) -> String {
+        let mut next = || {
+            self.uid_seed ^= self.uid_seed << 13;
+            self.uid_seed ^= self.uid_seed >> 7;
+            self.uid_seed ^= self.uid_seed << 17;
+            self.uid_seed
+        };
+        let (a, b) = (next(), next());
+        format!(
+            "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+            a >> 32,
+            (a >> 16) & 0xffff,
+            a & 0xfff,
+            0x8000 | (b >> 48) & 0x3fff,
+            b & 0xffff_ffff_ffff
+        )
+    }
+
+    fn scope<'a>(&self, res: &Resource, ns: Option<&'a str>) -> Result<Option<&'a str>, SimError> {
+        match (res.namespaced, ns) {
+            (true, None) => Err(SimError::invalid(
+                "namespace is required for a namespaced resource",
+            )),
+            (true, Some(ns)) => Ok(Some(ns)),
+            (false, _) => Ok(None),
+        }
+    }
+
+    fn record(
+        &mut self,
+        res: &Resource,
+        event_type: &'static str,
+        object: Arc<Value>,
+        prev: Option<Arc<Value>>,
+    ) {
+        let md = &object["metadata"];
+        let change = Arc::new(Change {
+            rv: self.rv,
+            resource: res.key(),
+            namespace: md["namespace"].as_str().map(str::to_string),
+            name: md["name"].as_str().unwrap_or_default().to_string(),
+            event_type,
+            line: watch_line(event_type, &object),
+            object: object.clone(),
+            prev,
+        });
+        self.journal.push(JournalEntry {
+            rv: self.rv,
+            event_type: event_type.to_string(),
+            uid: md["uid"].as_str().unwrap_or_default().to_string(),
+            kind: res.kind.clone(),
+            namespace: change.namespace.clone(),
+            name: change.name.clone(),
+            resource: res.key(),
+        });
+        self.history.push_back(change.clone());
+        while self.history.len() > self.history_limit {
+            let old = self.history.pop_front().expect("non-empty");
+            self.compacted = old.rv;
+        }
+        let _ = self.tx.send(change);
+    }
+
+    /// Forgets all history: every earlier position is now expired.
+    pub fn compact(&mut self) {
+        self.history.clear();
+        self.compacted = self.rv;
+    }
+
+    pub fn get(&self, resource: &str, ns: Option<&str>, name: &str) -> Option<Arc<Value>> {
+        let res = self.resources.get(resource)?;
+        let ns = if res.namespaced { ns } else { None };
+        self.objects.get(&key(resource, ns, name)).cloned()
+    }
+
+    pub fn create(
+        &mut self,
+        resource: &str,
+        ns: Option<&str>,
+        mut obj: Value,
+    ) -> Result<Arc<Value>, SimError> {
+        let res = self.resource(resource)?.clone();
+        let ns = self
+            .scope(
+                &res,
+                ns.or_else(|| obj["metadata"]["namespace"].as_str())
+                    .map(str::to_string)
+                    .as_deref(),
+            )?
+            .map(str::to_string);
+        if !obj.is_object() || !obj["metadata"].is_object() {
+            return Err(SimError::invalid("object must have metadata"));
+        }
+        let name = match (
+            obj["metadata"]["name"].as_str(),
+            obj["metadata"]["generateName"].as_str(),
+        ) {
+            (Some(n), _) if !n.is_empty() => n.to_string(),
+            (_, Some(prefix)) => {
+                let suffix: String = self
+                    .uid()
+                    .chars()
+                    .filter(char::is_ascii_alphanumeric)
+                    .take(5)
+                    .collect();
+                format!("{prefix}{suffix}")
+            }
+            _ => {
+                return Err(SimError::invalid(
+                    "metadata.name or metadata.generateName is required",
+                ))
+            }
+        };
+        let k = key(resource, ns.as_deref(), &name);
+        if self.objects.contains_key(&k) {
+            return Err(SimError::new(
+                409,
+                "AlreadyExists",
+                format!("{} {name:?} already exists", res.key()),
+            ));
+        }
+        if let Some(ns) = &ns {
+            if resource != "namespaces" && !self.objects.contains_key(&key("namespaces", None, ns))
+            {
+                return Err(SimError::not_found("namespaces", ns));
+            }
+        }
+        check_size(&res, &obj)?;
+        self.rv += 1;
+        let uid = self.uid();
+        let md = obj["metadata"].as_object_mut().expect("checked above");
+        md.insert("name".into(), name.clone().into());
+        md.remove("generateName");
+        match &ns {
+            Some(ns) => md.insert("namespace".into(), ns.clone().into()),
+            None => md.remove("namespace"),
+        };
+        md.insert("uid".into(), uid.into());
+        md.insert("resourceVersion".into(), self.rv.to_string().into());
+        md.insert("creationTimestamp".into(), now().into());
+        md.insert("generation".into(), 1.into());
+        if resource == "namespaces" {
+            let labels = md.entry("labels").or_insert(json!({}));
+            labels["kubernetes.io/metadata.name"] = name.clone().into();
+        }
+        obj["apiVersion"] = res.api_version().into();
+        obj["kind"] = res.kind.clone().into();
+        let obj = Arc::new(obj);
+        self.objects.insert(k, obj.clone());
+        self.record(&res, "ADDED", obj.clone(), None);
+        Ok(obj)
+    }
+
+    /// Replaces an object. A `metadata.resourceVersion` in `obj` must match (409 otherwise).
+    pub fn update(
+        &mut self,
+        resource: &str,
+        ns: Option<&str>,
+        mut obj: Value,
+    ) -> Result<Arc<Value>, SimError> {
+        let res = self.resource(resource)?.clone();
+        let ns = self
+            .scope(
+                &res,
+                ns.or_else(|| obj["metadata"]["namespace"].as_str())
+                    .map(str::to_string)
+                    .as_deref(),
+            )?
+            .map(str::to_string);
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .ok_or_else(|| SimError::invalid("metadata.name is required"))?
+            .to_string();
+        let k = key(resource, ns.as_deref(), &name);
+        let current = self
+            .objects
+            .get(&k)
+            .cloned()
+            .ok_or_else(|| SimError::not_found(&res.key(), &name))?;
+        if let Some(rv) = obj["metadata"]["resourceVersion"].as_str() {
+            if rv
+                != current["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or_default()
+            {
+                return Err(SimError::new(
+                    409,
+                    "Conflict",
+                    format!("Operation cannot be fulfilled on {} {name:?}: the object has been modified; please apply your changes to the latest version and try again", res.key()),
+                ));
+            }
+        }
+        check_size(&res, &obj)?;
+        self.rv += 1;
+        let cmd = &current["metadata"];
+        let spec_changed = obj.get("spec") != current.get("spec");
+        let md = obj["metadata"]
+            .as_object_mut()
+            .ok_or_else(|| SimError::invalid("object must have metadata"))?;
+        for f in ["uid", "creationTimestamp"] {
+            md.insert(f.into(), cmd[f].clone());
+        }
+        let generation = cmd["generation"].as_i64().unwrap_or(1) + spec_changed as i64;
+        md.insert("generation".into(), generation.into());
+        md.insert("resourceVersion".into(), self.rv.to_string().into());
+        match &ns {
+            Some(ns) => md.insert("namespace".into(), ns.clone().into()),
+            None => md.remove("namespace"),
+        };
+        if resource == "namespaces" {
+            let labels = md.entry("labels").or_insert(json!({}));
+            labels["kubernetes.io/metadata.name"] = name.clone().into();
+        }
+        obj["apiVersion"] = res.api_version().into();
+        obj["kind"] = res.kind.clone().into();
+        let obj = Arc::new(obj);
+        self.objects.insert(k, obj.clone());
+        self.record(&res, "MODIFIED", obj.clone(), Some(current));
+        Ok(obj)
+    }
+
+    pub fn merge_patch(
+        &mut self,
+        resource: &str,
+        ns: Option<&str>,
+        name: &str,
+        patch: &Value,
+    ) -> Result<Arc<Value>, SimError> {
+        let current = self
+            .get(resource, ns, name)
+            .ok_or_else(|| SimError::not_found(resource, name))?;
+        let mut obj = (*current).clone();
+        let precondition = patch["metadata"]["resourceVersion"]
+            .as_str()
+            .map(str::to_string);
+        merge(&mut obj, patch);
+        obj["metadata"]["name"] = name.into();
+        match precondition {
+            Some(rv) => obj["metadata"]["resourceVersion"] = rv.into(),
+            None => {
+                obj["metadata"]
+                    .as_object_mut()
+                    .map(|m| m.remove("resourceVersion"));
+            }
+        }
+        self.update(resource, ns, obj)
+    }
+
+    pub fn delete(
+        &mut self,
+        resource: &str,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Result<Arc<Value>, SimError> {
+        let res = self.resource(resource)?.clone();
+        let ns = if res.namespaced { ns } else { None };
+        let current = self
+            .objects
+            .remove(&key(resource, ns, name))
+            .ok_or_else(|| SimError::not_found(&res.key(), name))?;
+        self.rv += 1;
+        // The DELETED event carries the last state at a new resourceVersion, as etcd's delete
+        // revision.
+        let mut obj = (*current).clone();
+        obj["metadata"]["resourceVersion"] = self.rv.to_string().into();
+        let obj = Arc::new(obj);
+        self.record(&res, "DELETED", obj.clone(), Some(current));
+        Ok(obj)
+    }
+
+    /// Objects of `resource` (in `ns`, or all) as of `rv` (current when None), sorted by
+    /// namespace and name. Err when `rv` is older than the history window.
+    pub fn state_at(
+        &self,
+        resource: &str,
+        ns: Option<&str>,
+        rv: Option<u64>,
+    ) -> Result<Vec<Arc<Value>>, SimError> {
+        let in_scope = |k: &Key| k.0 == resource && ns.is_none_or(|n| k.1 == n);
+        let mut state: BTreeMap<Key, Arc<Value>> = self
+            .objects
+            .iter()
+            .filter(|(k, _)| in_scope(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if let Some(rv) = rv.filter(|rv| *rv < self.rv) {
+            if rv < self.compacted {
+                return Err(SimError::expired(rv, self.compacted));
+            }
+            for c in self.history.iter().rev().take_while(|c| c.rv > rv) {
+                let k = key(&c.resource, c.namespace.as_deref(), &c.name);
+                if !in_scope(&k) {
+                    continue;
+                }
+                match &c.prev {
+                    Some(prev) => state.insert(k, prev.clone()),
+                    None => state.remove(&k),
+                };
+            }
+        }
+        Ok(state.into_values().collect())
+    }
+
+    /// Changes after `rv`, oldest first. Err when `rv` is older than the window.
+    pub fn since(&self, rv: u64) -> Result<Vec<Arc<Change>>, SimError> {
+        if rv < self.compacted {
+            return Err(SimError::expired(rv, self.compacted));
+        }
+        let start = self.history.partition_point(|c| c.rv <= rv);
+        Ok(self.history.iter().skip(start).cloned().collect())
+    }
+
+    pub fn register(&mut self, res: Resource) {
+        self.resources.insert(res.key(), res);
+    }
+}
+
+fn check_size(res: &Resource, obj: &Value) -> Result<(), SimError> {
+    if res.key() == "configmaps" {
+        let size: usize = ["data", "binaryData"]
+            .iter()
+            .filter_map(|f| obj[f].as_object())
+            .flat_map(|m| {
+                m.iter()
+                    .map(|(k, v)| k.len() + v.as_str().map_or(0, str::len))
+            })
+            .sum();
+        if size > 1024 * 1024 {
+            return Err(SimError::new(422, "Invalid", format!("ConfigMap is invalid: []: Too long: must have at most 1048576 bytes (has {size})")));
+        }
+    }
+    Ok(())
+}

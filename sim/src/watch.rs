@@ -1,0 +1,243 @@
+//! Watch streams.
+//!
+//! A watch subscribes to the change broadcast while holding the store lock, so the replay (or
+//! the initial state) and the live changes meet without a gap or an overlap. Each change's line
+//! was serialized once when it happened; watchers without selectors pass it on untouched.
+//!
+//! A watcher that falls more than the broadcast capacity behind is disconnected (the client
+//! resumes from its last resourceVersion), as kube-apiserver does with slow watchers.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Frame;
+use serde_json::{json, Value};
+use tokio::sync::{broadcast, mpsc};
+
+use crate::selector::Selector;
+use crate::server::Body;
+use crate::store::{watch_line, Change};
+use crate::Inner;
+
+pub enum Start {
+    /// resourceVersion unset or "0": synthetic ADDED for the current state first.
+    Current,
+    /// Replay every change after this resourceVersion.
+    Exact(u64),
+}
+
+pub struct Params {
+    pub resource: String,
+    pub kind: String,
+    pub api_version: String,
+    pub namespace: Option<String>,
+    pub labels: Selector,
+    pub fields: Selector,
+    pub start: Start,
+    pub bookmarks: bool,
+    pub initial_events_end: bool,
+    pub timeout: Option<Duration>,
+}
+
+impl Params {
+    fn in_scope(&self, c: &Change) -> bool {
+        c.resource == self.resource
+            && self
+                .namespace
+                .as_ref()
+                .is_none_or(|ns| c.namespace.as_ref() == Some(ns))
+    }
+
+    fn selects(&self, obj: &Value) -> bool {
+        self.labels.matches_labels(obj) && self.fields.matches_fields(obj)
+    }
+
+    /// The line this watcher sends for a change, if any. With selectors, an object that starts
+    /// matching arrives as ADDED and one that stops matching as DELETED.
+    fn translate(&self, c: &Change) -> Option<Bytes> {
+        if !self.in_scope(c) {
+            return None;
+        }
+        if self.labels.is_empty() && self.fields.is_empty() {
+            return Some(c.line.clone());
+        }
+        let now = self.selects(&c.object);
+        let before = c.prev.as_ref().is_some_and(|p| self.selects(p));
+        match (c.event_type, before, now) {
+            ("ADDED", _, true) | ("MODIFIED", true, true) => Some(c.line.clone()),
+            ("DELETED", true, _) => Some(c.line.clone()),
+            ("MODIFIED", false, true) => Some(watch_line("ADDED", &c.object)),
+            ("MODIFIED", true, false) => Some(watch_line("DELETED", &c.object)),
+            _ => None,
+        }
+    }
+
+    fn bookmark(&self, rv: u64, initial_end: bool) -> Bytes {
+        let mut md = json!({ "resourceVersion": rv.to_string() });
+        if initial_end {
+            md["annotations"] = json!({ "k8s.io/initial-events-end": "true" });
+        }
+        watch_line(
+            "BOOKMARK",
+            &json!({ "kind": self.kind, "apiVersion": self.api_version, "metadata": md }),
+        )
+    }
+}
+
+type Tx = mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>;
+
+/// Starts a watch and returns its response body. An expired start position is answered, as the
+/// API server does, with HTTP 200 and a single ERROR event.
+pub fn start(inner: Arc<Inner>, p: Params) -> Body {
+    let (tx, rx) = mpsc::channel(256);
+    let begun = {
+        let store = inner.store.lock().expect("store lock poisoned");
+        let sub = store.tx.subscribe();
+        let first = match p.start {
+            Start::Current => store
+                .state_at(&p.resource, p.namespace.as_deref(), None)
+                .map(First::State),
+            Start::Exact(rv) => store.since(rv).map(First::Replay),
+        };
+        first.map(|f| (f, sub, store.rv))
+    };
+    let cancel = inner.watches.lock().expect("watches lock poisoned").clone();
+    tokio::spawn(async move {
+        inner.open_watches.fetch_add(1, Ordering::SeqCst);
+        match begun {
+            Err(e) => {
+                let _ = tx
+                    .send(Ok(Frame::data(watch_line("ERROR", &e.status()))))
+                    .await;
+            }
+            Ok((first, sub, rv)) => {
+                tokio::select! {
+                    _ = run(&inner, &p, &tx, first, sub, rv) => {}
+                    _ = cancel.cancelled() => {}
+                    _ = inner.shutdown.cancelled() => {}
+                }
+            }
+        }
+        inner.open_watches.fetch_sub(1, Ordering::SeqCst);
+    });
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    http_body_util::StreamBody::new(stream).boxed()
+}
+
+enum First {
+    State(Vec<Arc<Value>>),
+    Replay(Vec<Arc<Change>>),
+}
+
+/// Sends one line, applying armed faults. False when the stream must end.
+async fn emit(inner: &Inner, tx: &Tx, line: Bytes) -> bool {
+    if inner.faults.malformed.swap(false, Ordering::SeqCst)
+        && tx
+            .send(Ok(Frame::data(Bytes::from_static(
+                b"{\"type\":\"MODIFIED\",\"object\":{oops this is not json\n",
+            ))))
+            .await
+            .is_err()
+    {
+        return false;
+    }
+    if inner.faults.cut_line.swap(false, Ordering::SeqCst) {
+        let _ = tx.send(Ok(Frame::data(line.slice(..line.len() / 2)))).await;
+        // An error frame makes the server abort the connection without ending the chunked body.
+        let _ = tx
+            .send(Err(std::io::Error::other("connection cut mid-line")))
+            .await;
+        return false;
+    }
+    tx.send(Ok(Frame::data(line))).await.is_ok()
+}
+
+async fn run(
+    inner: &Inner,
+    p: &Params,
+    tx: &Tx,
+    first: First,
+    mut sub: broadcast::Receiver<Arc<Change>>,
+    start_rv: u64,
+) {
+    match first {
+        First::State(objects) => {
+            for o in objects.iter().filter(|o| p.selects(o)) {
+                if !emit(inner, tx, watch_line("ADDED", o)).await {
+                    return;
+                }
+            }
+            if p.initial_events_end && !emit(inner, tx, p.bookmark(start_rv, true)).await {
+                return;
+            }
+        }
+        First::Replay(changes) => {
+            for c in &changes {
+                if let Some(line) = p.translate(c) {
+                    if !emit(inner, tx, line).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+    let deadline = p.timeout.map(|t| tokio::time::Instant::now() + t);
+    let mut ticks = tokio::time::interval(inner.cfg.bookmark_interval);
+    ticks.tick().await;
+    loop {
+        tokio::select! {
+            _ = async { tokio::time::sleep_until(deadline.expect("guarded")).await }, if deadline.is_some() => return,
+            _ = ticks.tick(), if p.bookmarks => {
+                // Everything up to the store's current resourceVersion is in `sub` already (it is
+                // sent under the lock); forward it before claiming that position.
+                let (rv, pending, behind) = {
+                    let store = inner.store.lock().expect("store lock poisoned");
+                    let mut pending = Vec::new();
+                    let behind = loop {
+                        match sub.try_recv() {
+                            Ok(c) => pending.push(c),
+                            Err(broadcast::error::TryRecvError::Empty) => break false,
+                            Err(_) => break true,
+                        }
+                    };
+                    (store.rv, pending, behind)
+                };
+                if behind {
+                    return lagged(tx).await;
+                }
+                for c in &pending {
+                    if let Some(line) = p.translate(c) {
+                        if !emit(inner, tx, line).await {
+                            return;
+                        }
+                    }
+                }
+                if !emit(inner, tx, p.bookmark(rv, false)).await {
+                    return;
+                }
+            }
+            c = sub.recv() => match c {
+                Ok(c) => {
+                    if let Some(line) = p.translate(&c) {
+                        if !emit(inner, tx, line).await {
+                            return;
+                        }
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => return lagged(tx).await,
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+        }
+    }
+}
+
+async fn lagged(tx: &Tx) {
+    let _ = tx
+        .send(Err(std::io::Error::other("watcher fell too far behind")))
+        .await;
+}
