@@ -24,8 +24,15 @@ pub fn bootstrap() -> String {
 pub fn unique(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
-    format!("{prefix}-{}-{t}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    format!(
+        "{prefix}-{}-{t}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 pub async fn create_topics(names: &[&str], partitions: i32) {
@@ -33,16 +40,28 @@ pub async fn create_topics(names: &[&str], partitions: i32) {
 }
 
 pub async fn create_topics_at(bootstrap: &str, names: &[&str], partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("admin client");
-    let topics: Vec<NewTopic> = names.iter().map(|n| NewTopic::new(n, partitions, TopicReplication::Fixed(1))).collect();
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("admin client");
+    let topics: Vec<NewTopic> = names
+        .iter()
+        .map(|n| NewTopic::new(n, partitions, TopicReplication::Fixed(1)))
+        .collect();
     let results = admin
-        .create_topics(&topics, &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))))
+        .create_topics(
+            &topics,
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
         .await
         .expect("create_topics request");
     for r in results {
         if let Err((name, code)) = r {
-            assert_eq!(code, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists, "creating topic {name}");
+            assert_eq!(
+                code,
+                rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists,
+                "creating topic {name}"
+            );
         }
     }
 }
@@ -60,7 +79,12 @@ pub struct Msg {
 
 /// Reads `topic` from offset 0 of every partition until `done` holds for what was read (or the
 /// hang guard expires, returning what arrived so the caller's assertion shows it).
-pub fn read_until(bootstrap: &str, topic: &str, guard: Duration, done: impl Fn(&[Msg]) -> bool) -> Vec<Msg> {
+pub fn read_until(
+    bootstrap: &str,
+    topic: &str,
+    guard: Duration,
+    done: impl Fn(&[Msg]) -> bool,
+) -> Vec<Msg> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "watchrelay-tests")
@@ -68,12 +92,20 @@ pub fn read_until(bootstrap: &str, topic: &str, guard: Duration, done: impl Fn(&
         .set("enable.partition.eof", "false")
         .create()
         .expect("consumer");
-    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).expect("metadata");
-    let partitions = md.topics().iter().find(|t| t.name() == topic).map(|t| t.partitions().len()).unwrap_or(0);
+    let md = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    let partitions = md
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .map(|t| t.partitions().len())
+        .unwrap_or(0);
     assert!(partitions > 0, "topic {topic} has no partitions");
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions as i32 {
-        tpl.add_partition_offset(topic, p, Offset::Offset(0)).unwrap();
+        tpl.add_partition_offset(topic, p, Offset::Offset(0))
+            .unwrap();
     }
     consumer.assign(&tpl).expect("assign");
     let start = Instant::now();
@@ -86,7 +118,10 @@ pub fn read_until(bootstrap: &str, topic: &str, guard: Duration, done: impl Fn(&
                 if let Some(h) = m.headers() {
                     for i in 0..h.count() {
                         let hd = h.get(i);
-                        headers.insert(hd.key.to_string(), String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned());
+                        headers.insert(
+                            hd.key.to_string(),
+                            String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned(),
+                        );
                     }
                 }
                 out.push(Msg {

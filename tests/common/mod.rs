@@ -1,4 +1,7 @@
 //! Shared fixtures for the integration tests.
 #![allow(dead_code)] // each test binary uses a different part of the fixtures
 
+pub mod bed;
+pub mod broker;
 pub mod kafka;
+pub mod schema;

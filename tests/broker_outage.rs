@@ -1,0 +1,77 @@
+//! A broker outage is backpressure: nothing is lost, memory stays bounded, and the checkpoint
+//! never moves past what Kafka acknowledged.
+
+mod common;
+
+use std::time::Duration;
+
+use common::bed::{assert_covers, Bed, Relay};
+use common::broker::OwnBroker;
+use common::kafka;
+use watchrelay_sim::ChurnSpec;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_outage_loses_nothing_and_never_checkpoints_ahead() {
+    let Some(mut broker) = OwnBroker::start() else {
+        eprintln!("tansu is not installed; this test needs a broker it can stop (scripts/broker.sh install)");
+        return;
+    };
+    let mut bed = Bed::new(&["a"]).await;
+    bed.bootstrap = broker.bootstrap();
+    let topic = kafka::unique("outage");
+    kafka::create_topics_at(&bed.bootstrap, &[&topic], 3).await;
+    let cfg = bed.config(
+        &format!("  - operationId: watchNamespacedPods\n    namespaces: [a]\n    topic: {topic}\n"),
+        "  maxInFlightPerStream: 64\n",
+    );
+    let relay = Relay::start(&bed, cfg);
+    relay.wait_up(1).await;
+    let churn = bed.sim.start_churn(ChurnSpec {
+        rate_per_sec: 200.0,
+        namespaces: vec!["a".into()],
+        resources: vec!["pods".into()],
+        max_objects_per_kind: 30,
+        total_events: None,
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    broker.kill();
+    let rv_at_kill = bed.sim.current_rv();
+    // Give the checkpoint writer time to write whatever was acknowledged before the kill.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut max_in_flight = 0;
+    for _ in 0..30 {
+        let cp = bed.checkpoint_rv("watchNamespacedPods.a").unwrap_or(0);
+        assert!(
+            cp <= rv_at_kill,
+            "checkpoint {cp} moved past {rv_at_kill}, the last change before the broker died"
+        );
+        max_in_flight = max_in_flight.max(relay.counter("in_flight", "watchNamespacedPods.a"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        bed.sim.current_rv() > rv_at_kill + 200,
+        "churn went on during the outage"
+    );
+    assert!(
+        max_in_flight <= 64,
+        "in-flight records grew to {max_in_flight}, past the bound"
+    );
+    assert!(max_in_flight > 0, "nothing was waiting for the broker");
+
+    broker.resume();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    churn.stop().await;
+    let expected = bed.journal("pods", Some("a"));
+    let msgs = bed.read_covering(&topic, &expected).await;
+    assert_covers(&msgs, &expected);
+    let last = bed.sim.current_rv();
+    bed.wait_checkpoint(|c| {
+        c["watchNamespacedPods.a"]
+            .rv
+            .as_ref()
+            .is_some_and(|rv| rv.parse::<u64>().unwrap() >= last)
+    })
+    .await;
+    relay.stop().await;
+}

@@ -1,0 +1,315 @@
+//! The test bed: a simulated API server, the broker, and the relay running in-process.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use watchrelay::checkpoint::{Saved, Streams};
+use watchrelay::config::Config;
+use watchrelay::metrics::Metrics;
+use watchrelay::relay::{self, RelayError};
+use watchrelay_sim::{JournalEntry, Sim, SimConfig};
+
+use super::kafka::{self, Msg};
+
+pub const CHECKPOINT_NS: &str = "watchrelay";
+pub const CHECKPOINT_NAME: &str = "watchrelay-checkpoints";
+
+pub struct Bed {
+    pub sim: Sim,
+    pub bootstrap: String,
+}
+
+impl Bed {
+    pub async fn new(namespaces: &[&str]) -> Self {
+        Self::with(SimConfig::default(), namespaces).await
+    }
+
+    pub async fn with(cfg: SimConfig, namespaces: &[&str]) -> Self {
+        let sim = Sim::start(cfg).await.expect("simulator starts");
+        for ns in namespaces.iter().chain(std::iter::once(&CHECKPOINT_NS)) {
+            sim.create("namespaces", None, watchrelay_sim::objects::namespace(ns))
+                .expect("namespace");
+        }
+        Self {
+            sim,
+            bootstrap: kafka::bootstrap(),
+        }
+    }
+
+    pub fn client(&self) -> kube::Client {
+        let cfg = kube::Config::new(self.sim.url().parse().expect("sim url"));
+        kube::Client::try_from(cfg).expect("client")
+    }
+
+    /// A relay configuration for this bed; `channels` is the YAML list body and `kafka_extra`
+    /// extra lines under `kafka:` (both indented by two spaces).
+    pub fn config(&self, channels: &str, kafka_extra: &str) -> Config {
+        let oversize = if kafka_extra.contains("oversize:") {
+            ""
+        } else {
+            "  oversize: trim\n"
+        };
+        let yaml = format!(
+            "clusterName: test\n\
+             kafka:\n  bootstrapServers: {}\n{oversize}  flushTimeoutSeconds: 5\n  properties:\n    linger.ms: \"2\"\n{kafka_extra}\
+             checkpoint:\n  namespace: {CHECKPOINT_NS}\n  intervalMs: 100\n\
+             kubernetes:\n  backoffInitialMs: 20\n  backoffMaxMs: 300\n  listPageSize: 7\n\
+             http:\n  listen: \"\"\n\
+             channels:\n{channels}",
+            self.bootstrap
+        );
+        Config::parse(&yaml).unwrap_or_else(|e| panic!("test config invalid: {e}\n{yaml}"))
+    }
+
+    /// The checkpoint ConfigMap's entries as the relay wrote them.
+    pub fn checkpoints(&self) -> HashMap<String, Saved> {
+        let Some(cm) = self
+            .sim
+            .get("configmaps", Some(CHECKPOINT_NS), CHECKPOINT_NAME)
+        else {
+            return HashMap::new();
+        };
+        cm["data"]
+            .as_object()
+            .map(|d| {
+                d.iter()
+                    .map(|(k, v)| {
+                        (
+                            k.clone(),
+                            serde_json::from_str(v.as_str().unwrap()).unwrap(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    pub fn checkpoint_rv(&self, stream: &str) -> Option<u64> {
+        self.checkpoints()
+            .get(stream)
+            .and_then(|s| s.rv.as_ref())
+            .map(|rv| rv.parse().unwrap())
+    }
+
+    /// Journal entries of one resource (and namespace, when given).
+    pub fn journal(&self, resource: &str, namespace: Option<&str>) -> Vec<JournalEntry> {
+        self.sim
+            .journal()
+            .into_iter()
+            .filter(|e| {
+                e.resource == resource
+                    && (namespace.is_none() || e.namespace.as_deref() == namespace)
+            })
+            .collect()
+    }
+
+    /// Reads `topic` until every journal entry has its envelope there.
+    pub async fn read_covering(&self, topic: &str, expected: &[JournalEntry]) -> Vec<Msg> {
+        let want: HashSet<String> = expected.iter().map(event_id).collect();
+        let bootstrap = self.bootstrap.clone();
+        let topic = topic.to_string();
+        tokio::task::spawn_blocking(move || {
+            kafka::read_until(&bootstrap, &topic, Duration::from_secs(60), |msgs| {
+                let got: HashSet<&str> = msgs
+                    .iter()
+                    .filter_map(|m| m.value["watchrelay"]["id"].as_str())
+                    .collect();
+                want.iter().all(|w| got.contains(w.as_str()))
+            })
+        })
+        .await
+        .unwrap()
+    }
+
+    pub async fn read_until(
+        &self,
+        topic: &str,
+        done: impl Fn(&[Msg]) -> bool + Send + 'static,
+    ) -> Vec<Msg> {
+        let bootstrap = self.bootstrap.clone();
+        let topic = topic.to_string();
+        tokio::task::spawn_blocking(move || {
+            kafka::read_until(&bootstrap, &topic, Duration::from_secs(60), done)
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Waits until `cond` holds on the checkpoints (hang guard: 60 s).
+    pub async fn wait_checkpoint(&self, cond: impl Fn(&HashMap<String, Saved>) -> bool) {
+        for _ in 0..600 {
+            if cond(&self.checkpoints()) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!(
+            "checkpoint condition never held: {:?}",
+            self.checkpoints().keys().collect::<Vec<_>>()
+        );
+    }
+}
+
+/// The envelope id the relay gives a journal entry's change.
+pub fn event_id(e: &JournalEntry) -> String {
+    format!("{}/{}", e.uid, e.rv)
+}
+
+/// Asserts every journal entry is in `msgs` with the right type, key and envelope.
+pub fn assert_covers(msgs: &[Msg], expected: &[JournalEntry]) {
+    let by_id: HashMap<&str, &Msg> = msgs
+        .iter()
+        .filter_map(|m| Some((m.value["watchrelay"]["id"].as_str()?, m)))
+        .collect();
+    let mut missing = Vec::new();
+    for e in expected {
+        match by_id.get(event_id(e).as_str()) {
+            None => missing.push(format!(
+                "{} {} {:?}/{} rv={}",
+                e.event_type, e.kind, e.namespace, e.name, e.rv
+            )),
+            Some(m) => {
+                assert_eq!(
+                    m.value["type"],
+                    e.event_type.as_str(),
+                    "type of {}",
+                    event_id(e)
+                );
+                let key = match &e.namespace {
+                    Some(ns) => format!("{ns}/{}", e.name),
+                    None => e.name.clone(),
+                };
+                assert_eq!(
+                    m.key.as_deref(),
+                    Some(key.as_str()),
+                    "key of {}",
+                    event_id(e)
+                );
+                assert_eq!(m.value["object"]["metadata"]["uid"], e.uid.as_str());
+                assert_eq!(m.value["object"]["kind"], e.kind.as_str());
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "{} of {} changes missing from Kafka, e.g. {:?}",
+        missing.len(),
+        expected.len(),
+        &missing[..missing.len().min(5)]
+    );
+}
+
+/// The relay, running in this process on a runtime of its own so that a crash can be simulated
+/// by dropping every one of its tasks at once.
+pub struct Relay {
+    shutdown: CancellationToken,
+    task: JoinHandle<Result<(), RelayError>>,
+    runtime: Option<tokio::runtime::Runtime>,
+    pub metrics: Arc<Metrics>,
+    pub streams: Arc<Mutex<Streams>>,
+}
+
+impl Relay {
+    pub fn start(bed: &Bed, cfg: Config) -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let shutdown = CancellationToken::new();
+        let metrics = Arc::new(Metrics::new());
+        let streams = Arc::new(Mutex::new(Streams::default()));
+        let url = bed.sim.url();
+        let (sd, m, st) = (shutdown.clone(), metrics.clone(), streams.clone());
+        let task = runtime.spawn(async move {
+            // Built here so the client's background tasks belong to the relay's runtime.
+            let client = kube::Client::try_from(kube::Config::new(url.parse().expect("sim url")))
+                .expect("client");
+            relay::run(cfg, client, m, sd, st).await
+        });
+        Self {
+            shutdown,
+            task,
+            runtime: Some(runtime),
+            metrics,
+            streams,
+        }
+    }
+
+    /// Graceful stop: drain, flush, final checkpoint.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        let task = &mut self.task;
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("relay stops")
+            .unwrap()
+            .expect("relay ran cleanly");
+    }
+
+    /// A crash: every task of the relay is dropped where it stands; nothing is drained or written.
+    pub async fn kill(mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+
+    pub fn counter(&self, name: &str, stream: &str) -> u64 {
+        let text = String::from_utf8(self.metrics.render()).unwrap();
+        text.lines()
+            .filter(|l| {
+                l.starts_with(&format!("watchrelay_{name}"))
+                    && l.contains(&format!("stream=\"{stream}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+
+    /// Waits until `n` streams exist and every one is watching (hang guard: 60 s).
+    pub async fn wait_up(&self, n: usize) {
+        for _ in 0..600 {
+            {
+                let s = self.streams.lock().unwrap();
+                if s.live.len() >= n
+                    && s.live
+                        .values()
+                        .all(|st| st.up.load(std::sync::atomic::Ordering::Acquire))
+                {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let s = self.streams.lock().unwrap();
+        let down: Vec<_> = s
+            .live
+            .values()
+            .filter(|st| !st.up.load(std::sync::atomic::Ordering::Acquire))
+            .map(|st| st.id.clone())
+            .collect();
+        panic!(
+            "streams never all up: {} live, down: {down:?}",
+            s.live.len()
+        );
+    }
+
+    pub fn stream_up(&self, stream: &str) -> bool {
+        self.streams
+            .lock()
+            .unwrap()
+            .live
+            .get(stream)
+            .is_some_and(|s| s.up.load(std::sync::atomic::Ordering::Acquire))
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}

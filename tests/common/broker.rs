@@ -1,0 +1,84 @@
+//! A broker of the test's own, for tests that stop and restart it. Uses tansu with sqlite
+//! storage so the log survives a restart.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub struct OwnBroker {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl OwnBroker {
+    /// None when tansu is not installed (the suite's broker script installs it).
+    pub fn start() -> Option<Self> {
+        Command::new("tansu").arg("--version").output().ok()?;
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut b = Self {
+            port,
+            dir,
+            child: None,
+        };
+        b.resume();
+        Some(b)
+    }
+
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Starts (again) on the same port and storage.
+    pub fn resume(&mut self) {
+        let url = format!("tcp://127.0.0.1:{}", self.port);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("broker.log"))
+            .unwrap();
+        let child = Command::new("tansu")
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+                "--storage-engine",
+            ])
+            // tansu resolves the sqlite path against its working directory.
+            .arg("sqlite://broker.db")
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("tansu starts");
+        self.child = Some(child);
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("broker did not listen on {}", self.port);
+    }
+
+    /// Kills the broker outright.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for OwnBroker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

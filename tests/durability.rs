@@ -1,0 +1,199 @@
+//! At-least-once across crashes, outages and expired positions.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::bed::{assert_covers, event_id, Bed, Relay};
+use common::kafka;
+use watchrelay_sim::{objects, ChurnSpec};
+
+fn pods_channel(topic: &str, namespaces: &str) -> String {
+    format!("  - operationId: watchNamespacedPods\n    namespaces: [{namespaces}]\n    topic: {topic}\n")
+}
+
+fn pod_churn(rate: f64, namespaces: &[&str]) -> ChurnSpec {
+    ChurnSpec {
+        rate_per_sec: rate,
+        namespaces: namespaces.iter().map(|s| s.to_string()).collect(),
+        resources: vec!["pods".into()],
+        max_objects_per_kind: 40,
+        total_events: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashes_during_churn_lose_nothing_and_duplicate_only_the_unacknowledged_tail() {
+    let bed = Bed::new(&["a", "b"]).await;
+    let topic = kafka::unique("crash");
+    kafka::create_topics(&[&topic], 3).await;
+    let cfg = bed.config(&pods_channel(&topic, "a, b"), "");
+
+    let relay = Relay::start(&bed, cfg.clone());
+    relay.wait_up(2).await;
+    let churn = bed.sim.start_churn(pod_churn(400.0, &["a", "b"]));
+    // The checkpoint each restart resumed from, per stream.
+    let mut resumed_from: Vec<HashMap<String, u64>> = Vec::new();
+    let mut relay = Some(relay);
+    for round in 0..4u64 {
+        tokio::time::sleep(Duration::from_millis(600 + 250 * round)).await;
+        relay.take().unwrap().kill().await;
+        let cps = bed.checkpoints();
+        resumed_from.push(
+            cps.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.rv.as_ref()?.parse().ok()?)))
+                .collect(),
+        );
+        relay = Some(Relay::start(&bed, cfg.clone()));
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    churn.stop().await;
+
+    let expected = bed.journal("pods", None);
+    assert!(
+        expected.len() > 500,
+        "churn produced {} changes",
+        expected.len()
+    );
+    let msgs = bed.read_covering(&topic, &expected).await;
+    assert_covers(&msgs, &expected);
+
+    let mut count: HashMap<String, usize> = HashMap::new();
+    for m in &msgs {
+        *count
+            .entry(m.value["watchrelay"]["id"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+    let mut duplicated = 0;
+    for e in &expected {
+        let n = count[&event_id(e)];
+        if n > 1 {
+            duplicated += 1;
+            let stream = format!("watchNamespacedPods.{}", e.namespace.as_deref().unwrap());
+            // A change is delivered again only by a restart that resumed from before it.
+            let replays = resumed_from
+                .iter()
+                .filter(|cp| cp.get(&stream).is_none_or(|rv| e.rv > *rv))
+                .count();
+            assert!(
+                n - 1 <= replays,
+                "{} delivered {n} times but only {replays} restarts resumed before it",
+                event_id(e)
+            );
+        }
+    }
+    eprintln!(
+        "{} changes, {duplicated} delivered more than once over 4 crashes",
+        expected.len()
+    );
+    relay.unwrap().stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletions_while_down_past_the_history_window_become_synthetic_deletes() {
+    let bed = Bed::new(&["a"]).await;
+    let topic = kafka::unique("gone");
+    kafka::create_topics(&[&topic], 3).await;
+    let cfg = bed.config(&pods_channel(&topic, "a"), "");
+    for i in 0..10 {
+        bed.sim
+            .create("pods", Some("a"), objects::pod("a", &format!("p{i}")))
+            .unwrap();
+    }
+    let relay = Relay::start(&bed, cfg.clone());
+    relay.wait_up(1).await;
+    bed.sim
+        .create("pods", Some("a"), objects::pod("a", "p10"))
+        .unwrap();
+    let last = bed.sim.current_rv();
+    bed.wait_checkpoint(|c| {
+        c.get("watchNamespacedPods.a")
+            .and_then(|s| s.rv.as_ref())
+            .is_some_and(|rv| rv.parse::<u64>().unwrap() >= last)
+    })
+    .await;
+    relay.stop().await;
+
+    // While the relay is down: deletions, a change, a new object; then history is compacted so
+    // the saved position has expired.
+    for i in 0..4 {
+        bed.sim.delete("pods", Some("a"), &format!("p{i}")).unwrap();
+    }
+    bed.sim
+        .merge_patch(
+            "pods",
+            Some("a"),
+            "p5",
+            serde_json::json!({"metadata": {"labels": {"v": "2"}}}),
+        )
+        .unwrap();
+    bed.sim
+        .create("pods", Some("a"), objects::pod("a", "late"))
+        .unwrap();
+    bed.sim.compact();
+
+    let relay = Relay::start(&bed, cfg);
+    relay.wait_up(1).await;
+    let msgs = bed
+        .read_until(&topic, |m| {
+            m.iter().any(|m| {
+                m.value["type"] == "BOOKMARK"
+                    && m.value["object"]["metadata"]["annotations"]["watchrelay.io/resync-end"]
+                        == "true"
+            })
+        })
+        .await;
+    let deleted: Vec<_> = msgs
+        .iter()
+        .filter(|m| m.value["watchrelay"]["synthetic"] == true)
+        .collect();
+    let mut names: Vec<&str> = deleted
+        .iter()
+        .map(|m| m.value["object"]["metadata"]["name"].as_str().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["p0", "p1", "p2", "p3"]);
+    for d in &deleted {
+        assert_eq!(d.value["type"], "DELETED");
+        assert_eq!(d.value["watchrelay"]["resync"], true);
+        assert_eq!(d.headers["ce_synthetic"], "true");
+        // After every earlier message of the same object (same key, same partition).
+        let last_other = msgs
+            .iter()
+            .filter(|m| m.key == d.key && m.offset != d.offset)
+            .map(|m| m.offset)
+            .max()
+            .unwrap();
+        assert!(
+            d.offset > last_other,
+            "{:?}: synthetic DELETED before an earlier message",
+            d.key
+        );
+    }
+    let reannounced: Vec<&str> = msgs
+        .iter()
+        .filter(|m| m.value["watchrelay"]["resync"] == true && m.value["type"] == "ADDED")
+        .map(|m| m.value["object"]["metadata"]["name"].as_str().unwrap())
+        .collect();
+    for name in ["p4", "p5", "late"] {
+        assert!(
+            reannounced.contains(&name),
+            "{name} not re-announced: {reannounced:?}"
+        );
+    }
+    let p5 = bed.sim.get("pods", Some("a"), "p5").unwrap();
+    assert!(msgs
+        .iter()
+        .any(|m| m.value["object"]["metadata"]["resourceVersion"]
+            == p5["metadata"]["resourceVersion"]));
+    assert_eq!(relay.counter("resyncs_total", "watchNamespacedPods.a"), 1);
+    assert_eq!(
+        relay.counter("synthetic_deletes_total", "watchNamespacedPods.a"),
+        4
+    );
+    relay.stop().await;
+    // The known set shrank with the synthetic deletes and was persisted with the checkpoint.
+    let saved = &bed.checkpoints()["watchNamespacedPods.a"];
+    assert_eq!(saved.known.as_ref().unwrap().len(), 8);
+}
