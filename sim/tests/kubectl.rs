@@ -1,0 +1,287 @@
+//! kubectl against the simulator: discovery, get, apply, delete, watch, raw watch.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use watchrelay_sim::{objects, Sim, SimConfig};
+
+struct Kubectl {
+    kubeconfig: tempfile::NamedTempFile,
+}
+
+impl Kubectl {
+    fn new(sim: &Sim) -> Self {
+        let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+        sim.write_kubeconfig(kubeconfig.path()).unwrap();
+        Self { kubeconfig }
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("kubectl");
+        c.arg("--kubeconfig").arg(self.kubeconfig.path()).args(args);
+        c
+    }
+
+    async fn run(&self, args: &[&str]) -> String {
+        let mut c = self.cmd(args);
+        let out = tokio::task::spawn_blocking(move || c.output().unwrap())
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+async fn sim_with_pods() -> Sim {
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    sim.create("namespaces", None, objects::namespace("shop"))
+        .unwrap();
+    for i in 0..3 {
+        sim.create(
+            "pods",
+            Some("shop"),
+            objects::pod("shop", &format!("web-{i}")),
+        )
+        .unwrap();
+    }
+    sim
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_apply_delete() {
+    let sim = sim_with_pods().await;
+    let k = Kubectl::new(&sim);
+    let all = k.run(&["get", "pods", "-A"]).await;
+    for i in 0..3 {
+        assert!(all.contains(&format!("web-{i}")), "{all}");
+    }
+    let one: serde_json::Value = serde_json::from_str(
+        &k.run(&["get", "pod", "web-1", "-n", "shop", "-o", "json"])
+            .await,
+    )
+    .unwrap();
+    assert_eq!(one["metadata"]["name"], "web-1");
+    assert_eq!(
+        one["metadata"]["uid"],
+        sim.get("pods", Some("shop"), "web-1").unwrap()["metadata"]["uid"]
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("cm.yaml");
+    std::fs::write(&manifest, "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\n  namespace: shop\ndata:\n  mode: blue\n").unwrap();
+    let out = k
+        .run(&[
+            "apply",
+            "--validate=false",
+            "-f",
+            manifest.to_str().unwrap(),
+        ])
+        .await;
+    assert!(out.contains("created"), "{out}");
+    assert_eq!(
+        sim.get("configmaps", Some("shop"), "settings").unwrap()["data"]["mode"],
+        "blue"
+    );
+    std::fs::write(&manifest, "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\n  namespace: shop\ndata:\n  mode: green\n").unwrap();
+    let out = k
+        .run(&[
+            "apply",
+            "--validate=false",
+            "-f",
+            manifest.to_str().unwrap(),
+        ])
+        .await;
+    assert!(out.contains("configured"), "{out}");
+    assert_eq!(
+        sim.get("configmaps", Some("shop"), "settings").unwrap()["data"]["mode"],
+        "green"
+    );
+    let out = k
+        .run(&[
+            "apply",
+            "--server-side",
+            "--validate=false",
+            "-f",
+            manifest.to_str().unwrap(),
+        ])
+        .await;
+    assert!(out.contains("serverside-applied"), "{out}");
+
+    let out = k
+        .run(&["delete", "pod", "web-0", "-n", "shop", "--wait=false"])
+        .await;
+    assert!(out.contains("deleted"), "{out}");
+    assert!(sim.get("pods", Some("shop"), "web-0").is_none());
+    let kinds = k.run(&["api-resources", "-o", "name"]).await;
+    for r in [
+        "pods",
+        "deployments.apps",
+        "events.events.k8s.io",
+        "httproutes.gateway.networking.k8s.io",
+        "endpointslices.discovery.k8s.io",
+    ] {
+        assert!(
+            kinds.lines().any(|l| l == r),
+            "{r} missing from api-resources:\n{kinds}"
+        );
+    }
+}
+
+/// Reads lines from a kubectl child until `done` holds for them, then kills it.
+async fn lines_from(
+    mut cmd: Command,
+    done: impl Fn(&[String]) -> bool,
+    trigger: impl FnOnce(),
+) -> Vec<String> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut out = Vec::new();
+    let mut trigger = Some(trigger);
+    while !done(&out) {
+        match tokio::time::timeout(Duration::from_secs(20), rx.recv()).await {
+            Ok(Some(l)) => out.push(l),
+            _ => break,
+        }
+        // Changes are made once the watch has shown its first line, so they are live events.
+        if let Some(t) = trigger.take() {
+            t();
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_watch_shows_live_changes() {
+    let sim = sim_with_pods().await;
+    let k = Kubectl::new(&sim);
+    let cmd = k.cmd(&[
+        "get",
+        "pods",
+        "-n",
+        "shop",
+        "-w",
+        "--output-watch-events",
+        "-o",
+        "json",
+    ]);
+    let s = sim.clone();
+    let seen_all = |l: &[String]| {
+        let text = l.join("\n");
+        text.contains("\"DELETED\"") && text.contains("\"name\": \"new\"")
+    };
+    let lines = lines_from(cmd, seen_all, move || {
+        s.create("pods", Some("shop"), objects::pod("shop", "new"))
+            .unwrap();
+        s.delete("pods", Some("shop"), "web-2").unwrap();
+    })
+    .await;
+    // -o json prints pretty objects; reassemble them.
+    let text = lines.join("\n");
+    let events: Vec<serde_json::Value> = serde_json::Deserializer::from_str(&text)
+        .into_iter()
+        .map_while(Result::ok)
+        .collect();
+    let seen: Vec<(String, String)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap_or("").to_string(),
+                e["object"]["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
+            )
+        })
+        .collect();
+    assert!(seen.contains(&("ADDED".into(), "web-0".into())), "{seen:?}");
+    assert!(seen.contains(&("ADDED".into(), "new".into())), "{seen:?}");
+    assert!(
+        seen.contains(&("DELETED".into(), "web-2".into())),
+        "{seen:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_watch_from_a_resource_version_replays_history() {
+    let sim = sim_with_pods().await;
+    let k = Kubectl::new(&sim);
+    let rv = sim.current_rv();
+    sim.merge_patch(
+        "pods",
+        Some("shop"),
+        "web-1",
+        serde_json::json!({"metadata": {"labels": {"v": "2"}}}),
+    )
+    .unwrap();
+    sim.delete("pods", Some("shop"), "web-0").unwrap();
+    let path = format!("/api/v1/namespaces/shop/pods?watch=true&resourceVersion={rv}");
+    let lines = lines_from(k.cmd(&["get", "--raw", &path]), |l| l.len() >= 2, || {}).await;
+    let events: Vec<serde_json::Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events[0]["type"], "MODIFIED");
+    assert_eq!(events[0]["object"]["metadata"]["name"], "web-1");
+    assert_eq!(events[1]["type"], "DELETED");
+    assert_eq!(
+        events[1]["object"]["metadata"]["resourceVersion"],
+        (rv + 2).to_string()
+    );
+
+    sim.compact();
+    let lines = lines_from(k.cmd(&["get", "--raw", &path]), |l| !l.is_empty(), || {}).await;
+    let ev: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+    assert_eq!(ev["type"], "ERROR");
+    assert_eq!(ev["object"]["code"], 410);
+    assert_eq!(ev["object"]["reason"], "Expired");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_and_bearer_token() {
+    let sim = Sim::start(SimConfig {
+        tls: true,
+        token: Some("s3cret".into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    sim.create("namespaces", None, objects::namespace("shop"))
+        .unwrap();
+    sim.create("pods", Some("shop"), objects::pod("shop", "web-0"))
+        .unwrap();
+    assert!(sim.url().starts_with("https://"));
+    let k = Kubectl::new(&sim);
+    assert!(k
+        .run(&["get", "pods", "-n", "shop"])
+        .await
+        .contains("web-0"));
+    let mut bad = k.cmd(&["get", "pods", "-n", "shop", "--token", "wrong"]);
+    let out = tokio::task::spawn_blocking(move || bad.output().unwrap())
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("Unauthorized") || err.contains("provide credentials"),
+        "{err}"
+    );
+}
