@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::ClientContext;
 use serde_json::json;
-use watchrelay_sim::{objects, ChurnSpec, Sim, SimConfig};
+use watchrelay_sim::{objects, Sim, SimConfig};
 
 const NS: &str = "bench";
 const STREAM: &str = "watchNamespacedPods.bench";
@@ -56,6 +56,7 @@ fn main() {
             ..Default::default()
         }))
         .expect("simulator");
+    let _runtime = rt.enter();
     let dir = tempfile::tempdir().unwrap();
     sim.create("namespaces", None, objects::namespace(NS))
         .unwrap();
@@ -137,14 +138,15 @@ fn main() {
     )
     .unwrap();
     let started = Instant::now();
-    let mut relay = Command::new(env!("CARGO_BIN_EXE_watchrelay"))
+    let relay = Command::new(env!("CARGO_BIN_EXE_watchrelay"))
         .args(["run", "--config"])
         .arg(&config)
         .env("WATCHRELAY_LOG", "warn")
         .stdin(Stdio::null())
         .spawn()
         .expect("relay starts");
-    let pid = relay.id();
+    let mut relay = KillOnDrop(relay);
+    let pid = relay.0.id();
     loop {
         if metric(
             port,
@@ -170,17 +172,29 @@ fn main() {
     let before = histogram(port);
     let churn_secs = 5.0;
     let rv0 = sim.current_rv();
-    let churn = sim.start_churn(ChurnSpec {
-        rate_per_sec: rate,
-        namespaces: vec![NS.into()],
-        resources: vec!["pods".into()],
-        max_objects_per_kind: pods,
-        total_events: Some((rate * churn_secs) as u64),
-    });
-    std::thread::sleep(Duration::from_secs_f64(churn_secs + 1.0));
-    rt.block_on(churn.stop());
+    // Paced replacements of pre-built objects: the simulator's cheapest write path, so it can
+    // keep up with the target rate on a small machine.
+    let total = (rate * churn_secs) as usize;
+    let objs: Vec<serde_json::Value> = (0..total)
+        .map(|i| {
+            let mut o = objects::pod(NS, &format!("pod-{}", i % pods));
+            o["metadata"]["annotations"]["bench/live"] = json!(i.to_string());
+            o
+        })
+        .collect();
+    let paced = Instant::now();
+    for (i, o) in objs.into_iter().enumerate() {
+        let due = Duration::from_secs_f64(i as f64 / rate);
+        if let Some(wait) = due.checked_sub(paced.elapsed()) {
+            if wait > Duration::from_micros(500) {
+                std::thread::sleep(wait);
+            }
+        }
+        sim.update("pods", Some(NS), o).unwrap();
+    }
+    let churn_secs = paced.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_millis(1000));
     let achieved = (sim.current_rv() - rv0) as f64 / churn_secs;
-    std::thread::sleep(Duration::from_millis(500));
     let after = histogram(port);
     let delta: Vec<(f64, f64)> = after
         .iter()
@@ -192,7 +206,7 @@ fn main() {
     let _ = Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status();
-    let _ = relay.wait();
+    let _ = relay.0.wait();
 
     let base_cpu = base["cpu"].as_f64().unwrap();
     println!();
@@ -229,6 +243,16 @@ fn main() {
     println!(
         "publish latency at {achieved:.0} events/s (target {rate:.0}): p50 {p50:.2} ms, p99 {p99:.2} ms (watch arrival to Kafka ack)"
     );
+}
+
+/// Kills the relay if the benchmark fails half-way.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// The baseline child: sends every object of `input` and waits for all acknowledgements.

@@ -1,7 +1,7 @@
 //! Pure translation: one watch line in, one Kafka record out.
 //!
 //! The object is never re-encoded: the line is parsed once into its top-level fields as raw JSON
-//! slices, `metadata` is parsed again on its own (it is small once `managedFields` is skipped),
+//! slices except `metadata`, whose members are captured the same way in the same pass,
 //! and the envelope is assembled by copying slices. Only the identity fields are decoded.
 //!
 //! # What an envelope guarantees
@@ -87,25 +87,107 @@ impl<'a> Fields<'a> {
             .map(|s| s.0.into_owned())
     }
 
-    /// Writes the object back after `prefix` (members to add), leaving out `skip` and replacing
-    /// `metadata` when given.
-    fn write(&self, out: &mut Vec<u8>, prefix: &[u8], skip: &[&str], metadata: Option<&[u8]>) {
+    /// Writes the object back after `prefix` (members to add), leaving out `skip`.
+    fn write(&self, out: &mut Vec<u8>, prefix: &[u8], skip: &[&str]) {
         out.push(b'{');
         out.extend_from_slice(prefix);
         let mut first = prefix.is_empty();
-        for (k, v) in &self.0 {
-            if skip.contains(&k.as_ref()) {
-                continue;
-            }
+        for (k, v) in self.0.iter().filter(|(k, _)| !skip.contains(&k.as_ref())) {
             if !first {
                 out.push(b',');
             }
             first = false;
             serde_json::to_writer(&mut *out, k.as_ref()).expect("writing to a Vec cannot fail");
             out.push(b':');
-            match metadata {
-                Some(m) if k == "metadata" => out.extend_from_slice(m),
-                _ => out.extend_from_slice(v.get().as_bytes()),
+            out.extend_from_slice(v.get().as_bytes());
+        }
+        out.push(b'}');
+    }
+}
+
+/// A Kubernetes object: its members left raw, except `metadata`, which is split into its own
+/// members during the same pass so it is scanned once.
+struct Object<'a> {
+    /// `None` marks where `metadata` stands.
+    members: Vec<(Cow<'a, str>, Option<&'a RawValue>)>,
+    metadata: Option<Fields<'a>>,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Object<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Object<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Object<'de>, A::Error> {
+                let mut members = Vec::with_capacity(8);
+                let mut metadata = None;
+                while let Some(Str(k)) = map.next_key::<Str<'de>>()? {
+                    if k == "metadata" && metadata.is_none() {
+                        metadata = Some(map.next_value::<Fields<'de>>()?);
+                        members.push((k, None));
+                    } else {
+                        members.push((k, Some(map.next_value::<&'de RawValue>()?)));
+                    }
+                }
+                Ok(Object { members, metadata })
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+impl<'a> Object<'a> {
+    fn get(&self, key: &str) -> Option<&'a RawValue> {
+        self.members
+            .iter()
+            .find(|(k, _)| k == key)
+            .and_then(|(_, v)| *v)
+    }
+
+    fn string(&self, key: &str) -> Option<String> {
+        self.get(key)
+            .and_then(|raw| serde_json::from_str::<Str>(raw.get()).ok())
+            .map(|s| s.0.into_owned())
+    }
+
+    fn len_hint(&self) -> usize {
+        let md: usize = self
+            .metadata
+            .iter()
+            .flat_map(|m| &m.0)
+            .map(|(k, v)| k.len() + v.get().len() + 4)
+            .sum();
+        md + self
+            .members
+            .iter()
+            .map(|(k, v)| k.len() + v.map_or(0, |v| v.get().len()) + 4)
+            .sum::<usize>()
+    }
+
+    /// Writes the object back after `prefix`, leaving out `skip` and `metadata_skip` inside
+    /// `metadata`.
+    fn write(&self, out: &mut Vec<u8>, prefix: &[u8], skip: &[&str], metadata_skip: &[&str]) {
+        out.push(b'{');
+        out.extend_from_slice(prefix);
+        let mut first = prefix.is_empty();
+        for (k, v) in self
+            .members
+            .iter()
+            .filter(|(k, _)| !skip.contains(&k.as_ref()))
+        {
+            if !first {
+                out.push(b',');
+            }
+            first = false;
+            serde_json::to_writer(&mut *out, k.as_ref()).expect("writing to a Vec cannot fail");
+            out.push(b':');
+            match (v, &self.metadata) {
+                (Some(raw), _) => out.extend_from_slice(raw.get().as_bytes()),
+                (None, Some(md)) => md.write(out, b"", metadata_skip),
+                (None, None) => unreachable!("a metadata marker always has its members"),
             }
         }
         out.push(b'}');
@@ -117,7 +199,7 @@ struct Line<'a> {
     #[serde(rename = "type", borrow)]
     event_type: Str<'a>,
     #[serde(borrow)]
-    object: Fields<'a>,
+    object: Object<'a>,
 }
 
 /// What the relay needs to know about an object: its identity and version.
@@ -174,13 +256,13 @@ pub fn decode_item(
     trim: Trim,
     type_meta: (&str, &str),
 ) -> Result<WatchEvent, DecodeError> {
-    let fields: Fields = serde_json::from_str(object.get())?;
-    decode_object(event_type.to_string(), &fields, trim, Some(type_meta))
+    let parsed: Object = serde_json::from_str(object.get())?;
+    decode_object(event_type.to_string(), &parsed, trim, Some(type_meta))
 }
 
 fn decode_object(
     event_type: String,
-    object: &Fields,
+    object: &Object,
     trim: Trim,
     type_meta: Option<(&str, &str)>,
 ) -> Result<WatchEvent, DecodeError> {
@@ -211,9 +293,10 @@ fn decode_object(
     } else {
         None
     };
-    let metadata: Fields = match object.get("metadata") {
-        Some(raw) => serde_json::from_str(raw.get())?,
-        None if event_type == "ERROR" => Fields(Vec::new()),
+    let empty = Fields(Vec::new());
+    let metadata = match &object.metadata {
+        Some(m) => m,
+        None if event_type == "ERROR" => &empty,
         None => return Err(DecodeError::Missing("metadata")),
     };
     let meta = ObjectMeta {
@@ -229,22 +312,10 @@ fn decode_object(
     }
     let drop_mf = trim.drop_managed_fields && metadata.get("managedFields").is_some();
     let secret = meta.kind == "Secret" && !trim.allow_secret_data;
-    let capacity = object
-        .0
-        .iter()
-        .map(|(k, v)| k.len() + v.get().len() + 4)
-        .sum::<usize>()
-        + prefix.len()
-        + 2;
-    let mut out = Vec::with_capacity(capacity);
+    let mut out = Vec::with_capacity(object.len_hint() + prefix.len() + 2);
     let skip: &[&str] = if secret { &["data", "stringData"] } else { &[] };
-    if drop_mf {
-        let mut m = Vec::with_capacity(256);
-        metadata.write(&mut m, &[], &["managedFields"], None);
-        object.write(&mut out, &prefix, skip, Some(&m));
-    } else {
-        object.write(&mut out, &prefix, skip, None);
-    }
+    let metadata_skip: &[&str] = if drop_mf { &["managedFields"] } else { &[] };
+    object.write(&mut out, &prefix, skip, metadata_skip);
     Ok(WatchEvent {
         event_type,
         meta,

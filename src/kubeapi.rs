@@ -189,6 +189,8 @@ pub async fn list_page(
 pub struct Watch {
     body: Body,
     buf: BytesMut,
+    /// Bytes of `buf` already searched for a newline, so long lines are scanned once.
+    scanned: usize,
     done: bool,
 }
 
@@ -211,6 +213,7 @@ pub async fn watch(
     Ok(Watch {
         body: res.into_body(),
         buf: BytesMut::with_capacity(64 * 1024),
+        scanned: 0,
         done: false,
     })
 }
@@ -220,12 +223,7 @@ impl Watch {
     /// the end of the stream is an error: the connection was cut mid-event.
     pub async fn next_line(&mut self) -> Result<Option<Bytes>, ApiError> {
         loop {
-            if let Some(i) = memchr(&self.buf) {
-                let line = self.buf.split_to(i + 1).freeze();
-                let line = line.slice(..i);
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue;
-                }
+            if let Some(line) = self.buffered_line() {
                 return Ok(Some(line));
             }
             if self.buf.len() > MAX_LINE {
@@ -237,6 +235,7 @@ impl Watch {
                 } else {
                     let n = self.buf.len();
                     self.buf.advance(n);
+                    self.scanned = 0;
                     Err(ApiError::Body(format!(
                         "stream ended inside a line ({n} bytes)"
                     )))
@@ -250,6 +249,21 @@ impl Watch {
                         self.buf.extend_from_slice(&data);
                     }
                 }
+            }
+        }
+    }
+
+    /// A complete line already received, without waiting for more input.
+    pub fn buffered_line(&mut self) -> Option<Bytes> {
+        loop {
+            let Some(i) = memchr(&self.buf[self.scanned..]).map(|i| i + self.scanned) else {
+                self.scanned = self.buf.len();
+                return None;
+            };
+            let line = self.buf.split_to(i + 1).freeze().slice(..i);
+            self.scanned = 0;
+            if !line.iter().all(u8::is_ascii_whitespace) {
+                return Some(line);
             }
         }
     }

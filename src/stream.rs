@@ -134,7 +134,11 @@ impl Backoff {
 }
 
 /// Pre-labelled metric handles for one stream.
+const EVENT_TYPES: [&str; 5] = ["ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"];
+
 struct StreamMetrics {
+    /// events_received_total per entry of EVENT_TYPES.
+    received: [IntCounter; 5],
     published: IntCounter,
     filtered: IntCounter,
     malformed: IntCounter,
@@ -185,6 +189,7 @@ impl Stream {
         let (acks_tx, acks_rx) = mpsc::unbounded_channel();
         let path = channel.path.collection_url(namespace.as_deref());
         let m = StreamMetrics {
+            received: EVENT_TYPES.map(|t| metrics.events_received.with_label_values(&[&id, t])),
             published: metrics.events_published.with_label_values(&[&id]),
             filtered: metrics.events_filtered.with_label_values(&[&id]),
             malformed: metrics.malformed_lines.with_label_values(&[&id]),
@@ -529,6 +534,14 @@ impl Stream {
                         if let Err(stop) = self.on_line(&line).await {
                             return stop;
                         }
+                        // Lines already received are handled without another trip through
+                        // the select; acknowledgements still come first once room runs out.
+                        while self.in_flight() < self.settings.max_in_flight {
+                            let Some(line) = w.buffered_line() else { break };
+                            if let Err(stop) = self.on_line(&line).await {
+                                return stop;
+                            }
+                        }
                     }
                     Ok(None) => return Stop::Closed,
                     Err(e) => return e.into(),
@@ -548,10 +561,14 @@ impl Stream {
                 return Err(Stop::Malformed);
             }
         };
-        self.metrics
-            .events_received
-            .with_label_values(&[&self.id, &ev.event_type])
-            .inc();
+        match EVENT_TYPES.iter().position(|t| *t == ev.event_type) {
+            Some(i) => self.m.received[i].inc(),
+            None => self
+                .metrics
+                .events_received
+                .with_label_values(&[&self.id, &ev.event_type])
+                .inc(),
+        }
         match ev.event_type.as_str() {
             "ERROR" => Err(match ev.status_code {
                 Some(410) => Stop::Gone,
