@@ -22,3 +22,6 @@ fi
 
 echo "== cargo test"
 cargo test --workspace --locked
+
+echo "== deploy checks (chart, manifests, alert rules, Dockerfile)"
+WATCHRELAY_BIN=target/debug/watchrelay scripts/check-deploy.sh
