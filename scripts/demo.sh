@@ -10,7 +10,11 @@ cd "$(dirname "$0")/.."
 work=$(mktemp -d)
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  # Newest first: the relay drains and writes its last checkpoint before the cluster goes away.
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+    kill "${pids[i]}" 2>/dev/null || true
+    sleep 0.3
+  done
   wait 2>/dev/null || true
   scripts/broker.sh stop "$work"
   echo "demo files (logs, kubeconfig, config) are in $work"
@@ -31,7 +35,8 @@ target/release/watchrelay-sim --kubeconfig-out "$work/kubeconfig" --churn-rate "
 pids+=($!)
 for _ in $(seq 1 100); do [[ -s $work/kubeconfig ]] && break; sleep 0.1; done
 k() { kubectl --kubeconfig "$work/kubeconfig" "$@"; }
-k create namespace watchrelay >/dev/null
+# apply sends JSON (the simulator does not decode protobuf bodies, which `kubectl create` sends).
+printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: watchrelay\n' | k apply --validate=false -f - >/dev/null
 echo "   $(head -1 "$work/sim.log")"
 k get namespaces
 

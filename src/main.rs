@@ -53,10 +53,14 @@ fn run(file: PathBuf) -> Result<()> {
     if std::env::var("WATCHRELAY_LOG_FORMAT").as_deref() == Ok("json") {
         tracing_subscriber::fmt()
             .json()
+            .with_writer(std::io::stderr)
             .with_env_filter(filter)
             .init();
     } else {
-        tracing_subscriber::fmt().with_env_filter(filter).init();
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_env_filter(filter)
+            .init();
     }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()

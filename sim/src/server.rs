@@ -467,6 +467,14 @@ async fn read_body(req: Request<Incoming>) -> Result<(Option<String>, Bytes), Si
         .get("content-type")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    // JSON only: clients that sent protobuf or CBOR retry with JSON after a 415.
+    if let Some(c) = ctype
+        .as_deref()
+        .filter(|c| c.contains("protobuf") || c.contains("cbor"))
+    {
+        let message = format!("the body of the request was in an unknown format: {c}");
+        return Err(SimError::new(415, "UnsupportedMediaType", message));
+    }
     let body = req
         .into_body()
         .collect()
