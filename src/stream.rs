@@ -724,17 +724,25 @@ impl Stream {
                 .send_oversize(seq, arrived, &rec.value, &rec.topic)
                 .await;
         }
+        if self.enqueue(&rec, seq, arrived).await? {
+            Ok(())
+        } else {
+            self.send_oversize(seq, arrived, &rec.value, &rec.topic)
+                .await
+        }
+    }
+
+    /// Hands a record to the producer under `seq`. False when it was refused at once for its
+    /// size; any other refusal stops the stream so it replays from its checkpoint.
+    async fn enqueue(&mut self, rec: &Record, seq: u64, arrived: Instant) -> Result<bool, Stop> {
         let pending = Pending {
             tx: self.acks_tx.clone(),
             seq,
             sent_at: arrived,
         };
-        match self.sink.send(&rec, pending).await {
-            Ok(()) => Ok(()),
-            Err(SendError::TooLarge) => {
-                self.send_oversize(seq, arrived, &rec.value, &rec.topic)
-                    .await
-            }
+        match self.sink.send(rec, pending).await {
+            Ok(()) => Ok(true),
+            Err(SendError::TooLarge) => Ok(false),
             Err(SendError::Other(e)) => {
                 self.metrics
                     .delivery_errors
@@ -772,20 +780,11 @@ impl Stream {
             }
         };
         tracing::warn!(stream = %self.id, bytes = value.len(), key = %rec.key, action, "event too large for Kafka; sending a reference");
-        let pending = Pending {
-            tx: self.acks_tx.clone(),
-            seq,
-            sent_at: arrived,
-        };
-        match self.sink.send(&rec, pending).await {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                self.metrics
-                    .delivery_errors
-                    .with_label_values(&[&self.id, "enqueue"])
-                    .inc();
-                Err(Stop::Delivery(format!("{e:?}")))
-            }
+        match self.enqueue(&rec, seq, arrived).await? {
+            true => Ok(()),
+            false => Err(Stop::Delivery(
+                "even the reference envelope is too large".into(),
+            )),
         }
     }
 

@@ -131,12 +131,21 @@ impl Store {
         )
     }
 
-    fn scope<'a>(&self, res: &Resource, ns: Option<&'a str>) -> Result<Option<&'a str>, SimError> {
-        match (res.namespaced, ns) {
+    /// The namespace an object goes to: the request's, else its own; none when cluster-scoped.
+    fn scope(
+        &self,
+        res: &Resource,
+        ns: Option<&str>,
+        obj: &Value,
+    ) -> Result<Option<String>, SimError> {
+        match (
+            res.namespaced,
+            ns.or_else(|| obj["metadata"]["namespace"].as_str()),
+        ) {
             (true, None) => Err(SimError::invalid(
                 "namespace is required for a namespaced resource",
             )),
-            (true, Some(ns)) => Ok(Some(ns)),
+            (true, Some(ns)) => Ok(Some(ns.to_string())),
             (false, _) => Ok(None),
         }
     }
@@ -195,14 +204,7 @@ impl Store {
         mut obj: Value,
     ) -> Result<Arc<Value>, SimError> {
         let res = self.resource(resource)?.clone();
-        let ns = self
-            .scope(
-                &res,
-                ns.or_else(|| obj["metadata"]["namespace"].as_str())
-                    .map(str::to_string)
-                    .as_deref(),
-            )?
-            .map(str::to_string);
+        let ns = self.scope(&res, ns, &obj)?;
         if !obj.is_object() || !obj["metadata"].is_object() {
             return Err(SimError::invalid("object must have metadata"));
         }
@@ -274,14 +276,7 @@ impl Store {
         mut obj: Value,
     ) -> Result<Arc<Value>, SimError> {
         let res = self.resource(resource)?.clone();
-        let ns = self
-            .scope(
-                &res,
-                ns.or_else(|| obj["metadata"]["namespace"].as_str())
-                    .map(str::to_string)
-                    .as_deref(),
-            )?
-            .map(str::to_string);
+        let ns = self.scope(&res, ns, &obj)?;
         let name = obj["metadata"]["name"]
             .as_str()
             .ok_or_else(|| SimError::invalid("metadata.name is required"))?
