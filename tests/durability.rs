@@ -106,13 +106,7 @@ async fn deletions_while_down_past_the_history_window_become_synthetic_deletes()
     bed.sim
         .create("pods", Some("a"), objects::pod("a", "p10"))
         .unwrap();
-    let last = bed.sim.current_rv();
-    bed.wait_checkpoint(|c| {
-        c.get("watchNamespacedPods.a")
-            .and_then(|s| s.rv.as_ref())
-            .is_some_and(|rv| rv.parse::<u64>().unwrap() >= last)
-    })
-    .await;
+    bed.wait_checkpoint_current("watchNamespacedPods.a").await;
     relay.stop().await;
 
     // While the relay is down: deletions, a change, a new object; then history is compacted so

@@ -8,20 +8,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
-use watchrelay_sim::{objects, Fault, Sim, SimConfig};
+mod common;
 
-async fn setup() -> (Sim, kube::Client) {
-    let sim = Sim::start(SimConfig {
-        bookmark_interval: Duration::from_millis(200),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    sim.create("namespaces", None, objects::namespace("shop"))
-        .unwrap();
-    let client = kube::Client::try_from(kube::Config::new(sim.url().parse().unwrap())).unwrap();
-    (sim, client)
-}
+use common::setup;
+use watchrelay_sim::{objects, Fault};
 
 fn name(p: &Pod) -> String {
     p.metadata.name.clone().unwrap_or_default()

@@ -1,23 +1,11 @@
 //! API semantics at the HTTP level: resourceVersion rules, pagination, concurrency, bookmarks,
 //! initial events, timeouts and selectors.
 
-use std::time::Duration;
-
 use serde_json::{json, Value};
-use watchrelay_sim::{objects, Sim, SimConfig};
+mod common;
 
-async fn setup() -> (Sim, kube::Client) {
-    let sim = Sim::start(SimConfig {
-        bookmark_interval: Duration::from_millis(300),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    sim.create("namespaces", None, objects::namespace("shop"))
-        .unwrap();
-    let client = kube::Client::try_from(kube::Config::new(sim.url().parse().unwrap())).unwrap();
-    (sim, client)
-}
+use common::setup;
+use watchrelay_sim::objects;
 
 async fn get(client: &kube::Client, path: &str) -> Result<Value, kube::Error> {
     let text = client

@@ -138,6 +138,18 @@ impl Bed {
         .unwrap()
     }
 
+    /// Waits until `stream`'s checkpoint reaches the simulator's current resourceVersion, i.e.
+    /// everything that happened so far is acknowledged (bookmarks carry it past idle time).
+    pub async fn wait_checkpoint_current(&self, stream: &str) {
+        let now = self.sim.current_rv();
+        self.wait_checkpoint(|c| {
+            c.get(stream)
+                .and_then(|s| s.rv.as_ref())
+                .is_some_and(|rv| rv.parse::<u64>().unwrap() >= now)
+        })
+        .await;
+    }
+
     /// Waits until `cond` holds on the checkpoints (hang guard: 60 s).
     pub async fn wait_checkpoint(&self, cond: impl Fn(&HashMap<String, Saved>) -> bool) {
         for _ in 0..600 {
