@@ -256,7 +256,9 @@ impl Watch {
     /// A complete line already received, without waiting for more input.
     pub fn buffered_line(&mut self) -> Option<Bytes> {
         loop {
-            let Some(i) = memchr(&self.buf[self.scanned..]).map(|i| i + self.scanned) else {
+            let Some(i) =
+                memchr::memchr(b'\n', &self.buf[self.scanned..]).map(|i| i + self.scanned)
+            else {
                 self.scanned = self.buf.len();
                 return None;
             };
@@ -267,10 +269,6 @@ impl Watch {
             }
         }
     }
-}
-
-fn memchr(b: &[u8]) -> Option<usize> {
-    b.iter().position(|c| *c == b'\n')
 }
 
 /// Whether `group/version` serves `resource`, according to discovery. Custom channels use it
