@@ -150,8 +150,4 @@ impl Sink {
     pub fn flush(&self, timeout: Duration) -> Result<(), KafkaError> {
         self.producer.flush(timeout)
     }
-
-    pub fn in_flight(&self) -> i32 {
-        self.producer.in_flight_count()
-    }
 }

@@ -9,7 +9,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -134,7 +134,6 @@ pub(crate) struct Inner {
     /// Cancelled to drop every open watch; replaced by a fresh token afterwards.
     pub watches: Mutex<CancellationToken>,
     pub shutdown: CancellationToken,
-    pub open_watches: AtomicUsize,
     pub tls: Option<server::Tls>,
 }
 
@@ -167,7 +166,6 @@ impl Sim {
             cfg,
             watches: Mutex::new(CancellationToken::new()),
             shutdown: CancellationToken::new(),
-            open_watches: AtomicUsize::new(0),
             tls,
         });
         tokio::spawn(server::serve(listener, inner.clone()));
@@ -334,11 +332,6 @@ impl Sim {
 
     pub fn journal(&self) -> Vec<JournalEntry> {
         self.store().journal.clone()
-    }
-
-    /// Number of watch connections currently open.
-    pub fn open_watches(&self) -> usize {
-        self.inner.open_watches.load(Ordering::SeqCst)
     }
 
     pub fn start_churn(&self, spec: ChurnSpec) -> ChurnHandle {

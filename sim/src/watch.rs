@@ -106,7 +106,6 @@ pub fn start(inner: Arc<Inner>, p: Params) -> Body {
     };
     let cancel = inner.watches.lock().expect("watches lock poisoned").clone();
     tokio::spawn(async move {
-        inner.open_watches.fetch_add(1, Ordering::SeqCst);
         match begun {
             Err(e) => {
                 let _ = tx
@@ -121,7 +120,6 @@ pub fn start(inner: Arc<Inner>, p: Params) -> Body {
                 }
             }
         }
-        inner.open_watches.fetch_sub(1, Ordering::SeqCst);
     });
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))

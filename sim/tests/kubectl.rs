@@ -73,44 +73,38 @@ async fn get_apply_delete() {
 
     let dir = tempfile::tempdir().unwrap();
     let manifest = dir.path().join("cm.yaml");
-    std::fs::write(&manifest, "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\n  namespace: shop\ndata:\n  mode: blue\n").unwrap();
-    let out = k
-        .run(&[
+    let k = &k;
+    let apply = |mode: &str, server_side: bool| {
+        std::fs::write(
+            &manifest,
+            format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\n  namespace: shop\ndata:\n  mode: {mode}\n"),
+        )
+        .unwrap();
+        let mut args = vec![
             "apply",
             "--validate=false",
             "-f",
             manifest.to_str().unwrap(),
-        ])
-        .await;
+        ];
+        if server_side {
+            args.push("--server-side");
+        }
+        let args: Vec<String> = args.into_iter().map(str::to_string).collect();
+        async move {
+            k.run(&args.iter().map(String::as_str).collect::<Vec<_>>())
+                .await
+        }
+    };
+    let mode = || sim.get("configmaps", Some("shop"), "settings").unwrap()["data"]["mode"].clone();
+    let out = apply("blue", false).await;
     assert!(out.contains("created"), "{out}");
-    assert_eq!(
-        sim.get("configmaps", Some("shop"), "settings").unwrap()["data"]["mode"],
-        "blue"
-    );
-    std::fs::write(&manifest, "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\n  namespace: shop\ndata:\n  mode: green\n").unwrap();
-    let out = k
-        .run(&[
-            "apply",
-            "--validate=false",
-            "-f",
-            manifest.to_str().unwrap(),
-        ])
-        .await;
+    assert_eq!(mode(), "blue");
+    let out = apply("green", false).await;
     assert!(out.contains("configured"), "{out}");
-    assert_eq!(
-        sim.get("configmaps", Some("shop"), "settings").unwrap()["data"]["mode"],
-        "green"
-    );
-    let out = k
-        .run(&[
-            "apply",
-            "--server-side",
-            "--validate=false",
-            "-f",
-            manifest.to_str().unwrap(),
-        ])
-        .await;
+    assert_eq!(mode(), "green");
+    let out = apply("red", true).await;
     assert!(out.contains("serverside-applied"), "{out}");
+    assert_eq!(mode(), "red");
 
     let out = k
         .run(&["delete", "pod", "web-0", "-n", "shop", "--wait=false"])
@@ -130,6 +124,22 @@ async fn get_apply_delete() {
             "{r} missing from api-resources:\n{kinds}"
         );
     }
+}
+
+/// (type, name) of the watch events kubectl printed as JSON (compact or pretty).
+fn watch_events(lines: &[String]) -> Vec<(String, String)> {
+    let text = lines.join("\n");
+    serde_json::Deserializer::from_str(&text)
+        .into_iter::<serde_json::Value>()
+        .map_while(Result::ok)
+        .map(|e| {
+            let name = e["object"]["metadata"]["name"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            (e["type"].as_str().unwrap_or("").to_string(), name)
+        })
+        .collect()
 }
 
 /// Reads lines from a kubectl child until `done` holds for them, then kills it.
@@ -184,34 +194,18 @@ async fn get_watch_shows_live_changes() {
         "json",
     ]);
     let s = sim.clone();
-    let seen_all = |l: &[String]| {
-        let text = l.join("\n");
-        text.contains("\"DELETED\"") && text.contains("\"name\": \"new\"")
+    let want = |t: &str, n: &str| (t.to_string(), n.to_string());
+    let done = move |l: &[String]| {
+        let seen = watch_events(l);
+        seen.contains(&want("ADDED", "new")) && seen.contains(&want("DELETED", "web-2"))
     };
-    let lines = lines_from(cmd, seen_all, move || {
+    let lines = lines_from(cmd, done, move || {
         s.create("pods", Some("shop"), objects::pod("shop", "new"))
             .unwrap();
         s.delete("pods", Some("shop"), "web-2").unwrap();
     })
     .await;
-    // -o json prints pretty objects; reassemble them.
-    let text = lines.join("\n");
-    let events: Vec<serde_json::Value> = serde_json::Deserializer::from_str(&text)
-        .into_iter()
-        .map_while(Result::ok)
-        .collect();
-    let seen: Vec<(String, String)> = events
-        .iter()
-        .map(|e| {
-            (
-                e["type"].as_str().unwrap_or("").to_string(),
-                e["object"]["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or("")
-                    .to_string(),
-            )
-        })
-        .collect();
+    let seen = watch_events(&lines);
     assert!(seen.contains(&("ADDED".into(), "web-0".into())), "{seen:?}");
     assert!(seen.contains(&("ADDED".into(), "new".into())), "{seen:?}");
     assert!(
