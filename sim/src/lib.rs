@@ -297,6 +297,16 @@ impl Sim {
         *self.inner.faults.fail.lock().expect("faults lock poisoned") = Some((n, fault));
     }
 
+    /// How many of the failures armed by [`Sim::fail_next`] are still to be served.
+    pub fn pending_failures(&self) -> usize {
+        self.inner
+            .faults
+            .fail
+            .lock()
+            .expect("faults lock poisoned")
+            .map_or(0, |(n, _)| n)
+    }
+
     /// The next event line written on any watch is cut in half and the connection aborted.
     pub fn cut_next_watch_line(&self) {
         self.inner.faults.cut_line.store(true, Ordering::SeqCst);

@@ -151,7 +151,8 @@ async fn runtime_watcher_syncs_follows_and_relists_after_410() {
         other => panic!("unexpected {other:?}"),
     }
     // Drop the watcher's connection and fail its reconnect, so it backs off; meanwhile changes
-    // happen and the history is compacted past its position: it must relist.
+    // happen and the history is compacted past its position: it must relist. The watcher only
+    // reconnects when polled, so all of this happens before its next request.
     sim.fail_next(1, Fault::ServerError);
     sim.drop_watches();
     tokio::time::sleep(Duration::from_millis(100)).await;

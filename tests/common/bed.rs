@@ -280,6 +280,21 @@ impl Relay {
             .sum::<f64>() as u64
     }
 
+    /// Waits until a counter of `stream` (summed over its other labels) reaches `min` (hang
+    /// guard: 60 s). Tests use it to let one injected fault play out before arming the next.
+    pub async fn wait_counter(&self, name: &str, stream: &str, min: u64) {
+        for _ in 0..600 {
+            if self.counter(name, stream) >= min {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!(
+            "{name} of {stream} stayed at {}, below {min}",
+            self.counter(name, stream)
+        );
+    }
+
     /// Waits until `n` streams exist and every one is watching (hang guard: 60 s).
     pub async fn wait_up(&self, n: usize) {
         for _ in 0..600 {
