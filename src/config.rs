@@ -49,6 +49,15 @@ pub struct Config {
     pub http: HttpConfig,
     /// What to watch.
     pub channels: Vec<ChannelConfig>,
+    /// Threads running the streams. One (the default) runs every stream, the HTTP endpoint and
+    /// the checkpoint writer on a single thread, which costs the least CPU per event because
+    /// no task is ever woken across threads; librdkafka compresses and sends on its own threads.
+    #[serde(default = "one")]
+    pub worker_threads: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -306,6 +315,9 @@ impl Config {
                 "clusterName",
                 "must be a non-empty DNS label (a-z, 0-9, '-')",
             ));
+        }
+        if self.worker_threads == 0 {
+            return Err(invalid("workerThreads", "must be at least 1"));
         }
         if self.kafka.bootstrap_servers.trim().is_empty() {
             return Err(invalid("kafka.bootstrapServers", "must not be empty"));
@@ -599,6 +611,10 @@ mod tests {
         assert_eq!(
             err_field(Config::parse("clusterName: prod\nkafka:\n  bootstrapServers: x:1\ncheckpoint:\n  namespace: w\nchannels:\n  - operationId: watchNodes\n")),
             "kafka.deadLetterTopic"
+        );
+        assert_eq!(
+            err_field(Config::parse("clusterName: prod\nworkerThreads: 0\nkafka:\n  bootstrapServers: x:1\n  oversize: trim\ncheckpoint:\n  namespace: w\nchannels:\n  - operationId: watchNodes\n")),
+            "workerThreads"
         );
     }
 

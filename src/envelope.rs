@@ -1,8 +1,8 @@
 //! Pure translation: one watch line in, one Kafka record out.
 //!
-//! The object is never re-encoded: the line is parsed once into its top-level fields as raw JSON
-//! slices except `metadata`, whose members are captured the same way in the same pass,
-//! and the envelope is assembled by copying slices. Only the identity fields are decoded.
+//! The object is never re-encoded: the line is scanned once (and validated) into the spans of
+//! its top-level members, and of `metadata`'s members in the same pass, and the envelope is
+//! assembled by copying slices. Only the identity fields are decoded.
 //!
 //! # What an envelope guarantees
 //! - The top level validates against the AsyncAPI `WatchEvent` schema: `type` and `object`.
@@ -16,190 +16,147 @@
 //!   coalesce changes, and after a 410 only the current state is re-announced.
 
 use std::borrow::Cow;
-use std::fmt;
+use std::ops::Range;
 
-use serde::de::{self, Deserializer, MapAccess, Visitor};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::value::RawValue;
 use thiserror::Error;
+
+use crate::json::{ScanError, Scanner, Str};
 
 #[derive(Debug, Error)]
 pub enum DecodeError {
     #[error("malformed watch line: {0}")]
-    Json(#[from] serde_json::Error),
+    Json(#[from] ScanError),
+    #[error("malformed watch line: not UTF-8")]
+    Utf8,
     #[error("watch event without {0}")]
     Missing(&'static str),
 }
 
-/// A string that borrows from the input unless it contained escapes.
-struct Str<'a>(Cow<'a, str>);
-
-impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Str<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Str<'de>, E> {
-                Ok(Str(Cow::Borrowed(v)))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Str<'de>, E> {
-                Ok(Str(Cow::Owned(v.to_owned())))
-            }
-        }
-        d.deserialize_str(V)
-    }
+/// One member of a scanned object: its key token and where its value lies in the source.
+struct Member {
+    key: Str,
+    value: Range<usize>,
 }
 
-/// The members of a JSON object, in order, each value left raw.
-struct Fields<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
-
-impl<'de: 'a, 'a> Deserialize<'de> for Fields<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Fields<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields<'de>, A::Error> {
-                let mut v = Vec::with_capacity(map.size_hint().unwrap_or(8));
-                while let Some((Str(k), raw)) = map.next_entry::<Str<'de>, &'de RawValue>()? {
-                    v.push((k, raw));
-                }
-                Ok(Fields(v))
-            }
-        }
-        d.deserialize_map(V)
-    }
-}
-
-impl<'a> Fields<'a> {
-    fn get(&self, key: &str) -> Option<&'a RawValue> {
-        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
-    }
-
-    fn string(&self, key: &str) -> Option<String> {
-        self.get(key)
-            .and_then(|raw| serde_json::from_str::<Str>(raw.get()).ok())
-            .map(|s| s.0.into_owned())
-    }
-
-    /// Writes the object back after `prefix` (members to add), leaving out `skip`.
-    fn write(&self, out: &mut Vec<u8>, prefix: &[u8], skip: &[&str]) {
-        out.push(b'{');
-        out.extend_from_slice(prefix);
-        let mut first = prefix.is_empty();
-        for (k, v) in self.0.iter().filter(|(k, _)| !skip.contains(&k.as_ref())) {
-            if !first {
-                out.push(b',');
-            }
-            first = false;
-            serde_json::to_writer(&mut *out, k.as_ref()).expect("writing to a Vec cannot fail");
-            out.push(b':');
-            out.extend_from_slice(v.get().as_bytes());
-        }
-        out.push(b'}');
-    }
-}
-
-/// A Kubernetes object: its members left raw, except `metadata`, which is split into its own
-/// members during the same pass so it is scanned once.
+/// A Kubernetes object as spans of its source, with `metadata` split into its own members in
+/// the same pass so it is scanned once.
 struct Object<'a> {
-    /// `None` marks where `metadata` stands.
-    members: Vec<(Cow<'a, str>, Option<&'a RawValue>)>,
-    metadata: Option<Fields<'a>>,
+    src: &'a str,
+    members: Vec<Member>,
+    /// The index of `metadata` among `members`, and its members.
+    metadata: Option<(usize, Vec<Member>)>,
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for Object<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Object<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Object<'de>, A::Error> {
-                let mut members = Vec::with_capacity(8);
-                let mut metadata = None;
-                while let Some(Str(k)) = map.next_key::<Str<'de>>()? {
-                    if k == "metadata" && metadata.is_none() {
-                        metadata = Some(map.next_value::<Fields<'de>>()?);
-                        members.push((k, None));
-                    } else {
-                        members.push((k, Some(map.next_value::<&'de RawValue>()?)));
-                    }
-                }
-                Ok(Object { members, metadata })
-            }
+/// The text of a key or string token (borrowed unless it has escapes).
+fn text<'a>(src: &'a str, s: &Str) -> Cow<'a, str> {
+    Scanner::new(src).text(s)
+}
+
+fn find<'m>(src: &str, members: &'m [Member], key: &str) -> Option<&'m Member> {
+    members.iter().find(|m| text(src, &m.key) == key)
+}
+
+/// A member's value when it is a string.
+fn string_of(src: &str, members: &[Member], key: &str) -> Option<String> {
+    let m = find(src, members, key)?;
+    let mut sc = Scanner::new(&src[m.value.clone()]);
+    let s = sc.string().ok()?;
+    Some(sc.text(&s).into_owned())
+}
+
+/// Scans an object starting at the scanner's position. With `split_metadata`, the members of a
+/// `metadata` object are recorded too.
+fn scan_object<'a>(sc: &mut Scanner<'a>, split_metadata: bool) -> Result<Object<'a>, ScanError> {
+    sc.expect(b'{', "expected an object")?;
+    let mut members = Vec::with_capacity(8);
+    let mut metadata = None;
+    let mut first = true;
+    while sc.next_member(first)? {
+        first = false;
+        let key = sc.key()?;
+        sc.ws();
+        let start = sc.pos();
+        if split_metadata && metadata.is_none() && text(sc.src(), &key) == "metadata" {
+            let inner = scan_object(sc, false)?;
+            metadata = Some((members.len(), inner.members));
+        } else {
+            sc.value()?;
         }
-        d.deserialize_map(V)
+        members.push(Member {
+            key,
+            value: start..sc.pos(),
+        });
     }
+    Ok(Object {
+        src: sc.src(),
+        members,
+        metadata,
+    })
 }
 
-impl<'a> Object<'a> {
-    fn get(&self, key: &str) -> Option<&'a RawValue> {
-        self.members
-            .iter()
-            .find(|(k, _)| k == key)
-            .and_then(|(_, v)| *v)
+/// Writes `members` back as an object after `prefix` (members to add), leaving out `skip`.
+/// The member at index `nested` is written by `write_nested` instead of copied.
+fn write_members(
+    out: &mut Vec<u8>,
+    src: &str,
+    members: &[Member],
+    prefix: &[u8],
+    skip: &[&str],
+    nested: Option<usize>,
+    write_nested: &dyn Fn(&mut Vec<u8>),
+) {
+    out.push(b'{');
+    out.extend_from_slice(prefix);
+    let mut first = prefix.is_empty();
+    for (i, m) in members.iter().enumerate() {
+        if !skip.is_empty() && skip.contains(&text(src, &m.key).as_ref()) {
+            continue;
+        }
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        // The key goes out as it came in, quotes and escapes included.
+        out.extend_from_slice(&src.as_bytes()[m.key.inner.start - 1..m.key.inner.end + 1]);
+        out.push(b':');
+        if nested == Some(i) {
+            write_nested(out);
+        } else {
+            out.extend_from_slice(&src.as_bytes()[m.value.clone()]);
+        }
     }
+    out.push(b'}');
+}
 
+impl Object<'_> {
     fn string(&self, key: &str) -> Option<String> {
-        self.get(key)
-            .and_then(|raw| serde_json::from_str::<Str>(raw.get()).ok())
-            .map(|s| s.0.into_owned())
+        string_of(self.src, &self.members, key)
     }
 
-    fn len_hint(&self) -> usize {
-        let md: usize = self
-            .metadata
-            .iter()
-            .flat_map(|m| &m.0)
-            .map(|(k, v)| k.len() + v.get().len() + 4)
-            .sum();
-        md + self
-            .members
-            .iter()
-            .map(|(k, v)| k.len() + v.map_or(0, |v| v.get().len()) + 4)
-            .sum::<usize>()
+    fn metadata_members(&self) -> Option<&[Member]> {
+        self.metadata.as_ref().map(|(_, m)| m.as_slice())
+    }
+
+    /// An upper bound of the written length.
+    fn len(&self) -> usize {
+        self.members.last().map_or(0, |m| m.value.end) + 1
     }
 
     /// Writes the object back after `prefix`, leaving out `skip` and `metadata_skip` inside
     /// `metadata`.
     fn write(&self, out: &mut Vec<u8>, prefix: &[u8], skip: &[&str], metadata_skip: &[&str]) {
-        out.push(b'{');
-        out.extend_from_slice(prefix);
-        let mut first = prefix.is_empty();
-        for (k, v) in self
-            .members
-            .iter()
-            .filter(|(k, _)| !skip.contains(&k.as_ref()))
-        {
-            if !first {
-                out.push(b',');
-            }
-            first = false;
-            serde_json::to_writer(&mut *out, k.as_ref()).expect("writing to a Vec cannot fail");
-            out.push(b':');
-            match (v, &self.metadata) {
-                (Some(raw), _) => out.extend_from_slice(raw.get().as_bytes()),
-                (None, Some(md)) => md.write(out, b"", metadata_skip),
-                (None, None) => unreachable!("a metadata marker always has its members"),
-            }
-        }
-        out.push(b'}');
+        let src = self.src;
+        let (at, md) = match &self.metadata {
+            Some((at, md)) => (Some(*at), md.as_slice()),
+            None => (None, &[][..]),
+        };
+        let write_metadata = |out: &mut Vec<u8>| {
+            write_members(out, src, md, b"", metadata_skip, None, &|_| {});
+        };
+        write_members(out, src, &self.members, prefix, skip, at, &write_metadata);
     }
-}
-
-#[derive(Deserialize)]
-struct Line<'a> {
-    #[serde(rename = "type", borrow)]
-    event_type: Str<'a>,
-    #[serde(borrow)]
-    object: Object<'a>,
 }
 
 /// What the relay needs to know about an object: its identity and version.
@@ -242,10 +199,38 @@ pub struct Trim {
     pub allow_secret_data: bool,
 }
 
-/// Decodes one watch line (or one list item when `event_type` is given and `line` is the object).
+/// Decodes one watch line (`{"type": .., "object": {..}}`).
 pub fn decode_line(line: &[u8], trim: Trim) -> Result<WatchEvent, DecodeError> {
-    let parsed: Line = serde_json::from_slice(line)?;
-    decode_object(parsed.event_type.0.into_owned(), &parsed.object, trim, None)
+    decode_line_into(line, trim, Vec::new())
+}
+
+/// [`decode_line`], writing the object into `out` (cleared first) so a caller can reuse one
+/// buffer for every event.
+pub fn decode_line_into(line: &[u8], trim: Trim, out: Vec<u8>) -> Result<WatchEvent, DecodeError> {
+    let src = std::str::from_utf8(line).map_err(|_| DecodeError::Utf8)?;
+    let mut sc = Scanner::new(src);
+    sc.expect(b'{', "expected an object")?;
+    let (mut event_type, mut object) = (None, None);
+    let mut first = true;
+    while sc.next_member(first)? {
+        first = false;
+        let key = sc.key()?;
+        sc.ws();
+        match text(src, &key).as_ref() {
+            "type" if event_type.is_none() => {
+                let s = sc.string()?;
+                event_type = Some(sc.text(&s).into_owned());
+            }
+            "object" if object.is_none() => object = Some(scan_object(&mut sc, true)?),
+            _ => {
+                sc.value()?;
+            }
+        }
+    }
+    sc.end()?;
+    let event_type = event_type.ok_or(DecodeError::Missing("type"))?;
+    let object = object.ok_or(DecodeError::Missing("object"))?;
+    decode_object(event_type, &object, trim, None, out)
 }
 
 /// Decodes one item of a list, as if it arrived in an event of `event_type`. List items usually
@@ -256,8 +241,16 @@ pub fn decode_item(
     trim: Trim,
     type_meta: (&str, &str),
 ) -> Result<WatchEvent, DecodeError> {
-    let parsed: Object = serde_json::from_str(object.get())?;
-    decode_object(event_type.to_string(), &parsed, trim, Some(type_meta))
+    let mut sc = Scanner::new(object.get());
+    let parsed = scan_object(&mut sc, true)?;
+    sc.end()?;
+    decode_object(
+        event_type.to_string(),
+        &parsed,
+        trim,
+        Some(type_meta),
+        Vec::new(),
+    )
 }
 
 fn decode_object(
@@ -265,6 +258,7 @@ fn decode_object(
     object: &Object,
     trim: Trim,
     type_meta: Option<(&str, &str)>,
+    mut out: Vec<u8>,
 ) -> Result<WatchEvent, DecodeError> {
     let mut prefix = Vec::new();
     let mut member = |key: &str, value: &str| {
@@ -288,31 +282,33 @@ fn decode_object(
         }
     }
     let kind = kind.unwrap_or_default();
+    let src = object.src;
     let status_code = if event_type == "ERROR" {
-        object.get("code").and_then(|c| c.get().parse().ok())
+        find(src, &object.members, "code").and_then(|c| src[c.value.clone()].parse().ok())
     } else {
         None
     };
-    let empty = Fields(Vec::new());
-    let metadata = match &object.metadata {
+    let metadata = match object.metadata_members() {
         Some(m) => m,
-        None if event_type == "ERROR" => &empty,
+        None if event_type == "ERROR" => &[],
         None => return Err(DecodeError::Missing("metadata")),
     };
+    let field = |key| string_of(src, metadata, key);
     let meta = ObjectMeta {
         api_version: api_version.unwrap_or_default(),
-        name: metadata.string("name").unwrap_or_default(),
-        namespace: metadata.string("namespace").filter(|s| !s.is_empty()),
-        uid: metadata.string("uid").unwrap_or_default(),
-        resource_version: metadata.string("resourceVersion").unwrap_or_default(),
+        name: field("name").unwrap_or_default(),
+        namespace: field("namespace").filter(|s| !s.is_empty()),
+        uid: field("uid").unwrap_or_default(),
+        resource_version: field("resourceVersion").unwrap_or_default(),
         kind,
     };
     if meta.resource_version.is_empty() && event_type != "ERROR" {
         return Err(DecodeError::Missing("metadata.resourceVersion"));
     }
-    let drop_mf = trim.drop_managed_fields && metadata.get("managedFields").is_some();
+    let drop_mf = trim.drop_managed_fields && find(src, metadata, "managedFields").is_some();
     let secret = meta.kind == "Secret" && !trim.allow_secret_data;
-    let mut out = Vec::with_capacity(object.len_hint() + prefix.len() + 2);
+    out.clear();
+    out.reserve(object.len() + prefix.len() + 2);
     let skip: &[&str] = if secret { &["data", "stringData"] } else { &[] };
     let metadata_skip: &[&str] = if drop_mf { &["managedFields"] } else { &[] };
     object.write(&mut out, &prefix, skip, metadata_skip);
@@ -357,15 +353,22 @@ pub struct Record {
 
 /// The envelope bytes: `{"type":..,"object":..,"watchrelay":{..}}`.
 pub fn envelope_value(event_type: &str, object: &[u8], meta: &EnvelopeMeta) -> Vec<u8> {
-    let mut out = Vec::with_capacity(object.len() + 400);
+    let mut out = Vec::new();
+    write_envelope(&mut out, event_type, object, meta);
+    out
+}
+
+/// Writes the envelope into `out` (cleared first).
+pub fn write_envelope(out: &mut Vec<u8>, event_type: &str, object: &[u8], meta: &EnvelopeMeta) {
+    out.clear();
+    out.reserve(object.len() + 400);
     out.extend_from_slice(b"{\"type\":");
-    serde_json::to_writer(&mut out, event_type).expect("writing to a Vec cannot fail");
+    serde_json::to_writer(&mut *out, event_type).expect("writing to a Vec cannot fail");
     out.extend_from_slice(b",\"object\":");
     out.extend_from_slice(object);
     out.extend_from_slice(b",\"watchrelay\":");
-    serde_json::to_writer(&mut out, meta).expect("writing to a Vec cannot fail");
+    serde_json::to_writer(&mut *out, meta).expect("writing to a Vec cannot fail");
     out.push(b'}');
-    out
 }
 
 /// CloudEvents Kafka binding headers (binary mode: the value is the event data).
@@ -482,6 +485,26 @@ mod tests {
         let original: serde_json::Value = serde_json::from_str(&pod_line()).unwrap();
         let passed: serde_json::Value = serde_json::from_slice(&ev.object).unwrap();
         assert_eq!(passed, original["object"]);
+    }
+
+    #[test]
+    fn a_realistic_pod_passes_through_unchanged_but_for_managed_fields() {
+        let mut pod = watchrelay_sim::objects::pod("shop", "web-0");
+        pod["metadata"]["resourceVersion"] = "17".into();
+        pod["metadata"]["uid"] = "u-17".into();
+        let line =
+            serde_json::to_vec(&serde_json::json!({"type": "ADDED", "object": pod})).unwrap();
+        let ev = decode_line(&line, DROP).unwrap();
+        let mut expected = pod.clone();
+        let dropped = expected["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("managedFields");
+        assert!(dropped.is_some(), "the fixture has managedFields");
+        let got: serde_json::Value = serde_json::from_slice(&ev.object).unwrap();
+        assert_eq!(got, expected);
+        assert_eq!(ev.meta.name, "web-0");
+        assert_eq!(ev.meta.kind, "Pod");
     }
 
     #[test]

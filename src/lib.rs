@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod envelope;
 pub mod http;
+pub mod json;
 pub mod kubeapi;
 pub mod metrics;
 pub mod relay;

@@ -62,37 +62,43 @@ fn run(file: PathBuf) -> Result<()> {
             .with_env_filter(filter)
             .init();
     }
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?
-        .block_on(async move {
-            let shutdown = CancellationToken::new();
-            spawn_signal_handler(shutdown.clone())?;
-            let metrics = Arc::new(Metrics::new());
-            let streams = Arc::new(Mutex::new(Streams::default()));
-            let http_cancel = CancellationToken::new();
-            if !cfg.http.listen.is_empty() {
-                let addr = cfg.http.listen.parse().with_context(|| {
+    let mut runtime = match cfg.worker_threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+    };
+    runtime.enable_all().build()?.block_on(async move {
+        let shutdown = CancellationToken::new();
+        spawn_signal_handler(shutdown.clone())?;
+        let metrics = Arc::new(Metrics::new());
+        let streams = Arc::new(Mutex::new(Streams::default()));
+        let http_cancel = CancellationToken::new();
+        if !cfg.http.listen.is_empty() {
+            let addr =
+                cfg.http.listen.parse().with_context(|| {
                     format!("http.listen {:?} is not an address", cfg.http.listen)
                 })?;
-                let listener = watchrelay::http::bind(addr)
-                    .await
-                    .with_context(|| format!("binding http.listen {addr}"))?;
-                tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
-                tokio::spawn(watchrelay::http::serve(
-                    listener,
-                    metrics.clone(),
-                    streams.clone(),
-                    http_cancel.clone(),
-                ));
-            }
-            let client = kube_client(&cfg.kubernetes)
+            let listener = watchrelay::http::bind(addr)
                 .await
-                .context("connecting to the Kubernetes API")?;
-            let result = watchrelay::relay::run(cfg, client, metrics, shutdown, streams).await;
-            http_cancel.cancel();
-            result.context("relay failed")
-        })
+                .with_context(|| format!("binding http.listen {addr}"))?;
+            tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+            tokio::spawn(watchrelay::http::serve(
+                listener,
+                metrics.clone(),
+                streams.clone(),
+                http_cancel.clone(),
+            ));
+        }
+        let client = kube_client(&cfg.kubernetes)
+            .await
+            .context("connecting to the Kubernetes API")?;
+        let result = watchrelay::relay::run(cfg, client, metrics, shutdown, streams).await;
+        http_cancel.cancel();
+        result.context("relay failed")
+    })
 }
 
 /// First SIGTERM/SIGINT drains; a second one exits at once.

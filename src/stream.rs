@@ -171,6 +171,10 @@ pub struct Stream {
     /// Position of the last event read (not necessarily delivered).
     position: Option<String>,
     backoff: Backoff,
+    /// Buffers reused for every event: the trimmed object and the envelope. The producer copies
+    /// the envelope when it takes the record, so neither outlives one event.
+    object_buf: Vec<u8>,
+    value_buf: Vec<u8>,
 }
 
 impl Stream {
@@ -215,6 +219,8 @@ impl Stream {
             backoff: Backoff::new(settings.backoff_initial, settings.backoff_max, seed),
             kind: String::new(),
             position: None,
+            object_buf: Vec::new(),
+            value_buf: Vec::new(),
             id,
             channel,
             namespace,
@@ -552,7 +558,8 @@ impl Stream {
 
     async fn on_line(&mut self, line: &[u8]) -> Result<(), Stop> {
         let arrived = Instant::now();
-        let ev = match envelope::decode_line(line, self.trim) {
+        let buf = std::mem::take(&mut self.object_buf);
+        let ev = match envelope::decode_line_into(line, self.trim, buf) {
             Ok(ev) => ev,
             Err(e) => {
                 self.m.malformed.inc();
@@ -561,6 +568,12 @@ impl Stream {
                 return Err(Stop::Malformed);
             }
         };
+        let result = self.on_event(&ev, arrived).await;
+        self.object_buf = ev.object;
+        result
+    }
+
+    async fn on_event(&mut self, ev: &WatchEvent, arrived: Instant) -> Result<(), Stop> {
         match EVENT_TYPES.iter().position(|t| *t == ev.event_type) {
             Some(i) => self.m.received[i].inc(),
             None => self
@@ -608,7 +621,7 @@ impl Stream {
                     upsert(&ev.meta)
                 };
                 self.emit(
-                    &ev,
+                    ev,
                     arrived,
                     Some(ev.meta.resource_version.clone()),
                     change,
@@ -654,7 +667,7 @@ impl Stream {
 
     #[allow(clippy::too_many_arguments)] // the envelope's fields, each distinct
     fn record(
-        &self,
+        &mut self,
         event_type: &str,
         meta: &ObjectMeta,
         object: &[u8],
@@ -680,7 +693,11 @@ impl Stream {
         let key = meta.key();
         Record {
             topic: self.topic.clone(),
-            value: envelope::envelope_value(event_type, object, &env),
+            value: {
+                let mut value = std::mem::take(&mut self.value_buf);
+                envelope::write_envelope(&mut value, event_type, object, &env);
+                value
+            },
             headers: envelope::cloudevents_headers(&env, event_type, &self.source, &key),
             key,
         }
@@ -725,6 +742,7 @@ impl Stream {
                 .await;
         }
         if self.enqueue(&rec, seq, arrived).await? {
+            self.value_buf = rec.value;
             Ok(())
         } else {
             self.send_oversize(seq, arrived, &rec.value, &rec.topic)
