@@ -2,12 +2,15 @@
 //!
 //! 1. The simulator's history is filled with N modifications of ~4 KB pods (pre-generated, not
 //!    measured).
-//! 2. Baseline: a child process sends the same N records the relay produces (envelopes with
+//! 2. Baseline: a child process sends the same records the relay produces (envelopes with
 //!    their CloudEvents headers, built before timing starts) with a bare rdkafka producer
 //!    configured like the relay's, waiting for every acknowledgement.
-//! 3. Relay: the real binary starts from a checkpoint just before those N events, so its watch
-//!    replays them as fast as it can read, envelope and publish them; measured until Kafka has
-//!    acknowledged all N.
+//! 3. Relay: the real binary starts from a checkpoint just before those events, so its watch
+//!    replays them as fast as it can read, envelope and publish them.
+//!
+//! Both first send a warm-up of W events (connections, producer id, topic metadata); the clock
+//! and the CPU count run from the acknowledgement of the warm-up to that of the N events after
+//! it, so both figures are steady-state rates.
 //! 4. Latency: the same relay then follows live churn at a fixed rate; the publish latency (watch
 //!    arrival to Kafka acknowledgement) comes from its own histogram.
 //!
@@ -35,7 +38,12 @@ fn main() {
         .filter(|a| a != "--bench")
         .collect();
     if args.first().map(String::as_str) == Some("baseline") {
-        return baseline(&args[1], &args[2], Path::new(&args[3]));
+        return baseline(
+            &args[1],
+            &args[2],
+            Path::new(&args[3]),
+            args[4].parse().unwrap(),
+        );
     }
     let n: usize = std::env::var("BENCH_EVENTS")
         .ok()
@@ -45,6 +53,7 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
+    let warmup = (n / 10).clamp(1, 5_000);
     let rate: f64 = std::env::var("BENCH_RATE")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -80,7 +89,7 @@ fn main() {
     let input = dir.path().join("objects.jsonl");
     let mut file = std::io::BufWriter::new(std::fs::File::create(&input).unwrap());
     let mut bytes = 0usize;
-    for i in 0..n {
+    for i in 0..warmup + n {
         let name = format!("pod-{}", i % pods);
         let obj = sim
             .merge_patch(
@@ -96,8 +105,8 @@ fn main() {
     }
     file.flush().unwrap();
     drop(file);
-    let avg = bytes / n;
-    println!("pre-generated {n} pod modifications, {avg} bytes per object on average");
+    let avg = bytes / (warmup + n);
+    println!("pre-generated {warmup} + {n} pod modifications, {avg} bytes per object on average");
 
     let topic_base = format!("bench-baseline-{}", std::process::id());
     let topic_relay = format!("bench-relay-{}", std::process::id());
@@ -107,6 +116,7 @@ fn main() {
     let out = Command::new(std::env::current_exe().unwrap())
         .args(["baseline", &bootstrap, &topic_base])
         .arg(&input)
+        .arg(warmup.to_string())
         .output()
         .expect("baseline runs");
     assert!(
@@ -119,7 +129,7 @@ fn main() {
     let base_rate = n as f64 / base_secs;
 
     // The ceiling: how fast the simulator serves the same replay to a reader that only counts.
-    let sim_rate = n as f64 / sim_replay_secs(&sim.url(), start_rv, n);
+    let sim_rate = n as f64 / sim_replay_secs(&sim.url(), start_rv + warmup as u64, n);
 
     // 3. The relay, resuming just before the N events.
     let saved = json!({ "rv": start_rv.to_string() }).to_string();
@@ -147,7 +157,7 @@ fn main() {
         ),
     )
     .unwrap();
-    let started = Instant::now();
+    let spawned = Instant::now();
     let relay = Command::new(env!("CARGO_BIN_EXE_watchrelay"))
         .args(["run", "--config"])
         .arg(&config)
@@ -157,24 +167,22 @@ fn main() {
         .expect("relay starts");
     let mut relay = KillOnDrop(relay);
     let pid = relay.0.id();
-    loop {
-        if metric(
-            port,
-            &format!("watchrelay_events_published_total{{stream=\"{STREAM}\"}}"),
-        )
-        .unwrap_or(0.0) as usize
-            >= n
-        {
-            break;
+    let published = |count: usize| loop {
+        let series = format!("watchrelay_events_published_total{{stream=\"{STREAM}\"}}");
+        if metric(port, &series).unwrap_or(0.0) as usize >= count {
+            return (Instant::now(), cpu_seconds(pid));
         }
         assert!(
-            started.elapsed() < Duration::from_secs(600),
-            "relay did not publish {n} events"
+            spawned.elapsed() < Duration::from_secs(600),
+            "relay did not publish {count} events"
         );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let relay_secs = started.elapsed().as_secs_f64();
-    let relay_cpu = cpu_seconds(pid);
+        // Coarse enough that scraping costs the relay next to nothing.
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let (t0, cpu0) = published(warmup);
+    let (t1, cpu1) = published(warmup + n);
+    let relay_secs = (t1 - t0).as_secs_f64();
+    let relay_cpu = cpu1 - cpu0;
     let relay_rate = n as f64 / relay_secs;
     let rss_after_replay = peak_rss_kib(pid);
 
@@ -293,7 +301,7 @@ impl Drop for KillOnDrop {
 }
 
 /// The baseline child: sends every object of `input` and waits for all acknowledgements.
-fn baseline(bootstrap: &str, topic: &str, input: &Path) {
+fn baseline(bootstrap: &str, topic: &str, input: &Path, warmup: usize) {
     let cfg = watchrelay::config::KafkaConfig {
         bootstrap_servers: bootstrap.to_string(),
         properties: Default::default(),
@@ -358,24 +366,30 @@ fn baseline(bootstrap: &str, topic: &str, input: &Path) {
     let producer: ThreadedProducer<Ctx> = watchrelay::sink::client_config(&cfg)
         .create_with_context(Ctx)
         .unwrap();
-    let cpu0 = cpu_seconds(std::process::id());
-    let t = Instant::now();
-    for (k, v, h) in records {
-        let mut rec = BaseRecord::to(topic)
-            .key(k.as_bytes())
-            .payload(&v)
-            .headers(h);
-        loop {
-            match producer.send(rec) {
-                Ok(()) => break,
-                Err((_, back)) => {
-                    rec = back;
-                    std::thread::sleep(Duration::from_millis(1));
+    let send_all = |records: Vec<(String, Vec<u8>, OwnedHeaders)>| {
+        for (k, v, h) in records {
+            let mut rec = BaseRecord::to(topic)
+                .key(k.as_bytes())
+                .payload(&v)
+                .headers(h);
+            loop {
+                match producer.send(rec) {
+                    Ok(()) => break,
+                    Err((_, back)) => {
+                        rec = back;
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
                 }
             }
         }
-    }
-    producer.flush(Duration::from_secs(300)).unwrap();
+        producer.flush(Duration::from_secs(300)).unwrap();
+    };
+    let mut records = records;
+    let measured = records.split_off(warmup);
+    send_all(records);
+    let cpu0 = cpu_seconds(std::process::id());
+    let t = Instant::now();
+    send_all(measured);
     let secs = t.elapsed().as_secs_f64();
     let cpu = cpu_seconds(std::process::id()) - cpu0;
     println!(

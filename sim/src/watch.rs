@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use hyper::body::Frame;
 use serde_json::{json, Value};
@@ -155,6 +155,35 @@ async fn emit(inner: &Inner, tx: &Tx, line: Bytes) -> bool {
     tx.send(Ok(Frame::data(line))).await.is_ok()
 }
 
+/// Consecutive events that are ready share one write, as the API server flushes a watch
+/// response only when no further event is waiting. Armed faults apply line by line.
+struct Writer<'a> {
+    inner: &'a Inner,
+    tx: &'a Tx,
+    buf: BytesMut,
+}
+
+impl Writer<'_> {
+    const FLUSH_AT: usize = 64 * 1024;
+
+    async fn line(&mut self, line: Bytes) -> bool {
+        let f = &self.inner.faults;
+        if f.malformed.load(Ordering::SeqCst) || f.cut_line.load(Ordering::SeqCst) {
+            return self.flush().await && emit(self.inner, self.tx, line).await;
+        }
+        self.buf.extend_from_slice(&line);
+        self.buf.len() < Self::FLUSH_AT || self.flush().await
+    }
+
+    async fn flush(&mut self) -> bool {
+        if self.buf.is_empty() {
+            return true;
+        }
+        let chunk = self.buf.split().freeze();
+        self.tx.send(Ok(Frame::data(chunk))).await.is_ok()
+    }
+}
+
 async fn run(
     inner: &Inner,
     p: &Params,
@@ -163,26 +192,34 @@ async fn run(
     mut sub: broadcast::Receiver<Arc<Change>>,
     start_rv: u64,
 ) {
+    let mut w = Writer {
+        inner,
+        tx,
+        buf: BytesMut::new(),
+    };
     match first {
         First::State(objects) => {
             for o in objects.iter().filter(|o| p.selects(o)) {
-                if !emit(inner, tx, watch_line("ADDED", o)).await {
+                if !w.line(watch_line("ADDED", o)).await {
                     return;
                 }
             }
-            if p.initial_events_end && !emit(inner, tx, p.bookmark(start_rv, true)).await {
+            if p.initial_events_end && !w.line(p.bookmark(start_rv, true)).await {
                 return;
             }
         }
         First::Replay(changes) => {
             for c in &changes {
                 if let Some(line) = p.translate(c) {
-                    if !emit(inner, tx, line).await {
+                    if !w.line(line).await {
                         return;
                     }
                 }
             }
         }
+    }
+    if !w.flush().await {
+        return;
     }
     let deadline = p.timeout.map(|t| tokio::time::Instant::now() + t);
     let mut ticks = tokio::time::interval(inner.cfg.bookmark_interval);
@@ -220,13 +257,24 @@ async fn run(
                 }
             }
             c = sub.recv() => match c {
-                Ok(c) => {
+                Ok(mut c) => loop {
                     if let Some(line) = p.translate(&c) {
-                        if !emit(inner, tx, line).await {
+                        if !w.line(line).await {
                             return;
                         }
                     }
-                }
+                    match sub.try_recv() {
+                        Ok(next) => c = next,
+                        Err(broadcast::error::TryRecvError::Empty) => {
+                            if !w.flush().await {
+                                return;
+                            }
+                            break;
+                        }
+                        Err(broadcast::error::TryRecvError::Lagged(_)) => return lagged(tx).await,
+                        Err(broadcast::error::TryRecvError::Closed) => return,
+                    }
+                },
                 Err(broadcast::error::RecvError::Lagged(_)) => return lagged(tx).await,
                 Err(broadcast::error::RecvError::Closed) => return,
             },
