@@ -73,6 +73,10 @@ pub struct KubernetesConfig {
     pub watch_timeout_seconds: u32,
     /// Page size of the lists that start and resync streams.
     pub list_page_size: u32,
+    /// Start and resync streams with a watch that first sends the current state
+    /// (`sendInitialEvents`, the WatchList feature) where the server supports it; a server that
+    /// refuses it gets paginated lists from then on.
+    pub send_initial_events: bool,
     /// First retry delay after an API error; doubles up to `backoffMaxMs`, with jitter.
     pub backoff_initial_ms: u64,
     pub backoff_max_ms: u64,
@@ -85,6 +89,7 @@ impl Default for KubernetesConfig {
             context: None,
             watch_timeout_seconds: 290,
             list_page_size: 500,
+            send_initial_events: true,
             backoff_initial_ms: 200,
             backoff_max_ms: 30_000,
         }

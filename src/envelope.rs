@@ -190,6 +190,9 @@ pub struct WatchEvent {
     pub object: Vec<u8>,
     /// For ERROR events: the Status code, when present.
     pub status_code: Option<u16>,
+    /// A BOOKMARK annotated `k8s.io/initial-events-end: "true"`: the initial state of a
+    /// `sendInitialEvents` watch is complete.
+    pub initial_events_end: bool,
 }
 
 /// How objects are trimmed before they leave the cluster.
@@ -305,6 +308,13 @@ fn decode_object(
     if meta.resource_version.is_empty() && event_type != "ERROR" {
         return Err(DecodeError::Missing("metadata.resourceVersion"));
     }
+    let initial_events_end = event_type == "BOOKMARK"
+        && find(src, metadata, "annotations").is_some_and(|a| {
+            let raw = &src[a.value.clone()];
+            scan_object(&mut Scanner::new(raw), false).is_ok_and(|o| {
+                string_of(raw, &o.members, "k8s.io/initial-events-end").as_deref() == Some("true")
+            })
+        });
     let drop_mf = trim.drop_managed_fields && find(src, metadata, "managedFields").is_some();
     let secret = meta.kind == "Secret" && !trim.allow_secret_data;
     out.clear();
@@ -317,6 +327,7 @@ fn decode_object(
         meta,
         object: out,
         status_code,
+        initial_events_end,
     })
 }
 

@@ -195,20 +195,36 @@ pub struct Watch {
 }
 
 /// Opens a watch from `resource_version` with bookmarks on.
+/// Where a watch starts.
+#[derive(Clone, Copy, Debug)]
+pub enum WatchFrom<'a> {
+    /// Just after this resourceVersion.
+    Version(&'a str),
+    /// With the current state as ADDED events, ended by a BOOKMARK annotated
+    /// `k8s.io/initial-events-end`.
+    InitialEvents,
+}
+
 pub async fn watch(
     client: &kube::Client,
     path: &str,
     q: &Query<'_>,
-    resource_version: &str,
+    from: WatchFrom<'_>,
     timeout_seconds: u32,
 ) -> Result<Watch, ApiError> {
     let timeout = timeout_seconds.to_string();
-    let extra = [
+    let mut extra = vec![
         ("watch", "true"),
         ("allowWatchBookmarks", "true"),
-        ("resourceVersion", resource_version),
         ("timeoutSeconds", timeout.as_str()),
     ];
+    match from {
+        WatchFrom::Version(rv) => extra.push(("resourceVersion", rv)),
+        WatchFrom::InitialEvents => extra.extend([
+            ("sendInitialEvents", "true"),
+            ("resourceVersionMatch", "NotOlderThan"),
+        ]),
+    }
     let res = get(client, url(path, q, &extra)).await?;
     Ok(Watch {
         body: res.into_body(),

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::checkpoint::StreamShared;
 use crate::config::{Channel, Config, OversizePolicy};
 use crate::envelope::{self, EnvelopeMeta, ObjectMeta, Record, Trim, WatchEvent};
-use crate::kubeapi::{self, ApiError, Query};
+use crate::kubeapi::{self, ApiError, Query, WatchFrom};
 use crate::metrics::Metrics;
 use crate::sink::{Ack, DeliveryError, Pending, SendError, Sink};
 use crate::tracker::{Change, Known};
@@ -27,6 +27,7 @@ pub struct Settings {
     pub cluster: String,
     pub watch_timeout_seconds: u32,
     pub list_page_size: u32,
+    pub send_initial_events: bool,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
     pub max_in_flight: usize,
@@ -42,6 +43,7 @@ impl Settings {
             cluster: cfg.cluster_name.clone(),
             watch_timeout_seconds: cfg.kubernetes.watch_timeout_seconds,
             list_page_size: cfg.kubernetes.list_page_size,
+            send_initial_events: cfg.kubernetes.send_initial_events,
             backoff_initial: Duration::from_millis(cfg.kubernetes.backoff_initial_ms),
             backoff_max: Duration::from_millis(cfg.kubernetes.backoff_max_ms),
             max_in_flight: cfg.kafka.max_in_flight_per_stream,
@@ -67,6 +69,9 @@ enum State {
     /// No usable position: list every object and announce it, then watch from the list's
     /// resourceVersion. With `resync`, the position expired (410): re-announce flagged as a
     /// resync, infer DELETED for known objects missing from the list, and mark the end.
+    /// Where the server supports it, the list is a watch that sends the current state first
+    /// (`sendInitialEvents`) and goes on as a plain watch once that state has ended; a server
+    /// that refuses it gets paginated lists from then on.
     List { resync: bool },
     /// Watch from a position; a clean end or a cut connection reopens from the last event read.
     Watch { rv: String },
@@ -175,6 +180,16 @@ pub struct Stream {
     /// the envelope when it takes the record, so neither outlives one event.
     object_buf: Vec<u8>,
     value_buf: Vec<u8>,
+    /// Whether to try `sendInitialEvents` (cleared when the server refuses it).
+    initial_events: bool,
+    /// While a watch is sending the initial state: what has been announced so far.
+    initial: Option<Initial>,
+}
+
+/// The initial state arriving on a `sendInitialEvents` watch.
+struct Initial {
+    resync: bool,
+    seen: HashSet<String>,
 }
 
 impl Stream {
@@ -221,6 +236,8 @@ impl Stream {
             position: None,
             object_buf: Vec::new(),
             value_buf: Vec::new(),
+            initial_events: settings.send_initial_events,
+            initial: None,
             id,
             channel,
             namespace,
@@ -256,6 +273,15 @@ impl Stream {
                     }
                 }
                 State::AwaitResource => self.await_resource().await,
+                State::List { resync } if self.initial_events => {
+                    let stop = self.watch_initial(resync).await;
+                    let resume = match (self.initial.take(), &self.position) {
+                        (None, Some(rv)) => State::Watch { rv: rv.clone() },
+                        // The initial state did not end: start it over.
+                        _ => State::List { resync },
+                    };
+                    self.after(stop, resume)
+                }
                 State::List { resync } => match self.list(resync).await {
                     Ok(rv) => {
                         self.backoff.reset();
@@ -264,7 +290,7 @@ impl Stream {
                     Err(stop) => self.after(stop, State::List { resync }),
                 },
                 State::Watch { rv } => {
-                    let stop = self.watch(&rv).await;
+                    let stop = self.watch(WatchFrom::Version(&rv)).await;
                     let resume = State::Watch {
                         rv: self.position.clone().unwrap_or(rv),
                     };
@@ -307,6 +333,7 @@ impl Stream {
             }
             Stop::Gone => {
                 restart("expired");
+                self.m.resyncs.inc();
                 tracing::info!(stream = %self.id, position = ?self.position, "resourceVersion expired; relisting");
                 State::List { resync: true }
             }
@@ -399,11 +426,41 @@ impl Stream {
         }
     }
 
+    /// Before a resync: the known set must equal everything announced before it is compared
+    /// with the new state.
+    async fn begin_resync(&mut self) -> Result<(), Stop> {
+        self.wait_in_flight(0).await
+    }
+
+    /// A `sendInitialEvents` watch: the current state, then changes, on one connection.
+    async fn watch_initial(&mut self, resync: bool) -> Stop {
+        if resync {
+            if let Err(stop) = self.begin_resync().await {
+                return stop;
+            }
+        }
+        self.initial = Some(Initial {
+            resync,
+            seen: HashSet::new(),
+        });
+        match self.watch(WatchFrom::InitialEvents).await {
+            // Refused (the WatchList feature is off, or an older server): list instead.
+            Stop::Api(ApiError::Status {
+                code: 400 | 403 | 422,
+                ref message,
+                ..
+            }) if self.initial.as_ref().is_some_and(|i| i.seen.is_empty()) => {
+                tracing::info!(stream = %self.id, %message, "sendInitialEvents refused; using paginated lists");
+                self.initial_events = false;
+                Stop::Closed
+            }
+            stop => stop,
+        }
+    }
+
     async fn list(&mut self, resync: bool) -> Result<String, Stop> {
         if resync {
-            // The known set must equal everything announced before it is compared with the list.
-            self.wait_in_flight(0).await?;
-            self.m.resyncs.inc();
+            self.begin_resync().await?;
         }
         let api_version = self.channel.path.api_version();
         let mut seen = HashSet::new();
@@ -453,6 +510,23 @@ impl Stream {
                 None => break page.resource_version,
             }
         };
+        let objects = seen.len();
+        self.finish_state(seen, resync, &list_rv).await?;
+        tracing::info!(stream = %self.id, objects, rv = %list_rv, resync, "listed");
+        Ok(list_rv)
+    }
+
+    /// The whole current state has been announced, consistent as of `list_rv`. After a resync,
+    /// known objects it lacks get a synthetic DELETED and the end is marked; either way the
+    /// stream's position becomes `list_rv` once everything before it is acknowledged.
+    async fn finish_state(
+        &mut self,
+        seen: HashSet<String>,
+        resync: bool,
+        list_rv: &str,
+    ) -> Result<(), Stop> {
+        let api_version = self.channel.path.api_version();
+        let list_rv = list_rv.to_string();
         if resync {
             let vanished: Vec<(String, Known)> = {
                 let t = self.shared.tracker.lock().expect("tracker lock poisoned");
@@ -503,18 +577,17 @@ impl Stream {
         } else {
             self.push_done(Some(list_rv.clone()), None);
         }
-        self.position = Some(list_rv.clone());
-        tracing::info!(stream = %self.id, objects = seen.len(), rv = %list_rv, resync, "listed");
-        Ok(list_rv)
+        self.position = Some(list_rv);
+        Ok(())
     }
 
-    async fn watch(&mut self, rv: &str) -> Stop {
+    async fn watch(&mut self, from: WatchFrom<'_>) -> Stop {
         let query = self.query();
         let opened = kubeapi::watch(
             &self.client,
             &self.path,
             &query,
-            rv,
+            from,
             self.settings.watch_timeout_seconds,
         );
         let mut w = tokio::select! {
@@ -592,6 +665,18 @@ impl Stream {
                     retry_after: None,
                 }),
             }),
+            "BOOKMARK" if self.initial.is_some() => {
+                if !ev.initial_events_end {
+                    // Not a position yet: the state before it is still arriving.
+                    return Ok(());
+                }
+                let initial = self.initial.take().expect("guarded");
+                let objects = initial.seen.len();
+                let rv = &ev.meta.resource_version;
+                self.finish_state(initial.seen, initial.resync, rv).await?;
+                tracing::info!(stream = %self.id, objects, %rv, resync = initial.resync, "initial events ended");
+                Ok(())
+            }
             "BOOKMARK" => {
                 let rv = ev.meta.resource_version.clone();
                 self.position = Some(rv.clone());
@@ -607,6 +692,16 @@ impl Stream {
                     self.push_done(Some(rv), None);
                     Ok(())
                 }
+            }
+            "ADDED" | "MODIFIED" | "DELETED" if self.initial.is_some() => {
+                if self.kind.is_empty() {
+                    self.kind = ev.meta.kind.clone();
+                }
+                let initial = self.initial.as_mut().expect("guarded");
+                initial.seen.insert(ev.meta.uid.clone());
+                let resync = initial.resync;
+                // Like list items: no position until the whole state has been announced.
+                self.emit(ev, arrived, None, upsert(&ev.meta), resync).await
             }
             "ADDED" | "MODIFIED" | "DELETED" => {
                 if self.kind.is_empty() {

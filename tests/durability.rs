@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::bed::{assert_covers, event_id, Bed, Relay};
 use common::kafka;
-use watchrelay_sim::{objects, ChurnSpec};
+use watchrelay_sim::{objects, ChurnSpec, SimConfig};
 
 fn pods_channel(topic: &str, namespaces: &str) -> String {
     format!("  - operationId: watchNamespacedPods\n    namespaces: [{namespaces}]\n    topic: {topic}\n")
@@ -92,7 +92,22 @@ async fn crashes_during_churn_lose_nothing_and_duplicate_only_the_unacknowledged
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deletions_while_down_past_the_history_window_become_synthetic_deletes() {
-    let bed = Bed::new(&["a"]).await;
+    deletions_while_down(true).await;
+}
+
+/// The same against a server without the WatchList feature: the relay falls back to paginated
+/// lists (pages of 7 objects here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_send_initial_events_paginated_lists_do_the_same() {
+    deletions_while_down(false).await;
+}
+
+async fn deletions_while_down(watch_list: bool) {
+    let sim_cfg = SimConfig {
+        watch_list,
+        ..Default::default()
+    };
+    let bed = Bed::with(sim_cfg, &["a"]).await;
     let topic = kafka::unique("gone");
     kafka::create_topics(&[&topic], 3).await;
     let cfg = bed.config(&pods_channel(&topic, "a"), "");

@@ -104,6 +104,9 @@ pub struct SimConfig {
     /// Changes kept for watch replay and old lists; older ones are compacted.
     pub history_limit: usize,
     pub addr: Option<SocketAddr>,
+    /// Serve `sendInitialEvents` watches (the WatchList feature). Off, such a watch is refused
+    /// with 422, as by an API server with the feature gate disabled.
+    pub watch_list: bool,
 }
 
 impl Default for SimConfig {
@@ -114,6 +117,7 @@ impl Default for SimConfig {
             bookmark_interval: Duration::from_secs(1),
             history_limit: 200_000,
             addr: None,
+            watch_list: true,
         }
     }
 }

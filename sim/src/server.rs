@@ -212,7 +212,7 @@ async fn handle(inner: &Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
     let param = |k: &str| query.get(k);
     match (req.method().clone(), name) {
         (Method::GET, None) if matches!(param("watch"), Some("true" | "1")) => {
-            match watch_params(&res, ns, &query) {
+            match watch_params(&res, ns, &query, inner.cfg.watch_list) {
                 Ok(p) => Response::builder()
                     .status(200)
                     .header("content-type", "application/json")
@@ -339,13 +339,23 @@ fn selectors(q: &Query) -> Result<(Selector, Selector), SimError> {
     Ok((labels, fields))
 }
 
-fn watch_params(res: &Resource, ns: Option<&str>, q: &Query) -> Result<Params, SimError> {
+fn watch_params(
+    res: &Resource,
+    ns: Option<&str>,
+    q: &Query,
+    watch_list: bool,
+) -> Result<Params, SimError> {
     let (labels, fields) = selectors(q)?;
     let param = |k: &str| q.get(k);
     let bookmarks = matches!(param("allowWatchBookmarks"), Some("true" | "1"));
     let send_initial = matches!(param("sendInitialEvents"), Some("true" | "1"));
     let rv = param("resourceVersion").unwrap_or("");
     let start = if send_initial {
+        if !watch_list {
+            return Err(SimError::invalid(
+                "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+            ));
+        }
         if !bookmarks || param("resourceVersionMatch") != Some("NotOlderThan") {
             return Err(SimError::invalid(
                 "sendInitialEvents requires allowWatchBookmarks=true and resourceVersionMatch=NotOlderThan",
