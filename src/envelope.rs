@@ -15,7 +15,6 @@
 //! - Nothing promises that a consumer sees every intermediate state: Kubernetes itself may
 //!   coalesce changes, and after a 410 only the current state is re-announced.
 
-use std::borrow::Cow;
 use std::ops::Range;
 
 use serde::Serialize;
@@ -38,24 +37,20 @@ pub enum DecodeError {
 struct Member {
     key: Str,
     value: Range<usize>,
+    /// The members of `metadata`, split out in the same pass so it is scanned once.
+    metadata: Option<Vec<Member>>,
 }
 
-/// A Kubernetes object as spans of its source, with `metadata` split into its own members in
-/// the same pass so it is scanned once.
+/// A Kubernetes object as spans of its source.
 struct Object<'a> {
     src: &'a str,
+    /// Where the whole object stands in `src`.
+    span: Range<usize>,
     members: Vec<Member>,
-    /// The index of `metadata` among `members`, and its members.
-    metadata: Option<(usize, Vec<Member>)>,
-}
-
-/// The text of a key or string token (borrowed unless it has escapes).
-fn text<'a>(src: &'a str, s: &Str) -> Cow<'a, str> {
-    Scanner::new(src).text(s)
 }
 
 fn find<'m>(src: &str, members: &'m [Member], key: &str) -> Option<&'m Member> {
-    members.iter().find(|m| text(src, &m.key) == key)
+    members.iter().find(|m| m.key.text(src) == key)
 }
 
 /// A member's value when it is a string.
@@ -69,62 +64,63 @@ fn string_of(src: &str, members: &[Member], key: &str) -> Option<String> {
 /// Scans an object starting at the scanner's position. With `split_metadata`, the members of a
 /// `metadata` object are recorded too.
 fn scan_object<'a>(sc: &mut Scanner<'a>, split_metadata: bool) -> Result<Object<'a>, ScanError> {
+    sc.ws();
+    let begin = sc.pos();
     sc.expect(b'{', "expected an object")?;
     let mut members = Vec::with_capacity(8);
-    let mut metadata = None;
+    let mut split = split_metadata;
     let mut first = true;
     while sc.next_member(first)? {
         first = false;
         let key = sc.key()?;
         sc.ws();
         let start = sc.pos();
-        if split_metadata && metadata.is_none() && text(sc.src(), &key) == "metadata" {
-            let inner = scan_object(sc, false)?;
-            metadata = Some((members.len(), inner.members));
+        let metadata = if split && key.text(sc.src()) == "metadata" {
+            split = false;
+            Some(scan_object(sc, false)?.members)
         } else {
             sc.value()?;
-        }
+            None
+        };
         members.push(Member {
             key,
             value: start..sc.pos(),
+            metadata,
         });
     }
     Ok(Object {
         src: sc.src(),
+        span: begin..sc.pos(),
         members,
-        metadata,
     })
 }
 
-/// Writes `members` back as an object after `prefix` (members to add), leaving out `skip`.
-/// The member at index `nested` is written by `write_nested` instead of copied.
+/// Writes `members` back as an object after `prefix` (members to add), leaving out `skip`,
+/// and `metadata_skip` inside a split-out `metadata`. Keys go out as they came in.
 fn write_members(
     out: &mut Vec<u8>,
     src: &str,
     members: &[Member],
     prefix: &[u8],
     skip: &[&str],
-    nested: Option<usize>,
-    write_nested: &dyn Fn(&mut Vec<u8>),
+    metadata_skip: &[&str],
 ) {
     out.push(b'{');
     out.extend_from_slice(prefix);
     let mut first = prefix.is_empty();
-    for (i, m) in members.iter().enumerate() {
-        if !skip.is_empty() && skip.contains(&text(src, &m.key).as_ref()) {
+    for m in members {
+        if !skip.is_empty() && skip.contains(&m.key.text(src).as_ref()) {
             continue;
         }
         if !first {
             out.push(b',');
         }
         first = false;
-        // The key goes out as it came in, quotes and escapes included.
-        out.extend_from_slice(&src.as_bytes()[m.key.inner.start - 1..m.key.inner.end + 1]);
+        out.extend_from_slice(m.key.quoted(src).as_bytes());
         out.push(b':');
-        if nested == Some(i) {
-            write_nested(out);
-        } else {
-            out.extend_from_slice(&src.as_bytes()[m.value.clone()]);
+        match &m.metadata {
+            Some(md) => write_members(out, src, md, b"", metadata_skip, &[]),
+            None => out.extend_from_slice(&src.as_bytes()[m.value.clone()]),
         }
     }
     out.push(b'}');
@@ -136,26 +132,7 @@ impl Object<'_> {
     }
 
     fn metadata_members(&self) -> Option<&[Member]> {
-        self.metadata.as_ref().map(|(_, m)| m.as_slice())
-    }
-
-    /// An upper bound of the written length.
-    fn len(&self) -> usize {
-        self.members.last().map_or(0, |m| m.value.end) + 1
-    }
-
-    /// Writes the object back after `prefix`, leaving out `skip` and `metadata_skip` inside
-    /// `metadata`.
-    fn write(&self, out: &mut Vec<u8>, prefix: &[u8], skip: &[&str], metadata_skip: &[&str]) {
-        let src = self.src;
-        let (at, md) = match &self.metadata {
-            Some((at, md)) => (Some(*at), md.as_slice()),
-            None => (None, &[][..]),
-        };
-        let write_metadata = |out: &mut Vec<u8>| {
-            write_members(out, src, md, b"", metadata_skip, None, &|_| {});
-        };
-        write_members(out, src, &self.members, prefix, skip, at, &write_metadata);
+        self.members.iter().find_map(|m| m.metadata.as_deref())
     }
 }
 
@@ -219,7 +196,7 @@ pub fn decode_line_into(line: &[u8], trim: Trim, out: Vec<u8>) -> Result<WatchEv
         first = false;
         let key = sc.key()?;
         sc.ws();
-        match text(src, &key).as_ref() {
+        match key.text(src).as_ref() {
             "type" if event_type.is_none() => {
                 let s = sc.string()?;
                 event_type = Some(sc.text(&s).into_owned());
@@ -318,10 +295,11 @@ fn decode_object(
     let drop_mf = trim.drop_managed_fields && find(src, metadata, "managedFields").is_some();
     let secret = meta.kind == "Secret" && !trim.allow_secret_data;
     out.clear();
-    out.reserve(object.len() + prefix.len() + 2);
+    // The object never grows beyond its source plus the members added in front.
+    out.reserve(object.span.len() + prefix.len() + 1);
     let skip: &[&str] = if secret { &["data", "stringData"] } else { &[] };
     let metadata_skip: &[&str] = if drop_mf { &["managedFields"] } else { &[] };
-    object.write(&mut out, &prefix, skip, metadata_skip);
+    write_members(&mut out, src, &object.members, &prefix, skip, metadata_skip);
     Ok(WatchEvent {
         event_type,
         meta,

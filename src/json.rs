@@ -6,6 +6,7 @@
 //! building nothing makes it several times cheaper than deserializing into `RawValue`. UTF-8 is the caller's guarantee: the input is a
 //! `&str`.
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use thiserror::Error;
@@ -275,17 +276,28 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// The text of a string token, unescaped only when it has escapes.
-    pub fn text(&self, s: &Str) -> std::borrow::Cow<'a, str> {
-        let raw = &self.src[s.inner.clone()];
-        if !s.escaped {
+    /// The text of a string token of this scanner's source.
+    pub fn text(&self, s: &Str) -> Cow<'a, str> {
+        s.text(self.src)
+    }
+}
+
+impl Str {
+    /// The text of this token in `src`, unescaped only when it has escapes.
+    pub fn text<'a>(&self, src: &'a str) -> Cow<'a, str> {
+        let raw = &src[self.inner.clone()];
+        if !self.escaped {
             return raw.into();
         }
-        let quoted = &self.src[s.inner.start - 1..s.inner.end + 1];
-        serde_json::from_str::<String>(quoted)
+        serde_json::from_str::<String>(self.quoted(src))
             .map(Into::into)
             // The scanner accepted it, so only a lone surrogate escape can get here.
             .unwrap_or_else(|_| raw.into())
+    }
+
+    /// The token as it stands in `src`, quotes and escapes included.
+    pub fn quoted<'a>(&self, src: &'a str) -> &'a str {
+        &src[self.inner.start - 1..self.inner.end + 1]
     }
 }
 

@@ -194,7 +194,6 @@ pub struct Watch {
     done: bool,
 }
 
-/// Opens a watch from `resource_version` with bookmarks on.
 /// Where a watch starts.
 #[derive(Clone, Copy, Debug)]
 pub enum WatchFrom<'a> {
@@ -205,6 +204,7 @@ pub enum WatchFrom<'a> {
     InitialEvents,
 }
 
+/// Opens a watch with bookmarks on.
 pub async fn watch(
     client: &kube::Client,
     path: &str,

@@ -693,36 +693,36 @@ impl Stream {
                     Ok(())
                 }
             }
-            "ADDED" | "MODIFIED" | "DELETED" if self.initial.is_some() => {
-                if self.kind.is_empty() {
-                    self.kind = ev.meta.kind.clone();
-                }
-                let initial = self.initial.as_mut().expect("guarded");
-                initial.seen.insert(ev.meta.uid.clone());
-                let resync = initial.resync;
-                // Like list items: no position until the whole state has been announced.
-                self.emit(ev, arrived, None, upsert(&ev.meta), resync).await
-            }
             "ADDED" | "MODIFIED" | "DELETED" => {
                 if self.kind.is_empty() {
                     self.kind = ev.meta.kind.clone();
                 }
-                self.position = Some(ev.meta.resource_version.clone());
-                let change = if ev.event_type == "DELETED" {
+                let deleted = ev.event_type == "DELETED";
+                let change = if deleted {
                     Some(Change::Remove {
                         uid: ev.meta.uid.clone(),
                     })
                 } else {
                     upsert(&ev.meta)
                 };
-                self.emit(
-                    ev,
-                    arrived,
-                    Some(ev.meta.resource_version.clone()),
-                    change,
-                    false,
-                )
-                .await
+                match self.initial.as_mut() {
+                    // The initial state (sent as ADDED): like list items, no position until
+                    // all of it has been announced.
+                    Some(initial) => {
+                        if deleted {
+                            initial.seen.remove(&ev.meta.uid);
+                        } else {
+                            initial.seen.insert(ev.meta.uid.clone());
+                        }
+                        let resync = initial.resync;
+                        self.emit(ev, arrived, None, change, resync).await
+                    }
+                    None => {
+                        let rv = ev.meta.resource_version.clone();
+                        self.position = Some(rv.clone());
+                        self.emit(ev, arrived, Some(rv), change, false).await
+                    }
+                }
             }
             other => {
                 self.m.malformed.inc();

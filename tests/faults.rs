@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::bed::{assert_covers, Bed, Relay};
+use common::bed::{assert_covers, eventually, Bed, Relay};
 use common::kafka;
 use watchrelay_sim::{objects, Fault};
 
@@ -19,13 +19,11 @@ fn create_pods(bed: &Bed, ns: &str, prefix: &str, n: usize) {
 /// Waits until every armed request failure has been served (to the stream or to a checkpoint
 /// write; either must be survived).
 async fn wait_failures_served(bed: &Bed) {
-    for _ in 0..600 {
-        if bed.sim.pending_failures() == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("armed failures were never requested");
+    eventually(
+        || bed.sim.pending_failures() == 0,
+        || "armed failures were never requested".into(),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

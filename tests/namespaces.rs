@@ -2,9 +2,7 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::bed::{Bed, Relay};
+use common::bed::{eventually, Bed, Relay};
 use common::kafka;
 use watchrelay_sim::objects;
 
@@ -52,27 +50,18 @@ async fn streams_follow_namespaces_into_and_out_of_the_selector() {
             serde_json::json!({"metadata": {"labels": {"relay": null}}}),
         )
         .unwrap();
-    for _ in 0..300 {
-        if !relay
-            .streams
-            .lock()
-            .unwrap()
-            .live
-            .contains_key("watchNamespacedPods.team-a")
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(
-        !relay
-            .streams
-            .lock()
-            .unwrap()
-            .live
-            .contains_key("watchNamespacedPods.team-a"),
-        "team-a's stream was retired"
-    );
+    eventually(
+        || {
+            !relay
+                .streams
+                .lock()
+                .unwrap()
+                .live
+                .contains_key("watchNamespacedPods.team-a")
+        },
+        || "team-a's stream was not retired".into(),
+    )
+    .await;
     bed.sim
         .create("pods", Some("team-a"), objects::pod("team-a", "a2"))
         .unwrap();

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use watchrelay::checkpoint::{Saved, Streams};
+use watchrelay::checkpoint::{Saved, StreamShared, Streams};
 use watchrelay::config::Config;
 use watchrelay::metrics::Metrics;
 use watchrelay::relay::{self, RelayError};
@@ -152,17 +152,29 @@ impl Bed {
 
     /// Waits until `cond` holds on the checkpoints (hang guard: 60 s).
     pub async fn wait_checkpoint(&self, cond: impl Fn(&HashMap<String, Saved>) -> bool) {
-        for _ in 0..600 {
-            if cond(&self.checkpoints()) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!(
-            "checkpoint condition never held: {:?}",
-            self.checkpoints().keys().collect::<Vec<_>>()
-        );
+        eventually(
+            || cond(&self.checkpoints()),
+            || {
+                format!(
+                    "checkpoint condition never held: {:?}",
+                    self.checkpoints().keys().collect::<Vec<_>>()
+                )
+            },
+        )
+        .await;
     }
+}
+
+/// Polls `cond` every 100 ms until it holds; after 60 s (a hang guard, not a timing assertion)
+/// panics with `failure()`.
+pub async fn eventually(mut cond: impl FnMut() -> bool, failure: impl FnOnce() -> String) {
+    for _ in 0..600 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{}", failure());
 }
 
 /// The envelope id the relay gives a journal entry's change.
@@ -283,44 +295,41 @@ impl Relay {
     /// Waits until a counter of `stream` (summed over its other labels) reaches `min` (hang
     /// guard: 60 s). Tests use it to let one injected fault play out before arming the next.
     pub async fn wait_counter(&self, name: &str, stream: &str, min: u64) {
-        for _ in 0..600 {
-            if self.counter(name, stream) >= min {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!(
-            "{name} of {stream} stayed at {}, below {min}",
-            self.counter(name, stream)
-        );
+        eventually(
+            || self.counter(name, stream) >= min,
+            || {
+                format!(
+                    "{name} of {stream} stayed at {}, below {min}",
+                    self.counter(name, stream)
+                )
+            },
+        )
+        .await;
     }
 
     /// Waits until `n` streams exist and every one is watching (hang guard: 60 s).
     pub async fn wait_up(&self, n: usize) {
-        for _ in 0..600 {
-            {
+        let up = |st: &StreamShared| st.up.load(std::sync::atomic::Ordering::Acquire);
+        eventually(
+            || {
                 let s = self.streams.lock().unwrap();
-                if s.live.len() >= n
-                    && s.live
-                        .values()
-                        .all(|st| st.up.load(std::sync::atomic::Ordering::Acquire))
-                {
-                    return;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let s = self.streams.lock().unwrap();
-        let down: Vec<_> = s
-            .live
-            .values()
-            .filter(|st| !st.up.load(std::sync::atomic::Ordering::Acquire))
-            .map(|st| st.id.clone())
-            .collect();
-        panic!(
-            "streams never all up: {} live, down: {down:?}",
-            s.live.len()
-        );
+                s.live.len() >= n && s.live.values().all(|st| up(st))
+            },
+            || {
+                let s = self.streams.lock().unwrap();
+                let down: Vec<_> = s
+                    .live
+                    .values()
+                    .filter(|st| !up(st))
+                    .map(|st| st.id.clone())
+                    .collect();
+                format!(
+                    "streams never all up: {} live, down: {down:?}",
+                    s.live.len()
+                )
+            },
+        )
+        .await;
     }
 
     pub fn stream_up(&self, stream: &str) -> bool {
