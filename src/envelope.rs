@@ -61,26 +61,39 @@ fn string_of(src: &str, members: &[Member], key: &str) -> Option<String> {
     Some(sc.text(&s).into_owned())
 }
 
-/// Scans an object starting at the scanner's position. With `split_metadata`, the members of a
-/// `metadata` object are recorded too.
-fn scan_object<'a>(sc: &mut Scanner<'a>, split_metadata: bool) -> Result<Object<'a>, ScanError> {
+/// Scans an object starting at the scanner's position. The values of `dropped` members are
+/// only delimited (they are not published). With `metadata`, the members of a `metadata`
+/// object are recorded too, its `metadata` members dropped.
+fn scan_object<'a>(
+    sc: &mut Scanner<'a>,
+    metadata: Option<&[&str]>,
+    dropped: &[&str],
+) -> Result<Object<'a>, ScanError> {
     sc.ws();
     let begin = sc.pos();
     sc.expect(b'{', "expected an object")?;
     let mut members = Vec::with_capacity(8);
-    let mut split = split_metadata;
+    let mut split = metadata;
     let mut first = true;
     while sc.next_member(first)? {
         first = false;
         let key = sc.key()?;
         sc.ws();
         let start = sc.pos();
-        let metadata = if split && key.text(sc.src()) == "metadata" {
-            split = false;
-            Some(scan_object(sc, false)?.members)
-        } else {
-            sc.value()?;
-            None
+        let name = key.text(sc.src());
+        let metadata = match split {
+            Some(md_dropped) if name == "metadata" => {
+                split = None;
+                Some(scan_object(sc, None, md_dropped)?.members)
+            }
+            _ if dropped.contains(&name.as_ref()) => {
+                sc.delimit()?;
+                None
+            }
+            _ => {
+                sc.value()?;
+                None
+            }
         };
         members.push(Member {
             key,
@@ -179,6 +192,15 @@ pub struct Trim {
     pub allow_secret_data: bool,
 }
 
+/// Members of `metadata` that `trim` drops.
+fn metadata_dropped(trim: Trim) -> &'static [&'static str] {
+    if trim.drop_managed_fields {
+        &["managedFields"]
+    } else {
+        &[]
+    }
+}
+
 /// Decodes one watch line (`{"type": .., "object": {..}}`).
 pub fn decode_line(line: &[u8], trim: Trim) -> Result<WatchEvent, DecodeError> {
     decode_line_into(line, trim, Vec::new())
@@ -201,7 +223,9 @@ pub fn decode_line_into(line: &[u8], trim: Trim, out: Vec<u8>) -> Result<WatchEv
                 let s = sc.string()?;
                 event_type = Some(sc.text(&s).into_owned());
             }
-            "object" if object.is_none() => object = Some(scan_object(&mut sc, true)?),
+            "object" if object.is_none() => {
+                object = Some(scan_object(&mut sc, Some(metadata_dropped(trim)), &[])?)
+            }
             _ => {
                 sc.value()?;
             }
@@ -222,7 +246,7 @@ pub fn decode_item(
     type_meta: (&str, &str),
 ) -> Result<WatchEvent, DecodeError> {
     let mut sc = Scanner::new(object.get());
-    let parsed = scan_object(&mut sc, true)?;
+    let parsed = scan_object(&mut sc, Some(metadata_dropped(trim)), &[])?;
     sc.end()?;
     decode_object(
         event_type.to_string(),
@@ -288,18 +312,24 @@ fn decode_object(
     let initial_events_end = event_type == "BOOKMARK"
         && find(src, metadata, "annotations").is_some_and(|a| {
             let raw = &src[a.value.clone()];
-            scan_object(&mut Scanner::new(raw), false).is_ok_and(|o| {
+            scan_object(&mut Scanner::new(raw), None, &[]).is_ok_and(|o| {
                 string_of(raw, &o.members, "k8s.io/initial-events-end").as_deref() == Some("true")
             })
         });
-    let drop_mf = trim.drop_managed_fields && find(src, metadata, "managedFields").is_some();
     let secret = meta.kind == "Secret" && !trim.allow_secret_data;
     out.clear();
     // The object never grows beyond its source plus the members added in front.
     out.reserve(object.span.len() + prefix.len() + 1);
     let skip: &[&str] = if secret { &["data", "stringData"] } else { &[] };
-    let metadata_skip: &[&str] = if drop_mf { &["managedFields"] } else { &[] };
-    write_members(&mut out, src, &object.members, &prefix, skip, metadata_skip);
+    // What the scan only delimited is exactly what is left out here.
+    write_members(
+        &mut out,
+        src,
+        &object.members,
+        &prefix,
+        skip,
+        metadata_dropped(trim),
+    );
     Ok(WatchEvent {
         event_type,
         meta,

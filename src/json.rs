@@ -131,6 +131,51 @@ impl<'a> Scanner<'a> {
         Ok(start..self.pos)
     }
 
+    /// Skips one value after optional whitespace, checking only what finding its end needs:
+    /// strings (fully) and the nesting of brackets. For values that are dropped, never
+    /// published, where full validation would cost the most (managedFields is mostly tiny
+    /// tokens) and buy nothing.
+    pub fn delimit(&mut self) -> Result<Range<usize>, ScanError> {
+        self.ws();
+        let start = self.pos;
+        if !matches!(self.peek(), Some(b'{' | b'[')) {
+            return self.value();
+        }
+        let b = self.bytes();
+        // One bit per open bracket, set for `[`; MAX_DEPTH fits.
+        let mut stack: u128 = 0;
+        let mut depth = 0usize;
+        loop {
+            match b.get(self.pos) {
+                None => return self.err("unexpected end"),
+                Some(b'"') => {
+                    self.string()?;
+                    continue;
+                }
+                Some(&c @ (b'{' | b'[')) => {
+                    if depth >= MAX_DEPTH {
+                        return self.err("nested too deeply");
+                    }
+                    stack = (stack << 1) | u128::from(c == b'[');
+                    depth += 1;
+                }
+                Some(&c @ (b'}' | b']')) => {
+                    if depth == 0 || (stack & 1 == 1) != (c == b']') {
+                        return self.err("mismatched bracket");
+                    }
+                    stack >>= 1;
+                    depth -= 1;
+                    if depth == 0 {
+                        self.pos += 1;
+                        return Ok(start..self.pos);
+                    }
+                }
+                Some(_) => {}
+            }
+            self.pos += 1;
+        }
+    }
+
     /// Requires that only whitespace remains.
     pub fn end(&mut self) -> Result<(), ScanError> {
         self.ws();
@@ -369,6 +414,24 @@ mod tests {
             }
         }
         assert_eq!(special_byte(b"plain", 0), 5);
+    }
+
+    #[test]
+    fn delimiting_finds_the_same_end_and_catches_truncation() {
+        let src = r#"[{"f:a":{},"k:{\"x\":1}":{".":{}}},["]",{"}":[]}]] , 1"#;
+        let mut v = Scanner::new(src);
+        let mut d = Scanner::new(src);
+        assert_eq!(v.value().unwrap(), d.delimit().unwrap());
+        for bad in [
+            r#"{"a":[1,2}"#,
+            r#"{"a":{"b":1}"#,
+            r#"[1,"unterminated]"#,
+            "}",
+        ] {
+            assert!(Scanner::new(bad).delimit().is_err(), "{bad:?}");
+        }
+        let deep = "[".repeat(200) + &"]".repeat(200);
+        assert!(Scanner::new(&deep).delimit().is_err());
     }
 
     #[test]
