@@ -120,6 +120,7 @@ fn main() {
 
     // The ceiling: how fast the simulator serves the same replay to a reader that only counts.
     let sim_rate = n as f64 / sim_replay_secs(&sim.url(), start_rv + warmup as u64, n);
+    let (decode_us, serde_us) = decode_costs(&input);
 
     let saved = json!({ "rv": start_rv.to_string() }).to_string();
     sim.create(
@@ -288,6 +289,10 @@ fn main() {
         rel.cpu_us / base.cpu_us
     );
     println!(
+        "{:<34} {:>14.2} {:>14.2} (one thread, no contention: serde_json RawValue pass vs the relay's decode)",
+        "decode µs per watch line", serde_us, decode_us
+    );
+    println!(
         "{:<34} {:>14} {:>14}",
         "peak RSS MiB",
         format!("{:.1}", base.rss_kib as f64 / 1024.0),
@@ -302,6 +307,47 @@ fn main() {
     println!(
         "publish latency at {achieved:.0} events/s (target {rate:.0}): p50 {p50:.2} ms, p99 {p99:.2} ms (watch arrival to Kafka ack)"
     );
+}
+
+/// Microseconds per line to decode the pre-generated watch lines (the relay's decode, trimming
+/// managedFields), next to the cheapest serde_json pass that still validates a line and keeps
+/// the object raw.
+fn decode_costs(input: &Path) -> (f64, f64) {
+    let lines: Vec<String> = std::io::BufReader::new(std::fs::File::open(input).unwrap())
+        .lines()
+        .map(|l| {
+            let l = l.unwrap();
+            let (_, object) = l.split_once('\t').unwrap();
+            format!("{{\"type\":\"MODIFIED\",\"object\":{object}}}")
+        })
+        .collect();
+    let trim = envelope::Trim {
+        drop_managed_fields: true,
+        allow_secret_data: false,
+    };
+    #[derive(serde::Deserialize)]
+    struct Line<'a> {
+        #[serde(rename = "type")]
+        _type: &'a str,
+        #[serde(rename = "object", borrow)]
+        _object: &'a serde_json::value::RawValue,
+    }
+    let per_line = |f: &mut dyn FnMut(&str)| {
+        let t = Instant::now();
+        for l in &lines {
+            f(l);
+        }
+        t.elapsed().as_secs_f64() * 1e6 / lines.len() as f64
+    };
+    let mut buf = Vec::new();
+    let ours = per_line(&mut |l| {
+        let ev = envelope::decode_line_into(l.as_bytes(), trim, std::mem::take(&mut buf)).unwrap();
+        buf = ev.object;
+    });
+    let serde = per_line(&mut |l| {
+        std::hint::black_box(serde_json::from_str::<Line>(l).unwrap());
+    });
+    (ours, serde)
 }
 
 /// One side's figures in one round.

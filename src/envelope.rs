@@ -72,7 +72,8 @@ fn scan_object<'a>(
     sc.ws();
     let begin = sc.pos();
     sc.expect(b'{', "expected an object")?;
-    let mut members = Vec::with_capacity(8);
+    // Room for a typical metadata (about ten members) without growing.
+    let mut members = Vec::with_capacity(16);
     let mut split = metadata;
     let mut first = true;
     while sc.next_member(first)? {
