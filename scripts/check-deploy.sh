@@ -47,6 +47,14 @@ yaml.safe_dump_all([d for d in docs if d["kind"] != "ServiceMonitor"], open(sys.
 PY
 kubernetes-validate --quiet --strict --kubernetes-version 1.30.0 "$work/core.yaml"
 
+echo "== several replicas need leader election"
+helm template watchrelay charts/watchrelay --namespace watchrelay --set replicaCount=2 >"$work/ha.yaml"
+kubernetes-validate --quiet --strict --kubernetes-version 1.30.0 "$work/ha.yaml"
+if helm template watchrelay charts/watchrelay --set replicaCount=2 --set config.leaderElection.enabled=false >/dev/null 2>&1; then
+  echo "the chart rendered two replicas without leader election" >&2
+  exit 1
+fi
+
 echo "== deploy/watchrelay.yaml is the chart's current rendering"
 if ! diff -u deploy/watchrelay.yaml "$work/default.yaml"; then
   echo "deploy/watchrelay.yaml is stale: helm template watchrelay charts/watchrelay --namespace watchrelay > deploy/watchrelay.yaml" >&2

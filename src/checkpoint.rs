@@ -75,6 +75,8 @@ pub struct Streams {
     pub live: BTreeMap<String, Arc<StreamShared>>,
     /// Keys of streams that stopped for good (their namespace went away); deleted on next write.
     pub removed: Vec<String>,
+    /// This replica is waiting for the leader Lease and runs no streams.
+    pub standby: bool,
 }
 
 pub struct Store {

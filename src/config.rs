@@ -47,6 +47,9 @@ pub struct Config {
     /// The HTTP endpoint for metrics and probes.
     #[serde(default)]
     pub http: HttpConfig,
+    /// Several replicas, one relaying at a time.
+    #[serde(default)]
+    pub leader_election: LeaderElectionConfig,
     /// What to watch.
     pub channels: Vec<ChannelConfig>,
     /// Threads running the streams. One (the default) runs every stream, the HTTP endpoint and
@@ -163,6 +166,79 @@ fn default_checkpoint_name() -> String {
 }
 fn default_checkpoint_interval() -> u64 {
     1000
+}
+
+/// Leader election over a `coordination.k8s.io/v1` Lease: replicas that do not hold it stand by.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct LeaderElectionConfig {
+    pub enabled: bool,
+    /// Namespace of the Lease; `checkpoint.namespace` when absent.
+    pub namespace: Option<String>,
+    /// Name of the Lease; created when missing.
+    pub name: String,
+    /// This replica's name in the Lease; `$POD_NAME`, then the host name, when absent.
+    pub identity: Option<String>,
+    /// How long a standby waits, after the Lease last changed, before taking it over.
+    pub lease_duration_seconds: u32,
+    /// How long the leader keeps relaying without a successful renewal before it gives up.
+    pub renew_deadline_seconds: u32,
+    /// Interval between renewals, and between a standby's attempts.
+    pub retry_period_seconds: u32,
+}
+
+impl Default for LeaderElectionConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            namespace: None,
+            name: "watchrelay-leader".into(),
+            identity: None,
+            lease_duration_seconds: 15,
+            renew_deadline_seconds: 10,
+            retry_period_seconds: 2,
+        }
+    }
+}
+
+impl LeaderElectionConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self
+            .namespace
+            .as_deref()
+            .is_some_and(|ns| !is_dns_label(ns))
+        {
+            return Err(invalid(
+                "leaderElection.namespace",
+                "must be a namespace name",
+            ));
+        }
+        if !is_dns_subdomain(&self.name) {
+            return Err(invalid("leaderElection.name", "must be a Lease name"));
+        }
+        if self.identity.as_deref().is_some_and(str::is_empty) {
+            return Err(invalid("leaderElection.identity", "must not be empty"));
+        }
+        if self.retry_period_seconds == 0 {
+            return Err(invalid(
+                "leaderElection.retryPeriodSeconds",
+                "must be at least 1",
+            ));
+        }
+        if self.renew_deadline_seconds <= self.retry_period_seconds {
+            return Err(invalid(
+                "leaderElection.renewDeadlineSeconds",
+                "must be longer than retryPeriodSeconds",
+            ));
+        }
+        if self.lease_duration_seconds <= self.renew_deadline_seconds {
+            return Err(invalid(
+                "leaderElection.leaseDurationSeconds",
+                "must be longer than renewDeadlineSeconds, so a leader stops before a standby takes over",
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -353,6 +429,7 @@ impl Config {
         if !is_dns_subdomain(&self.checkpoint.name) {
             return Err(invalid("checkpoint.name", "must be a ConfigMap name"));
         }
+        self.leader_election.validate()?;
         if self.kubernetes.list_page_size == 0 {
             return Err(invalid("kubernetes.listPageSize", "must be at least 1"));
         }
@@ -621,6 +698,24 @@ mod tests {
             err_field(Config::parse("clusterName: prod\nworkerThreads: 0\nkafka:\n  bootstrapServers: x:1\n  oversize: trim\ncheckpoint:\n  namespace: w\nchannels:\n  - operationId: watchNodes\n")),
             "workerThreads"
         );
+        let leader = |yaml: &str| {
+            Config::parse(&format!(
+                "{BASE}leaderElection:\n{yaml}channels:\n  - operationId: watchNodes\n"
+            ))
+        };
+        assert_eq!(
+            err_field(leader("  enabled: true\n  leaseDurationSeconds: 10\n")),
+            "leaderElection.leaseDurationSeconds"
+        );
+        assert_eq!(
+            err_field(leader("  retryPeriodSeconds: 0\n")),
+            "leaderElection.retryPeriodSeconds"
+        );
+        assert_eq!(
+            err_field(leader("  name: Not_A_Name\n")),
+            "leaderElection.name"
+        );
+        assert!(leader("  enabled: true\n  identity: relay-0\n").is_ok());
     }
 
     #[test]

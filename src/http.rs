@@ -18,8 +18,13 @@ use crate::checkpoint::Streams;
 use crate::metrics::Metrics;
 
 /// Ready means every stream has synced and has its watch open, not merely that the process runs.
+/// A standby replica is ready too: it is doing its job, and a rolling update has to be able to
+/// start one before the leader stops.
 pub fn ready(streams: &Mutex<Streams>) -> (bool, Vec<String>) {
     let s = streams.lock().expect("streams lock poisoned");
+    if s.standby {
+        return (true, Vec::new());
+    }
     let down: Vec<String> = s
         .live
         .values()

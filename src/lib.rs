@@ -8,6 +8,7 @@ pub mod envelope;
 pub mod http;
 pub mod json;
 pub mod kubeapi;
+pub mod leader;
 pub mod metrics;
 pub mod relay;
 pub mod sink;

@@ -95,7 +95,7 @@ fn run(file: PathBuf) -> Result<()> {
         let client = kube_client(&cfg.kubernetes)
             .await
             .context("connecting to the Kubernetes API")?;
-        let result = watchrelay::relay::run(cfg, client, metrics, shutdown, streams).await;
+        let result = watchrelay::relay::run_elected(cfg, client, metrics, shutdown, streams).await;
         http_cancel.cancel();
         result.context("relay failed")
     })

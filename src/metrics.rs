@@ -1,8 +1,8 @@
 //! Prometheus metrics, registered once with the `watchrelay_` prefix.
 
 use prometheus::{
-    exponential_buckets, Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    exponential_buckets, Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -38,6 +38,8 @@ pub struct Metrics {
     pub checkpoint_writes: IntCounterVec,
     /// Streams whose known-object set did not fit in the checkpoint ConfigMap.
     pub checkpoint_known_dropped: IntCounterVec,
+    /// 1 while this replica relays (always, without leader election).
+    pub leader: IntGauge,
 }
 
 impl Metrics {
@@ -71,6 +73,11 @@ impl Metrics {
         .expect("static metric definitions are valid");
         registry
             .register(Box::new(publish_latency.clone()))
+            .expect("each metric is registered once");
+        let leader = IntGauge::new("leader", "1 while this replica holds the lease and relays")
+            .expect("static metric definitions are valid");
+        registry
+            .register(Box::new(leader.clone()))
             .expect("each metric is registered once");
         Self {
             events_received: counter(
@@ -136,6 +143,7 @@ impl Metrics {
             in_flight: gauge("in_flight", "Records awaiting acknowledgement"),
             stream_up: gauge("stream_up", "1 while the stream is synced and watching"),
             publish_latency,
+            leader,
             registry,
         }
     }

@@ -20,6 +20,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::checkpoint::{self, CheckpointError, Saved, Store, StreamShared, Streams};
 use crate::config::{Channel, Config, Scope};
+use crate::leader::Elector;
 use crate::metrics::Metrics;
 use crate::sink::{Sink, SinkError};
 use crate::stream::{stream_id, Settings, Stream};
@@ -153,6 +154,74 @@ impl Spawner {
                 Err(e) => {
                     tracing::warn!(channel = %channel.name, error = %e, "namespace watch failed; retrying")
                 }
+            }
+        }
+    }
+}
+
+/// Runs the relay until `shutdown`; with leader election on, only while this replica holds the
+/// Lease. A replica that loses the Lease drains (its checkpoints still cover only what Kafka
+/// acknowledged) and stands by again; a clean stop releases the Lease so a standby takes over at
+/// once.
+pub async fn run_elected(
+    cfg: Config,
+    client: kube::Client,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+    streams: Arc<Mutex<Streams>>,
+) -> Result<(), RelayError> {
+    if !cfg.leader_election.enabled {
+        metrics.leader.set(1);
+        return run(cfg, client, metrics, shutdown, streams).await;
+    }
+    let le = &cfg.leader_election;
+    let namespace = le.namespace.as_ref().unwrap_or(&cfg.checkpoint.namespace);
+    let mut elector = Elector::new(client.clone(), namespace, le);
+    tracing::info!(lease = %elector.name(), identity = %elector.identity(), "leader election on");
+    loop {
+        {
+            let mut s = streams.lock().expect("streams lock poisoned");
+            s.standby = true;
+            // Streams of an earlier term are gone; their checkpoints were written when it ended.
+            s.live.clear();
+            s.removed.clear();
+        }
+        if !elector.acquire(&shutdown).await {
+            return Ok(());
+        }
+        streams.lock().expect("streams lock poisoned").standby = false;
+        metrics.leader.set(1);
+        let stop = shutdown.child_token();
+        let done = CancellationToken::new();
+        let relay = async {
+            let result = run(
+                cfg.clone(),
+                client.clone(),
+                metrics.clone(),
+                stop.clone(),
+                streams.clone(),
+            )
+            .await;
+            done.cancel();
+            result
+        };
+        let keeper = async {
+            let lost = elector.keep(&done).await;
+            if lost.is_some() {
+                stop.cancel();
+            }
+            lost
+        };
+        let (result, lost) = tokio::join!(relay, keeper);
+        metrics.leader.set(0);
+        result?;
+        match lost {
+            Some(why) => {
+                tracing::error!(lease = %elector.name(), %why, "lost the lease; stopped relaying and standing by");
+            }
+            None => {
+                elector.release().await;
+                return Ok(());
             }
         }
     }

@@ -252,7 +252,7 @@ impl Relay {
             // Built here so the client's background tasks belong to the relay's runtime.
             let client = kube::Client::try_from(kube::Config::new(url.parse().expect("sim url")))
                 .expect("client");
-            relay::run(cfg, client, m, sd, st).await
+            relay::run_elected(cfg, client, m, sd, st).await
         });
         Self {
             shutdown,

@@ -1,0 +1,245 @@
+//! Leader election over a `coordination.k8s.io/v1` Lease, so that a standby replica can take
+//! over within seconds instead of waiting for a new pod.
+//!
+//! The protocol is the one Kubernetes components use with Leases:
+//! - the holder writes `renewTime` every retry period;
+//! - a candidate takes the Lease over once it has seen no change to it for the holder's
+//!   `leaseDurationSeconds`, timed on the candidate's own clock (from when it first saw the
+//!   current version), so clock skew between nodes does not matter;
+//! - every write carries the resourceVersion it read, so of two candidates only one wins (409).
+//!
+//! A leader that cannot renew within `renewDeadlineSeconds` stops relaying (and stands by again), and that deadline is
+//! shorter than the lease duration: the old leader has stopped reading its watches before a
+//! standby may start. What the old leader had in flight is still acknowledged or replayed, and a
+//! checkpoint either replica writes covers only what Kafka acknowledged, so a handover can
+//! duplicate events but not lose them.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::PostParams;
+use kube::Api;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::LeaderElectionConfig;
+
+/// What one attempt on the Lease found.
+#[derive(Debug, PartialEq, Eq)]
+enum Attempt {
+    /// This replica holds the Lease (acquired or renewed).
+    Leading,
+    /// Another replica holds it and has renewed it recently enough.
+    Following(String),
+    /// The write lost a race (409) or the API failed: try again.
+    Retry(String),
+}
+
+pub struct Elector {
+    api: Api<Lease>,
+    name: String,
+    identity: String,
+    lease_duration: Duration,
+    renew_deadline: Duration,
+    retry_period: Duration,
+    /// The Lease version last seen and when it was first seen.
+    observed: Option<(String, Instant)>,
+}
+
+/// This replica's name in the Lease: the configured identity, else the pod (or host) name with
+/// a per-process suffix, so a restarted process never mistakes its predecessor's Lease for its
+/// own.
+pub fn identity(cfg: &LeaderElectionConfig) -> String {
+    if let Some(id) = &cfg.identity {
+        return id.clone();
+    }
+    let host = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "watchrelay".into());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos();
+    format!("{host}_{:x}{nanos:08x}", std::process::id())
+}
+
+fn now() -> MicroTime {
+    MicroTime(k8s_openapi::jiff::Timestamp::now())
+}
+
+impl Elector {
+    pub fn new(client: kube::Client, namespace: &str, cfg: &LeaderElectionConfig) -> Self {
+        Self {
+            api: Api::namespaced(client, namespace),
+            name: cfg.name.clone(),
+            identity: identity(cfg),
+            lease_duration: Duration::from_secs(cfg.lease_duration_seconds.into()),
+            renew_deadline: Duration::from_secs(cfg.renew_deadline_seconds.into()),
+            retry_period: Duration::from_secs(cfg.retry_period_seconds.into()),
+            observed: None,
+        }
+    }
+
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    async fn attempt(&mut self) -> Attempt {
+        let lease = match self.api.get_opt(&self.name).await {
+            Ok(lease) => lease,
+            Err(e) => return Attempt::Retry(e.to_string()),
+        };
+        let Some(mut lease) = lease else {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.name.clone()),
+                    ..Default::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(self.identity.clone()),
+                    lease_duration_seconds: Some(self.lease_duration.as_secs() as i32),
+                    acquire_time: Some(now()),
+                    renew_time: Some(now()),
+                    lease_transitions: Some(0),
+                    ..Default::default()
+                }),
+            };
+            return self.write(self.api.create(&PostParams::default(), &lease).await);
+        };
+        let version = lease.metadata.resource_version.clone().unwrap_or_default();
+        let seen_at = match &self.observed {
+            Some((v, at)) if *v == version => *at,
+            _ => {
+                let at = Instant::now();
+                self.observed = Some((version, at));
+                at
+            }
+        };
+        let mut spec = lease.spec.take().unwrap_or_default();
+        let holder = spec.holder_identity.clone().unwrap_or_default();
+        let mine = holder == self.identity;
+        if !mine && !holder.is_empty() {
+            let duration = spec
+                .lease_duration_seconds
+                .map_or(
+                    self.lease_duration,
+                    |s| Duration::from_secs(s.max(0) as u64),
+                );
+            if seen_at.elapsed() < duration {
+                return Attempt::Following(holder);
+            }
+        }
+        if !mine {
+            spec.acquire_time = Some(now());
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        }
+        spec.holder_identity = Some(self.identity.clone());
+        spec.lease_duration_seconds = Some(self.lease_duration.as_secs() as i32);
+        spec.renew_time = Some(now());
+        lease.spec = Some(spec);
+        // The resourceVersion read above makes this a compare-and-swap.
+        let written = self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await;
+        self.write(written)
+    }
+
+    fn write(&mut self, result: Result<Lease, kube::Error>) -> Attempt {
+        match result {
+            Ok(lease) => {
+                self.observed = lease.metadata.resource_version.map(|v| (v, Instant::now()));
+                Attempt::Leading
+            }
+            Err(e) => Attempt::Retry(e.to_string()),
+        }
+    }
+
+    /// Waits until this replica holds the Lease; false when `cancel` came first.
+    pub async fn acquire(&mut self, cancel: &CancellationToken) -> bool {
+        // Logged when it changes, not at every attempt.
+        let mut last = None;
+        loop {
+            let attempt = self.attempt().await;
+            match &attempt {
+                Attempt::Leading => {
+                    tracing::info!(lease = %self.name, identity = %self.identity, "acquired the lease; relaying");
+                    return true;
+                }
+                _ if last.as_ref() == Some(&attempt) => {}
+                Attempt::Following(holder) => {
+                    tracing::info!(lease = %self.name, %holder, "standing by while another replica relays")
+                }
+                Attempt::Retry(why) => {
+                    tracing::warn!(lease = %self.name, %why, "cannot take the lease; retrying")
+                }
+            }
+            last = Some(attempt);
+            tokio::select! {
+                _ = cancel.cancelled() => return false,
+                _ = tokio::time::sleep(self.retry_period) => {}
+            }
+        }
+    }
+
+    /// Renews the Lease every retry period until `done` is cancelled. Returns why leadership
+    /// was lost, if it was: another replica holds the Lease, or no renewal succeeded within the
+    /// renew deadline.
+    pub async fn keep(&mut self, done: &CancellationToken) -> Option<String> {
+        let mut renewed = Instant::now();
+        loop {
+            tokio::select! {
+                _ = done.cancelled() => return None,
+                _ = tokio::time::sleep(self.retry_period) => {}
+            }
+            let attempt = tokio::select! {
+                _ = done.cancelled() => return None,
+                a = tokio::time::timeout(self.renew_deadline, self.attempt()) => a,
+            };
+            match attempt {
+                Ok(Attempt::Leading) => renewed = Instant::now(),
+                Ok(Attempt::Following(holder)) => return Some(format!("{holder} holds it")),
+                Ok(Attempt::Retry(why)) => {
+                    tracing::warn!(lease = %self.name, %why, "lease renewal failed");
+                }
+                Err(_) => tracing::warn!(lease = %self.name, "lease renewal timed out"),
+            }
+            if renewed.elapsed() >= self.renew_deadline {
+                return Some(format!("not renewed for {:?}", self.renew_deadline));
+            }
+        }
+    }
+
+    /// Gives the Lease up after a clean stop, so that a standby takes over at its next attempt
+    /// instead of after the lease duration.
+    pub async fn release(&mut self) {
+        let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await else {
+            return;
+        };
+        let Some(spec) = lease.spec.as_mut() else {
+            return;
+        };
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return;
+        }
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(now());
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => tracing::info!(lease = %self.name, "released the lease"),
+            Err(e) => tracing::warn!(lease = %self.name, error = %e, "could not release the lease"),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
