@@ -54,6 +54,10 @@ if helm template watchrelay charts/watchrelay --set replicaCount=2 --set config.
   echo "the chart rendered two replicas without leader election" >&2
   exit 1
 fi
+if helm template watchrelay charts/watchrelay --namespace watchrelay --set config.leaderElection.namespace=elsewhere >/dev/null 2>&1; then
+  echo "the chart rendered a Lease outside the namespace its Role covers" >&2
+  exit 1
+fi
 
 echo "== deploy/watchrelay.yaml is the chart's current rendering"
 if ! diff -u deploy/watchrelay.yaml "$work/default.yaml"; then

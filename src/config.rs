@@ -177,7 +177,8 @@ pub struct LeaderElectionConfig {
     pub namespace: Option<String>,
     /// Name of the Lease; created when missing.
     pub name: String,
-    /// This replica's name in the Lease; `$POD_NAME`, then the host name, when absent.
+    /// Prefix of this replica's name in the Lease (a per-process suffix is always added);
+    /// `$POD_NAME`, then the host name, when absent.
     pub identity: Option<String>,
     /// How long a standby waits, after the Lease last changed, before taking it over.
     pub lease_duration_seconds: u32,

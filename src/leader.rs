@@ -44,18 +44,20 @@ pub struct Elector {
     retry_period: Duration,
     /// The Lease version last seen and when it was first seen.
     observed: Option<(String, Instant)>,
+    /// When the last successful acquisition or renewal was *sent*: a standby times the Lease
+    /// from when it saw the write, which is later, so the leader's deadline runs out first.
+    renewed: Instant,
 }
 
-/// This replica's name in the Lease: the configured identity, else the pod (or host) name with
-/// a per-process suffix, so a restarted process never mistakes its predecessor's Lease for its
-/// own.
+/// This replica's name in the Lease: a prefix (the configured identity, else the pod or host
+/// name) and a per-process suffix. The suffix is never left out: replicas share one
+/// configuration, and a restarted process must not mistake its predecessor's Lease for its own.
 pub fn identity(cfg: &LeaderElectionConfig) -> String {
-    if let Some(id) = &cfg.identity {
-        return id.clone();
-    }
-    let host = std::env::var("POD_NAME")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .ok()
+    let prefix = cfg
+        .identity
+        .clone()
+        .or_else(|| std::env::var("POD_NAME").ok())
+        .or_else(|| std::env::var("HOSTNAME").ok())
         .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
@@ -64,7 +66,7 @@ pub fn identity(cfg: &LeaderElectionConfig) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
         .subsec_nanos();
-    format!("{host}_{:x}{nanos:08x}", std::process::id())
+    format!("{prefix}_{:x}{nanos:08x}", std::process::id())
 }
 
 fn now() -> MicroTime {
@@ -81,6 +83,7 @@ impl Elector {
             renew_deadline: Duration::from_secs(cfg.renew_deadline_seconds.into()),
             retry_period: Duration::from_secs(cfg.retry_period_seconds.into()),
             observed: None,
+            renewed: Instant::now(),
         }
     }
 
@@ -164,9 +167,14 @@ impl Elector {
         // Logged when it changes, not at every attempt.
         let mut last = None;
         loop {
-            let attempt = self.attempt().await;
+            let sent = Instant::now();
+            let attempt = tokio::select! {
+                _ = cancel.cancelled() => return false,
+                a = self.attempt() => a,
+            };
             match &attempt {
                 Attempt::Leading => {
+                    self.renewed = sent;
                     tracing::info!(lease = %self.name, identity = %self.identity, "acquired the lease; relaying");
                     return true;
                 }
@@ -187,56 +195,68 @@ impl Elector {
     }
 
     /// Renews the Lease every retry period until `done` is cancelled. Returns why leadership
-    /// was lost, if it was: another replica holds the Lease, or no renewal succeeded within the
-    /// renew deadline.
+    /// was lost, if it was: another replica holds the Lease, or the renew deadline (counted from
+    /// when the last successful renewal was sent) passed; an attempt still under way then is
+    /// abandoned, so the leader stops within the deadline whatever the API server does.
     pub async fn keep(&mut self, done: &CancellationToken) -> Option<String> {
-        let mut renewed = Instant::now();
         loop {
+            let deadline = self.renewed + self.renew_deadline;
+            let next = (Instant::now() + self.retry_period).min(deadline);
             tokio::select! {
                 _ = done.cancelled() => return None,
-                _ = tokio::time::sleep(self.retry_period) => {}
+                _ = tokio::time::sleep_until(next.into()) => {}
             }
+            let sent = Instant::now();
             let attempt = tokio::select! {
                 _ = done.cancelled() => return None,
-                a = tokio::time::timeout(self.renew_deadline, self.attempt()) => a,
+                a = tokio::time::timeout_at(deadline.into(), self.attempt()) => a,
             };
             match attempt {
-                Ok(Attempt::Leading) => renewed = Instant::now(),
+                Ok(Attempt::Leading) => self.renewed = sent,
                 Ok(Attempt::Following(holder)) => return Some(format!("{holder} holds it")),
                 Ok(Attempt::Retry(why)) => {
-                    tracing::warn!(lease = %self.name, %why, "lease renewal failed");
+                    tracing::warn!(lease = %self.name, %why, "lease renewal failed")
                 }
-                Err(_) => tracing::warn!(lease = %self.name, "lease renewal timed out"),
+                Err(_) => {}
             }
-            if renewed.elapsed() >= self.renew_deadline {
+            if Instant::now() >= self.renewed + self.renew_deadline {
                 return Some(format!("not renewed for {:?}", self.renew_deadline));
             }
         }
     }
 
     /// Gives the Lease up after a clean stop, so that a standby takes over at its next attempt
-    /// instead of after the lease duration.
+    /// instead of after the lease duration. Bounded in time: shutdown must not outlast the
+    /// pod's grace period because the API server is slow.
     pub async fn release(&mut self) {
-        let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await else {
-            return;
+        match tokio::time::timeout(Duration::from_secs(5), self.clear()).await {
+            Ok(Ok(true)) => tracing::info!(lease = %self.name, "released the lease"),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(lease = %self.name, error = %e, "could not release the lease")
+            }
+            Err(_) => tracing::warn!(lease = %self.name, "releasing the lease timed out"),
+        }
+    }
+
+    /// Empties the holder if it is this replica; true when it did.
+    async fn clear(&self) -> Result<bool, kube::Error> {
+        let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+            return Ok(false);
         };
         let Some(spec) = lease.spec.as_mut() else {
-            return;
+            return Ok(false);
         };
         if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
-            return;
+            return Ok(false);
         }
         spec.holder_identity = None;
         spec.lease_duration_seconds = Some(1);
         spec.renew_time = Some(now());
-        match self
-            .api
+        self.api
             .replace(&self.name, &PostParams::default(), &lease)
-            .await
-        {
-            Ok(_) => tracing::info!(lease = %self.name, "released the lease"),
-            Err(e) => tracing::warn!(lease = %self.name, error = %e, "could not release the lease"),
-        }
+            .await?;
+        Ok(true)
     }
 
     pub fn name(&self) -> &str {

@@ -186,7 +186,10 @@ pub async fn run_elected(
             s.live.clear();
             s.removed.clear();
         }
-        if !elector.acquire(&shutdown).await {
+        // A stop while standing by (or while draining after a loss) ends here; the release
+        // covers an attempt that won the Lease just as the stop came.
+        if shutdown.is_cancelled() || !elector.acquire(&shutdown).await {
+            elector.release().await;
             return Ok(());
         }
         streams.lock().expect("streams lock poisoned").standby = false;
@@ -208,20 +211,21 @@ pub async fn run_elected(
         let keeper = async {
             let lost = elector.keep(&done).await;
             if lost.is_some() {
+                metrics.leader.set(0);
                 stop.cancel();
             }
             lost
         };
         let (result, lost) = tokio::join!(relay, keeper);
         metrics.leader.set(0);
-        result?;
-        match lost {
-            Some(why) => {
-                tracing::error!(lease = %elector.name(), %why, "lost the lease; stopped relaying and standing by");
-            }
-            None => {
+        match (result, lost) {
+            (result, None) => {
                 elector.release().await;
-                return Ok(());
+                return result;
+            }
+            (Err(e), Some(_)) => return Err(e),
+            (Ok(()), Some(why)) => {
+                tracing::error!(lease = %elector.name(), %why, "lost the lease; stopped relaying and standing by");
             }
         }
     }

@@ -1,5 +1,6 @@
-//! Several replicas: one relays while the others stand by; a crashed leader's Lease is taken
-//! over once it expires, a stopped leader's at once, and no change is lost across handovers.
+//! Several replicas: one relays while the others stand by. A crashed leader's Lease is taken
+//! over once it expires, a stopped leader releases it, a leader that cannot renew stops
+//! relaying, and no change is lost across any of these handovers.
 
 mod common;
 
@@ -11,14 +12,15 @@ use watchrelay::config::Config;
 use watchrelay_sim::ChurnSpec;
 
 const LEASE: &str = "watchrelay-leader";
+const LEASES: &str = "leases.coordination.k8s.io";
 
 fn replica(cfg: &Config, identity: &str) -> Config {
     let mut cfg = cfg.clone();
     let le = &mut cfg.leader_election;
     le.enabled = true;
     le.identity = Some(identity.into());
-    le.lease_duration_seconds = 3;
-    le.renew_deadline_seconds = 2;
+    le.lease_duration_seconds = 4;
+    le.renew_deadline_seconds = 3;
     le.retry_period_seconds = 1;
     cfg
 }
@@ -33,10 +35,12 @@ async fn wait_leader(relay: &Relay) {
 }
 
 fn holder(bed: &Bed) -> Option<String> {
-    let lease = bed
-        .sim
-        .get("leases.coordination.k8s.io", Some(CHECKPOINT_NS), LEASE)?;
+    let lease = bed.sim.get(LEASES, Some(CHECKPOINT_NS), LEASE)?;
     lease["spec"]["holderIdentity"].as_str().map(str::to_string)
+}
+
+fn held_by(bed: &Bed, prefix: &str) -> bool {
+    holder(bed).is_some_and(|h| h.starts_with(&format!("{prefix}_")))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -49,9 +53,10 @@ async fn one_replica_relays_and_handovers_lose_nothing() {
         "",
     );
 
-    let a = Relay::start(&bed, replica(&cfg, "relay-a"));
+    let a = Relay::start(&bed, replica(&cfg, "relay"));
     wait_leader(&a).await;
-    let b = Relay::start(&bed, replica(&cfg, "relay-b"));
+    // The same configured identity: the per-process suffix keeps the replicas apart.
+    let b = Relay::start(&bed, replica(&cfg, "relay"));
     let churn = bed.sim.start_churn(ChurnSpec {
         rate_per_sec: 150.0,
         namespaces: vec!["a".into()],
@@ -59,8 +64,9 @@ async fn one_replica_relays_and_handovers_lose_nothing() {
         max_objects_per_kind: 30,
         total_events: None,
     });
+    let a_name = holder(&bed).expect("a holds the lease");
     // Longer than the lease duration: the leader's renewals keep the standby out.
-    tokio::time::sleep(Duration::from_millis(4500)).await;
+    tokio::time::sleep(Duration::from_millis(5500)).await;
     assert_eq!(b.metrics.leader.get(), 0, "the standby relays too");
     assert!(b.streams.lock().unwrap().live.is_empty());
     assert_eq!(
@@ -68,18 +74,33 @@ async fn one_replica_relays_and_handovers_lose_nothing() {
         (true, vec![]),
         "a standby is ready"
     );
-    assert_eq!(holder(&bed).as_deref(), Some("relay-a"));
+    assert_eq!(holder(&bed), Some(a_name.clone()));
 
     // A crash leaves the Lease held: the standby takes it over once it has expired.
     a.kill().await;
     wait_leader(&b).await;
-    assert_eq!(holder(&bed).as_deref(), Some("relay-b"));
+    let b_name = holder(&bed).expect("b holds the lease");
+    assert_ne!(b_name, a_name);
 
     // A clean stop releases the Lease for the next standby.
-    let c = Relay::start(&bed, replica(&cfg, "relay-c"));
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let c = Relay::start(&bed, replica(&cfg, "other"));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(c.metrics.leader.get(), 0);
     b.stop().await;
+    assert!(
+        holder(&bed).is_none() || held_by(&bed, "other"),
+        "the stopped leader still holds the Lease"
+    );
+    wait_leader(&c).await;
+
+    // A leader that cannot renew stops relaying; once it can again, it goes on.
+    bed.sim.deny(LEASES);
+    eventually(
+        || c.metrics.leader.get() == 0 && c.streams.lock().unwrap().live.is_empty(),
+        || "the leader went on relaying without its Lease".into(),
+    )
+    .await;
+    bed.sim.allow(LEASES);
     wait_leader(&c).await;
     tokio::time::sleep(Duration::from_millis(800)).await;
     churn.stop().await;

@@ -331,6 +331,16 @@ impl Sim {
             .push(resource.to_string());
     }
 
+    /// Lifts [`Sim::deny`] for `resource`.
+    pub fn allow(&self, resource: &str) {
+        self.inner
+            .faults
+            .denied
+            .lock()
+            .expect("faults lock poisoned")
+            .retain(|r| r != resource);
+    }
+
     /// Makes a custom resource type appear in discovery and serve requests.
     pub fn register_crd(
         &self,
