@@ -66,7 +66,11 @@ if ! diff -u deploy/watchrelay.yaml "$work/default.yaml"; then
 fi
 
 echo "== configurations pass check-config"
-"$bin" check-config deploy/config.example.yaml >/dev/null
+KAFKA_SASL_PASSWORD=example "$bin" check-config deploy/config.example.yaml >/dev/null
+if "$bin" check-config deploy/config.example.yaml >/dev/null 2>&1 </dev/null && [[ -z ${KAFKA_SASL_PASSWORD:-} ]]; then
+  echo "check-config accepted a configuration whose secret variable is unset" >&2
+  exit 1
+fi
 python3 - "$work/default.yaml" "$work/config.yaml" <<'PY'
 import sys, yaml
 for doc in yaml.safe_load_all(open(sys.argv[1])):

@@ -105,7 +105,9 @@ pub struct KafkaConfig {
     /// `host:port[,host:port]`.
     pub bootstrap_servers: String,
     /// Any librdkafka producer property (`security.protocol`, `sasl.mechanism`,
-    /// `ssl.ca.location`, `compression.type`, ...). Applied after the relay's defaults.
+    /// `ssl.ca.location`, `compression.type`, ...). Applied after the relay's defaults. Values
+    /// may reference environment variables as `${NAME}` (`$${` is a literal `${`), so secrets
+    /// such as `sasl.password` come from a Secret rather than the configuration file.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
     /// Events of one stream that may be awaiting Kafka's acknowledgement at once; past this the
@@ -385,8 +387,20 @@ impl Config {
     }
 
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
-        let cfg: Config =
+        Self::parse_with_env(text, |name| std::env::var(name).ok())
+    }
+
+    /// [`Config::parse`], looking environment variables up with `env`.
+    pub fn parse_with_env(
+        text: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let mut cfg: Config =
             serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        for (key, value) in cfg.kafka.properties.iter_mut() {
+            *value = expand_env(value, &env)
+                .map_err(|m| invalid(format!("kafka.properties.{key}"), m))?;
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -598,6 +612,39 @@ impl ChannelConfig {
     }
 }
 
+/// Replaces `${NAME}` with the variable's value; `$${` stands for a literal `${`.
+fn expand_env(value: &str, env: impl Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        rest = &rest[i..];
+        if let Some(after) = rest.strip_prefix("$${") {
+            out.push_str("${");
+            rest = after;
+        } else if let Some(after) = rest.strip_prefix("${") {
+            let end = after
+                .find('}')
+                .ok_or("unterminated ${ (write $${ for a literal ${)")?;
+            let name = &after[..end];
+            let valid = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid {
+                return Err(format!("${{{name}}} is not an environment variable name"));
+            }
+            out.push_str(
+                &env(name).ok_or_else(|| format!("environment variable {name} is not set"))?,
+            );
+            rest = &after[end + 1..];
+        } else {
+            out.push('$');
+            rest = &rest[1..];
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
 fn topic_rule() -> &'static str {
     "a topic name is 1-249 characters of a-z, A-Z, 0-9, '.', '_' and '-'"
 }
@@ -717,6 +764,25 @@ mod tests {
             "leaderElection.name"
         );
         assert!(leader("  enabled: true\n  identity: relay-0\n").is_ok());
+    }
+
+    #[test]
+    fn kafka_properties_take_secrets_from_the_environment() {
+        let text = "clusterName: prod\nkafka:\n  bootstrapServers: x:1\n  oversize: trim\n  properties:\n    sasl.password: \"${KAFKA_PASSWORD}\"\n    sasl.username: \"a$b$${c}\"\ncheckpoint:\n  namespace: w\nchannels:\n  - operationId: watchNodes\n";
+        let env = |n: &str| (n == "KAFKA_PASSWORD").then(|| "s3cret".to_string());
+        let cfg = Config::parse_with_env(text, env).unwrap();
+        assert_eq!(cfg.kafka.properties["sasl.password"], "s3cret");
+        assert_eq!(cfg.kafka.properties["sasl.username"], "a$b${c}");
+        let err = Config::parse_with_env(text, |_| None).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Invalid { field, message } if field == "kafka.properties.sasl.password" && message.contains("KAFKA_PASSWORD")),
+            "{err}"
+        );
+        let bad = text.replace("${KAFKA_PASSWORD}", "${KAFKA PASSWORD}");
+        assert_eq!(
+            err_field(Config::parse_with_env(&bad, env)),
+            "kafka.properties.sasl.password"
+        );
     }
 
     #[test]

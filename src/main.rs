@@ -16,7 +16,16 @@ const USAGE: &str = "usage:
   watchrelay check-config FILE      validate a configuration file and exit
   watchrelay --version";
 
-fn main() -> Result<()> {
+fn main() {
+    // One line with the whole chain of causes, never a backtrace: these are user errors
+    // (a bad file, an unreachable API server), not bugs.
+    if let Err(e) = cli() {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn cli() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args
         .iter()
