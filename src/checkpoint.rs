@@ -1,23 +1,30 @@
 //! Stream positions in one ConfigMap.
 //!
 //! Each stream owns one key (`<channel>.<namespace>`, or `<channel>._all` for a cluster-wide
-//! stream) holding the resourceVersion of its longest acknowledged prefix and the known-object
-//! set at that same position. Writes are debounced, use optimistic concurrency (the ConfigMap's
-//! own resourceVersion) and are retried on 409 Conflict after re-reading.
+//! stream). `data[key]` holds the resourceVersion of its longest acknowledged prefix as JSON
+//! (`{"rv":"4711"}`, readable with kubectl); `binaryData[key]` holds the known-object set at that
+//! same position as zstd-compressed JSON, about a third of its plain size. One update writes
+//! both, so they always describe the same moment. Writes are debounced, use optimistic
+//! concurrency (the ConfigMap's own resourceVersion) and are retried on 409 Conflict after
+//! re-reading.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::ByteString;
 use kube::api::{Api, ObjectMeta, PostParams};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::tracker::{Known, Tracker};
 
-/// ConfigMaps are limited to 1 MiB; leave room for metadata.
+/// ConfigMaps are limited to 1 MiB (`data` and `binaryData` together); leave room for metadata.
 const BUDGET: usize = 900 * 1024;
+
+/// zstd level for known-object sets: the default, fast and already compact on identities.
+const ZSTD_LEVEL: i32 = 3;
 
 #[derive(Debug, Error)]
 pub enum CheckpointError {
@@ -28,12 +35,98 @@ pub enum CheckpointError {
 }
 
 /// What one stream persisted.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 pub struct Saved {
     pub rv: Option<String>,
     /// Absent when the set did not fit; a resync then cannot infer deletions for that stream.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// (Inline in `data` in the layout before `binaryData` was used; still read.)
+    #[serde(default)]
     pub known: Option<HashMap<String, Known>>,
+}
+
+/// The `data` part of a stream's checkpoint.
+#[derive(Serialize)]
+struct Position<'a> {
+    rv: Option<&'a str>,
+}
+
+/// One stream's checkpoint, encoded for the ConfigMap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Update {
+    /// For `data`.
+    pub position: String,
+    /// For `binaryData`: the compressed known-object set.
+    pub known: Vec<u8>,
+}
+
+impl Update {
+    fn encode(saved: &Saved) -> Self {
+        let json = serde_json::to_vec(&saved.known.clone().unwrap_or_default())
+            .expect("plain strings serialize");
+        Self {
+            position: serde_json::to_string(&Position {
+                rv: saved.rv.as_deref(),
+            })
+            .expect("plain strings serialize"),
+            known: zstd::bulk::compress(&json, ZSTD_LEVEL)
+                .expect("compressing into a growable buffer cannot fail"),
+        }
+    }
+}
+
+fn decode_known(bytes: &[u8]) -> Result<HashMap<String, Known>, String> {
+    let json = zstd::stream::decode_all(bytes).map_err(|e| e.to_string())?;
+    serde_json::from_slice(&json).map_err(|e| e.to_string())
+}
+
+/// The checkpoints a ConfigMap holds. An entry that cannot be read is left out (that stream
+/// starts over with a list); a known-object set that cannot be read is left out of its entry.
+pub fn read(cm: &ConfigMap) -> HashMap<String, Saved> {
+    let mut out = HashMap::new();
+    for (k, v) in cm.data.iter().flatten() {
+        let mut saved = match serde_json::from_str::<Saved>(v) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(key = %k, error = %e, "ignoring unreadable checkpoint entry");
+                continue;
+            }
+        };
+        if let Some(bytes) = cm.binary_data.as_ref().and_then(|b| b.get(k)) {
+            saved.known = match decode_known(&bytes.0) {
+                Ok(known) => Some(known),
+                Err(e) => {
+                    tracing::warn!(key = %k, error = %e, "ignoring an unreadable known-object set");
+                    None
+                }
+            };
+        }
+        out.insert(k.clone(), saved);
+    }
+    out
+}
+
+/// Leaves out the largest known-object sets, of any stream, until the ConfigMap fits its
+/// budget. Returns the keys whose set was left out.
+fn fit(data: &BTreeMap<String, String>, binary: &mut BTreeMap<String, ByteString>) -> Vec<String> {
+    let mut size: usize = data.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+        + binary
+            .iter()
+            .map(|(k, v)| k.len() + v.0.len())
+            .sum::<usize>();
+    let mut dropped = Vec::new();
+    while size > BUDGET {
+        let Some((k, len)) = binary
+            .iter()
+            .map(|(k, v)| (k.clone(), k.len() + v.0.len()))
+            .max_by_key(|(_, len)| *len)
+        else {
+            break;
+        };
+        binary.remove(&k);
+        size -= len;
+        dropped.push(k);
+    }
+    dropped
 }
 
 /// State one stream shares with the checkpoint writer and the readiness probe.
@@ -60,7 +153,7 @@ impl StreamShared {
         })
     }
 
-    fn snapshot(&self) -> Saved {
+    pub fn snapshot(&self) -> Saved {
         let t = self.tracker.lock().expect("tracker lock poisoned");
         Saved {
             rv: t.checkpoint().map(str::to_string),
@@ -99,33 +192,23 @@ impl Store {
         }
     }
 
-    /// Reads every stream's saved position. A missing ConfigMap is an empty one; an entry that
-    /// cannot be parsed is ignored (that stream starts over with a list).
+    /// Reads every stream's saved position. A missing ConfigMap is an empty one.
     pub async fn load(&self) -> Result<HashMap<String, Saved>, CheckpointError> {
         let cm = self
             .api
             .get_opt(&self.name)
             .await
             .map_err(|e| self.err(e))?;
-        let mut out = HashMap::new();
-        for (k, v) in cm.and_then(|c| c.data).unwrap_or_default() {
-            match serde_json::from_str::<Saved>(&v) {
-                Ok(s) => {
-                    out.insert(k, s);
-                }
-                Err(e) => {
-                    tracing::warn!(key = %k, error = %e, "ignoring unreadable checkpoint entry")
-                }
-            }
-        }
-        Ok(out)
+        Ok(cm.as_ref().map(read).unwrap_or_default())
     }
 
-    /// Applies `updates` (None deletes a key) on top of whatever the ConfigMap holds now.
+    /// Applies `updates` (None deletes a stream's entry) on top of whatever the ConfigMap holds
+    /// now, leaving out the largest known-object sets when it would not fit. Returns the keys
+    /// whose set was left out.
     pub async fn write(
         &self,
-        updates: &BTreeMap<String, Option<String>>,
-    ) -> Result<(), CheckpointError> {
+        updates: &BTreeMap<String, Option<Update>>,
+    ) -> Result<Vec<String>, CheckpointError> {
         const ATTEMPTS: u32 = 5;
         for _ in 0..ATTEMPTS {
             let current = self
@@ -133,39 +216,39 @@ impl Store {
                 .get_opt(&self.name)
                 .await
                 .map_err(|e| self.err(e))?;
-            let result = match current {
-                None => {
-                    let cm = ConfigMap {
-                        metadata: ObjectMeta {
-                            name: Some(self.name.clone()),
-                            ..Default::default()
-                        },
-                        data: Some(
-                            updates
-                                .iter()
-                                .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
-                                .collect(),
-                        ),
-                        ..Default::default()
-                    };
-                    self.api.create(&PostParams::default(), &cm).await
-                }
-                Some(mut cm) => {
-                    let data = cm.data.get_or_insert_with(Default::default);
-                    for (k, v) in updates {
-                        match v {
-                            Some(v) => data.insert(k.clone(), v.clone()),
-                            None => data.remove(k),
-                        };
+            let exists = current.is_some();
+            // metadata.resourceVersion is kept: a concurrent writer makes the replace a 409.
+            let mut cm = current.unwrap_or_else(|| ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(self.name.clone()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            });
+            let data = cm.data.get_or_insert_with(Default::default);
+            let binary = cm.binary_data.get_or_insert_with(Default::default);
+            for (k, u) in updates {
+                match u {
+                    Some(u) => {
+                        data.insert(k.clone(), u.position.clone());
+                        binary.insert(k.clone(), ByteString(u.known.clone()));
                     }
-                    // metadata.resourceVersion is kept: a concurrent writer makes this a 409.
-                    self.api
-                        .replace(&self.name, &PostParams::default(), &cm)
-                        .await
+                    None => {
+                        data.remove(k);
+                        binary.remove(k);
+                    }
                 }
+            }
+            let dropped = fit(data, binary);
+            let result = if exists {
+                self.api
+                    .replace(&self.name, &PostParams::default(), &cm)
+                    .await
+            } else {
+                self.api.create(&PostParams::default(), &cm).await
             };
             match result {
-                Ok(_) => return Ok(()),
+                Ok(_) => return Ok(dropped),
                 Err(kube::Error::Api(s)) if s.code == 409 => continue,
                 Err(e) => return Err(self.err(e)),
             }
@@ -177,15 +260,10 @@ impl Store {
     }
 }
 
-/// Serializes the dirty streams (or all of them when `all`), fitting the ConfigMap budget by
-/// leaving out the largest known sets first. Returns the updates and the ids whose known set was
-/// left out.
-pub fn collect(
-    streams: &Mutex<Streams>,
-    all: bool,
-) -> (BTreeMap<String, Option<String>>, Vec<String>) {
+/// Encodes the dirty streams (or all of them when `all`), and the removed ones as `None`.
+pub fn collect(streams: &Mutex<Streams>, all: bool) -> BTreeMap<String, Option<Update>> {
     let mut s = streams.lock().expect("streams lock poisoned");
-    let mut updates: BTreeMap<String, Option<String>> =
+    let mut updates: BTreeMap<String, Option<Update>> =
         s.removed.drain(..).map(|k| (k, None)).collect();
     let mut snapshots = Vec::new();
     for (id, st) in &s.live {
@@ -194,31 +272,13 @@ pub fn collect(
         }
     }
     drop(s);
-    let mut encoded: Vec<(String, String, Saved)> = snapshots
-        .into_iter()
-        .map(|(id, saved)| {
-            (
-                id,
-                serde_json::to_string(&saved).expect("plain strings serialize"),
-                saved,
-            )
-        })
-        .collect();
-    let mut total: usize = encoded.iter().map(|(k, v, _)| k.len() + v.len()).sum();
-    let mut dropped = Vec::new();
-    encoded.sort_by_key(|(_, v, _)| std::cmp::Reverse(v.len()));
-    for (id, v, saved) in encoded.iter_mut() {
-        if total <= BUDGET {
-            break;
-        }
-        saved.known = None;
-        let smaller = serde_json::to_string(saved).expect("plain strings serialize");
-        total -= v.len() - smaller.len();
-        *v = smaller;
-        dropped.push(id.clone());
-    }
-    updates.extend(encoded.into_iter().map(|(k, v, _)| (k, Some(v))));
-    (updates, dropped)
+    // Encoded outside the lock: the streams wait for nothing but the snapshots.
+    updates.extend(
+        snapshots
+            .into_iter()
+            .map(|(id, saved)| (id, Some(Update::encode(&saved)))),
+    );
+    updates
 }
 
 #[cfg(test)]
@@ -226,10 +286,57 @@ mod tests {
     use super::*;
     use crate::tracker::Change;
 
+    fn stream_with(id: &str, objects: usize) -> Arc<StreamShared> {
+        let st = StreamShared::new(id.into(), None);
+        {
+            let mut t = st.tracker.lock().unwrap();
+            // Random-looking uids, as real ones are: they are what compression cannot shrink.
+            let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ id.len() as u64;
+            for i in 0..objects {
+                let mut uid = String::new();
+                for _ in 0..2 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    uid.push_str(&format!("{x:016x}"));
+                }
+                t.push_done(
+                    Some(i.to_string()),
+                    Some(Change::Upsert {
+                        uid,
+                        known: Known {
+                            name: format!("web-{}", x % 100_000),
+                            namespace: Some("ns".into()),
+                            rv: i.to_string(),
+                        },
+                    }),
+                );
+            }
+        }
+        st
+    }
+
+    fn configmap(updates: &BTreeMap<String, Option<Update>>) -> ConfigMap {
+        let mut data = BTreeMap::new();
+        let mut binary = BTreeMap::new();
+        for (k, u) in updates {
+            let u = u.as_ref().expect("no removals here");
+            data.insert(k.clone(), u.position.clone());
+            binary.insert(k.clone(), ByteString(u.known.clone()));
+        }
+        let dropped = fit(&data, &mut binary);
+        assert!(dropped.is_empty(), "{dropped:?}");
+        ConfigMap {
+            data: Some(data),
+            binary_data: Some(binary),
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn collects_only_dirty_streams_and_removals() {
         let streams = Mutex::new(Streams::default());
-        let a = StreamShared::new("a".into(), None);
+        let a = stream_with("a", 3);
         let b = StreamShared::new(
             "b".into(),
             Some(Saved {
@@ -237,68 +344,76 @@ mod tests {
                 known: None,
             }),
         );
-        {
-            let mut t = a.tracker.lock().unwrap();
-            let s = t.push(
-                Some("9".into()),
-                Some(Change::Upsert {
-                    uid: "u".into(),
-                    known: Known {
-                        name: "n".into(),
-                        namespace: None,
-                        rv: "9".into(),
-                    },
-                }),
-            );
-            t.ack(s);
-        }
         a.dirty.store(true, Ordering::Release);
         let mut g = streams.lock().unwrap();
-        g.live.insert("a".into(), a);
+        g.live.insert("a".into(), a.clone());
         g.live.insert("b".into(), b);
         g.removed.push("gone".into());
         drop(g);
-        let (u, dropped) = collect(&streams, false);
-        assert!(dropped.is_empty());
-        assert_eq!(u.get("gone"), Some(&None));
+        let mut u = collect(&streams, false);
+        assert_eq!(u.remove("gone"), Some(None));
         assert!(!u.contains_key("b"));
-        let saved: Saved = serde_json::from_str(u["a"].as_ref().unwrap()).unwrap();
-        assert_eq!(saved.rv.as_deref(), Some("9"));
-        assert_eq!(saved.known.unwrap()["u"].name, "n");
-        let (u, _) = collect(&streams, false);
-        assert!(u.is_empty(), "nothing changed since the last collect");
-        assert_eq!(collect(&streams, true).0.len(), 2);
+        assert_eq!(u["a"].as_ref().unwrap().position, r#"{"rv":"2"}"#);
+        let saved = read(&configmap(&u)).remove("a").unwrap();
+        assert_eq!(saved.rv.as_deref(), Some("2"));
+        assert_eq!(
+            saved.known.unwrap(),
+            a.tracker.lock().unwrap().known().clone()
+        );
+        assert!(
+            collect(&streams, false).is_empty(),
+            "nothing changed since the last collect"
+        );
+        assert_eq!(collect(&streams, true).len(), 2);
     }
 
     #[test]
-    fn oversized_known_sets_are_left_out_largest_first() {
-        let streams = Mutex::new(Streams::default());
-        for (id, n) in [("big", 12_000), ("small", 10)] {
-            let st = StreamShared::new(id.into(), None);
-            {
-                let mut t = st.tracker.lock().unwrap();
-                for i in 0..n {
-                    let known = Known {
-                        name: format!("object-with-a-long-name-{i:08}"),
-                        namespace: Some("ns".into()),
-                        rv: format!("{i}"),
-                    };
-                    t.push_done(
-                        Some(i.to_string()),
-                        Some(Change::Upsert {
-                            uid: format!("00000000-0000-0000-0000-{i:012}"),
-                            known,
-                        }),
-                    );
-                }
-            }
-            streams.lock().unwrap().live.insert(id.into(), st);
+    fn known_sets_are_compressed_and_the_largest_left_out_when_they_do_not_fit() {
+        let big = stream_with("big", 20_000);
+        let small = stream_with("small", 10);
+        let encode = |st: &StreamShared| Update::encode(&st.snapshot());
+        let (big_u, small_u) = (encode(&big), encode(&small));
+        let plain = serde_json::to_vec(big.tracker.lock().unwrap().known())
+            .unwrap()
+            .len();
+        assert!(
+            big_u.known.len() * 2 < plain,
+            "compressed {} of {plain} bytes",
+            big_u.known.len()
+        );
+        let mut data = BTreeMap::new();
+        let mut binary = BTreeMap::new();
+        for (k, u) in [("big", &big_u), ("small", &small_u)] {
+            data.insert(k.to_string(), u.position.clone());
+            binary.insert(k.to_string(), ByteString(u.known.clone()));
         }
-        let (u, dropped) = collect(&streams, true);
-        assert_eq!(dropped, vec!["big".to_string()]);
-        let big: Saved = serde_json::from_str(u["big"].as_ref().unwrap()).unwrap();
-        assert!(big.known.is_none() && big.rv.is_some());
-        let small: Saved = serde_json::from_str(u["small"].as_ref().unwrap()).unwrap();
-        assert_eq!(small.known.unwrap().len(), 10);
+        // Two copies of the big set cannot fit; the largest goes first, positions stay.
+        binary.insert("big2".into(), ByteString(big_u.known.clone()));
+        data.insert("big2".into(), big_u.position.clone());
+        let dropped = fit(&data, &mut binary);
+        assert_eq!(dropped.len(), 1, "{dropped:?}");
+        assert!(dropped[0].starts_with("big"));
+        let saved = read(&ConfigMap {
+            data: Some(data),
+            binary_data: Some(binary),
+            ..Default::default()
+        });
+        assert_eq!(saved.len(), 3);
+        assert!(saved[&dropped[0]].known.is_none() && saved[&dropped[0]].rv.is_some());
+        assert_eq!(saved["small"].known.as_ref().unwrap().len(), 10);
+    }
+
+    #[test]
+    fn reads_the_older_inline_layout() {
+        let cm = ConfigMap {
+            data: Some(BTreeMap::from([(
+                "s".to_string(),
+                r#"{"rv":"7","known":{"u":{"name":"n","rv":"7"}}}"#.to_string(),
+            )])),
+            ..Default::default()
+        };
+        let saved = read(&cm);
+        assert_eq!(saved["s"].rv.as_deref(), Some("7"));
+        assert_eq!(saved["s"].known.as_ref().unwrap()["u"].name, "n");
     }
 }

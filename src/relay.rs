@@ -318,17 +318,19 @@ async fn write_checkpoints(
             _ = cancel.cancelled() => true,
             _ = tokio::time::sleep(interval) => false,
         };
-        let (updates, dropped) = checkpoint::collect(&streams, false);
-        for id in &dropped {
-            metrics
-                .checkpoint_known_dropped
-                .with_label_values(&[id])
-                .inc();
-            tracing::warn!(stream = %id, "known-object set too large for the checkpoint ConfigMap; deletions during a future outage cannot be inferred for this stream");
-        }
+        let updates = checkpoint::collect(&streams, false);
         if !updates.is_empty() {
             match store.write(&updates).await {
-                Ok(()) => metrics.checkpoint_writes.with_label_values(&["ok"]).inc(),
+                Ok(dropped) => {
+                    metrics.checkpoint_writes.with_label_values(&["ok"]).inc();
+                    for id in &dropped {
+                        metrics
+                            .checkpoint_known_dropped
+                            .with_label_values(&[id])
+                            .inc();
+                        tracing::warn!(stream = %id, "known-object set too large for the checkpoint ConfigMap; deletions during a future outage cannot be inferred for this stream");
+                    }
+                }
                 Err(e) => {
                     metrics
                         .checkpoint_writes

@@ -427,12 +427,23 @@ impl Store {
 
 fn check_size(res: &Resource, obj: &Value) -> Result<(), SimError> {
     if res.key() == "configmaps" {
+        // binaryData counts by its decoded bytes, as the API server validates it.
+        let decoded = |b64: &str| {
+            (b64.len() / 4 * 3).saturating_sub(b64.bytes().rev().take_while(|&c| c == b'=').count())
+        };
         let size: usize = ["data", "binaryData"]
             .iter()
-            .filter_map(|f| obj[f].as_object())
-            .flat_map(|m| {
-                m.iter()
-                    .map(|(k, v)| k.len() + v.as_str().map_or(0, str::len))
+            .filter_map(|f| Some((*f, obj[f].as_object()?)))
+            .flat_map(|(f, m)| {
+                m.iter().map(move |(k, v)| {
+                    let v = v.as_str().unwrap_or_default();
+                    k.len()
+                        + if f == "binaryData" {
+                            decoded(v)
+                        } else {
+                            v.len()
+                        }
+                })
             })
             .sum();
         if size > 1024 * 1024 {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use watchrelay::checkpoint::{Saved, StreamShared, Streams};
+use watchrelay::checkpoint::{self, Saved, StreamShared, Streams};
 use watchrelay::config::Config;
 use watchrelay::metrics::Metrics;
 use watchrelay::relay::{self, RelayError};
@@ -72,19 +72,7 @@ impl Bed {
         else {
             return HashMap::new();
         };
-        cm["data"]
-            .as_object()
-            .map(|d| {
-                d.iter()
-                    .map(|(k, v)| {
-                        (
-                            k.clone(),
-                            serde_json::from_str(v.as_str().unwrap()).unwrap(),
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
+        checkpoint::read(&serde_json::from_value(cm).expect("a ConfigMap"))
     }
 
     pub fn checkpoint_rv(&self, stream: &str) -> Option<u64> {
