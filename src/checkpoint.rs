@@ -4,7 +4,8 @@
 //! stream). `data[key]` holds the resourceVersion of its longest acknowledged prefix as JSON
 //! (`{"rv":"4711"}`, readable with kubectl); `binaryData[key]` holds the known-object set at that
 //! same position as zstd-compressed JSON, about a third of its plain size. One update writes
-//! both, so they always describe the same moment. Writes are debounced, use optimistic
+//! both, so they always describe the same moment; the set also carries its resourceVersion, and
+//! one that does not match the position (left by an older version of the relay) is not used. Writes are debounced, use optimistic
 //! concurrency (the ConfigMap's own resourceVersion) and are retried on 409 Conflict after
 //! re-reading.
 
@@ -26,10 +27,19 @@ const BUDGET: usize = 900 * 1024;
 /// zstd level for known-object sets: the default, fast and already compact on identities.
 const ZSTD_LEVEL: i32 = 3;
 
+/// Decompressed sets larger than this are refused rather than allocated.
+const MAX_KNOWN_BYTES: u64 = 64 << 20;
+
 #[derive(Debug, Error)]
 pub enum CheckpointError {
     #[error("checkpoint ConfigMap {name}: {source}")]
     Api { name: String, source: kube::Error },
+    #[error("checkpoint ConfigMap {name}: the positions alone take {bytes} bytes, over the {budget}-byte budget; use fewer streams per ConfigMap")]
+    TooLarge {
+        name: String,
+        bytes: usize,
+        budget: usize,
+    },
     #[error("checkpoint ConfigMap {name} kept changing under us (409 Conflict {attempts} times)")]
     Conflict { name: String, attempts: u32 },
 }
@@ -50,32 +60,55 @@ struct Position<'a> {
     rv: Option<&'a str>,
 }
 
+/// A known-object set as stored in `binaryData`, with the position it belongs to.
+#[derive(Serialize, Deserialize)]
+struct KnownAt<K> {
+    rv: Option<String>,
+    known: K,
+}
+
 /// One stream's checkpoint, encoded for the ConfigMap.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Update {
     /// For `data`.
     pub position: String,
-    /// For `binaryData`: the compressed known-object set.
-    pub known: Vec<u8>,
+    /// For `binaryData`: the compressed known-object set; `None` when the stream's set is
+    /// incomplete, and any stored one is removed.
+    pub known: Option<Vec<u8>>,
 }
 
 impl Update {
     fn encode(saved: &Saved) -> Self {
-        let json = serde_json::to_vec(&saved.known.clone().unwrap_or_default())
+        let known = saved.known.as_ref().map(|known| {
+            let json = serde_json::to_vec(&KnownAt {
+                rv: saved.rv.clone(),
+                known,
+            })
             .expect("plain strings serialize");
+            zstd::bulk::compress(&json, ZSTD_LEVEL)
+                .expect("compressing into a growable buffer cannot fail")
+        });
         Self {
             position: serde_json::to_string(&Position {
                 rv: saved.rv.as_deref(),
             })
             .expect("plain strings serialize"),
-            known: zstd::bulk::compress(&json, ZSTD_LEVEL)
-                .expect("compressing into a growable buffer cannot fail"),
+            known,
         }
     }
 }
 
-fn decode_known(bytes: &[u8]) -> Result<HashMap<String, Known>, String> {
-    let json = zstd::stream::decode_all(bytes).map_err(|e| e.to_string())?;
+fn decode_known(bytes: &[u8]) -> Result<KnownAt<HashMap<String, Known>>, String> {
+    use std::io::Read;
+    let mut json = Vec::new();
+    zstd::stream::read::Decoder::new(bytes)
+        .map_err(|e| e.to_string())?
+        .take(MAX_KNOWN_BYTES)
+        .read_to_end(&mut json)
+        .map_err(|e| e.to_string())?;
+    if json.len() as u64 >= MAX_KNOWN_BYTES {
+        return Err(format!("larger than {MAX_KNOWN_BYTES} bytes"));
+    }
     serde_json::from_slice(&json).map_err(|e| e.to_string())
 }
 
@@ -92,22 +125,39 @@ pub fn read(cm: &ConfigMap) -> HashMap<String, Saved> {
             }
         };
         if let Some(bytes) = cm.binary_data.as_ref().and_then(|b| b.get(k)) {
-            saved.known = match decode_known(&bytes.0) {
-                Ok(known) => Some(known),
+            match decode_known(&bytes.0) {
+                Ok(at) if at.rv == saved.rv => saved.known = Some(at.known),
+                // An inline set (older layout) was written after this one; it wins.
+                Ok(_) => {}
                 Err(e) => {
                     tracing::warn!(key = %k, error = %e, "ignoring an unreadable known-object set");
-                    None
+                    saved.known = None;
                 }
-            };
+            }
         }
         out.insert(k.clone(), saved);
     }
     out
 }
 
-/// Leaves out the largest known-object sets, of any stream, until the ConfigMap fits its
-/// budget. Returns the keys whose set was left out.
-fn fit(data: &BTreeMap<String, String>, binary: &mut BTreeMap<String, ByteString>) -> Vec<String> {
+/// Rewrites entries of the older layout (a set inline in `data`) as position and `binaryData`,
+/// then leaves out the largest known-object sets, of any stream, until the ConfigMap fits its
+/// budget. Returns the keys whose set was left out, or the size when positions alone exceed it.
+fn fit(
+    data: &mut BTreeMap<String, String>,
+    binary: &mut BTreeMap<String, ByteString>,
+) -> Result<Vec<String>, usize> {
+    for (k, v) in data.iter_mut() {
+        if let Ok(saved) = serde_json::from_str::<Saved>(v) {
+            if saved.known.is_some() {
+                let u = Update::encode(&saved);
+                *v = u.position;
+                if let Some(known) = u.known {
+                    binary.insert(k.clone(), ByteString(known));
+                }
+            }
+        }
+    }
     let mut size: usize = data.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
         + binary
             .iter()
@@ -120,13 +170,13 @@ fn fit(data: &BTreeMap<String, String>, binary: &mut BTreeMap<String, ByteString
             .map(|(k, v)| (k.clone(), k.len() + v.0.len()))
             .max_by_key(|(_, len)| *len)
         else {
-            break;
+            return Err(size);
         };
         binary.remove(&k);
         size -= len;
         dropped.push(k);
     }
-    dropped
+    Ok(dropped)
 }
 
 /// State one stream shares with the checkpoint writer and the readiness probe.
@@ -142,9 +192,7 @@ pub struct StreamShared {
 
 impl StreamShared {
     pub fn new(id: String, saved: Option<Saved>) -> Arc<Self> {
-        let (rv, known) = saved
-            .map(|s| (s.rv, s.known.unwrap_or_default()))
-            .unwrap_or_default();
+        let (rv, known) = saved.map(|s| (s.rv, s.known)).unwrap_or_default();
         Arc::new(Self {
             id,
             tracker: Mutex::new(Tracker::resume(rv, known)),
@@ -157,7 +205,7 @@ impl StreamShared {
         let t = self.tracker.lock().expect("tracker lock poisoned");
         Saved {
             rv: t.checkpoint().map(str::to_string),
-            known: Some(t.known().clone()),
+            known: t.complete_known().cloned(),
         }
     }
 }
@@ -231,7 +279,10 @@ impl Store {
                 match u {
                     Some(u) => {
                         data.insert(k.clone(), u.position.clone());
-                        binary.insert(k.clone(), ByteString(u.known.clone()));
+                        match &u.known {
+                            Some(known) => binary.insert(k.clone(), ByteString(known.clone())),
+                            None => binary.remove(k),
+                        };
                     }
                     None => {
                         data.remove(k);
@@ -239,7 +290,11 @@ impl Store {
                     }
                 }
             }
-            let dropped = fit(data, binary);
+            let dropped = fit(data, binary).map_err(|bytes| CheckpointError::TooLarge {
+                name: self.name.clone(),
+                bytes,
+                budget: BUDGET,
+            })?;
             let result = if exists {
                 self.api
                     .replace(&self.name, &PostParams::default(), &cm)
@@ -312,6 +367,7 @@ mod tests {
                     }),
                 );
             }
+            t.push_done(Some(objects.to_string()), Some(Change::Complete));
         }
         st
     }
@@ -322,10 +378,11 @@ mod tests {
         for (k, u) in updates {
             let u = u.as_ref().expect("no removals here");
             data.insert(k.clone(), u.position.clone());
-            binary.insert(k.clone(), ByteString(u.known.clone()));
+            if let Some(known) = &u.known {
+                binary.insert(k.clone(), ByteString(known.clone()));
+            }
         }
-        let dropped = fit(&data, &mut binary);
-        assert!(dropped.is_empty(), "{dropped:?}");
+        assert_eq!(fit(&mut data, &mut binary), Ok(vec![]));
         ConfigMap {
             data: Some(data),
             binary_data: Some(binary),
@@ -353,9 +410,9 @@ mod tests {
         let mut u = collect(&streams, false);
         assert_eq!(u.remove("gone"), Some(None));
         assert!(!u.contains_key("b"));
-        assert_eq!(u["a"].as_ref().unwrap().position, r#"{"rv":"2"}"#);
+        assert_eq!(u["a"].as_ref().unwrap().position, r#"{"rv":"3"}"#);
         let saved = read(&configmap(&u)).remove("a").unwrap();
-        assert_eq!(saved.rv.as_deref(), Some("2"));
+        assert_eq!(saved.rv.as_deref(), Some("3"));
         assert_eq!(
             saved.known.unwrap(),
             a.tracker.lock().unwrap().known().clone()
@@ -376,21 +433,20 @@ mod tests {
         let plain = serde_json::to_vec(big.tracker.lock().unwrap().known())
             .unwrap()
             .len();
+        let packed = big_u.known.clone().unwrap();
         assert!(
-            big_u.known.len() * 2 < plain,
+            packed.len() * 2 < plain,
             "compressed {} of {plain} bytes",
-            big_u.known.len()
+            packed.len()
         );
         let mut data = BTreeMap::new();
         let mut binary = BTreeMap::new();
-        for (k, u) in [("big", &big_u), ("small", &small_u)] {
+        for (k, u) in [("big", &big_u), ("small", &small_u), ("big2", &big_u)] {
             data.insert(k.to_string(), u.position.clone());
-            binary.insert(k.to_string(), ByteString(u.known.clone()));
+            binary.insert(k.to_string(), ByteString(u.known.clone().unwrap()));
         }
         // Two copies of the big set cannot fit; the largest goes first, positions stay.
-        binary.insert("big2".into(), ByteString(big_u.known.clone()));
-        data.insert("big2".into(), big_u.position.clone());
-        let dropped = fit(&data, &mut binary);
+        let dropped = fit(&mut data, &mut binary).unwrap();
         assert_eq!(dropped.len(), 1, "{dropped:?}");
         assert!(dropped[0].starts_with("big"));
         let saved = read(&ConfigMap {
@@ -401,6 +457,45 @@ mod tests {
         assert_eq!(saved.len(), 3);
         assert!(saved[&dropped[0]].known.is_none() && saved[&dropped[0]].rv.is_some());
         assert_eq!(saved["small"].known.as_ref().unwrap().len(), 10);
+    }
+
+    #[test]
+    fn an_incomplete_set_is_not_persisted_and_a_mismatched_one_not_used() {
+        // Resumed from a checkpoint whose set had been left out: only what it saw since.
+        let st = StreamShared::new(
+            "s".into(),
+            Some(Saved {
+                rv: Some("5".into()),
+                known: None,
+            }),
+        );
+        let u = Update::encode(&st.snapshot());
+        assert_eq!(u.known, None);
+        let mut data = BTreeMap::from([("s".to_string(), u.position)]);
+        let mut binary = BTreeMap::from([(
+            "s".to_string(),
+            ByteString(
+                Update::encode(&stream_with("other", 3).snapshot())
+                    .known
+                    .unwrap(),
+            ),
+        )]);
+        assert_eq!(fit(&mut data, &mut binary), Ok(vec![]));
+        // The stored set belongs to rv 3, the position is rv 5: it is not used.
+        let saved = read(&ConfigMap {
+            data: Some(data),
+            binary_data: Some(binary),
+            ..Default::default()
+        });
+        assert_eq!(saved["s"].rv.as_deref(), Some("5"));
+        assert!(saved["s"].known.is_none());
+        assert_eq!(
+            fit(
+                &mut BTreeMap::from([("p".repeat(BUDGET + 1), String::new())]),
+                &mut BTreeMap::new()
+            ),
+            Err(BUDGET + 1)
+        );
     }
 
     #[test]
@@ -415,5 +510,15 @@ mod tests {
         let saved = read(&cm);
         assert_eq!(saved["s"].rv.as_deref(), Some("7"));
         assert_eq!(saved["s"].known.as_ref().unwrap()["u"].name, "n");
+        // The next write moves it to the new layout.
+        let (mut data, mut binary) = (cm.data.unwrap(), BTreeMap::new());
+        assert_eq!(fit(&mut data, &mut binary), Ok(vec![]));
+        assert_eq!(data["s"], r#"{"rv":"7"}"#);
+        let saved = read(&ConfigMap {
+            data: Some(data),
+            binary_data: Some(binary),
+            ..Default::default()
+        });
+        assert_eq!(saved["s"].known.as_ref().unwrap()["u"].rv, "7");
     }
 }

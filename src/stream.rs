@@ -572,10 +572,15 @@ impl Stream {
             };
             let id = format!("resync-end/{}/{}", self.id, list_rv);
             let rec = self.record("BOOKMARK", &meta, &object, &id, &list_rv, true, false);
-            self.publish(rec, Instant::now(), Some(list_rv.clone()), None)
-                .await?;
+            self.publish(
+                rec,
+                Instant::now(),
+                Some(list_rv.clone()),
+                Some(Change::Complete),
+            )
+            .await?;
         } else {
-            self.push_done(Some(list_rv.clone()), None);
+            self.push_done(Some(list_rv.clone()), Some(Change::Complete));
         }
         self.position = Some(list_rv);
         Ok(())

@@ -20,8 +20,16 @@ pub struct Known {
 /// How an event changes the known set once it is delivered.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
-    Upsert { uid: String, known: Known },
-    Remove { uid: String },
+    Upsert {
+        uid: String,
+        known: Known,
+    },
+    Remove {
+        uid: String,
+    },
+    /// The whole current state has been announced (a list or resync ended): from here on the
+    /// set holds every object, not only those seen since a resume without a saved set.
+    Complete,
 }
 
 #[derive(Debug)]
@@ -42,14 +50,18 @@ pub struct Tracker {
     /// Position of the longest acknowledged prefix.
     checkpoint: Option<String>,
     known: HashMap<String, Known>,
+    /// Whether `known` holds every object of the stream (see [`Change::Complete`]).
+    complete: bool,
 }
 
 impl Tracker {
-    /// A tracker resuming from a persisted checkpoint.
-    pub fn resume(checkpoint: Option<String>, known: HashMap<String, Known>) -> Self {
+    /// A tracker resuming from a persisted checkpoint. Without a saved set (`None`) the set
+    /// starts empty and stays incomplete until the stream next announces its whole state.
+    pub fn resume(checkpoint: Option<String>, known: Option<HashMap<String, Known>>) -> Self {
         Self {
             checkpoint,
-            known,
+            complete: known.is_some(),
+            known: known.unwrap_or_default(),
             ..Self::default()
         }
     }
@@ -101,6 +113,7 @@ impl Tracker {
                 Some(Change::Remove { uid }) => {
                     self.known.remove(&uid);
                 }
+                Some(Change::Complete) => self.complete = true,
                 None => {}
             }
         }
@@ -118,6 +131,11 @@ impl Tracker {
 
     pub fn known(&self) -> &HashMap<String, Known> {
         &self.known
+    }
+
+    /// The known set, when it holds every object at the checkpoint; what is worth persisting.
+    pub fn complete_known(&self) -> Option<&HashMap<String, Known>> {
+        self.complete.then_some(&self.known)
     }
 
     /// Forgets everything not yet delivered; used when a delivery failed for good and the stream
@@ -172,12 +190,14 @@ mod tests {
 
     #[test]
     fn list_entries_have_no_position_until_the_list_ends() {
-        let mut t = Tracker::resume(Some("100".into()), HashMap::new());
+        let mut t = Tracker::resume(Some("100".into()), None);
         let a = t.push(None, up("a", "90"));
         t.ack(a);
         assert_eq!(t.checkpoint(), Some("100"));
-        t.push_done(Some("120".into()), None);
+        assert_eq!(t.complete_known(), None, "resumed without a saved set");
+        t.push_done(Some("120".into()), Some(Change::Complete));
         assert_eq!(t.checkpoint(), Some("120"));
+        assert_eq!(t.complete_known().map(HashMap::len), Some(1));
     }
 
     #[test]
