@@ -50,6 +50,7 @@ kubernetes-validate --quiet --strict --kubernetes-version 1.30.0 "$work/core.yam
 echo "== several replicas need leader election"
 helm template watchrelay charts/watchrelay --namespace watchrelay --set replicaCount=2 >"$work/ha.yaml"
 kubernetes-validate --quiet --strict --kubernetes-version 1.30.0 "$work/ha.yaml"
+grep -q '^kind: PodDisruptionBudget' "$work/ha.yaml" || { echo "two replicas rendered without a PodDisruptionBudget" >&2; exit 1; }
 if helm template watchrelay charts/watchrelay --set replicaCount=2 --set config.leaderElection.enabled=false >/dev/null 2>&1; then
   echo "the chart rendered two replicas without leader election" >&2
   exit 1
