@@ -5,14 +5,17 @@
 //! 2. Baseline: a child process sends the same records the relay produces (envelopes with
 //!    their CloudEvents headers, built before timing starts) with a bare rdkafka producer
 //!    configured like the relay's, waiting for every acknowledgement.
-//! 3. Relay: the real binary starts from a checkpoint just before those events, so its watch
+//! 3. Pass-through: a child process reads the same watch replay from the simulator and hands
+//!    each line to the same producer as is: the floor of any relay on this bed, with the
+//!    simulator in the loop as it is for the relay.
+//! 4. Relay: the real binary starts from a checkpoint just before those events, so its watch
 //!    replays them as fast as it can read, envelope and publish them.
 //!
-//! Steps 2 and 3 alternate for BENCH_ROUNDS rounds (default 3) and each side is reported by its
-//! median round. Both first send a warm-up of W events (connections, producer id, topic
+//! Steps 2 to 4 alternate for BENCH_ROUNDS rounds (default 3) and each side is reported by its
+//! median round. Each first sends a warm-up of W events (connections, producer id, topic
 //! metadata); the clock and the CPU count run from the acknowledgement of the warm-up to that of
-//! the N events after it, so both figures are steady-state rates.
-//! 4. Latency: the same relay then follows live churn at a fixed rate; the publish latency (watch
+//! the N events after it, so every figure is a steady-state rate.
+//! 5. Latency: the same relay then follows live churn at a fixed rate; the publish latency (watch
 //!    arrival to Kafka acknowledgement) comes from its own histogram.
 //!
 //! CPU and peak RSS are read from /proc for each child process, so the simulator's share is not
@@ -38,13 +41,26 @@ fn main() {
         .skip(1)
         .filter(|a| a != "--bench")
         .collect();
-    if args.first().map(String::as_str) == Some("baseline") {
-        return baseline(
-            &args[1],
-            &args[2],
-            Path::new(&args[3]),
-            args[4].parse().unwrap(),
-        );
+    match args.first().map(String::as_str) {
+        Some("baseline") => {
+            return baseline(
+                &args[1],
+                &args[2],
+                Path::new(&args[3]),
+                args[4].parse().unwrap(),
+            )
+        }
+        Some("passthrough") => {
+            return passthrough(
+                &args[1],
+                &args[2],
+                &args[3],
+                args[4].parse().unwrap(),
+                args[5].parse().unwrap(),
+                args[6].parse().unwrap(),
+            )
+        }
+        _ => {}
     }
     let n: usize = std::env::var("BENCH_EVENTS")
         .ok()
@@ -116,7 +132,11 @@ fn main() {
 
     let topic_base = format!("bench-baseline-{}", std::process::id());
     let topic_relay = format!("bench-relay-{}", std::process::id());
-    rt.block_on(create_topics(&bootstrap, &[&topic_base, &topic_relay]));
+    let topic_pass = format!("bench-passthrough-{}", std::process::id());
+    rt.block_on(create_topics(
+        &bootstrap,
+        &[&topic_base, &topic_relay, &topic_pass],
+    ));
 
     // The ceiling: how fast the simulator serves the same replay to a reader that only counts.
     let sim_rate = n as f64 / sim_replay_secs(&sim.url(), start_rv + warmup as u64, n);
@@ -148,9 +168,10 @@ fn main() {
     )
     .unwrap();
 
-    // 2 and 3, alternating for several rounds: this machine's noise is larger than the
+    // 2 to 4, alternating for several rounds: this machine's noise is larger than the
     // differences measured, so each side is reported by its median round.
     let mut base_rounds = Vec::new();
+    let mut pass_rounds = Vec::new();
     let mut relay_rounds = Vec::new();
     let mut relay = None;
     for round in 1..=rounds {
@@ -165,12 +186,18 @@ fn main() {
             "baseline failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let base: serde_json::Value = serde_json::from_slice(&out.stdout).expect("baseline report");
-        let b = Round {
-            rate: n as f64 / base["secs"].as_f64().unwrap(),
-            cpu_us: base["cpu"].as_f64().unwrap() * 1e6 / n as f64,
-            rss_kib: base["rss_kib"].as_u64().unwrap(),
-        };
+        let b = Round::from_report(&out.stdout, n);
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["passthrough", &bootstrap, &topic_pass, &sim.url()])
+            .args([start_rv, warmup as u64, n as u64].map(|v| v.to_string()))
+            .output()
+            .expect("pass-through runs");
+        assert!(
+            out.status.success(),
+            "pass-through failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let p = Round::from_report(&out.stdout, n);
 
         // The relay, resuming just before the warm-up and the N events.
         if let Some(previous) = relay.take() {
@@ -213,19 +240,21 @@ fn main() {
             rss_kib: peak_rss_kib(pid),
         };
         println!(
-            "round {round}: bare producer {:.0} events/s, {:.2} µs/event; watchrelay {:.0} events/s, {:.2} µs/event",
-            b.rate, b.cpu_us, r.rate, r.cpu_us
+            "round {round}: bare producer {:.0} events/s, {:.2} µs/event; pass-through {:.0} events/s, {:.2} µs/event; watchrelay {:.0} events/s, {:.2} µs/event",
+            b.rate, b.cpu_us, p.rate, p.cpu_us, r.rate, r.cpu_us
         );
         base_rounds.push(b);
+        pass_rounds.push(p);
         relay_rounds.push(r);
     }
     let relay = relay.expect("at least one round");
     let pid = relay.0.id();
     let base = Round::median(&base_rounds);
     let rel = Round::median(&relay_rounds);
+    let pass = Round::median(&pass_rounds);
     let rss_after_replay = rel.rss_kib;
 
-    // 4. Live churn at a fixed rate: publish latency from the relay's own histogram.
+    // 5. Live churn at a fixed rate: publish latency from the relay's own histogram.
     let before = histogram(port);
     let churn_secs = 5.0;
     let rv0 = sim.current_rv();
@@ -280,6 +309,10 @@ fn main() {
     println!(
         "{:<34} {:>14.0} (the simulator serving the replay to a bare reader)",
         "events/s ceiling", sim_rate
+    );
+    println!(
+        "{:<34} {:>14.0} events/s ({:.0}% of the bare producer), {:.2} µs/event: read the watch, produce each line as is",
+        "pass-through", pass.rate, 100.0 * pass.rate / base.rate, pass.cpu_us
     );
     println!(
         "{:<34} {:>14.2} {:>14.2} {:>7.2}x",
@@ -359,6 +392,16 @@ struct Round {
 }
 
 impl Round {
+    /// A child process's report (`secs`, `cpu`, `rss_kib` for `n` events).
+    fn from_report(stdout: &[u8], n: usize) -> Round {
+        let report: serde_json::Value = serde_json::from_slice(stdout).expect("a JSON report");
+        Round {
+            rate: n as f64 / report["secs"].as_f64().unwrap(),
+            cpu_us: report["cpu"].as_f64().unwrap() * 1e6 / n as f64,
+            rss_kib: report["rss_kib"].as_u64().unwrap(),
+        }
+    }
+
     /// Each figure's median over the rounds.
     fn median(rounds: &[Round]) -> Round {
         let mid = |f: fn(&Round) -> f64| {
@@ -416,8 +459,71 @@ impl Drop for KillOnDrop {
 }
 
 /// The baseline child: sends every object of `input` and waits for all acknowledgements.
-fn baseline(bootstrap: &str, topic: &str, input: &Path, warmup: usize) {
-    let cfg = watchrelay::config::KafkaConfig {
+/// The floor of any relay on this bed: read the same watch replay from the simulator and hand
+/// each line to a producer configured like the relay's, as is (no decoding, envelope, headers
+/// or acknowledgement tracking). Timed like the other sides, after a warm-up.
+fn passthrough(bootstrap: &str, topic: &str, url: &str, rv: u64, warmup: u64, n: u64) {
+    let producer: ThreadedProducer<Ctx> = watchrelay::sink::client_config(&kafka_config(bootstrap))
+        .create_with_context(Ctx)
+        .unwrap();
+    let addr = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    // HTTP/1.0: the body comes without chunk framing, so lines can be handed on as they are.
+    write!(s, "GET /api/v1/namespaces/{NS}/pods?watch=true&resourceVersion={rv} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut r = std::io::BufReader::with_capacity(1 << 16, s);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        r.read_until(b'\n', &mut line).unwrap();
+        if line == b"\r\n" {
+            break;
+        }
+    }
+    let (mut cpu0, mut t0) = (0.0, Instant::now());
+    for i in 0..warmup + n {
+        if i == warmup {
+            producer.flush(Duration::from_secs(300)).unwrap();
+            cpu0 = cpu_seconds(std::process::id());
+            t0 = Instant::now();
+        }
+        line.clear();
+        let k = r.read_until(b'\n', &mut line).unwrap();
+        assert!(k > 0, "watch ended after {i} events");
+        let mut rec = BaseRecord::<(), [u8]>::to(topic).payload(&line[..k - 1]);
+        loop {
+            match producer.send(rec) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    rec = back;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(300)).unwrap();
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(std::process::id()) - cpu0;
+    println!(
+        "{}",
+        json!({"secs": secs, "cpu": cpu, "rss_kib": peak_rss_kib(std::process::id())})
+    );
+}
+
+/// A producer context for the baselines: a failed delivery fails the benchmark.
+struct Ctx;
+impl ClientContext for Ctx {}
+impl ProducerContext for Ctx {
+    type DeliveryOpaque = ();
+    fn delivery(&self, r: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, _)) = r {
+            panic!("baseline delivery failed: {e}");
+        }
+    }
+}
+
+/// The producer settings of the relay's benchmark configuration.
+fn kafka_config(bootstrap: &str) -> watchrelay::config::KafkaConfig {
+    watchrelay::config::KafkaConfig {
         bootstrap_servers: bootstrap.to_string(),
         properties: Default::default(),
         max_in_flight_per_stream: 10_000,
@@ -425,7 +531,11 @@ fn baseline(bootstrap: &str, topic: &str, input: &Path, warmup: usize) {
         oversize: watchrelay::config::OversizePolicy::Trim,
         dead_letter_topic: None,
         flush_timeout_seconds: 20,
-    };
+    }
+}
+
+fn baseline(bootstrap: &str, topic: &str, input: &Path, warmup: usize) {
+    let cfg = kafka_config(bootstrap);
     // The exact records the relay produces (envelope and CloudEvents headers), built up front so
     // the baseline measures the producer alone.
     let records: Vec<(String, Vec<u8>, OwnedHeaders)> =
@@ -468,16 +578,6 @@ fn baseline(bootstrap: &str, topic: &str, input: &Path, warmup: usize) {
                 (key.to_string(), value, headers)
             })
             .collect();
-    struct Ctx;
-    impl ClientContext for Ctx {}
-    impl ProducerContext for Ctx {
-        type DeliveryOpaque = ();
-        fn delivery(&self, r: &DeliveryResult<'_>, _: ()) {
-            if let Err((e, _)) = r {
-                panic!("baseline delivery failed: {e}");
-            }
-        }
-    }
     let producer: ThreadedProducer<Ctx> = watchrelay::sink::client_config(&cfg)
         .create_with_context(Ctx)
         .unwrap();
