@@ -26,7 +26,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::message::{Header, OwnedHeaders, ToBytes};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::ClientContext;
 use serde_json::json;
@@ -489,16 +489,10 @@ fn passthrough(bootstrap: &str, topic: &str, url: &str, rv: u64, warmup: u64, n:
         line.clear();
         let k = r.read_until(b'\n', &mut line).unwrap();
         assert!(k > 0, "watch ended after {i} events");
-        let mut rec = BaseRecord::<(), [u8]>::to(topic).payload(&line[..k - 1]);
-        loop {
-            match producer.send(rec) {
-                Ok(()) => break,
-                Err((_, back)) => {
-                    rec = back;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }
-        }
+        send_waiting(
+            &producer,
+            BaseRecord::<(), [u8]>::to(topic).payload(&line[..k - 1]),
+        );
     }
     producer.flush(Duration::from_secs(300)).unwrap();
     let secs = t0.elapsed().as_secs_f64();
@@ -517,6 +511,22 @@ impl ProducerContext for Ctx {
     fn delivery(&self, r: &DeliveryResult<'_>, _: ()) {
         if let Err((e, _)) = r {
             panic!("baseline delivery failed: {e}");
+        }
+    }
+}
+
+/// Sends `rec`, waiting while the producer's queue is full.
+fn send_waiting<K: ToBytes + ?Sized, P: ToBytes + ?Sized>(
+    producer: &ThreadedProducer<Ctx>,
+    mut rec: BaseRecord<'_, K, P>,
+) {
+    loop {
+        match producer.send(rec) {
+            Ok(()) => return,
+            Err((_, back)) => {
+                rec = back;
+                std::thread::sleep(Duration::from_millis(1));
+            }
         }
     }
 }
@@ -583,19 +593,13 @@ fn baseline(bootstrap: &str, topic: &str, input: &Path, warmup: usize) {
         .unwrap();
     let send_all = |records: Vec<(String, Vec<u8>, OwnedHeaders)>| {
         for (k, v, h) in records {
-            let mut rec = BaseRecord::to(topic)
-                .key(k.as_bytes())
-                .payload(&v)
-                .headers(h);
-            loop {
-                match producer.send(rec) {
-                    Ok(()) => break,
-                    Err((_, back)) => {
-                        rec = back;
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                }
-            }
+            send_waiting(
+                &producer,
+                BaseRecord::to(topic)
+                    .key(k.as_bytes())
+                    .payload(&v)
+                    .headers(h),
+            );
         }
         producer.flush(Duration::from_secs(300)).unwrap();
     };
