@@ -175,29 +175,28 @@ fn main() {
     let mut relay_rounds = Vec::new();
     let mut relay = None;
     for round in 1..=rounds {
-        let out = Command::new(std::env::current_exe().unwrap())
-            .args(["baseline", &bootstrap, &topic_base])
-            .arg(&input)
-            .arg(warmup.to_string())
-            .output()
-            .expect("baseline runs");
-        assert!(
-            out.status.success(),
-            "baseline failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let b = Round::of_child(
+            &[
+                "baseline",
+                &bootstrap,
+                &topic_base,
+                &input.display().to_string(),
+                &warmup.to_string(),
+            ],
+            n,
         );
-        let b = Round::from_report(&out.stdout, n);
-        let out = Command::new(std::env::current_exe().unwrap())
-            .args(["passthrough", &bootstrap, &topic_pass, &sim.url()])
-            .args([start_rv, warmup as u64, n as u64].map(|v| v.to_string()))
-            .output()
-            .expect("pass-through runs");
-        assert!(
-            out.status.success(),
-            "pass-through failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let p = Round::of_child(
+            &[
+                "passthrough",
+                &bootstrap,
+                &topic_pass,
+                &sim.url(),
+                &start_rv.to_string(),
+                &warmup.to_string(),
+                &n.to_string(),
+            ],
+            n,
         );
-        let p = Round::from_report(&out.stdout, n);
 
         // The relay, resuming just before the warm-up and the N events.
         if let Some(previous) = relay.take() {
@@ -392,9 +391,21 @@ struct Round {
 }
 
 impl Round {
-    /// A child process's report (`secs`, `cpu`, `rss_kib` for `n` events).
-    fn from_report(stdout: &[u8], n: usize) -> Round {
-        let report: serde_json::Value = serde_json::from_slice(stdout).expect("a JSON report");
+    /// Runs this benchmark's binary as a child with `args` (a baseline) and reads its report
+    /// (`secs`, `cpu`, `rss_kib` for `n` events): a process of its own, so its CPU and RSS are
+    /// its alone.
+    fn of_child(args: &[&str], n: usize) -> Round {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(args)
+            .output()
+            .expect("the child runs");
+        assert!(
+            out.status.success(),
+            "{} failed: {}",
+            args[0],
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
         Round {
             rate: n as f64 / report["secs"].as_f64().unwrap(),
             cpu_us: report["cpu"].as_f64().unwrap() * 1e6 / n as f64,

@@ -5,9 +5,9 @@
 //! (`{"rv":"4711"}`, readable with kubectl); `binaryData[key]` holds the known-object set at that
 //! same position as zstd-compressed JSON, about a third of its plain size. One update writes
 //! both, so they always describe the same moment; the set also carries its resourceVersion, and
-//! one that does not match the position (left by an older version of the relay) is not used. Writes are debounced, use optimistic
-//! concurrency (the ConfigMap's own resourceVersion) and are retried on 409 Conflict after
-//! re-reading.
+//! one that does not match the position (left by an older version of the relay) is not used.
+//! Writes are debounced, use optimistic concurrency (the ConfigMap's own resourceVersion) and are
+//! retried on 409 Conflict after re-reading.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -127,7 +127,8 @@ pub fn read(cm: &ConfigMap) -> HashMap<String, Saved> {
         if let Some(bytes) = cm.binary_data.as_ref().and_then(|b| b.get(k)) {
             match decode_known(&bytes.0) {
                 Ok(at) if at.rv == saved.rv => saved.known = Some(at.known),
-                // An inline set (older layout) was written after this one; it wins.
+                // Another position's set: an older relay wrote `data` since. What `data` holds
+                // (an inline set, or none) stands.
                 Ok(_) => {}
                 Err(e) => {
                     tracing::warn!(key = %k, error = %e, "ignoring an unreadable known-object set");
@@ -140,24 +141,27 @@ pub fn read(cm: &ConfigMap) -> HashMap<String, Saved> {
     out
 }
 
-/// Rewrites entries of the older layout (a set inline in `data`) as position and `binaryData`,
-/// then leaves out the largest known-object sets, of any stream, until the ConfigMap fits its
-/// budget. Returns the keys whose set was left out, or the size when positions alone exceed it.
-fn fit(
-    data: &mut BTreeMap<String, String>,
-    binary: &mut BTreeMap<String, ByteString>,
-) -> Result<Vec<String>, usize> {
-    for (k, v) in data.iter_mut() {
-        if let Ok(saved) = serde_json::from_str::<Saved>(v) {
-            if saved.known.is_some() {
-                let u = Update::encode(&saved);
-                *v = u.position;
-                if let Some(known) = u.known {
-                    binary.insert(k.clone(), ByteString(known));
-                }
-            }
+/// Rewrites entries of the older layout (a set inline in `data`) as position and `binaryData`.
+/// Only entries that mention a set are parsed: after the first write there are none.
+fn migrate_inline(data: &mut BTreeMap<String, String>, binary: &mut BTreeMap<String, ByteString>) {
+    for (k, v) in data.iter_mut().filter(|(_, v)| v.contains("\"known\"")) {
+        let Ok(saved) = serde_json::from_str::<Saved>(v) else {
+            continue;
+        };
+        let u = Update::encode(&saved);
+        *v = u.position;
+        if let Some(known) = u.known {
+            binary.insert(k.clone(), ByteString(known));
         }
     }
+}
+
+/// Leaves out the largest known-object sets, of any stream, until the ConfigMap fits its budget.
+/// Returns the keys whose set was left out, or the size when positions alone exceed it.
+fn fit(
+    data: &BTreeMap<String, String>,
+    binary: &mut BTreeMap<String, ByteString>,
+) -> Result<Vec<String>, usize> {
     let mut size: usize = data.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
         + binary
             .iter()
@@ -290,6 +294,7 @@ impl Store {
                     }
                 }
             }
+            migrate_inline(data, binary);
             let dropped = fit(data, binary).map_err(|bytes| CheckpointError::TooLarge {
                 name: self.name.clone(),
                 bytes,
@@ -382,7 +387,7 @@ mod tests {
                 binary.insert(k.clone(), ByteString(known.clone()));
             }
         }
-        assert_eq!(fit(&mut data, &mut binary), Ok(vec![]));
+        assert_eq!(fit(&data, &mut binary), Ok(vec![]));
         ConfigMap {
             data: Some(data),
             binary_data: Some(binary),
@@ -446,7 +451,7 @@ mod tests {
             binary.insert(k.to_string(), ByteString(u.known.clone().unwrap()));
         }
         // Two copies of the big set cannot fit; the largest goes first, positions stay.
-        let dropped = fit(&mut data, &mut binary).unwrap();
+        let dropped = fit(&data, &mut binary).unwrap();
         assert_eq!(dropped.len(), 1, "{dropped:?}");
         assert!(dropped[0].starts_with("big"));
         let saved = read(&ConfigMap {
@@ -471,7 +476,7 @@ mod tests {
         );
         let u = Update::encode(&st.snapshot());
         assert_eq!(u.known, None);
-        let mut data = BTreeMap::from([("s".to_string(), u.position)]);
+        let data = BTreeMap::from([("s".to_string(), u.position)]);
         let mut binary = BTreeMap::from([(
             "s".to_string(),
             ByteString(
@@ -480,7 +485,7 @@ mod tests {
                     .unwrap(),
             ),
         )]);
-        assert_eq!(fit(&mut data, &mut binary), Ok(vec![]));
+        assert_eq!(fit(&data, &mut binary), Ok(vec![]));
         // The stored set belongs to rv 3, the position is rv 5: it is not used.
         let saved = read(&ConfigMap {
             data: Some(data),
@@ -491,7 +496,7 @@ mod tests {
         assert!(saved["s"].known.is_none());
         assert_eq!(
             fit(
-                &mut BTreeMap::from([("p".repeat(BUDGET + 1), String::new())]),
+                &BTreeMap::from([("p".repeat(BUDGET + 1), String::new())]),
                 &mut BTreeMap::new()
             ),
             Err(BUDGET + 1)
@@ -512,7 +517,7 @@ mod tests {
         assert_eq!(saved["s"].known.as_ref().unwrap()["u"].name, "n");
         // The next write moves it to the new layout.
         let (mut data, mut binary) = (cm.data.unwrap(), BTreeMap::new());
-        assert_eq!(fit(&mut data, &mut binary), Ok(vec![]));
+        migrate_inline(&mut data, &mut binary);
         assert_eq!(data["s"], r#"{"rv":"7"}"#);
         let saved = read(&ConfigMap {
             data: Some(data),

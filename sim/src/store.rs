@@ -428,24 +428,17 @@ impl Store {
 fn check_size(res: &Resource, obj: &Value) -> Result<(), SimError> {
     if res.key() == "configmaps" {
         // binaryData counts by its decoded bytes, as the API server validates it.
-        let decoded = |b64: &str| {
+        fn decoded(b64: &str) -> usize {
             (b64.len() / 4 * 3).saturating_sub(b64.bytes().rev().take_while(|&c| c == b'=').count())
-        };
-        let size: usize = ["data", "binaryData"]
-            .iter()
-            .filter_map(|f| Some((*f, obj[f].as_object()?)))
-            .flat_map(|(f, m)| {
-                m.iter().map(move |(k, v)| {
-                    let v = v.as_str().unwrap_or_default();
-                    k.len()
-                        + if f == "binaryData" {
-                            decoded(v)
-                        } else {
-                            v.len()
-                        }
-                })
+        }
+        let field = |name: &str, len: fn(&str) -> usize| -> usize {
+            obj[name].as_object().map_or(0, |m| {
+                m.iter()
+                    .map(|(k, v)| k.len() + len(v.as_str().unwrap_or_default()))
+                    .sum()
             })
-            .sum();
+        };
+        let size = field("data", str::len) + field("binaryData", decoded);
         if size > 1024 * 1024 {
             return Err(SimError::new(422, "Invalid", format!("ConfigMap is invalid: []: Too long: must have at most 1048576 bytes (has {size})")));
         }
