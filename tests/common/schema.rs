@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 pub fn documents() -> Vec<(String, Value)> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/asyncapi");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("spec/asyncapi");
     let mut docs = Vec::new();
     for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
         let path = entry.unwrap().path();
