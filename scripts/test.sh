@@ -6,6 +6,8 @@
 # broker is installed (when missing) and started for the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
@@ -24,4 +26,5 @@ echo "== cargo test"
 cargo test --workspace --locked
 
 echo "== deploy checks (chart, manifests, alert rules, Dockerfile)"
-WATCHRELAY_BIN=target/debug/watchrelay scripts/check-deploy.sh
+target=$(target_dir)
+WATCHRELAY_BIN=$target/debug/watchrelay scripts/check-deploy.sh
