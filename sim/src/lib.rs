@@ -5,7 +5,6 @@
 //! bookmarks, `sendInitialEvents`, pagination with consistent snapshots, optimistic concurrency),
 //! so that real clients (`kubectl`, the `kube` crate) work against it. Tests drive it through
 //! [`Sim`]: they change objects, inject faults and read the journal of every change.
-#![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -26,6 +25,9 @@ mod store;
 mod watch;
 
 pub use churn::{ChurnHandle, ChurnSpec};
+
+/// The body of every response: whole documents and watch streams alike.
+pub(crate) type Body = http_body_util::combinators::BoxBody<bytes::Bytes, std::io::Error>;
 use resources::Resource;
 use store::Store;
 
@@ -103,6 +105,9 @@ pub struct SimConfig {
     pub bookmark_interval: Duration,
     /// Changes kept for watch replay and old lists; older ones are compacted.
     pub history_limit: usize,
+    /// Journal entries kept ([`Sim::journal`]); the oldest are dropped past it. `None` keeps
+    /// every one, as tests that compare against the whole journal need.
+    pub journal_limit: Option<usize>,
     pub addr: Option<SocketAddr>,
     /// Serve `sendInitialEvents` watches (the WatchList feature). Off, such a watch is refused
     /// with 422, as by an API server with the feature gate disabled.
@@ -116,6 +121,7 @@ impl Default for SimConfig {
             token: None,
             bookmark_interval: Duration::from_secs(1),
             history_limit: 200_000,
+            journal_limit: None,
             addr: None,
             watch_list: true,
         }
@@ -165,7 +171,11 @@ impl Sim {
             None
         };
         let inner = Arc::new(Inner {
-            store: Mutex::new(Store::new(resources::builtin(), cfg.history_limit)),
+            store: Mutex::new(Store::new(
+                resources::builtin(),
+                cfg.history_limit,
+                cfg.journal_limit,
+            )),
             faults: Faults::default(),
             cfg,
             watches: Mutex::new(CancellationToken::new()),
@@ -355,7 +365,7 @@ impl Sim {
     }
 
     pub fn journal(&self) -> Vec<JournalEntry> {
-        self.store().journal.clone()
+        self.store().journal.iter().cloned().collect()
     }
 
     pub fn start_churn(&self, spec: ChurnSpec) -> ChurnHandle {

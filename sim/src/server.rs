@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response};
-use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -17,9 +16,7 @@ use tokio::net::TcpListener;
 use crate::resources::Resource;
 use crate::selector::Selector;
 use crate::watch::{self, Params, Start};
-use crate::{Fault, Inner, SimError};
-
-pub type Body = BoxBody<Bytes, std::io::Error>;
+use crate::{Body, Fault, Inner, SimError};
 
 /// A self-signed server certificate for 127.0.0.1 and localhost.
 pub struct Tls {

@@ -48,7 +48,8 @@ pub struct Store {
     /// History holds every change with rv > compacted.
     pub compacted: u64,
     history_limit: usize,
-    pub journal: Vec<JournalEntry>,
+    pub journal: VecDeque<JournalEntry>,
+    journal_limit: Option<usize>,
     pub resources: BTreeMap<String, Resource>,
     pub tx: broadcast::Sender<Arc<Change>>,
     uid_seed: u64,
@@ -88,7 +89,11 @@ pub fn merge(target: &mut Value, patch: &Value) {
 }
 
 impl Store {
-    pub fn new(resources: Vec<Resource>, history_limit: usize) -> Self {
+    pub fn new(
+        resources: Vec<Resource>,
+        history_limit: usize,
+        journal_limit: Option<usize>,
+    ) -> Self {
         let (tx, _) = broadcast::channel(1 << 16);
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -100,7 +105,8 @@ impl Store {
             history: VecDeque::new(),
             compacted: 1,
             history_limit,
-            journal: Vec::new(),
+            journal: VecDeque::new(),
+            journal_limit,
             resources: resources.into_iter().map(|r| (r.key(), r)).collect(),
             tx,
             uid_seed: seed | 1,
@@ -168,7 +174,10 @@ impl Store {
             object: object.clone(),
             prev,
         });
-        self.journal.push(JournalEntry {
+        if self.journal_limit.is_some_and(|n| self.journal.len() >= n) {
+            self.journal.pop_front();
+        }
+        self.journal.push_back(JournalEntry {
             rv: self.rv,
             event_type: event_type.to_string(),
             uid: md["uid"].as_str().unwrap_or_default().to_string(),

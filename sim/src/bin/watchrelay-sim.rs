@@ -18,7 +18,11 @@ fn main() {
 }
 
 fn run() -> Result<(), String> {
-    let mut cfg = SimConfig::default();
+    // A long-running simulator keeps a bounded journal: nobody reads it whole.
+    let mut cfg = SimConfig {
+        journal_limit: Some(100_000),
+        ..SimConfig::default()
+    };
     let mut kubeconfig: Option<PathBuf> = None;
     let mut rate = 0.0;
     let mut namespaces = vec!["default".to_string()];
