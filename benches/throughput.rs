@@ -30,7 +30,8 @@ use rdkafka::message::{Header, OwnedHeaders, ToBytes};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::ClientContext;
 use serde_json::json;
-use watchrelay::envelope;
+use watchrelay::decode;
+use watchrelay::envelope::{self, Announcement, Route};
 use watchrelay_sim::{objects, Sim, SimConfig};
 
 const NS: &str = "bench";
@@ -353,7 +354,7 @@ fn decode_costs(input: &Path) -> (f64, f64) {
             format!("{{\"type\":\"MODIFIED\",\"object\":{object}}}")
         })
         .collect();
-    let trim = envelope::Trim {
+    let trim = decode::Trim {
         drop_managed_fields: true,
         allow_secret_data: false,
     };
@@ -373,11 +374,11 @@ fn decode_costs(input: &Path) -> (f64, f64) {
     };
     let mut buf = Vec::new();
     let ours = per_line(&mut |l| {
-        let ev = envelope::decode_line_into(l.as_bytes(), trim, std::mem::take(&mut buf)).unwrap();
+        let ev = decode::decode_line_into(l.as_bytes(), trim, std::mem::take(&mut buf)).unwrap();
         buf = ev.object;
     });
     let serde = per_line(&mut |l| {
-        std::hint::black_box(serde_json::from_str::<Line>(l).unwrap());
+        std::hint::black_box(serde_json::from_str::<Line<'_>>(l).unwrap());
     });
     (ours, serde)
 }
@@ -474,9 +475,10 @@ impl Drop for KillOnDrop {
 /// each line to a producer configured like the relay's, as is (no decoding, envelope, headers
 /// or acknowledgement tracking). Timed like the other sides, after a warm-up.
 fn passthrough(bootstrap: &str, topic: &str, url: &str, rv: u64, warmup: u64, n: u64) {
-    let producer: ThreadedProducer<Ctx> = watchrelay::sink::client_config(&kafka_config(bootstrap))
-        .create_with_context(Ctx)
-        .unwrap();
+    let producer: ThreadedProducer<Ctx> =
+        watchrelay::producer::client_config(&kafka_config(bootstrap))
+            .create_with_context(Ctx)
+            .unwrap();
     let addr = url.trim_start_matches("http://");
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     // HTTP/1.0: the body comes without chunk framing, so lines can be handed on as they are.
@@ -566,40 +568,34 @@ fn baseline(bootstrap: &str, topic: &str, input: &Path, warmup: usize) {
                 let l = l.unwrap();
                 let (key, object) = l.split_once('\t').unwrap();
                 let line = format!("{{\"type\":\"MODIFIED\",\"object\":{object}}}");
-                let trim = envelope::Trim {
+                let trim = decode::Trim {
                     drop_managed_fields: true,
                     allow_secret_data: false,
                 };
-                let ev = envelope::decode_line(line.as_bytes(), trim).unwrap();
-                let id = format!("{}/{}", ev.meta.uid, ev.meta.resource_version);
-                let observed = envelope::now_rfc3339();
-                let meta = envelope::EnvelopeMeta {
-                    id: &id,
-                    channel: "/api/v1/namespaces/{namespace}/pods",
-                    operation_id: "watchNamespacedPods",
-                    message: "WatchEvent",
-                    cluster: "bench",
-                    namespace: Some(NS),
-                    resource_version: &ev.meta.resource_version,
-                    observed_at: &observed,
-                    resync: false,
-                    synthetic: false,
-                    truncated_bytes: None,
+                let ev = decode::decode_line(line.as_bytes(), trim).unwrap();
+                let route = Route {
+                    topic: topic.to_string(),
+                    source: format!("/clusters/bench/api/v1/namespaces/{NS}/pods"),
+                    channel: "/api/v1/namespaces/{namespace}/pods".into(),
+                    operation_id: "watchNamespacedPods".into(),
+                    message: "WatchEvent".into(),
+                    cluster: "bench".into(),
+                    namespace: Some(NS.into()),
                 };
-                let value = envelope::envelope_value("MODIFIED", &ev.object, &meta);
-                let source = format!("/clusters/bench/api/v1/namespaces/{NS}/pods");
-                let headers = envelope::cloudevents_headers(&meta, "MODIFIED", &source, key)
-                    .iter()
-                    .fold(OwnedHeaders::new(), |h, (k, v)| {
-                        h.insert(Header {
-                            key: k,
-                            value: Some(v.as_str()),
-                        })
-                    });
+                let a = Announcement::change(ev.event_type, ev.meta, false);
+                let rec = envelope::record(&route, &a, &ev.object, Vec::new());
+                assert_eq!(rec.key, key);
+                let value = rec.value;
+                let headers = rec.headers.iter().fold(OwnedHeaders::new(), |h, (k, v)| {
+                    h.insert(Header {
+                        key: k,
+                        value: Some(v.as_str()),
+                    })
+                });
                 (key.to_string(), value, headers)
             })
             .collect();
-    let producer: ThreadedProducer<Ctx> = watchrelay::sink::client_config(&cfg)
+    let producer: ThreadedProducer<Ctx> = watchrelay::producer::client_config(&cfg)
         .create_with_context(Ctx)
         .unwrap();
     let send_all = |records: Vec<(String, Vec<u8>, OwnedHeaders)>| {
@@ -634,7 +630,7 @@ async fn create_topics(bootstrap: &str, names: &[&str]) {
         .set("bootstrap.servers", bootstrap)
         .create()
         .unwrap();
-    let topics: Vec<NewTopic> = names
+    let topics: Vec<NewTopic<'_>> = names
         .iter()
         .map(|n| NewTopic::new(n, 3, TopicReplication::Fixed(1)))
         .collect();

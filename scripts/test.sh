@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints, unit tests, the simulator's fidelity tests and the
-# relay's integration tests against a real Kafka-protocol broker.
+# The whole test suite: formatting, lints, the fast tier (unit tests, the simulator's fidelity
+# tests, the relay in-process against the simulator with a producer in memory), then the
+# end-to-end tests against a real Kafka-protocol broker (feature `e2e`).
+#
+# Plain `cargo test` runs the fast tier alone and needs no broker.
 #
 # With KAFKA_BOOTSTRAP_SERVERS set, the suite runs against that broker; otherwise a local tansu
 # broker is installed (when missing) and started for the run.
@@ -12,7 +15,10 @@ source scripts/lib.sh
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --features e2e --locked -- -D warnings
+
+echo "== fast tier (no broker)"
+cargo test --workspace --locked
 
 if [[ -z ${KAFKA_BOOTSTRAP_SERVERS:-} ]]; then
   broker_dir=$(mktemp -d)
@@ -22,8 +28,8 @@ if [[ -z ${KAFKA_BOOTSTRAP_SERVERS:-} ]]; then
   echo "== broker at $KAFKA_BOOTSTRAP_SERVERS"
 fi
 
-echo "== cargo test"
-cargo test --workspace --locked
+echo "== end-to-end tests (broker at $KAFKA_BOOTSTRAP_SERVERS)"
+cargo test --locked --features e2e --test '*'
 
 echo "== deploy checks (chart, manifests, alert rules, Dockerfile)"
 target=$(target_dir)

@@ -5,11 +5,12 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Deserialize;
 use thiserror::Error;
 
-use crate::catalogue::{self, ChannelPath};
+use crate::channel::{is_topic, topic_rule, Channel, ChannelConfig};
 
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -24,39 +25,39 @@ pub enum ConfigError {
     Invalid { field: String, message: String },
 }
 
-fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+pub(crate) fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         field: field.into(),
         message: message.into(),
     }
 }
 
-/// The whole file.
-#[derive(Debug, Clone, Deserialize)]
+/// The whole file, as written.
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct Config {
+struct File {
     /// Name of this cluster, carried in every envelope and usable in topic templates.
-    pub cluster_name: String,
+    cluster_name: String,
     /// How to reach the Kubernetes API.
     #[serde(default)]
-    pub kubernetes: KubernetesConfig,
+    kubernetes: KubernetesConfig,
     /// The Kafka producer.
-    pub kafka: KafkaConfig,
+    kafka: KafkaConfig,
     /// Where stream positions are stored.
-    pub checkpoint: CheckpointConfig,
+    checkpoint: CheckpointConfig,
     /// The HTTP endpoint for metrics and probes.
     #[serde(default)]
-    pub http: HttpConfig,
+    http: HttpConfig,
     /// Several replicas, one relaying at a time.
     #[serde(default)]
-    pub leader_election: LeaderElectionConfig,
+    leader_election: LeaderElectionConfig,
     /// What to watch.
-    pub channels: Vec<ChannelConfig>,
+    channels: Vec<ChannelConfig>,
     /// Threads running the streams. One (the default) runs every stream, the HTTP endpoint and
     /// the checkpoint writer on a single thread, which costs the least CPU per event because
     /// no task is ever woken across threads; librdkafka compresses and sends on its own threads.
     #[serde(default = "one")]
-    pub worker_threads: usize,
+    worker_threads: usize,
 }
 
 fn one() -> usize {
@@ -259,122 +260,17 @@ impl Default for HttpConfig {
     }
 }
 
-/// The watch event types.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Hash)]
-pub enum EventType {
-    ADDED,
-    MODIFIED,
-    DELETED,
-}
-
-/// One channel: a watch path and what to do with its events.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct ChannelConfig {
-    /// A channel of the built-in catalogue, e.g. `watchNamespacedPods`.
-    pub operation_id: Option<String>,
-    /// A custom watch path template (for any group/version/resource, CRDs included), e.g.
-    /// `/apis/example.com/v1/namespaces/{namespace}/widgets`. Exactly one of `operationId` and
-    /// `path`.
-    pub path: Option<String>,
-    /// Name of the channel in stream ids, metrics and checkpoints; defaults to the operationId.
-    /// Required for custom paths.
-    pub name: Option<String>,
-    /// Message name in envelopes of custom channels (default `WatchEvent`).
-    pub message: Option<String>,
-    /// Watch these namespaces, one stream each.
-    pub namespaces: Option<Vec<String>>,
-    /// Watch all namespaces through one cluster-wide stream.
-    #[serde(default)]
-    pub all_namespaces: bool,
-    /// Watch every namespace whose labels match this selector; namespaces that start matching
-    /// get a stream, namespaces that stop matching or are deleted lose theirs.
-    pub namespace_selector: Option<String>,
-    /// Only objects matching this label selector.
-    pub label_selector: Option<String>,
-    /// Only objects matching this field selector.
-    pub field_selector: Option<String>,
-    /// Which event types to publish (default all three). Bookmarks are controlled by
-    /// `forwardBookmarks`.
-    #[serde(default = "all_event_types")]
-    pub event_types: Vec<EventType>,
-    /// Topic name or template; `{cluster}`, `{namespace}`, `{resource}`, `{operationId}` and
-    /// `{channel}` are replaced.
-    #[serde(default = "default_topic")]
-    pub topic: String,
-    /// Publish BOOKMARK events too.
-    #[serde(default)]
-    pub forward_bookmarks: bool,
-    /// Drop `metadata.managedFields` from objects (default true).
-    #[serde(default = "yes")]
-    pub drop_managed_fields: bool,
-    /// Forward Secret `data` and `stringData` (default false: they are removed).
-    #[serde(default)]
-    pub allow_secret_data: bool,
-}
-
-fn all_event_types() -> Vec<EventType> {
-    vec![EventType::ADDED, EventType::MODIFIED, EventType::DELETED]
-}
-fn default_topic() -> String {
-    "{cluster}.{resource}".into()
-}
-fn yes() -> bool {
-    true
-}
-
-/// Which namespaces a channel covers, after validation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Scope {
-    /// One stream over the collection without a namespace: cluster-scoped resources, or a
-    /// namespaced resource across all namespaces.
-    Cluster,
-    Namespaces(Vec<String>),
-    Selector(String),
-}
-
-/// A validated channel, ready to spawn streams from.
+/// The validated configuration: the file with its channels resolved once, at load.
 #[derive(Debug, Clone)]
-pub struct Channel {
-    pub name: String,
-    pub operation_id: String,
-    pub message: String,
-    pub path: ChannelPath,
-    pub scope: Scope,
-    pub label_selector: Option<String>,
-    pub field_selector: Option<String>,
-    pub forward_added: bool,
-    pub forward_modified: bool,
-    pub forward_deleted: bool,
-    pub forward_bookmarks: bool,
-    pub drop_managed_fields: bool,
-    pub allow_secret_data: bool,
-    pub topic: String,
-    /// Whether this channel is in the built-in catalogue (custom ones are resolved through
-    /// discovery and may not exist yet).
-    pub builtin: bool,
-}
-
-impl Channel {
-    pub fn forwards(&self, event_type: &str) -> bool {
-        match event_type {
-            "ADDED" => self.forward_added,
-            "MODIFIED" => self.forward_modified,
-            "DELETED" => self.forward_deleted,
-            "BOOKMARK" => self.forward_bookmarks,
-            _ => false,
-        }
-    }
-
-    /// The topic for a stream of this channel.
-    pub fn topic_for(&self, cluster: &str, namespace: Option<&str>) -> String {
-        self.topic
-            .replace("{cluster}", cluster)
-            .replace("{namespace}", namespace.unwrap_or("all"))
-            .replace("{resource}", &self.path.resource_name())
-            .replace("{operationId}", &self.operation_id)
-            .replace("{channel}", &self.name)
-    }
+pub struct Config {
+    pub cluster_name: String,
+    pub kubernetes: KubernetesConfig,
+    pub kafka: KafkaConfig,
+    pub checkpoint: CheckpointConfig,
+    pub http: HttpConfig,
+    pub leader_election: LeaderElectionConfig,
+    pub channels: Vec<Arc<Channel>>,
+    pub worker_threads: usize,
 }
 
 impl Config {
@@ -395,16 +291,43 @@ impl Config {
         text: &str,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let mut cfg: Config =
+        let mut file: File =
             serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
-        for (key, value) in cfg.kafka.properties.iter_mut() {
+        for (key, value) in file.kafka.properties.iter_mut() {
             *value = expand_env(value, &env)
                 .map_err(|m| invalid(format!("kafka.properties.{key}"), m))?;
         }
-        cfg.validate()?;
-        Ok(cfg)
+        file.validate()?;
+        let channels = file
+            .channels
+            .iter()
+            .enumerate()
+            .map(|(i, c)| c.resolve(i, &file.cluster_name).map(Arc::new))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut names = std::collections::HashSet::new();
+        for (i, c) in channels.iter().enumerate() {
+            if !names.insert(c.name.clone()) {
+                return Err(invalid(
+                    format!("channels[{i}].name"),
+                    format!("duplicate channel name {:?}", c.name),
+                ));
+            }
+        }
+        Ok(Config {
+            cluster_name: file.cluster_name,
+            kubernetes: file.kubernetes,
+            kafka: file.kafka,
+            checkpoint: file.checkpoint,
+            http: file.http,
+            leader_election: file.leader_election,
+            channels,
+            worker_threads: file.worker_threads,
+        })
     }
+}
 
+impl File {
+    /// Checks everything but the channels, which are validated as they are resolved.
     fn validate(&self) -> Result<(), ConfigError> {
         if !is_dns_label(&self.cluster_name) {
             return Err(invalid(
@@ -451,164 +374,7 @@ impl Config {
         if self.channels.is_empty() {
             return Err(invalid("channels", "at least one channel is required"));
         }
-        let channels = self.channels()?;
-        let mut names = std::collections::HashSet::new();
-        for (i, c) in channels.iter().enumerate() {
-            if !names.insert(c.name.clone()) {
-                return Err(invalid(
-                    format!("channels[{i}].name"),
-                    format!("duplicate channel name {:?}", c.name),
-                ));
-            }
-        }
         Ok(())
-    }
-
-    /// The validated channels.
-    pub fn channels(&self) -> Result<Vec<Channel>, ConfigError> {
-        self.channels
-            .iter()
-            .enumerate()
-            .map(|(i, c)| c.resolve(i, &self.cluster_name))
-            .collect()
-    }
-}
-
-impl ChannelConfig {
-    fn resolve(&self, i: usize, cluster: &str) -> Result<Channel, ConfigError> {
-        let f = |name: &str| format!("channels[{i}].{name}");
-        let (operation_id, path, message, builtin) = match (&self.operation_id, &self.path) {
-            (Some(op), None) => {
-                let entry = catalogue::lookup(op).ok_or_else(|| {
-                    let known: Vec<_> = catalogue::CATALOGUE
-                        .iter()
-                        .map(|c| c.operation_id)
-                        .collect();
-                    invalid(
-                        f("operationId"),
-                        format!("unknown operationId {op:?}; known: {}", known.join(", ")),
-                    )
-                })?;
-                if self.message.is_some() {
-                    return Err(invalid(
-                        f("message"),
-                        "only custom channels (path) can set message",
-                    ));
-                }
-                let path = ChannelPath::parse(entry.path).expect("catalogue paths are valid");
-                (op.clone(), path, entry.message.to_string(), true)
-            }
-            (None, Some(p)) => {
-                let path = ChannelPath::parse(p).map_err(|e| invalid(f("path"), e.to_string()))?;
-                if self.name.is_none() {
-                    return Err(invalid(f("name"), "required for a custom path"));
-                }
-                let msg = self.message.clone().unwrap_or_else(|| "WatchEvent".into());
-                (format!("watch{}", path.resource), path, msg, false)
-            }
-            _ => {
-                return Err(invalid(
-                    f("operationId"),
-                    "set exactly one of operationId and path",
-                ))
-            }
-        };
-        let name = self.name.clone().unwrap_or_else(|| operation_id.clone());
-        if name.is_empty()
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        {
-            return Err(invalid(
-                f("name"),
-                "must be non-empty and use only letters, digits, '-' and '_'",
-            ));
-        }
-        let scopes = [
-            self.namespaces.is_some(),
-            self.all_namespaces,
-            self.namespace_selector.is_some(),
-        ];
-        let scope = if !path.namespaced {
-            if scopes.iter().any(|s| *s) {
-                return Err(invalid(
-                    f("namespaces"),
-                    "this channel is not namespaced: namespaces, allNamespaces and namespaceSelector do not apply",
-                ));
-            }
-            Scope::Cluster
-        } else {
-            match scopes.iter().filter(|s| **s).count() {
-                1 => {}
-                _ => {
-                    return Err(invalid(
-                        f("namespaces"),
-                        "a namespaced channel needs exactly one of namespaces, allNamespaces and namespaceSelector",
-                    ))
-                }
-            }
-            if let Some(list) = &self.namespaces {
-                if list.is_empty() {
-                    return Err(invalid(f("namespaces"), "must not be empty"));
-                }
-                for (j, ns) in list.iter().enumerate() {
-                    if !is_dns_label(ns) {
-                        return Err(invalid(
-                            format!("channels[{i}].namespaces[{j}]"),
-                            format!("{ns:?} is not a namespace name"),
-                        ));
-                    }
-                }
-                Scope::Namespaces(list.clone())
-            } else if let Some(sel) = &self.namespace_selector {
-                if sel.trim().is_empty() {
-                    return Err(invalid(f("namespaceSelector"), "must not be empty"));
-                }
-                Scope::Selector(sel.clone())
-            } else {
-                Scope::Cluster
-            }
-        };
-        if self.event_types.is_empty() && !self.forward_bookmarks {
-            return Err(invalid(f("eventTypes"), "selects nothing to publish"));
-        }
-        let channel = Channel {
-            name,
-            operation_id,
-            message,
-            path,
-            scope,
-            label_selector: self.label_selector.clone(),
-            field_selector: self.field_selector.clone(),
-            forward_added: self.event_types.contains(&EventType::ADDED),
-            forward_modified: self.event_types.contains(&EventType::MODIFIED),
-            forward_deleted: self.event_types.contains(&EventType::DELETED),
-            forward_bookmarks: self.forward_bookmarks,
-            drop_managed_fields: self.drop_managed_fields,
-            allow_secret_data: self.allow_secret_data,
-            topic: self.topic.clone(),
-            builtin,
-        };
-        let mut template = self.topic.clone();
-        for var in [
-            "{cluster}",
-            "{namespace}",
-            "{resource}",
-            "{operationId}",
-            "{channel}",
-        ] {
-            template = template.replace(var, "x");
-        }
-        if template.contains(['{', '}']) {
-            return Err(invalid(
-                f("topic"),
-                "unknown template variable; use {cluster}, {namespace}, {resource}, {operationId} or {channel}",
-            ));
-        }
-        if !is_topic(&channel.topic_for(cluster, Some("x"))) {
-            return Err(invalid(f("topic"), topic_rule()));
-        }
-        Ok(channel)
     }
 }
 
@@ -645,18 +411,7 @@ fn expand_env(value: &str, env: impl Fn(&str) -> Option<String>) -> Result<Strin
     Ok(out)
 }
 
-fn topic_rule() -> &'static str {
-    "a topic name is 1-249 characters of a-z, A-Z, 0-9, '.', '_' and '-'"
-}
-
-fn is_topic(t: &str) -> bool {
-    !t.is_empty()
-        && t.len() <= 249
-        && t.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-}
-
-fn is_dns_label(s: &str) -> bool {
+pub(crate) fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.chars()
@@ -665,13 +420,14 @@ fn is_dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
-fn is_dns_subdomain(s: &str) -> bool {
+pub(crate) fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::channel::Scope;
 
     const BASE: &str = "clusterName: prod\nkafka:\n  bootstrapServers: 127.0.0.1:9092\n  oversize: trim\ncheckpoint:\n  namespace: watchrelay\n";
 
@@ -692,7 +448,7 @@ mod tests {
             "  - operationId: watchNamespacedPods\n    namespaces: [default, kube-system]\n  - operationId: watchNodes\n  - operationId: watchNamespacedServices\n    namespaceSelector: team=a\n  - path: /apis/example.com/v1/namespaces/{namespace}/widgets\n    name: widgets\n    allNamespaces: true\n    topic: \"{cluster}.{namespace}.{resource}\"\n",
         )
         .unwrap();
-        let ch = cfg.channels().unwrap();
+        let ch = &cfg.channels;
         assert_eq!(
             ch[0].scope,
             Scope::Namespaces(vec!["default".into(), "kube-system".into()])

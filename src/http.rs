@@ -1,9 +1,7 @@
 //! `/metrics`, `/healthz` and `/readyz`.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -14,30 +12,13 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::checkpoint::Streams;
 use crate::metrics::Metrics;
-
-/// Ready means every stream has synced and has its watch open, not merely that the process runs.
-/// A standby replica is ready too: it is doing its job, and a rolling update has to be able to
-/// start one before the leader stops.
-pub fn ready(streams: &Mutex<Streams>) -> (bool, Vec<String>) {
-    let s = streams.lock().expect("streams lock poisoned");
-    if s.standby {
-        return (true, Vec::new());
-    }
-    let down: Vec<String> = s
-        .live
-        .values()
-        .filter(|st| !st.up.load(Ordering::Acquire))
-        .map(|st| st.id.clone())
-        .collect();
-    (down.is_empty() && !s.live.is_empty(), down)
-}
+use crate::registry::{Readiness, Registry};
 
 fn respond(
     req: &Request<Incoming>,
     metrics: &Metrics,
-    streams: &Mutex<Streams>,
+    registry: &Registry,
 ) -> Response<Full<Bytes>> {
     let (status, body, ctype) = match req.uri().path() {
         "/metrics" => (
@@ -46,9 +27,9 @@ fn respond(
             "text/plain; version=0.0.4",
         ),
         "/healthz" => (StatusCode::OK, b"ok\n".to_vec(), "text/plain"),
-        "/readyz" => match ready(streams) {
-            (true, _) => (StatusCode::OK, b"ready\n".to_vec(), "text/plain"),
-            (false, down) => (
+        "/readyz" => match registry.readiness() {
+            Readiness { ready: true, .. } => (StatusCode::OK, b"ready\n".to_vec(), "text/plain"),
+            Readiness { down, .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("not ready; streams not watching: {}\n", down.join(", ")).into_bytes(),
                 "text/plain",
@@ -63,15 +44,12 @@ fn respond(
         .expect("static response parts are valid")
 }
 
-/// Binds now (so a bad address fails at start) and serves until `cancel`.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
-}
-
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` (bound by the caller, so a bad
+/// address fails at start) until `cancel`.
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
-    streams: Arc<Mutex<Streams>>,
+    registry: Registry,
     cancel: CancellationToken,
 ) {
     loop {
@@ -86,10 +64,10 @@ pub async fn serve(
             },
         };
         let metrics = metrics.clone();
-        let streams = streams.clone();
+        let registry = registry.clone();
         tokio::spawn(async move {
             let svc = service_fn(move |req| {
-                let r = respond(&req, &metrics, &streams);
+                let r = respond(&req, &metrics, &registry);
                 async move { Ok::<_, Infallible>(r) }
             });
             let _ = hyper::server::conn::http1::Builder::new()

@@ -72,7 +72,7 @@ pub struct Query<'a> {
     pub field_selector: Option<&'a str>,
 }
 
-fn url(path: &str, q: &Query, extra: &[(&str, &str)]) -> String {
+fn url(path: &str, q: &Query<'_>, extra: &[(&str, &str)]) -> String {
     let mut s = form_urlencoded::Serializer::new(String::new());
     if let Some(l) = q.label_selector {
         s.append_pair("labelSelector", l);
@@ -192,6 +192,15 @@ pub struct Watch {
     /// Bytes of `buf` already searched for a newline, so long lines are scanned once.
     scanned: usize,
     done: bool,
+}
+
+impl std::fmt::Debug for Watch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watch")
+            .field("buffered", &self.buf.len())
+            .field("done", &self.done)
+            .finish()
+    }
 }
 
 /// Where a watch starts.

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::Api;
 use tokio_util::sync::CancellationToken;
@@ -70,7 +71,7 @@ pub fn identity(cfg: &LeaderElectionConfig) -> String {
 }
 
 fn now() -> MicroTime {
-    MicroTime(k8s_openapi::jiff::Timestamp::now())
+    MicroTime(Timestamp::now())
 }
 
 impl Elector {

@@ -1,16 +1,37 @@
 //! watchrelay: Kubernetes watch streams to Kafka topics, at least once.
-#![forbid(unsafe_code)]
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`config`], [`channel`], [`catalogue`] | the configuration file, parsed once into resolved channels |
+//! | [`event`] | the watch event types |
+//! | [`decode`] | watch line / list item to [`decode::WatchEvent`] (pure) |
+//! | [`envelope`] | announcement to Kafka record (pure) |
+//! | `stream` | one stream's state machine and its driver |
+//! | `outbox` | one stream's delivery: ordered acks, backpressure, oversize, drain |
+//! | [`producer`] | the Kafka producer, and one in memory for tests |
+//! | [`registry`] | live streams, their phases and checkpoints, this replica's role |
+//! | [`checkpoint`] | the checkpoint ConfigMap: format, store, writer loop |
+//! | [`relay`] | the facade and the supervisor |
+//! | `leader` | leader election over a Lease |
+//! | [`http`], [`metrics`] | `/metrics`, `/healthz`, `/readyz` |
 
 pub mod catalogue;
+pub mod channel;
 pub mod checkpoint;
 pub mod config;
+pub mod decode;
 pub mod envelope;
+pub mod event;
 pub mod http;
-pub mod json;
-pub mod kubeapi;
-pub mod leader;
+mod json;
+mod kubeapi;
+mod leader;
 pub mod metrics;
+mod outbox;
+pub mod producer;
+pub mod registry;
 pub mod relay;
-pub mod sink;
-pub mod stream;
-pub mod tracker;
+mod stream;
+mod tracker;
+
+pub use relay::{Relay, RelayError};

@@ -1,5 +1,4 @@
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context, Result};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -7,9 +6,8 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
-use watchrelay::checkpoint::Streams;
 use watchrelay::config::{Config, KubernetesConfig};
-use watchrelay::metrics::Metrics;
+use watchrelay::Relay;
 
 const USAGE: &str = "usage:
   watchrelay run --config FILE      relay the configured channels to Kafka
@@ -36,9 +34,8 @@ fn cli() -> Result<()> {
         ["check-config", file] => {
             let cfg = Config::load(&PathBuf::from(file))
                 .with_context(|| format!("{file} is not valid"))?;
-            let channels = cfg.channels()?;
-            println!("{file}: ok ({} channels)", channels.len());
-            for c in channels {
+            println!("{file}: ok ({} channels)", cfg.channels.len());
+            for c in &cfg.channels {
                 println!(
                     "  {} {} -> {} ({:?})",
                     c.name, c.path.template, c.topic, c.scope
@@ -80,31 +77,29 @@ fn run(file: PathBuf) -> Result<()> {
         }
     };
     runtime.enable_all().build()?.block_on(async move {
-        let shutdown = CancellationToken::new();
-        spawn_signal_handler(shutdown.clone())?;
-        let metrics = Arc::new(Metrics::new());
-        let streams = Arc::new(Mutex::new(Streams::default()));
+        let client = kube_client(&cfg.kubernetes)
+            .await
+            .context("connecting to the Kubernetes API")?;
+        let listen = cfg.http.listen.clone();
+        let relay = Relay::new(cfg, client);
+        spawn_signal_handler(relay.shutdown())?;
         let http_cancel = CancellationToken::new();
-        if !cfg.http.listen.is_empty() {
-            let addr =
-                cfg.http.listen.parse().with_context(|| {
-                    format!("http.listen {:?} is not an address", cfg.http.listen)
-                })?;
-            let listener = watchrelay::http::bind(addr)
+        if !listen.is_empty() {
+            let addr: std::net::SocketAddr = listen
+                .parse()
+                .with_context(|| format!("http.listen {listen:?} is not an address"))?;
+            let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("binding http.listen {addr}"))?;
             tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
             tokio::spawn(watchrelay::http::serve(
                 listener,
-                metrics.clone(),
-                streams.clone(),
+                relay.metrics(),
+                relay.registry(),
                 http_cancel.clone(),
             ));
         }
-        let client = kube_client(&cfg.kubernetes)
-            .await
-            .context("connecting to the Kubernetes API")?;
-        let result = watchrelay::relay::run_elected(cfg, client, metrics, shutdown, streams).await;
+        let result = relay.run().await;
         http_cancel.cancel();
         result.context("relay failed")
     })

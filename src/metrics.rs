@@ -34,12 +34,14 @@ pub struct Metrics {
     pub stream_up: IntGaugeVec,
     /// Seconds from reading an event off the watch to Kafka's acknowledgement.
     pub publish_latency: HistogramVec,
-    /// Checkpoint ConfigMap writes, by result (ok, conflict, error).
+    /// Checkpoint ConfigMap writes, by result (ok, error).
     pub checkpoint_writes: IntCounterVec,
     /// Streams whose known-object set did not fit in the checkpoint ConfigMap.
     pub checkpoint_known_dropped: IntCounterVec,
     /// 1 while this replica relays (always, without leader election).
     pub leader: IntGauge,
+    /// The configured bound on records awaiting acknowledgement per stream.
+    pub in_flight_limit: IntGauge,
 }
 
 impl Metrics {
@@ -74,11 +76,18 @@ impl Metrics {
         registry
             .register(Box::new(publish_latency.clone()))
             .expect("each metric is registered once");
-        let leader = IntGauge::new("leader", "1 while this replica holds the lease and relays")
-            .expect("static metric definitions are valid");
-        registry
-            .register(Box::new(leader.clone()))
-            .expect("each metric is registered once");
+        let single = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).expect("static metric definitions are valid");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("each metric is registered once");
+            g
+        };
+        let leader = single("leader", "1 while this replica holds the lease and relays");
+        let in_flight_limit = single(
+            "in_flight_limit",
+            "Records that may await acknowledgement per stream (kafka.maxInFlightPerStream)",
+        );
         Self {
             events_received: counter(
                 "events_received_total",
@@ -144,6 +153,7 @@ impl Metrics {
             stream_up: gauge("stream_up", "1 while the stream is synced and watching"),
             publish_latency,
             leader,
+            in_flight_limit,
             registry,
         }
     }

@@ -1,8 +1,12 @@
-//! The supervisor: spawns one stream per (channel, namespace), follows namespace selectors,
-//! writes checkpoints, and shuts everything down in order.
+//! The facade and the supervisor.
 //!
-//! Shutdown order: streams stop reading and wait for their outstanding deliveries, the producer
-//! is flushed, and the checkpoint is written one last time, so a clean stop replays nothing.
+//! [`Relay`] starts the whole relay — for `main` and for tests alike: leader election when
+//! configured, then per leadership term the supervisor, which spawns one stream per (channel,
+//! namespace), follows namespace selectors, runs the checkpoint writer, and shuts everything
+//! down in order.
+//!
+//! Shutdown order: streams stop reading and drain their outstanding deliveries, the producer is
+//! flushed, and the checkpoint is written one last time, so a clean stop replays nothing.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,31 +22,212 @@ use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::checkpoint::{self, CheckpointError, Saved, Store, StreamShared, Streams};
-use crate::config::{Channel, Config, Scope};
+use crate::channel::{Channel, Scope};
+use crate::checkpoint::{self, CheckpointError, Saved, Store};
+use crate::config::Config;
 use crate::leader::Elector;
 use crate::metrics::Metrics;
-use crate::sink::{Sink, SinkError};
-use crate::stream::{stream_id, Settings, Stream};
+use crate::producer::{self, Producer};
+use crate::registry::{Registry, Role};
+use crate::stream::{Stream, Wiring};
 
 #[derive(Debug, Error)]
 pub enum RelayError {
-    #[error(transparent)]
-    Sink(#[from] SinkError),
+    #[error("cannot create the Kafka producer: {0}")]
+    Producer(#[source] rdkafka::error::KafkaError),
     #[error("loading checkpoints: {0}")]
     Checkpoint(#[from] CheckpointError),
-    #[error("configuration: {0}")]
-    Config(#[from] crate::config::ConfigError),
 }
 
-/// Everything a stream needs, shared by the supervisor and the namespace followers.
-#[derive(Clone)]
-struct Spawner {
-    settings: Arc<Settings>,
+/// Where records go: a new Kafka producer per leadership term, or one given producer.
+enum Sink {
+    Kafka,
+    Given(Arc<dyn Producer>),
+}
+
+/// The whole relay. Take the handles you need ([`Relay::metrics`], [`Relay::registry`],
+/// [`Relay::shutdown`]) before [`Relay::run`].
+pub struct Relay {
+    cfg: Arc<Config>,
     client: kube::Client,
     sink: Sink,
     metrics: Arc<Metrics>,
-    streams: Arc<Mutex<Streams>>,
+    registry: Registry,
+    shutdown: CancellationToken,
+}
+
+impl Relay {
+    pub fn new(cfg: Config, client: kube::Client) -> Self {
+        let metrics = Arc::new(Metrics::new());
+        metrics
+            .in_flight_limit
+            .set(i64::try_from(cfg.kafka.max_in_flight_per_stream).unwrap_or(i64::MAX));
+        Self {
+            cfg: Arc::new(cfg),
+            client,
+            sink: Sink::Kafka,
+            metrics,
+            registry: Registry::new(),
+            shutdown: CancellationToken::new(),
+        }
+    }
+
+    /// Sends records to `producer` instead of Kafka.
+    pub fn with_producer(mut self, producer: Arc<dyn Producer>) -> Self {
+        self.sink = Sink::Given(producer);
+        self
+    }
+
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    pub fn registry(&self) -> Registry {
+        self.registry.clone()
+    }
+
+    /// Cancel it to stop: the relay drains, writes its last checkpoint and returns.
+    pub fn shutdown(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Runs until shut down; with leader election on, relays only while this replica holds the
+    /// Lease. A replica that loses the Lease drains (its checkpoints still cover only what
+    /// Kafka acknowledged) and stands by again; a clean stop releases the Lease so a standby
+    /// takes over at once.
+    pub async fn run(self) -> Result<(), RelayError> {
+        if !self.cfg.leader_election.enabled {
+            self.metrics.leader.set(1);
+            return self.term(self.shutdown.clone()).await;
+        }
+        let le = &self.cfg.leader_election;
+        let namespace = le
+            .namespace
+            .as_ref()
+            .unwrap_or(&self.cfg.checkpoint.namespace);
+        let mut elector = Elector::new(self.client.clone(), namespace, le);
+        tracing::info!(lease = %elector.name(), identity = %elector.identity(), "leader election on");
+        loop {
+            self.registry.begin_term(Role::Standby);
+            // A stop while standing by (or while draining after a loss) ends here; the release
+            // covers an attempt that won the Lease just as the stop came.
+            if self.shutdown.is_cancelled() || !elector.acquire(&self.shutdown).await {
+                elector.release().await;
+                return Ok(());
+            }
+            self.registry.begin_term(Role::Leader);
+            self.metrics.leader.set(1);
+            let stop = self.shutdown.child_token();
+            let done = CancellationToken::new();
+            let relay = async {
+                let result = self.term(stop.clone()).await;
+                done.cancel();
+                result
+            };
+            let keeper = async {
+                let lost = elector.keep(&done).await;
+                if lost.is_some() {
+                    self.metrics.leader.set(0);
+                    stop.cancel();
+                }
+                lost
+            };
+            let (result, lost) = tokio::join!(relay, keeper);
+            self.metrics.leader.set(0);
+            match (result, lost) {
+                (result, None) => {
+                    elector.release().await;
+                    return result;
+                }
+                (Err(e), Some(_)) => return Err(e),
+                (Ok(()), Some(why)) => {
+                    tracing::error!(lease = %elector.name(), %why, "lost the lease; stopped relaying and standing by");
+                }
+            }
+        }
+    }
+
+    /// One term of relaying, until `stop`; then drains and writes the final checkpoint.
+    async fn term(&self, stop: CancellationToken) -> Result<(), RelayError> {
+        let producer: Arc<dyn Producer> = match &self.sink {
+            Sink::Kafka => {
+                Arc::new(producer::Kafka::new(&self.cfg.kafka).map_err(RelayError::Producer)?)
+            }
+            Sink::Given(p) => p.clone(),
+        };
+        let store = Store::new(
+            self.client.clone(),
+            &self.cfg.checkpoint.namespace,
+            &self.cfg.checkpoint.name,
+        );
+        let saved = store.load().await?;
+        tracing::info!(streams = saved.len(), "loaded checkpoints");
+        let supervisor = Supervisor {
+            wiring: Arc::new(Wiring {
+                cfg: self.cfg.clone(),
+                client: self.client.clone(),
+                producer: producer.clone(),
+                metrics: self.metrics.clone(),
+            }),
+            registry: self.registry.clone(),
+            saved: Arc::new(Mutex::new(saved)),
+            tasks: TaskTracker::new(),
+        };
+        let streams_cancel = CancellationToken::new();
+        for channel in &self.cfg.channels {
+            match &channel.scope {
+                Scope::Cluster => {
+                    supervisor.spawn(channel, None, &streams_cancel);
+                }
+                Scope::Namespaces(list) => {
+                    for ns in list {
+                        supervisor.spawn(channel, Some(ns.clone()), &streams_cancel);
+                    }
+                }
+                Scope::Selector(sel) => {
+                    let follower = supervisor.clone().follow_namespaces(
+                        channel.clone(),
+                        sel.clone(),
+                        streams_cancel.child_token(),
+                    );
+                    supervisor.tasks.spawn(follower);
+                }
+            }
+        }
+        let writer_cancel = CancellationToken::new();
+        let writer = tokio::spawn(checkpoint::writer::run(
+            store,
+            self.registry.clone(),
+            self.metrics.clone(),
+            Duration::from_millis(self.cfg.checkpoint.interval_ms),
+            writer_cancel.clone(),
+        ));
+
+        stop.cancelled().await;
+        tracing::info!("shutting down: draining streams");
+        streams_cancel.cancel();
+        supervisor.tasks.close();
+        supervisor.tasks.wait().await;
+        let flush_timeout = Duration::from_secs(self.cfg.kafka.flush_timeout_seconds);
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || producer.flush(flush_timeout)).await
+        {
+            tracing::warn!(error = %e, "producer flush incomplete");
+        }
+        writer_cancel.cancel();
+        if let Err(e) = writer.await {
+            tracing::error!(error = %e, "checkpoint writer panicked");
+        }
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+/// Spawns streams and follows namespace selectors, within one term.
+#[derive(Clone)]
+struct Supervisor {
+    wiring: Arc<Wiring>,
+    registry: Registry,
+    /// Checkpoints loaded at the start of the term, taken by the first stream of each id.
     saved: Arc<Mutex<HashMap<String, Saved>>>,
     tasks: TaskTracker,
 }
@@ -61,42 +246,32 @@ impl Handle {
     }
 }
 
-impl Spawner {
+impl Supervisor {
     fn spawn(
         &self,
         channel: &Arc<Channel>,
         namespace: Option<String>,
         parent: &CancellationToken,
     ) -> Handle {
-        let id = stream_id(channel, namespace.as_deref());
+        let id = channel.stream_id(namespace.as_deref());
         let saved = self.saved.lock().expect("saved lock poisoned").remove(&id);
-        let shared = StreamShared::new(id.clone(), saved);
-        self.streams
-            .lock()
-            .expect("streams lock poisoned")
-            .live
-            .insert(id.clone(), shared.clone());
+        let reporter = self.registry.register(&id);
         let cancel = parent.child_token();
         let retire = Arc::new(AtomicBool::new(false));
         let stream = Stream::new(
             channel.clone(),
             namespace,
-            self.settings.clone(),
-            self.client.clone(),
-            self.sink.clone(),
-            self.metrics.clone(),
-            shared,
+            &self.wiring,
+            reporter,
+            saved,
             cancel.clone(),
         );
-        let streams = self.streams.clone();
         let retired = retire.clone();
         tracing::info!(stream = %id, "starting stream");
         self.tasks.spawn(async move {
-            stream.run().await;
+            let reporter = stream.run().await;
             if retired.load(Ordering::Acquire) {
-                let mut s = streams.lock().expect("streams lock poisoned");
-                s.live.remove(&id);
-                s.removed.push(id.clone());
+                reporter.retire();
                 tracing::info!(stream = %id, "stream retired");
             }
         });
@@ -110,7 +285,7 @@ impl Spawner {
         selector: String,
         cancel: CancellationToken,
     ) {
-        let api: Api<Namespace> = Api::all(self.client.clone());
+        let api: Api<Namespace> = Api::all(self.wiring.client.clone());
         let mut events = watcher::watcher(api, watcher::Config::default().labels(&selector))
             .default_backoff()
             .boxed();
@@ -155,205 +330,6 @@ impl Spawner {
                     tracing::warn!(channel = %channel.name, error = %e, "namespace watch failed; retrying")
                 }
             }
-        }
-    }
-}
-
-/// Runs the relay until `shutdown`; with leader election on, only while this replica holds the
-/// Lease. A replica that loses the Lease drains (its checkpoints still cover only what Kafka
-/// acknowledged) and stands by again; a clean stop releases the Lease so a standby takes over at
-/// once.
-pub async fn run_elected(
-    cfg: Config,
-    client: kube::Client,
-    metrics: Arc<Metrics>,
-    shutdown: CancellationToken,
-    streams: Arc<Mutex<Streams>>,
-) -> Result<(), RelayError> {
-    if !cfg.leader_election.enabled {
-        metrics.leader.set(1);
-        return run(cfg, client, metrics, shutdown, streams).await;
-    }
-    let le = &cfg.leader_election;
-    let namespace = le.namespace.as_ref().unwrap_or(&cfg.checkpoint.namespace);
-    let mut elector = Elector::new(client.clone(), namespace, le);
-    tracing::info!(lease = %elector.name(), identity = %elector.identity(), "leader election on");
-    loop {
-        {
-            let mut s = streams.lock().expect("streams lock poisoned");
-            s.standby = true;
-            // Streams of an earlier term are gone; their checkpoints were written when it ended.
-            s.live.clear();
-            s.removed.clear();
-        }
-        // A stop while standing by (or while draining after a loss) ends here; the release
-        // covers an attempt that won the Lease just as the stop came.
-        if shutdown.is_cancelled() || !elector.acquire(&shutdown).await {
-            elector.release().await;
-            return Ok(());
-        }
-        streams.lock().expect("streams lock poisoned").standby = false;
-        metrics.leader.set(1);
-        let stop = shutdown.child_token();
-        let done = CancellationToken::new();
-        let relay = async {
-            let result = run(
-                cfg.clone(),
-                client.clone(),
-                metrics.clone(),
-                stop.clone(),
-                streams.clone(),
-            )
-            .await;
-            done.cancel();
-            result
-        };
-        let keeper = async {
-            let lost = elector.keep(&done).await;
-            if lost.is_some() {
-                metrics.leader.set(0);
-                stop.cancel();
-            }
-            lost
-        };
-        let (result, lost) = tokio::join!(relay, keeper);
-        metrics.leader.set(0);
-        match (result, lost) {
-            (result, None) => {
-                elector.release().await;
-                return result;
-            }
-            (Err(e), Some(_)) => return Err(e),
-            (Ok(()), Some(why)) => {
-                tracing::error!(lease = %elector.name(), %why, "lost the lease; stopped relaying and standing by");
-            }
-        }
-    }
-}
-
-/// Runs the relay until `shutdown` is cancelled, then drains and writes the final checkpoint.
-pub async fn run(
-    cfg: Config,
-    client: kube::Client,
-    metrics: Arc<Metrics>,
-    shutdown: CancellationToken,
-    streams: Arc<Mutex<Streams>>,
-) -> Result<(), RelayError> {
-    let channels = cfg.channels()?;
-    let sink = Sink::new(&cfg.kafka)?;
-    let store = Store::new(
-        client.clone(),
-        &cfg.checkpoint.namespace,
-        &cfg.checkpoint.name,
-    );
-    let saved = store.load().await?;
-    tracing::info!(streams = saved.len(), "loaded checkpoints");
-    let spawner = Spawner {
-        settings: Arc::new(Settings::from_config(&cfg)),
-        client,
-        sink: sink.clone(),
-        metrics: metrics.clone(),
-        streams: streams.clone(),
-        saved: Arc::new(Mutex::new(saved)),
-        tasks: TaskTracker::new(),
-    };
-    let streams_cancel = CancellationToken::new();
-    let mut handles = Vec::new();
-    for channel in channels.into_iter().map(Arc::new) {
-        match &channel.scope {
-            Scope::Cluster => handles.push(spawner.spawn(&channel, None, &streams_cancel)),
-            Scope::Namespaces(list) => {
-                for ns in list {
-                    handles.push(spawner.spawn(&channel, Some(ns.clone()), &streams_cancel));
-                }
-            }
-            Scope::Selector(sel) => {
-                let follower = spawner.clone().follow_namespaces(
-                    channel.clone(),
-                    sel.clone(),
-                    streams_cancel.child_token(),
-                );
-                spawner.tasks.spawn(follower);
-            }
-        }
-    }
-    let writer_cancel = CancellationToken::new();
-    let writer = tokio::spawn(write_checkpoints(
-        store,
-        streams.clone(),
-        metrics.clone(),
-        Duration::from_millis(cfg.checkpoint.interval_ms),
-        writer_cancel.clone(),
-    ));
-
-    shutdown.cancelled().await;
-    tracing::info!("shutting down: draining streams");
-    streams_cancel.cancel();
-    spawner.tasks.close();
-    spawner.tasks.wait().await;
-    drop(handles);
-    let flush_timeout = Duration::from_secs(cfg.kafka.flush_timeout_seconds);
-    let producer = sink.clone();
-    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || producer.flush(flush_timeout)).await {
-        tracing::warn!(error = %e, "producer flush incomplete");
-    }
-    writer_cancel.cancel();
-    if let Err(e) = writer.await {
-        tracing::error!(error = %e, "checkpoint writer panicked");
-    }
-    tracing::info!("stopped");
-    Ok(())
-}
-
-/// Writes dirty checkpoints every `interval`, and once more after `cancel`.
-async fn write_checkpoints(
-    store: Store,
-    streams: Arc<Mutex<Streams>>,
-    metrics: Arc<Metrics>,
-    interval: Duration,
-    cancel: CancellationToken,
-) {
-    loop {
-        let last = tokio::select! {
-            _ = cancel.cancelled() => true,
-            _ = tokio::time::sleep(interval) => false,
-        };
-        let updates = checkpoint::collect(&streams, false);
-        if !updates.is_empty() {
-            match store.write(&updates).await {
-                Ok(dropped) => {
-                    metrics.checkpoint_writes.with_label_values(&["ok"]).inc();
-                    for id in &dropped {
-                        metrics
-                            .checkpoint_known_dropped
-                            .with_label_values(&[id])
-                            .inc();
-                        tracing::warn!(stream = %id, "known-object set too large for the checkpoint ConfigMap; deletions during a future outage cannot be inferred for this stream");
-                    }
-                }
-                Err(e) => {
-                    metrics
-                        .checkpoint_writes
-                        .with_label_values(&["error"])
-                        .inc();
-                    tracing::warn!(error = %e, "checkpoint write failed; will retry");
-                    // Retry these streams and removals next time.
-                    let mut s = streams.lock().expect("streams lock poisoned");
-                    for (k, v) in &updates {
-                        match v {
-                            Some(_) => {
-                                if let Some(st) = s.live.get(k) {
-                                    st.dirty.store(true, Ordering::Release);
-                                }
-                            }
-                            None => s.removed.push(k.clone()),
-                        }
-                    }
-                }
-            }
-        }
-        if last {
-            break;
         }
     }
 }

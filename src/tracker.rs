@@ -120,6 +120,13 @@ impl Tracker {
         before != self.checkpoint
     }
 
+    /// Whether `seq` awaits acknowledgement (not yet acknowledged, nor forgotten by a reset).
+    pub fn is_pending(&self, seq: u64) -> bool {
+        seq.checked_sub(self.base)
+            .and_then(|i| self.pending.get(i as usize))
+            .is_some_and(|e| !e.done)
+    }
+
     /// Events sent but not yet acknowledged (entries behind them included).
     pub fn in_flight(&self) -> usize {
         self.pending.len()
@@ -210,7 +217,9 @@ mod tests {
         t.ack(d);
         assert!(!t.known().contains_key("a"));
         let e = t.push(Some("3".into()), up("e", "3"));
+        assert!(t.is_pending(e));
         t.reset();
+        assert!(!t.is_pending(e));
         assert!(!t.ack(e));
         assert_eq!(t.checkpoint(), Some("2"));
         assert_eq!(t.in_flight(), 0);

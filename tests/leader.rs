@@ -9,6 +9,7 @@ use std::time::Duration;
 use common::bed::{assert_covers, eventually, Bed, Relay, CHECKPOINT_NS};
 use common::kafka;
 use watchrelay::config::Config;
+use watchrelay::registry::Readiness;
 use watchrelay_sim::ChurnSpec;
 
 const LEASE: &str = "watchrelay-leader";
@@ -68,10 +69,13 @@ async fn one_replica_relays_and_handovers_lose_nothing() {
     // Longer than the lease duration: the leader's renewals keep the standby out.
     tokio::time::sleep(Duration::from_millis(5500)).await;
     assert_eq!(b.metrics.leader.get(), 0, "the standby relays too");
-    assert!(b.streams.lock().unwrap().live.is_empty());
+    assert!(b.registry.phases().is_empty());
     assert_eq!(
-        watchrelay::http::ready(&b.streams),
-        (true, vec![]),
+        b.registry.readiness(),
+        Readiness {
+            ready: true,
+            down: vec![]
+        },
         "a standby is ready"
     );
     assert_eq!(holder(&bed), Some(a_name.clone()));
@@ -96,7 +100,7 @@ async fn one_replica_relays_and_handovers_lose_nothing() {
     // A leader that cannot renew stops relaying; once it can again, it goes on.
     bed.sim.deny(LEASES);
     eventually(
-        || c.metrics.leader.get() == 0 && c.streams.lock().unwrap().live.is_empty(),
+        || c.metrics.leader.get() == 0 && c.registry.phases().is_empty(),
         || "the leader went on relaying without its Lease".into(),
     )
     .await;

@@ -53,10 +53,8 @@ async fn streams_follow_namespaces_into_and_out_of_the_selector() {
     eventually(
         || {
             !relay
-                .streams
-                .lock()
-                .unwrap()
-                .live
+                .registry
+                .phases()
                 .contains_key("watchNamespacedPods.team-a")
         },
         || "team-a's stream was not retired".into(),

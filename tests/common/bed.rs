@@ -1,15 +1,17 @@
 //! The test bed: a simulated API server, the broker, and the relay running in-process.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use watchrelay::checkpoint::{self, Saved, StreamShared, Streams};
+use watchrelay::checkpoint::{self, Saved};
 use watchrelay::config::Config;
 use watchrelay::metrics::Metrics;
-use watchrelay::relay::{self, RelayError};
+use watchrelay::producer::Producer;
+use watchrelay::registry::{Phase, Registry};
+use watchrelay::RelayError;
 use watchrelay_sim::{JournalEntry, Sim, SimConfig};
 
 use super::kafka::{self, Msg};
@@ -23,20 +25,27 @@ pub struct Bed {
 }
 
 impl Bed {
+    /// A simulator and the broker under test.
     pub async fn new(namespaces: &[&str]) -> Self {
         Self::with(SimConfig::default(), namespaces).await
     }
 
     pub async fn with(cfg: SimConfig, namespaces: &[&str]) -> Self {
+        Self::start(cfg, namespaces, kafka::bootstrap()).await
+    }
+
+    /// A simulator alone, for a relay whose producer is in memory.
+    pub async fn in_memory(cfg: SimConfig, namespaces: &[&str]) -> Self {
+        Self::start(cfg, namespaces, "in-memory:9092".into()).await
+    }
+
+    async fn start(cfg: SimConfig, namespaces: &[&str], bootstrap: String) -> Self {
         let sim = Sim::start(cfg).await.expect("simulator starts");
         for ns in namespaces.iter().chain(std::iter::once(&CHECKPOINT_NS)) {
             sim.create("namespaces", None, watchrelay_sim::objects::namespace(ns))
                 .expect("namespace");
         }
-        Self {
-            sim,
-            bootstrap: kafka::bootstrap(),
-        }
+        Self { sim, bootstrap }
     }
 
     pub fn client(&self) -> kube::Client {
@@ -221,33 +230,39 @@ pub struct Relay {
     task: JoinHandle<Result<(), RelayError>>,
     runtime: Option<tokio::runtime::Runtime>,
     pub metrics: Arc<Metrics>,
-    pub streams: Arc<Mutex<Streams>>,
+    pub registry: Registry,
 }
 
 impl Relay {
     pub fn start(bed: &Bed, cfg: Config) -> Self {
+        Self::start_with(bed, cfg, None)
+    }
+
+    /// Starts the relay; with `producer`, its records go there instead of Kafka.
+    pub fn start_with(bed: &Bed, cfg: Config, producer: Option<Arc<dyn Producer>>) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap();
-        let shutdown = CancellationToken::new();
-        let metrics = Arc::new(Metrics::new());
-        let streams = Arc::new(Mutex::new(Streams::default()));
-        let url = bed.sim.url();
-        let (sd, m, st) = (shutdown.clone(), metrics.clone(), streams.clone());
-        let task = runtime.spawn(async move {
-            // Built here so the client's background tasks belong to the relay's runtime.
-            let client = kube::Client::try_from(kube::Config::new(url.parse().expect("sim url")))
+        // Entered so the client's background tasks belong to the relay's runtime.
+        let guard = runtime.enter();
+        let client =
+            kube::Client::try_from(kube::Config::new(bed.sim.url().parse().expect("sim url")))
                 .expect("client");
-            relay::run_elected(cfg, client, m, sd, st).await
-        });
+        let mut relay = watchrelay::Relay::new(cfg, client);
+        if let Some(p) = producer {
+            relay = relay.with_producer(p);
+        }
+        let (shutdown, metrics, registry) = (relay.shutdown(), relay.metrics(), relay.registry());
+        let task = runtime.spawn(relay.run());
+        drop(guard);
         Self {
             shutdown,
             task,
             runtime: Some(runtime),
             metrics,
-            streams,
+            registry,
         }
     }
 
@@ -297,23 +312,20 @@ impl Relay {
 
     /// Waits until `n` streams exist and every one is watching (hang guard: 60 s).
     pub async fn wait_up(&self, n: usize) {
-        let up = |st: &StreamShared| st.up.load(std::sync::atomic::Ordering::Acquire);
         eventually(
             || {
-                let s = self.streams.lock().unwrap();
-                s.live.len() >= n && s.live.values().all(|st| up(st))
+                let phases = self.registry.phases();
+                phases.len() >= n && phases.values().all(|p| *p == Phase::Watching)
             },
             || {
-                let s = self.streams.lock().unwrap();
-                let down: Vec<_> = s
-                    .live
-                    .values()
-                    .filter(|st| !up(st))
-                    .map(|st| st.id.clone())
+                let phases = self.registry.phases();
+                let down: Vec<_> = phases
+                    .iter()
+                    .filter(|(_, p)| **p != Phase::Watching)
                     .collect();
                 format!(
                     "streams never all up: {} live, down: {down:?}",
-                    s.live.len()
+                    phases.len()
                 )
             },
         )
@@ -321,12 +333,7 @@ impl Relay {
     }
 
     pub fn stream_up(&self, stream: &str) -> bool {
-        self.streams
-            .lock()
-            .unwrap()
-            .live
-            .get(stream)
-            .is_some_and(|s| s.up.load(std::sync::atomic::Ordering::Acquire))
+        self.registry.phases().get(stream) == Some(&Phase::Watching)
     }
 }
 

@@ -11,9 +11,13 @@ pub struct OwnBroker {
 }
 
 impl OwnBroker {
-    /// None when tansu is not installed (the suite's broker script installs it).
-    pub fn start() -> Option<Self> {
-        Command::new("tansu").arg("--version").output().ok()?;
+    /// Panics when tansu is not installed (the suite's broker script installs it): a test that
+    /// needs a broker never passes without one.
+    pub fn start() -> Self {
+        Command::new("tansu")
+            .arg("--version")
+            .output()
+            .expect("tansu is not installed: this test needs a broker it can stop (scripts/broker.sh install)");
         let dir = tempfile::tempdir().unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -26,7 +30,7 @@ impl OwnBroker {
             child: None,
         };
         b.resume();
-        Some(b)
+        b
     }
 
     pub fn bootstrap(&self) -> String {

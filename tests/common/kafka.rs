@@ -44,7 +44,7 @@ pub async fn create_topics_at(bootstrap: &str, names: &[&str], partitions: i32) 
         .set("bootstrap.servers", bootstrap)
         .create()
         .expect("admin client");
-    let topics: Vec<NewTopic> = names
+    let topics: Vec<NewTopic<'_>> = names
         .iter()
         .map(|n| NewTopic::new(n, partitions, TopicReplication::Fixed(1)))
         .collect();
@@ -103,7 +103,7 @@ pub fn read_until(
         .unwrap_or(0);
     assert!(partitions > 0, "topic {topic} has no partitions");
     let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions as i32 {
+    for p in 0..i32::try_from(partitions).expect("a partition count") {
         tpl.add_partition_offset(topic, p, Offset::Offset(0))
             .unwrap();
     }

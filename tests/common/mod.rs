@@ -1,5 +1,8 @@
 //! Shared fixtures for the integration tests.
-#![allow(dead_code)] // each test binary uses a different part of the fixtures
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different part of the fixtures"
+)]
 
 pub mod bed;
 pub mod broker;

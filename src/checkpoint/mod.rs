@@ -9,20 +9,26 @@
 //! Writes are debounced, use optimistic concurrency (the ConfigMap's own resourceVersion) and are
 //! retried on 409 Conflict after re-reading.
 
+//!
+//! This module is the format; [`Store`] reads and writes the ConfigMap and [`writer`] is the loop
+//! that writes what the streams publish.
+
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::ByteString;
-use kube::api::{Api, ObjectMeta, PostParams};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::tracker::{Known, Tracker};
+pub use crate::tracker::Known;
+
+mod store;
+pub mod writer;
+
+pub use store::Store;
 
 /// ConfigMaps are limited to 1 MiB (`data` and `binaryData` together); leave room for metadata.
-const BUDGET: usize = 900 * 1024;
+pub(crate) const BUDGET: usize = 900 * 1024;
 
 /// zstd level for known-object sets: the default, fast and already compact on identities.
 const ZSTD_LEVEL: i32 = 3;
@@ -44,8 +50,8 @@ pub enum CheckpointError {
     Conflict { name: String, attempts: u32 },
 }
 
-/// What one stream persisted.
-#[derive(Debug, Default, Deserialize)]
+/// What one stream persisted: its acknowledged position and the objects known there.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 pub struct Saved {
     pub rv: Option<String>,
     /// Absent when the set did not fit; a resync then cannot infer deletions for that stream.
@@ -78,7 +84,7 @@ pub struct Update {
 }
 
 impl Update {
-    fn encode(saved: &Saved) -> Self {
+    pub fn encode(saved: &Saved) -> Self {
         let known = saved.known.as_ref().map(|known| {
             let json = serde_json::to_vec(&KnownAt {
                 rv: saved.rv.clone(),
@@ -143,7 +149,10 @@ pub fn read(cm: &ConfigMap) -> HashMap<String, Saved> {
 
 /// Rewrites entries of the older layout (a set inline in `data`) as position and `binaryData`.
 /// Only entries that mention a set are parsed: after the first write there are none.
-fn migrate_inline(data: &mut BTreeMap<String, String>, binary: &mut BTreeMap<String, ByteString>) {
+pub(crate) fn migrate_inline(
+    data: &mut BTreeMap<String, String>,
+    binary: &mut BTreeMap<String, ByteString>,
+) {
     for (k, v) in data.iter_mut().filter(|(_, v)| v.contains("\"known\"")) {
         let Ok(saved) = serde_json::from_str::<Saved>(v) else {
             continue;
@@ -158,7 +167,7 @@ fn migrate_inline(data: &mut BTreeMap<String, String>, binary: &mut BTreeMap<Str
 
 /// Leaves out the largest known-object sets, of any stream, until the ConfigMap fits its budget.
 /// Returns the keys whose set was left out, or the size when positions alone exceed it.
-fn fit(
+pub(crate) fn fit(
     data: &BTreeMap<String, String>,
     binary: &mut BTreeMap<String, ByteString>,
 ) -> Result<Vec<String>, usize> {
@@ -183,173 +192,15 @@ fn fit(
     Ok(dropped)
 }
 
-/// State one stream shares with the checkpoint writer and the readiness probe.
-#[derive(Debug)]
-pub struct StreamShared {
-    pub id: String,
-    pub tracker: Mutex<Tracker>,
-    /// Set by the stream when its checkpoint moved; cleared by the writer.
-    pub dirty: AtomicBool,
-    /// The stream has synced and its watch is open.
-    pub up: AtomicBool,
-}
-
-impl StreamShared {
-    pub fn new(id: String, saved: Option<Saved>) -> Arc<Self> {
-        let (rv, known) = saved.map(|s| (s.rv, s.known)).unwrap_or_default();
-        Arc::new(Self {
-            id,
-            tracker: Mutex::new(Tracker::resume(rv, known)),
-            dirty: AtomicBool::new(false),
-            up: AtomicBool::new(false),
-        })
-    }
-
-    pub fn snapshot(&self) -> Saved {
-        let t = self.tracker.lock().expect("tracker lock poisoned");
-        Saved {
-            rv: t.checkpoint().map(str::to_string),
-            known: t.complete_known().cloned(),
-        }
-    }
-}
-
-/// The set of live streams, shared by the supervisor (which adds and removes) and the writer.
-#[derive(Default)]
-pub struct Streams {
-    pub live: BTreeMap<String, Arc<StreamShared>>,
-    /// Keys of streams that stopped for good (their namespace went away); deleted on next write.
-    pub removed: Vec<String>,
-    /// This replica is waiting for the leader Lease and runs no streams.
-    pub standby: bool,
-}
-
-pub struct Store {
-    api: Api<ConfigMap>,
-    name: String,
-}
-
-impl Store {
-    pub fn new(client: kube::Client, namespace: &str, name: &str) -> Self {
-        Self {
-            api: Api::namespaced(client, namespace),
-            name: name.to_string(),
-        }
-    }
-
-    fn err(&self, source: kube::Error) -> CheckpointError {
-        CheckpointError::Api {
-            name: self.name.clone(),
-            source,
-        }
-    }
-
-    /// Reads every stream's saved position. A missing ConfigMap is an empty one.
-    pub async fn load(&self) -> Result<HashMap<String, Saved>, CheckpointError> {
-        let cm = self
-            .api
-            .get_opt(&self.name)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(cm.as_ref().map(read).unwrap_or_default())
-    }
-
-    /// Applies `updates` (None deletes a stream's entry) on top of whatever the ConfigMap holds
-    /// now, leaving out the largest known-object sets when it would not fit. Returns the keys
-    /// whose set was left out.
-    pub async fn write(
-        &self,
-        updates: &BTreeMap<String, Option<Update>>,
-    ) -> Result<Vec<String>, CheckpointError> {
-        const ATTEMPTS: u32 = 5;
-        for _ in 0..ATTEMPTS {
-            let current = self
-                .api
-                .get_opt(&self.name)
-                .await
-                .map_err(|e| self.err(e))?;
-            let exists = current.is_some();
-            // metadata.resourceVersion is kept: a concurrent writer makes the replace a 409.
-            let mut cm = current.unwrap_or_else(|| ConfigMap {
-                metadata: ObjectMeta {
-                    name: Some(self.name.clone()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            });
-            let data = cm.data.get_or_insert_with(Default::default);
-            let binary = cm.binary_data.get_or_insert_with(Default::default);
-            for (k, u) in updates {
-                match u {
-                    Some(u) => {
-                        data.insert(k.clone(), u.position.clone());
-                        match &u.known {
-                            Some(known) => binary.insert(k.clone(), ByteString(known.clone())),
-                            None => binary.remove(k),
-                        };
-                    }
-                    None => {
-                        data.remove(k);
-                        binary.remove(k);
-                    }
-                }
-            }
-            migrate_inline(data, binary);
-            let dropped = fit(data, binary).map_err(|bytes| CheckpointError::TooLarge {
-                name: self.name.clone(),
-                bytes,
-                budget: BUDGET,
-            })?;
-            let result = if exists {
-                self.api
-                    .replace(&self.name, &PostParams::default(), &cm)
-                    .await
-            } else {
-                self.api.create(&PostParams::default(), &cm).await
-            };
-            match result {
-                Ok(_) => return Ok(dropped),
-                Err(kube::Error::Api(s)) if s.code == 409 => continue,
-                Err(e) => return Err(self.err(e)),
-            }
-        }
-        Err(CheckpointError::Conflict {
-            name: self.name.clone(),
-            attempts: ATTEMPTS,
-        })
-    }
-}
-
-/// Encodes the dirty streams (or all of them when `all`), and the removed ones as `None`.
-pub fn collect(streams: &Mutex<Streams>, all: bool) -> BTreeMap<String, Option<Update>> {
-    let mut s = streams.lock().expect("streams lock poisoned");
-    let mut updates: BTreeMap<String, Option<Update>> =
-        s.removed.drain(..).map(|k| (k, None)).collect();
-    let mut snapshots = Vec::new();
-    for (id, st) in &s.live {
-        if st.dirty.swap(false, Ordering::AcqRel) || all {
-            snapshots.push((id.clone(), st.snapshot()));
-        }
-    }
-    drop(s);
-    // Encoded outside the lock: the streams wait for nothing but the snapshots.
-    updates.extend(
-        snapshots
-            .into_iter()
-            .map(|(id, saved)| (id, Some(Update::encode(&saved)))),
-    );
-    updates
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tracker::Change;
+    use crate::tracker::{Change, Tracker};
 
-    fn stream_with(id: &str, objects: usize) -> Arc<StreamShared> {
-        let st = StreamShared::new(id.into(), None);
+    /// What a stream that announced `objects` objects and completed its list saves.
+    fn stream_with(id: &str, objects: usize) -> Saved {
+        let mut t = Tracker::default();
         {
-            let mut t = st.tracker.lock().unwrap();
             // Random-looking uids, as real ones are: they are what compression cannot shrink.
             let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ id.len() as u64;
             for i in 0..objects {
@@ -374,68 +225,18 @@ mod tests {
             }
             t.push_done(Some(objects.to_string()), Some(Change::Complete));
         }
-        st
-    }
-
-    fn configmap(updates: &BTreeMap<String, Option<Update>>) -> ConfigMap {
-        let mut data = BTreeMap::new();
-        let mut binary = BTreeMap::new();
-        for (k, u) in updates {
-            let u = u.as_ref().expect("no removals here");
-            data.insert(k.clone(), u.position.clone());
-            if let Some(known) = &u.known {
-                binary.insert(k.clone(), ByteString(known.clone()));
-            }
+        Saved {
+            rv: t.checkpoint().map(str::to_string),
+            known: t.complete_known().cloned(),
         }
-        assert_eq!(fit(&data, &mut binary), Ok(vec![]));
-        ConfigMap {
-            data: Some(data),
-            binary_data: Some(binary),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn collects_only_dirty_streams_and_removals() {
-        let streams = Mutex::new(Streams::default());
-        let a = stream_with("a", 3);
-        let b = StreamShared::new(
-            "b".into(),
-            Some(Saved {
-                rv: Some("5".into()),
-                known: None,
-            }),
-        );
-        a.dirty.store(true, Ordering::Release);
-        let mut g = streams.lock().unwrap();
-        g.live.insert("a".into(), a.clone());
-        g.live.insert("b".into(), b);
-        g.removed.push("gone".into());
-        drop(g);
-        let mut u = collect(&streams, false);
-        assert_eq!(u.remove("gone"), Some(None));
-        assert!(!u.contains_key("b"));
-        assert_eq!(u["a"].as_ref().unwrap().position, r#"{"rv":"3"}"#);
-        let saved = read(&configmap(&u)).remove("a").unwrap();
-        assert_eq!(saved.rv.as_deref(), Some("3"));
-        assert_eq!(
-            saved.known.unwrap(),
-            a.tracker.lock().unwrap().known().clone()
-        );
-        assert!(
-            collect(&streams, false).is_empty(),
-            "nothing changed since the last collect"
-        );
-        assert_eq!(collect(&streams, true).len(), 2);
     }
 
     #[test]
     fn known_sets_are_compressed_and_the_largest_left_out_when_they_do_not_fit() {
         let big = stream_with("big", 20_000);
         let small = stream_with("small", 10);
-        let encode = |st: &StreamShared| Update::encode(&st.snapshot());
-        let (big_u, small_u) = (encode(&big), encode(&small));
-        let plain = serde_json::to_vec(big.tracker.lock().unwrap().known())
+        let (big_u, small_u) = (Update::encode(&big), Update::encode(&small));
+        let plain = serde_json::to_vec(big.known.as_ref().unwrap())
             .unwrap()
             .len();
         let packed = big_u.known.clone().unwrap();
@@ -467,23 +268,16 @@ mod tests {
     #[test]
     fn an_incomplete_set_is_not_persisted_and_a_mismatched_one_not_used() {
         // Resumed from a checkpoint whose set had been left out: only what it saw since.
-        let st = StreamShared::new(
-            "s".into(),
-            Some(Saved {
-                rv: Some("5".into()),
-                known: None,
-            }),
-        );
-        let u = Update::encode(&st.snapshot());
+        let st = Saved {
+            rv: Some("5".into()),
+            known: None,
+        };
+        let u = Update::encode(&st);
         assert_eq!(u.known, None);
         let data = BTreeMap::from([("s".to_string(), u.position)]);
         let mut binary = BTreeMap::from([(
             "s".to_string(),
-            ByteString(
-                Update::encode(&stream_with("other", 3).snapshot())
-                    .known
-                    .unwrap(),
-            ),
+            ByteString(Update::encode(&stream_with("other", 3)).known.unwrap()),
         )]);
         assert_eq!(fit(&data, &mut binary), Ok(vec![]));
         // The stored set belongs to rv 3, the position is rv 5: it is not used.

@@ -1,0 +1,276 @@
+//! Channels: what the configuration asks to watch, resolved against the catalogue.
+//!
+//! A [`ChannelConfig`] is one entry of the file's `channels` list as written; [`Channel`] is the
+//! same entry validated once at load, with its path parsed, its scope decided and its event types
+//! gathered into one set. Everything downstream reads [`Channel`].
+
+use serde::Deserialize;
+
+use crate::catalogue::{self, ChannelPath};
+use crate::config::{invalid, is_dns_label, ConfigError};
+use crate::event::{EventType, EventTypes};
+
+/// One channel: a watch path and what to do with its events.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ChannelConfig {
+    /// A channel of the built-in catalogue, e.g. `watchNamespacedPods`.
+    pub operation_id: Option<String>,
+    /// A custom watch path template (for any group/version/resource, CRDs included), e.g.
+    /// `/apis/example.com/v1/namespaces/{namespace}/widgets`. Exactly one of `operationId` and
+    /// `path`.
+    pub path: Option<String>,
+    /// Name of the channel in stream ids, metrics and checkpoints; defaults to the operationId.
+    /// Required for custom paths.
+    pub name: Option<String>,
+    /// Message name in envelopes of custom channels (default `WatchEvent`).
+    pub message: Option<String>,
+    /// Watch these namespaces, one stream each.
+    pub namespaces: Option<Vec<String>>,
+    /// Watch all namespaces through one cluster-wide stream.
+    #[serde(default)]
+    pub all_namespaces: bool,
+    /// Watch every namespace whose labels match this selector; namespaces that start matching
+    /// get a stream, namespaces that stop matching or are deleted lose theirs.
+    pub namespace_selector: Option<String>,
+    /// Only objects matching this label selector.
+    pub label_selector: Option<String>,
+    /// Only objects matching this field selector.
+    pub field_selector: Option<String>,
+    /// Which event types to publish (default all three). Bookmarks are controlled by
+    /// `forwardBookmarks`.
+    #[serde(default = "all_event_types")]
+    pub event_types: Vec<EventType>,
+    /// Topic name or template; `{cluster}`, `{namespace}`, `{resource}`, `{operationId}` and
+    /// `{channel}` are replaced.
+    #[serde(default = "default_topic")]
+    pub topic: String,
+    /// Publish BOOKMARK events too.
+    #[serde(default)]
+    pub forward_bookmarks: bool,
+    /// Drop `metadata.managedFields` from objects (default true).
+    #[serde(default = "yes")]
+    pub drop_managed_fields: bool,
+    /// Forward Secret `data` and `stringData` (default false: they are removed).
+    #[serde(default)]
+    pub allow_secret_data: bool,
+}
+
+fn all_event_types() -> Vec<EventType> {
+    vec![EventType::Added, EventType::Modified, EventType::Deleted]
+}
+fn default_topic() -> String {
+    "{cluster}.{resource}".into()
+}
+fn yes() -> bool {
+    true
+}
+
+/// Which namespaces a channel covers, after validation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// One stream over the collection without a namespace: cluster-scoped resources, or a
+    /// namespaced resource across all namespaces.
+    Cluster,
+    Namespaces(Vec<String>),
+    Selector(String),
+}
+
+/// A validated channel, ready to spawn streams from.
+#[derive(Debug, Clone)]
+pub struct Channel {
+    pub name: String,
+    pub operation_id: String,
+    pub message: String,
+    pub path: ChannelPath,
+    pub scope: Scope,
+    pub label_selector: Option<String>,
+    pub field_selector: Option<String>,
+    /// The event types published (BOOKMARK with `forwardBookmarks`).
+    pub forwarded: EventTypes,
+    pub drop_managed_fields: bool,
+    pub allow_secret_data: bool,
+    pub topic: String,
+    /// Whether this channel is in the built-in catalogue (custom ones are resolved through
+    /// discovery and may not exist yet).
+    pub builtin: bool,
+}
+
+impl Channel {
+    pub fn forwards(&self, event_type: EventType) -> bool {
+        self.forwarded.contains(event_type)
+    }
+
+    /// The id of this channel's stream over `namespace` (its checkpoint key and metric label):
+    /// `<channel>.<namespace>`, or `<channel>._all` for a cluster-wide stream.
+    pub fn stream_id(&self, namespace: Option<&str>) -> String {
+        format!("{}.{}", self.name, namespace.unwrap_or("_all"))
+    }
+
+    /// The topic for a stream of this channel.
+    pub fn topic_for(&self, cluster: &str, namespace: Option<&str>) -> String {
+        self.topic
+            .replace("{cluster}", cluster)
+            .replace("{namespace}", namespace.unwrap_or("all"))
+            .replace("{resource}", &self.path.resource_name())
+            .replace("{operationId}", &self.operation_id)
+            .replace("{channel}", &self.name)
+    }
+}
+
+impl ChannelConfig {
+    /// Validates the `i`th channel of the file and resolves it against the catalogue.
+    pub(crate) fn resolve(&self, i: usize, cluster: &str) -> Result<Channel, ConfigError> {
+        let f = |name: &str| format!("channels[{i}].{name}");
+        let (operation_id, path, message, builtin) = match (&self.operation_id, &self.path) {
+            (Some(op), None) => {
+                let entry = catalogue::lookup(op).ok_or_else(|| {
+                    let known: Vec<_> = catalogue::CATALOGUE
+                        .iter()
+                        .map(|c| c.operation_id)
+                        .collect();
+                    invalid(
+                        f("operationId"),
+                        format!("unknown operationId {op:?}; known: {}", known.join(", ")),
+                    )
+                })?;
+                if self.message.is_some() {
+                    return Err(invalid(
+                        f("message"),
+                        "only custom channels (path) can set message",
+                    ));
+                }
+                let path = ChannelPath::parse(entry.path).expect("catalogue paths are valid");
+                (op.clone(), path, entry.message.to_string(), true)
+            }
+            (None, Some(p)) => {
+                let path = ChannelPath::parse(p).map_err(|e| invalid(f("path"), e.to_string()))?;
+                if self.name.is_none() {
+                    return Err(invalid(f("name"), "required for a custom path"));
+                }
+                let msg = self.message.clone().unwrap_or_else(|| "WatchEvent".into());
+                (format!("watch{}", path.resource), path, msg, false)
+            }
+            _ => {
+                return Err(invalid(
+                    f("operationId"),
+                    "set exactly one of operationId and path",
+                ))
+            }
+        };
+        let name = self.name.clone().unwrap_or_else(|| operation_id.clone());
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(invalid(
+                f("name"),
+                "must be non-empty and use only letters, digits, '-' and '_'",
+            ));
+        }
+        let scopes = [
+            self.namespaces.is_some(),
+            self.all_namespaces,
+            self.namespace_selector.is_some(),
+        ];
+        let scope = if !path.namespaced {
+            if scopes.iter().any(|s| *s) {
+                return Err(invalid(
+                    f("namespaces"),
+                    "this channel is not namespaced: namespaces, allNamespaces and namespaceSelector do not apply",
+                ));
+            }
+            Scope::Cluster
+        } else {
+            match scopes.iter().filter(|s| **s).count() {
+                1 => {}
+                _ => {
+                    return Err(invalid(
+                        f("namespaces"),
+                        "a namespaced channel needs exactly one of namespaces, allNamespaces and namespaceSelector",
+                    ))
+                }
+            }
+            if let Some(list) = &self.namespaces {
+                if list.is_empty() {
+                    return Err(invalid(f("namespaces"), "must not be empty"));
+                }
+                for (j, ns) in list.iter().enumerate() {
+                    if !is_dns_label(ns) {
+                        return Err(invalid(
+                            format!("channels[{i}].namespaces[{j}]"),
+                            format!("{ns:?} is not a namespace name"),
+                        ));
+                    }
+                }
+                Scope::Namespaces(list.clone())
+            } else if let Some(sel) = &self.namespace_selector {
+                if sel.trim().is_empty() {
+                    return Err(invalid(f("namespaceSelector"), "must not be empty"));
+                }
+                Scope::Selector(sel.clone())
+            } else {
+                Scope::Cluster
+            }
+        };
+        if let Some(j) = self.event_types.iter().position(|t| !t.is_object_change()) {
+            return Err(invalid(
+                format!("channels[{i}].eventTypes[{j}]"),
+                "only ADDED, MODIFIED and DELETED (bookmarks: forwardBookmarks)",
+            ));
+        }
+        let mut forwarded: EventTypes = self.event_types.iter().copied().collect();
+        if self.forward_bookmarks {
+            forwarded.insert(EventType::Bookmark);
+        }
+        if forwarded.is_empty() {
+            return Err(invalid(f("eventTypes"), "selects nothing to publish"));
+        }
+        let channel = Channel {
+            name,
+            operation_id,
+            message,
+            path,
+            scope,
+            label_selector: self.label_selector.clone(),
+            field_selector: self.field_selector.clone(),
+            forwarded,
+            drop_managed_fields: self.drop_managed_fields,
+            allow_secret_data: self.allow_secret_data,
+            topic: self.topic.clone(),
+            builtin,
+        };
+        let mut template = self.topic.clone();
+        for var in [
+            "{cluster}",
+            "{namespace}",
+            "{resource}",
+            "{operationId}",
+            "{channel}",
+        ] {
+            template = template.replace(var, "x");
+        }
+        if template.contains(['{', '}']) {
+            return Err(invalid(
+                f("topic"),
+                "unknown template variable; use {cluster}, {namespace}, {resource}, {operationId} or {channel}",
+            ));
+        }
+        if !is_topic(&channel.topic_for(cluster, Some("x"))) {
+            return Err(invalid(f("topic"), topic_rule()));
+        }
+        Ok(channel)
+    }
+}
+
+pub(crate) fn topic_rule() -> &'static str {
+    "a topic name is 1-249 characters of a-z, A-Z, 0-9, '.', '_' and '-'"
+}
+
+pub(crate) fn is_topic(t: &str) -> bool {
+    !t.is_empty()
+        && t.len() <= 249
+        && t.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}

@@ -1,0 +1,105 @@
+//! Reading and writing the checkpoint ConfigMap.
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::ByteString;
+use kube::api::{Api, ObjectMeta, PostParams};
+
+use super::{fit, migrate_inline, read, CheckpointError, Saved, Update, BUDGET};
+
+pub struct Store {
+    api: Api<ConfigMap>,
+    name: String,
+}
+
+impl Store {
+    pub fn new(client: kube::Client, namespace: &str, name: &str) -> Self {
+        Self {
+            api: Api::namespaced(client, namespace),
+            name: name.to_string(),
+        }
+    }
+
+    fn err(&self, source: kube::Error) -> CheckpointError {
+        CheckpointError::Api {
+            name: self.name.clone(),
+            source,
+        }
+    }
+
+    /// Reads every stream's saved position. A missing ConfigMap is an empty one.
+    pub async fn load(&self) -> Result<HashMap<String, Saved>, CheckpointError> {
+        let cm = self
+            .api
+            .get_opt(&self.name)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(cm.as_ref().map(read).unwrap_or_default())
+    }
+
+    /// Applies `updates` (None deletes a stream's entry) on top of whatever the ConfigMap holds
+    /// now, leaving out the largest known-object sets when it would not fit. Returns the keys
+    /// whose set was left out.
+    pub async fn write(
+        &self,
+        updates: &BTreeMap<String, Option<Update>>,
+    ) -> Result<Vec<String>, CheckpointError> {
+        const ATTEMPTS: u32 = 5;
+        for _ in 0..ATTEMPTS {
+            let current = self
+                .api
+                .get_opt(&self.name)
+                .await
+                .map_err(|e| self.err(e))?;
+            let exists = current.is_some();
+            // metadata.resourceVersion is kept: a concurrent writer makes the replace a 409.
+            let mut cm = current.unwrap_or_else(|| ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(self.name.clone()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            });
+            let data = cm.data.get_or_insert_with(Default::default);
+            let binary = cm.binary_data.get_or_insert_with(Default::default);
+            for (k, u) in updates {
+                match u {
+                    Some(u) => {
+                        data.insert(k.clone(), u.position.clone());
+                        match &u.known {
+                            Some(known) => binary.insert(k.clone(), ByteString(known.clone())),
+                            None => binary.remove(k),
+                        };
+                    }
+                    None => {
+                        data.remove(k);
+                        binary.remove(k);
+                    }
+                }
+            }
+            migrate_inline(data, binary);
+            let dropped = fit(data, binary).map_err(|bytes| CheckpointError::TooLarge {
+                name: self.name.clone(),
+                bytes,
+                budget: BUDGET,
+            })?;
+            let result = if exists {
+                self.api
+                    .replace(&self.name, &PostParams::default(), &cm)
+                    .await
+            } else {
+                self.api.create(&PostParams::default(), &cm).await
+            };
+            match result {
+                Ok(_) => return Ok(dropped),
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        Err(CheckpointError::Conflict {
+            name: self.name.clone(),
+            attempts: ATTEMPTS,
+        })
+    }
+}

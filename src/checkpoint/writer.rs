@@ -1,0 +1,63 @@
+//! The checkpoint writer: saves what the streams publish.
+//!
+//! Every `interval` it takes the checkpoints published since it last looked (and the streams
+//! retired since) from the [`Registry`], encodes them and applies them to the ConfigMap in one
+//! write. A failed write is kept and retried with the next one; newer checkpoints of the same
+//! streams replace what it kept. After `cancel` it writes once more and stops, so a clean stop
+//! saves the positions its streams drained to.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{Saved, Store, Update};
+use crate::metrics::Metrics;
+use crate::registry::Registry;
+
+pub async fn run(
+    store: Store,
+    registry: Registry,
+    metrics: Arc<Metrics>,
+    interval: Duration,
+    cancel: CancellationToken,
+) {
+    let mut unwritten: BTreeMap<String, Option<Arc<Saved>>> = BTreeMap::new();
+    loop {
+        let last = tokio::select! {
+            _ = cancel.cancelled() => true,
+            _ = tokio::time::sleep(interval) => false,
+        };
+        unwritten.extend(registry.take_checkpoints());
+        if !unwritten.is_empty() {
+            let updates: BTreeMap<String, Option<Update>> = unwritten
+                .iter()
+                .map(|(id, saved)| (id.clone(), saved.as_deref().map(Update::encode)))
+                .collect();
+            match store.write(&updates).await {
+                Ok(dropped) => {
+                    unwritten.clear();
+                    metrics.checkpoint_writes.with_label_values(&["ok"]).inc();
+                    for id in &dropped {
+                        metrics
+                            .checkpoint_known_dropped
+                            .with_label_values(&[id])
+                            .inc();
+                        tracing::warn!(stream = %id, "known-object set too large for the checkpoint ConfigMap; deletions during a future outage cannot be inferred for this stream");
+                    }
+                }
+                Err(e) => {
+                    metrics
+                        .checkpoint_writes
+                        .with_label_values(&["error"])
+                        .inc();
+                    tracing::warn!(error = %e, "checkpoint write failed; will retry");
+                }
+            }
+        }
+        if last {
+            break;
+        }
+    }
+}

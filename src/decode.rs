@@ -1,0 +1,445 @@
+//! Pure decoding: one watch line (or list item) in, one [`WatchEvent`] out.
+//!
+//! The object is never re-encoded: the line is scanned once (and validated) into the spans of
+//! its top-level members, and of `metadata`'s members in the same pass, and the trimmed object
+//! is written back by copying slices. Only the identity fields are decoded.
+
+use std::ops::Range;
+
+use serde_json::value::RawValue;
+use thiserror::Error;
+
+use crate::event::EventType;
+use crate::json::{ScanError, Scanner, Str};
+
+#[derive(Debug, Error)]
+pub enum DecodeError {
+    #[error("malformed watch line: {0}")]
+    Json(#[from] ScanError),
+    #[error("malformed watch line: not UTF-8")]
+    Utf8,
+    #[error("watch event without {0}")]
+    Missing(&'static str),
+    #[error("unknown watch event type {0:?}")]
+    UnknownType(String),
+}
+
+/// One member of a scanned object: its key token and where its value lies in the source.
+struct Member {
+    key: Str,
+    value: Range<usize>,
+    /// The members of `metadata`, split out in the same pass so it is scanned once.
+    metadata: Option<Vec<Member>>,
+}
+
+/// A Kubernetes object as spans of its source.
+struct Object<'a> {
+    src: &'a str,
+    /// Where the whole object stands in `src`.
+    span: Range<usize>,
+    members: Vec<Member>,
+}
+
+fn find<'m>(src: &str, members: &'m [Member], key: &str) -> Option<&'m Member> {
+    members.iter().find(|m| m.key.text(src) == key)
+}
+
+/// A member's value when it is a string.
+fn string_of(src: &str, members: &[Member], key: &str) -> Option<String> {
+    let m = find(src, members, key)?;
+    let mut sc = Scanner::new(&src[m.value.clone()]);
+    let s = sc.string().ok()?;
+    Some(sc.text(&s).into_owned())
+}
+
+/// Scans an object starting at the scanner's position. The values of `dropped` members are
+/// only delimited (they are not published). With `metadata`, the members of a `metadata`
+/// object are recorded too, its `metadata` members dropped.
+fn scan_object<'a>(
+    sc: &mut Scanner<'a>,
+    metadata: Option<&[&str]>,
+    dropped: &[&str],
+) -> Result<Object<'a>, ScanError> {
+    sc.ws();
+    let begin = sc.pos();
+    sc.expect(b'{', "expected an object")?;
+    // Room for a typical metadata (about ten members) without growing.
+    let mut members = Vec::with_capacity(16);
+    let mut split = metadata;
+    let mut first = true;
+    while sc.next_member(first)? {
+        first = false;
+        let key = sc.key()?;
+        sc.ws();
+        let start = sc.pos();
+        let name = key.text(sc.src());
+        let metadata = match split {
+            Some(md_dropped) if name == "metadata" => {
+                split = None;
+                Some(scan_object(sc, None, md_dropped)?.members)
+            }
+            _ if dropped.contains(&name.as_ref()) => {
+                sc.delimit()?;
+                None
+            }
+            _ => {
+                sc.value()?;
+                None
+            }
+        };
+        members.push(Member {
+            key,
+            value: start..sc.pos(),
+            metadata,
+        });
+    }
+    Ok(Object {
+        src: sc.src(),
+        span: begin..sc.pos(),
+        members,
+    })
+}
+
+/// Writes `members` back as an object after `prefix` (members to add), leaving out `skip`,
+/// and `metadata_skip` inside a split-out `metadata`. Keys go out as they came in.
+fn write_members(
+    out: &mut Vec<u8>,
+    src: &str,
+    members: &[Member],
+    prefix: &[u8],
+    skip: &[&str],
+    metadata_skip: &[&str],
+) {
+    out.push(b'{');
+    out.extend_from_slice(prefix);
+    let mut first = prefix.is_empty();
+    for m in members {
+        if !skip.is_empty() && skip.contains(&m.key.text(src).as_ref()) {
+            continue;
+        }
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        out.extend_from_slice(m.key.quoted(src).as_bytes());
+        out.push(b':');
+        match &m.metadata {
+            Some(md) => write_members(out, src, md, b"", metadata_skip, &[]),
+            None => out.extend_from_slice(&src.as_bytes()[m.value.clone()]),
+        }
+    }
+    out.push(b'}');
+}
+
+impl Object<'_> {
+    fn string(&self, key: &str) -> Option<String> {
+        string_of(self.src, &self.members, key)
+    }
+
+    fn metadata_members(&self) -> Option<&[Member]> {
+        self.members.iter().find_map(|m| m.metadata.as_deref())
+    }
+}
+
+/// What the relay needs to know about an object: its identity and version.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ObjectMeta {
+    pub kind: String,
+    pub api_version: String,
+    pub name: String,
+    pub namespace: Option<String>,
+    pub uid: String,
+    pub resource_version: String,
+}
+
+impl ObjectMeta {
+    /// The Kafka key: `namespace/name`, or `name` for cluster-scoped objects.
+    pub fn key(&self) -> String {
+        match &self.namespace {
+            Some(ns) => format!("{ns}/{}", self.name),
+            None => self.name.clone(),
+        }
+    }
+}
+
+/// A decoded watch line, object already trimmed and re-assembled as JSON bytes.
+#[derive(Debug)]
+pub struct WatchEvent {
+    pub event_type: EventType,
+    pub meta: ObjectMeta,
+    /// The object as it goes into the envelope.
+    pub object: Vec<u8>,
+    /// For ERROR events: the Status code, when present.
+    pub status_code: Option<u16>,
+    /// A BOOKMARK annotated `k8s.io/initial-events-end: "true"`: the initial state of a
+    /// `sendInitialEvents` watch is complete.
+    pub initial_events_end: bool,
+}
+
+/// How objects are trimmed before they leave the cluster.
+#[derive(Clone, Copy, Debug)]
+pub struct Trim {
+    pub drop_managed_fields: bool,
+    pub allow_secret_data: bool,
+}
+
+/// Members of `metadata` that `trim` drops.
+fn metadata_dropped(trim: Trim) -> &'static [&'static str] {
+    if trim.drop_managed_fields {
+        &["managedFields"]
+    } else {
+        &[]
+    }
+}
+
+/// Decodes one watch line (`{"type": .., "object": {..}}`).
+pub fn decode_line(line: &[u8], trim: Trim) -> Result<WatchEvent, DecodeError> {
+    decode_line_into(line, trim, Vec::new())
+}
+
+/// [`decode_line`], writing the object into `out` (cleared first) so a caller can reuse one
+/// buffer for every event.
+pub fn decode_line_into(line: &[u8], trim: Trim, out: Vec<u8>) -> Result<WatchEvent, DecodeError> {
+    let src = std::str::from_utf8(line).map_err(|_| DecodeError::Utf8)?;
+    let mut sc = Scanner::new(src);
+    sc.expect(b'{', "expected an object")?;
+    let (mut event_type, mut object) = (None, None);
+    let mut first = true;
+    while sc.next_member(first)? {
+        first = false;
+        let key = sc.key()?;
+        sc.ws();
+        match key.text(src).as_ref() {
+            "type" if event_type.is_none() => {
+                let s = sc.string()?;
+                let name = sc.text(&s);
+                event_type = Some(
+                    EventType::parse(&name)
+                        .ok_or_else(|| DecodeError::UnknownType(name.into_owned()))?,
+                );
+            }
+            "object" if object.is_none() => {
+                object = Some(scan_object(&mut sc, Some(metadata_dropped(trim)), &[])?)
+            }
+            _ => {
+                sc.value()?;
+            }
+        }
+    }
+    sc.end()?;
+    let event_type = event_type.ok_or(DecodeError::Missing("type"))?;
+    let object = object.ok_or(DecodeError::Missing("object"))?;
+    decode_object(event_type, &object, trim, None, out)
+}
+
+/// Decodes one item of a list, as if it arrived in an event of `event_type`. List items usually
+/// lack `apiVersion` and `kind`; `type_meta` supplies them so the envelope carries a whole object.
+pub fn decode_item(
+    event_type: EventType,
+    object: &RawValue,
+    trim: Trim,
+    type_meta: (&str, &str),
+) -> Result<WatchEvent, DecodeError> {
+    let mut sc = Scanner::new(object.get());
+    let parsed = scan_object(&mut sc, Some(metadata_dropped(trim)), &[])?;
+    sc.end()?;
+    decode_object(event_type, &parsed, trim, Some(type_meta), Vec::new())
+}
+
+fn decode_object(
+    event_type: EventType,
+    object: &Object<'_>,
+    trim: Trim,
+    type_meta: Option<(&str, &str)>,
+    mut out: Vec<u8>,
+) -> Result<WatchEvent, DecodeError> {
+    let mut prefix = Vec::new();
+    let mut member = |key: &str, value: &str| {
+        if !prefix.is_empty() {
+            prefix.push(b',');
+        }
+        serde_json::to_writer(&mut prefix, key).expect("writing to a Vec cannot fail");
+        prefix.push(b':');
+        serde_json::to_writer(&mut prefix, value).expect("writing to a Vec cannot fail");
+    };
+    let mut api_version = object.string("apiVersion");
+    let mut kind = object.string("kind");
+    if let Some((av, k)) = type_meta {
+        if api_version.is_none() && !av.is_empty() {
+            member("apiVersion", av);
+            api_version = Some(av.to_string());
+        }
+        if kind.is_none() && !k.is_empty() {
+            member("kind", k);
+            kind = Some(k.to_string());
+        }
+    }
+    let kind = kind.unwrap_or_default();
+    let src = object.src;
+    let status_code = if event_type == EventType::Error {
+        find(src, &object.members, "code").and_then(|c| src[c.value.clone()].parse().ok())
+    } else {
+        None
+    };
+    let metadata = match object.metadata_members() {
+        Some(m) => m,
+        None if event_type == EventType::Error => &[],
+        None => return Err(DecodeError::Missing("metadata")),
+    };
+    let field = |key| string_of(src, metadata, key);
+    let meta = ObjectMeta {
+        api_version: api_version.unwrap_or_default(),
+        name: field("name").unwrap_or_default(),
+        namespace: field("namespace").filter(|s| !s.is_empty()),
+        uid: field("uid").unwrap_or_default(),
+        resource_version: field("resourceVersion").unwrap_or_default(),
+        kind,
+    };
+    if meta.resource_version.is_empty() && event_type != EventType::Error {
+        return Err(DecodeError::Missing("metadata.resourceVersion"));
+    }
+    let initial_events_end = event_type == EventType::Bookmark
+        && find(src, metadata, "annotations").is_some_and(|a| {
+            let raw = &src[a.value.clone()];
+            scan_object(&mut Scanner::new(raw), None, &[]).is_ok_and(|o| {
+                string_of(raw, &o.members, "k8s.io/initial-events-end").as_deref() == Some("true")
+            })
+        });
+    let secret = meta.kind == "Secret" && !trim.allow_secret_data;
+    out.clear();
+    // The object never grows beyond its source plus the members added in front.
+    out.reserve(object.span.len() + prefix.len() + 1);
+    let skip: &[&str] = if secret { &["data", "stringData"] } else { &[] };
+    // What the scan only delimited is exactly what is left out here.
+    write_members(
+        &mut out,
+        src,
+        &object.members,
+        &prefix,
+        skip,
+        metadata_dropped(trim),
+    );
+    Ok(WatchEvent {
+        event_type,
+        meta,
+        object: out,
+        status_code,
+        initial_events_end,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEEP: Trim = Trim {
+        drop_managed_fields: false,
+        allow_secret_data: false,
+    };
+    const DROP: Trim = Trim {
+        drop_managed_fields: true,
+        allow_secret_data: false,
+    };
+
+    fn pod_line() -> String {
+        r#"{"type":"MODIFIED","object":{"kind":"Pod","apiVersion":"v1","metadata":{"name":"web-1","namespace":"shop","uid":"u-1","resourceVersion":"42","managedFields":[{"manager":"kubelet","fieldsV1":{"f:status":{}}}],"labels":{"app":"web"}},"spec":{"containers":[{"name":"c","image":"nginx:1.27"}]},"status":{"phase":"Running"}}}"#.to_string()
+    }
+
+    #[test]
+    fn decodes_identity_and_passes_object_through() {
+        let ev = decode_line(pod_line().as_bytes(), KEEP).unwrap();
+        assert_eq!(ev.event_type, EventType::Modified);
+        assert_eq!(ev.meta.key(), "shop/web-1");
+        assert_eq!(ev.meta.uid, "u-1");
+        assert_eq!(ev.meta.resource_version, "42");
+        let original: serde_json::Value = serde_json::from_str(&pod_line()).unwrap();
+        let passed: serde_json::Value = serde_json::from_slice(&ev.object).unwrap();
+        assert_eq!(passed, original["object"]);
+    }
+
+    #[test]
+    fn a_realistic_pod_passes_through_unchanged_but_for_managed_fields() {
+        let mut pod = watchrelay_sim::objects::pod("shop", "web-0");
+        pod["metadata"]["resourceVersion"] = "17".into();
+        pod["metadata"]["uid"] = "u-17".into();
+        let line =
+            serde_json::to_vec(&serde_json::json!({"type": "ADDED", "object": pod})).unwrap();
+        let ev = decode_line(&line, DROP).unwrap();
+        let mut expected = pod.clone();
+        let dropped = expected["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("managedFields");
+        assert!(dropped.is_some(), "the fixture has managedFields");
+        let got: serde_json::Value = serde_json::from_slice(&ev.object).unwrap();
+        assert_eq!(got, expected);
+        assert_eq!(ev.meta.name, "web-0");
+        assert_eq!(ev.meta.kind, "Pod");
+    }
+
+    #[test]
+    fn drops_managed_fields_and_nothing_else() {
+        let ev = decode_line(pod_line().as_bytes(), DROP).unwrap();
+        let mut expected: serde_json::Value = serde_json::from_str(&pod_line()).unwrap();
+        expected["object"]["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("managedFields");
+        let got: serde_json::Value = serde_json::from_slice(&ev.object).unwrap();
+        assert_eq!(got, expected["object"]);
+    }
+
+    #[test]
+    fn secret_data_is_removed_unless_allowed() {
+        let line = r#"{"type":"ADDED","object":{"kind":"Secret","apiVersion":"v1","metadata":{"name":"s","namespace":"a","uid":"u","resourceVersion":"7"},"data":{"k":"c2VjcmV0"},"stringData":{"x":"y"},"type":"Opaque"}}"#;
+        let ev = decode_line(line.as_bytes(), DROP).unwrap();
+        let got: serde_json::Value = serde_json::from_slice(&ev.object).unwrap();
+        assert!(got.get("data").is_none() && got.get("stringData").is_none());
+        assert_eq!(got["type"], "Opaque");
+        let allowed = decode_line(
+            line.as_bytes(),
+            Trim {
+                allow_secret_data: true,
+                ..DROP
+            },
+        )
+        .unwrap();
+        let got: serde_json::Value = serde_json::from_slice(&allowed.object).unwrap();
+        assert_eq!(got["data"]["k"], "c2VjcmV0");
+    }
+
+    #[test]
+    fn escaped_strings_are_decoded() {
+        let line = r#"{"type":"ADDED","object":{"kind":"ConfigMap","metadata":{"name":"a\u002db","uid":"u","resourceVersion":"1"},"data":{"q\"k":"v"}}}"#;
+        let ev = decode_line(line.as_bytes(), DROP).unwrap();
+        assert_eq!(ev.meta.name, "a-b");
+        let got: serde_json::Value = serde_json::from_slice(&ev.object).unwrap();
+        assert_eq!(got["data"]["q\"k"], "v");
+    }
+
+    #[test]
+    fn errors_carry_status_code_and_garbage_is_rejected() {
+        let line = r#"{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too old resource version: 1 (50)","reason":"Expired","code":410}}"#;
+        let ev = decode_line(line.as_bytes(), DROP).unwrap();
+        assert_eq!(ev.status_code, Some(410));
+        assert!(decode_line(b"{\"type\":\"ADDED\",\"object\":{\"metadata\":", DROP).is_err());
+        assert!(decode_line(b"not json", DROP).is_err());
+        assert!(decode_line(
+            br#"{"type":"ADDED","object":{"kind":"Pod","metadata":{"name":"x"}}}"#,
+            DROP
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn list_items_get_their_type_meta() {
+        let item: Box<RawValue> =
+            serde_json::from_str(r#"{"metadata":{"name":"n","namespace":"a","uid":"u","resourceVersion":"3"},"spec":{}}"#).unwrap();
+        let ev = decode_item(EventType::Added, &item, DROP, ("apps/v1", "Deployment")).unwrap();
+        let got: serde_json::Value = serde_json::from_slice(&ev.object).unwrap();
+        assert_eq!(got["apiVersion"], "apps/v1");
+        assert_eq!(got["kind"], "Deployment");
+        assert_eq!(got["metadata"]["name"], "n");
+        assert_eq!(ev.meta.kind, "Deployment");
+    }
+}

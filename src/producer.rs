@@ -1,0 +1,335 @@
+//! Producers: where the outbox hands its records, and how their delivery reports come back.
+//!
+//! [`Producer`] is the small seam under the [`Outbox`](crate::outbox::Outbox): [`Kafka`] is the
+//! idempotent librdkafka producer every stream shares; [`Memory`] keeps records in memory and
+//! can acknowledge out of order, refuse for size, fail and stall, so stream behaviour can be
+//! tested in-process without a broker.
+//!
+//! Sends never wait for their delivery: each record carries a [`Receipt`] (its stream's report
+//! channel, sequence number and announcement), and the producer reports back through it.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{
+    BaseRecord, DeliveryResult, Producer as _, ProducerContext, ThreadedProducer,
+};
+use rdkafka::ClientContext;
+use tokio::sync::mpsc;
+
+use crate::config::KafkaConfig;
+use crate::envelope::{Announcement, Record};
+
+/// Why a record was not delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeliveryError {
+    /// The broker (or librdkafka) refused the record for its size; never worth a retry.
+    TooLarge,
+    /// Anything else the producer gave up on after its own retries.
+    Failed(String),
+}
+
+/// What travels with a record and comes back in its [`Report`].
+#[derive(Debug)]
+pub struct Receipt {
+    to: mpsc::UnboundedSender<Report>,
+    /// The record's place in its stream's order.
+    pub seq: u64,
+    /// When the event it announces was read off the watch.
+    pub arrived: Instant,
+    /// Size of the record's value.
+    pub bytes: usize,
+    /// What the record announces: enough to send a reference instead.
+    pub announcement: Announcement,
+}
+
+impl Receipt {
+    pub fn new(
+        to: mpsc::UnboundedSender<Report>,
+        seq: u64,
+        arrived: Instant,
+        bytes: usize,
+        announcement: Announcement,
+    ) -> Self {
+        Self {
+            to,
+            seq,
+            arrived,
+            bytes,
+            announcement,
+        }
+    }
+
+    /// Reports the outcome. A stream that stopped meanwhile no longer listens; its replay from
+    /// the checkpoint covers the record.
+    pub fn report(self: Box<Self>, result: Result<(), DeliveryError>) {
+        let to = self.to.clone();
+        let _ = to.send(Report {
+            receipt: self,
+            result,
+        });
+    }
+}
+
+/// The delivery report of one record.
+#[derive(Debug)]
+pub struct Report {
+    pub receipt: Box<Receipt>,
+    pub result: Result<(), DeliveryError>,
+}
+
+/// Why a producer did not take a record.
+#[derive(Debug)]
+pub enum Refused {
+    /// Its queue is full: try again shortly (backpressure).
+    Full(Box<Receipt>),
+    /// Refused at once for its size.
+    TooLarge(Box<Receipt>),
+    /// Anything else.
+    Failed(String),
+}
+
+/// Takes records and reports each one's delivery through its receipt.
+pub trait Producer: Send + Sync {
+    /// Hands `record` over; its report arrives later through `receipt`.
+    fn send(&self, record: &Record, receipt: Box<Receipt>) -> Result<(), Refused>;
+
+    /// Waits up to `timeout` for every record handed over to be reported.
+    fn flush(&self, timeout: Duration) -> Result<(), String>;
+}
+
+/// librdkafka's context: turns its delivery callback into a [`Report`].
+pub struct Reporting;
+
+impl ClientContext for Reporting {}
+
+impl ProducerContext for Reporting {
+    type DeliveryOpaque = Box<Receipt>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, receipt: Box<Receipt>) {
+        receipt.report(match result {
+            Ok(_) => Ok(()),
+            Err((e, _)) if is_too_large(e) => Err(DeliveryError::TooLarge),
+            Err((e, _)) => Err(DeliveryError::Failed(e.to_string())),
+        });
+    }
+}
+
+fn is_too_large(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidRecord)
+    )
+}
+
+/// The producer settings the relay relies on; `kafka.properties` may override any of them.
+pub fn client_config(cfg: &KafkaConfig) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &cfg.bootstrap_servers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("compression.type", "lz4")
+        .set("linger.ms", "5")
+        // A record is retried until delivered; outages become backpressure, not loss. Shutdown
+        // bounds the wait separately with flushTimeoutSeconds.
+        .set("message.timeout.ms", "0")
+        .set("queue.buffering.max.messages", "200000")
+        .set("queue.buffering.max.kbytes", "262144")
+        .set("client.id", "watchrelay");
+    for (k, v) in &cfg.properties {
+        c.set(k, v);
+    }
+    c
+}
+
+/// The idempotent Kafka producer every stream of a process shares.
+pub struct Kafka {
+    producer: ThreadedProducer<Reporting>,
+}
+
+impl Kafka {
+    pub fn new(cfg: &KafkaConfig) -> Result<Self, KafkaError> {
+        Ok(Self {
+            producer: client_config(cfg).create_with_context(Reporting)?,
+        })
+    }
+}
+
+impl Producer for Kafka {
+    fn send(&self, rec: &Record, receipt: Box<Receipt>) -> Result<(), Refused> {
+        let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len());
+        for (k, v) in &rec.headers {
+            headers = headers.insert(Header {
+                key: k,
+                value: Some(v.as_str()),
+            });
+        }
+        let record = BaseRecord::with_opaque_to(&rec.topic, receipt)
+            .key(rec.key.as_bytes())
+            .payload(&rec.value)
+            .headers(headers);
+        match self.producer.send(record) {
+            Ok(()) => Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                Err(Refused::Full(back.delivery_opaque))
+            }
+            Err((e, back)) if is_too_large(&e) => Err(Refused::TooLarge(back.delivery_opaque)),
+            Err((e, _)) => Err(Refused::Failed(e.to_string())),
+        }
+    }
+
+    fn flush(&self, timeout: Duration) -> Result<(), String> {
+        self.producer.flush(timeout).map_err(|e| e.to_string())
+    }
+}
+
+/// In what order [`Memory::release`] acknowledges the records it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    Sent,
+    Reversed,
+    /// A permutation drawn from the seed.
+    Shuffled(u64),
+}
+
+/// A producer in memory, for tests: what it delivered is in [`Memory::log`], in the order it was
+/// sent (a partition's order), whatever the order of acknowledgements.
+///
+/// By default every record is acknowledged as it is sent. [`Memory::hold`] keeps records
+/// unacknowledged until [`Memory::release`] (a stall, or out-of-order acknowledgements);
+/// [`Memory::refuse_larger_than`] refuses records for size, at send or in the report;
+/// [`Memory::fail_next`] fails deliveries; [`Memory::capacity`] bounds what it holds, past
+/// which sends are refused as [`Refused::Full`].
+#[derive(Default)]
+pub struct Memory {
+    state: Mutex<MemoryState>,
+}
+
+#[derive(Default)]
+struct MemoryState {
+    /// Delivered records and their place in the send order.
+    log: Vec<(u64, Record)>,
+    sent: u64,
+    held: VecDeque<(u64, Record, Box<Receipt>)>,
+    hold: bool,
+    capacity: Option<usize>,
+    too_large: Option<(usize, bool)>,
+    fail_next: usize,
+}
+
+impl Memory {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, MemoryState> {
+        self.state.lock().expect("memory producer lock poisoned")
+    }
+
+    /// Every record delivered so far, in the order it was sent.
+    pub fn log(&self) -> Vec<Record> {
+        let mut log = self.state().log.clone();
+        log.sort_by_key(|(n, _)| *n);
+        log.into_iter().map(|(_, r)| r).collect()
+    }
+
+    /// Holds records unacknowledged (`true`) or acknowledges them as they come (`false`).
+    pub fn hold(&self, hold: bool) {
+        self.state().hold = hold;
+    }
+
+    /// Records held, not yet acknowledged.
+    pub fn held(&self) -> usize {
+        self.state().held.len()
+    }
+
+    /// Refuses sends while `n` records are held.
+    pub fn capacity(&self, n: usize) {
+        self.state().capacity = Some(n);
+    }
+
+    /// Refuses records whose value exceeds `bytes`: at send, or (`in_report`) in the delivery
+    /// report, as a broker does.
+    pub fn refuse_larger_than(&self, bytes: usize, in_report: bool) {
+        self.state().too_large = Some((bytes, in_report));
+    }
+
+    /// Fails the next `n` deliveries.
+    pub fn fail_next(&self, n: usize) {
+        self.state().fail_next = n;
+    }
+
+    /// Acknowledges every held record, in `order`.
+    pub fn release(&self, order: Order) {
+        let mut held: Vec<_> = self.state().held.drain(..).collect();
+        match order {
+            Order::Sent => {}
+            Order::Reversed => held.reverse(),
+            Order::Shuffled(mut seed) => {
+                for i in (1..held.len()).rev() {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    held.swap(i, (seed % (i as u64 + 1)) as usize);
+                }
+            }
+        }
+        for (n, record, receipt) in held {
+            self.settle(n, record, receipt);
+        }
+    }
+
+    fn settle(&self, n: u64, record: Record, receipt: Box<Receipt>) {
+        let result = {
+            let mut s = self.state();
+            if s.fail_next > 0 {
+                s.fail_next -= 1;
+                Err(DeliveryError::Failed("injected delivery failure".into()))
+            } else if s
+                .too_large
+                .is_some_and(|(max, late)| late && record.value.len() > max)
+            {
+                Err(DeliveryError::TooLarge)
+            } else {
+                s.log.push((n, record));
+                Ok(())
+            }
+        };
+        receipt.report(result);
+    }
+}
+
+impl Producer for Memory {
+    fn send(&self, record: &Record, receipt: Box<Receipt>) -> Result<(), Refused> {
+        let (hold, n) = {
+            let mut s = self.state();
+            if s.too_large
+                .is_some_and(|(max, late)| !late && record.value.len() > max)
+            {
+                return Err(Refused::TooLarge(receipt));
+            }
+            if s.capacity.is_some_and(|c| s.held.len() >= c) {
+                return Err(Refused::Full(receipt));
+            }
+            s.sent += 1;
+            (s.hold, s.sent)
+        };
+        if hold {
+            self.state().held.push_back((n, record.clone(), receipt));
+        } else {
+            self.settle(n, record.clone(), receipt);
+        }
+        Ok(())
+    }
+
+    fn flush(&self, _timeout: Duration) -> Result<(), String> {
+        match self.held() {
+            0 => Ok(()),
+            n => Err(format!("{n} records held")),
+        }
+    }
+}

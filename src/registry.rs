@@ -1,0 +1,298 @@
+//! The relay's live state: which streams run, how each one is doing, and whether this replica
+//! leads.
+//!
+//! The registry is the one owner of that state. Each stream gets a [`Reporter`] when it starts
+//! and publishes through it, over a `tokio::sync::watch` channel, its [`Phase`] and, as Kafka
+//! acknowledges its events, the checkpoint it may save. Readers never lock a stream: `/readyz`
+//! reads the phases, the checkpoint writer takes the checkpoints published since it last looked,
+//! the supervisor registers and retires.
+//!
+//! Entries carry a generation: a stream that retires removes its own entry and schedules its
+//! checkpoint's deletion only if no newer stream of the same id registered since.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::watch;
+
+use crate::checkpoint::Saved;
+
+/// What a stream is doing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Phase {
+    /// Started, not yet synced.
+    #[default]
+    Starting,
+    /// Announcing the whole current state (list or initial events).
+    Syncing,
+    /// Synced, its watch open: the only phase that counts as up.
+    Watching,
+    /// Waiting before a retry, or for its resource to be served.
+    Waiting,
+    /// Ended.
+    Stopped,
+}
+
+/// What a stream publishes.
+#[derive(Clone, Debug, Default)]
+pub struct Status {
+    pub phase: Phase,
+    /// The latest checkpoint the stream may save (everything before it acknowledged).
+    pub checkpoint: Option<Arc<Saved>>,
+}
+
+/// Whether this replica relays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Leader,
+    /// Waiting for the leader Lease; runs no streams.
+    Standby,
+}
+
+struct Entry {
+    generation: u64,
+    status: watch::Receiver<Status>,
+}
+
+struct Inner {
+    role: Role,
+    streams: BTreeMap<String, Entry>,
+    /// Streams retired for good since the writer last looked: their checkpoints are deleted.
+    retired: Vec<String>,
+    next_generation: u64,
+}
+
+/// Shared handle to the registry.
+#[derive(Clone)]
+pub struct Registry {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What `/readyz` reports.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Readiness {
+    pub ready: bool,
+    /// Streams not watching.
+    pub down: Vec<String>,
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(Inner {
+                role: Role::Leader,
+                streams: BTreeMap::new(),
+                retired: Vec::new(),
+                next_generation: 0,
+            })),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().expect("registry lock poisoned")
+    }
+
+    /// Registers stream `id` (replacing an older entry of the same id) and returns its reporter.
+    pub fn register(&self, id: &str) -> Reporter {
+        let (tx, rx) = watch::channel(Status::default());
+        let mut inner = self.lock();
+        inner.next_generation += 1;
+        let generation = inner.next_generation;
+        inner.retired.retain(|r| r != id);
+        inner.streams.insert(
+            id.to_string(),
+            Entry {
+                generation,
+                status: rx,
+            },
+        );
+        Reporter {
+            id: id.to_string(),
+            generation,
+            tx,
+            registry: self.clone(),
+        }
+    }
+
+    /// A new leadership term (or a standby period) begins: the streams of the previous term are
+    /// gone, their checkpoints written when it ended.
+    pub fn begin_term(&self, role: Role) {
+        let mut inner = self.lock();
+        inner.role = role;
+        inner.streams.clear();
+        inner.retired.clear();
+    }
+
+    pub fn role(&self) -> Role {
+        self.lock().role
+    }
+
+    /// Ready means every stream has synced and has its watch open, not merely that the process
+    /// runs. A standby replica is ready too: it is doing its job, and a rolling update has to be
+    /// able to start one before the leader stops.
+    pub fn readiness(&self) -> Readiness {
+        let inner = self.lock();
+        if inner.role == Role::Standby {
+            return Readiness {
+                ready: true,
+                down: Vec::new(),
+            };
+        }
+        let down: Vec<String> = inner
+            .streams
+            .iter()
+            .filter(|(_, e)| e.status.borrow().phase != Phase::Watching)
+            .map(|(id, _)| id.clone())
+            .collect();
+        Readiness {
+            ready: down.is_empty() && !inner.streams.is_empty(),
+            down,
+        }
+    }
+
+    /// Every registered stream and its phase.
+    pub fn phases(&self) -> BTreeMap<String, Phase> {
+        self.lock()
+            .streams
+            .iter()
+            .map(|(id, e)| (id.clone(), e.status.borrow().phase))
+            .collect()
+    }
+
+    /// The checkpoints published since the last call, and `None` for each stream retired since.
+    pub fn take_checkpoints(&self) -> BTreeMap<String, Option<Arc<Saved>>> {
+        let mut inner = self.lock();
+        let mut out: BTreeMap<String, Option<Arc<Saved>>> =
+            inner.retired.drain(..).map(|id| (id, None)).collect();
+        for (id, e) in inner.streams.iter_mut() {
+            // Read whether or not the stream is still running: a stopped stream's last
+            // checkpoint is the one its final write needs.
+            let status = e.status.borrow_and_update();
+            if status.has_changed() {
+                if let Some(saved) = &status.checkpoint {
+                    out.insert(id.clone(), Some(saved.clone()));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A stream's side of the registry.
+pub struct Reporter {
+    id: String,
+    generation: u64,
+    tx: watch::Sender<Status>,
+    registry: Registry,
+}
+
+impl Reporter {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn phase(&self, phase: Phase) {
+        self.tx.send_if_modified(|s| {
+            let changed = s.phase != phase;
+            s.phase = phase;
+            changed
+        });
+    }
+
+    /// Publishes a checkpoint the stream may save.
+    pub fn checkpoint(&self, saved: Saved) {
+        self.tx
+            .send_modify(|s| s.checkpoint = Some(Arc::new(saved)));
+    }
+
+    /// The stream is gone for good (its namespace left): its entry is removed and its checkpoint
+    /// deleted on the next write, unless a newer stream of the same id registered since.
+    pub fn retire(self) {
+        let mut inner = self.registry.lock();
+        if inner
+            .streams
+            .get(&self.id)
+            .is_some_and(|e| e.generation == self.generation)
+        {
+            inner.streams.remove(&self.id);
+            inner.retired.push(self.id.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn saved(rv: &str) -> Saved {
+        Saved {
+            rv: Some(rv.into()),
+            known: None,
+        }
+    }
+
+    #[test]
+    fn readiness_follows_phases_and_role() {
+        let r = Registry::new();
+        assert!(!r.readiness().ready, "no stream yet");
+        let a = r.register("a");
+        let b = r.register("b");
+        a.phase(Phase::Watching);
+        assert_eq!(
+            r.readiness(),
+            Readiness {
+                ready: false,
+                down: vec!["b".into()]
+            }
+        );
+        b.phase(Phase::Watching);
+        assert!(r.readiness().ready);
+        r.begin_term(Role::Standby);
+        assert!(r.readiness().ready, "a standby is ready");
+        assert!(r.phases().is_empty());
+    }
+
+    #[test]
+    fn checkpoints_are_taken_once_and_retirements_become_deletions() {
+        let r = Registry::new();
+        let a = r.register("a");
+        let b = r.register("b");
+        a.checkpoint(saved("3"));
+        b.phase(Phase::Watching);
+        let taken = r.take_checkpoints();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(taken["a"].as_deref(), Some(&saved("3")));
+        assert!(r.take_checkpoints().is_empty(), "nothing new since");
+        b.checkpoint(saved("5"));
+        drop(b);
+        assert_eq!(
+            r.take_checkpoints()["b"].as_deref(),
+            Some(&saved("5")),
+            "a stopped stream's last checkpoint is still taken"
+        );
+        a.checkpoint(saved("4"));
+        a.retire();
+        assert_eq!(
+            r.take_checkpoints().into_iter().collect::<Vec<_>>(),
+            vec![("a".into(), None)]
+        );
+    }
+
+    #[test]
+    fn an_old_stream_retiring_never_touches_a_newer_one_of_the_same_id() {
+        let r = Registry::new();
+        let old = r.register("a");
+        let new = r.register("a");
+        old.retire();
+        assert!(r.take_checkpoints().is_empty());
+        new.checkpoint(saved("9"));
+        assert_eq!(r.take_checkpoints()["a"].as_deref(), Some(&saved("9")));
+        assert_eq!(r.phases().len(), 1);
+    }
+}

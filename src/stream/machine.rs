@@ -1,0 +1,315 @@
+//! A stream's state machine, pure: its states, what a step reports, and the one function that
+//! decides where to go next. The driver ([`super::Stream`]) performs the steps; nothing here
+//! does I/O.
+//!
+//! ```text
+//!                 built-in channel                 custom channel (a CRD, maybe not installed)
+//!                        │                                   │
+//!                        │              ┌─── not served ─── AwaitResource
+//!                        │              └──────────────────►   │ served
+//!                        ▼                                     ▼
+//!          no checkpoint ├──────────────► Sync{Start} ◄────────┤ no checkpoint
+//!                        │                    │ synced at rv   │
+//!          checkpoint rv ▼                    ▼                ▼ checkpoint rv
+//!                      Watch{rv} ◄────────────┴────────────────┘
+//!                       │   ▲  └─ closed, cut, malformed line: Watch{last position read}
+//!                       │   └──── synced at rv (a resync, like a start)
+//!             410 Gone  ▼
+//!                   Sync{Resync} ── reconciles: inferred DELETED for known objects it lacks
+//!
+//! Every failure passes through Backoff{then} first; Cancelled leads anywhere to Done.
+//! A failed delivery goes back to the checkpoint: Watch{checkpoint}, or Sync{Start} without one.
+//! Sync uses a `sendInitialEvents` watch (Via::InitialEvents), which goes on as the Watch on the
+//! same connection once the initial state has ended; a server that refuses it is synced with
+//! paginated lists (Via::Pages) from then on.
+//! ```
+//!
+//! # What a consumer may rely on after a relist
+//! A Sync re-announces every object that exists (as ADDED, flagged `resync` after a 410), then
+//! — after a 410 — publishes an inferred DELETED (flagged `synthetic`) for every object the
+//! stream had announced that the new state lacks, then a BOOKMARK annotated
+//! `watchrelay.io/resync-end`. Applying a key's messages in order therefore ends at the
+//! cluster's state as of the relist; changes after it follow on the watch.
+
+use std::time::Duration;
+
+use crate::kubeapi::ApiError;
+
+/// How a stream gets the whole current state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// A watch with `sendInitialEvents=true` (the WatchList feature).
+    InitialEvents,
+    /// Paginated lists.
+    Pages,
+}
+
+/// Why a stream syncs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// No usable position: announce the current state.
+    Start,
+    /// The position expired (410): re-announce, flagged as a resync, and infer deletions.
+    Resync,
+}
+
+/// Where a stream reads from, and how it gets the whole state again when that fails.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cursor {
+    pub rv: String,
+    pub via: Via,
+}
+
+/// Where a stream stands. `C` is an open watch connection (the driver's; tests use `()`).
+#[derive(Debug, PartialEq)]
+pub enum State<C> {
+    /// A custom channel whose resource discovery does not list (yet).
+    AwaitResource { via: Via },
+    /// Announcing the whole current state.
+    Sync { reason: Reason, via: Via },
+    /// Watching from `at`; `open` is a connection already reading there (the initial-events
+    /// watch going on as a plain watch).
+    Watch { at: Cursor, open: Option<C> },
+    /// Waiting before `then`.
+    Backoff {
+        then: Box<State<C>>,
+        delay: Duration,
+    },
+    /// Cancelled: drain and stop.
+    Done,
+}
+
+/// Why a step stopped.
+#[derive(Debug)]
+pub enum Stop {
+    Cancelled,
+    /// The watch ended cleanly (server timeout).
+    Closed,
+    /// The position expired.
+    Gone,
+    /// The server refused a `sendInitialEvents` watch.
+    Refused,
+    /// A custom resource is not served (any more).
+    NotServed,
+    /// A line could not be decoded.
+    Malformed,
+    Api(ApiError),
+    /// Kafka gave up on a record; `checkpoint` is where the stream replays from.
+    Delivery {
+        error: String,
+        checkpoint: Option<String>,
+    },
+}
+
+/// What a step reports.
+#[derive(Debug)]
+pub enum Outcome<C> {
+    /// AwaitResource: the resource is served; `checkpoint` is the stream's saved position.
+    Served { checkpoint: Option<String> },
+    /// Sync: the whole state has been announced as of `rv`; `open` goes on watching from there.
+    Synced { rv: String, open: Option<C> },
+    /// The step stopped; `at` is the last position read, when it moved.
+    Stopped { why: Stop, at: Option<String> },
+    /// Backoff: the wait is over.
+    Waited,
+}
+
+/// The next state, and what to count about the change.
+#[derive(Debug, PartialEq)]
+pub struct Transition<C> {
+    pub next: State<C>,
+    /// The `reason` label of `watch_restarts_total`, when a watch restarts.
+    pub restart: Option<&'static str>,
+}
+
+/// The first state of a stream.
+pub fn start<C>(builtin: bool, checkpoint: Option<String>, via: Via) -> State<C> {
+    if !builtin {
+        return State::AwaitResource { via };
+    }
+    resume(checkpoint, via)
+}
+
+fn resume<C>(checkpoint: Option<String>, via: Via) -> State<C> {
+    match checkpoint {
+        Some(rv) => State::Watch {
+            at: Cursor { rv, via },
+            open: None,
+        },
+        None => State::Sync {
+            reason: Reason::Start,
+            via,
+        },
+    }
+}
+
+/// The one transition function: where a stream in `state` goes once its step reported `outcome`.
+pub fn next<C>(state: State<C>, outcome: Outcome<C>, backoff: &mut Backoff) -> Transition<C> {
+    let go = |next| Transition {
+        next,
+        restart: None,
+    };
+    let via = match &state {
+        State::AwaitResource { via } | State::Sync { via, .. } => *via,
+        State::Watch { at, .. } => at.via,
+        State::Backoff { .. } | State::Done => Via::Pages,
+    };
+    // Where to go back to after a failure: the state itself, or the position read so far.
+    let retry = |state: State<C>, at: Option<String>| match (state, at) {
+        (State::Watch { at: cursor, .. }, at) => State::Watch {
+            at: Cursor {
+                rv: at.unwrap_or(cursor.rv),
+                via: cursor.via,
+            },
+            open: None,
+        },
+        (state, _) => state,
+    };
+    match (state, outcome) {
+        (State::Done, _) => go(State::Done),
+        (
+            _,
+            Outcome::Stopped {
+                why: Stop::Cancelled,
+                ..
+            },
+        ) => go(State::Done),
+        (State::Backoff { then, .. }, _) => go(*then),
+        (State::AwaitResource { via }, Outcome::Served { checkpoint }) => {
+            backoff.reset();
+            go(resume(checkpoint, via))
+        }
+        (State::Sync { .. }, Outcome::Synced { rv, open }) => {
+            backoff.reset();
+            go(State::Watch {
+                at: Cursor { rv, via },
+                open,
+            })
+        }
+        (
+            State::Sync { reason, .. },
+            Outcome::Stopped {
+                why: Stop::Refused, ..
+            },
+        ) => go(State::Sync {
+            reason,
+            via: Via::Pages,
+        }),
+        (
+            _,
+            Outcome::Stopped {
+                why: Stop::NotServed,
+                ..
+            },
+        ) => Transition {
+            next: State::Backoff {
+                then: Box::new(State::AwaitResource { via }),
+                delay: backoff.next(),
+            },
+            restart: None,
+        },
+        (
+            state,
+            Outcome::Stopped {
+                why: Stop::Closed,
+                at,
+            },
+        ) => {
+            backoff.reset();
+            go(retry(state, at))
+        }
+        (
+            _,
+            Outcome::Stopped {
+                why: Stop::Gone, ..
+            },
+        ) => Transition {
+            next: State::Sync {
+                reason: Reason::Resync,
+                via,
+            },
+            restart: Some("expired"),
+        },
+        (
+            state,
+            Outcome::Stopped {
+                why: Stop::Malformed,
+                at,
+            },
+        ) => Transition {
+            next: State::Backoff {
+                then: Box::new(retry(state, at)),
+                delay: backoff.next(),
+            },
+            restart: Some("malformed"),
+        },
+        (
+            _,
+            Outcome::Stopped {
+                why: Stop::Delivery { checkpoint, .. },
+                ..
+            },
+        ) => Transition {
+            next: State::Backoff {
+                then: Box::new(resume(checkpoint, via)),
+                delay: backoff.next(),
+            },
+            restart: Some("delivery_failed"),
+        },
+        (
+            state,
+            Outcome::Stopped {
+                why: Stop::Api(e),
+                at,
+            },
+        ) => {
+            let restart = matches!(e, ApiError::Body(_)).then_some("connection");
+            Transition {
+                next: State::Backoff {
+                    then: Box::new(retry(state, at)),
+                    delay: e.retry_after().unwrap_or_else(|| backoff.next()),
+                },
+                restart,
+            }
+        }
+        // A step reported something its state cannot produce: start that state over.
+        (state, _) => go(retry(state, None)),
+    }
+}
+
+/// Exponential backoff with jitter, so streams that failed together retry apart.
+#[derive(Debug)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+    current: Duration,
+    seed: u64,
+}
+
+impl Backoff {
+    pub fn new(initial: Duration, max: Duration, seed: u64) -> Self {
+        Self {
+            initial,
+            max,
+            current: initial,
+            seed: seed | 1,
+        }
+    }
+
+    pub fn next(&mut self) -> Duration {
+        // xorshift: jitter needs spread, not quality.
+        self.seed ^= self.seed << 13;
+        self.seed ^= self.seed >> 7;
+        self.seed ^= self.seed << 17;
+        let base = self.current;
+        self.current = (self.current * 2).min(self.max);
+        base / 2 + base.mul_f64((self.seed % 1000) as f64 / 2000.0)
+    }
+
+    pub fn reset(&mut self) {
+        self.current = self.initial;
+    }
+}
+
+#[cfg(test)]
+mod tests;

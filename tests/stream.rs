@@ -1,0 +1,309 @@
+//! The fast tier: the whole relay in-process against the simulator, its records going to a
+//! producer in memory that can stall, acknowledge out of order, refuse for size and fail. No
+//! broker needed.
+//!
+//! Each test compares what a consumer holds after applying the delivered records key by key
+//! with what the simulated cluster holds.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use common::bed::{eventually, Bed, Relay};
+use watchrelay::config::Config;
+use watchrelay::envelope::Record;
+use watchrelay::producer::{Memory, Order, Producer};
+use watchrelay_sim::{objects, SimConfig};
+
+const STREAM: &str = "watchNamespacedPods.a";
+
+fn config(bed: &Bed, kafka_extra: &str) -> Config {
+    bed.config(
+        "  - operationId: watchNamespacedPods\n    namespaces: [a]\n    topic: pods\n",
+        kafka_extra,
+    )
+}
+
+async fn bed(watch_list: bool) -> Bed {
+    Bed::in_memory(
+        SimConfig {
+            watch_list,
+            ..SimConfig::default()
+        },
+        &["a"],
+    )
+    .await
+}
+
+fn start(bed: &Bed, cfg: Config, producer: &Arc<Memory>) -> Relay {
+    Relay::start_with(bed, cfg, Some(producer.clone() as Arc<dyn Producer>))
+}
+
+fn json(r: &Record) -> serde_json::Value {
+    serde_json::from_slice(&r.value).expect("records are JSON")
+}
+
+/// What a consumer holds after applying every record key by key: key -> uid.
+fn consumer_view(log: &[Record]) -> BTreeMap<String, String> {
+    let mut view = BTreeMap::new();
+    for r in log {
+        let v = json(r);
+        match v["type"].as_str().unwrap() {
+            "ADDED" | "MODIFIED" => {
+                let uid = v["object"]["metadata"]["uid"].as_str().unwrap();
+                view.insert(r.key.clone(), uid.to_string());
+            }
+            "DELETED" => {
+                view.remove(&r.key);
+            }
+            _ => {}
+        }
+    }
+    view
+}
+
+/// What the cluster holds: key -> uid.
+fn cluster_view(bed: &Bed) -> BTreeMap<String, String> {
+    bed.sim
+        .list("pods", Some("a"))
+        .into_iter()
+        .map(|p| {
+            let md = &p["metadata"];
+            (
+                format!("a/{}", md["name"].as_str().unwrap()),
+                md["uid"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn create(bed: &Bed, names: impl IntoIterator<Item = String>) {
+    for n in names {
+        bed.sim
+            .create("pods", Some("a"), objects::pod("a", &n))
+            .unwrap();
+    }
+}
+
+fn last_pod_rv(bed: &Bed) -> u64 {
+    bed.journal("pods", Some("a")).last().map(|e| e.rv).unwrap()
+}
+
+/// Waits until the stream's checkpoint covers every change made to its pods so far.
+async fn wait_covered(bed: &Bed) {
+    let rv = last_pod_rv(bed);
+    bed.wait_checkpoint(|c| {
+        c.get(STREAM)
+            .and_then(|s| s.rv.as_ref())
+            .is_some_and(|r| r.parse::<u64>().unwrap() >= rv)
+    })
+    .await;
+}
+
+async fn list_watch_gone_resync(watch_list: bool) {
+    let bed = bed(watch_list).await;
+    let producer = Arc::new(Memory::new());
+    create(&bed, (0..12).map(|i| format!("p{i}")));
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay.wait_up(1).await;
+    // Live changes on the watch.
+    create(&bed, ["live".to_string()]);
+    bed.sim.delete("pods", Some("a"), "p0").unwrap();
+    wait_covered(&bed).await;
+    assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
+    relay.stop().await;
+
+    // While the relay is down: deletions, a change, a creation; then the history is compacted,
+    // so the restarted stream's position has expired (410) and it resyncs.
+    for n in ["p1", "p2", "p3"] {
+        bed.sim.delete("pods", Some("a"), n).unwrap();
+    }
+    bed.sim
+        .merge_patch(
+            "pods",
+            Some("a"),
+            "p4",
+            serde_json::json!({"metadata": {"labels": {"changed": "yes"}}}),
+        )
+        .unwrap();
+    create(&bed, ["late".to_string()]);
+    bed.sim.compact();
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay
+        .wait_counter("synthetic_deletes_total", STREAM, 3)
+        .await;
+    wait_covered(&bed).await;
+    relay.stop().await;
+
+    let log = producer.log();
+    assert_eq!(consumer_view(&log), cluster_view(&bed));
+    let mut inferred: Vec<String> = log
+        .iter()
+        .filter(|r| json(r)["watchrelay"]["synthetic"] == true)
+        .map(|r| r.key.clone())
+        .collect();
+    inferred.sort();
+    assert_eq!(inferred, ["a/p1", "a/p2", "a/p3"]);
+    let ends = log
+        .iter()
+        .filter(|r| {
+            json(r)["object"]["metadata"]["annotations"]["watchrelay.io/resync-end"] == "true"
+        })
+        .count();
+    assert_eq!(ends, 1, "one resync, marked once");
+    let reannounced = log
+        .iter()
+        .filter(|r| json(r)["watchrelay"]["resync"] == true && json(r)["type"] == "ADDED")
+        .count();
+    assert_eq!(
+        reannounced,
+        cluster_view(&bed).len(),
+        "the resync re-announces every object"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_watch_expiry_and_resync_converge_with_initial_events() {
+    list_watch_gone_resync(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_watch_expiry_and_resync_converge_with_paginated_lists() {
+    list_watch_gone_resync(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_order_acknowledgements_never_move_the_checkpoint_past_a_gap() {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay.wait_up(1).await;
+    wait_until_saved(&bed).await;
+    let before = bed.checkpoint_rv(STREAM).unwrap();
+    producer.hold(true);
+    create(&bed, (0..20).map(|i| format!("p{i}")));
+    eventually(
+        || producer.held() == 20,
+        || format!("held {}", producer.held()),
+    )
+    .await;
+    // Everything is sent, nothing acknowledged: the checkpoint stays where it was.
+    assert_eq!(bed.checkpoint_rv(STREAM), Some(before));
+    producer.hold(false);
+    producer.release(Order::Reversed);
+    wait_covered(&bed).await;
+    relay.stop().await;
+    assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
+}
+
+/// Waits until the stream saved a first checkpoint.
+async fn wait_until_saved(bed: &Bed) {
+    bed.wait_checkpoint(|c| c.get(STREAM).is_some_and(|s| s.rv.is_some()))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backpressure_bounds_what_awaits_acknowledgement() {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    let relay = start(&bed, config(&bed, "  maxInFlightPerStream: 5\n"), &producer);
+    relay.wait_up(1).await;
+    producer.hold(true);
+    create(&bed, (0..30).map(|i| format!("p{i}")));
+    eventually(
+        || producer.held() == 5,
+        || format!("held {}", producer.held()),
+    )
+    .await;
+    // Released in shuffled batches, never more than the bound in flight.
+    for round in 0..40u64 {
+        assert!(producer.held() <= 5, "{} held", producer.held());
+        assert!(relay.metrics.in_flight.with_label_values(&[STREAM]).get() <= 5);
+        producer.release(Order::Shuffled(round + 1));
+        if bed
+            .checkpoint_rv(STREAM)
+            .is_some_and(|rv| rv >= last_pod_rv(&bed))
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    producer.hold(false);
+    producer.release(Order::Sent);
+    wait_covered(&bed).await;
+    relay.stop().await;
+    assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversize_records_become_references_in_their_place() {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    // The broker refuses big records in its report; the relay's own bound catches bigger ones.
+    producer.refuse_larger_than(6_000, true);
+    let relay = start(&bed, config(&bed, "  maxMessageBytes: 20000\n"), &producer);
+    relay.wait_up(1).await;
+    let mut big = objects::pod("a", "big");
+    big["metadata"]["annotations"]["blob"] = "x".repeat(8_000).into();
+    let mut huge = objects::pod("a", "huge");
+    huge["metadata"]["annotations"]["blob"] = "x".repeat(30_000).into();
+    bed.sim.create("pods", Some("a"), big).unwrap();
+    bed.sim.create("pods", Some("a"), huge).unwrap();
+    create(&bed, ["small".to_string()]);
+    wait_covered(&bed).await;
+    relay.stop().await;
+    let log = producer.log();
+    let truncated: BTreeMap<String, u64> = log
+        .iter()
+        .filter_map(|r| {
+            Some((
+                r.key.clone(),
+                json(r)["watchrelay"]["truncatedBytes"].as_u64()?,
+            ))
+        })
+        .collect();
+    assert_eq!(truncated.keys().collect::<Vec<_>>(), ["a/big", "a/huge"]);
+    assert!(truncated["a/big"] > 8_000 && truncated["a/huge"] > 30_000);
+    assert_eq!(consumer_view(&log), cluster_view(&bed));
+    assert_eq!(
+        log.iter().map(|r| r.topic.as_str()).collect::<Vec<_>>(),
+        vec!["pods"; log.len()],
+        "oversize: trim keeps references on the channel's topic"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_delivery_replays_from_the_checkpoint() {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay.wait_up(1).await;
+    producer.fail_next(3);
+    create(&bed, (0..10).map(|i| format!("p{i}")));
+    relay.wait_counter("watch_restarts_total", STREAM, 1).await;
+    wait_covered(&bed).await;
+    relay.stop().await;
+    assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_drains_so_the_final_checkpoint_covers_everything() {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay.wait_up(1).await;
+    producer.hold(true);
+    create(&bed, (0..15).map(|i| format!("p{i}")));
+    eventually(
+        || producer.held() == 15,
+        || format!("held {}", producer.held()),
+    )
+    .await;
+    let stopping = tokio::spawn(relay.stop());
+    producer.hold(false);
+    producer.release(Order::Shuffled(7));
+    stopping.await.unwrap();
+    assert!(bed.checkpoint_rv(STREAM).unwrap() >= last_pod_rv(&bed));
+    assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
+}
