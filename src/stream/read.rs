@@ -1,0 +1,175 @@
+//! Reading an open watch: lines to events, events to announcements handed to the outbox, with
+//! delivery reports settled first and the checkpoint published as it moves.
+
+use std::time::Instant;
+
+use super::{upsert, Reading, Stream};
+use crate::decode::{self, WatchEvent};
+use crate::envelope::Announcement;
+use crate::event::EventType;
+use crate::kubeapi::{self, ApiError};
+use crate::stream::machine::{Reason, Stop};
+use crate::tracker::Change;
+
+impl Stream {
+    /// Reads `w` until it ends, fails, or (while reading an initial state) the state has ended:
+    /// then `Ok(Some(rv))`. Delivery reports come first; lines are read only while there is room.
+    pub(super) async fn read(
+        &mut self,
+        w: &mut kubeapi::Watch,
+        reading: &mut Reading,
+    ) -> Result<Option<String>, Stop> {
+        loop {
+            let room = self.outbox.has_room();
+            let moved = self.outbox.moved();
+            tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => return Err(Stop::Cancelled),
+                report = self.outbox.report() => {
+                    if let Err(e) = self.outbox.settle(report).await {
+                        return Err(self.outbox_stop(e));
+                    }
+                }
+                _ = &mut self.publish, if moved => self.publish_checkpoint(),
+                line = w.next_line(), if room => match line {
+                    Ok(Some(line)) => {
+                        if let Some(rv) = self.on_line(&line, reading).await? {
+                            return Ok(Some(rv));
+                        }
+                        // Lines already received are handled without another trip through
+                        // the select; reports still come first once room runs out.
+                        while self.outbox.has_room() {
+                            let Some(line) = w.buffered_line() else { break };
+                            if let Some(rv) = self.on_line(&line, reading).await? {
+                                return Ok(Some(rv));
+                            }
+                        }
+                    }
+                    Ok(None) => return Ok(None),
+                    Err(e) => return Err(self.api_stop(e)),
+                }
+            }
+        }
+    }
+
+    async fn on_line(
+        &mut self,
+        line: &[u8],
+        reading: &mut Reading,
+    ) -> Result<Option<String>, Stop> {
+        let arrived = Instant::now();
+        let buf = std::mem::take(&mut self.object_buf);
+        let mut ev = match decode::decode_line_into(line, self.trim, buf) {
+            Ok(ev) => ev,
+            Err(e) => {
+                self.m.malformed.inc();
+                let position = match reading {
+                    Reading::Live { at } => at.as_deref(),
+                    Reading::Initial { .. } => None,
+                };
+                let preview = String::from_utf8_lossy(&line[..line.len().min(120)]).into_owned();
+                tracing::warn!(stream = %self.id, ?position, error = %e, %preview, "malformed watch line; resuming from the last good position");
+                return Err(Stop::Malformed);
+            }
+        };
+        self.m.received[ev.event_type.index()].inc();
+        let result = self.on_event(&mut ev, arrived, reading).await;
+        self.object_buf = ev.object;
+        result
+    }
+
+    async fn on_event(
+        &mut self,
+        ev: &mut WatchEvent,
+        arrived: Instant,
+        reading: &mut Reading,
+    ) -> Result<Option<String>, Stop> {
+        let rv = ev.meta.resource_version.clone();
+        match (ev.event_type, reading) {
+            (EventType::Error, _) => Err(match ev.status_code {
+                Some(410) => Stop::Gone,
+                code => Stop::Api(ApiError::Status {
+                    code: code.unwrap_or(500),
+                    reason: "WatchError".into(),
+                    message: String::from_utf8_lossy(&ev.object).into_owned(),
+                    retry_after: None,
+                }),
+            }),
+            // Not a position yet: the state before it is still arriving.
+            (EventType::Bookmark, Reading::Initial { .. }) if !ev.initial_events_end => Ok(None),
+            (EventType::Bookmark, Reading::Initial { reason, seen }) => {
+                let (reason, seen) = (*reason, std::mem::take(seen));
+                let objects = seen.len();
+                self.finish_sync(seen, reason, &rv).await?;
+                tracing::info!(stream = %self.id, objects, %rv, resync = reason == Reason::Resync, "initial events ended");
+                Ok(Some(rv))
+            }
+            (EventType::Bookmark, Reading::Live { at }) => {
+                *at = Some(rv.clone());
+                if self.channel.forwards(EventType::Bookmark) {
+                    let meta = std::mem::take(&mut ev.meta);
+                    let a = Announcement::marker("bookmark", &self.id, meta, &rv, false);
+                    self.outbox
+                        .send(a, &ev.object, arrived, Some(rv), None)
+                        .await
+                        .map_err(|e| self.outbox_stop(e))?;
+                } else {
+                    self.outbox.pass(Some(rv), None);
+                }
+                Ok(None)
+            }
+            (t, reading) => {
+                if self.kind.is_empty() {
+                    self.kind = ev.meta.kind.clone();
+                }
+                let change = if t == EventType::Deleted {
+                    Some(Change::Remove {
+                        uid: ev.meta.uid.clone(),
+                    })
+                } else {
+                    upsert(&ev.meta)
+                };
+                match reading {
+                    // The initial state (sent as ADDED): like list items, no position until all
+                    // of it has been announced.
+                    Reading::Initial { reason, seen } => {
+                        if t == EventType::Deleted {
+                            seen.remove(&ev.meta.uid);
+                        } else {
+                            seen.insert(ev.meta.uid.clone());
+                        }
+                        let resync = *reason == Reason::Resync;
+                        self.emit(ev, arrived, None, change, resync).await?;
+                    }
+                    Reading::Live { at } => {
+                        *at = Some(rv.clone());
+                        self.emit(ev, arrived, Some(rv), change, false).await?;
+                    }
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Publishes an object event if its type is forwarded; either way it takes its place in the
+    /// order of the outbox.
+    pub(super) async fn emit(
+        &mut self,
+        ev: &mut WatchEvent,
+        arrived: Instant,
+        position: Option<String>,
+        change: Option<Change>,
+        resync: bool,
+    ) -> Result<(), Stop> {
+        if !self.channel.forwards(ev.event_type) {
+            self.m.filtered.inc();
+            self.outbox.pass(position, change);
+            return Ok(());
+        }
+        let a = Announcement::change(ev.event_type, std::mem::take(&mut ev.meta), resync);
+        self.outbox
+            .send(a, &ev.object, arrived, position, change)
+            .await
+            .map_err(|e| self.outbox_stop(e))
+    }
+}

@@ -1,0 +1,197 @@
+//! The Sync steps: announcing a stream's whole current state, through a `sendInitialEvents`
+//! watch or paginated lists, and reconciling it with what the stream had announced before.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use super::{upsert, Reading, Step, Stream};
+use crate::decode::{self, ObjectMeta};
+use crate::envelope::{self, Announcement};
+use crate::event::EventType;
+use crate::kubeapi::{self, ApiError, WatchFrom};
+use crate::stream::machine::{Outcome, Reason, Stop};
+use crate::tracker::{Change, Known};
+
+impl Stream {
+    /// Sync through a `sendInitialEvents` watch: the current state, then changes, on one
+    /// connection, handed on to the Watch state once the state has ended.
+    pub(super) async fn sync_initial(&mut self, reason: Reason) -> Step {
+        if reason == Reason::Resync {
+            if let Err(e) = self.outbox.wait_until(0).await {
+                return Self::stopped(self.outbox_stop(e));
+            }
+        }
+        let mut w = match self.open(WatchFrom::InitialEvents).await {
+            Ok(w) => w,
+            // Refused (the WatchList feature is off, or an older server): list instead.
+            Err(Stop::Api(ApiError::Status {
+                code: 400 | 403 | 422,
+                message,
+                ..
+            })) => {
+                tracing::info!(stream = %self.id, %message, "sendInitialEvents refused; using paginated lists");
+                return Self::stopped(Stop::Refused);
+            }
+            Err(why) => return Self::stopped(why),
+        };
+        let mut reading = Reading::Initial {
+            reason,
+            seen: HashSet::new(),
+        };
+        match self.read(&mut w, &mut reading).await {
+            Ok(Some(rv)) => Outcome::Synced { rv, open: Some(w) },
+            Ok(None) => Self::stopped(Stop::Closed),
+            Err(why) => Self::stopped(why),
+        }
+    }
+
+    /// Sync through paginated lists.
+    pub(super) async fn sync_pages(&mut self, reason: Reason) -> Step {
+        match self.list(reason).await {
+            Ok(rv) => Outcome::Synced { rv, open: None },
+            Err(why) => Self::stopped(why),
+        }
+    }
+
+    async fn list(&mut self, reason: Reason) -> Result<String, Stop> {
+        if reason == Reason::Resync {
+            self.outbox
+                .wait_until(0)
+                .await
+                .map_err(|e| self.outbox_stop(e))?;
+        }
+        let mut seen = HashSet::new();
+        let mut token: Option<String> = None;
+        let list_rv = loop {
+            let query = self.query();
+            let page = kubeapi::list_page(
+                &self.client,
+                &self.path,
+                &query,
+                self.cfg.kubernetes.list_page_size,
+                token.as_deref(),
+            );
+            let page = tokio::select! {
+                _ = self.cancel.cancelled() => return Err(Stop::Cancelled),
+                p = page => p,
+            };
+            let page = match page {
+                Ok(p) => p,
+                // The snapshot pinned by the continue token expired: start the list over.
+                Err(ApiError::Gone(_)) if token.is_some() => {
+                    token = None;
+                    continue;
+                }
+                Err(e) => return Err(self.api_stop(e)),
+            };
+            if let Some(k) = page.kind.strip_suffix("List") {
+                self.kind = k.to_string();
+            }
+            for item in &page.items {
+                self.outbox
+                    .wait_for_room()
+                    .await
+                    .map_err(|e| self.outbox_stop(e))?;
+                let type_meta = (self.api_version.as_str(), self.kind.as_str());
+                let mut ev = match decode::decode_item(EventType::Added, item, self.trim, type_meta)
+                {
+                    Ok(ev) => ev,
+                    Err(e) => {
+                        self.m.malformed.inc();
+                        tracing::warn!(stream = %self.id, error = %e, "skipping an undecodable list item");
+                        continue;
+                    }
+                };
+                seen.insert(ev.meta.uid.clone());
+                let change = upsert(&ev.meta);
+                self.emit(
+                    &mut ev,
+                    Instant::now(),
+                    None,
+                    change,
+                    reason == Reason::Resync,
+                )
+                .await?;
+            }
+            match page.continue_token {
+                Some(c) => token = Some(c),
+                None => break page.resource_version,
+            }
+        };
+        let objects = seen.len();
+        self.finish_sync(seen, reason, &list_rv).await?;
+        tracing::info!(stream = %self.id, objects, rv = %list_rv, resync = reason == Reason::Resync, "listed");
+        Ok(list_rv)
+    }
+
+    /// The whole current state has been announced, consistent as of `list_rv`. After a resync,
+    /// known objects it lacks get an inferred DELETED and the end is marked; either way the
+    /// stream's position becomes `list_rv` once everything before it is acknowledged.
+    pub(super) async fn finish_sync(
+        &mut self,
+        seen: HashSet<String>,
+        reason: Reason,
+        list_rv: &str,
+    ) -> Result<(), Stop> {
+        if reason == Reason::Start {
+            self.outbox
+                .pass(Some(list_rv.to_string()), Some(Change::Complete));
+            return Ok(());
+        }
+        let vanished: Vec<(String, Known)> = self
+            .outbox
+            .known()
+            .iter()
+            .filter(|(uid, _)| !seen.contains(*uid))
+            .map(|(u, k)| (u.clone(), k.clone()))
+            .collect();
+        for (uid, known) in vanished {
+            self.outbox
+                .wait_for_room()
+                .await
+                .map_err(|e| self.outbox_stop(e))?;
+            self.m.synthetic_deletes.inc();
+            let change = Some(Change::Remove { uid: uid.clone() });
+            if !self.channel.forwards(EventType::Deleted) {
+                self.outbox.pass(None, change);
+                continue;
+            }
+            let meta = ObjectMeta {
+                kind: self.kind.clone(),
+                api_version: self.api_version.clone(),
+                name: known.name,
+                namespace: known.namespace,
+                uid,
+                resource_version: known.rv,
+            };
+            let object = envelope::reference_object(&meta);
+            let a = Announcement::inferred_delete(meta, list_rv);
+            self.outbox
+                .send(a, &object, Instant::now(), None, change)
+                .await
+                .map_err(|e| self.outbox_stop(e))?;
+        }
+        // Everything the resync produced is in Kafka before its end is marked.
+        self.outbox
+            .wait_until(0)
+            .await
+            .map_err(|e| self.outbox_stop(e))?;
+        let object = envelope::bookmark_object(
+            &self.api_version,
+            &self.kind,
+            list_rv,
+            Some(("watchrelay.io/resync-end", "true")),
+        );
+        let a = Announcement::marker("resync-end", &self.id, ObjectMeta::default(), list_rv, true);
+        self.outbox
+            .send(
+                a,
+                &object,
+                Instant::now(),
+                Some(list_rv.to_string()),
+                Some(Change::Complete),
+            )
+            .await
+            .map_err(|e| self.outbox_stop(e))
+    }
+}
