@@ -31,7 +31,7 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use rdkafka::ClientContext;
 use serde_json::json;
 use watchrelay::decode;
-use watchrelay::envelope::{self, Announcement, Route};
+use watchrelay::envelope::{self, Announcement, KeyTemplate, Route};
 use watchrelay_sim::{objects, Sim, SimConfig};
 
 const NS: &str = "bench";
@@ -575,6 +575,8 @@ fn baseline(bootstrap: &str, topic: &str, input: &Path, warmup: usize) {
                 let ev = decode::decode_line(line.as_bytes(), trim).unwrap();
                 let route = Route {
                     topic: topic.to_string(),
+                    key: KeyTemplate::default(),
+                    dataschema: watchrelay::asyncapi::payload_uri("bench", "watchNamespacedPods"),
                     source: format!("/clusters/bench/api/v1/namespaces/{NS}/pods"),
                     channel: "/api/v1/namespaces/{namespace}/pods".into(),
                     operation_id: "watchNamespacedPods".into(),

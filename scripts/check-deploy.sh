@@ -70,6 +70,7 @@ fi
 
 echo "== configurations pass check-config"
 KAFKA_SASL_PASSWORD=example "$bin" check-config deploy/config.example.yaml >/dev/null
+"$bin" check-config deploy/config.try.yaml >/dev/null
 if "$bin" check-config deploy/config.example.yaml >/dev/null 2>&1 </dev/null && [[ -z ${KAFKA_SASL_PASSWORD:-} ]]; then
   echo "check-config accepted a configuration whose secret variable is unset" >&2
   exit 1

@@ -8,6 +8,7 @@ use serde::Deserialize;
 
 use crate::catalogue::{self, ChannelPath};
 use crate::config::{invalid, is_dns_label, ConfigError};
+use crate::envelope::KeyTemplate;
 use crate::event::{EventType, EventTypes};
 
 /// One channel: a watch path and what to do with its events.
@@ -45,6 +46,10 @@ pub struct ChannelConfig {
     /// `{channel}` are replaced.
     #[serde(default = "default_topic")]
     pub topic: String,
+    /// Kafka key of each record: `{namespace}`, `{name}`, `{uid}` and `{kind}` are replaced
+    /// (default `{namespace}/{name}`; `{namespace}/` is left out for cluster-scoped objects).
+    #[serde(default)]
+    pub key: Option<String>,
     /// Publish BOOKMARK events too.
     #[serde(default)]
     pub forward_bookmarks: bool,
@@ -86,6 +91,8 @@ pub struct Channel {
     pub scope: Scope,
     pub label_selector: Option<String>,
     pub field_selector: Option<String>,
+    /// How records are keyed.
+    pub key: KeyTemplate,
     /// The event types published (BOOKMARK with `forwardBookmarks`).
     pub forwarded: EventTypes,
     pub drop_managed_fields: bool,
@@ -236,6 +243,10 @@ impl ChannelConfig {
             label_selector: self.label_selector.clone(),
             field_selector: self.field_selector.clone(),
             forwarded,
+            key: match &self.key {
+                Some(k) => KeyTemplate::parse(k).map_err(|m| invalid(f("key"), m))?,
+                None => KeyTemplate::default(),
+            },
             drop_managed_fields: self.drop_managed_fields,
             allow_secret_data: self.allow_secret_data,
             topic: self.topic.clone(),

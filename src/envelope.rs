@@ -21,10 +21,112 @@ use serde::Serialize;
 use crate::decode::ObjectMeta;
 use crate::event::EventType;
 
+/// How a record's Kafka key is made from its object: `{namespace}`, `{name}`, `{uid}` and
+/// `{kind}` are replaced. For a cluster-scoped object `{namespace}/` is left out, so the default
+/// `{namespace}/{name}` keys it by name alone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyTemplate {
+    template: String,
+    pieces: Vec<KeyPiece>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum KeyPiece {
+    Text(String),
+    /// `{namespace}` and the `/` after it, if any.
+    Namespace {
+        slash: bool,
+    },
+    Name,
+    Uid,
+    Kind,
+}
+
+impl Default for KeyTemplate {
+    fn default() -> Self {
+        Self::parse("{namespace}/{name}").expect("the default key template is valid")
+    }
+}
+
+impl KeyTemplate {
+    /// Parses a template; it must name the object (`{name}` or `{uid}`) so keys do not collide.
+    pub fn parse(template: &str) -> Result<Self, String> {
+        let mut pieces = Vec::new();
+        let mut rest = template;
+        while !rest.is_empty() {
+            if let Some(after) = rest.strip_prefix('{') {
+                let end = after.find('}').ok_or("unterminated {")?;
+                let piece = match &after[..end] {
+                    "namespace" => {
+                        let slash = after[end + 1..].starts_with('/');
+                        rest = &after[end + 1 + usize::from(slash)..];
+                        pieces.push(KeyPiece::Namespace { slash });
+                        continue;
+                    }
+                    "name" => KeyPiece::Name,
+                    "uid" => KeyPiece::Uid,
+                    "kind" => KeyPiece::Kind,
+                    other => {
+                        return Err(format!(
+                            "unknown variable {{{other}}}; use {{namespace}}, {{name}}, {{uid}} or {{kind}}"
+                        ))
+                    }
+                };
+                pieces.push(piece);
+                rest = &after[end + 1..];
+            } else {
+                let end = rest.find('{').unwrap_or(rest.len());
+                pieces.push(KeyPiece::Text(rest[..end].to_string()));
+                rest = &rest[end..];
+            }
+        }
+        if !pieces
+            .iter()
+            .any(|p| matches!(p, KeyPiece::Name | KeyPiece::Uid))
+        {
+            return Err("must contain {name} or {uid}, or objects would share keys".into());
+        }
+        Ok(Self {
+            template: template.to_string(),
+            pieces,
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.template
+    }
+
+    /// The key of `meta`.
+    pub fn render(&self, meta: &ObjectMeta) -> String {
+        let mut key = String::with_capacity(64);
+        for p in &self.pieces {
+            match p {
+                KeyPiece::Text(t) => key.push_str(t),
+                KeyPiece::Namespace { slash } => {
+                    if let Some(ns) = &meta.namespace {
+                        key.push_str(ns);
+                        if *slash {
+                            key.push('/');
+                        }
+                    }
+                }
+                KeyPiece::Name => key.push_str(&meta.name),
+                KeyPiece::Uid => key.push_str(&meta.uid),
+                KeyPiece::Kind => key.push_str(&meta.kind),
+            }
+        }
+        key
+    }
+}
+
 /// What every record of one stream shares.
 #[derive(Clone, Debug)]
 pub struct Route {
     pub topic: String,
+    /// How records are keyed.
+    pub key: KeyTemplate,
+    /// CloudEvents `dataschema`: the envelope's schema in the stream's AsyncAPI document.
+    pub dataschema: String,
     /// CloudEvents `source`: `/clusters/{cluster}` and the collection path.
     pub source: String,
     /// The channel's path template.
@@ -155,12 +257,20 @@ impl<'a> EnvelopeMeta<'a> {
 pub fn record(route: &Route, a: &Announcement, object: &[u8], mut value: Vec<u8>) -> Record {
     let env = EnvelopeMeta::new(route, a, None);
     write_envelope(&mut value, a.event_type, object, &env);
-    let key = a.meta.key();
+    let key = key(route, a);
     Record {
         topic: route.topic.clone(),
-        headers: cloudevents_headers(&env, a.event_type, &route.source, &key),
+        headers: cloudevents_headers(&env, route, a, &key),
         key,
         value,
+    }
+}
+
+/// The Kafka key of `a`: by the route's template, or the stream for bookmarks.
+fn key(route: &Route, a: &Announcement) -> String {
+    match a.event_type {
+        EventType::Bookmark => a.meta.name.clone(),
+        _ => route.key.render(&a.meta),
     }
 }
 
@@ -170,8 +280,8 @@ pub fn reference(route: &Route, a: &Announcement, original_bytes: usize, topic: 
     let env = EnvelopeMeta::new(route, a, Some(original_bytes));
     let mut value = Vec::new();
     write_envelope(&mut value, a.event_type, &reference_object(&a.meta), &env);
-    let key = a.meta.key();
-    let mut headers = cloudevents_headers(&env, a.event_type, &route.source, &key);
+    let key = key(route, a);
+    let mut headers = cloudevents_headers(&env, route, a, &key);
     headers.push(("ce_truncatedbytes", original_bytes.to_string()));
     Record {
         topic: topic.to_string(),
@@ -199,29 +309,34 @@ fn write_envelope(
     out.push(b'}');
 }
 
-/// CloudEvents Kafka binding headers (binary mode: the value is the event data).
+/// CloudEvents Kafka protocol binding headers, binary mode: the value is the event data, its
+/// `datacontenttype` is the `content-type` header, and the partitioning extension's
+/// `partitionkey` is the Kafka key.
 fn cloudevents_headers(
     meta: &EnvelopeMeta<'_>,
-    event_type: EventType,
-    source: &str,
-    subject: &str,
+    route: &Route,
+    a: &Announcement,
+    key: &str,
 ) -> Vec<(&'static str, String)> {
     let mut h = vec![
         ("ce_specversion", "1.0".to_string()),
         ("ce_id", meta.id.to_string()),
-        ("ce_source", source.to_string()),
+        ("ce_source", route.source.clone()),
         (
             "ce_type",
-            format!("io.watchrelay.{}.{}", meta.message, event_type),
+            format!("io.watchrelay.{}.{}", meta.message, a.event_type),
         ),
         ("ce_time", meta.observed_at.to_string()),
         ("content-type", "application/json".to_string()),
+        ("ce_dataschema", route.dataschema.clone()),
+        ("ce_partitionkey", key.to_string()),
         ("ce_resourceversion", meta.resource_version.to_string()),
         ("ce_operationid", meta.operation_id.to_string()),
         ("ce_cluster", meta.cluster.to_string()),
     ];
+    let subject = a.meta.key();
     if !subject.is_empty() {
-        h.push(("ce_subject", subject.to_string()));
+        h.push(("ce_subject", subject));
     }
     if meta.resync {
         h.push(("ce_resync", "true".into()));
@@ -294,6 +409,8 @@ mod tests {
     fn route() -> Route {
         Route {
             topic: "prod.pods".into(),
+            key: KeyTemplate::default(),
+            dataschema: "urn:watchrelay:prod:asyncapi#/components/schemas/pods".into(),
             source: "/clusters/prod/api/v1/namespaces/shop/pods".into(),
             channel: "/api/v1/namespaces/{namespace}/pods".into(),
             operation_id: "watchNamespacedPods".into(),
@@ -337,6 +454,37 @@ mod tests {
         assert_eq!(h("ce_subject"), Some("shop/web-1"));
         assert_eq!(h("ce_id"), Some("u-1/42"));
         assert_eq!(h("ce_synthetic"), None);
+        assert_eq!(h("ce_partitionkey"), Some("shop/web-1"));
+        assert_eq!(h("content-type"), Some("application/json"));
+        assert!(h("ce_dataschema").is_some_and(|s| s.starts_with("urn:watchrelay:prod")));
+    }
+
+    #[test]
+    fn key_templates_name_the_object_and_leave_out_an_absent_namespace() {
+        let ev = decode_line(LINE.as_bytes(), trim()).unwrap();
+        let mut meta = ev.meta.clone();
+        let k = |t: &str, m: &ObjectMeta| KeyTemplate::parse(t).unwrap().render(m);
+        assert_eq!(k("{namespace}/{name}", &meta), "shop/web-1");
+        assert_eq!(k("{uid}", &meta), "u-1");
+        assert_eq!(k("{kind}/{namespace}/{name}", &meta), "Pod/shop/web-1");
+        meta.namespace = None;
+        meta.kind = "Node".into();
+        assert_eq!(k("{namespace}/{name}", &meta), "web-1");
+        assert_eq!(k("{kind}/{namespace}/{name}", &meta), "Node/web-1");
+        assert!(KeyTemplate::parse("{namespace}").is_err());
+        assert!(KeyTemplate::parse("{nam}").is_err());
+        assert!(KeyTemplate::parse("{name").is_err());
+        let mut route = route();
+        route.key = KeyTemplate::parse("{uid}").unwrap();
+        let a = Announcement::change(ev.event_type, ev.meta.clone(), false);
+        let rec = record(&route, &a, &ev.object, Vec::new());
+        assert_eq!(rec.key, "u-1");
+        assert!(rec
+            .headers
+            .contains(&("ce_partitionkey", "u-1".to_string())));
+        assert!(rec
+            .headers
+            .contains(&("ce_subject", "shop/web-1".to_string())));
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! `/metrics`, `/healthz` and `/readyz`.
+//! `/metrics`, `/healthz`, `/readyz` and `/asyncapi.json`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -15,19 +15,24 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::Metrics;
 use crate::registry::{Readiness, Registry};
 
-fn respond(
-    req: &Request<Incoming>,
-    metrics: &Metrics,
-    registry: &Registry,
-) -> Response<Full<Bytes>> {
+/// What the endpoint serves.
+#[derive(Clone)]
+pub struct Served {
+    pub metrics: Arc<Metrics>,
+    pub registry: Registry,
+    /// The AsyncAPI document of what this relay publishes.
+    pub asyncapi: Bytes,
+}
+
+fn respond(req: &Request<Incoming>, served: &Served) -> Response<Full<Bytes>> {
     let (status, body, ctype) = match req.uri().path() {
         "/metrics" => (
             StatusCode::OK,
-            metrics.render(),
+            served.metrics.render(),
             "text/plain; version=0.0.4",
         ),
         "/healthz" => (StatusCode::OK, b"ok\n".to_vec(), "text/plain"),
-        "/readyz" => match registry.readiness() {
+        "/readyz" => match served.registry.readiness() {
             Readiness { ready: true, .. } => (StatusCode::OK, b"ready\n".to_vec(), "text/plain"),
             Readiness { down, .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -35,6 +40,7 @@ fn respond(
                 "text/plain",
             ),
         },
+        "/asyncapi.json" => (StatusCode::OK, served.asyncapi.to_vec(), "application/json"),
         _ => (StatusCode::NOT_FOUND, b"not found\n".to_vec(), "text/plain"),
     };
     Response::builder()
@@ -46,12 +52,7 @@ fn respond(
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `listener` (bound by the caller, so a bad
 /// address fails at start) until `cancel`.
-pub async fn serve(
-    listener: TcpListener,
-    metrics: Arc<Metrics>,
-    registry: Registry,
-    cancel: CancellationToken,
-) {
+pub async fn serve(listener: TcpListener, served: Served, cancel: CancellationToken) {
     loop {
         let (conn, _) = tokio::select! {
             _ = cancel.cancelled() => return,
@@ -63,11 +64,10 @@ pub async fn serve(
                 }
             },
         };
-        let metrics = metrics.clone();
-        let registry = registry.clone();
+        let served = served.clone();
         tokio::spawn(async move {
             let svc = service_fn(move |req| {
-                let r = respond(&req, &metrics, &registry);
+                let r = respond(&req, &served);
                 async move { Ok::<_, Infallible>(r) }
             });
             let _ = hyper::server::conn::http1::Builder::new()

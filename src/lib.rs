@@ -2,6 +2,7 @@
 //!
 //! | module | owns |
 //! |---|---|
+//! | [`asyncapi`] | the AsyncAPI 3.0 document of what a configuration publishes |
 //! | [`config`], [`channel`], [`catalogue`] | the configuration file, parsed once into resolved channels |
 //! | [`event`] | the watch event types |
 //! | [`decode`] | watch line / list item to [`decode::WatchEvent`] (pure) |
@@ -13,8 +14,10 @@
 //! | [`checkpoint`] | the checkpoint ConfigMap: format, store, writer loop |
 //! | [`relay`] | the facade and the supervisor |
 //! | `leader` | leader election over a Lease |
+//! | [`status`] | what `watchrelay status` reads from the cluster |
 //! | [`http`], [`metrics`] | `/metrics`, `/healthz`, `/readyz` |
 
+pub mod asyncapi;
 pub mod catalogue;
 pub mod channel;
 pub mod checkpoint;
@@ -27,10 +30,12 @@ mod json;
 mod kubeapi;
 mod leader;
 pub mod metrics;
+pub mod openapi;
 mod outbox;
 pub mod producer;
 pub mod registry;
 pub mod relay;
+pub mod status;
 mod stream;
 mod tracker;
 

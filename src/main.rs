@@ -1,40 +1,150 @@
+//! The `watchrelay` command line.
+
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
+use watchrelay::catalogue::CATALOGUE;
+use watchrelay::checkpoint::Store;
 use watchrelay::config::{Config, KubernetesConfig};
 use watchrelay::Relay;
 
-const USAGE: &str = "usage:
-  watchrelay run --config FILE      relay the configured channels to Kafka
-  watchrelay check-config FILE      validate a configuration file and exit
-  watchrelay --version";
+/// Relays Kubernetes watch streams into Kafka topics as AsyncAPI-shaped envelopes.
+#[derive(Parser)]
+#[command(name = "watchrelay", version, propagate_version = true)]
+struct Cli {
+    /// Log filter, e.g. `info` or `watchrelay=debug` (logs go to standard error).
+    #[arg(long, global = true, env = "WATCHRELAY_LOG", default_value = "info")]
+    log: String,
+    /// Log format.
+    #[arg(long, global = true, env = "WATCHRELAY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Output {
+    Text,
+    Json,
+}
+
+#[derive(Args)]
+struct ConfigFile {
+    /// The configuration file.
+    #[arg(short, long, value_name = "FILE", env = "WATCHRELAY_CONFIG")]
+    config: PathBuf,
+}
+
+impl ConfigFile {
+    fn load(&self) -> Result<Config> {
+        load(&self.config)
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Relay the configured channels to Kafka.
+    Run {
+        #[command(flatten)]
+        config: ConfigFile,
+        /// Print envelopes as JSON lines on standard output instead of producing to Kafka; read
+        /// and write no checkpoint, take no Lease, need no broker.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Validate a configuration file and list the channels it resolves to.
+    CheckConfig {
+        /// The configuration file.
+        #[arg(value_name = "FILE", env = "WATCHRELAY_CONFIG")]
+        file: PathBuf,
+    },
+    /// List the channel catalogue: operationId, watch path, message.
+    Channels {
+        #[arg(short, long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+    /// Print the AsyncAPI 3.0 document of what a configuration publishes.
+    Asyncapi {
+        #[command(flatten)]
+        config: ConfigFile,
+        /// Read each channel's object schema from the API server (`/openapi/v3`).
+        #[arg(long)]
+        cluster: bool,
+    },
+    /// Show each stream's saved position, its age and known objects, and the leader.
+    Status {
+        #[command(flatten)]
+        config: ConfigFile,
+        #[arg(short, long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+    /// Ask the running relay to relist a channel's streams (or `all`) and reconcile.
+    Resync {
+        #[command(flatten)]
+        config: ConfigFile,
+        /// A channel name from the configuration, or `all`.
+        channel: String,
+    },
+    /// Print the version.
+    Version,
+}
 
 fn main() {
+    let cli = Cli::parse();
     // One line with the whole chain of causes, never a backtrace: these are user errors
     // (a bad file, an unreachable API server), not bugs.
-    if let Err(e) = cli() {
+    if let Err(e) = dispatch(cli) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
 }
 
-fn cli() -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args
-        .iter()
-        .map(String::as_str)
-        .collect::<Vec<_>>()
-        .as_slice()
-    {
-        ["check-config", file] => {
-            let cfg = Config::load(&PathBuf::from(file))
-                .with_context(|| format!("{file} is not valid"))?;
-            println!("{file}: ok ({} channels)", cfg.channels.len());
+fn load(file: &std::path::Path) -> Result<Config> {
+    Config::load(file).with_context(|| format!("{} is not valid", file.display()))
+}
+
+fn logging(cli: &Cli) -> Result<()> {
+    let filter = EnvFilter::try_new(&cli.log).with_context(|| format!("--log {:?}", cli.log))?;
+    let fmt = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    match cli.log_format {
+        LogFormat::Json => fmt.json().init(),
+        LogFormat::Text => fmt.init(),
+    }
+    Ok(())
+}
+
+/// A runtime for one-shot commands.
+fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(f)
+}
+
+fn dispatch(cli: Cli) -> Result<()> {
+    match &cli.command {
+        Command::Run { config, dry_run } => {
+            let cfg = config.load()?;
+            logging(&cli)?;
+            run(cfg, *dry_run)
+        }
+        Command::CheckConfig { file } => {
+            let cfg = load(file)?;
+            println!("{}: ok ({} channels)", file.display(), cfg.channels.len());
             for c in &cfg.channels {
                 println!(
                     "  {} {} -> {} ({:?})",
@@ -43,31 +153,93 @@ fn cli() -> Result<()> {
             }
             Ok(())
         }
-        ["run", "--config", file] | ["run", "-c", file] => run(PathBuf::from(file)),
-        ["--version"] | ["version"] => {
+        Command::Channels { output } => {
+            match output {
+                Output::Json => {
+                    let list: Vec<_> = CATALOGUE
+                        .iter()
+                        .map(|c| serde_json::json!({"operationId": c.operation_id, "path": c.path, "message": c.message}))
+                        .collect();
+                    println!("{}", serde_json::to_string_pretty(&list)?);
+                }
+                Output::Text => {
+                    let w = CATALOGUE
+                        .iter()
+                        .map(|c| c.operation_id.len())
+                        .max()
+                        .unwrap_or(0);
+                    let p = CATALOGUE.iter().map(|c| c.path.len()).max().unwrap_or(0);
+                    println!("{:w$}  {:p$}  MESSAGE", "OPERATIONID", "PATH");
+                    for c in CATALOGUE {
+                        println!("{:w$}  {:p$}  {}", c.operation_id, c.path, c.message);
+                    }
+                }
+            }
+            Ok(())
+        }
+        Command::Asyncapi { config, cluster } => {
+            let cfg = config.load()?;
+            let schemas = if *cluster {
+                let channels = cfg.channels.clone();
+                let k = cfg.kubernetes.clone();
+                Some(block_on(async move {
+                    let client = kube_client(&k).await?;
+                    watchrelay::openapi::cluster_schemas(&client, &channels)
+                        .await
+                        .context("reading object schemas from the cluster")
+                })?)
+            } else {
+                None
+            };
+            let doc = watchrelay::asyncapi::document(&cfg, schemas.as_ref());
+            println!("{}", serde_json::to_string_pretty(&doc)?);
+            Ok(())
+        }
+        Command::Status { config, output } => {
+            let cfg = config.load()?;
+            let status = block_on(async {
+                let client = kube_client(&cfg.kubernetes).await?;
+                watchrelay::status::read(client, &cfg)
+                    .await
+                    .context("reading the checkpoint and the Lease")
+            })?;
+            match output {
+                Output::Json => println!("{}", serde_json::to_string_pretty(&status)?),
+                Output::Text => print!("{}", watchrelay::status::text(&status)),
+            }
+            Ok(())
+        }
+        Command::Resync { config, channel } => {
+            let cfg = config.load()?;
+            if channel != "all" && !cfg.channels.iter().any(|c| &c.name == channel) {
+                let names: Vec<&str> = cfg.channels.iter().map(|c| c.name.as_str()).collect();
+                bail!(
+                    "no channel {channel:?} in {}; channels: {}, or all",
+                    config.config.display(),
+                    names.join(", ")
+                );
+            }
+            block_on(async {
+                let client = kube_client(&cfg.kubernetes).await?;
+                Store::new(client, &cfg.checkpoint.namespace, &cfg.checkpoint.name)
+                    .request_resync(channel)
+                    .await
+                    .context("the relay has not written its checkpoint ConfigMap yet, or it cannot be patched")
+            })?;
+            println!(
+                "resync of {channel} requested on ConfigMap {}/{}; the running relay takes it within seconds",
+                cfg.checkpoint.namespace, cfg.checkpoint.name
+            );
+            Ok(())
+        }
+        Command::Version => {
             println!("watchrelay {}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
-        _ => bail!("{USAGE}"),
     }
 }
 
-fn run(file: PathBuf) -> Result<()> {
-    let cfg = Config::load(&file).with_context(|| format!("{} is not valid", file.display()))?;
-    let filter =
-        EnvFilter::try_from_env("WATCHRELAY_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    if std::env::var("WATCHRELAY_LOG_FORMAT").as_deref() == Ok("json") {
-        tracing_subscriber::fmt()
-            .json()
-            .with_writer(std::io::stderr)
-            .with_env_filter(filter)
-            .init();
-    } else {
-        tracing_subscriber::fmt()
-            .with_writer(std::io::stderr)
-            .with_env_filter(filter)
-            .init();
-    }
+fn run(cfg: Config, dry_run: bool) -> Result<()> {
     let mut runtime = match cfg.worker_threads {
         1 => tokio::runtime::Builder::new_current_thread(),
         n => {
@@ -81,7 +253,14 @@ fn run(file: PathBuf) -> Result<()> {
             .await
             .context("connecting to the Kubernetes API")?;
         let listen = cfg.http.listen.clone();
-        let relay = Relay::new(cfg, client);
+        let asyncapi = serde_json::to_vec_pretty(&watchrelay::asyncapi::document(&cfg, None))?;
+        let mut relay = Relay::new(cfg, client);
+        if dry_run {
+            tracing::info!(
+                "dry run: envelopes go to standard output; no checkpoint is read or written"
+            );
+            relay = relay.dry_run();
+        }
         spawn_signal_handler(relay.shutdown())?;
         let http_cancel = CancellationToken::new();
         if !listen.is_empty() {
@@ -91,11 +270,14 @@ fn run(file: PathBuf) -> Result<()> {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("binding http.listen {addr}"))?;
-            tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+            tracing::info!(%addr, "serving /metrics, /healthz, /readyz and /asyncapi.json");
             tokio::spawn(watchrelay::http::serve(
                 listener,
-                relay.metrics(),
-                relay.registry(),
+                watchrelay::http::Served {
+                    metrics: relay.metrics(),
+                    registry: relay.registry(),
+                    asyncapi: asyncapi.into(),
+                },
                 http_cancel.clone(),
             ));
         }

@@ -22,7 +22,7 @@ pub struct Metrics {
     pub delivery_errors: IntCounterVec,
     /// Watch restarts, by stream and reason.
     pub watch_restarts: IntCounterVec,
-    /// Relists after a 410, by stream.
+    /// Relists after a 410 or on request, by stream.
     pub resyncs: IntCounterVec,
     /// DELETED events inferred during a resync, by stream.
     pub synthetic_deletes: IntCounterVec,
@@ -126,7 +126,7 @@ impl Metrics {
             ),
             resyncs: counter(
                 "resyncs_total",
-                "Relists after an expired resourceVersion",
+                "Relists after an expired resourceVersion or on request",
                 &["stream"],
             ),
             synthetic_deletes: counter(

@@ -333,3 +333,33 @@ impl Producer for Memory {
         }
     }
 }
+
+/// Envelopes as JSON lines on standard output, acknowledged as written: `run --dry-run`.
+///
+/// A closed standard output (the reader went away, as with `| head`) ends the process quietly,
+/// as command-line tools do.
+#[derive(Default)]
+pub struct Stdout;
+
+impl Producer for Stdout {
+    fn send(&self, record: &Record, receipt: Box<Receipt>) -> Result<(), Refused> {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let written = out
+            .write_all(&record.value)
+            .and_then(|()| out.write_all(b"\n"));
+        match written {
+            Ok(()) => {
+                receipt.report(Ok(()));
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+            Err(e) => Err(Refused::Failed(format!("writing to standard output: {e}"))),
+        }
+    }
+
+    fn flush(&self, _timeout: Duration) -> Result<(), String> {
+        use std::io::Write;
+        std::io::stdout().flush().map_err(|e| e.to_string())
+    }
+}

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 use crate::checkpoint::Saved;
 
@@ -52,6 +52,8 @@ pub enum Role {
 struct Entry {
     generation: u64,
     status: watch::Receiver<Status>,
+    /// Asks the stream to relist and reconcile.
+    resync: Arc<Notify>,
 }
 
 struct Inner {
@@ -101,6 +103,7 @@ impl Registry {
     /// Registers stream `id` (replacing an older entry of the same id) and returns its reporter.
     pub fn register(&self, id: &str) -> Reporter {
         let (tx, rx) = watch::channel(Status::default());
+        let resync = Arc::new(Notify::new());
         let mut inner = self.lock();
         inner.next_generation += 1;
         let generation = inner.next_generation;
@@ -110,12 +113,14 @@ impl Registry {
             Entry {
                 generation,
                 status: rx,
+                resync: resync.clone(),
             },
         );
         Reporter {
             id: id.to_string(),
             generation,
             tx,
+            resync,
             registry: self.clone(),
         }
     }
@@ -165,6 +170,21 @@ impl Registry {
             .collect()
     }
 
+    /// Asks the streams of channel `what` (or every stream, for `all`) to relist and reconcile.
+    /// Returns how many were asked.
+    pub fn request_resync(&self, what: &str) -> usize {
+        let inner = self.lock();
+        let mut asked = 0;
+        for (id, e) in &inner.streams {
+            let channel = id.split('.').next().unwrap_or_default();
+            if what == "all" || what == channel {
+                e.resync.notify_one();
+                asked += 1;
+            }
+        }
+        asked
+    }
+
     /// The checkpoints published since the last call, and `None` for each stream retired since.
     pub fn take_checkpoints(&self) -> BTreeMap<String, Option<Arc<Saved>>> {
         let mut inner = self.lock();
@@ -189,6 +209,7 @@ pub struct Reporter {
     id: String,
     generation: u64,
     tx: watch::Sender<Status>,
+    resync: Arc<Notify>,
     registry: Registry,
 }
 
@@ -203,6 +224,11 @@ impl Reporter {
             s.phase = phase;
             changed
         });
+    }
+
+    /// Completes when a resync of this stream was requested (at once if one is pending).
+    pub async fn resync_requested(&self) {
+        self.resync.notified().await;
     }
 
     /// Publishes a checkpoint the stream may save.
@@ -233,6 +259,7 @@ mod tests {
     fn saved(rv: &str) -> Saved {
         Saved {
             rv: Some(rv.into()),
+            at: None,
             known: None,
         }
     }
@@ -282,6 +309,20 @@ mod tests {
             r.take_checkpoints().into_iter().collect::<Vec<_>>(),
             vec![("a".into(), None)]
         );
+    }
+
+    #[tokio::test]
+    async fn resync_requests_reach_the_streams_of_their_channel() {
+        let r = Registry::new();
+        let pods_a = r.register("pods.a");
+        let pods_b = r.register("pods.b");
+        let nodes = r.register("nodes._all");
+        assert_eq!(r.request_resync("pods"), 2);
+        pods_a.resync_requested().await;
+        pods_b.resync_requested().await;
+        assert_eq!(r.request_resync("all"), 3);
+        nodes.resync_requested().await;
+        assert_eq!(r.request_resync("services"), 0);
     }
 
     #[test]

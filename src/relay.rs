@@ -54,6 +54,8 @@ pub struct Relay {
     metrics: Arc<Metrics>,
     registry: Registry,
     shutdown: CancellationToken,
+    /// Load and write checkpoints (off for a dry run).
+    checkpoints: bool,
 }
 
 impl Relay {
@@ -69,7 +71,16 @@ impl Relay {
             metrics,
             registry: Registry::new(),
             shutdown: CancellationToken::new(),
+            checkpoints: true,
         }
+    }
+
+    /// A trial run: envelopes go to standard output as JSON lines, every stream starts with a
+    /// list (no checkpoint is read or written), no Lease is taken.
+    pub fn dry_run(mut self) -> Self {
+        self.sink = Sink::Given(Arc::new(producer::Stdout));
+        self.checkpoints = false;
+        self
     }
 
     /// Sends records to `producer` instead of Kafka.
@@ -96,7 +107,7 @@ impl Relay {
     /// Kafka acknowledged) and stands by again; a clean stop releases the Lease so a standby
     /// takes over at once.
     pub async fn run(self) -> Result<(), RelayError> {
-        if !self.cfg.leader_election.enabled {
+        if !self.cfg.leader_election.enabled || !self.checkpoints {
             self.metrics.leader.set(1);
             return self.term(self.shutdown.clone()).await;
         }
@@ -160,8 +171,13 @@ impl Relay {
             &self.cfg.checkpoint.namespace,
             &self.cfg.checkpoint.name,
         );
-        let saved = store.load().await?;
-        tracing::info!(streams = saved.len(), "loaded checkpoints");
+        let saved = if self.checkpoints {
+            let saved = store.load().await?;
+            tracing::info!(streams = saved.len(), "loaded checkpoints");
+            saved
+        } else {
+            HashMap::new()
+        };
         let supervisor = Supervisor {
             wiring: Arc::new(Wiring {
                 cfg: self.cfg.clone(),
@@ -195,13 +211,15 @@ impl Relay {
             }
         }
         let writer_cancel = CancellationToken::new();
-        let writer = tokio::spawn(checkpoint::writer::run(
-            store,
-            self.registry.clone(),
-            self.metrics.clone(),
-            Duration::from_millis(self.cfg.checkpoint.interval_ms),
-            writer_cancel.clone(),
-        ));
+        let writer = self.checkpoints.then(|| {
+            tokio::spawn(checkpoint::writer::run(
+                store,
+                self.registry.clone(),
+                self.metrics.clone(),
+                Duration::from_millis(self.cfg.checkpoint.interval_ms),
+                writer_cancel.clone(),
+            ))
+        });
 
         stop.cancelled().await;
         tracing::info!("shutting down: draining streams");
@@ -214,7 +232,10 @@ impl Relay {
             tracing::warn!(error = %e, "producer flush incomplete");
         }
         writer_cancel.cancel();
-        if let Err(e) = writer.await {
+        if let Some(Err(e)) = match writer {
+            Some(w) => Some(w.await),
+            None => None,
+        } {
             tracing::error!(error = %e, "checkpoint writer panicked");
         }
         tracing::info!("stopped");

@@ -36,3 +36,228 @@ fn check_config_names_the_offending_field() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("watchNodes"));
 }
+
+/// Runs the binary with `args` (blocking, off the runtime's threads) and returns its output.
+async fn watchrelay(args: &[&str]) -> std::process::Output {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    tokio::task::spawn_blocking(move || Command::new(BIN).args(&args).output().unwrap())
+        .await
+        .unwrap()
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+const SUBCOMMANDS: [&str; 7] = [
+    "run",
+    "check-config",
+    "channels",
+    "asyncapi",
+    "status",
+    "resync",
+    "version",
+];
+
+#[tokio::test]
+async fn every_subcommand_has_help_and_the_readme_names_them_all() {
+    let top = stdout(&watchrelay(&["--help"]).await);
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    for sub in SUBCOMMANDS {
+        assert!(top.contains(sub), "--help lacks {sub}");
+        let help = stdout(&watchrelay(&[sub, "--help"]).await);
+        assert!(help.contains("Usage: watchrelay"), "{sub}: {help}");
+        assert!(
+            readme.contains(&format!("watchrelay {sub}")),
+            "README lacks `watchrelay {sub}`"
+        );
+    }
+    assert!(stdout(&watchrelay(&["run", "--help"]).await).contains("WATCHRELAY_CONFIG"));
+    assert!(stdout(&watchrelay(&["version"]).await).contains(env!("CARGO_PKG_VERSION")));
+}
+
+#[tokio::test]
+async fn channels_lists_the_catalogue() {
+    let text = stdout(&watchrelay(&["channels"]).await);
+    assert!(
+        text.contains("watchNamespacedPods")
+            && text.contains("/api/v1/namespaces/{namespace}/pods")
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout(&watchrelay(&["channels", "-o", "json"]).await)).unwrap();
+    assert_eq!(
+        json.as_array().unwrap().len(),
+        watchrelay::catalogue::CATALOGUE.len()
+    );
+}
+
+mod against_a_cluster {
+    use super::*;
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    use watchrelay_sim::{objects, Sim, SimConfig};
+
+    struct Cluster {
+        sim: Sim,
+        dir: tempfile::TempDir,
+    }
+
+    impl Cluster {
+        async fn start() -> Self {
+            let sim = Sim::start(SimConfig::default()).await.unwrap();
+            for ns in ["a", "relay"] {
+                sim.create("namespaces", None, objects::namespace(ns))
+                    .unwrap();
+            }
+            let dir = tempfile::tempdir().unwrap();
+            sim.write_kubeconfig(&dir.path().join("kubeconfig"))
+                .unwrap();
+            Self { sim, dir }
+        }
+
+        /// A configuration file for this cluster; `extra` goes at the top level.
+        fn config(&self, channels: &str, extra: &str) -> String {
+            let path = self.dir.path().join("config.yaml");
+            std::fs::write(
+                &path,
+                format!(
+                    "clusterName: test\nkubernetes:\n  kubeconfig: {}\nkafka:\n  bootstrapServers: 127.0.0.1:1\n  oversize: trim\ncheckpoint:\n  namespace: relay\nhttp:\n  listen: \"\"\n{extra}channels:\n{channels}",
+                    self.dir.path().join("kubeconfig").display()
+                ),
+            )
+            .unwrap();
+            path.display().to_string()
+        }
+    }
+
+    const PODS: &str = "  - operationId: watchNamespacedPods\n    namespaces: [a]\n";
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dry_run_prints_envelopes_and_needs_no_broker() {
+        let c = Cluster::start().await;
+        for i in 0..3 {
+            c.sim
+                .create("pods", Some("a"), objects::pod("a", &format!("p{i}")))
+                .unwrap();
+        }
+        let cfg = c.config(PODS, "");
+        let mut child = Command::new(BIN)
+            .args(["run", "--dry-run", "--config", &cfg])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let lines = tokio::task::spawn_blocking(move || {
+            BufReader::new(out)
+                .lines()
+                .take(3)
+                .map(|l| serde_json::from_str::<serde_json::Value>(&l.unwrap()).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let mut names: Vec<&str> = lines
+            .iter()
+            .map(|v| v["object"]["metadata"]["name"].as_str().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["p0", "p1", "p2"]);
+        assert!(lines
+            .iter()
+            .all(|v| v["type"] == "ADDED" && v["watchrelay"]["cluster"] == "test"));
+        assert!(
+            c.sim
+                .get("configmaps", Some("relay"), "watchrelay-checkpoints")
+                .is_none(),
+            "a dry run writes no checkpoint"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn status_reads_positions_and_the_leader_and_resync_leaves_a_request() {
+        let c = Cluster::start().await;
+        let mut cm = objects::configmap("relay", "watchrelay-checkpoints");
+        cm["data"] = serde_json::json!({
+            "watchNamespacedPods.a": "{\"rv\":\"42\",\"at\":\"2026-01-01T00:00:00Z\"}"
+        });
+        c.sim.create("configmaps", Some("relay"), cm).unwrap();
+        let cfg = c.config(PODS, "leaderElection:\n  enabled: true\n");
+        let text = stdout(&watchrelay(&["status", "--config", &cfg]).await);
+        assert!(
+            text.contains("watchNamespacedPods.a") && text.contains("42"),
+            "{text}"
+        );
+        let json: serde_json::Value = serde_json::from_str(&stdout(
+            &watchrelay(&["status", "--config", &cfg, "-o", "json"]).await,
+        ))
+        .unwrap();
+        assert_eq!(json["streams"][0]["position"], "42");
+        assert!(json["streams"][0]["ageSeconds"].as_i64().unwrap() > 0);
+        assert_eq!(json["leader"]["lease"], "relay/watchrelay-leader");
+
+        let err = watchrelay(&["resync", "--config", &cfg, "nodes"]).await;
+        assert!(!err.status.success());
+        assert!(String::from_utf8_lossy(&err.stderr).contains("watchNamespacedPods"));
+        stdout(&watchrelay(&["resync", "--config", &cfg, "watchNamespacedPods"]).await);
+        let cm = c
+            .sim
+            .get("configmaps", Some("relay"), "watchrelay-checkpoints")
+            .unwrap();
+        assert_eq!(
+            cm["metadata"]["annotations"]["watchrelay.io/resync"],
+            "watchNamespacedPods"
+        );
+        let text = stdout(&watchrelay(&["status", "--config", &cfg]).await);
+        assert!(
+            text.contains("resync requested: watchNamespacedPods"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn asyncapi_with_cluster_gives_a_crd_its_real_schema() {
+        let c = Cluster::start().await;
+        c.sim.register_crd_with_schema(
+            "example.com",
+            "v1",
+            "widgets",
+            "Widget",
+            true,
+            serde_json::json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {"size": {"type": "integer"}}}}}),
+        );
+        let cfg = c.config(
+            &format!("{PODS}  - path: /apis/example.com/v1/namespaces/{{namespace}}/widgets\n    name: widgets\n    allNamespaces: true\n"),
+            "",
+        );
+        let plain: serde_json::Value =
+            serde_json::from_str(&stdout(&watchrelay(&["asyncapi", "--config", &cfg]).await))
+                .unwrap();
+        assert_eq!(
+            plain["components"]["schemas"]["widgets.envelope"]["properties"]["object"]["$ref"],
+            "#/components/schemas/kubernetes.object"
+        );
+        let doc: serde_json::Value = serde_json::from_str(&stdout(
+            &watchrelay(&["asyncapi", "--config", &cfg, "--cluster"]).await,
+        ))
+        .unwrap();
+        let schemas = &doc["components"]["schemas"];
+        assert_eq!(
+            schemas["widgets.envelope"]["properties"]["object"]["$ref"],
+            "#/components/schemas/com.example.v1.Widget"
+        );
+        assert_eq!(
+            schemas["com.example.v1.Widget"]["properties"]["spec"]["properties"]["size"]["type"],
+            "integer"
+        );
+        assert!(schemas["io.k8s.api.core.v1.Pod"].is_object());
+    }
+}

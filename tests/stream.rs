@@ -307,3 +307,45 @@ async fn a_clean_stop_drains_so_the_final_checkpoint_covers_everything() {
     assert!(bed.checkpoint_rv(STREAM).unwrap() >= last_pod_rv(&bed));
     assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requested_resync_reannounces_and_the_request_is_cleared() {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    create(&bed, (0..5).map(|i| format!("p{i}")));
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay.wait_up(1).await;
+    wait_covered(&bed).await;
+    bed.sim
+        .merge_patch(
+            "configmaps",
+            Some(common::bed::CHECKPOINT_NS),
+            common::bed::CHECKPOINT_NAME,
+            serde_json::json!({"metadata": {"annotations": {"watchrelay.io/resync": "watchNamespacedPods"}}}),
+        )
+        .unwrap();
+    relay.wait_counter("resyncs_total", STREAM, 1).await;
+    let marked = || {
+        producer.log().iter().any(|r| {
+            json(r)["object"]["metadata"]["annotations"]["watchrelay.io/resync-end"] == "true"
+        })
+    };
+    eventually(marked, || "the resync never ended".into()).await;
+    let cm = bed
+        .sim
+        .get(
+            "configmaps",
+            Some(common::bed::CHECKPOINT_NS),
+            common::bed::CHECKPOINT_NAME,
+        )
+        .unwrap();
+    assert!(cm["metadata"]["annotations"]["watchrelay.io/resync"].is_null());
+    relay.stop().await;
+    let log = producer.log();
+    let reannounced = log
+        .iter()
+        .filter(|r| json(r)["watchrelay"]["resync"] == true && json(r)["type"] == "ADDED")
+        .count();
+    assert_eq!(reannounced, 5);
+    assert_eq!(consumer_view(&log), cluster_view(&bed));
+}

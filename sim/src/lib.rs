@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 mod churn;
 pub mod objects;
+mod openapi;
 pub mod resources;
 pub mod selector;
 mod server;
@@ -362,6 +363,21 @@ impl Sim {
     ) {
         self.store()
             .register(Resource::new(group, version, plural, kind, namespaced, &[]));
+    }
+
+    /// [`Sim::register_crd`] with the CRD's `openAPIV3Schema`, served under `/openapi/v3`.
+    pub fn register_crd_with_schema(
+        &self,
+        group: &str,
+        version: &str,
+        plural: &str,
+        kind: &str,
+        namespaced: bool,
+        schema: Value,
+    ) {
+        let mut res = Resource::new(group, version, plural, kind, namespaced, &[]);
+        res.schema = Some(schema);
+        self.store().register(res);
     }
 
     pub fn journal(&self) -> Vec<JournalEntry> {

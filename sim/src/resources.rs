@@ -11,6 +11,8 @@ pub struct Resource {
     pub kind: String,
     pub namespaced: bool,
     pub short_names: Vec<String>,
+    /// The object schema a CRD declares (`openAPIV3Schema`); built-in kinds get a generic one.
+    pub schema: Option<serde_json::Value>,
 }
 
 impl Resource {
@@ -30,6 +32,7 @@ impl Resource {
             kind: kind.into(),
             namespaced,
             short_names: short.iter().map(|s| s.to_string()).collect(),
+            schema: None,
         }
     }
 
@@ -40,6 +43,29 @@ impl Resource {
         } else {
             format!("{}.{}", self.plural, self.group)
         }
+    }
+
+    /// The key of its group-version in `/openapi/v3`: `api/v1` or `apis/{group}/{version}`.
+    pub fn openapi_path(&self) -> String {
+        if self.group.is_empty() {
+            format!("api/{}", self.version)
+        } else {
+            format!("apis/{}/{}", self.group, self.version)
+        }
+    }
+
+    /// Its schema's name in the OpenAPI document, named as the API server names them:
+    /// `io.k8s.api.{group}.{version}.{Kind}` for built-in groups, the reversed group otherwise.
+    pub fn schema_name(&self) -> String {
+        let group = match self.group.as_str() {
+            "" => "io.k8s.api.core".to_string(),
+            g if !g.contains('.') => format!("io.k8s.api.{g}"),
+            g => match g.strip_suffix(".k8s.io") {
+                Some(short) if !short.contains('.') => format!("io.k8s.api.{short}"),
+                _ => g.split('.').rev().collect::<Vec<_>>().join("."),
+            },
+        };
+        format!("{group}.{}.{}", self.version, self.kind)
     }
 
     pub fn api_version(&self) -> String {

@@ -117,6 +117,18 @@ async fn handle(inner: &Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
     let segs: Vec<&str> = path.split('/').skip(1).collect();
     let (group, version, rest) = match segs.as_slice() {
         ["version"] => return json_response(200, &version_info()),
+        ["openapi", "v3"] => {
+            let store = inner.store.lock().expect("store lock poisoned");
+            return json_response(200, &crate::openapi::index(store.resources.values()));
+        }
+        ["openapi", "v3", gv @ ..] => {
+            let gv = gv.join("/");
+            let store = inner.store.lock().expect("store lock poisoned");
+            return match crate::openapi::group_version(store.resources.values(), &gv) {
+                Some(doc) => json_response(200, &doc),
+                None => error(&SimError::not_found("openapi", &gv)),
+            };
+        }
         ["api"] => {
             return json_response(
                 200,

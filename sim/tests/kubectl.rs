@@ -279,3 +279,38 @@ async fn tls_and_bearer_token() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_reads_the_openapi_v3_schemas_crds_included() {
+    let sim = Sim::start(SimConfig::default()).await.unwrap();
+    sim.register_crd_with_schema(
+        "example.com",
+        "v1",
+        "widgets",
+        "Widget",
+        true,
+        serde_json::json!({
+            "type": "object",
+            "description": "A widget.",
+            "properties": {
+                "apiVersion": {"type": "string"},
+                "kind": {"type": "string"},
+                "metadata": {"type": "object"},
+                "spec": {"type": "object", "description": "What the widget should be.",
+                         "properties": {"size": {"type": "integer", "description": "How big the widget is."}}},
+            },
+        }),
+    );
+    let k = Kubectl::new(&sim);
+    let index: serde_json::Value =
+        serde_json::from_str(&k.run(&["get", "--raw", "/openapi/v3"]).await).unwrap();
+    assert!(index["paths"]["api/v1"]["serverRelativeURL"]
+        .as_str()
+        .unwrap()
+        .starts_with("/openapi/v3/api/v1?hash="));
+    assert!(index["paths"]["apis/example.com/v1"].is_object());
+    let pods = k.run(&["explain", "pods"]).await;
+    assert!(pods.contains("KIND:") && pods.contains("Pod"), "{pods}");
+    let size = k.run(&["explain", "widgets.spec.size"]).await;
+    assert!(size.contains("How big the widget is."), "{size}");
+}

@@ -27,6 +27,11 @@ pub mod writer;
 
 pub use store::Store;
 
+/// An annotation on the checkpoint ConfigMap that asks the running relay to relist and
+/// reconcile the streams of a channel (its name) or of every channel (`all`); the relay removes
+/// it once it has asked them.
+pub const RESYNC_ANNOTATION: &str = "watchrelay.io/resync";
+
 /// ConfigMaps are limited to 1 MiB (`data` and `binaryData` together); leave room for metadata.
 pub(crate) const BUDGET: usize = 900 * 1024;
 
@@ -54,6 +59,9 @@ pub enum CheckpointError {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 pub struct Saved {
     pub rv: Option<String>,
+    /// When Kafka had acknowledged everything up to `rv` (RFC 3339); absent in older entries.
+    #[serde(default)]
+    pub at: Option<String>,
     /// Absent when the set did not fit; a resync then cannot infer deletions for that stream.
     /// (Inline in `data` in the layout before `binaryData` was used; still read.)
     #[serde(default)]
@@ -64,6 +72,8 @@ pub struct Saved {
 #[derive(Serialize)]
 struct Position<'a> {
     rv: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    at: Option<&'a str>,
 }
 
 /// A known-object set as stored in `binaryData`, with the position it belongs to.
@@ -97,6 +107,7 @@ impl Update {
         Self {
             position: serde_json::to_string(&Position {
                 rv: saved.rv.as_deref(),
+                at: saved.at.as_deref(),
             })
             .expect("plain strings serialize"),
             known,
@@ -227,6 +238,7 @@ mod tests {
         }
         Saved {
             rv: t.checkpoint().map(str::to_string),
+            at: None,
             known: t.complete_known().cloned(),
         }
     }
@@ -270,6 +282,7 @@ mod tests {
         // Resumed from a checkpoint whose set had been left out: only what it saw since.
         let st = Saved {
             rv: Some("5".into()),
+            at: None,
             known: None,
         };
         let u = Update::encode(&st);

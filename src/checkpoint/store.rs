@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::ByteString;
 use kube::api::{Api, ObjectMeta, PostParams};
 
-use super::{fit, migrate_inline, read, CheckpointError, Saved, Update, BUDGET};
+use super::{fit, migrate_inline, read, CheckpointError, Saved, Update, BUDGET, RESYNC_ANNOTATION};
 
 pub struct Store {
     api: Api<ConfigMap>,
@@ -36,6 +36,52 @@ impl Store {
             .await
             .map_err(|e| self.err(e))?;
         Ok(cm.as_ref().map(read).unwrap_or_default())
+    }
+
+    /// A pending resync request (the [`RESYNC_ANNOTATION`] on the ConfigMap), taken: the
+    /// annotation is removed with a compare-and-swap, so a request is taken once.
+    pub async fn take_resync_request(&self) -> Result<Option<String>, CheckpointError> {
+        loop {
+            let Some(mut cm) = self
+                .api
+                .get_opt(&self.name)
+                .await
+                .map_err(|e| self.err(e))?
+            else {
+                return Ok(None);
+            };
+            let Some(what) = cm
+                .metadata
+                .annotations
+                .as_mut()
+                .and_then(|a| a.remove(RESYNC_ANNOTATION))
+            else {
+                return Ok(None);
+            };
+            match self
+                .api
+                .replace(&self.name, &PostParams::default(), &cm)
+                .await
+            {
+                Ok(_) => return Ok(Some(what)),
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+    }
+
+    /// Asks the running relay to resync `what` (a channel name, or `all`).
+    pub async fn request_resync(&self, what: &str) -> Result<(), CheckpointError> {
+        let patch = serde_json::json!({"metadata": {"annotations": {RESYNC_ANNOTATION: what}}});
+        self.api
+            .patch(
+                &self.name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .map(drop)
+            .map_err(|e| self.err(e))
     }
 
     /// Applies `updates` (None deletes a stream's entry) on top of whatever the ConfigMap holds

@@ -5,16 +5,22 @@
 //! write. A failed write is kept and retried with the next one; newer checkpoints of the same
 //! streams replace what it kept. After `cancel` it writes once more and stops, so a clean stop
 //! saves the positions its streams drained to.
+//!
+//! It also takes resync requests left on the ConfigMap ([`super::RESYNC_ANNOTATION`]), looking
+//! at most every [`RESYNC_POLL`], and passes them to the registry.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
 use super::{Saved, Store, Update};
 use crate::metrics::Metrics;
 use crate::registry::Registry;
+
+/// How often the writer looks for a resync request.
+pub const RESYNC_POLL: Duration = Duration::from_secs(2);
 
 pub async fn run(
     store: Store,
@@ -24,11 +30,23 @@ pub async fn run(
     cancel: CancellationToken,
 ) {
     let mut unwritten: BTreeMap<String, Option<Arc<Saved>>> = BTreeMap::new();
+    let mut polled = Instant::now();
     loop {
         let last = tokio::select! {
             _ = cancel.cancelled() => true,
             _ = tokio::time::sleep(interval) => false,
         };
+        if !last && polled.elapsed() >= RESYNC_POLL {
+            polled = Instant::now();
+            match store.take_resync_request().await {
+                Ok(Some(what)) => {
+                    let asked = registry.request_resync(&what);
+                    tracing::info!(%what, streams = asked, "resync requested");
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, "reading resync requests failed"),
+            }
+        }
         unwritten.extend(registry.take_checkpoints());
         if !unwritten.is_empty() {
             let updates: BTreeMap<String, Option<Update>> = unwritten

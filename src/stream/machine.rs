@@ -14,7 +14,7 @@
 //!                      Watch{rv} ◄────────────┴────────────────┘
 //!                       │   ▲  └─ closed, cut, malformed line: Watch{last position read}
 //!                       │   └──── synced at rv (a resync, like a start)
-//!             410 Gone  ▼
+//!   410 Gone, requested ▼
 //!                   Sync{Resync} ── reconciles: inferred DELETED for known objects it lacks
 //!
 //! Every failure passes through Backoff{then} first; Cancelled leads anywhere to Done.
@@ -93,6 +93,8 @@ pub enum Stop {
     NotServed,
     /// A line could not be decoded.
     Malformed,
+    /// A resync was requested (`watchrelay resync`).
+    Requested,
     Api(ApiError),
     /// Kafka gave up on a record; `checkpoint` is where the stream replays from.
     Delivery {
@@ -218,6 +220,19 @@ pub fn next<C>(state: State<C>, outcome: Outcome<C>, backoff: &mut Backoff) -> T
             backoff.reset();
             go(retry(state, at))
         }
+        (
+            _,
+            Outcome::Stopped {
+                why: Stop::Requested,
+                ..
+            },
+        ) => Transition {
+            next: State::Sync {
+                reason: Reason::Resync,
+                via,
+            },
+            restart: Some("requested"),
+        },
         (
             _,
             Outcome::Stopped {

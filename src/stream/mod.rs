@@ -19,6 +19,7 @@ use std::time::Duration;
 use prometheus::{IntCounter, IntGauge};
 use tokio_util::sync::CancellationToken;
 
+use crate::asyncapi;
 use crate::channel::Channel;
 use crate::checkpoint::Saved;
 use crate::config::Config;
@@ -104,6 +105,8 @@ impl Stream {
         let path = channel.path.collection_url(namespace.as_deref());
         let route = Route {
             topic: channel.topic_for(&cfg.cluster_name, namespace.as_deref()),
+            key: channel.key.clone(),
+            dataschema: asyncapi::payload_uri(&cfg.cluster_name, &channel.name),
             source: format!("/clusters/{}{}", cfg.cluster_name, path),
             channel: channel.path.template.clone(),
             operation_id: channel.operation_id.clone(),
@@ -234,6 +237,10 @@ impl Stream {
                     } else {
                         tracing::warn!(stream = %self.id, error = %e, "API request failed; backing off");
                     }
+                }
+                Stop::Requested => {
+                    self.m.resyncs.inc();
+                    tracing::info!(stream = %self.id, "resync requested; relisting");
                 }
                 Stop::Cancelled | Stop::Closed | Stop::Refused | Stop::Malformed => {}
             }

@@ -31,6 +31,7 @@ impl Stream {
                     }
                 }
                 _ = &mut self.publish, if moved => self.publish_checkpoint(),
+                _ = self.reporter.resync_requested() => return Err(Stop::Requested),
                 line = w.next_line(), if room => match line {
                     Ok(Some(line)) => {
                         if let Some(rv) = self.on_line(&line, reading).await? {

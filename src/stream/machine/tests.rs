@@ -180,6 +180,14 @@ fn transitions() {
             false,
             Some("expired"),
         ),
+        // A requested resync relists and reconciles.
+        (
+            watch("10", InitialEvents),
+            stopped(Stop::Requested, Some("12")),
+            sync(Resync, InitialEvents),
+            false,
+            Some("requested"),
+        ),
         // A failed delivery replays from the checkpoint.
         (
             watch("10", Pages),
