@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Checks the installation artefacts: the Helm chart lints and renders to manifests that validate
 # against the Kubernetes schemas, deploy/watchrelay.yaml is the chart's current rendering, the
-# configurations pass `watchrelay check-config`, the alert rules pass promtool, and the
-# Dockerfile keeps its promises. Installs helm, kubernetes-validate and promtool when missing.
+# configurations pass `watchrelay check-config`, the alert rules pass promtool, the Dockerfile
+# keeps its promises, and (scripts/check-observability.sh) a real Prometheus evaluates every
+# dashboard and alert expression against a running relay whose AsyncAPI documents pass the
+# AsyncAPI parser. Installs helm, kubernetes-validate, Prometheus and the parser when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib.sh
@@ -22,11 +24,13 @@ if ! python3 -c 'import kubernetes_validate' 2>/dev/null; then
   echo "== installing kubernetes-validate"
   python3 -m pip install -q kubernetes-validate
 fi
-if ! command -v promtool >/dev/null 2>&1; then
-  echo "== installing promtool (Debian package prometheus)"
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+  echo "== installing Prometheus and promtool (Debian package prometheus)"
   apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null
 fi
 [[ -x $bin ]] || cargo build --locked -q --bin watchrelay
+sim_bin=${WATCHRELAY_SIM_BIN:-$(target_dir)/debug/watchrelay-sim}
+[[ -x $sim_bin ]] || cargo build --locked -q -p watchrelay-sim --bin watchrelay-sim
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -62,6 +66,22 @@ if helm template watchrelay charts/watchrelay --namespace watchrelay --set confi
   exit 1
 fi
 
+echo "== the Grafana dashboard ConfigMap"
+helm lint --strict charts/watchrelay --set dashboard.enabled=true
+helm template watchrelay charts/watchrelay --namespace watchrelay --set dashboard.enabled=true >"$work/dashboard.yaml"
+kubernetes-validate --quiet --strict --kubernetes-version 1.30.0 "$work/dashboard.yaml"
+python3 - "$work/dashboard.yaml" deploy/grafana-dashboard.json <<'PY'
+import json, sys, yaml
+cms = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "ConfigMap" and "watchrelay.json" in d.get("data", {})]
+assert len(cms) == 1, "no dashboard ConfigMap rendered"
+assert cms[0]["metadata"]["labels"].get("grafana_dashboard") == "1", "the dashboard ConfigMap lacks the sidecar label"
+assert json.loads(cms[0]["data"]["watchrelay.json"]) == json.load(open(sys.argv[2])), "rendered dashboard differs from deploy/"
+PY
+if helm template watchrelay charts/watchrelay | grep -q 'watchrelay.json'; then
+  echo "the dashboard ConfigMap is rendered by default" >&2
+  exit 1
+fi
+
 echo "== deploy/watchrelay.yaml is the chart's current rendering"
 if ! diff -u deploy/watchrelay.yaml "$work/default.yaml"; then
   echo "deploy/watchrelay.yaml is stale: helm template watchrelay charts/watchrelay --namespace watchrelay > deploy/watchrelay.yaml" >&2
@@ -91,5 +111,7 @@ grep -qE '^USER [0-9]+:[0-9]+' Dockerfile || { echo "Dockerfile must run as a nu
 grep -q -- '--locked' Dockerfile || { echo "Dockerfile must build with --locked" >&2; exit 1; }
 if grep -E '^FROM' Dockerfile | grep -vqE ':[0-9][^ ]*'; then echo "Dockerfile base images must be pinned to versions" >&2; exit 1; fi
 for f in $(grep -oE '^COPY [^-][^ ]* ' Dockerfile | awk '{print $2}'); do [[ -e $f ]] || { echo "Dockerfile copies missing $f" >&2; exit 1; }; done
+
+scripts/check-observability.sh "$bin" "$sim_bin"
 
 echo "deploy checks: all passed"

@@ -32,6 +32,9 @@ pub struct Metrics {
     pub in_flight: IntGaugeVec,
     /// 1 while the stream has synced and its watch is open.
     pub stream_up: IntGaugeVec,
+    /// Unix time of the last line (event or bookmark) a stream read: `time() -` this is how
+    /// stale the stream is.
+    pub last_event: IntGaugeVec,
     /// Seconds from reading an event off the watch to Kafka's acknowledgement.
     pub publish_latency: HistogramVec,
     /// Checkpoint ConfigMap writes, by result (ok, error).
@@ -42,6 +45,8 @@ pub struct Metrics {
     pub leader: IntGauge,
     /// The configured bound on records awaiting acknowledgement per stream.
     pub in_flight_limit: IntGauge,
+    /// Unix time of the last successful checkpoint write.
+    pub checkpoint_written: IntGauge,
 }
 
 impl Metrics {
@@ -87,6 +92,10 @@ impl Metrics {
         let in_flight_limit = single(
             "in_flight_limit",
             "Records that may await acknowledgement per stream (kafka.maxInFlightPerStream)",
+        );
+        let checkpoint_written = single(
+            "checkpoint_last_write_timestamp_seconds",
+            "Unix time of the last successful checkpoint write",
         );
         Self {
             events_received: counter(
@@ -151,9 +160,14 @@ impl Metrics {
             ),
             in_flight: gauge("in_flight", "Records awaiting acknowledgement"),
             stream_up: gauge("stream_up", "1 while the stream is synced and watching"),
+            last_event: gauge(
+                "stream_last_event_timestamp_seconds",
+                "Unix time of the last event or bookmark the stream read",
+            ),
             publish_latency,
             leader,
             in_flight_limit,
+            checkpoint_written,
             registry,
         }
     }
@@ -165,6 +179,11 @@ impl Metrics {
             .expect("encoding to a Vec cannot fail");
         out
     }
+}
+
+/// The current Unix time in seconds, for timestamp gauges.
+pub fn unix_now() -> i64 {
+    jiff::Timestamp::now().as_second()
 }
 
 impl Default for Metrics {

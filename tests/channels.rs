@@ -128,8 +128,13 @@ async fn every_channel_delivers_every_change_with_its_envelope() {
     relay.wait_up(streams).await;
     churn_every_kind(&bed, "after");
 
-    let watch_event = schema::watch_event_schema();
+    // The seed documents' WatchEvent schema, and the relay's own AsyncAPI document for this
+    // configuration: every envelope and its headers validate against both.
+    let watch_event = schema::validator(&schema::watch_event_schema());
+    let doc = watchrelay::asyncapi::document(&bed.config(&channels, ""), None);
+    let headers = schema::component_validator(&doc, "cloudevents.headers");
     for c in CATALOGUE {
+        let envelope = schema::component_validator(&doc, &format!("{}.envelope", c.operation_id));
         let path = ChannelPath::parse(c.path).unwrap();
         let resource = path.resource_name();
         let topic = format!("{prefix}.{}", c.operation_id);
@@ -151,12 +156,29 @@ async fn every_channel_delivers_every_change_with_its_envelope() {
         assert_covers(&msgs, &after_list(&expected));
         let uids: HashSet<&str> = expected.iter().map(|e| e.uid.as_str()).collect();
         for m in &msgs {
-            let errs = schema::validate(&watch_event, &m.value, "$");
+            let errs = schema::errors(&watch_event, &m.value);
             assert!(
                 errs.is_empty(),
-                "{}: envelope does not validate: {errs:?}",
+                "{}: envelope does not validate as a WatchEvent: {errs:?}",
                 c.operation_id
             );
+            let errs = schema::errors(&envelope, &m.value);
+            assert!(
+                errs.is_empty(),
+                "{}: envelope does not validate against the AsyncAPI document: {errs:?}",
+                c.operation_id
+            );
+            let errs = schema::errors(&headers, &serde_json::to_value(&m.headers).unwrap());
+            assert!(
+                errs.is_empty(),
+                "{}: headers do not validate against the AsyncAPI document: {errs:?}",
+                c.operation_id
+            );
+            assert_eq!(
+                m.headers["ce_dataschema"],
+                watchrelay::asyncapi::payload_uri("test", c.operation_id)
+            );
+            assert_eq!(m.headers.get("ce_partitionkey"), m.key.as_ref());
             let w = &m.value["watchrelay"];
             assert_eq!(w["channel"], c.path);
             assert_eq!(w["operationId"], c.operation_id);

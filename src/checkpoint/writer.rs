@@ -57,6 +57,7 @@ pub async fn run(
                 Ok(dropped) => {
                     unwritten.clear();
                     metrics.checkpoint_writes.with_label_values(&["ok"]).inc();
+                    metrics.checkpoint_written.set(crate::metrics::unix_now());
                     for id in &dropped {
                         metrics
                             .checkpoint_known_dropped

@@ -45,6 +45,7 @@ struct StreamMetrics {
     synthetic_deletes: IntCounter,
     resyncs: IntCounter,
     up: IntGauge,
+    last_event: IntGauge,
 }
 
 /// What the lines of an open watch are: the initial state of a Sync, or live changes.
@@ -140,6 +141,7 @@ impl Stream {
             synthetic_deletes: metrics.synthetic_deletes.with_label_values(&[&id]),
             resyncs: metrics.resyncs.with_label_values(&[&id]),
             up: metrics.stream_up.with_label_values(&[&id]),
+            last_event: metrics.last_event.with_label_values(&[&id]),
         };
         let seed = id.bytes().fold(0xcbf29ce484222325u64, |h, b| {
             (h ^ b as u64).wrapping_mul(0x100000001b3)
@@ -376,7 +378,11 @@ impl Stream {
             tracing::warn!(stream = %self.id, in_flight = left, "stopping with undelivered records; they will be replayed");
         }
         self.publish_checkpoint();
-        for gauge in [&self.metrics.stream_up, &self.metrics.in_flight] {
+        for gauge in [
+            &self.metrics.stream_up,
+            &self.metrics.in_flight,
+            &self.metrics.last_event,
+        ] {
             let _ = gauge.remove_label_values(&[&self.id]);
         }
         self.reporter

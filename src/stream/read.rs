@@ -34,6 +34,7 @@ impl Stream {
                 _ = self.reporter.resync_requested() => return Err(Stop::Requested),
                 line = w.next_line(), if room => match line {
                     Ok(Some(line)) => {
+                        self.m.last_event.set(crate::metrics::unix_now());
                         if let Some(rv) = self.on_line(&line, reading).await? {
                             return Ok(Some(rv));
                         }

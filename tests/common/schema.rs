@@ -1,5 +1,5 @@
-//! The AsyncAPI documents the catalogue comes from, and a validator for the JSON Schema subset
-//! their `WatchEvent` schema uses (type, required, enum, properties, additionalProperties).
+//! The AsyncAPI documents the catalogue comes from, and JSON Schema validation of what the
+//! relay publishes (against them, and against the AsyncAPI document the relay generates).
 
 use serde_json::Value;
 
@@ -28,53 +28,28 @@ pub fn watch_event_schema() -> Value {
     documents()[0].1["components"]["schemas"]["WatchEvent"].clone()
 }
 
-/// Validation errors of `v` against `schema`, with JSON paths.
-pub fn validate(schema: &Value, v: &Value, path: &str) -> Vec<String> {
-    let mut errs = Vec::new();
-    if let Some(t) = schema["type"].as_str() {
-        let ok = match t {
-            "object" => v.is_object(),
-            "string" => v.is_string(),
-            "integer" => v.is_i64() || v.is_u64(),
-            "array" => v.is_array(),
-            "boolean" => v.is_boolean(),
-            "number" => v.is_number(),
-            _ => true,
-        };
-        if !ok {
-            errs.push(format!("{path}: expected {t}, got {v}"));
-            return errs;
-        }
-    }
-    if let Some(en) = schema["enum"].as_array() {
-        if !en.contains(v) {
-            errs.push(format!("{path}: {v} not in {en:?}"));
-        }
-    }
-    if let Some(req) = schema["required"].as_array() {
-        for r in req.iter().filter_map(Value::as_str) {
-            if v.get(r).is_none() {
-                errs.push(format!("{path}: missing required {r}"));
-            }
-        }
-    }
-    if let (Some(props), Some(obj)) = (schema["properties"].as_object(), v.as_object()) {
-        for (k, sub) in props {
-            if let Some(val) = obj.get(k) {
-                errs.extend(validate(sub, val, &format!("{path}.{k}")));
-            }
-        }
-    }
-    if let (Some(extra), Some(obj)) = (
-        schema.get("additionalProperties").filter(|a| a.is_object()),
-        v.as_object(),
-    ) {
-        let declared = schema["properties"].as_object();
-        for (k, val) in obj {
-            if declared.is_none_or(|d| !d.contains_key(k)) {
-                errs.extend(validate(extra, val, &format!("{path}.{k}")));
-            }
-        }
-    }
-    errs
+/// A validator for `schema`.
+pub fn validator(schema: &Value) -> jsonschema::Validator {
+    jsonschema::validator_for(schema).unwrap_or_else(|e| panic!("invalid schema: {e}"))
+}
+
+/// A validator for the schema `name` of an AsyncAPI document's `components.schemas`; its
+/// references into the document resolve.
+pub fn component_validator(doc: &Value, name: &str) -> jsonschema::Validator {
+    assert!(
+        doc["components"]["schemas"][name].is_object(),
+        "no schema {name} in the document"
+    );
+    validator(&serde_json::json!({
+        "$ref": format!("#/components/schemas/{name}"),
+        "components": doc["components"],
+    }))
+}
+
+/// Validation errors of `v`, each with its JSON path.
+pub fn errors(validator: &jsonschema::Validator, v: &Value) -> Vec<String> {
+    validator
+        .iter_errors(v)
+        .map(|e| format!("{}: {e}", e.instance_path()))
+        .collect()
 }
