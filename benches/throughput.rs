@@ -554,6 +554,7 @@ fn kafka_config(bootstrap: &str) -> watchrelay::config::KafkaConfig {
         oversize: watchrelay::config::OversizePolicy::Trim,
         dead_letter_topic: None,
         flush_timeout_seconds: 20,
+        unsafe_producer_overrides: false,
     }
 }
 

@@ -77,6 +77,11 @@ pub struct KubernetesConfig {
     pub watch_timeout_seconds: u32,
     /// Page size of the lists that start and resync streams.
     pub list_page_size: u32,
+    /// An open watch that delivers no byte (event or bookmark) for this long is taken for
+    /// stalled (a half-open connection): it is closed and reopened from its position, and
+    /// `/readyz` fails while a stream stays stalled past it. The API server sends a bookmark
+    /// about every minute.
+    pub watch_idle_timeout_seconds: u32,
     /// Start and resync streams with a watch that first sends the current state
     /// (`sendInitialEvents`, the WatchList feature) where the server supports it; a server that
     /// refuses it gets paginated lists from then on.
@@ -93,6 +98,7 @@ impl Default for KubernetesConfig {
             context: None,
             watch_timeout_seconds: 290,
             list_page_size: 500,
+            watch_idle_timeout_seconds: 120,
             send_initial_events: true,
             backoff_initial_ms: 200,
             backoff_max_ms: 30_000,
@@ -129,6 +135,10 @@ pub struct KafkaConfig {
     /// How long shutdown waits for outstanding deliveries.
     #[serde(default = "default_flush_timeout")]
     pub flush_timeout_seconds: u64,
+    /// Allow `properties` that weaken the delivery guarantee (`acks`, idempotence, delivery
+    /// timeouts, more than 5 requests in flight, the partitioner, ...). Off: they are refused.
+    #[serde(default)]
+    pub unsafe_producer_overrides: bool,
 }
 
 fn default_in_flight() -> usize {
@@ -341,6 +351,44 @@ impl File {
         if self.kafka.bootstrap_servers.trim().is_empty() {
             return Err(invalid("kafka.bootstrapServers", "must not be empty"));
         }
+        if !self.kafka.unsafe_producer_overrides {
+            for (key, value) in &self.kafka.properties {
+                if let Some(why) = weakens_delivery(key, value) {
+                    return Err(invalid(
+                        format!("kafka.properties.{key}"),
+                        format!("{why}; set kafka.unsafeProducerOverrides: true to allow it"),
+                    ));
+                }
+            }
+        }
+        let zero = [
+            (
+                "kafka.flushTimeoutSeconds",
+                self.kafka.flush_timeout_seconds,
+            ),
+            ("checkpoint.intervalMs", self.checkpoint.interval_ms),
+            (
+                "kubernetes.watchTimeoutSeconds",
+                u64::from(self.kubernetes.watch_timeout_seconds),
+            ),
+            (
+                "kubernetes.backoffInitialMs",
+                self.kubernetes.backoff_initial_ms,
+            ),
+            (
+                "kubernetes.watchIdleTimeoutSeconds",
+                u64::from(self.kubernetes.watch_idle_timeout_seconds),
+            ),
+        ];
+        if let Some((field, _)) = zero.iter().find(|(_, v)| *v == 0) {
+            return Err(invalid(*field, "must be at least 1"));
+        }
+        if self.kubernetes.backoff_max_ms < self.kubernetes.backoff_initial_ms {
+            return Err(invalid(
+                "kubernetes.backoffMaxMs",
+                "must be at least backoffInitialMs",
+            ));
+        }
         if self.kafka.max_in_flight_per_stream == 0 {
             return Err(invalid("kafka.maxInFlightPerStream", "must be at least 1"));
         }
@@ -375,6 +423,41 @@ impl File {
             return Err(invalid("channels", "at least one channel is required"));
         }
         Ok(())
+    }
+}
+
+/// Why a producer property would break the delivery guarantee, if it would: the relay needs
+/// every record acknowledged by all in-sync replicas, written once and in order per partition,
+/// retried until delivered, and the same key always in the same partition.
+fn weakens_delivery(key: &str, value: &str) -> Option<String> {
+    let v = value.trim().to_ascii_lowercase();
+    match key {
+        "acks" | "request.required.acks" if v != "all" && v != "-1" => {
+            Some("the relay needs acks=all".into())
+        }
+        "enable.idempotence" if v != "true" => {
+            Some("the relay needs the idempotent producer".into())
+        }
+        "message.timeout.ms" | "delivery.timeout.ms" if v != "0" => Some(
+            "a delivery timeout drops records in an outage; the relay retries until delivered (0)"
+                .into(),
+        ),
+        "max.in.flight.requests.per.connection" | "max.in.flight"
+            if v.parse::<u32>().map_or(true, |n| n > 5) =>
+        {
+            Some("more than 5 requests in flight can reorder records".into())
+        }
+        "message.send.max.retries" | "retries" if v == "0" => {
+            Some("without retries a transient error loses records".into())
+        }
+        "partitioner" | "partitioner_cb" => Some(
+            "another partitioner moves keys to other partitions, breaking per-key order".into(),
+        ),
+        "bootstrap.servers" | "metadata.broker.list" => {
+            Some("set kafka.bootstrapServers instead".into())
+        }
+        "transactional.id" => Some("transactions are not used by the relay".into()),
+        _ => None,
     }
 }
 
@@ -538,6 +621,51 @@ mod tests {
         assert_eq!(
             err_field(Config::parse_with_env(&bad, env)),
             "kafka.properties.sasl.password"
+        );
+    }
+
+    #[test]
+    fn properties_that_weaken_delivery_and_zero_intervals_are_refused() {
+        let with = |props: &str, extra: &str| {
+            Config::parse(&format!(
+                "clusterName: prod\nkafka:\n  bootstrapServers: x:1\n  oversize: trim\n{extra}  properties:\n{props}checkpoint:\n  namespace: w\nchannels:\n  - operationId: watchNodes\n"
+            ))
+        };
+        for (prop, field) in [
+            ("    acks: \"1\"\n", "kafka.properties.acks"),
+            (
+                "    enable.idempotence: \"false\"\n",
+                "kafka.properties.enable.idempotence",
+            ),
+            (
+                "    message.timeout.ms: \"30000\"\n",
+                "kafka.properties.message.timeout.ms",
+            ),
+            (
+                "    max.in.flight.requests.per.connection: \"10\"\n",
+                "kafka.properties.max.in.flight.requests.per.connection",
+            ),
+            ("    partitioner: random\n", "kafka.properties.partitioner"),
+        ] {
+            let err = with(prop, "").unwrap_err();
+            assert!(
+                matches!(&err, ConfigError::Invalid { field: f, message } if f == field && message.contains("unsafeProducerOverrides")),
+                "{err}"
+            );
+            assert!(with(prop, "  unsafeProducerOverrides: true\n").is_ok());
+        }
+        assert!(with("    acks: all\n    max.in.flight.requests.per.connection: \"5\"\n    compression.type: zstd\n", "").is_ok());
+        assert_eq!(
+            err_field(with("    linger.ms: \"1\"\n", "  flushTimeoutSeconds: 0\n")),
+            "kafka.flushTimeoutSeconds"
+        );
+        assert_eq!(
+            err_field(Config::parse(&format!("{BASE}kubernetes:\n  backoffInitialMs: 0\nchannels:\n  - operationId: watchNodes\n"))),
+            "kubernetes.backoffInitialMs"
+        );
+        assert_eq!(
+            err_field(Config::parse(&format!("{BASE}kubernetes:\n  backoffInitialMs: 500\n  backoffMaxMs: 100\nchannels:\n  - operationId: watchNodes\n"))),
+            "kubernetes.backoffMaxMs"
         );
     }
 

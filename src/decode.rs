@@ -100,15 +100,29 @@ fn scan_object<'a>(
     })
 }
 
+/// What a Secret's `kubectl apply` leaves in its annotations: the whole object, data included.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// How [`write_members`] changes `metadata` when it writes it back.
+#[derive(Clone, Copy, Default)]
+struct MetadataEdit<'a> {
+    /// Members left out.
+    skip: &'a [&'a str],
+    /// A replacement for the value of `annotations`.
+    annotations: Option<&'a [u8]>,
+}
+
 /// Writes `members` back as an object after `prefix` (members to add), leaving out `skip`,
-/// and `metadata_skip` inside a split-out `metadata`. Keys go out as they came in.
+/// writing `replace`'s value for its key, and editing a split-out `metadata` by `md`. Keys go
+/// out as they came in.
 fn write_members(
     out: &mut Vec<u8>,
     src: &str,
     members: &[Member],
     prefix: &[u8],
     skip: &[&str],
-    metadata_skip: &[&str],
+    replace: Option<(&str, &[u8])>,
+    md: MetadataEdit<'_>,
 ) {
     out.push(b'{');
     out.extend_from_slice(prefix);
@@ -123,9 +137,18 @@ fn write_members(
         first = false;
         out.extend_from_slice(m.key.quoted(src).as_bytes());
         out.push(b':');
-        match &m.metadata {
-            Some(md) => write_members(out, src, md, b"", metadata_skip, &[]),
-            None => out.extend_from_slice(&src.as_bytes()[m.value.clone()]),
+        match (&m.metadata, replace) {
+            (Some(md_members), _) => write_members(
+                out,
+                src,
+                md_members,
+                b"",
+                md.skip,
+                md.annotations.map(|a| ("annotations", a)),
+                MetadataEdit::default(),
+            ),
+            (None, Some((k, value))) if m.key.text(src) == k => out.extend_from_slice(value),
+            (None, _) => out.extend_from_slice(&src.as_bytes()[m.value.clone()]),
         }
     }
     out.push(b'}');
@@ -306,6 +329,27 @@ fn decode_object(
             })
         });
     let secret = meta.kind == "Secret" && !trim.allow_secret_data;
+    // A Secret's annotations lose the copy of the whole object `kubectl apply` leaves there.
+    let annotations = if secret {
+        find(src, metadata, "annotations").and_then(|a| {
+            let raw = &src[a.value.clone()];
+            let o = scan_object(&mut Scanner::new(raw), None, &[]).ok()?;
+            find(raw, &o.members, LAST_APPLIED)?;
+            let mut edited = Vec::with_capacity(raw.len());
+            write_members(
+                &mut edited,
+                raw,
+                &o.members,
+                b"",
+                &[LAST_APPLIED],
+                None,
+                MetadataEdit::default(),
+            );
+            Some(edited)
+        })
+    } else {
+        None
+    };
     out.clear();
     // The object never grows beyond its source plus the members added in front.
     out.reserve(object.span.len() + prefix.len() + 1);
@@ -317,7 +361,11 @@ fn decode_object(
         &object.members,
         &prefix,
         skip,
-        metadata_dropped(trim),
+        None,
+        MetadataEdit {
+            skip: metadata_dropped(trim),
+            annotations: annotations.as_deref(),
+        },
     );
     Ok(WatchEvent {
         event_type,
@@ -406,6 +454,38 @@ mod tests {
         .unwrap();
         let got: serde_json::Value = serde_json::from_slice(&allowed.object).unwrap();
         assert_eq!(got["data"]["k"], "c2VjcmV0");
+    }
+
+    #[test]
+    fn a_secret_applied_with_kubectl_keeps_no_copy_of_its_data() {
+        let applied =
+            r#"{\"apiVersion\":\"v1\",\"data\":{\"k\":\"c2VjcmV0\"},\"kind\":\"Secret\"}"#;
+        let line = format!(
+            r#"{{"type":"ADDED","object":{{"kind":"Secret","apiVersion":"v1","metadata":{{"name":"s","namespace":"a","uid":"u","resourceVersion":"7","annotations":{{"team":"x","{LAST_APPLIED}":"{applied}"}}}},"data":{{"k":"c2VjcmV0"}},"type":"Opaque"}}}}"#
+        );
+        let ev = decode_line(line.as_bytes(), DROP).unwrap();
+        let text = String::from_utf8(ev.object.clone()).unwrap();
+        assert!(!text.contains("c2VjcmV0"), "{text}");
+        let got: serde_json::Value = serde_json::from_slice(&ev.object).unwrap();
+        assert_eq!(
+            got["metadata"]["annotations"],
+            serde_json::json!({"team": "x"})
+        );
+        let allowed = decode_line(
+            line.as_bytes(),
+            Trim {
+                allow_secret_data: true,
+                ..DROP
+            },
+        )
+        .unwrap();
+        let got: serde_json::Value = serde_json::from_slice(&allowed.object).unwrap();
+        assert!(got["metadata"]["annotations"][LAST_APPLIED].is_string());
+        // Other kinds keep the annotation: it holds no secret.
+        let cm = line.replace(r#""kind":"Secret""#, r#""kind":"ConfigMap""#);
+        let got: serde_json::Value =
+            serde_json::from_slice(&decode_line(cm.as_bytes(), DROP).unwrap().object).unwrap();
+        assert!(got["metadata"]["annotations"][LAST_APPLIED].is_string());
     }
 
     #[test]

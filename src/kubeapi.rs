@@ -18,6 +18,12 @@ use thiserror::Error;
 /// so anything much larger is a broken stream, not an object.
 pub const MAX_LINE: usize = 16 * 1024 * 1024;
 
+/// Largest list page read: `listPageSize` objects of at most about 1.5 MiB each, with room.
+pub const MAX_PAGE: usize = 512 * 1024 * 1024;
+
+/// Largest error response body read; the Status message in it is what matters.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
 #[derive(Debug, Error)]
 pub enum ApiError {
     /// The requested resourceVersion is no longer available (HTTP 410 or an in-stream ERROR).
@@ -38,6 +44,8 @@ pub enum ApiError {
     Decode(#[from] serde_json::Error),
     #[error("a watch line exceeded {MAX_LINE} bytes")]
     LineTooLong,
+    #[error("a list page exceeded {MAX_PAGE} bytes; lower kubernetes.listPageSize")]
+    PageTooLarge,
 }
 
 impl ApiError {
@@ -60,7 +68,7 @@ impl ApiError {
             ApiError::Status { code: 429, .. } => "throttled",
             ApiError::Status { .. } => "status",
             ApiError::Transport(_) | ApiError::Body(_) => "transport",
-            ApiError::Decode(_) | ApiError::LineTooLong => "decode",
+            ApiError::Decode(_) | ApiError::LineTooLong | ApiError::PageTooLarge => "decode",
         }
     }
 }
@@ -101,8 +109,8 @@ async fn get(client: &kube::Client, uri: String) -> Result<http::Response<Body>,
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())
         .map(Duration::from_secs);
-    let body = res
-        .into_body()
+    // Only the start of an error body is read: it is the server's Status, or garbage.
+    let body = http_body_util::Limited::new(res.into_body(), MAX_ERROR_BODY)
         .collect()
         .await
         .map(|b| b.to_bytes())
@@ -155,11 +163,16 @@ pub async fn list_page(
         extra.push(("continue", c));
     }
     let res = get(client, url(path, q, &extra)).await?;
-    let body = res
-        .into_body()
+    let body = http_body_util::Limited::new(res.into_body(), MAX_PAGE)
         .collect()
         .await
-        .map_err(|e| ApiError::Body(e.to_string()))?
+        .map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                ApiError::PageTooLarge
+            } else {
+                ApiError::Body(e.to_string())
+            }
+        })?
         .to_bytes();
     #[derive(Deserialize)]
     struct Md {

@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use prometheus::IntGauge;
 use tokio::sync::{watch, Notify};
 
 use crate::checkpoint::Saved;
@@ -54,10 +55,14 @@ struct Entry {
     status: watch::Receiver<Status>,
     /// Asks the stream to relist and reconcile.
     resync: Arc<Notify>,
+    /// Unix time of the last line the stream read (its `stream_last_event` gauge).
+    last_line: Option<IntGauge>,
 }
 
 struct Inner {
     role: Role,
+    /// A watching stream that read nothing for longer than this (seconds) is stalled.
+    stall_after: i64,
     streams: BTreeMap<String, Entry>,
     /// Streams retired for good since the writer last looked: their checkpoints are deleted.
     retired: Vec<String>,
@@ -86,9 +91,16 @@ pub struct Readiness {
 
 impl Registry {
     pub fn new() -> Self {
+        Self::with_stall_bound(std::time::Duration::from_secs(120))
+    }
+
+    /// A registry in which a watching stream that read nothing for longer than `bound` counts
+    /// as stalled, hence not ready.
+    pub fn with_stall_bound(bound: std::time::Duration) -> Self {
         Self {
             inner: Arc::new(Mutex::new(Inner {
                 role: Role::Leader,
+                stall_after: i64::try_from(bound.as_secs()).unwrap_or(i64::MAX),
                 streams: BTreeMap::new(),
                 retired: Vec::new(),
                 next_generation: 0,
@@ -114,6 +126,7 @@ impl Registry {
                 generation,
                 status: rx,
                 resync: resync.clone(),
+                last_line: None,
             },
         );
         Reporter {
@@ -149,10 +162,16 @@ impl Registry {
                 down: Vec::new(),
             };
         }
+        let now = crate::metrics::unix_now();
+        let stalled = |e: &Entry| {
+            e.last_line
+                .as_ref()
+                .is_some_and(|g| now.saturating_sub(g.get()) > inner.stall_after)
+        };
         let down: Vec<String> = inner
             .streams
             .iter()
-            .filter(|(_, e)| e.status.borrow().phase != Phase::Watching)
+            .filter(|(_, e)| e.status.borrow().phase != Phase::Watching || stalled(e))
             .map(|(id, _)| id.clone())
             .collect();
         Readiness {
@@ -226,6 +245,16 @@ impl Reporter {
         });
     }
 
+    /// Lets readiness see how long ago the stream last read a line (`gauge` holds its Unix
+    /// time).
+    pub fn track_liveness(&self, gauge: IntGauge) {
+        if let Some(e) = self.registry.lock().streams.get_mut(&self.id) {
+            if e.generation == self.generation {
+                e.last_line = Some(gauge);
+            }
+        }
+    }
+
     /// Completes when a resync of this stream was requested (at once if one is pending).
     pub async fn resync_requested(&self) {
         self.resync.notified().await;
@@ -279,6 +308,13 @@ mod tests {
             }
         );
         b.phase(Phase::Watching);
+        assert!(r.readiness().ready);
+        // A watching stream that has read nothing for longer than the bound is stalled.
+        let gauge = IntGauge::new("last", "last line").unwrap();
+        gauge.set(crate::metrics::unix_now() - 1000);
+        b.track_liveness(gauge.clone());
+        assert_eq!(r.readiness().down, vec!["b".to_string()]);
+        gauge.set(crate::metrics::unix_now());
         assert!(r.readiness().ready);
         r.begin_term(Role::Standby);
         assert!(r.readiness().ready, "a standby is ready");

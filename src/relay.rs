@@ -60,6 +60,7 @@ pub struct Relay {
 
 impl Relay {
     pub fn new(cfg: Config, client: kube::Client) -> Self {
+        let stall_bound = Duration::from_secs(u64::from(cfg.kubernetes.watch_idle_timeout_seconds));
         let metrics = Arc::new(Metrics::new());
         metrics
             .in_flight_limit
@@ -69,7 +70,7 @@ impl Relay {
             client,
             sink: Sink::Kafka,
             metrics,
-            registry: Registry::new(),
+            registry: Registry::with_stall_bound(stall_bound),
             shutdown: CancellationToken::new(),
             checkpoints: true,
         }

@@ -349,3 +349,27 @@ async fn a_requested_resync_reannounces_and_the_request_is_cleared() {
     assert_eq!(reannounced, 5);
     assert_eq!(consumer_view(&log), cluster_view(&bed));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_watch_is_reopened_and_nothing_is_lost() {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    let mut cfg = config(&bed, "");
+    cfg.kubernetes.watch_idle_timeout_seconds = 2;
+    let relay = start(&bed, cfg, &producer);
+    relay.wait_up(1).await;
+    // The next watch is accepted and then silent, as over a half-open connection.
+    bed.sim.stall_next_watch();
+    bed.sim.drop_watches();
+    create(&bed, (0..10).map(|i| format!("p{i}")));
+    relay.wait_counter("watch_restarts_total", STREAM, 1).await;
+    wait_covered(&bed).await;
+    let stalled = relay
+        .metrics
+        .watch_restarts
+        .with_label_values(&[STREAM, "stalled"])
+        .get();
+    assert_eq!(stalled, 1);
+    relay.stop().await;
+    assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
+}

@@ -134,6 +134,7 @@ impl Default for SimConfig {
 pub(crate) struct Faults {
     pub fail: Mutex<Option<(usize, Fault)>>,
     pub cut_line: AtomicBool,
+    pub stall_watch: AtomicBool,
     pub malformed: AtomicBool,
     pub denied: Mutex<Vec<String>>,
 }
@@ -328,6 +329,12 @@ impl Sim {
     }
 
     /// The next event written on any watch is preceded by a line that is not JSON.
+    /// The next watch is accepted and then sends nothing at all, no event and no bookmark, as
+    /// over a half-open connection, until the client gives up on it.
+    pub fn stall_next_watch(&self) {
+        self.inner.faults.stall_watch.store(true, Ordering::SeqCst);
+    }
+
     pub fn inject_malformed_line(&self) {
         self.inner.faults.malformed.store(true, Ordering::SeqCst);
     }

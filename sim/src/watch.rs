@@ -104,7 +104,16 @@ pub fn start(inner: Arc<Inner>, p: Params) -> Body {
         first.map(|f| (f, sub, store.rv))
     };
     let cancel = inner.watches.lock().expect("watches lock poisoned").clone();
+    let stalled = inner.faults.stall_watch.swap(false, Ordering::SeqCst);
     tokio::spawn(async move {
+        if stalled {
+            // Headers went out; nothing else will until the client hangs up.
+            tokio::select! {
+                _ = tx.closed() => {}
+                _ = inner.shutdown.cancelled() => {}
+            }
+            return;
+        }
         match begun {
             Err(e) => {
                 let _ = tx

@@ -129,15 +129,35 @@ fn decode_known(bytes: &[u8]) -> Result<KnownAt<HashMap<String, Known>>, String>
     serde_json::from_slice(&json).map_err(|e| e.to_string())
 }
 
+/// Longest resourceVersion accepted from a checkpoint (the API server's are about 20 digits).
+const MAX_RV: usize = 128;
+
+/// Whether a saved entry can be used: a position is a short printable token.
+fn valid(s: &Saved) -> Result<(), String> {
+    match &s.rv {
+        Some(rv) if rv.is_empty() || rv.len() > MAX_RV => {
+            Err(format!("resourceVersion of {} bytes", rv.len()))
+        }
+        Some(rv) if !rv.bytes().all(|b| b.is_ascii_graphic()) => {
+            Err("resourceVersion with unprintable characters".into())
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The checkpoints a ConfigMap holds. An entry that cannot be read is left out (that stream
 /// starts over with a list); a known-object set that cannot be read is left out of its entry.
 pub fn read(cm: &ConfigMap) -> HashMap<String, Saved> {
     let mut out = HashMap::new();
     for (k, v) in cm.data.iter().flatten() {
-        let mut saved = match serde_json::from_str::<Saved>(v) {
+        let mut saved = match serde_json::from_str::<Saved>(v)
+            .map_err(|e| e.to_string())
+            .and_then(|s| valid(&s).map(|()| s))
+        {
             Ok(s) => s,
             Err(e) => {
-                tracing::warn!(key = %k, error = %e, "ignoring unreadable checkpoint entry");
+                // The entry's content is not logged: the ConfigMap is input like any other.
+                tracing::warn!(key = %k, bytes = v.len(), error = %e, "ignoring a corrupt checkpoint entry; that stream starts afresh with a list");
                 continue;
             }
         };
@@ -307,6 +327,34 @@ mod tests {
                 &mut BTreeMap::new()
             ),
             Err(BUDGET + 1)
+        );
+    }
+
+    #[test]
+    fn corrupt_entries_are_left_out_and_the_others_kept() {
+        let cm = ConfigMap {
+            data: Some(BTreeMap::from([
+                ("good".to_string(), r#"{"rv":"12"}"#.to_string()),
+                ("garbage".to_string(), "{not json".to_string()),
+                (
+                    "long".to_string(),
+                    format!(r#"{{"rv":"{}"}}"#, "9".repeat(500)),
+                ),
+                ("empty".to_string(), r#"{"rv":""}"#.to_string()),
+                ("control".to_string(), "{\"rv\":\"1\\n2\"}".to_string()),
+            ])),
+            binary_data: Some(BTreeMap::from([(
+                "good".to_string(),
+                ByteString(b"not zstd".to_vec()),
+            )])),
+            ..Default::default()
+        };
+        let saved = read(&cm);
+        assert_eq!(saved.keys().collect::<Vec<_>>(), ["good"]);
+        assert_eq!(saved["good"].rv.as_deref(), Some("12"));
+        assert!(
+            saved["good"].known.is_none(),
+            "an unreadable set is left out"
         );
     }
 

@@ -95,6 +95,8 @@ pub enum Stop {
     Malformed,
     /// A resync was requested (`watchrelay resync`).
     Requested,
+    /// The watch delivered nothing for `watchIdleTimeoutSeconds` (a half-open connection).
+    Stalled,
     Api(ApiError),
     /// Kafka gave up on a record; `checkpoint` is where the stream replays from.
     Delivery {
@@ -209,6 +211,16 @@ pub fn next<C>(state: State<C>, outcome: Outcome<C>, backoff: &mut Backoff) -> T
                 delay: backoff.next(),
             },
             restart: None,
+        },
+        (
+            state,
+            Outcome::Stopped {
+                why: Stop::Stalled,
+                at,
+            },
+        ) => Transition {
+            next: retry(state, at),
+            restart: Some("stalled"),
         },
         (
             state,

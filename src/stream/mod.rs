@@ -89,6 +89,9 @@ pub struct Stream {
     /// Fires when the next checkpoint may be published.
     publish: Pin<Box<tokio::time::Sleep>>,
     publish_every: Duration,
+    /// Fires when an open watch has delivered nothing for `watchIdleTimeoutSeconds`.
+    idle: Pin<Box<tokio::time::Sleep>>,
+    idle_after: Duration,
 }
 
 impl Stream {
@@ -130,6 +133,7 @@ impl Stream {
             &metrics,
             cancel.clone(),
         );
+        reporter.track_liveness(metrics.last_event.with_label_values(&[&id]));
         let m = StreamMetrics {
             received: EventType::ALL.map(|t| {
                 metrics
@@ -158,6 +162,8 @@ impl Stream {
             ),
             publish_every: Duration::from_millis(cfg.checkpoint.interval_ms),
             publish: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            idle_after: Duration::from_secs(u64::from(k.watch_idle_timeout_seconds)),
+            idle: Box::pin(tokio::time::sleep(Duration::ZERO)),
             api_version: channel.path.api_version(),
             trim: Trim {
                 drop_managed_fields: channel.drop_managed_fields,
@@ -243,6 +249,9 @@ impl Stream {
                 Stop::Requested => {
                     self.m.resyncs.inc();
                     tracing::info!(stream = %self.id, "resync requested; relisting");
+                }
+                Stop::Stalled => {
+                    tracing::warn!(stream = %self.id, idle = ?self.idle_after, "watch delivered nothing, not even a bookmark; reopening it")
                 }
                 Stop::Cancelled | Stop::Closed | Stop::Refused | Stop::Malformed => {}
             }
@@ -358,6 +367,10 @@ impl Stream {
             },
         };
         self.set_phase(Phase::Watching);
+        // Staleness counts from the first watch; reopening a stalled one does not reset it.
+        if self.m.last_event.get() == 0 {
+            self.m.last_event.set(crate::metrics::unix_now());
+        }
         let mut reading = Reading::Live { at: None };
         let why = match self.read(&mut w, &mut reading).await {
             Ok(_) => Stop::Closed,

@@ -19,6 +19,12 @@ impl Stream {
         w: &mut kubeapi::Watch,
         reading: &mut Reading,
     ) -> Result<Option<String>, Stop> {
+        let idle_after = self.idle_after;
+        let rearm = |idle: &mut std::pin::Pin<Box<tokio::time::Sleep>>| {
+            idle.as_mut()
+                .reset(tokio::time::Instant::now() + idle_after)
+        };
+        rearm(&mut self.idle);
         loop {
             let room = self.outbox.has_room();
             let moved = self.outbox.moved();
@@ -29,12 +35,18 @@ impl Stream {
                     if let Err(e) = self.outbox.settle(report).await {
                         return Err(self.outbox_stop(e));
                     }
+                    // Idle time counts only while the stream reads: not while Kafka holds it.
+                    if !room {
+                        rearm(&mut self.idle);
+                    }
                 }
                 _ = &mut self.publish, if moved => self.publish_checkpoint(),
                 _ = self.reporter.resync_requested() => return Err(Stop::Requested),
+                _ = &mut self.idle, if room => return Err(Stop::Stalled),
                 line = w.next_line(), if room => match line {
                     Ok(Some(line)) => {
                         self.m.last_event.set(crate::metrics::unix_now());
+                        rearm(&mut self.idle);
                         if let Some(rv) = self.on_line(&line, reading).await? {
                             return Ok(Some(rv));
                         }
@@ -69,8 +81,9 @@ impl Stream {
                     Reading::Live { at } => at.as_deref(),
                     Reading::Initial { .. } => None,
                 };
-                let preview = String::from_utf8_lossy(&line[..line.len().min(120)]).into_owned();
-                tracing::warn!(stream = %self.id, ?position, error = %e, %preview, "malformed watch line; resuming from the last good position");
+                // The line's content may be a Secret's: it is logged at debug level only.
+                tracing::warn!(stream = %self.id, ?position, bytes = line.len(), error = %e, "malformed watch line; resuming from the last good position");
+                tracing::debug!(stream = %self.id, content = %String::from_utf8_lossy(line), "the malformed line");
                 return Err(Stop::Malformed);
             }
         };

@@ -180,6 +180,14 @@ fn transitions() {
             false,
             Some("expired"),
         ),
+        // A stalled watch is reopened from where it was, at once, and counted.
+        (
+            watch("10", Pages),
+            stopped(Stop::Stalled, Some("11")),
+            watch("11", Pages),
+            false,
+            Some("stalled"),
+        ),
         // A requested resync relists and reconciles.
         (
             watch("10", InitialEvents),
