@@ -553,7 +553,6 @@ fn kafka_config(bootstrap: &str) -> watchrelay::config::KafkaConfig {
         max_message_bytes: 1_000_000,
         oversize: watchrelay::config::OversizePolicy::Trim,
         dead_letter_topic: None,
-        flush_timeout_seconds: 20,
         unsafe_producer_overrides: false,
     }
 }

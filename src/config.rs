@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Deserialize;
 use thiserror::Error;
@@ -58,6 +59,11 @@ struct File {
     /// no task is ever woken across threads; librdkafka compresses and sends on its own threads.
     #[serde(default = "one")]
     worker_threads: usize,
+    /// The whole stop, from the first signal: draining deliveries, flushing the producer,
+    /// the final checkpoint write and releasing the Lease. The chart gives the pod this plus a
+    /// margin as its termination grace period.
+    #[serde(default = "default_shutdown_timeout")]
+    shutdown_timeout_seconds: u64,
 }
 
 fn one() -> usize {
@@ -132,9 +138,6 @@ pub struct KafkaConfig {
     /// `deadLetter`.
     #[serde(default)]
     pub dead_letter_topic: Option<String>,
-    /// How long shutdown waits for outstanding deliveries.
-    #[serde(default = "default_flush_timeout")]
-    pub flush_timeout_seconds: u64,
     /// Allow `properties` that weaken the delivery guarantee (`acks`, idempotence, delivery
     /// timeouts, more than 5 requests in flight, the partitioner, ...). Off: they are refused.
     #[serde(default)]
@@ -147,9 +150,14 @@ fn default_in_flight() -> usize {
 fn default_max_message_bytes() -> usize {
     1_000_000
 }
-fn default_flush_timeout() -> u64 {
-    20
+fn default_shutdown_timeout() -> u64 {
+    30
 }
+
+/// Of the shutdown budget, what the final checkpoint write may take.
+pub const CHECKPOINT_RESERVE: Duration = Duration::from_secs(5);
+/// Of the shutdown budget, what releasing the Lease may take.
+pub const RELEASE_RESERVE: Duration = Duration::from_secs(3);
 
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
@@ -281,6 +289,17 @@ pub struct Config {
     pub leader_election: LeaderElectionConfig,
     pub channels: Vec<Arc<Channel>>,
     pub worker_threads: usize,
+    pub shutdown_timeout_seconds: u64,
+}
+
+impl Config {
+    /// Of the shutdown budget, what draining the streams and flushing the producer may take:
+    /// the rest is kept for the final checkpoint write and the Lease release.
+    pub fn drain_time(&self) -> Duration {
+        Duration::from_secs(self.shutdown_timeout_seconds)
+            .saturating_sub(CHECKPOINT_RESERVE + RELEASE_RESERVE)
+            .max(Duration::from_secs(1))
+    }
 }
 
 impl Config {
@@ -332,6 +351,7 @@ impl Config {
             leader_election: file.leader_election,
             channels,
             worker_threads: file.worker_threads,
+            shutdown_timeout_seconds: file.shutdown_timeout_seconds,
         })
     }
 }
@@ -361,11 +381,17 @@ impl File {
                 }
             }
         }
+        let minimum = (CHECKPOINT_RESERVE + RELEASE_RESERVE).as_secs() + 1;
+        if self.shutdown_timeout_seconds < minimum {
+            return Err(invalid(
+                "shutdownTimeoutSeconds",
+                format!(
+                    "must be at least {minimum}: the final checkpoint write and the Lease release take up to {} of it",
+                    minimum - 1
+                ),
+            ));
+        }
         let zero = [
-            (
-                "kafka.flushTimeoutSeconds",
-                self.kafka.flush_timeout_seconds,
-            ),
             ("checkpoint.intervalMs", self.checkpoint.interval_ms),
             (
                 "kubernetes.watchTimeoutSeconds",
@@ -656,8 +682,10 @@ mod tests {
         }
         assert!(with("    acks: all\n    max.in.flight.requests.per.connection: \"5\"\n    compression.type: zstd\n", "").is_ok());
         assert_eq!(
-            err_field(with("    linger.ms: \"1\"\n", "  flushTimeoutSeconds: 0\n")),
-            "kafka.flushTimeoutSeconds"
+            err_field(Config::parse(&format!(
+                "{BASE}shutdownTimeoutSeconds: 5\nchannels:\n  - operationId: watchNodes\n"
+            ))),
+            "shutdownTimeoutSeconds"
         );
         assert_eq!(
             err_field(Config::parse(&format!("{BASE}kubernetes:\n  backoffInitialMs: 0\nchannels:\n  - operationId: watchNodes\n"))),

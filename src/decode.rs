@@ -437,6 +437,15 @@ mod tests {
         assert_eq!(got, expected["object"]);
     }
 
+    /// The object of `line` decoded with Secret data allowed.
+    fn allowing_secrets(line: &[u8]) -> serde_json::Value {
+        let trim = Trim {
+            allow_secret_data: true,
+            ..DROP
+        };
+        serde_json::from_slice(&decode_line(line, trim).unwrap().object).unwrap()
+    }
+
     #[test]
     fn secret_data_is_removed_unless_allowed() {
         let line = r#"{"type":"ADDED","object":{"kind":"Secret","apiVersion":"v1","metadata":{"name":"s","namespace":"a","uid":"u","resourceVersion":"7"},"data":{"k":"c2VjcmV0"},"stringData":{"x":"y"},"type":"Opaque"}}"#;
@@ -444,15 +453,7 @@ mod tests {
         let got: serde_json::Value = serde_json::from_slice(&ev.object).unwrap();
         assert!(got.get("data").is_none() && got.get("stringData").is_none());
         assert_eq!(got["type"], "Opaque");
-        let allowed = decode_line(
-            line.as_bytes(),
-            Trim {
-                allow_secret_data: true,
-                ..DROP
-            },
-        )
-        .unwrap();
-        let got: serde_json::Value = serde_json::from_slice(&allowed.object).unwrap();
+        let got = allowing_secrets(line.as_bytes());
         assert_eq!(got["data"]["k"], "c2VjcmV0");
     }
 
@@ -471,15 +472,7 @@ mod tests {
             got["metadata"]["annotations"],
             serde_json::json!({"team": "x"})
         );
-        let allowed = decode_line(
-            line.as_bytes(),
-            Trim {
-                allow_secret_data: true,
-                ..DROP
-            },
-        )
-        .unwrap();
-        let got: serde_json::Value = serde_json::from_slice(&allowed.object).unwrap();
+        let got = allowing_secrets(line.as_bytes());
         assert!(got["metadata"]["annotations"][LAST_APPLIED].is_string());
         // Other kinds keep the annotation: it holds no secret.
         let cm = line.replace(r#""kind":"Secret""#, r#""kind":"ConfigMap""#);

@@ -31,7 +31,14 @@ fn respond(req: &Request<Incoming>, served: &Served) -> Response<Full<Bytes>> {
             served.metrics.render(),
             "text/plain; version=0.0.4",
         ),
-        "/healthz" => (StatusCode::OK, b"ok\n".to_vec(), "text/plain"),
+        "/healthz" => match served.registry.health() {
+            Ok(()) => (StatusCode::OK, b"ok\n".to_vec(), "text/plain"),
+            Err(reason) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("unhealthy: {reason}\n").into_bytes(),
+                "text/plain",
+            ),
+        },
         "/readyz" => match served.registry.readiness() {
             Readiness { ready: true, .. } => (StatusCode::OK, b"ready\n".to_vec(), "text/plain"),
             Readiness { down, .. } => (

@@ -229,8 +229,9 @@ impl Elector {
     /// Gives the Lease up after a clean stop, so that a standby takes over at its next attempt
     /// instead of after the lease duration. Bounded in time: shutdown must not outlast the
     /// pod's grace period because the API server is slow.
-    pub async fn release(&mut self) {
-        match tokio::time::timeout(Duration::from_secs(5), self.clear()).await {
+    /// Releases the Lease if this replica holds it, giving up after `within`.
+    pub async fn release(&mut self, within: Duration) {
+        match tokio::time::timeout(within, self.clear()).await {
             Ok(Ok(true)) => tracing::info!(lease = %self.name, "released the lease"),
             Ok(Ok(false)) => {}
             Ok(Err(e)) => {

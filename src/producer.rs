@@ -16,7 +16,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{
-    BaseRecord, DeliveryResult, Producer as _, ProducerContext, ThreadedProducer,
+    BaseRecord, DeliveryResult, Producer as _, ProducerContext, PurgeConfig, ThreadedProducer,
 };
 use rdkafka::ClientContext;
 use tokio::sync::mpsc;
@@ -100,6 +100,16 @@ pub trait Producer: Send + Sync {
 
     /// Waits up to `timeout` for every record handed over to be reported.
     fn flush(&self, timeout: Duration) -> Result<(), String>;
+
+    /// Drops every record not yet sent to a broker (their reports say so): a deposed leader's
+    /// queue must not land after the new leader's records.
+    fn purge(&self) {}
+
+    /// A fatal error: the producer can deliver nothing more (the idempotent producer's
+    /// sequence broke, say). Only a new process recovers.
+    fn fatal(&self) -> Option<String> {
+        None
+    }
 }
 
 /// librdkafka's context: turns its delivery callback into a [`Report`].
@@ -135,7 +145,7 @@ pub fn client_config(cfg: &KafkaConfig) -> ClientConfig {
         .set("compression.type", "lz4")
         .set("linger.ms", "5")
         // A record is retried until delivered; outages become backpressure, not loss. Shutdown
-        // bounds the wait separately with flushTimeoutSeconds.
+        // bounds the wait separately with shutdownTimeoutSeconds.
         .set("message.timeout.ms", "0")
         .set("queue.buffering.max.messages", "200000")
         .set("queue.buffering.max.kbytes", "262144")
@@ -185,6 +195,17 @@ impl Producer for Kafka {
     fn flush(&self, timeout: Duration) -> Result<(), String> {
         self.producer.flush(timeout).map_err(|e| e.to_string())
     }
+
+    fn purge(&self) {
+        self.producer.purge(PurgeConfig::default().queue());
+    }
+
+    fn fatal(&self) -> Option<String> {
+        self.producer
+            .client()
+            .fatal_error()
+            .map(|(code, reason)| format!("{code:?}: {reason}"))
+    }
 }
 
 /// In what order [`Memory::release`] acknowledges the records it holds.
@@ -219,6 +240,7 @@ struct MemoryState {
     capacity: Option<usize>,
     too_large: Option<(usize, bool)>,
     fail_next: usize,
+    fatal: Option<String>,
 }
 
 impl Memory {
@@ -261,6 +283,11 @@ impl Memory {
     /// Fails the next `n` deliveries.
     pub fn fail_next(&self, n: usize) {
         self.state().fail_next = n;
+    }
+
+    /// Fails fatally, as an idempotent producer whose sequence broke.
+    pub fn fail_fatally(&self, reason: &str) {
+        self.state().fatal = Some(reason.to_string());
     }
 
     /// Acknowledges every held record, in `order`.
@@ -331,6 +358,17 @@ impl Producer for Memory {
             0 => Ok(()),
             n => Err(format!("{n} records held")),
         }
+    }
+
+    fn purge(&self) {
+        let held: Vec<_> = self.state().held.drain(..).collect();
+        for (_, _, receipt) in held {
+            receipt.report(Err(DeliveryError::Failed("purged from the queue".into())));
+        }
+    }
+
+    fn fatal(&self) -> Option<String> {
+        self.state().fatal.clone()
     }
 }
 

@@ -61,6 +61,8 @@ struct Entry {
 
 struct Inner {
     role: Role,
+    /// Why the process must be restarted, once something failed beyond repair.
+    failed: Option<String>,
     /// A watching stream that read nothing for longer than this (seconds) is stalled.
     stall_after: i64,
     streams: BTreeMap<String, Entry>,
@@ -100,6 +102,7 @@ impl Registry {
         Self {
             inner: Arc::new(Mutex::new(Inner {
                 role: Role::Leader,
+                failed: None,
                 stall_after: i64::try_from(bound.as_secs()).unwrap_or(i64::MAX),
                 streams: BTreeMap::new(),
                 retired: Vec::new(),
@@ -145,6 +148,24 @@ impl Registry {
         inner.role = role;
         inner.streams.clear();
         inner.retired.clear();
+    }
+
+    /// Something failed beyond repair (a fatal producer error, a stream task that died): the
+    /// process is no longer healthy and must be restarted. The first reason is kept.
+    pub fn fail(&self, reason: String) {
+        let mut inner = self.lock();
+        if inner.failed.is_none() {
+            tracing::error!(%reason, "unhealthy: the process needs a restart");
+            inner.failed = Some(reason);
+        }
+    }
+
+    /// `Err(reason)` once [`Registry::fail`] was called: what `/healthz` reports.
+    pub fn health(&self) -> Result<(), String> {
+        match &self.lock().failed {
+            None => Ok(()),
+            Some(reason) => Err(reason.clone()),
+        }
     }
 
     pub fn role(&self) -> Role {

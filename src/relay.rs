@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
@@ -24,12 +24,15 @@ use tokio_util::task::TaskTracker;
 
 use crate::channel::{Channel, Scope};
 use crate::checkpoint::{self, CheckpointError, Saved, Store};
-use crate::config::Config;
+use crate::config::{Config, RELEASE_RESERVE};
 use crate::leader::Elector;
 use crate::metrics::Metrics;
 use crate::producer::{self, Producer};
 use crate::registry::{Registry, Role};
 use crate::stream::{Stream, Wiring};
+
+/// How often the producer is checked for a fatal error.
+const FATAL_POLL: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Error)]
 pub enum RelayError {
@@ -110,7 +113,9 @@ impl Relay {
     pub async fn run(self) -> Result<(), RelayError> {
         if !self.cfg.leader_election.enabled || !self.checkpoints {
             self.metrics.leader.set(1);
-            return self.term(self.shutdown.clone()).await;
+            return self
+                .term(self.shutdown.clone(), CancellationToken::new())
+                .await;
         }
         let le = &self.cfg.leader_election;
         let namespace = le
@@ -124,15 +129,16 @@ impl Relay {
             // A stop while standing by (or while draining after a loss) ends here; the release
             // covers an attempt that won the Lease just as the stop came.
             if self.shutdown.is_cancelled() || !elector.acquire(&self.shutdown).await {
-                elector.release().await;
+                elector.release(RELEASE_RESERVE).await;
                 return Ok(());
             }
             self.registry.begin_term(Role::Leader);
             self.metrics.leader.set(1);
             let stop = self.shutdown.child_token();
+            let fenced = CancellationToken::new();
             let done = CancellationToken::new();
             let relay = async {
-                let result = self.term(stop.clone()).await;
+                let result = self.term(stop.clone(), fenced.clone()).await;
                 done.cancel();
                 result
             };
@@ -140,6 +146,7 @@ impl Relay {
                 let lost = elector.keep(&done).await;
                 if lost.is_some() {
                     self.metrics.leader.set(0);
+                    fenced.cancel();
                     stop.cancel();
                 }
                 lost
@@ -148,7 +155,7 @@ impl Relay {
             self.metrics.leader.set(0);
             match (result, lost) {
                 (result, None) => {
-                    elector.release().await;
+                    elector.release(RELEASE_RESERVE).await;
                     return result;
                 }
                 (Err(e), Some(_)) => return Err(e),
@@ -160,7 +167,18 @@ impl Relay {
     }
 
     /// One term of relaying, until `stop`; then drains and writes the final checkpoint.
-    async fn term(&self, stop: CancellationToken) -> Result<(), RelayError> {
+    ///
+    /// With `fenced` (the Lease was lost) the stop is a fence instead: streams stop reading and
+    /// do not drain, the producer's unsent queue is purged so nothing queued can land after the
+    /// new leader's records, and no checkpoint is written after the loss. What remains possible
+    /// is a request already on the wire when the loss was noticed (at most
+    /// `max.in.flight.requests.per.connection` batches per broker), landing within the
+    /// producer's request timeout, and a checkpoint write already under way.
+    async fn term(
+        &self,
+        stop: CancellationToken,
+        fenced: CancellationToken,
+    ) -> Result<(), RelayError> {
         let producer: Arc<dyn Producer> = match &self.sink {
             Sink::Kafka => {
                 Arc::new(producer::Kafka::new(&self.cfg.kafka).map_err(RelayError::Producer)?)
@@ -185,6 +203,7 @@ impl Relay {
                 client: self.client.clone(),
                 producer: producer.clone(),
                 metrics: self.metrics.clone(),
+                fenced: fenced.clone(),
             }),
             registry: self.registry.clone(),
             saved: Arc::new(Mutex::new(saved)),
@@ -219,15 +238,48 @@ impl Relay {
                 self.metrics.clone(),
                 Duration::from_millis(self.cfg.checkpoint.interval_ms),
                 writer_cancel.clone(),
+                fenced.clone(),
             ))
         });
 
+        // A producer that failed fatally delivers nothing more: the process must restart.
+        let watchdog = {
+            let (producer, registry, stop) =
+                (producer.clone(), self.registry.clone(), stop.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(FATAL_POLL) => {}
+                    }
+                    if let Some(e) = producer.fatal() {
+                        registry.fail(format!("the Kafka producer failed fatally: {e}"));
+                        return;
+                    }
+                }
+            })
+        };
+
         stop.cancelled().await;
-        tracing::info!("shutting down: draining streams");
+        watchdog.abort();
+        if fenced.is_cancelled() {
+            tracing::warn!("fenced: purging the producer's unsent queue");
+            producer.purge();
+        }
+        // The shutdown budget: drain and flush by `drained`, the final write within its reserve.
+        let drained = tokio::time::Instant::now() + self.cfg.drain_time();
+        tracing::info!(
+            budget_seconds = self.cfg.shutdown_timeout_seconds,
+            "shutting down: draining streams"
+        );
         streams_cancel.cancel();
         supervisor.tasks.close();
         supervisor.tasks.wait().await;
-        let flush_timeout = Duration::from_secs(self.cfg.kafka.flush_timeout_seconds);
+        let flush_timeout = if fenced.is_cancelled() {
+            Duration::ZERO
+        } else {
+            drained.saturating_duration_since(tokio::time::Instant::now())
+        };
         if let Ok(Err(e)) = tokio::task::spawn_blocking(move || producer.flush(flush_timeout)).await
         {
             tracing::warn!(error = %e, "producer flush incomplete");
@@ -289,12 +341,20 @@ impl Supervisor {
             cancel.clone(),
         );
         let retired = retire.clone();
+        let registry = self.registry.clone();
         tracing::info!(stream = %id, "starting stream");
         self.tasks.spawn(async move {
-            let reporter = stream.run().await;
-            if retired.load(Ordering::Acquire) {
-                reporter.retire();
-                tracing::info!(stream = %id, "stream retired");
+            // A stream that panicked relays nothing more: the process must restart.
+            match std::panic::AssertUnwindSafe(stream.run())
+                .catch_unwind()
+                .await
+            {
+                Ok(reporter) if retired.load(Ordering::Acquire) => {
+                    reporter.retire();
+                    tracing::info!(stream = %id, "stream retired");
+                }
+                Ok(_) => {}
+                Err(_) => registry.fail(format!("stream {id} died")),
             }
         });
         Handle { cancel, retire }

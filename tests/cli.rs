@@ -226,13 +226,7 @@ mod against_a_cluster {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn asyncapi_with_cluster_gives_a_crd_its_real_schema() {
         let c = Cluster::start().await;
-        c.sim.register_crd_with_schema(
-            "example.com",
-            "v1",
-            "widgets",
-            "Widget",
-            true,
-            serde_json::json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {"size": {"type": "integer"}}}}}),
+        c.sim.register_resource(watchrelay_sim::Resource::new("example.com", "v1", "widgets", "Widget", true, &[]).with_schema(serde_json::json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {"size": {"type": "integer"}}}}})),
         );
         let cfg = c.config(
             &format!("{PODS}  - path: /apis/example.com/v1/namespaces/{{namespace}}/widgets\n    name: widgets\n    allNamespaces: true\n"),

@@ -183,11 +183,7 @@ async fn out_of_order_acknowledgements_never_move_the_checkpoint_past_a_gap() {
     let before = bed.checkpoint_rv(STREAM).unwrap();
     producer.hold(true);
     create(&bed, (0..20).map(|i| format!("p{i}")));
-    eventually(
-        || producer.held() == 20,
-        || format!("held {}", producer.held()),
-    )
-    .await;
+    wait_held(&producer, 20).await;
     // Everything is sent, nothing acknowledged: the checkpoint stays where it was.
     assert_eq!(bed.checkpoint_rv(STREAM), Some(before));
     producer.hold(false);
@@ -195,6 +191,15 @@ async fn out_of_order_acknowledgements_never_move_the_checkpoint_past_a_gap() {
     wait_covered(&bed).await;
     relay.stop().await;
     assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
+}
+
+/// Waits until the producer holds `n` records.
+async fn wait_held(producer: &Memory, n: usize) {
+    eventually(
+        || producer.held() == n,
+        || format!("held {}", producer.held()),
+    )
+    .await;
 }
 
 /// Waits until the stream saved a first checkpoint.
@@ -211,11 +216,7 @@ async fn backpressure_bounds_what_awaits_acknowledgement() {
     relay.wait_up(1).await;
     producer.hold(true);
     create(&bed, (0..30).map(|i| format!("p{i}")));
-    eventually(
-        || producer.held() == 5,
-        || format!("held {}", producer.held()),
-    )
-    .await;
+    wait_held(&producer, 5).await;
     // Released in shuffled batches, never more than the bound in flight.
     for round in 0..40u64 {
         assert!(producer.held() <= 5, "{} held", producer.held());
@@ -295,11 +296,7 @@ async fn a_clean_stop_drains_so_the_final_checkpoint_covers_everything() {
     relay.wait_up(1).await;
     producer.hold(true);
     create(&bed, (0..15).map(|i| format!("p{i}")));
-    eventually(
-        || producer.held() == 15,
-        || format!("held {}", producer.held()),
-    )
-    .await;
+    wait_held(&producer, 15).await;
     let stopping = tokio::spawn(relay.stop());
     producer.hold(false);
     producer.release(Order::Shuffled(7));
@@ -370,6 +367,70 @@ async fn a_stalled_watch_is_reopened_and_nothing_is_lost() {
         .with_label_values(&[STREAM, "stalled"])
         .get();
     assert_eq!(stalled, 1);
+    relay.stop().await;
+    assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fatal_producer_error_makes_the_process_unhealthy() {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay.wait_up(1).await;
+    assert_eq!(relay.registry.health(), Ok(()));
+    producer.fail_fatally("out of order sequence number");
+    eventually(
+        || relay.registry.health().is_err(),
+        || "a fatal producer error left the process healthy".into(),
+    )
+    .await;
+    assert!(relay
+        .registry
+        .health()
+        .unwrap_err()
+        .contains("out of order sequence number"));
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_leader_purges_its_queue_and_checkpoints_nothing_more() {
+    const LEASES: &str = "leases.coordination.k8s.io";
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    let mut cfg = config(&bed, "");
+    let le = &mut cfg.leader_election;
+    le.enabled = true;
+    le.lease_duration_seconds = 4;
+    le.renew_deadline_seconds = 3;
+    le.retry_period_seconds = 1;
+    let relay = start(&bed, cfg, &producer);
+    relay.wait_up(1).await;
+    wait_until_saved(&bed).await;
+    // Records queued but not sent when the Lease is lost.
+    producer.hold(true);
+    create(&bed, (0..10).map(|i| format!("p{i}")));
+    wait_held(&producer, 10).await;
+    let before = bed.checkpoint_rv(STREAM);
+    bed.sim.deny(LEASES);
+    eventually(
+        || relay.metrics.leader.get() == 0,
+        || "the leader kept relaying without its Lease".into(),
+    )
+    .await;
+    // The queue is purged: none of it is ever delivered, and nothing is checkpointed after.
+    wait_held(&producer, 0).await;
+    let delivered = |log: &[Record]| log.iter().filter(|r| r.key.starts_with("a/p")).count();
+    assert_eq!(delivered(&producer.log()), 0);
+    assert_eq!(bed.checkpoint_rv(STREAM), before);
+    // Once it leads again it replays from its checkpoint: nothing is lost.
+    producer.hold(false);
+    bed.sim.allow(LEASES);
+    eventually(
+        || relay.metrics.leader.get() == 1,
+        || "the Lease was never taken again".into(),
+    )
+    .await;
+    wait_covered(&bed).await;
     relay.stop().await;
     assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
 }

@@ -29,7 +29,7 @@ pub use churn::{ChurnHandle, ChurnSpec};
 
 /// The body of every response: whole documents and watch streams alike.
 pub(crate) type Body = http_body_util::combinators::BoxBody<bytes::Bytes, std::io::Error>;
-use resources::Resource;
+pub use resources::Resource;
 use store::Store;
 
 /// An API error, shaped like a Kubernetes `Status`.
@@ -368,22 +368,12 @@ impl Sim {
         kind: &str,
         namespaced: bool,
     ) {
-        self.store()
-            .register(Resource::new(group, version, plural, kind, namespaced, &[]));
+        self.register_resource(Resource::new(group, version, plural, kind, namespaced, &[]));
     }
 
-    /// [`Sim::register_crd`] with the CRD's `openAPIV3Schema`, served under `/openapi/v3`.
-    pub fn register_crd_with_schema(
-        &self,
-        group: &str,
-        version: &str,
-        plural: &str,
-        kind: &str,
-        namespaced: bool,
-        schema: Value,
-    ) {
-        let mut res = Resource::new(group, version, plural, kind, namespaced, &[]);
-        res.schema = Some(schema);
+    /// Makes any resource type appear in discovery and serve requests (a CRD with its schema:
+    /// `Resource::new(..).with_schema(..)`).
+    pub fn register_resource(&self, res: Resource) {
         self.store().register(res);
     }
 

@@ -36,6 +36,12 @@ impl Resource {
         }
     }
 
+    /// This resource with the object schema a CRD declares (`openAPIV3Schema`).
+    pub fn with_schema(mut self, schema: serde_json::Value) -> Self {
+        self.schema = Some(schema);
+        self
+    }
+
     /// `pods` or `deployments.apps`.
     pub fn key(&self) -> String {
         if self.group.is_empty() {

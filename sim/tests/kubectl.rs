@@ -283,13 +283,7 @@ async fn tls_and_bearer_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_reads_the_openapi_v3_schemas_crds_included() {
     let sim = Sim::start(SimConfig::default()).await.unwrap();
-    sim.register_crd_with_schema(
-        "example.com",
-        "v1",
-        "widgets",
-        "Widget",
-        true,
-        serde_json::json!({
+    sim.register_resource(watchrelay_sim::Resource::new("example.com", "v1", "widgets", "Widget", true, &[]).with_schema(serde_json::json!({
             "type": "object",
             "description": "A widget.",
             "properties": {
@@ -299,7 +293,7 @@ async fn explain_reads_the_openapi_v3_schemas_crds_included() {
                 "spec": {"type": "object", "description": "What the widget should be.",
                          "properties": {"size": {"type": "integer", "description": "How big the widget is."}}},
             },
-        }),
+        })),
     );
     let k = Kubectl::new(&sim);
     let index: serde_json::Value =

@@ -51,6 +51,8 @@ pub enum CheckpointError {
         bytes: usize,
         budget: usize,
     },
+    #[error("checkpoint write timed out after {0:?}")]
+    TimedOut(std::time::Duration),
     #[error("checkpoint ConfigMap {name} kept changing under us (409 Conflict {attempts} times)")]
     Conflict { name: String, attempts: u32 },
 }

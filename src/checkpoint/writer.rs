@@ -4,7 +4,8 @@
 //! retired since) from the [`Registry`], encodes them and applies them to the ConfigMap in one
 //! write. A failed write is kept and retried with the next one; newer checkpoints of the same
 //! streams replace what it kept. After `cancel` it writes once more and stops, so a clean stop
-//! saves the positions its streams drained to.
+//! saves the positions its streams drained to. Once fenced (the Lease was lost) it writes
+//! nothing more.
 //!
 //! It also takes resync requests left on the ConfigMap ([`super::RESYNC_ANNOTATION`]), looking
 //! at most every [`RESYNC_POLL`], and passes them to the registry.
@@ -15,9 +16,13 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Saved, Store, Update};
+use super::{CheckpointError, Saved, Store, Update};
+use crate::config::CHECKPOINT_RESERVE;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
+
+/// How long a checkpoint write may take before it is abandoned (and retried with the next).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// How often the writer looks for a resync request.
 pub const RESYNC_POLL: Duration = Duration::from_secs(2);
@@ -28,11 +33,16 @@ pub async fn run(
     metrics: Arc<Metrics>,
     interval: Duration,
     cancel: CancellationToken,
+    fenced: CancellationToken,
 ) {
     let mut unwritten: BTreeMap<String, Option<Arc<Saved>>> = BTreeMap::new();
     let mut polled = Instant::now();
     loop {
         let last = tokio::select! {
+            _ = fenced.cancelled() => {
+                tracing::warn!(unwritten = unwritten.len(), "fenced: no checkpoint is written after the Lease was lost");
+                return;
+            }
             _ = cancel.cancelled() => true,
             _ = tokio::time::sleep(interval) => false,
         };
@@ -53,7 +63,16 @@ pub async fn run(
                 .iter()
                 .map(|(id, saved)| (id.clone(), saved.as_deref().map(Update::encode)))
                 .collect();
-            match store.write(&updates).await {
+            // The final write has its reserve of the shutdown budget; others a bound of their own.
+            let bound = if last {
+                CHECKPOINT_RESERVE
+            } else {
+                WRITE_TIMEOUT
+            };
+            let written = tokio::time::timeout(bound, store.write(&updates))
+                .await
+                .unwrap_or_else(|_| Err(CheckpointError::TimedOut(bound)));
+            match written {
                 Ok(dropped) => {
                     unwritten.clear();
                     metrics.checkpoint_writes.with_label_values(&["ok"]).inc();

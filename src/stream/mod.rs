@@ -65,6 +65,8 @@ pub struct Wiring {
     pub client: kube::Client,
     pub producer: Arc<dyn Producer>,
     pub metrics: Arc<Metrics>,
+    /// Cancelled when this replica lost its Lease: stop without draining or checkpointing.
+    pub fenced: CancellationToken,
 }
 
 pub struct Stream {
@@ -83,6 +85,7 @@ pub struct Stream {
     outbox: Outbox,
     reporter: Reporter,
     cancel: CancellationToken,
+    fenced: CancellationToken,
     backoff: Backoff,
     /// The object buffer reused for every event.
     object_buf: Vec<u8>,
@@ -175,6 +178,7 @@ impl Stream {
             channel,
             cfg,
             client: wiring.client.clone(),
+            fenced: wiring.fenced.clone(),
             metrics,
             m,
             path,
@@ -385,12 +389,17 @@ impl Stream {
     /// Drains the outbox, publishes the final checkpoint and removes the stream's gauges.
     async fn stop(mut self) -> Reporter {
         self.set_phase(Phase::Stopped);
-        let flush = Duration::from_secs(self.cfg.kafka.flush_timeout_seconds);
-        let left = self.outbox.drain(tokio::time::Instant::now() + flush).await;
-        if left > 0 {
-            tracing::warn!(stream = %self.id, in_flight = left, "stopping with undelivered records; they will be replayed");
+        // Fenced (the Lease is lost): nothing more is checkpointed; the new leader replays.
+        if !self.fenced.is_cancelled() {
+            let left = self
+                .outbox
+                .drain(tokio::time::Instant::now() + self.cfg.drain_time())
+                .await;
+            if left > 0 {
+                tracing::warn!(stream = %self.id, in_flight = left, "stopping with undelivered records; they will be replayed");
+            }
+            self.publish_checkpoint();
         }
-        self.publish_checkpoint();
         for gauge in [
             &self.metrics.stream_up,
             &self.metrics.in_flight,

@@ -63,7 +63,8 @@ impl Bed {
         };
         let yaml = format!(
             "clusterName: test\n\
-             kafka:\n  bootstrapServers: {}\n{oversize}  flushTimeoutSeconds: 5\n  properties:\n    linger.ms: \"2\"\n{kafka_extra}\
+             kafka:\n  bootstrapServers: {}\n{oversize}  properties:\n    linger.ms: \"2\"\n{kafka_extra}\
+             shutdownTimeoutSeconds: 13\n\
              checkpoint:\n  namespace: {CHECKPOINT_NS}\n  intervalMs: 100\n\
              kubernetes:\n  backoffInitialMs: 20\n  backoffMaxMs: 300\n  listPageSize: 7\n\
              http:\n  listen: \"\"\n\
