@@ -257,6 +257,13 @@ impl<'a> EnvelopeMeta<'a> {
 pub fn record(route: &Route, a: &Announcement, object: &[u8], mut value: Vec<u8>) -> Record {
     let env = EnvelopeMeta::new(route, a, None);
     write_envelope(&mut value, a.event_type, object, &env);
+    record_of_value(route, a, value)
+}
+
+/// The record announcing `a` whose envelope is `value` (as [`record`] wrote it): to send it
+/// again from what a delivery report gave back.
+pub fn record_of_value(route: &Route, a: &Announcement, value: Vec<u8>) -> Record {
+    let env = EnvelopeMeta::new(route, a, None);
     let key = key(route, a);
     Record {
         topic: route.topic.clone(),

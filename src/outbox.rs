@@ -276,7 +276,20 @@ impl Outbox {
                 self.note(moved);
                 Ok(())
             }
-            Err(DeliveryError::TooLarge) => self.send_reference(receipt).await,
+            Err(DeliveryError::TooLarge { value: Some(value) })
+                if !receipt.alone && value.len() <= self.limits.max_message_bytes =>
+            {
+                // Its batch was refused: it may be innocent. Tried on its own once before it is
+                // taken for too large.
+                let mut receipt = receipt;
+                receipt.alone = true;
+                let record = envelope::record_of_value(&self.route, &receipt.announcement, value);
+                match self.offer(&record, receipt).await? {
+                    None => Ok(()),
+                    Some(back) => self.send_reference(back).await,
+                }
+            }
+            Err(DeliveryError::TooLarge { .. }) => self.send_reference(receipt).await,
             Err(DeliveryError::Failed(e)) => {
                 self.m.delivery_errors.inc();
                 Err(OutboxError::Failed(e))

@@ -18,7 +18,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{
     BaseRecord, DeliveryResult, Producer as _, ProducerContext, PurgeConfig, ThreadedProducer,
 };
-use rdkafka::ClientContext;
+use rdkafka::{ClientContext, Message as _};
 use tokio::sync::mpsc;
 
 use crate::config::KafkaConfig;
@@ -27,8 +27,10 @@ use crate::envelope::{Announcement, Record};
 /// Why a record was not delivered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeliveryError {
-    /// The broker (or librdkafka) refused the record for its size; never worth a retry.
-    TooLarge,
+    /// The broker refused the record's batch for its size (or librdkafka the record itself).
+    /// Carries the record's value, so the record can be tried on its own before it is taken
+    /// for too large: one oversize record fails every record batched with it.
+    TooLarge { value: Option<Vec<u8>> },
     /// Anything else the producer gave up on after its own retries.
     Failed(String),
 }
@@ -45,6 +47,8 @@ pub struct Receipt {
     pub bytes: usize,
     /// What the record announces: enough to send a reference instead.
     pub announcement: Announcement,
+    /// Whether the record is being tried on its own after its batch was refused for size.
+    pub alone: bool,
 }
 
 impl Receipt {
@@ -61,6 +65,7 @@ impl Receipt {
             arrived,
             bytes,
             announcement,
+            alone: false,
         }
     }
 
@@ -123,7 +128,9 @@ impl ProducerContext for Reporting {
     fn delivery(&self, result: &DeliveryResult<'_>, receipt: Box<Receipt>) {
         receipt.report(match result {
             Ok(_) => Ok(()),
-            Err((e, _)) if is_too_large(e) => Err(DeliveryError::TooLarge),
+            Err((e, msg)) if is_too_large(e) => Err(DeliveryError::TooLarge {
+                value: msg.payload().map(<[u8]>::to_vec),
+            }),
             Err((e, _)) => Err(DeliveryError::Failed(e.to_string())),
         });
     }
@@ -132,7 +139,7 @@ impl ProducerContext for Reporting {
 fn is_too_large(e: &KafkaError) -> bool {
     matches!(
         e.rdkafka_error_code(),
-        Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidRecord)
+        Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::MessageBatchTooLarge)
     )
 }
 
@@ -239,6 +246,8 @@ struct MemoryState {
     hold: bool,
     capacity: Option<usize>,
     too_large: Option<(usize, bool)>,
+    /// Releases holding a record larger than this fail whole, as a broker refuses a batch.
+    batch_limit: Option<usize>,
     fail_next: usize,
     fatal: Option<String>,
 }
@@ -280,6 +289,13 @@ impl Memory {
         self.state().too_large = Some((bytes, in_report));
     }
 
+    /// Fails every record of a [`Memory::release`] that holds a record larger than `bytes`
+    /// for its size, as a broker refuses a whole batch; records sent on their own are judged
+    /// on their own.
+    pub fn refuse_batches_with_larger_than(&self, bytes: usize) {
+        self.state().batch_limit = Some(bytes);
+    }
+
     /// Fails the next `n` deliveries.
     pub fn fail_next(&self, n: usize) {
         self.state().fail_next = n;
@@ -305,8 +321,16 @@ impl Memory {
                 }
             }
         }
+        let batch_limit = self.state().batch_limit;
+        let refused = held.len() > 1
+            && batch_limit.is_some_and(|max| held.iter().any(|(_, r, _)| r.value.len() > max));
         for (n, record, receipt) in held {
-            self.settle(n, record, receipt);
+            if refused {
+                let value = Some(record.value);
+                receipt.report(Err(DeliveryError::TooLarge { value }));
+            } else {
+                self.settle(n, record, receipt);
+            }
         }
     }
 
@@ -319,8 +343,11 @@ impl Memory {
             } else if s
                 .too_large
                 .is_some_and(|(max, late)| late && record.value.len() > max)
+                || s.batch_limit.is_some_and(|max| record.value.len() > max)
             {
-                Err(DeliveryError::TooLarge)
+                Err(DeliveryError::TooLarge {
+                    value: Some(record.value.clone()),
+                })
             } else {
                 s.log.push((n, record));
                 Ok(())

@@ -434,3 +434,31 @@ async fn a_deposed_leader_purges_its_queue_and_checkpoints_nothing_more() {
     relay.stop().await;
     assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_refused_for_size_is_retried_record_by_record() {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    producer.refuse_batches_with_larger_than(8_000);
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay.wait_up(1).await;
+    producer.hold(true);
+    create(&bed, (0..5).map(|i| format!("p{i}")));
+    let mut big = objects::pod("a", "big");
+    big["metadata"]["annotations"]["blob"] = "x".repeat(10_000).into();
+    bed.sim.create("pods", Some("a"), big).unwrap();
+    wait_held(&producer, 6).await;
+    // The whole batch is refused for the one big record; tried alone, only it is too large.
+    producer.hold(false);
+    producer.release(Order::Sent);
+    wait_covered(&bed).await;
+    relay.stop().await;
+    let log = producer.log();
+    let truncated: Vec<&str> = log
+        .iter()
+        .filter(|r| json(r)["watchrelay"]["truncatedBytes"].is_u64())
+        .map(|r| r.key.as_str())
+        .collect();
+    assert_eq!(truncated, ["a/big"]);
+    assert_eq!(consumer_view(&log), cluster_view(&bed));
+}

@@ -1,11 +1,14 @@
-//! A broker of the test's own, for tests that stop and restart it. Uses tansu with sqlite
-//! storage so the log survives a restart.
+//! A broker of the test's own, behind a proxy the test controls: cutting the proxy cuts the
+//! network between the relay and the broker while the broker stays up (its in-memory log
+//! survives; a restarted broker's might not).
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 pub struct OwnBroker {
     pub port: u16,
+    /// The address clients are told to use (the proxy's).
+    advertised: u16,
     dir: tempfile::TempDir,
     child: Option<Child>,
 }
@@ -13,7 +16,7 @@ pub struct OwnBroker {
 impl OwnBroker {
     /// Panics when tansu is not installed (the suite's broker script installs it): a test that
     /// needs a broker never passes without one.
-    pub fn start() -> Self {
+    pub fn start_advertising(advertised: u16) -> Self {
         Command::new("tansu")
             .arg("--version")
             .output()
@@ -26,6 +29,7 @@ impl OwnBroker {
             .port();
         let mut b = Self {
             port,
+            advertised,
             dir,
             child: None,
         };
@@ -33,13 +37,10 @@ impl OwnBroker {
         b
     }
 
-    pub fn bootstrap(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    /// Starts (again) on the same port and storage.
-    pub fn resume(&mut self) {
+    /// Starts on its port, advertising the proxy's.
+    fn resume(&mut self) {
         let url = format!("tcp://127.0.0.1:{}", self.port);
+        let advertised = format!("tcp://127.0.0.1:{}", self.advertised);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -51,11 +52,10 @@ impl OwnBroker {
                 "--listener-url",
                 &url,
                 "--advertised-listener-url",
-                &url,
+                &advertised,
                 "--storage-engine",
+                "memory://tansu/",
             ])
-            // tansu resolves the sqlite path against its working directory.
-            .arg("sqlite://broker.db")
             .current_dir(self.dir.path())
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())

@@ -7,4 +7,5 @@
 pub mod bed;
 pub mod broker;
 pub mod kafka;
+pub mod proxy;
 pub mod schema;
