@@ -82,6 +82,44 @@ if helm template watchrelay charts/watchrelay | grep -q 'watchrelay.json'; then
   exit 1
 fi
 
+echo "== the chart's RBAC is exactly what each configuration needs"
+"$bin" channels -o json | diff -u charts/watchrelay/catalogue.json - \
+  || { echo "charts/watchrelay/catalogue.json is stale: watchrelay channels -o json > charts/watchrelay/catalogue.json" >&2; exit 1; }
+cat >"$work/mixed.yaml" <<'YAML'
+clusterName: mixed
+kafka:
+  bootstrapServers: k1:9092,k2:9093
+  oversize: trim
+checkpoint:
+  namespace: watchrelay
+leaderElection:
+  enabled: true
+channels:
+  - operationId: watchNamespacedPods
+    namespaces: [shop, payments]
+  - operationId: watchNamespacedServices
+    namespaceSelector: team=web
+  - operationId: watchNodes
+  - path: /apis/example.com/v1/namespaces/{namespace}/widgets
+    name: widgets
+    namespaces: [shop]
+YAML
+python3 scripts/check-rbac.py "$bin" deploy/config.example.yaml deploy/config.try.yaml "$work/mixed.yaml"
+helm template watchrelay charts/watchrelay --namespace watchrelay --set networkPolicy.enabled=true >"$work/netpol.yaml"
+kubernetes-validate --quiet --strict --kubernetes-version 1.30.0 "$work/netpol.yaml"
+grep -q '^kind: NetworkPolicy' "$work/netpol.yaml" || { echo "networkPolicy.enabled rendered no NetworkPolicy" >&2; exit 1; }
+python3 - "$work/netpol.yaml" <<'PY'
+import sys, yaml
+cluster = {"ClusterRole", "ClusterRoleBinding", "Namespace"}
+bare = [f"{d['kind']}/{d['metadata']['name']}" for d in yaml.safe_load_all(open(sys.argv[1]))
+        if d and d["kind"] not in cluster and not d["metadata"].get("namespace")]
+assert not bare, f"namespaced objects without metadata.namespace: {bare}"
+PY
+if helm template watchrelay charts/watchrelay --namespace watchrelay --set config.checkpoint.namespace=elsewhere >/dev/null 2>&1; then
+  echo "the chart rendered a checkpoint ConfigMap outside the namespace its Role covers" >&2
+  exit 1
+fi
+
 echo "== deploy/watchrelay.yaml is the chart's current rendering"
 if ! diff -u deploy/watchrelay.yaml "$work/default.yaml"; then
   echo "deploy/watchrelay.yaml is stale: helm template watchrelay charts/watchrelay --namespace watchrelay > deploy/watchrelay.yaml" >&2

@@ -14,6 +14,7 @@
 //! | [`checkpoint`] | the checkpoint ConfigMap: format, store, writer loop |
 //! | [`relay`] | the facade and the supervisor |
 //! | `leader` | leader election over a Lease |
+//! | [`rbac`] | the permissions a configuration needs |
 //! | [`status`] | what `watchrelay status` reads from the cluster |
 //! | [`http`], [`metrics`] | `/metrics`, `/healthz`, `/readyz` |
 
@@ -33,6 +34,7 @@ pub mod metrics;
 pub mod openapi;
 mod outbox;
 pub mod producer;
+pub mod rbac;
 pub mod registry;
 pub mod relay;
 pub mod status;

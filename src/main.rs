@@ -97,6 +97,12 @@ enum Command {
         /// A channel name from the configuration, or `all`.
         channel: String,
     },
+    /// Print the Kubernetes permissions a configuration needs, as JSON: list and watch per
+    /// resource, cluster-wide or per namespace, and the relay's own ConfigMap and Lease.
+    Rbac {
+        #[command(flatten)]
+        config: ConfigFile,
+    },
     /// Print the version.
     Version,
 }
@@ -158,7 +164,14 @@ fn dispatch(cli: Cli) -> Result<()> {
                 Output::Json => {
                     let list: Vec<_> = CATALOGUE
                         .iter()
-                        .map(|c| serde_json::json!({"operationId": c.operation_id, "path": c.path, "message": c.message}))
+                        .map(|c| {
+                            let p = watchrelay::catalogue::ChannelPath::parse(c.path)
+                                .expect("catalogue paths are valid");
+                            serde_json::json!({
+                                "operationId": c.operation_id, "path": c.path, "message": c.message,
+                                "group": p.group, "resource": p.resource, "namespaced": p.namespaced,
+                            })
+                        })
                         .collect();
                     println!("{}", serde_json::to_string_pretty(&list)?);
                 }
@@ -230,6 +243,12 @@ fn dispatch(cli: Cli) -> Result<()> {
                 "resync of {channel} requested on ConfigMap {}/{}; the running relay takes it within seconds",
                 cfg.checkpoint.namespace, cfg.checkpoint.name
             );
+            Ok(())
+        }
+        Command::Rbac { config } => {
+            let cfg = config.load()?;
+            let needs = watchrelay::rbac::needs(&cfg);
+            println!("{}", serde_json::to_string_pretty(&needs)?);
             Ok(())
         }
         Command::Version => {

@@ -54,13 +54,14 @@ fn stdout(out: &std::process::Output) -> String {
     String::from_utf8(out.stdout.clone()).unwrap()
 }
 
-const SUBCOMMANDS: [&str; 7] = [
+const SUBCOMMANDS: [&str; 8] = [
     "run",
     "check-config",
     "channels",
     "asyncapi",
     "status",
     "resync",
+    "rbac",
     "version",
 ];
 

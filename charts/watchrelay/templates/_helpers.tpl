@@ -27,12 +27,29 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
+{{/* The checkpoint ConfigMap's name: derived from the release, so two releases in one namespace never share it. */}}
+{{- define "watchrelay.checkpointName" -}}
+{{- default (printf "%s-checkpoints" (include "watchrelay.fullname" .)) (.Values.config.checkpoint).name -}}
+{{- end -}}
+
+{{/* The leader Lease's name, likewise. */}}
+{{- define "watchrelay.leaseName" -}}
+{{- default (printf "%s-leader" (include "watchrelay.fullname" .)) (.Values.config.leaderElection).name -}}
+{{- end -}}
+
 {{/* The configuration with chart-owned defaults filled in. */}}
 {{- define "watchrelay.config" -}}
 {{- $cfg := deepCopy .Values.config -}}
 {{- $cp := default dict $cfg.checkpoint -}}
-{{- $_ := set $cp "namespace" (default .Release.Namespace $cp.namespace) -}}
+{{- if and $cp.namespace (ne $cp.namespace .Release.Namespace) -}}
+{{- fail "config.checkpoint.namespace must be the release namespace (the chart grants access to the ConfigMap there); leave it unset" -}}
+{{- end -}}
+{{- $_ := set $cp "namespace" .Release.Namespace -}}
+{{- $_ := set $cp "name" (include "watchrelay.checkpointName" .) -}}
 {{- $_ := set $cfg "checkpoint" $cp -}}
+{{- if ($cfg.leaderElection).enabled -}}
+{{- $_ := set $cfg.leaderElection "name" (include "watchrelay.leaseName" .) -}}
+{{- end -}}
 {{- $_ := set $cfg "http" (dict "listen" (printf "0.0.0.0:%v" .Values.metrics.port)) -}}
 {{- toYaml $cfg -}}
 {{- end -}}

@@ -1,0 +1,98 @@
+//! The Kubernetes permissions a configuration needs, and no more: `list` and `watch` on each
+//! channel's resource, in the namespaces it watches (cluster-wide only for cluster-scoped
+//! resources, `allNamespaces` and namespace selectors, which also watch namespaces), and read
+//! and update of the relay's own checkpoint ConfigMap and Lease by name.
+//!
+//! `watchrelay rbac` prints it; the chart's RBAC is checked against it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use crate::channel::Scope;
+use crate::config::Config;
+
+/// One resource the relay lists and watches: `(apiGroup, resource)`.
+pub type Resource = (String, String);
+
+#[derive(Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Needs {
+    /// Resources listed and watched across the cluster.
+    pub cluster: BTreeSet<Resource>,
+    /// Resources listed and watched in one namespace each.
+    pub namespaced: BTreeMap<String, BTreeSet<Resource>>,
+    /// Objects read and updated by name (`get`, `update`; `create` when missing), per
+    /// namespace: the checkpoint ConfigMap and the Lease.
+    pub own: BTreeMap<String, BTreeSet<(String, String, String)>>,
+}
+
+/// What `cfg` needs.
+pub fn needs(cfg: &Config) -> Needs {
+    let mut n = Needs::default();
+    for ch in &cfg.channels {
+        let res = (ch.path.group.clone(), ch.path.resource.clone());
+        match &ch.scope {
+            Scope::Cluster => {
+                n.cluster.insert(res);
+            }
+            Scope::Namespaces(list) => {
+                for ns in list {
+                    n.namespaced
+                        .entry(ns.clone())
+                        .or_default()
+                        .insert(res.clone());
+                }
+            }
+            Scope::Selector(_) => {
+                n.cluster.insert(res);
+                n.cluster.insert((String::new(), "namespaces".into()));
+            }
+        }
+    }
+    let own = |ns: &str| ns.to_string();
+    n.own
+        .entry(own(&cfg.checkpoint.namespace))
+        .or_default()
+        .insert((
+            String::new(),
+            "configmaps".into(),
+            cfg.checkpoint.name.clone(),
+        ));
+    let le = &cfg.leader_election;
+    if le.enabled {
+        let ns = le.namespace.as_ref().unwrap_or(&cfg.checkpoint.namespace);
+        n.own.entry(own(ns)).or_default().insert((
+            "coordination.k8s.io".into(),
+            "leases".into(),
+            le.name.clone(),
+        ));
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_scope_gets_exactly_what_it_watches() {
+        let cfg = Config::parse("clusterName: c\nkafka:\n  bootstrapServers: k:1\n  oversize: trim\ncheckpoint:\n  namespace: relay\nleaderElection:\n  enabled: true\nchannels:\n  - operationId: watchNamespacedPods\n    namespaces: [a, b]\n  - operationId: watchNodes\n  - operationId: watchNamespacedDeployments\n    namespaceSelector: team=x\n  - path: /apis/example.com/v1/namespaces/{namespace}/widgets\n    name: widgets\n    namespaces: [a]\n").unwrap();
+        let n = needs(&cfg);
+        let r = |g: &str, res: &str| (g.to_string(), res.to_string());
+        assert_eq!(
+            n.cluster,
+            BTreeSet::from([
+                r("", "nodes"),
+                r("apps", "deployments"),
+                r("", "namespaces")
+            ])
+        );
+        assert_eq!(
+            n.namespaced["a"],
+            BTreeSet::from([r("", "pods"), r("example.com", "widgets")])
+        );
+        assert_eq!(n.namespaced["b"], BTreeSet::from([r("", "pods")]));
+        assert_eq!(n.own["relay"].len(), 2);
+    }
+}
