@@ -482,6 +482,15 @@ mod tests {
     }
 
     #[test]
+    fn an_event_type_the_api_does_not_define_is_an_error_not_a_new_label() {
+        let line = br#"{"type":"INVENTED","object":{"kind":"Pod","metadata":{"name":"x","resourceVersion":"1"}}}"#;
+        assert!(matches!(
+            decode_line(line, DROP),
+            Err(DecodeError::UnknownType(t)) if t == "INVENTED"
+        ));
+    }
+
+    #[test]
     fn escaped_strings_are_decoded() {
         let line = r#"{"type":"ADDED","object":{"kind":"ConfigMap","metadata":{"name":"a\u002db","uid":"u","resourceVersion":"1"},"data":{"q\"k":"v"}}}"#;
         let ev = decode_line(line.as_bytes(), DROP).unwrap();

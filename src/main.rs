@@ -333,7 +333,7 @@ async fn kube_client(k: &KubernetesConfig) -> Result<kube::Client> {
         context: k.context.clone(),
         ..Default::default()
     };
-    let config = match &k.kubeconfig {
+    let mut config = match &k.kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubernetes.kubeconfig {}", path.display()))?;
@@ -342,5 +342,12 @@ async fn kube_client(k: &KubernetesConfig) -> Result<kube::Client> {
         None if k.context.is_some() => kube::Config::from_kubeconfig(&options).await?,
         None => kube::Config::infer().await?,
     };
+    // Every request is bounded: connecting, sending, and any silence while reading a response
+    // (a watch sends a bookmark about every minute; its own idle timeout acts first).
+    config.connect_timeout = Some(std::time::Duration::from_secs(10));
+    config.write_timeout = Some(std::time::Duration::from_secs(30));
+    config.read_timeout = Some(std::time::Duration::from_secs(
+        u64::from(k.watch_idle_timeout_seconds) + 30,
+    ));
     Ok(kube::Client::try_from(config)?)
 }

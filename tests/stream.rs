@@ -542,3 +542,26 @@ impl OutputWithStdin for std::process::Command {
         child.wait_with_output().unwrap()
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_with_records_kafka_never_acknowledges_ends_within_its_budget() {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay.wait_up(1).await;
+    wait_until_saved(&bed).await;
+    let before = bed.checkpoint_rv(STREAM);
+    producer.hold(true);
+    create(&bed, (0..5).map(|i| format!("p{i}")));
+    wait_held(&producer, 5).await;
+    // Never acknowledged: the stop gives up on them within its budget, checkpointing nothing
+    // past them (the next start replays them).
+    relay.stop().await;
+    assert_eq!(bed.checkpoint_rv(STREAM), before);
+    producer.hold(false);
+    producer.release(Order::Sent);
+    let relay = start(&bed, config(&bed, ""), &producer);
+    wait_covered(&bed).await;
+    relay.stop().await;
+    assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
+}
