@@ -565,3 +565,52 @@ async fn a_stop_with_records_kafka_never_acknowledges_ends_within_its_budget() {
     relay.stop().await;
     assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
 }
+
+async fn recreated_under_the_same_name_while_down(watch_list: bool) {
+    let bed = bed(watch_list).await;
+    let producer = Arc::new(Memory::new());
+    create(&bed, (0..4).map(|i| format!("p{i}")));
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay.wait_up(1).await;
+    wait_covered(&bed).await;
+    relay.stop().await;
+    // While the relay is down p1 is deleted and created again: same name, another uid.
+    bed.sim.delete("pods", Some("a"), "p1").unwrap();
+    create(&bed, ["p1".to_string()]);
+    bed.sim.compact();
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay.wait_counter("resyncs_total", STREAM, 1).await;
+    wait_covered(&bed).await;
+    relay.stop().await;
+    // The old uid's DELETED comes before the new uid's ADDED on that key: the consumer ends
+    // holding the new object.
+    let log = producer.log();
+    assert_eq!(consumer_view(&log), cluster_view(&bed));
+    let p1: Vec<(String, String)> = log
+        .iter()
+        .filter(|r| r.key == "a/p1")
+        .map(|r| {
+            let v = json(r);
+            (
+                v["type"].as_str().unwrap().to_string(),
+                v["object"]["metadata"]["uid"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let (last_type, last_uid) = p1.last().unwrap();
+    assert_eq!(last_type, "ADDED");
+    assert_eq!(
+        Some(last_uid.as_str()),
+        cluster_view(&bed).get("a/p1").map(String::as_str)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_recreated_under_its_name_while_down_ends_alive_with_initial_events() {
+    recreated_under_the_same_name_while_down(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_recreated_under_its_name_while_down_ends_alive_with_lists() {
+    recreated_under_the_same_name_while_down(false).await;
+}

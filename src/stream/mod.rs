@@ -11,7 +11,6 @@ pub mod machine;
 mod read;
 mod sync;
 
-use std::collections::HashSet;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,7 +51,7 @@ struct StreamMetrics {
 enum Reading {
     Initial {
         reason: Reason,
-        seen: HashSet<String>,
+        announced: sync::Announced,
     },
     Live {
         at: Option<String>,

@@ -112,10 +112,10 @@ impl Stream {
             }),
             // Not a position yet: the state before it is still arriving.
             (EventType::Bookmark, Reading::Initial { .. }) if !ev.initial_events_end => Ok(None),
-            (EventType::Bookmark, Reading::Initial { reason, seen }) => {
-                let (reason, seen) = (*reason, std::mem::take(seen));
-                let objects = seen.len();
-                self.finish_sync(seen, reason, &rv).await?;
+            (EventType::Bookmark, Reading::Initial { reason, announced }) => {
+                let (reason, announced) = (*reason, std::mem::take(announced));
+                let objects = announced.len();
+                self.finish_sync(announced, reason, &rv).await?;
                 tracing::info!(stream = %self.id, objects, %rv, resync = reason == Reason::Resync, "initial events ended");
                 Ok(Some(rv))
             }
@@ -147,11 +147,11 @@ impl Stream {
                 match reading {
                     // The initial state (sent as ADDED): like list items, no position until all
                     // of it has been announced.
-                    Reading::Initial { reason, seen } => {
+                    Reading::Initial { reason, announced } => {
                         if t == EventType::Deleted {
-                            seen.remove(&ev.meta.uid);
+                            announced.remove(&ev.meta.uid);
                         } else {
-                            seen.insert(ev.meta.uid.clone());
+                            self.announce_replacement(announced, &ev.meta).await?;
                         }
                         let resync = *reason == Reason::Resync;
                         self.emit(ev, arrived, None, change, resync).await?;

@@ -1,7 +1,7 @@
 //! The Sync steps: announcing a stream's whole current state, through a `sendInitialEvents`
 //! watch or paginated lists, and reconciling it with what the stream had announced before.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use super::{upsert, Reading, Step, Stream};
@@ -12,7 +12,119 @@ use crate::kubeapi::{self, ApiError, WatchFrom};
 use crate::stream::machine::{Outcome, Reason, Stop};
 use crate::tracker::{Change, Known};
 
+/// What a Sync has announced so far, against what the stream knew before it.
+///
+/// A resync may find an object under a name the stream knows with another uid (deleted and
+/// created again while the stream could not see it). The old uid's inferred DELETED must then
+/// come before the new uid's ADDED on that key, or a consumer keyed by name (or a compacted
+/// topic) would end up deleting a live object.
+#[derive(Default)]
+pub(super) struct Announced {
+    /// Uids of the new state.
+    seen: HashSet<String>,
+    /// Known objects by namespace and name (a resync only).
+    by_name: HashMap<(Option<String>, String), String>,
+    /// Known uids already given their inferred DELETED because another uid took their name.
+    replaced: HashSet<String>,
+}
+
+impl Announced {
+    /// Bookkeeping for a sync: with `known` (a resync) replaced names are detected.
+    pub(super) fn new(known: Option<&HashMap<String, Known>>) -> Self {
+        let by_name = known
+            .into_iter()
+            .flatten()
+            .map(|(uid, k)| ((k.namespace.clone(), k.name.clone()), uid.clone()))
+            .collect();
+        Self {
+            by_name,
+            ..Self::default()
+        }
+    }
+
+    /// Records an object of the new state; returns the known uid it replaces, if any.
+    pub(super) fn add(&mut self, meta: &ObjectMeta) -> Option<String> {
+        self.seen.insert(meta.uid.clone());
+        let name = (meta.namespace.clone(), meta.name.clone());
+        match self.by_name.get(&name) {
+            Some(old) if *old != meta.uid && !self.replaced.contains(old) => {
+                self.replaced.insert(old.clone());
+                Some(old.clone())
+            }
+            _ => None,
+        }
+    }
+
+    /// An object of the new state was deleted before the state ended.
+    pub(super) fn remove(&mut self, uid: &str) {
+        self.seen.remove(uid);
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.seen.len()
+    }
+
+    /// Whether a known uid still needs its inferred DELETED once the state has ended.
+    fn vanished(&self, uid: &str) -> bool {
+        !self.seen.contains(uid) && !self.replaced.contains(uid)
+    }
+}
+
 impl Stream {
+    /// Bookkeeping for a sync of `reason`.
+    pub(super) fn announced(&self, reason: Reason) -> Announced {
+        match reason {
+            Reason::Resync => Announced::new(Some(self.outbox.known())),
+            Reason::Start => Announced::new(None),
+        }
+    }
+
+    /// Before announcing `meta` in a sync: the inferred DELETED of the known object whose name
+    /// it took, if any.
+    pub(super) async fn announce_replacement(
+        &mut self,
+        announced: &mut Announced,
+        meta: &ObjectMeta,
+    ) -> Result<(), Stop> {
+        let Some(old) = announced.add(meta) else {
+            return Ok(());
+        };
+        let Some(known) = self.outbox.known().get(&old).cloned() else {
+            return Ok(());
+        };
+        tracing::info!(stream = %self.id, name = %meta.name, old = %old, new = %meta.uid, "object recreated under its name while unseen; deleting the old one first");
+        self.infer_delete(old, known, &meta.resource_version).await
+    }
+
+    /// Publishes the inferred DELETED of a known object (or only forgets it, when DELETED is not
+    /// forwarded).
+    async fn infer_delete(&mut self, uid: String, known: Known, rv: &str) -> Result<(), Stop> {
+        self.outbox
+            .wait_for_room()
+            .await
+            .map_err(|e| self.outbox_stop(e))?;
+        self.m.synthetic_deletes.inc();
+        let change = Some(Change::Remove { uid: uid.clone() });
+        if !self.channel.forwards(EventType::Deleted) {
+            self.outbox.pass(None, change);
+            return Ok(());
+        }
+        let meta = ObjectMeta {
+            kind: self.kind.clone(),
+            api_version: self.api_version.clone(),
+            name: known.name,
+            namespace: known.namespace,
+            uid,
+            resource_version: known.rv,
+        };
+        let object = envelope::reference_object(&meta);
+        let a = Announcement::inferred_delete(meta, rv);
+        self.outbox
+            .send(a, &object, Instant::now(), None, change)
+            .await
+            .map_err(|e| self.outbox_stop(e))
+    }
+
     /// Sync through a `sendInitialEvents` watch: the current state, then changes, on one
     /// connection, handed on to the Watch state once the state has ended.
     pub(super) async fn sync_initial(&mut self, reason: Reason) -> Step {
@@ -36,7 +148,7 @@ impl Stream {
         };
         let mut reading = Reading::Initial {
             reason,
-            seen: HashSet::new(),
+            announced: self.announced(reason),
         };
         match self.read(&mut w, &mut reading).await {
             Ok(Some(rv)) => Outcome::Synced { rv, open: Some(w) },
@@ -60,7 +172,7 @@ impl Stream {
                 .await
                 .map_err(|e| self.outbox_stop(e))?;
         }
-        let mut seen = HashSet::new();
+        let mut announced = self.announced(reason);
         let mut token: Option<String> = None;
         let list_rv = loop {
             let query = self.query();
@@ -102,7 +214,7 @@ impl Stream {
                         continue;
                     }
                 };
-                seen.insert(ev.meta.uid.clone());
+                self.announce_replacement(&mut announced, &ev.meta).await?;
                 let change = upsert(&ev.meta);
                 self.emit(
                     &mut ev,
@@ -118,8 +230,8 @@ impl Stream {
                 None => break page.resource_version,
             }
         };
-        let objects = seen.len();
-        self.finish_sync(seen, reason, &list_rv).await?;
+        let objects = announced.len();
+        self.finish_sync(announced, reason, &list_rv).await?;
         tracing::info!(stream = %self.id, objects, rv = %list_rv, resync = reason == Reason::Resync, "listed");
         Ok(list_rv)
     }
@@ -129,7 +241,7 @@ impl Stream {
     /// stream's position becomes `list_rv` once everything before it is acknowledged.
     pub(super) async fn finish_sync(
         &mut self,
-        seen: HashSet<String>,
+        announced: Announced,
         reason: Reason,
         list_rv: &str,
     ) -> Result<(), Stop> {
@@ -142,34 +254,11 @@ impl Stream {
             .outbox
             .known()
             .iter()
-            .filter(|(uid, _)| !seen.contains(*uid))
+            .filter(|(uid, _)| announced.vanished(uid))
             .map(|(u, k)| (u.clone(), k.clone()))
             .collect();
         for (uid, known) in vanished {
-            self.outbox
-                .wait_for_room()
-                .await
-                .map_err(|e| self.outbox_stop(e))?;
-            self.m.synthetic_deletes.inc();
-            let change = Some(Change::Remove { uid: uid.clone() });
-            if !self.channel.forwards(EventType::Deleted) {
-                self.outbox.pass(None, change);
-                continue;
-            }
-            let meta = ObjectMeta {
-                kind: self.kind.clone(),
-                api_version: self.api_version.clone(),
-                name: known.name,
-                namespace: known.namespace,
-                uid,
-                resource_version: known.rv,
-            };
-            let object = envelope::reference_object(&meta);
-            let a = Announcement::inferred_delete(meta, list_rv);
-            self.outbox
-                .send(a, &object, Instant::now(), None, change)
-                .await
-                .map_err(|e| self.outbox_stop(e))?;
+            self.infer_delete(uid, known, list_rv).await?;
         }
         // Everything the resync produced is in Kafka before its end is marked.
         self.outbox
