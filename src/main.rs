@@ -349,5 +349,9 @@ async fn kube_client(k: &KubernetesConfig) -> Result<kube::Client> {
     config.read_timeout = Some(std::time::Duration::from_secs(
         u64::from(k.watch_idle_timeout_seconds) + 30,
     ));
+    // The relay retries itself, with its own backoff, counted in its metrics: the client's
+    // built-in retries of 429/503/504 (up to 15, backing off up to 1000 s) would hide errors
+    // and stall a stream on a position the server will never reach.
+    config.default_retry = false;
     Ok(kube::Client::try_from(config)?)
 }

@@ -614,3 +614,35 @@ async fn an_object_recreated_under_its_name_while_down_ends_alive_with_initial_e
 async fn an_object_recreated_under_its_name_while_down_ends_alive_with_lists() {
     recreated_under_the_same_name_while_down(false).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_position_ahead_of_the_server_leads_to_a_relist_not_endless_retries() {
+    let bed = bed(true).await;
+    create(&bed, (0..5).map(|i| format!("p{i}")));
+    // A checkpoint from before an etcd restore: ahead of everything the server has.
+    let mut cm = objects::configmap(common::bed::CHECKPOINT_NS, common::bed::CHECKPOINT_NAME);
+    cm["data"] = serde_json::json!({ (STREAM): "{\"rv\":\"999999\"}" });
+    bed.sim
+        .create("configmaps", Some(common::bed::CHECKPOINT_NS), cm)
+        .unwrap();
+    let producer = Arc::new(Memory::new());
+    let relay = start(&bed, config(&bed, ""), &producer);
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    eprintln!(
+        "DEBUG {}",
+        String::from_utf8_lossy(&relay.metrics.render())
+            .lines()
+            .filter(|l| !l.starts_with('#')
+                && (l.contains("errors")
+                    || l.contains("restarts")
+                    || l.contains("resync")
+                    || l.contains("up")))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    relay.wait_counter("resyncs_total", STREAM, 1).await;
+    wait_covered(&bed).await;
+    relay.stop().await;
+    assert!(bed.checkpoint_rv(STREAM).unwrap() <= bed.sim.current_rv());
+    assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
+}

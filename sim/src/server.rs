@@ -221,7 +221,19 @@ async fn handle(inner: &Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
     let param = |k: &str| query.get(k);
     match (req.method().clone(), name) {
         (Method::GET, None) if matches!(param("watch"), Some("true" | "1")) => {
-            match watch_params(&res, ns, &query, inner.cfg.watch_list) {
+            let current = inner.store.lock().expect("store lock poisoned").rv;
+            match watch_params(&res, ns, &query, inner.cfg.watch_list).and_then(|p| {
+                // A position the server has not reached (an etcd restore, a copied checkpoint):
+                // the API server gives up waiting for it with 504.
+                match p.start {
+                    Start::Exact(rv) if rv > current => Err(SimError::new(
+                        504,
+                        "Timeout",
+                        format!("Too large resource version: {rv}, current: {current}"),
+                    )),
+                    _ => Ok(p),
+                }
+            }) {
                 Ok(p) => Response::builder()
                     .status(200)
                     .header("content-type", "application/json")

@@ -12,7 +12,7 @@
 //!                        │                    │ synced at rv   │
 //!          checkpoint rv ▼                    ▼                ▼ checkpoint rv
 //!                      Watch{rv} ◄────────────┴────────────────┘
-//!                       │   ▲  └─ closed, cut, malformed line: Watch{last position read}
+//!                       │   ▲  └─ closed, cut, stalled: Watch{last position read}
 //!                       │   └──── synced at rv (a resync, like a start)
 //!   410 Gone, requested ▼
 //!                   Sync{Resync} ── reconciles: inferred DELETED for known objects it lacks
@@ -91,8 +91,6 @@ pub enum Stop {
     Refused,
     /// A custom resource is not served (any more).
     NotServed,
-    /// A line could not be decoded.
-    Malformed,
     /// A resync was requested (`watchrelay resync`).
     Requested,
     /// The watch delivered nothing for `watchIdleTimeoutSeconds` (a half-open connection).
@@ -256,19 +254,6 @@ pub fn next<C>(state: State<C>, outcome: Outcome<C>, backoff: &mut Backoff) -> T
                 via,
             },
             restart: Some("expired"),
-        },
-        (
-            state,
-            Outcome::Stopped {
-                why: Stop::Malformed,
-                at,
-            },
-        ) => Transition {
-            next: State::Backoff {
-                then: Box::new(retry(state, at)),
-                delay: backoff.next(),
-            },
-            restart: Some("malformed"),
         },
         (
             _,

@@ -256,7 +256,7 @@ impl Stream {
                 Stop::Stalled => {
                     tracing::warn!(stream = %self.id, idle = ?self.idle_after, "watch delivered nothing, not even a bookmark; reopening it")
                 }
-                Stop::Cancelled | Stop::Closed | Stop::Refused | Stop::Malformed => {}
+                Stop::Cancelled | Stop::Closed | Stop::Refused => {}
             }
         }
         let t = machine::next(state, outcome, &mut self.backoff);
@@ -303,6 +303,16 @@ impl Stream {
     fn api_stop(&self, e: ApiError) -> Stop {
         match e {
             ApiError::Gone(_) => Stop::Gone,
+            // The position is ahead of the server (an etcd restore, a copied checkpoint):
+            // waiting cannot help; relist, like an expired position.
+            ApiError::Status {
+                code: 504,
+                ref message,
+                ..
+            } if message.contains("Too large resource version") => {
+                tracing::warn!(stream = %self.id, %message, "position ahead of the server; relisting");
+                Stop::Gone
+            }
             ApiError::Status { code: 404, .. } if !self.channel.builtin => Stop::NotServed,
             e => Stop::Api(e),
         }

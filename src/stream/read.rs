@@ -81,10 +81,13 @@ impl Stream {
                     Reading::Live { at } => at.as_deref(),
                     Reading::Initial { .. } => None,
                 };
-                // The line's content may be a Secret's: it is logged at debug level only.
-                tracing::warn!(stream = %self.id, ?position, bytes = line.len(), error = %e, "malformed watch line; resuming from the last good position");
-                tracing::debug!(stream = %self.id, content = %String::from_utf8_lossy(line), "the malformed line");
-                return Err(Stop::Malformed);
+                // Skipped: it can never be processed, and reading it again would only loop. The
+                // position stays where the last good event left it. Its content may be a
+                // Secret's: it is logged at debug level only.
+                tracing::warn!(stream = %self.id, ?position, bytes = line.len(), error = %e, "skipping a watch line that cannot be processed");
+                tracing::debug!(stream = %self.id, content = %String::from_utf8_lossy(line), "the skipped line");
+                self.object_buf = Vec::new();
+                return Ok(None);
             }
         };
         self.m.received[ev.event_type.index()].inc();

@@ -248,9 +248,10 @@ impl Relay {
             .unwrap();
         // Entered so the client's background tasks belong to the relay's runtime.
         let guard = runtime.enter();
-        let client =
-            kube::Client::try_from(kube::Config::new(bed.sim.url().parse().expect("sim url")))
-                .expect("client");
+        let mut config = kube::Config::new(bed.sim.url().parse().expect("sim url"));
+        // As the binary does: the relay retries itself.
+        config.default_retry = false;
+        let client = kube::Client::try_from(config).expect("client");
         let mut relay = watchrelay::Relay::new(cfg, client);
         if let Some(p) = producer {
             relay = relay.with_producer(p);

@@ -122,13 +122,6 @@ fn transitions() {
             true,
             None,
         ),
-        (
-            sync(Start, InitialEvents),
-            stopped(Stop::Malformed, None),
-            sync(Start, InitialEvents),
-            true,
-            Some("malformed"),
-        ),
         // A watch resumes from the last position it read.
         (
             watch("10", Pages),
@@ -150,13 +143,6 @@ fn transitions() {
             watch("12", InitialEvents),
             true,
             Some("connection"),
-        ),
-        (
-            watch("10", Pages),
-            stopped(Stop::Malformed, Some("11")),
-            watch("11", Pages),
-            true,
-            Some("malformed"),
         ),
         (
             watch("10", Pages),
