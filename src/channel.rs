@@ -114,6 +114,21 @@ impl Channel {
         format!("{}.{}", self.name, namespace.unwrap_or("_all"))
     }
 
+    /// A fingerprint of what this channel's stream over `namespace` watches: the collection
+    /// path (with the namespace) and the selectors. A saved position belongs to it.
+    pub fn query_fingerprint(&self, namespace: Option<&str>) -> String {
+        let what = format!(
+            "{}\n{}\n{}",
+            self.path.collection_url(namespace),
+            self.label_selector.as_deref().unwrap_or_default(),
+            self.field_selector.as_deref().unwrap_or_default()
+        );
+        let hash = what.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        format!("{hash:016x}")
+    }
+
     /// The topic for a stream of this channel.
     pub fn topic_for(&self, cluster: &str, namespace: Option<&str>) -> String {
         self.topic

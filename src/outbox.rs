@@ -147,6 +147,7 @@ impl Outbox {
         Some(Saved {
             rv: self.tracker.checkpoint().map(str::to_string),
             at: Some(envelope::now_rfc3339()),
+            query: None,
             known: self.tracker.complete_known().cloned(),
         })
     }

@@ -310,6 +310,7 @@ mod tests {
         Saved {
             rv: Some(rv.into()),
             at: None,
+            query: None,
             known: None,
         }
     }

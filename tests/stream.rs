@@ -646,3 +646,47 @@ async fn a_position_ahead_of_the_server_leads_to_a_relist_not_endless_retries() 
     assert!(bed.checkpoint_rv(STREAM).unwrap() <= bed.sim.current_rv());
     assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_selector_reconciles_instead_of_resuming_another_querys_position() {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    for (name, tier) in [("w0", "web"), ("w1", "web"), ("d0", "db"), ("d1", "db")] {
+        let mut pod = objects::pod("a", name);
+        pod["metadata"]["labels"]["tier"] = tier.into();
+        bed.sim.create("pods", Some("a"), pod).unwrap();
+    }
+    let channel = |tier: &str| {
+        format!("  - operationId: watchNamespacedPods\n    namespaces: [a]\n    topic: pods\n    labelSelector: tier={tier}\n")
+    };
+    let relay = start(&bed, bed.config(&channel("web"), ""), &producer);
+    relay.wait_up(1).await;
+    wait_covered(&bed).await;
+    relay.stop().await;
+    // The same stream, another query: what no longer matches is deleted downstream, what now
+    // matches is announced; the old position is not resumed.
+    let relay = start(&bed, bed.config(&channel("db"), ""), &producer);
+    relay.wait_up(1).await;
+    eventually(
+        || {
+            consumer_view(&producer.log())
+                .keys()
+                .all(|k| k.starts_with("a/d"))
+        },
+        || format!("{:?}", consumer_view(&producer.log())),
+    )
+    .await;
+    wait_covered(&bed).await;
+    relay.stop().await;
+    let view = consumer_view(&producer.log());
+    assert_eq!(
+        view.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["a/d0", "a/d1"]
+    );
+    let inferred = producer
+        .log()
+        .iter()
+        .filter(|r| json(r)["watchrelay"]["synthetic"] == true)
+        .count();
+    assert_eq!(inferred, 2, "w0 and w1 left the query");
+}

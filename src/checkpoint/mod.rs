@@ -64,6 +64,10 @@ pub struct Saved {
     /// When Kafka had acknowledged everything up to `rv` (RFC 3339); absent in older entries.
     #[serde(default)]
     pub at: Option<String>,
+    /// The fingerprint of the query the position belongs to (path, namespace, selectors): a
+    /// position is never resumed under another query. Absent in older entries.
+    #[serde(default)]
+    pub query: Option<String>,
     /// Absent when the set did not fit; a resync then cannot infer deletions for that stream.
     /// (Inline in `data` in the layout before `binaryData` was used; still read.)
     #[serde(default)]
@@ -76,6 +80,8 @@ struct Position<'a> {
     rv: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     at: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    query: Option<&'a str>,
 }
 
 /// A known-object set as stored in `binaryData`, with the position it belongs to.
@@ -110,6 +116,7 @@ impl Update {
             position: serde_json::to_string(&Position {
                 rv: saved.rv.as_deref(),
                 at: saved.at.as_deref(),
+                query: saved.query.as_deref(),
             })
             .expect("plain strings serialize"),
             known,
@@ -261,6 +268,7 @@ mod tests {
         Saved {
             rv: t.checkpoint().map(str::to_string),
             at: None,
+            query: None,
             known: t.complete_known().cloned(),
         }
     }
@@ -305,6 +313,7 @@ mod tests {
         let st = Saved {
             rv: Some("5".into()),
             at: None,
+            query: None,
             known: None,
         };
         let u = Update::encode(&st);

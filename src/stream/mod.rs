@@ -91,6 +91,8 @@ pub struct Stream {
     /// Fires when the next checkpoint may be published.
     publish: Pin<Box<tokio::time::Sleep>>,
     publish_every: Duration,
+    /// The fingerprint of this stream's query, stamped on every checkpoint it publishes.
+    query: String,
     /// Fires when an open watch has delivered nothing for `watchIdleTimeoutSeconds`.
     idle: Pin<Box<tokio::time::Sleep>>,
     idle_after: Duration,
@@ -102,12 +104,23 @@ impl Stream {
         namespace: Option<String>,
         wiring: &Wiring,
         reporter: Reporter,
-        saved: Option<Saved>,
+        mut saved: Option<Saved>,
         cancel: CancellationToken,
     ) -> Self {
         let cfg = wiring.cfg.clone();
         let metrics = wiring.metrics.clone();
         let id = reporter.id().to_string();
+        let query = channel.query_fingerprint(namespace.as_deref());
+        // A position belongs to the query it was read under: under another one (a changed
+        // path, namespace or selector) it is dropped, and the stream reconciles its known
+        // objects with the new query's state instead (see `run`).
+        if let Some(s) = saved
+            .as_mut()
+            .filter(|s| s.query.as_ref().is_some_and(|q| *q != query))
+        {
+            tracing::warn!(stream = %id, "the stream's query changed since its checkpoint; reconciling with the new one");
+            s.rv = None;
+        }
         let path = channel.path.collection_url(namespace.as_deref());
         let route = Route {
             topic: channel.topic_for(&cfg.cluster_name, namespace.as_deref()),
@@ -163,6 +176,7 @@ impl Stream {
                 seed,
             ),
             publish_every: Duration::from_millis(cfg.checkpoint.interval_ms),
+            query,
             publish: Box::pin(tokio::time::sleep(Duration::ZERO)),
             idle_after: Duration::from_secs(u64::from(k.watch_idle_timeout_seconds)),
             idle: Box::pin(tokio::time::sleep(Duration::ZERO)),
@@ -209,6 +223,13 @@ impl Stream {
                     self.transition(State::AwaitResource { via }, outcome)
                 }
                 State::Sync { reason, via } => {
+                    // Without a position but with known objects (a changed query, a failure
+                    // before the first position), a sync reconciles like a resync: known
+                    // objects the new state lacks get their inferred DELETED.
+                    let reason = match reason {
+                        Reason::Start if !self.outbox.known().is_empty() => Reason::Resync,
+                        reason => reason,
+                    };
                     let outcome = match via {
                         Via::InitialEvents => self.sync_initial(reason).await,
                         Via::Pages => self.sync_pages(reason).await,
@@ -281,7 +302,8 @@ impl Stream {
 
     /// Publishes the checkpoint if it moved since it was last published.
     fn publish_checkpoint(&mut self) {
-        if let Some(saved) = self.outbox.take_saved() {
+        if let Some(mut saved) = self.outbox.take_saved() {
+            saved.query = Some(self.query.clone());
             self.reporter.checkpoint(saved);
         }
         let next = tokio::time::Instant::now() + self.publish_every;
