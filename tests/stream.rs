@@ -175,10 +175,7 @@ async fn list_watch_expiry_and_resync_converge_with_paginated_lists() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_order_acknowledgements_never_move_the_checkpoint_past_a_gap() {
-    let bed = bed(true).await;
-    let producer = Arc::new(Memory::new());
-    let relay = start(&bed, config(&bed, ""), &producer);
-    relay.wait_up(1).await;
+    let (bed, producer, relay) = running().await;
     wait_until_saved(&bed).await;
     let before = bed.checkpoint_rv(STREAM).unwrap();
     producer.hold(true);
@@ -190,7 +187,21 @@ async fn out_of_order_acknowledgements_never_move_the_checkpoint_past_a_gap() {
     producer.release(Order::Reversed);
     wait_covered(&bed).await;
     relay.stop().await;
-    assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
+    assert_converged(&bed, &producer);
+}
+
+/// A bed with a relay of the pods channel running and watching, its records in memory.
+async fn running() -> (Bed, Arc<Memory>, Relay) {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay.wait_up(1).await;
+    (bed, producer, relay)
+}
+
+/// What a consumer holds after applying every delivered record is what the cluster holds.
+fn assert_converged(bed: &Bed, producer: &Memory) {
+    assert_eq!(consumer_view(&producer.log()), cluster_view(bed));
 }
 
 /// Waits until the producer holds `n` records.
@@ -234,7 +245,7 @@ async fn backpressure_bounds_what_awaits_acknowledgement() {
     producer.release(Order::Sent);
     wait_covered(&bed).await;
     relay.stop().await;
-    assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
+    assert_converged(&bed, &producer);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -276,24 +287,18 @@ async fn oversize_records_become_references_in_their_place() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_delivery_replays_from_the_checkpoint() {
-    let bed = bed(true).await;
-    let producer = Arc::new(Memory::new());
-    let relay = start(&bed, config(&bed, ""), &producer);
-    relay.wait_up(1).await;
+    let (bed, producer, relay) = running().await;
     producer.fail_next(3);
     create(&bed, (0..10).map(|i| format!("p{i}")));
     relay.wait_counter("watch_restarts_total", STREAM, 1).await;
     wait_covered(&bed).await;
     relay.stop().await;
-    assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
+    assert_converged(&bed, &producer);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_stop_drains_so_the_final_checkpoint_covers_everything() {
-    let bed = bed(true).await;
-    let producer = Arc::new(Memory::new());
-    let relay = start(&bed, config(&bed, ""), &producer);
-    relay.wait_up(1).await;
+    let (bed, producer, relay) = running().await;
     producer.hold(true);
     create(&bed, (0..15).map(|i| format!("p{i}")));
     wait_held(&producer, 15).await;
@@ -368,15 +373,13 @@ async fn a_stalled_watch_is_reopened_and_nothing_is_lost() {
         .get();
     assert_eq!(stalled, 1);
     relay.stop().await;
-    assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
+    assert_converged(&bed, &producer);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fatal_producer_error_makes_the_process_unhealthy() {
-    let bed = bed(true).await;
-    let producer = Arc::new(Memory::new());
-    let relay = start(&bed, config(&bed, ""), &producer);
-    relay.wait_up(1).await;
+    // The simulator must outlive the relay.
+    let (_bed, producer, relay) = running().await;
     assert_eq!(relay.registry.health(), Ok(()));
     producer.fail_fatally("out of order sequence number");
     eventually(
@@ -432,7 +435,7 @@ async fn a_deposed_leader_purges_its_queue_and_checkpoints_nothing_more() {
     .await;
     wait_covered(&bed).await;
     relay.stop().await;
-    assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
+    assert_converged(&bed, &producer);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -545,10 +548,7 @@ impl OutputWithStdin for std::process::Command {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_with_records_kafka_never_acknowledges_ends_within_its_budget() {
-    let bed = bed(true).await;
-    let producer = Arc::new(Memory::new());
-    let relay = start(&bed, config(&bed, ""), &producer);
-    relay.wait_up(1).await;
+    let (bed, producer, relay) = running().await;
     wait_until_saved(&bed).await;
     let before = bed.checkpoint_rv(STREAM);
     producer.hold(true);
@@ -563,7 +563,7 @@ async fn a_stop_with_records_kafka_never_acknowledges_ends_within_its_budget() {
     let relay = start(&bed, config(&bed, ""), &producer);
     wait_covered(&bed).await;
     relay.stop().await;
-    assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
+    assert_converged(&bed, &producer);
 }
 
 async fn recreated_under_the_same_name_while_down(watch_list: bool) {
