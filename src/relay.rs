@@ -9,7 +9,6 @@
 //! flushed, and the checkpoint is written one last time, so a clean stop replays nothing.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,7 +28,7 @@ use crate::leader::Elector;
 use crate::metrics::Metrics;
 use crate::producer::{self, Producer};
 use crate::registry::{Registry, Role};
-use crate::stream::{Stream, Wiring};
+use crate::stream::{Lifetime, Stream, Wiring};
 
 /// How often the producer is checked for a fatal error.
 const FATAL_POLL: Duration = Duration::from_secs(1);
@@ -308,15 +307,16 @@ struct Supervisor {
 
 /// A running stream, as its owner sees it.
 struct Handle {
-    cancel: CancellationToken,
-    /// Set before cancelling a stream that goes away for good: its checkpoint is deleted.
-    retire: Arc<AtomicBool>,
+    stop: CancellationToken,
+    /// Cancelled when the stream goes away for good: it deletes what it announced, and its
+    /// checkpoint is deleted.
+    leaving: CancellationToken,
 }
 
 impl Handle {
     fn retire(self) {
-        self.retire.store(true, Ordering::Release);
-        self.cancel.cancel();
+        self.leaving.cancel();
+        self.stop.cancel();
     }
 }
 
@@ -330,17 +330,21 @@ impl Supervisor {
         let id = channel.stream_id(namespace.as_deref());
         let saved = self.saved.lock().expect("saved lock poisoned").remove(&id);
         let reporter = self.registry.register(&id);
-        let cancel = parent.child_token();
-        let retire = Arc::new(AtomicBool::new(false));
+        let stop = parent.child_token();
+        let leaving = CancellationToken::new();
         let stream = Stream::new(
             channel.clone(),
             namespace,
             &self.wiring,
             reporter,
             saved,
-            cancel.clone(),
+            Lifetime {
+                stop: stop.clone(),
+                shutdown: parent.clone(),
+                leaving: leaving.clone(),
+            },
         );
-        let retired = retire.clone();
+        let left = leaving.clone();
         let registry = self.registry.clone();
         tracing::info!(stream = %id, "starting stream");
         self.tasks.spawn(async move {
@@ -349,7 +353,7 @@ impl Supervisor {
                 .catch_unwind()
                 .await
             {
-                Ok(reporter) if retired.load(Ordering::Acquire) => {
+                Ok(reporter) if left.is_cancelled() => {
                     reporter.retire();
                     tracing::info!(stream = %id, "stream retired");
                 }
@@ -357,7 +361,7 @@ impl Supervisor {
                 Err(_) => registry.fail(format!("stream {id} died")),
             }
         });
-        Handle { cancel, retire }
+        Handle { stop, leaving }
     }
 
     /// Keeps one stream per namespace matching `selector`.

@@ -690,3 +690,46 @@ async fn a_changed_selector_reconciles_instead_of_resuming_another_querys_positi
         .count();
     assert_eq!(inferred, 2, "w0 and w1 left the query");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_leaving_the_selector_deletes_what_its_stream_announced() {
+    let bed = bed(true).await;
+    let label = |value: serde_json::Value| {
+        bed.sim
+            .merge_patch(
+                "namespaces",
+                None,
+                "a",
+                serde_json::json!({"metadata": {"labels": {"relay": value}}}),
+            )
+            .unwrap();
+    };
+    label("yes".into());
+    create(&bed, (0..3).map(|i| format!("p{i}")));
+    let producer = Arc::new(Memory::new());
+    let cfg = bed.config(
+        "  - operationId: watchNamespacedPods\n    namespaceSelector: relay=yes\n    topic: pods\n",
+        "",
+    );
+    let relay = start(&bed, cfg, &producer);
+    relay.wait_up(1).await;
+    wait_covered(&bed).await;
+    assert_eq!(consumer_view(&producer.log()).len(), 3);
+    // The namespace stops matching: its objects leave the consumer's view, flagged as inferred.
+    label(serde_json::Value::Null);
+    eventually(
+        || consumer_view(&producer.log()).is_empty(),
+        || format!("still held: {:?}", consumer_view(&producer.log())),
+    )
+    .await;
+    bed.wait_checkpoint(|c| !c.contains_key(STREAM)).await;
+    relay.stop().await;
+    let deletes: Vec<serde_json::Value> = producer
+        .log()
+        .iter()
+        .map(json)
+        .filter(|v| v["type"] == "DELETED")
+        .collect();
+    assert_eq!(deletes.len(), 3);
+    assert!(deletes.iter().all(|v| v["watchrelay"]["synthetic"] == true));
+}

@@ -58,6 +58,17 @@ enum Reading {
     },
 }
 
+/// How a stream's run ends.
+pub struct Lifetime {
+    /// Stops reading: the relay stops, or the stream leaves its scope.
+    pub stop: CancellationToken,
+    /// The relay stops: waiting for deliveries is abandoned too.
+    pub shutdown: CancellationToken,
+    /// The stream leaves its scope for good (its namespace no longer matches, or is gone):
+    /// every object it announced gets an inferred DELETED before it ends.
+    pub leaving: CancellationToken,
+}
+
 /// Everything a stream is started with.
 pub struct Wiring {
     pub cfg: Arc<Config>,
@@ -84,6 +95,7 @@ pub struct Stream {
     outbox: Outbox,
     reporter: Reporter,
     cancel: CancellationToken,
+    leaving: CancellationToken,
     fenced: CancellationToken,
     backoff: Backoff,
     /// The object buffer reused for every event.
@@ -105,8 +117,13 @@ impl Stream {
         wiring: &Wiring,
         reporter: Reporter,
         mut saved: Option<Saved>,
-        cancel: CancellationToken,
+        lifetime: Lifetime,
     ) -> Self {
+        let Lifetime {
+            stop: cancel,
+            shutdown,
+            leaving,
+        } = lifetime;
         let cfg = wiring.cfg.clone();
         let metrics = wiring.metrics.clone();
         let id = reporter.id().to_string();
@@ -146,7 +163,7 @@ impl Stream {
             limits,
             saved,
             &metrics,
-            cancel.clone(),
+            shutdown,
         );
         reporter.track_liveness(metrics.last_event.with_label_values(&[&id]));
         let m = StreamMetrics {
@@ -192,6 +209,7 @@ impl Stream {
             cfg,
             client: wiring.client.clone(),
             fenced: wiring.fenced.clone(),
+            leaving,
             metrics,
             m,
             path,
@@ -417,11 +435,34 @@ impl Stream {
         Outcome::Stopped { why, at }
     }
 
+    /// Leaving scope is a deletion: every object the stream announced gets an inferred DELETED
+    /// (flagged `synthetic`, so consumers can tell it from a real one). Should the relay stop
+    /// meanwhile, the rest is abandoned: the stream's entry stays and it resumes next time.
+    async fn leave_scope(&mut self) {
+        let rv = self.outbox.checkpoint().unwrap_or_default().to_string();
+        let known: Vec<_> = self
+            .outbox
+            .known()
+            .iter()
+            .map(|(u, k)| (u.clone(), k.clone()))
+            .collect();
+        tracing::info!(stream = %self.id, objects = known.len(), "left its scope: deleting what it announced");
+        for (uid, k) in known {
+            if let Err(why) = self.infer_delete(uid, k, &rv).await {
+                tracing::warn!(stream = %self.id, ?why, "leaving scope cut short");
+                return;
+            }
+        }
+    }
+
     /// Drains the outbox, publishes the final checkpoint and removes the stream's gauges.
     async fn stop(mut self) -> Reporter {
         self.set_phase(Phase::Stopped);
         // Fenced (the Lease is lost): nothing more is checkpointed; the new leader replays.
         if !self.fenced.is_cancelled() {
+            if self.leaving.is_cancelled() {
+                self.leave_scope().await;
+            }
             let left = self
                 .outbox
                 .drain(tokio::time::Instant::now() + self.cfg.drain_time())

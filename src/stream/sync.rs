@@ -98,7 +98,12 @@ impl Stream {
 
     /// Publishes the inferred DELETED of a known object (or only forgets it, when DELETED is not
     /// forwarded).
-    async fn infer_delete(&mut self, uid: String, known: Known, rv: &str) -> Result<(), Stop> {
+    pub(super) async fn infer_delete(
+        &mut self,
+        uid: String,
+        known: Known,
+        rv: &str,
+    ) -> Result<(), Stop> {
         self.outbox
             .wait_for_room()
             .await
