@@ -1,0 +1,172 @@
+//! Parsing and validation: every error names its field.
+use super::*;
+use crate::channel::Scope;
+
+const BASE: &str = "clusterName: prod\nkafka:\n  bootstrapServers: 127.0.0.1:9092\n  oversize: trim\ncheckpoint:\n  namespace: watchrelay\n";
+
+fn with_channels(channels: &str) -> Result<Config, ConfigError> {
+    Config::parse(&format!("{BASE}channels:\n{channels}"))
+}
+
+fn err_field(r: Result<Config, ConfigError>) -> String {
+    match r {
+        Err(ConfigError::Invalid { field, .. }) => field,
+        other => panic!("expected a validation error, got {other:?}"),
+    }
+}
+
+#[test]
+fn accepts_a_full_channel_list() {
+    let cfg = with_channels(
+        "  - operationId: watchNamespacedPods\n    namespaces: [default, kube-system]\n  - operationId: watchNodes\n  - operationId: watchNamespacedServices\n    namespaceSelector: team=a\n  - path: /apis/example.com/v1/namespaces/{namespace}/widgets\n    name: widgets\n    allNamespaces: true\n    topic: \"{cluster}.{namespace}.{resource}\"\n",
+    )
+    .unwrap();
+    let ch = &cfg.channels;
+    assert_eq!(
+        ch[0].scope,
+        Scope::Namespaces(vec!["default".into(), "kube-system".into()])
+    );
+    assert_eq!(ch[1].scope, Scope::Cluster);
+    assert_eq!(ch[2].message, "ServiceWatchEvent");
+    assert_eq!(
+        ch[3].topic_for("prod", None),
+        "prod.all.widgets.example.com"
+    );
+    assert!(!ch[3].builtin);
+}
+
+#[test]
+fn errors_name_the_field() {
+    assert_eq!(
+        err_field(with_channels(
+            "  - operationId: watchPodz\n    namespaces: [a]\n"
+        )),
+        "channels[0].operationId"
+    );
+    assert_eq!(
+        err_field(with_channels("  - operationId: watchNamespacedPods\n")),
+        "channels[0].namespaces"
+    );
+    assert_eq!(
+        err_field(with_channels("  - operationId: watchNodes\n  - operationId: watchNamespacedPods\n    namespaces: [Bad_NS]\n")),
+        "channels[1].namespaces[0]"
+    );
+    assert_eq!(
+        err_field(with_channels(
+            "  - operationId: watchNodes\n    topic: \"{nope}\"\n"
+        )),
+        "channels[0].topic"
+    );
+    assert_eq!(
+        err_field(with_channels("  - path: /api/v1/widgets\n")),
+        "channels[0].name"
+    );
+    assert_eq!(
+        err_field(with_channels(
+            "  - operationId: watchNodes\n  - operationId: watchNodes\n"
+        )),
+        "channels[1].name"
+    );
+    assert_eq!(
+        err_field(Config::parse("clusterName: prod\nkafka:\n  bootstrapServers: x:1\ncheckpoint:\n  namespace: w\nchannels:\n  - operationId: watchNodes\n")),
+        "kafka.deadLetterTopic"
+    );
+    assert_eq!(
+        err_field(Config::parse("clusterName: prod\nworkerThreads: 0\nkafka:\n  bootstrapServers: x:1\n  oversize: trim\ncheckpoint:\n  namespace: w\nchannels:\n  - operationId: watchNodes\n")),
+        "workerThreads"
+    );
+    let leader = |yaml: &str| {
+        Config::parse(&format!(
+            "{BASE}leaderElection:\n{yaml}channels:\n  - operationId: watchNodes\n"
+        ))
+    };
+    assert_eq!(
+        err_field(leader("  enabled: true\n  leaseDurationSeconds: 10\n")),
+        "leaderElection.leaseDurationSeconds"
+    );
+    assert_eq!(
+        err_field(leader("  retryPeriodSeconds: 0\n")),
+        "leaderElection.retryPeriodSeconds"
+    );
+    assert_eq!(
+        err_field(leader("  name: Not_A_Name\n")),
+        "leaderElection.name"
+    );
+    assert!(leader("  enabled: true\n  identity: relay-0\n").is_ok());
+}
+
+#[test]
+fn kafka_properties_take_secrets_from_the_environment() {
+    let text = "clusterName: prod\nkafka:\n  bootstrapServers: x:1\n  oversize: trim\n  properties:\n    sasl.password: \"${KAFKA_PASSWORD}\"\n    sasl.username: \"a$b$${c}\"\ncheckpoint:\n  namespace: w\nchannels:\n  - operationId: watchNodes\n";
+    let env = |n: &str| (n == "KAFKA_PASSWORD").then(|| "s3cret".to_string());
+    let cfg = Config::parse_with_env(text, env).unwrap();
+    assert_eq!(cfg.kafka.properties["sasl.password"], "s3cret");
+    assert_eq!(cfg.kafka.properties["sasl.username"], "a$b${c}");
+    let err = Config::parse_with_env(text, |_| None).unwrap_err();
+    assert!(
+        matches!(&err, ConfigError::Invalid { field, message } if field == "kafka.properties.sasl.password" && message.contains("KAFKA_PASSWORD")),
+        "{err}"
+    );
+    let bad = text.replace("${KAFKA_PASSWORD}", "${KAFKA PASSWORD}");
+    assert_eq!(
+        err_field(Config::parse_with_env(&bad, env)),
+        "kafka.properties.sasl.password"
+    );
+}
+
+#[test]
+fn properties_that_weaken_delivery_and_zero_intervals_are_refused() {
+    let with = |props: &str, extra: &str| {
+        Config::parse(&format!(
+            "clusterName: prod\nkafka:\n  bootstrapServers: x:1\n  oversize: trim\n{extra}  properties:\n{props}checkpoint:\n  namespace: w\nchannels:\n  - operationId: watchNodes\n"
+        ))
+    };
+    for (prop, field) in [
+        ("    acks: \"1\"\n", "kafka.properties.acks"),
+        (
+            "    enable.idempotence: \"false\"\n",
+            "kafka.properties.enable.idempotence",
+        ),
+        (
+            "    message.timeout.ms: \"30000\"\n",
+            "kafka.properties.message.timeout.ms",
+        ),
+        (
+            "    max.in.flight.requests.per.connection: \"10\"\n",
+            "kafka.properties.max.in.flight.requests.per.connection",
+        ),
+        ("    partitioner: random\n", "kafka.properties.partitioner"),
+    ] {
+        let err = with(prop, "").unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Invalid { field: f, message } if f == field && message.contains("unsafeProducerOverrides")),
+            "{err}"
+        );
+        assert!(with(prop, "  unsafeProducerOverrides: true\n").is_ok());
+    }
+    assert!(with("    acks: all\n    max.in.flight.requests.per.connection: \"5\"\n    compression.type: zstd\n", "").is_ok());
+    assert_eq!(
+        err_field(Config::parse(&format!(
+            "{BASE}shutdownTimeoutSeconds: 5\nchannels:\n  - operationId: watchNodes\n"
+        ))),
+        "shutdownTimeoutSeconds"
+    );
+    assert_eq!(
+        err_field(Config::parse(&format!(
+            "{BASE}kubernetes:\n  backoffInitialMs: 0\nchannels:\n  - operationId: watchNodes\n"
+        ))),
+        "kubernetes.backoffInitialMs"
+    );
+    assert_eq!(
+        err_field(Config::parse(&format!("{BASE}kubernetes:\n  backoffInitialMs: 500\n  backoffMaxMs: 100\nchannels:\n  - operationId: watchNodes\n"))),
+        "kubernetes.backoffMaxMs"
+    );
+}
+
+#[test]
+fn unknown_fields_are_rejected_by_name() {
+    let err = with_channels("  - operationId: watchNodes\n    topik: x\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("topik"), "{err}");
+}
