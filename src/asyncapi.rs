@@ -29,6 +29,11 @@ fn envelope_schema(channel: &str) -> String {
     format!("{channel}.envelope")
 }
 
+/// Name of a channel's tombstone message under `components.messages`.
+fn tombstone_message(channel: &str) -> String {
+    format!("{channel}.tombstone")
+}
+
 /// Where a channel's envelope schema is: the `ce_dataschema` of its records.
 pub fn payload_uri(cluster: &str, channel: &str) -> String {
     format!(
@@ -257,16 +262,39 @@ pub fn document(cfg: &Config, cluster: Option<&ClusterSchemas>) -> Value {
                 }},
             }),
         );
+        if ch.tombstones {
+            messages.insert(
+                tombstone_message(&ch.name),
+                json!({
+                    "name": "Tombstone",
+                    "title": format!("{} tombstones", ch.operation_id),
+                    "summary": "After each DELETED: the same key with a null value, so a compacted topic holds exactly the live objects",
+                    "payload": {"type": "null"},
+                    "bindings": {"kafka": {
+                        "key": {"type": "string", "description": format!("Key template {}", ch.key.as_str())},
+                        "bindingVersion": KAFKA_BINDING,
+                    }},
+                }),
+            );
+        }
         for address in addresses(ch, &cfg.cluster_name) {
             topics.entry(address).or_default().push(ch);
         }
     }
     for (address, chs) in &topics {
         let id = channel_id(address);
+        // Each channel's message, and its tombstone where it sends them.
+        let names: Vec<String> = chs
+            .iter()
+            .flat_map(|c| {
+                std::iter::once(c.name.clone())
+                    .chain(c.tombstones.then(|| tombstone_message(&c.name)))
+            })
+            .collect();
         let mut channel = json!({
             "address": address,
             "title": format!("Topic {address}"),
-            "messages": chs.iter().map(|c| (c.name.clone(), json!({"$ref": format!("#/components/messages/{}", c.name)}))).collect::<Map<_, _>>(),
+            "messages": names.iter().map(|n| (n.clone(), json!({"$ref": format!("#/components/messages/{n}")}))).collect::<Map<_, _>>(),
             "bindings": {"kafka": {"topic": address.replace("{namespace}", "NAMESPACE"), "bindingVersion": KAFKA_BINDING}},
         });
         if address.contains("{namespace}") {
@@ -283,7 +311,7 @@ pub fn document(cfg: &Config, cluster: Option<&ClusterSchemas>) -> Value {
                 "action": "send",
                 "title": format!("Publish to {address}"),
                 "channel": {"$ref": format!("#/channels/{id}")},
-                "messages": chs.iter().map(|c| json!({"$ref": format!("#/channels/{id}/messages/{}", c.name)})).collect::<Vec<_>>(),
+                "messages": names.iter().map(|n| json!({"$ref": format!("#/channels/{id}/messages/{n}")})).collect::<Vec<_>>(),
             }),
         );
     }
@@ -314,7 +342,7 @@ mod tests {
 
     fn config(extra: &str) -> Config {
         Config::parse(&format!(
-            "clusterName: prod\nkafka:\n  bootstrapServers: k1:9092,k2:9093\n  oversize: trim\n{extra}checkpoint:\n  namespace: relay\nchannels:\n  - operationId: watchNamespacedPods\n    namespaces: [a, b]\n    topic: \"{{cluster}}.{{namespace}}.pods\"\n  - operationId: watchNodes\n  - operationId: watchNamespacedServices\n    namespaceSelector: team=x\n    topic: \"{{cluster}}.{{namespace}}.svc\"\n    key: \"{{uid}}\"\n"
+            "clusterName: prod\nkafka:\n  bootstrapServers: k1:9092,k2:9093\n  oversize: trim\n{extra}checkpoint:\n  namespace: relay\nchannels:\n  - operationId: watchNamespacedPods\n    namespaces: [a, b]\n    topic: \"{{cluster}}.{{namespace}}.pods\"\n  - operationId: watchNodes\n  - operationId: watchNamespacedServices\n    namespaceSelector: team=x\n    topic: \"{{cluster}}.{{namespace}}.svc\"\n    key: \"{{uid}}\"\n    tombstones: true\n"
         ))
         .unwrap()
     }
@@ -344,6 +372,14 @@ mod tests {
             "#/components/messages/watchNamespacedServices"
         );
         assert_eq!(doc["operations"].as_object().unwrap().len(), 4);
+        assert_eq!(
+            svc["messages"]["watchNamespacedServices.tombstone"]["$ref"],
+            "#/components/messages/watchNamespacedServices.tombstone"
+        );
+        assert_eq!(
+            doc["components"]["messages"]["watchNamespacedServices.tombstone"]["payload"]["type"],
+            "null"
+        );
         let msg = &doc["components"]["messages"]["watchNamespacedServices"];
         assert_eq!(msg["name"], "ServiceWatchEvent");
         assert!(msg["bindings"]["kafka"]["key"]["description"]

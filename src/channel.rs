@@ -50,6 +50,10 @@ pub struct ChannelConfig {
     /// (default `{namespace}/{name}`; `{namespace}/` is left out for cluster-scoped objects).
     #[serde(default)]
     pub key: Option<String>,
+    /// After every DELETED, real or inferred, a tombstone (the same key, a null value), so a
+    /// compacted topic holds exactly the live objects.
+    #[serde(default)]
+    pub tombstones: bool,
     /// Publish BOOKMARK events too.
     #[serde(default)]
     pub forward_bookmarks: bool,
@@ -93,6 +97,8 @@ pub struct Channel {
     pub field_selector: Option<String>,
     /// How records are keyed.
     pub key: KeyTemplate,
+    /// Follow every DELETED with a tombstone.
+    pub tombstones: bool,
     /// The event types published (BOOKMARK with `forwardBookmarks`).
     pub forwarded: EventTypes,
     pub drop_managed_fields: bool,
@@ -258,6 +264,7 @@ impl ChannelConfig {
             label_selector: self.label_selector.clone(),
             field_selector: self.field_selector.clone(),
             forwarded,
+            tombstones: self.tombstones,
             key: match &self.key {
                 Some(k) => KeyTemplate::parse(k).map_err(|m| invalid(f("key"), m))?,
                 None => KeyTemplate::default(),

@@ -213,6 +213,8 @@ pub struct Record {
     pub key: String,
     pub value: Vec<u8>,
     pub headers: Vec<(&'static str, String)>,
+    /// A tombstone: the key with a null value (`value` is empty and not sent).
+    pub tombstone: bool,
 }
 
 /// Routing metadata of one envelope, serialized under the `watchrelay` key.
@@ -270,6 +272,7 @@ pub fn record_of_value(route: &Route, a: &Announcement, value: Vec<u8>) -> Recor
         headers: cloudevents_headers(&env, route, a, &key),
         key,
         value,
+        tombstone: false,
     }
 }
 
@@ -295,6 +298,19 @@ pub fn reference(route: &Route, a: &Announcement, original_bytes: usize, topic: 
         key,
         value,
         headers,
+        tombstone: false,
+    }
+}
+
+/// The tombstone following the DELETED `a` on a channel with `tombstones`: the same key, a null
+/// value, so a compacted topic holds exactly the live objects.
+pub fn tombstone(route: &Route, a: &Announcement) -> Record {
+    Record {
+        topic: route.topic.clone(),
+        key: key(route, a),
+        value: Vec::new(),
+        headers: Vec::new(),
+        tombstone: true,
     }
 }
 

@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::checkpoint::Saved;
 use crate::config::OversizePolicy;
 use crate::envelope::{self, Announcement, Record, Route};
+use crate::event::EventType;
 use crate::metrics::Metrics;
 use crate::producer::{DeliveryError, Producer, Receipt, Refused, Report};
 use crate::tracker::{Change, Tracker};
@@ -52,6 +53,8 @@ pub struct Limits {
     pub max_message_bytes: usize,
     pub oversize: OversizePolicy,
     pub dead_letter_topic: Option<String>,
+    /// Follow every DELETED with a tombstone (the key with a null value).
+    pub tombstones: bool,
 }
 
 /// The outbox's metric handles, labelled with its stream.
@@ -172,7 +175,45 @@ impl Outbox {
     /// Publishes `a` with `object`; once acknowledged (with everything before it), `position`
     /// becomes the checkpoint and `change` applies to the known set. Waits only while the
     /// producer's queue is full.
+    ///
+    /// With tombstones on, a DELETED is followed by its tombstone, and `position` waits for
+    /// both: a checkpoint never covers a DELETED whose tombstone was not delivered.
     pub async fn send(
+        &mut self,
+        a: Announcement,
+        object: &[u8],
+        arrived: Instant,
+        position: Option<String>,
+        change: Option<Change>,
+    ) -> Result<(), OutboxError> {
+        if self.limits.tombstones && a.event_type == EventType::Deleted {
+            let deleted = a.clone();
+            self.send_one(a, object, arrived, None, change).await?;
+            return self.send_tombstone(deleted, arrived, position).await;
+        }
+        self.send_one(a, object, arrived, position, change).await
+    }
+
+    /// The tombstone of the DELETED `a`, taking `position`.
+    async fn send_tombstone(
+        &mut self,
+        a: Announcement,
+        arrived: Instant,
+        position: Option<String>,
+    ) -> Result<(), OutboxError> {
+        let seq = self.tracker.push(position, None);
+        self.note(false);
+        let record = envelope::tombstone(&self.route, &a);
+        let receipt = Box::new(Receipt::new(self.reports_tx.clone(), seq, arrived, 0, a));
+        match self.offer(&record, receipt).await? {
+            None => Ok(()),
+            Some(_) => Err(OutboxError::Failed(
+                "a tombstone was refused for size".into(),
+            )),
+        }
+    }
+
+    async fn send_one(
         &mut self,
         a: Announcement,
         object: &[u8],

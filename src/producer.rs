@@ -185,10 +185,12 @@ impl Producer for Kafka {
                 value: Some(v.as_str()),
             });
         }
-        let record = BaseRecord::with_opaque_to(&rec.topic, receipt)
+        let mut record = BaseRecord::<[u8], [u8], _>::with_opaque_to(&rec.topic, receipt)
             .key(rec.key.as_bytes())
-            .payload(&rec.value)
             .headers(headers);
+        if !rec.tombstone {
+            record = record.payload(&rec.value);
+        }
         match self.producer.send(record) {
             Ok(()) => Ok(()),
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {

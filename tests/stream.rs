@@ -48,6 +48,10 @@ fn json(r: &Record) -> serde_json::Value {
 fn consumer_view(log: &[Record]) -> BTreeMap<String, String> {
     let mut view = BTreeMap::new();
     for r in log {
+        if r.tombstone {
+            view.remove(&r.key);
+            continue;
+        }
         let v = json(r);
         match v["type"].as_str().unwrap() {
             "ADDED" | "MODIFIED" => {
@@ -732,4 +736,46 @@ async fn a_namespace_leaving_the_selector_deletes_what_its_stream_announced() {
         .collect();
     assert_eq!(deletes.len(), 3);
     assert!(deletes.iter().all(|v| v["watchrelay"]["synthetic"] == true));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_tombstones_a_compacted_topic_holds_exactly_the_live_objects() {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    let channel = "  - operationId: watchNamespacedPods\n    namespaces: [a]\n    topic: pods\n    tombstones: true\n";
+    create(&bed, (0..4).map(|i| format!("p{i}")));
+    let relay = start(&bed, bed.config(channel, ""), &producer);
+    relay.wait_up(1).await;
+    bed.sim.delete("pods", Some("a"), "p0").unwrap();
+    wait_covered(&bed).await;
+    relay.stop().await;
+    // A deletion while the relay is down, found by a resync: inferred, and tombstoned too.
+    bed.sim.delete("pods", Some("a"), "p1").unwrap();
+    bed.sim.compact();
+    let relay = start(&bed, bed.config(channel, ""), &producer);
+    relay
+        .wait_counter("synthetic_deletes_total", STREAM, 1)
+        .await;
+    wait_covered(&bed).await;
+    relay.stop().await;
+    let log = producer.log();
+    // Each DELETED is followed by a tombstone on its key.
+    for (i, r) in log.iter().enumerate() {
+        if !r.tombstone && json(r)["type"] == "DELETED" {
+            let next = log[i + 1..].iter().find(|n| n.key == r.key).unwrap();
+            assert!(next.tombstone, "{}: no tombstone after its DELETED", r.key);
+        }
+    }
+    // What compaction keeps (the last record per key, a tombstone meaning gone) is the cluster.
+    let mut compacted: BTreeMap<&str, &Record> = BTreeMap::new();
+    for r in log.iter().filter(|r| r.key.starts_with("a/")) {
+        compacted.insert(&r.key, r);
+    }
+    let live: Vec<&str> = compacted
+        .iter()
+        .filter(|(_, r)| !r.tombstone)
+        .map(|(k, _)| *k)
+        .collect();
+    assert_eq!(live, ["a/p2", "a/p3"]);
+    assert_converged(&bed, &producer);
 }

@@ -155,6 +155,7 @@ impl Stream {
             max_message_bytes: cfg.kafka.max_message_bytes,
             oversize: cfg.kafka.oversize,
             dead_letter_topic: cfg.kafka.dead_letter_topic.clone(),
+            tombstones: channel.tombstones,
         };
         let outbox = Outbox::new(
             &id,
