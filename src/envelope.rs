@@ -176,15 +176,9 @@ impl Announcement {
             resource_version: list_rv.to_string(),
             observed_at: now_rfc3339(),
             resync: true,
-            synthetic: false,
+            synthetic: true,
             meta,
         }
-        .synthetic()
-    }
-
-    fn synthetic(mut self) -> Self {
-        self.synthetic = true;
-        self
     }
 
     /// A BOOKMARK of stream `stream` at `rv`, keyed by the stream; `what` prefixes its id

@@ -204,7 +204,7 @@ impl Outbox {
         let seq = self.tracker.push(position, None);
         self.note(false);
         let record = envelope::tombstone(&self.route, &a);
-        let receipt = Box::new(Receipt::new(self.reports_tx.clone(), seq, arrived, 0, a));
+        let receipt = self.receipt(seq, arrived, 0, a);
         match self.offer(&record, receipt).await? {
             None => Ok(()),
             Some(_) => Err(OutboxError::Failed(
@@ -225,13 +225,7 @@ impl Outbox {
         self.note(false);
         let record = envelope::record(&self.route, &a, object, std::mem::take(&mut self.spare));
         let bytes = record.value.len();
-        let receipt = Box::new(Receipt::new(
-            self.reports_tx.clone(),
-            seq,
-            arrived,
-            bytes,
-            a,
-        ));
+        let receipt = self.receipt(seq, arrived, bytes, a);
         let result = if bytes > self.limits.max_message_bytes {
             self.send_reference(receipt).await
         } else {
@@ -242,6 +236,17 @@ impl Outbox {
         };
         self.spare = record.value;
         result
+    }
+
+    /// What travels with entry `seq`'s record and comes back in its report.
+    fn receipt(&self, seq: u64, arrived: Instant, bytes: usize, a: Announcement) -> Box<Receipt> {
+        Box::new(Receipt::new(
+            self.reports_tx.clone(),
+            seq,
+            arrived,
+            bytes,
+            a,
+        ))
     }
 
     /// Hands `record` to the producer, retrying while its queue is full. Gives the receipt back

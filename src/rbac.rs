@@ -50,9 +50,8 @@ pub fn needs(cfg: &Config) -> Needs {
             }
         }
     }
-    let own = |ns: &str| ns.to_string();
     n.own
-        .entry(own(&cfg.checkpoint.namespace))
+        .entry(cfg.checkpoint.namespace.clone())
         .or_default()
         .insert((
             String::new(),
@@ -62,7 +61,7 @@ pub fn needs(cfg: &Config) -> Needs {
     let le = &cfg.leader_election;
     if le.enabled {
         let ns = le.namespace.as_ref().unwrap_or(&cfg.checkpoint.namespace);
-        n.own.entry(own(ns)).or_default().insert((
+        n.own.entry(ns.clone()).or_default().insert((
             "coordination.k8s.io".into(),
             "leases".into(),
             le.name.clone(),

@@ -48,9 +48,12 @@ impl Bed {
         Self { sim, bootstrap }
     }
 
+    /// A client of the simulator, built as the binary builds its own: the relay retries
+    /// itself, so the client's built-in retries are off.
     pub fn client(&self) -> kube::Client {
-        let cfg = kube::Config::new(self.sim.url().parse().expect("sim url"));
-        kube::Client::try_from(cfg).expect("client")
+        let mut config = kube::Config::new(self.sim.url().parse().expect("sim url"));
+        config.default_retry = false;
+        kube::Client::try_from(config).expect("client")
     }
 
     /// A relay configuration for this bed; `channels` is the YAML list body and `kafka_extra`
@@ -248,10 +251,7 @@ impl Relay {
             .unwrap();
         // Entered so the client's background tasks belong to the relay's runtime.
         let guard = runtime.enter();
-        let mut config = kube::Config::new(bed.sim.url().parse().expect("sim url"));
-        // As the binary does: the relay retries itself.
-        config.default_retry = false;
-        let client = kube::Client::try_from(config).expect("client");
+        let client = bed.client();
         let mut relay = watchrelay::Relay::new(cfg, client);
         if let Some(p) = producer {
             relay = relay.with_producer(p);
