@@ -180,6 +180,29 @@ pub struct CheckpointConfig {
     /// Debounce interval between ConfigMap writes.
     #[serde(default = "default_checkpoint_interval")]
     pub interval_ms: u64,
+    /// The compacted Kafka topic that keeps which objects each stream announced.
+    #[serde(default)]
+    pub membership: MembershipConfig,
+}
+
+/// The membership topic (see the `membership` module): created compacted when missing.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct MembershipConfig {
+    /// Its name; `watchrelay.{cluster}.membership` when absent.
+    pub topic: Option<String>,
+    /// Partitions when the relay creates it (1 when absent).
+    pub partitions: Option<i32>,
+    /// Replication factor when the relay creates it; the broker's default when absent.
+    pub replication_factor: Option<i32>,
+}
+
+impl MembershipConfig {
+    pub fn topic(&self, cluster: &str) -> String {
+        self.topic
+            .clone()
+            .unwrap_or_else(|| format!("watchrelay.{cluster}.membership"))
+    }
 }
 
 fn default_checkpoint_name() -> String {
@@ -440,6 +463,22 @@ impl File {
         }
         if !is_dns_subdomain(&self.checkpoint.name) {
             return Err(invalid("checkpoint.name", "must be a ConfigMap name"));
+        }
+        let membership = &self.checkpoint.membership;
+        if !is_topic(&membership.topic(&self.cluster_name)) {
+            return Err(invalid("checkpoint.membership.topic", topic_rule()));
+        }
+        if membership.partitions.is_some_and(|p| p < 1) {
+            return Err(invalid(
+                "checkpoint.membership.partitions",
+                "must be at least 1",
+            ));
+        }
+        if membership.replication_factor.is_some_and(|r| r < 1) {
+            return Err(invalid(
+                "checkpoint.membership.replicationFactor",
+                "must be at least 1",
+            ));
         }
         self.leader_election.validate()?;
         if self.kubernetes.list_page_size == 0 {

@@ -11,7 +11,8 @@
 //! | `outbox` | one stream's delivery: ordered acks, backpressure, oversize, drain |
 //! | [`producer`] | the Kafka producer, and one in memory for tests |
 //! | [`registry`] | live streams, their phases and checkpoints, this replica's role |
-//! | [`checkpoint`] | the checkpoint ConfigMap: format, store, writer loop |
+//! | [`checkpoint`] | the checkpoint ConfigMap: stream positions; format, store, writer loop |
+//! | [`membership`] | which objects each stream announced, in a compacted Kafka topic |
 //! | [`relay`] | the facade and the supervisor |
 //! | `leader` | leader election over a Lease |
 //! | [`rbac`] | the permissions a configuration needs |
@@ -30,6 +31,7 @@ pub mod http;
 mod json;
 mod kubeapi;
 mod leader;
+pub mod membership;
 pub mod metrics;
 pub mod openapi;
 mod outbox;

@@ -83,7 +83,7 @@ enum Command {
         #[arg(long)]
         cluster: bool,
     },
-    /// Show each stream's saved position, its age and known objects, and the leader.
+    /// Show each stream's saved position and its age, and the leader.
     Status {
         #[command(flatten)]
         config: ConfigFile,

@@ -1,7 +1,7 @@
 //! Prometheus metrics, registered once with the `watchrelay_` prefix.
 
 use prometheus::{
-    exponential_buckets, Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
+    exponential_buckets, Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
@@ -39,8 +39,13 @@ pub struct Metrics {
     pub publish_latency: HistogramVec,
     /// Checkpoint ConfigMap writes, by result (ok, error).
     pub checkpoint_writes: IntCounterVec,
-    /// Streams whose known-object set did not fit in the checkpoint ConfigMap.
-    pub checkpoint_known_dropped: IntCounterVec,
+    /// Bytes of ConfigMap written to the API by checkpoint writes.
+    pub checkpoint_bytes: IntCounter,
+    /// Objects each stream announced and has not seen leave (its membership).
+    pub members: IntGaugeVec,
+    /// Membership records read at the start of the last term, and how long that took.
+    pub membership_restored: IntGauge,
+    pub membership_restore_seconds: prometheus::Gauge,
     /// 1 while this replica relays (always, without leader election).
     pub leader: IntGauge,
     /// The configured bound on records awaiting acknowledgement per stream.
@@ -93,6 +98,26 @@ impl Metrics {
             "in_flight_limit",
             "Records that may await acknowledgement per stream (kafka.maxInFlightPerStream)",
         );
+        let checkpoint_bytes = IntCounter::new(
+            "checkpoint_bytes_written_total",
+            "Bytes of ConfigMap written to the API by checkpoint writes",
+        )
+        .expect("static metric definitions are valid");
+        registry
+            .register(Box::new(checkpoint_bytes.clone()))
+            .expect("each metric is registered once");
+        let membership_restored = single(
+            "membership_records_restored",
+            "Membership records read at the start of the last term",
+        );
+        let membership_restore_seconds = prometheus::Gauge::new(
+            "membership_restore_seconds",
+            "Seconds the last read of the membership topic took",
+        )
+        .expect("static metric definitions are valid");
+        registry
+            .register(Box::new(membership_restore_seconds.clone()))
+            .expect("each metric is registered once");
         let checkpoint_written = single(
             "checkpoint_last_write_timestamp_seconds",
             "Unix time of the last successful checkpoint write",
@@ -153,11 +178,13 @@ impl Metrics {
                 "Checkpoint ConfigMap writes",
                 &["result"],
             ),
-            checkpoint_known_dropped: counter(
-                "checkpoint_known_dropped_total",
-                "Known-object sets left out of the checkpoint for size",
-                &["stream"],
+            checkpoint_bytes,
+            members: gauge(
+                "members",
+                "Objects the stream announced and has not seen leave",
             ),
+            membership_restored,
+            membership_restore_seconds,
             in_flight: gauge("in_flight", "Records awaiting acknowledgement"),
             stream_up: gauge("stream_up", "1 while the stream is synced and watching"),
             last_event: gauge(

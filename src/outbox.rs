@@ -2,9 +2,9 @@
 //!
 //! The [`Outbox`] owns everything between "this event is to be published" and "this position may
 //! be checkpointed": the producer handle, the ordered acknowledgement [`Tracker`], in-flight
-//! accounting and backpressure, the oversize path and the final drain. A stream hands it
-//! announcements and reads the acknowledged position (and the known-object set at that position)
-//! back from it.
+//! accounting and backpressure, the oversize path, the final drain, and the stream's
+//! [`Members`] with the membership records that keep them in Kafka. A stream hands it
+//! announcements and reads the acknowledged position and the members back from it.
 //!
 //! # Contract
 //! - [`Outbox::checkpoint`] is the position of the longest prefix of handed-over entries that
@@ -15,7 +15,13 @@
 //! - A delivery that fails for good ends in [`OutboxError::Failed`]; [`Outbox::rewind`] then
 //!   forgets everything unacknowledged (late reports of it are ignored) so the stream replays
 //!   from the checkpoint.
+//! - An object joins the members before anything announcing it is sent: with a membership topic,
+//!   its membership record is acknowledged first, and the stream's records wait in order behind
+//!   pending joins. It leaves once its DELETED is in the acknowledged prefix, and its
+//!   membership tombstone is produced then (see [`crate::membership`] for why this leaves no
+//!   hole after a crash).
 
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,11 +32,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::Saved;
 use crate::config::OversizePolicy;
+use crate::decode::ObjectMeta;
 use crate::envelope::{self, Announcement, Record, Route};
 use crate::event::EventType;
+use crate::membership::{self, Members};
 use crate::metrics::Metrics;
 use crate::producer::{DeliveryError, Producer, Receipt, Refused, Report};
-use crate::tracker::{Change, Tracker};
+use crate::tracker::{Change, Known, Tracker};
 
 /// How long a send waits before offering a record again to a full producer queue.
 const FULL_RETRY: Duration = Duration::from_millis(5);
@@ -55,11 +63,22 @@ pub struct Limits {
     pub dead_letter_topic: Option<String>,
     /// Follow every DELETED with a tombstone (the key with a null value).
     pub tombstones: bool,
+    /// The membership topic; without one (a dry run) members are kept in memory only.
+    pub membership_topic: Option<String>,
+}
+
+/// An entry waiting behind a pending join.
+enum Held {
+    /// A record, handed to the producer once released.
+    Send(Record, Box<Receipt>),
+    /// A position that needs no delivery, acknowledged once released.
+    Pass(u64),
 }
 
 /// The outbox's metric handles, labelled with its stream.
 struct OutboxMetrics {
     in_flight: IntGauge,
+    members: IntGauge,
     published: IntCounter,
     latency: Histogram,
     oversize_dead_letter: IntCounter,
@@ -82,26 +101,44 @@ pub struct Outbox {
     spare: Vec<u8>,
     /// The checkpoint moved since [`Outbox::take_saved`] last ran.
     moved: bool,
+    /// The objects this stream announced (see [`crate::membership`]).
+    members: Members,
+    /// Joins produced and not yet acknowledged, by join number.
+    joins: BTreeMap<u64, (String, Known)>,
+    /// The join number of each object whose join is pending.
+    joining: HashMap<String, u64>,
+    next_join: u64,
+    /// Entries waiting, in order, until every join produced before them is acknowledged; the
+    /// number is the first join they need not wait for.
+    held: VecDeque<(u64, Held)>,
+    /// Membership tombstones the producer could not take yet.
+    leaving: Vec<String>,
 }
 
 impl Outbox {
-    /// An outbox for `stream`, resuming from its saved checkpoint.
+    /// An outbox for `stream`, resuming from its saved checkpoint with its members.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "each is a different part of the wiring"
+    )]
     pub fn new(
         stream: &str,
         route: Arc<Route>,
         producer: Arc<dyn Producer>,
         limits: Limits,
         saved: Option<Saved>,
+        members: Members,
         metrics: &Metrics,
         cancel: CancellationToken,
     ) -> Self {
         let (reports_tx, reports_rx) = mpsc::unbounded_channel();
-        let (rv, known) = saved.map(|s| (s.rv, s.known)).unwrap_or_default();
+        let rv = saved.and_then(|s| s.rv);
         let oversize = |action| metrics.oversize.with_label_values(&[stream, action]);
         let errors = |kind| metrics.delivery_errors.with_label_values(&[stream, kind]);
         Self {
             m: OutboxMetrics {
                 in_flight: metrics.in_flight.with_label_values(&[stream]),
+                members: metrics.members.with_label_values(&[stream]),
                 published: metrics.events_published.with_label_values(&[stream]),
                 latency: metrics.publish_latency.with_label_values(&[stream]),
                 oversize_dead_letter: oversize("dead_letter"),
@@ -113,12 +150,18 @@ impl Outbox {
             route,
             producer,
             limits,
-            tracker: Tracker::resume(rv, known),
+            tracker: Tracker::resume(rv),
             reports_tx,
             reports_rx,
             cancel,
             spare: Vec::new(),
             moved: false,
+            members,
+            joins: BTreeMap::new(),
+            joining: HashMap::new(),
+            next_join: 0,
+            held: VecDeque::new(),
+            leaving: Vec::new(),
         }
     }
 
@@ -137,12 +180,12 @@ impl Outbox {
         self.tracker.checkpoint()
     }
 
-    /// The objects known at the checkpoint.
-    pub fn known(&self) -> &std::collections::HashMap<String, crate::tracker::Known> {
-        self.tracker.known()
+    /// The objects the stream announced and has not seen leave.
+    pub fn members(&self) -> &Members {
+        &self.members
     }
 
-    /// The checkpoint and its known-object set, if the checkpoint moved since the last call.
+    /// The checkpoint, if it moved since the last call.
     pub fn take_saved(&mut self) -> Option<Saved> {
         if !std::mem::take(&mut self.moved) {
             return None;
@@ -151,7 +194,7 @@ impl Outbox {
             rv: self.tracker.checkpoint().map(str::to_string),
             at: Some(envelope::now_rfc3339()),
             query: None,
-            known: self.tracker.complete_known().cloned(),
+            known: None,
         })
     }
 
@@ -163,17 +206,190 @@ impl Outbox {
     fn note(&mut self, moved: bool) {
         self.moved |= moved;
         self.m.in_flight.set(gauge(self.tracker.in_flight()));
+        let left = self.tracker.take_left();
+        for uid in left {
+            if self.members.remove(&uid) && self.limits.membership_topic.is_some() {
+                self.leaving.push(uid);
+            }
+        }
+        self.send_leaves();
+        self.m.members.set(gauge(self.members.len()));
     }
 
-    /// Records a position (and known-set change) that needs no delivery: it becomes the
-    /// checkpoint once everything before it is acknowledged.
-    pub fn pass(&mut self, position: Option<String>, change: Option<Change>) {
-        let moved = self.tracker.push_done(position, change);
-        self.note(moved);
+    /// Produces the membership tombstones of objects that left. One the producer cannot take
+    /// now waits for the next call; one lost (a crash, a failure) leaves a member too many,
+    /// which costs a superfluous inferred DELETED at worst.
+    fn send_leaves(&mut self) {
+        let Some(topic) = &self.limits.membership_topic else {
+            return;
+        };
+        while let Some(uid) = self.leaving.pop() {
+            let record = membership::record(topic, &self.stream, &uid, None);
+            let receipt = self.membership_receipt(u64::MAX, &uid, Known::default());
+            match self.producer.send(&record, receipt) {
+                Ok(()) => {}
+                Err(Refused::Full(_)) => {
+                    self.leaving.push(uid);
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(stream = %self.stream, %uid, error = ?e, "membership tombstone not produced")
+                }
+            }
+        }
+    }
+
+    fn membership_receipt(&self, n: u64, uid: &str, known: Known) -> Box<Receipt> {
+        let meta = ObjectMeta {
+            uid: uid.to_string(),
+            name: known.name,
+            namespace: known.namespace,
+            resource_version: known.rv,
+            ..ObjectMeta::default()
+        };
+        let mut receipt = Receipt::new(
+            self.reports_tx.clone(),
+            n,
+            Instant::now(),
+            0,
+            Announcement::change(EventType::Added, meta, false),
+        );
+        receipt.membership = true;
+        Box::new(receipt)
+    }
+
+    /// Makes `uid` a member before anything announcing it is sent. Returns whether what
+    /// announces it must wait for a pending join.
+    async fn join(&mut self, uid: String, known: Known) -> Result<bool, OutboxError> {
+        if self.members.contains(&uid) {
+            return Ok(false);
+        }
+        if self.joining.contains_key(&uid) {
+            return Ok(true);
+        }
+        let Some(topic) = &self.limits.membership_topic else {
+            self.members.insert(&uid, &known);
+            self.m.members.set(gauge(self.members.len()));
+            return Ok(false);
+        };
+        let n = self.next_join;
+        self.next_join += 1;
+        let record = membership::record(topic, &self.stream, &uid, Some(&known));
+        let receipt = self.membership_receipt(n, &uid, known.clone());
+        if self.offer(&record, receipt).await?.is_some() {
+            return Err(OutboxError::Failed(
+                "a membership record was refused for size".into(),
+            ));
+        }
+        self.joining.insert(uid.clone(), n);
+        self.joins.insert(n, (uid, known));
+        Ok(true)
+    }
+
+    /// Whether entries that waited for joins numbered below `gate` may go.
+    fn released(&self, gate: u64) -> bool {
+        self.joins.first_key_value().is_none_or(|(&n, _)| n >= gate)
+    }
+
+    /// Holds `entry` behind pending joins when it (`wait`) or anything before it must wait;
+    /// otherwise lets it go at once.
+    async fn hand(&mut self, entry: Held, wait: bool) -> Result<(), OutboxError> {
+        if wait || !self.held.is_empty() {
+            self.held.push_back((self.next_join, entry));
+            return Ok(());
+        }
+        self.dispatch(entry).await
+    }
+
+    /// Lets go, in order, the held entries whose joins are all acknowledged.
+    async fn release(&mut self) -> Result<(), OutboxError> {
+        while self
+            .held
+            .front()
+            .is_some_and(|(gate, _)| self.released(*gate))
+        {
+            let (_, entry) = self.held.pop_front().expect("front exists");
+            self.dispatch(entry).await?;
+        }
+        Ok(())
+    }
+
+    async fn dispatch(&mut self, entry: Held) -> Result<(), OutboxError> {
+        match entry {
+            Held::Pass(seq) => {
+                let moved = self.tracker.ack(seq);
+                self.note(moved);
+                Ok(())
+            }
+            Held::Send(record, receipt) if receipt.bytes > self.limits.max_message_bytes => {
+                self.spare = record.value;
+                self.send_reference(receipt).await
+            }
+            Held::Send(record, receipt) => {
+                let result = match self.offer(&record, receipt).await? {
+                    None => Ok(()),
+                    Some(receipt) => self.send_reference(receipt).await,
+                };
+                self.spare = record.value;
+                result
+            }
+        }
+    }
+
+    /// The report of a membership record: an acknowledged join makes its object a member and
+    /// lets go what waited for it.
+    async fn settle_membership(
+        &mut self,
+        n: u64,
+        result: Result<(), DeliveryError>,
+    ) -> Result<(), OutboxError> {
+        let Some((uid, known)) = self.joins.remove(&n) else {
+            if let Err(e) = result {
+                tracing::warn!(stream = %self.stream, error = ?e, "membership tombstone not delivered");
+            }
+            return Ok(());
+        };
+        if self.joining.get(&uid) == Some(&n) {
+            self.joining.remove(&uid);
+        }
+        match result {
+            Ok(()) => {
+                self.members.insert(&uid, &known);
+                self.m.members.set(gauge(self.members.len()));
+                self.release().await
+            }
+            Err(e) => {
+                self.m.delivery_errors.inc();
+                Err(OutboxError::Failed(format!("membership record: {e:?}")))
+            }
+        }
+    }
+
+    /// Records a position (and membership change) that needs no delivery: it becomes the
+    /// checkpoint once everything before it is acknowledged. An object that joins delays it
+    /// until its join is acknowledged.
+    pub async fn pass(
+        &mut self,
+        position: Option<String>,
+        change: Option<Change>,
+    ) -> Result<(), OutboxError> {
+        let (leaves, wait) = match change {
+            Some(Change::Join { uid, known }) => (None, self.join(uid, known).await?),
+            Some(Change::Leave { uid }) => (Some(uid), false),
+            None => (None, false),
+        };
+        if !wait && self.held.is_empty() {
+            let moved = self.tracker.push_done(position, leaves);
+            self.note(moved);
+            return Ok(());
+        }
+        let seq = self.tracker.push(position, leaves);
+        self.note(false);
+        self.hand(Held::Pass(seq), true).await
     }
 
     /// Publishes `a` with `object`; once acknowledged (with everything before it), `position`
-    /// becomes the checkpoint and `change` applies to the known set. Waits only while the
+    /// becomes the checkpoint and `change` applies to the members. Waits only while the
     /// producer's queue is full.
     ///
     /// With tombstones on, a DELETED is followed by its tombstone, and `position` waits for
@@ -188,29 +404,14 @@ impl Outbox {
     ) -> Result<(), OutboxError> {
         if self.limits.tombstones && a.event_type == EventType::Deleted {
             let deleted = a.clone();
-            self.send_one(a, object, arrived, None, change).await?;
-            return self.send_tombstone(deleted, arrived, position).await;
+            self.send_one(a, object, arrived, None, None).await?;
+            let seq = self.tracker.push(position, leaves(change));
+            self.note(false);
+            let record = envelope::tombstone(&self.route, &deleted);
+            let receipt = self.receipt(seq, arrived, 0, deleted);
+            return self.hand(Held::Send(record, receipt), false).await;
         }
         self.send_one(a, object, arrived, position, change).await
-    }
-
-    /// The tombstone of the DELETED `a`, taking `position`.
-    async fn send_tombstone(
-        &mut self,
-        a: Announcement,
-        arrived: Instant,
-        position: Option<String>,
-    ) -> Result<(), OutboxError> {
-        let seq = self.tracker.push(position, None);
-        self.note(false);
-        let record = envelope::tombstone(&self.route, &a);
-        let receipt = self.receipt(seq, arrived, 0, a);
-        match self.offer(&record, receipt).await? {
-            None => Ok(()),
-            Some(_) => Err(OutboxError::Failed(
-                "a tombstone was refused for size".into(),
-            )),
-        }
     }
 
     async fn send_one(
@@ -221,21 +422,16 @@ impl Outbox {
         position: Option<String>,
         change: Option<Change>,
     ) -> Result<(), OutboxError> {
-        let seq = self.tracker.push(position, change);
+        let (leaves, wait) = match change {
+            Some(Change::Join { uid, known }) => (None, self.join(uid, known).await?),
+            Some(Change::Leave { uid }) => (Some(uid), false),
+            None => (None, false),
+        };
+        let seq = self.tracker.push(position, leaves);
         self.note(false);
         let record = envelope::record(&self.route, &a, object, std::mem::take(&mut self.spare));
-        let bytes = record.value.len();
-        let receipt = self.receipt(seq, arrived, bytes, a);
-        let result = if bytes > self.limits.max_message_bytes {
-            self.send_reference(receipt).await
-        } else {
-            match self.offer(&record, receipt).await? {
-                None => Ok(()),
-                Some(receipt) => self.send_reference(receipt).await,
-            }
-        };
-        self.spare = record.value;
-        result
+        let receipt = self.receipt(seq, arrived, record.value.len(), a);
+        self.hand(Held::Send(record, receipt), wait).await
     }
 
     /// What travels with entry `seq`'s record and comes back in its report.
@@ -309,6 +505,9 @@ impl Outbox {
     /// sends a reference instead; a failure is returned.
     pub async fn settle(&mut self, report: Report) -> Result<(), OutboxError> {
         let Report { receipt, result } = report;
+        if receipt.membership {
+            return self.settle_membership(receipt.seq, result).await;
+        }
         if !self.tracker.is_pending(receipt.seq) {
             // Forgotten by a rewind: its stream replays it anyway.
             return Ok(());
@@ -366,6 +565,7 @@ impl Outbox {
     /// replay from. Late reports of the forgotten entries are ignored.
     pub fn rewind(&mut self) -> Option<String> {
         self.tracker.reset();
+        self.held.clear();
         self.note(false);
         self.tracker.checkpoint().map(str::to_string)
     }
@@ -379,15 +579,19 @@ impl Outbox {
                 Ok(r) => r,
                 Err(_) => break,
             };
-            match report.result {
-                Ok(()) => {
-                    let moved = self.tracker.ack(report.receipt.seq);
-                    self.note(moved);
-                }
-                Err(_) => break,
+            if self.settle(report).await.is_err() {
+                break;
             }
         }
         self.in_flight()
+    }
+}
+
+/// The object an entry's delivery makes leave the members.
+fn leaves(change: Option<Change>) -> Option<String> {
+    match change {
+        Some(Change::Leave { uid }) => Some(uid),
+        _ => None,
     }
 }
 

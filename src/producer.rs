@@ -49,6 +49,8 @@ pub struct Receipt {
     pub announcement: Announcement,
     /// Whether the record is being tried on its own after its batch was refused for size.
     pub alone: bool,
+    /// A membership record (see [`crate::membership`]), not an event: `seq` numbers the joins.
+    pub membership: bool,
 }
 
 impl Receipt {
@@ -66,6 +68,7 @@ impl Receipt {
             bytes,
             announcement,
             alone: false,
+            membership: false,
         }
     }
 
@@ -98,6 +101,9 @@ pub enum Refused {
     Failed(String),
 }
 
+/// What reading a topic hands each record to: its key, and its value (`None` for a tombstone).
+pub type Apply<'a> = dyn FnMut(&[u8], Option<&[u8]>) + 'a;
+
 /// Takes records and reports each one's delivery through its receipt.
 pub trait Producer: Send + Sync {
     /// Hands `record` over; its report arrives later through `receipt`.
@@ -114,6 +120,22 @@ pub trait Producer: Send + Sync {
     /// sequence broke, say). Only a new process recovers.
     fn fatal(&self) -> Option<String> {
         None
+    }
+
+    /// Creates `topic` compacted (`cleanup.policy=compact`) unless it exists. Blocks.
+    fn ensure_compacted(
+        &self,
+        _topic: &str,
+        _partitions: i32,
+        _replication: Option<i32>,
+    ) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Reads `topic` from its beginning to its end as of the call, handing each record's key
+    /// and value (`None` for a tombstone) to `apply`, in partition order. Blocks.
+    fn replay(&self, _topic: &str, _apply: &mut Apply<'_>) -> Result<(), String> {
+        Ok(())
     }
 }
 
@@ -166,12 +188,48 @@ pub fn client_config(cfg: &KafkaConfig) -> ClientConfig {
 /// The idempotent Kafka producer every stream of a process shares.
 pub struct Kafka {
     producer: ThreadedProducer<Reporting>,
+    /// The connection settings (`bootstrap.servers`, security), for the admin client and the
+    /// consumer reading the membership topic.
+    connection: ClientConfig,
 }
+
+/// Producer-only settings left out of the admin and consumer clients.
+const PRODUCER_ONLY: &[&str] = &[
+    "enable.idempotence",
+    "acks",
+    "request.required.acks",
+    "compression.type",
+    "compression.codec",
+    "linger.ms",
+    "queue.buffering.max.ms",
+    "message.timeout.ms",
+    "delivery.timeout.ms",
+    "queue.buffering.max.messages",
+    "queue.buffering.max.kbytes",
+    "max.in.flight.requests.per.connection",
+    "max.in.flight",
+    "message.send.max.retries",
+    "retries",
+    "batch.num.messages",
+    "batch.size",
+    "partitioner",
+];
+
+/// How long the membership topic may go without a record before its reading is given up.
+const REPLAY_IDLE: Duration = Duration::from_secs(60);
 
 impl Kafka {
     pub fn new(cfg: &KafkaConfig) -> Result<Self, KafkaError> {
+        let all = client_config(cfg);
+        let mut connection = ClientConfig::new();
+        for (k, v) in all.config_map() {
+            if !PRODUCER_ONLY.contains(&k) {
+                connection.set(k, v);
+            }
+        }
         Ok(Self {
-            producer: client_config(cfg).create_with_context(Reporting)?,
+            producer: all.create_with_context(Reporting)?,
+            connection,
         })
     }
 }
@@ -214,6 +272,103 @@ impl Producer for Kafka {
             .client()
             .fatal_error()
             .map(|(code, reason)| format!("{code:?}: {reason}"))
+    }
+
+    fn ensure_compacted(
+        &self,
+        topic: &str,
+        partitions: i32,
+        replication: Option<i32>,
+    ) -> Result<(), String> {
+        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+            self.connection.create().map_err(|e| e.to_string())?;
+        let new = NewTopic::new(
+            topic,
+            partitions,
+            TopicReplication::Fixed(replication.unwrap_or(-1)),
+        )
+        .set("cleanup.policy", "compact");
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        let results = futures::executor::block_on(admin.create_topics([&new], &options))
+            .map_err(|e| e.to_string())?;
+        for result in results {
+            match result {
+                Ok(_) => {
+                    tracing::info!(%topic, partitions, "created the membership topic (compacted)")
+                }
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((_, code)) => return Err(format!("creating topic {topic}: {code}")),
+            }
+        }
+        Ok(())
+    }
+
+    fn replay(&self, topic: &str, apply: &mut Apply<'_>) -> Result<(), String> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        use rdkafka::{Offset, TopicPartitionList};
+        let timeout = Duration::from_secs(30);
+        let consumer: BaseConsumer = self
+            .connection
+            .clone()
+            .set("group.id", "watchrelay-membership")
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "false")
+            // What is fetched ahead stays small: the sets are what must fit in memory.
+            .set("queued.max.messages.kbytes", "16384")
+            .create()
+            .map_err(|e| e.to_string())?;
+        let md = consumer
+            .fetch_metadata(Some(topic), timeout)
+            .map_err(|e| e.to_string())?;
+        let partitions = md
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .map(|t| t.partitions().len())
+            .unwrap_or(0);
+        // Where reading stops: an end marker (a tombstone no stream owns) produced to every
+        // partition now; the offset Kafka acknowledged for it is exact on any broker, unlike a
+        // high watermark fetched separately.
+        let marker: rdkafka::producer::FutureProducer =
+            self.connection.create().map_err(|e| e.to_string())?;
+        let mut ends = std::collections::HashMap::new();
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..i32::try_from(partitions).map_err(|e| e.to_string())? {
+            let record = rdkafka::producer::FutureRecord::<str, [u8]>::to(topic)
+                .partition(p)
+                .key(crate::membership::END_MARKER);
+            let end = futures::executor::block_on(marker.send(record, timeout))
+                .map_err(|(e, _)| format!("marking the end of {topic}[{p}]: {e}"))?
+                .offset;
+            ends.insert(p, end);
+            tpl.add_partition_offset(topic, p, Offset::Beginning)
+                .map_err(|e| e.to_string())?;
+        }
+        consumer.assign(&tpl).map_err(|e| e.to_string())?;
+        let mut idle = Instant::now();
+        while !ends.is_empty() {
+            match consumer.poll(Duration::from_millis(200)) {
+                Some(Ok(m)) => {
+                    idle = Instant::now();
+                    apply(m.key().unwrap_or_default(), m.payload());
+                    if ends
+                        .get(&m.partition())
+                        .is_some_and(|&end| m.offset() + 1 >= end)
+                    {
+                        ends.remove(&m.partition());
+                    }
+                }
+                Some(Err(e)) => tracing::warn!(%topic, error = %e, "reading the membership topic"),
+                None if idle.elapsed() > REPLAY_IDLE => {
+                    return Err(format!(
+                        "reading {topic}: nothing for {REPLAY_IDLE:?} before its end offsets"
+                    ))
+                }
+                None => {}
+            }
+        }
+        Ok(())
     }
 }
 
@@ -387,6 +542,13 @@ impl Producer for Memory {
             0 => Ok(()),
             n => Err(format!("{n} records held")),
         }
+    }
+
+    fn replay(&self, topic: &str, apply: &mut Apply<'_>) -> Result<(), String> {
+        for r in self.log().iter().filter(|r| r.topic == topic) {
+            apply(r.key.as_bytes(), (!r.tombstone).then_some(&r.value[..]));
+        }
+        Ok(())
     }
 
     fn purge(&self) {

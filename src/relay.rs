@@ -25,6 +25,7 @@ use crate::channel::{Channel, Scope};
 use crate::checkpoint::{self, CheckpointError, Saved, Store};
 use crate::config::{Config, RELEASE_RESERVE};
 use crate::leader::Elector;
+use crate::membership::{self, Restored};
 use crate::metrics::Metrics;
 use crate::producer::{self, Producer};
 use crate::registry::{Registry, Role};
@@ -196,6 +197,18 @@ impl Relay {
         } else {
             HashMap::new()
         };
+        let membership_topic = self
+            .checkpoints
+            .then(|| self.cfg.checkpoint.membership.topic(&self.cfg.cluster_name));
+        let members = match &membership_topic {
+            Some(topic) => {
+                let Some(restored) = self.restore(&producer, topic, &saved, &stop).await else {
+                    return Ok(());
+                };
+                restored
+            }
+            None => Restored::default(),
+        };
         let supervisor = Supervisor {
             wiring: Arc::new(Wiring {
                 cfg: self.cfg.clone(),
@@ -203,9 +216,11 @@ impl Relay {
                 producer: producer.clone(),
                 metrics: self.metrics.clone(),
                 fenced: fenced.clone(),
+                membership_topic,
             }),
             registry: self.registry.clone(),
             saved: Arc::new(Mutex::new(saved)),
+            members: Arc::new(Mutex::new(members)),
             tasks: TaskTracker::new(),
         };
         let streams_cancel = CancellationToken::new();
@@ -295,6 +310,81 @@ impl Relay {
     }
 }
 
+/// How long to wait before reading the membership topic again after a failure.
+const RESTORE_RETRY: Duration = Duration::from_secs(5);
+
+impl Relay {
+    /// Creates the membership topic if it is missing and reads every stream's members from it;
+    /// known-object sets an older version left in the checkpoint ConfigMap are adopted. Retries
+    /// until it succeeds; `None` when stopped first.
+    async fn restore(
+        &self,
+        producer: &Arc<dyn Producer>,
+        topic: &str,
+        saved: &HashMap<String, Saved>,
+        stop: &CancellationToken,
+    ) -> Option<Restored> {
+        let membership = &self.cfg.checkpoint.membership;
+        let (partitions, replication) = (
+            membership.partitions.unwrap_or(1),
+            membership.replication_factor,
+        );
+        'read: loop {
+            let started = std::time::Instant::now();
+            let (p, t) = (producer.clone(), topic.to_string());
+            let read = tokio::task::spawn_blocking(move || {
+                p.ensure_compacted(&t, partitions, replication)?;
+                let mut restored = Restored::default();
+                p.replay(&t, &mut |k, v| restored.apply(k, v))?;
+                Ok::<_, String>(restored)
+            });
+            let result = tokio::select! {
+                _ = stop.cancelled() => return None,
+                r = read => r.map_err(|e| e.to_string()).and_then(|r| r),
+            };
+            let mut restored = match result {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(%topic, error = %e, "reading the membership topic failed; retrying");
+                    tokio::select! {
+                        _ = stop.cancelled() => return None,
+                        _ = tokio::time::sleep(RESTORE_RETRY) => continue 'read,
+                    }
+                }
+            };
+            let seconds = started.elapsed().as_secs_f64();
+            self.metrics.membership_restore_seconds.set(seconds);
+            self.metrics
+                .membership_restored
+                .set(i64::try_from(restored.records).unwrap_or(i64::MAX));
+            tracing::info!(%topic, records = restored.records, members = restored.members(), malformed = restored.malformed, seconds, "restored membership");
+            let legacy: Vec<_> = saved
+                .iter()
+                .filter(|(id, s)| {
+                    s.known.is_some() && !restored.streams().any(|r| r == id.as_str())
+                })
+                .collect();
+            for (id, s) in legacy {
+                let known = s.known.as_ref().expect("filtered on a set");
+                match membership::adopt(producer.as_ref(), topic, id, known).await {
+                    Ok(members) => {
+                        tracing::info!(stream = %id, members = members.len(), "moved the known objects kept in the checkpoint ConfigMap to the membership topic");
+                        restored.insert(id, members);
+                    }
+                    Err(e) => {
+                        tracing::warn!(stream = %id, error = %e, "could not move known objects to the membership topic; retrying");
+                        tokio::select! {
+                            _ = stop.cancelled() => return None,
+                            _ = tokio::time::sleep(RESTORE_RETRY) => continue 'read,
+                        }
+                    }
+                }
+            }
+            return Some(restored);
+        }
+    }
+}
+
 /// Spawns streams and follows namespace selectors, within one term.
 #[derive(Clone)]
 struct Supervisor {
@@ -302,6 +392,9 @@ struct Supervisor {
     registry: Registry,
     /// Checkpoints loaded at the start of the term, taken by the first stream of each id.
     saved: Arc<Mutex<HashMap<String, Saved>>>,
+    /// Members read at the start of the term, taken by the first stream of each id; a stream
+    /// that returns later keeps its members in its outbox until it leaves.
+    members: Arc<Mutex<Restored>>,
     tasks: TaskTracker,
 }
 
@@ -329,6 +422,11 @@ impl Supervisor {
     ) -> Handle {
         let id = channel.stream_id(namespace.as_deref());
         let saved = self.saved.lock().expect("saved lock poisoned").remove(&id);
+        let members = self
+            .members
+            .lock()
+            .expect("members lock poisoned")
+            .take(&id);
         let reporter = self.registry.register(&id);
         let stop = parent.child_token();
         let leaving = CancellationToken::new();
@@ -338,6 +436,7 @@ impl Supervisor {
             &self.wiring,
             reporter,
             saved,
+            members,
             Lifetime {
                 stop: stop.clone(),
                 shutdown: parent.clone(),

@@ -33,8 +33,6 @@ pub struct StreamStatus {
     /// When it was acknowledged.
     pub acknowledged_at: Option<String>,
     pub age_seconds: Option<i64>,
-    /// Objects the stream knows (for deletions while it is down); absent when not saved.
-    pub known_objects: Option<usize>,
 }
 
 #[derive(Debug, Serialize)]
@@ -68,7 +66,6 @@ pub async fn read(client: kube::Client, cfg: &Config) -> Result<Status, kube::Er
             age_seconds: saved.at.as_deref().and_then(age),
             position: saved.rv,
             acknowledged_at: saved.at,
-            known_objects: saved.known.map(|k| k.len()),
         })
         .collect();
     streams.sort_by(|a, b| a.stream.cmp(&b.stream));
@@ -135,22 +132,15 @@ pub fn text(s: &Status) -> String {
         .max()
         .unwrap_or(6)
         .max(6);
-    let _ = writeln!(
-        out,
-        "{:width$}  {:>12}  {:>8}  {:>7}",
-        "STREAM", "POSITION", "AGE", "KNOWN"
-    );
+    let _ = writeln!(out, "{:width$}  {:>12}  {:>8}", "STREAM", "POSITION", "AGE");
     for st in &s.streams {
         let _ = writeln!(
             out,
-            "{:width$}  {:>12}  {:>8}  {:>7}",
+            "{:width$}  {:>12}  {:>8}",
             st.stream,
             opt(&st.position),
             st.age_seconds
                 .map(|a| format!("{a}s"))
-                .unwrap_or_else(|| "-".into()),
-            st.known_objects
-                .map(|k| k.to_string())
                 .unwrap_or_else(|| "-".into()),
         );
     }

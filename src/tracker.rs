@@ -1,15 +1,15 @@
-//! Ordered acknowledgement of one stream's events, and the set of objects the stream knows.
+//! Ordered acknowledgement of one stream's events.
 //!
 //! Kafka acknowledges records out of order (they go to different partitions), but a
 //! resourceVersion is a position in one totally ordered stream. The checkpoint is therefore the
 //! position of the longest *prefix* of events that Kafka has acknowledged: an event acked early
-//! waits until everything before it is acked too. The known-object set is advanced by the same
-//! prefix, so a persisted checkpoint and its known set always describe the same moment.
+//! waits until everything before it is acked too. A DELETED's object leaves the stream's
+//! membership by the same prefix (see [`Tracker::take_left`]).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 /// The compact identity the relay keeps per object to infer deletions after a 410.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Known {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -17,19 +17,13 @@ pub struct Known {
     pub rv: String,
 }
 
-/// How an event changes the known set once it is delivered.
+/// How an event changes the stream's membership.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
-    Upsert {
-        uid: String,
-        known: Known,
-    },
-    Remove {
-        uid: String,
-    },
-    /// The whole current state has been announced (a list or resync ended): from here on the
-    /// set holds every object, not only those seen since a resume without a saved set.
-    Complete,
+    /// The object is alive: it becomes a member before its event is sent.
+    Join { uid: String, known: Known },
+    /// The object is gone: it leaves once its DELETED is acknowledged.
+    Leave { uid: String },
 }
 
 #[derive(Debug)]
@@ -37,7 +31,8 @@ struct Entry {
     /// Stream position once this entry is delivered; `None` while listing, when no position
     /// exists until the list completes.
     rv: Option<String>,
-    change: Option<Change>,
+    /// The object that leaves the membership once this entry is delivered.
+    leaves: Option<String>,
     done: bool,
 }
 
@@ -49,28 +44,24 @@ pub struct Tracker {
     pending: VecDeque<Entry>,
     /// Position of the longest acknowledged prefix.
     checkpoint: Option<String>,
-    known: HashMap<String, Known>,
-    /// Whether `known` holds every object of the stream (see [`Change::Complete`]).
-    complete: bool,
+    /// Objects whose DELETED joined the acknowledged prefix, not yet taken.
+    left: Vec<String>,
 }
 
 impl Tracker {
-    /// A tracker resuming from a persisted checkpoint. Without a saved set (`None`) the set
-    /// starts empty and stays incomplete until the stream next announces its whole state.
-    pub fn resume(checkpoint: Option<String>, known: Option<HashMap<String, Known>>) -> Self {
+    /// A tracker resuming from a persisted checkpoint.
+    pub fn resume(checkpoint: Option<String>) -> Self {
         Self {
             checkpoint,
-            complete: known.is_some(),
-            known: known.unwrap_or_default(),
             ..Self::default()
         }
     }
 
     /// Registers an event awaiting delivery and returns its sequence number.
-    pub fn push(&mut self, rv: Option<String>, change: Option<Change>) -> u64 {
+    pub fn push(&mut self, rv: Option<String>, leaves: Option<String>) -> u64 {
         self.pending.push_back(Entry {
             rv,
-            change,
+            leaves,
             done: false,
         });
         self.base + self.pending.len() as u64 - 1
@@ -79,10 +70,10 @@ impl Tracker {
     /// Registers a position that needs no delivery (a bookmark, a filtered event): it becomes
     /// the checkpoint as soon as everything before it is delivered.
     /// Returns true when the checkpoint moved.
-    pub fn push_done(&mut self, rv: Option<String>, change: Option<Change>) -> bool {
+    pub fn push_done(&mut self, rv: Option<String>, leaves: Option<String>) -> bool {
         self.pending.push_back(Entry {
             rv,
-            change,
+            leaves,
             done: true,
         });
         self.advance()
@@ -106,18 +97,14 @@ impl Tracker {
             if let Some(rv) = e.rv {
                 self.checkpoint = Some(rv);
             }
-            match e.change {
-                Some(Change::Upsert { uid, known }) => {
-                    self.known.insert(uid, known);
-                }
-                Some(Change::Remove { uid }) => {
-                    self.known.remove(&uid);
-                }
-                Some(Change::Complete) => self.complete = true,
-                None => {}
-            }
+            self.left.extend(e.leaves);
         }
         before != self.checkpoint
+    }
+
+    /// The objects whose DELETED joined the acknowledged prefix since the last call.
+    pub fn take_left(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.left)
     }
 
     /// Whether `seq` awaits acknowledgement (not yet acknowledged, nor forgotten by a reset).
@@ -136,15 +123,6 @@ impl Tracker {
         self.checkpoint.as_deref()
     }
 
-    pub fn known(&self) -> &HashMap<String, Known> {
-        &self.known
-    }
-
-    /// The known set, when it holds every object at the checkpoint; what is worth persisting.
-    pub fn complete_known(&self) -> Option<&HashMap<String, Known>> {
-        self.complete.then_some(&self.known)
-    }
-
     /// Forgets everything not yet delivered; used when a delivery failed for good and the stream
     /// goes back to its checkpoint. Late acks of the forgotten entries are ignored.
     pub fn reset(&mut self) {
@@ -157,38 +135,25 @@ impl Tracker {
 mod tests {
     use super::*;
 
-    fn up(uid: &str, rv: &str) -> Option<Change> {
-        Some(Change::Upsert {
-            uid: uid.into(),
-            known: Known {
-                name: uid.into(),
-                namespace: None,
-                rv: rv.into(),
-            },
-        })
-    }
-
     #[test]
     fn checkpoint_is_the_longest_acknowledged_prefix() {
         let mut t = Tracker::default();
-        let a = t.push(Some("1".into()), up("a", "1"));
-        let b = t.push(Some("2".into()), up("b", "2"));
-        let c = t.push(Some("3".into()), up("c", "3"));
+        let a = t.push(Some("1".into()), None);
+        let b = t.push(Some("2".into()), None);
+        let c = t.push(Some("3".into()), None);
         assert!(!t.ack(c));
         assert_eq!(t.checkpoint(), None);
-        assert!(t.known().is_empty());
         assert!(t.ack(a));
         assert_eq!(t.checkpoint(), Some("1"));
         assert!(t.ack(b));
         assert_eq!(t.checkpoint(), Some("3"));
-        assert_eq!(t.known().len(), 3);
         assert_eq!(t.in_flight(), 0);
     }
 
     #[test]
     fn positions_without_delivery_wait_their_turn() {
         let mut t = Tracker::default();
-        let a = t.push(Some("5".into()), up("a", "5"));
+        let a = t.push(Some("5".into()), None);
         t.push_done(Some("9".into()), None);
         assert_eq!(t.checkpoint(), None);
         t.ack(a);
@@ -197,30 +162,29 @@ mod tests {
 
     #[test]
     fn list_entries_have_no_position_until_the_list_ends() {
-        let mut t = Tracker::resume(Some("100".into()), None);
-        let a = t.push(None, up("a", "90"));
+        let mut t = Tracker::resume(Some("100".into()));
+        let a = t.push(None, None);
         t.ack(a);
         assert_eq!(t.checkpoint(), Some("100"));
-        assert_eq!(t.complete_known(), None, "resumed without a saved set");
-        t.push_done(Some("120".into()), Some(Change::Complete));
+        t.push_done(Some("120".into()), None);
         assert_eq!(t.checkpoint(), Some("120"));
-        assert_eq!(t.complete_known().map(HashMap::len), Some(1));
     }
 
     #[test]
-    fn removals_apply_in_order_and_reset_forgets_pending() {
+    fn objects_leave_in_order_and_reset_forgets_pending() {
         let mut t = Tracker::default();
-        let a = t.push(Some("1".into()), up("a", "1"));
-        let d = t.push(Some("2".into()), Some(Change::Remove { uid: "a".into() }));
-        t.ack(a);
-        assert!(t.known().contains_key("a"));
+        let a = t.push(Some("1".into()), None);
+        let d = t.push(Some("2".into()), Some("a".into()));
         t.ack(d);
-        assert!(!t.known().contains_key("a"));
-        let e = t.push(Some("3".into()), up("e", "3"));
+        assert!(t.take_left().is_empty(), "behind an unacknowledged entry");
+        t.ack(a);
+        assert_eq!(t.take_left(), ["a"]);
+        let e = t.push(Some("3".into()), Some("e".into()));
         assert!(t.is_pending(e));
         t.reset();
         assert!(!t.is_pending(e));
         assert!(!t.ack(e));
+        assert!(t.take_left().is_empty());
         assert_eq!(t.checkpoint(), Some("2"));
         assert_eq!(t.in_flight(), 0);
     }

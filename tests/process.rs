@@ -42,10 +42,11 @@ async fn sigkill_and_restart_lose_nothing_and_sigterm_drains() {
         format!(
             "clusterName: test\nkubernetes:\n  kubeconfig: {}\n  backoffInitialMs: 20\n  backoffMaxMs: 300\n\
              kafka:\n  bootstrapServers: {}\n  oversize: trim\n\
-             checkpoint:\n  namespace: {CHECKPOINT_NS}\n  intervalMs: 100\nhttp:\n  listen: \"127.0.0.1:0\"\n\
+             checkpoint:\n  namespace: {CHECKPOINT_NS}\n  intervalMs: 100\n  membership:\n    topic: {}\nhttp:\n  listen: \"127.0.0.1:0\"\n\
              channels:\n  - operationId: watchNamespacedPods\n    namespaces: [a]\n    topic: {topic}\n",
             kubeconfig.display(),
-            bed.bootstrap
+            bed.bootstrap,
+            bed.membership
         ),
     )
     .unwrap();

@@ -40,6 +40,15 @@ fn start(bed: &Bed, cfg: Config, producer: &Arc<Memory>) -> Relay {
     Relay::start_with(bed, cfg, Some(producer.clone() as Arc<dyn Producer>))
 }
 
+/// The records a consumer of the channel's topics reads: everything but the membership topic.
+fn events(producer: &Memory) -> Vec<Record> {
+    producer
+        .log()
+        .into_iter()
+        .filter(|r| !r.topic.starts_with("membership-"))
+        .collect()
+}
+
 fn json(r: &Record) -> serde_json::Value {
     serde_json::from_slice(&r.value).expect("records are JSON")
 }
@@ -115,7 +124,7 @@ async fn list_watch_gone_resync(watch_list: bool) {
     create(&bed, ["live".to_string()]);
     bed.sim.delete("pods", Some("a"), "p0").unwrap();
     wait_covered(&bed).await;
-    assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
+    assert_eq!(consumer_view(&events(&producer)), cluster_view(&bed));
     relay.stop().await;
 
     // While the relay is down: deletions, a change, a creation; then the history is compacted,
@@ -140,7 +149,7 @@ async fn list_watch_gone_resync(watch_list: bool) {
     wait_covered(&bed).await;
     relay.stop().await;
 
-    let log = producer.log();
+    let log = events(&producer);
     assert_eq!(consumer_view(&log), cluster_view(&bed));
     let mut inferred: Vec<String> = log
         .iter()
@@ -205,7 +214,7 @@ async fn running() -> (Bed, Arc<Memory>, Relay) {
 
 /// What a consumer holds after applying every delivered record is what the cluster holds.
 fn assert_converged(bed: &Bed, producer: &Memory) {
-    assert_eq!(consumer_view(&producer.log()), cluster_view(bed));
+    assert_eq!(consumer_view(&events(producer)), cluster_view(bed));
 }
 
 /// Waits until the producer holds `n` records.
@@ -269,7 +278,7 @@ async fn oversize_records_become_references_in_their_place() {
     create(&bed, ["small".to_string()]);
     wait_covered(&bed).await;
     relay.stop().await;
-    let log = producer.log();
+    let log = events(&producer);
     let truncated: BTreeMap<String, u64> = log
         .iter()
         .filter_map(|r| {
@@ -311,7 +320,7 @@ async fn a_clean_stop_drains_so_the_final_checkpoint_covers_everything() {
     producer.release(Order::Shuffled(7));
     stopping.await.unwrap();
     assert!(bed.checkpoint_rv(STREAM).unwrap() >= last_pod_rv(&bed));
-    assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
+    assert_eq!(consumer_view(&events(&producer)), cluster_view(&bed));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -332,7 +341,7 @@ async fn a_requested_resync_reannounces_and_the_request_is_cleared() {
         .unwrap();
     relay.wait_counter("resyncs_total", STREAM, 1).await;
     let marked = || {
-        producer.log().iter().any(|r| {
+        events(&producer).iter().any(|r| {
             json(r)["object"]["metadata"]["annotations"]["watchrelay.io/resync-end"] == "true"
         })
     };
@@ -347,7 +356,7 @@ async fn a_requested_resync_reannounces_and_the_request_is_cleared() {
         .unwrap();
     assert!(cm["metadata"]["annotations"]["watchrelay.io/resync"].is_null());
     relay.stop().await;
-    let log = producer.log();
+    let log = events(&producer);
     let reannounced = log
         .iter()
         .filter(|r| json(r)["watchrelay"]["resync"] == true && json(r)["type"] == "ADDED")
@@ -427,7 +436,7 @@ async fn a_deposed_leader_purges_its_queue_and_checkpoints_nothing_more() {
     // The queue is purged: none of it is ever delivered, and nothing is checkpointed after.
     wait_held(&producer, 0).await;
     let delivered = |log: &[Record]| log.iter().filter(|r| r.key.starts_with("a/p")).count();
-    assert_eq!(delivered(&producer.log()), 0);
+    assert_eq!(delivered(&events(&producer)), 0);
     assert_eq!(bed.checkpoint_rv(STREAM), before);
     // Once it leads again it replays from its checkpoint: nothing is lost.
     producer.hold(false);
@@ -460,7 +469,7 @@ async fn a_batch_refused_for_size_is_retried_record_by_record() {
     producer.release(Order::Sent);
     wait_covered(&bed).await;
     relay.stop().await;
-    let log = producer.log();
+    let log = events(&producer);
     let truncated: Vec<&str> = log
         .iter()
         .filter(|r| json(r)["watchrelay"]["truncatedBytes"].is_u64())
@@ -507,12 +516,12 @@ async fn secrets_applied_with_kubectl_leave_no_data_on_any_channel() {
     let relay = start(&bed, cfg, &producer);
     relay.wait_up(2).await;
     eventually(
-        || producer.log().len() >= 2,
+        || events(&producer).len() >= 2,
         || "the Secret was not published on both channels".into(),
     )
     .await;
     relay.stop().await;
-    for r in producer.log() {
+    for r in events(&producer) {
         let text = String::from_utf8_lossy(&r.value);
         assert!(
             !text.contains("hunter2") && !text.contains("c2VjcmV0LXRva2Vu"),
@@ -565,7 +574,7 @@ async fn a_stop_with_records_kafka_never_acknowledges_ends_within_its_budget() {
     // They never land: only the replay of the next start can deliver them.
     producer.purge();
     producer.hold(false);
-    assert!(producer.log().iter().all(|r| !r.key.starts_with("a/p")));
+    assert!(events(&producer).iter().all(|r| !r.key.starts_with("a/p")));
     let relay = start(&bed, config(&bed, ""), &producer);
     wait_covered(&bed).await;
     relay.stop().await;
@@ -590,7 +599,7 @@ async fn recreated_under_the_same_name_while_down(watch_list: bool) {
     relay.stop().await;
     // The old uid's DELETED comes before the new uid's ADDED on that key: the consumer ends
     // holding the new object.
-    let log = producer.log();
+    let log = events(&producer);
     assert_eq!(consumer_view(&log), cluster_view(&bed));
     let p1: Vec<(String, String)> = log
         .iter()
@@ -650,7 +659,7 @@ async fn a_position_ahead_of_the_server_leads_to_a_relist_not_endless_retries() 
     wait_covered(&bed).await;
     relay.stop().await;
     assert!(bed.checkpoint_rv(STREAM).unwrap() <= bed.sim.current_rv());
-    assert_eq!(consumer_view(&producer.log()), cluster_view(&bed));
+    assert_eq!(consumer_view(&events(&producer)), cluster_view(&bed));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -675,22 +684,21 @@ async fn a_changed_selector_reconciles_instead_of_resuming_another_querys_positi
     relay.wait_up(1).await;
     eventually(
         || {
-            consumer_view(&producer.log())
+            consumer_view(&events(&producer))
                 .keys()
                 .all(|k| k.starts_with("a/d"))
         },
-        || format!("{:?}", consumer_view(&producer.log())),
+        || format!("{:?}", consumer_view(&events(&producer))),
     )
     .await;
     wait_covered(&bed).await;
     relay.stop().await;
-    let view = consumer_view(&producer.log());
+    let view = consumer_view(&events(&producer));
     assert_eq!(
         view.keys().map(String::as_str).collect::<Vec<_>>(),
         ["a/d0", "a/d1"]
     );
-    let inferred = producer
-        .log()
+    let inferred = events(&producer)
         .iter()
         .filter(|r| json(r)["watchrelay"]["synthetic"] == true)
         .count();
@@ -720,18 +728,17 @@ async fn a_namespace_leaving_the_selector_deletes_what_its_stream_announced() {
     let relay = start(&bed, cfg, &producer);
     relay.wait_up(1).await;
     wait_covered(&bed).await;
-    assert_eq!(consumer_view(&producer.log()).len(), 3);
+    assert_eq!(consumer_view(&events(&producer)).len(), 3);
     // The namespace stops matching: its objects leave the consumer's view, flagged as inferred.
     label(serde_json::Value::Null);
     eventually(
-        || consumer_view(&producer.log()).is_empty(),
-        || format!("still held: {:?}", consumer_view(&producer.log())),
+        || consumer_view(&events(&producer)).is_empty(),
+        || format!("still held: {:?}", consumer_view(&events(&producer))),
     )
     .await;
     bed.wait_checkpoint(|c| !c.contains_key(STREAM)).await;
     relay.stop().await;
-    let deletes: Vec<serde_json::Value> = producer
-        .log()
+    let deletes: Vec<serde_json::Value> = events(&producer)
         .iter()
         .map(json)
         .filter(|v| v["type"] == "DELETED")
@@ -760,7 +767,7 @@ async fn with_tombstones_a_compacted_topic_holds_exactly_the_live_objects() {
         .await;
     wait_covered(&bed).await;
     relay.stop().await;
-    let log = producer.log();
+    let log = events(&producer);
     // Each DELETED is followed by a tombstone on its key.
     for (i, r) in log.iter().enumerate() {
         if !r.tombstone && json(r)["type"] == "DELETED" {

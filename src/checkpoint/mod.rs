@@ -1,14 +1,17 @@
 //! Stream positions in one ConfigMap.
 //!
 //! Each stream owns one key (`<channel>.<namespace>`, or `<channel>._all` for a cluster-wide
-//! stream). `data[key]` holds the resourceVersion of its longest acknowledged prefix as JSON
-//! (`{"rv":"4711"}`, readable with kubectl); `binaryData[key]` holds the known-object set at that
-//! same position as zstd-compressed JSON, about a third of its plain size. One update writes
-//! both, so they always describe the same moment; the set also carries its resourceVersion, and
-//! one that does not match the position (left by an older version of the relay) is not used.
-//! Writes are debounced, use optimistic concurrency (the ConfigMap's own resourceVersion) and are
-//! retried on 409 Conflict after re-reading.
-
+//! stream) in `data`: the resourceVersion of its longest acknowledged prefix, when Kafka had
+//! acknowledged it and the fingerprint of the query it belongs to, as JSON
+//! (`{"rv":"4711","at":"…","query":"…"}`, readable with kubectl). That is a hundred bytes or so
+//! per stream however many objects it follows: which objects each stream announced lives in the
+//! membership topic (see [`crate::membership`]), not here. Writes are debounced, use optimistic
+//! concurrency (the ConfigMap's own resourceVersion) and are retried on 409 Conflict after
+//! re-reading.
+//!
+//! Older versions kept known-object sets in the ConfigMap (inline in `data`, later zstd JSON in
+//! `binaryData`). They are still read, once, so the relay can move them to the membership
+//! topic; the first write removes them.
 //!
 //! This module is the format; [`Store`] reads and writes the ConfigMap and [`writer`] is the loop
 //! that writes what the streams publish.
@@ -16,7 +19,6 @@
 use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::ByteString;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -32,20 +34,17 @@ pub use store::Store;
 /// it once it has asked them.
 pub const RESYNC_ANNOTATION: &str = "watchrelay.io/resync";
 
-/// ConfigMaps are limited to 1 MiB (`data` and `binaryData` together); leave room for metadata.
+/// ConfigMaps are limited to 1 MiB; leave room for metadata.
 pub(crate) const BUDGET: usize = 900 * 1024;
 
-/// zstd level for known-object sets: the default, fast and already compact on identities.
-const ZSTD_LEVEL: i32 = 3;
-
-/// Decompressed sets larger than this are refused rather than allocated.
+/// Decompressed legacy sets larger than this are refused rather than allocated.
 const MAX_KNOWN_BYTES: u64 = 64 << 20;
 
 #[derive(Debug, Error)]
 pub enum CheckpointError {
     #[error("checkpoint ConfigMap {name}: {source}")]
     Api { name: String, source: kube::Error },
-    #[error("checkpoint ConfigMap {name}: the positions alone take {bytes} bytes, over the {budget}-byte budget; use fewer streams per ConfigMap")]
+    #[error("checkpoint ConfigMap {name}: the positions take {bytes} bytes, over the {budget}-byte budget; use fewer streams per ConfigMap")]
     TooLarge {
         name: String,
         bytes: usize,
@@ -57,7 +56,7 @@ pub enum CheckpointError {
     Conflict { name: String, attempts: u32 },
 }
 
-/// What one stream persisted: its acknowledged position and the objects known there.
+/// What one stream persisted: its acknowledged position.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 pub struct Saved {
     pub rv: Option<String>,
@@ -68,13 +67,13 @@ pub struct Saved {
     /// position is never resumed under another query. Absent in older entries.
     #[serde(default)]
     pub query: Option<String>,
-    /// Absent when the set did not fit; a resync then cannot infer deletions for that stream.
-    /// (Inline in `data` in the layout before `binaryData` was used; still read.)
+    /// A known-object set an older version kept here, to be moved to the membership topic.
+    /// Never written.
     #[serde(default)]
     pub known: Option<HashMap<String, Known>>,
 }
 
-/// The `data` part of a stream's checkpoint.
+/// The `data` entry of a stream's checkpoint.
 #[derive(Serialize)]
 struct Position<'a> {
     rv: Option<&'a str>,
@@ -84,47 +83,24 @@ struct Position<'a> {
     query: Option<&'a str>,
 }
 
-/// A known-object set as stored in `binaryData`, with the position it belongs to.
-#[derive(Serialize, Deserialize)]
-struct KnownAt<K> {
+/// A stream's checkpoint, encoded for the ConfigMap's `data`.
+pub fn encode(saved: &Saved) -> String {
+    serde_json::to_string(&Position {
+        rv: saved.rv.as_deref(),
+        at: saved.at.as_deref(),
+        query: saved.query.as_deref(),
+    })
+    .expect("plain strings serialize")
+}
+
+/// A legacy `binaryData` set, with the position it belonged to.
+#[derive(Deserialize)]
+struct KnownAt {
     rv: Option<String>,
-    known: K,
+    known: HashMap<String, Known>,
 }
 
-/// One stream's checkpoint, encoded for the ConfigMap.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Update {
-    /// For `data`.
-    pub position: String,
-    /// For `binaryData`: the compressed known-object set; `None` when the stream's set is
-    /// incomplete, and any stored one is removed.
-    pub known: Option<Vec<u8>>,
-}
-
-impl Update {
-    pub fn encode(saved: &Saved) -> Self {
-        let known = saved.known.as_ref().map(|known| {
-            let json = serde_json::to_vec(&KnownAt {
-                rv: saved.rv.clone(),
-                known,
-            })
-            .expect("plain strings serialize");
-            zstd::bulk::compress(&json, ZSTD_LEVEL)
-                .expect("compressing into a growable buffer cannot fail")
-        });
-        Self {
-            position: serde_json::to_string(&Position {
-                rv: saved.rv.as_deref(),
-                at: saved.at.as_deref(),
-                query: saved.query.as_deref(),
-            })
-            .expect("plain strings serialize"),
-            known,
-        }
-    }
-}
-
-fn decode_known(bytes: &[u8]) -> Result<KnownAt<HashMap<String, Known>>, String> {
+fn decode_known(bytes: &[u8]) -> Result<KnownAt, String> {
     use std::io::Read;
     let mut json = Vec::new();
     zstd::stream::read::Decoder::new(bytes)
@@ -155,7 +131,7 @@ fn valid(s: &Saved) -> Result<(), String> {
 }
 
 /// The checkpoints a ConfigMap holds. An entry that cannot be read is left out (that stream
-/// starts over with a list); a known-object set that cannot be read is left out of its entry.
+/// starts over with a list); a legacy set that cannot be read is left out of its entry.
 pub fn read(cm: &ConfigMap) -> HashMap<String, Saved> {
     let mut out = HashMap::new();
     for (k, v) in cm.data.iter().flatten() {
@@ -173,12 +149,9 @@ pub fn read(cm: &ConfigMap) -> HashMap<String, Saved> {
         if let Some(bytes) = cm.binary_data.as_ref().and_then(|b| b.get(k)) {
             match decode_known(&bytes.0) {
                 Ok(at) if at.rv == saved.rv => saved.known = Some(at.known),
-                // Another position's set: an older relay wrote `data` since. What `data` holds
-                // (an inline set, or none) stands.
                 Ok(_) => {}
                 Err(e) => {
-                    tracing::warn!(key = %k, error = %e, "ignoring an unreadable known-object set");
-                    saved.known = None;
+                    tracing::warn!(key = %k, error = %e, "ignoring an unreadable legacy known-object set");
                 }
             }
         }
@@ -187,157 +160,39 @@ pub fn read(cm: &ConfigMap) -> HashMap<String, Saved> {
     out
 }
 
-/// Rewrites entries of the older layout (a set inline in `data`) as position and `binaryData`.
-/// Only entries that mention a set are parsed: after the first write there are none.
-pub(crate) fn migrate_inline(
-    data: &mut BTreeMap<String, String>,
-    binary: &mut BTreeMap<String, ByteString>,
-) {
-    for (k, v) in data.iter_mut().filter(|(_, v)| v.contains("\"known\"")) {
-        let Ok(saved) = serde_json::from_str::<Saved>(v) else {
-            continue;
-        };
-        let u = Update::encode(&saved);
-        *v = u.position;
-        if let Some(known) = u.known {
-            binary.insert(k.clone(), ByteString(known));
-        }
-    }
-}
-
-/// Leaves out the largest known-object sets, of any stream, until the ConfigMap fits its budget.
-/// Returns the keys whose set was left out, or the size when positions alone exceed it.
-pub(crate) fn fit(
-    data: &BTreeMap<String, String>,
-    binary: &mut BTreeMap<String, ByteString>,
-) -> Result<Vec<String>, usize> {
-    let mut size: usize = data.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
-        + binary
-            .iter()
-            .map(|(k, v)| k.len() + v.0.len())
-            .sum::<usize>();
-    let mut dropped = Vec::new();
-    while size > BUDGET {
-        let Some((k, len)) = binary
-            .iter()
-            .map(|(k, v)| (k.clone(), k.len() + v.0.len()))
-            .max_by_key(|(_, len)| *len)
-        else {
-            return Err(size);
-        };
-        binary.remove(&k);
-        size -= len;
-        dropped.push(k);
-    }
-    Ok(dropped)
+/// The bytes `data` takes.
+pub(crate) fn size(data: &BTreeMap<String, String>) -> usize {
+    data.iter().map(|(k, v)| k.len() + v.len()).sum()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tracker::{Change, Tracker};
-
-    /// What a stream that announced `objects` objects and completed its list saves.
-    fn stream_with(id: &str, objects: usize) -> Saved {
-        let mut t = Tracker::default();
-        {
-            // Random-looking uids, as real ones are: they are what compression cannot shrink.
-            let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ id.len() as u64;
-            for i in 0..objects {
-                let mut uid = String::new();
-                for _ in 0..2 {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    uid.push_str(&format!("{x:016x}"));
-                }
-                t.push_done(
-                    Some(i.to_string()),
-                    Some(Change::Upsert {
-                        uid,
-                        known: Known {
-                            name: format!("web-{}", x % 100_000),
-                            namespace: Some("ns".into()),
-                            rv: i.to_string(),
-                        },
-                    }),
-                );
-            }
-            t.push_done(Some(objects.to_string()), Some(Change::Complete));
-        }
-        Saved {
-            rv: t.checkpoint().map(str::to_string),
-            at: None,
-            query: None,
-            known: t.complete_known().cloned(),
-        }
-    }
+    use k8s_openapi::ByteString;
 
     #[test]
-    fn known_sets_are_compressed_and_the_largest_left_out_when_they_do_not_fit() {
-        let big = stream_with("big", 20_000);
-        let small = stream_with("small", 10);
-        let (big_u, small_u) = (Update::encode(&big), Update::encode(&small));
-        let plain = serde_json::to_vec(big.known.as_ref().unwrap())
-            .unwrap()
-            .len();
-        let packed = big_u.known.clone().unwrap();
-        assert!(
-            packed.len() * 2 < plain,
-            "compressed {} of {plain} bytes",
-            packed.len()
-        );
-        let mut data = BTreeMap::new();
-        let mut binary = BTreeMap::new();
-        for (k, u) in [("big", &big_u), ("small", &small_u), ("big2", &big_u)] {
-            data.insert(k.to_string(), u.position.clone());
-            binary.insert(k.to_string(), ByteString(u.known.clone().unwrap()));
-        }
-        // Two copies of the big set cannot fit; the largest goes first, positions stay.
-        let dropped = fit(&data, &mut binary).unwrap();
-        assert_eq!(dropped.len(), 1, "{dropped:?}");
-        assert!(dropped[0].starts_with("big"));
-        let saved = read(&ConfigMap {
-            data: Some(data),
-            binary_data: Some(binary),
-            ..Default::default()
-        });
-        assert_eq!(saved.len(), 3);
-        assert!(saved[&dropped[0]].known.is_none() && saved[&dropped[0]].rv.is_some());
-        assert_eq!(saved["small"].known.as_ref().unwrap().len(), 10);
-    }
-
-    #[test]
-    fn an_incomplete_set_is_not_persisted_and_a_mismatched_one_not_used() {
-        // Resumed from a checkpoint whose set had been left out: only what it saw since.
-        let st = Saved {
-            rv: Some("5".into()),
-            at: None,
-            query: None,
-            known: None,
+    fn a_position_is_small_and_round_trips() {
+        let saved = Saved {
+            rv: Some("4711".into()),
+            at: Some("2026-01-01T00:00:00Z".into()),
+            query: Some("q1".into()),
+            known: Some(HashMap::from([("u".into(), Known::default())])),
         };
-        let u = Update::encode(&st);
-        assert_eq!(u.known, None);
-        let data = BTreeMap::from([("s".to_string(), u.position)]);
-        let mut binary = BTreeMap::from([(
-            "s".to_string(),
-            ByteString(Update::encode(&stream_with("other", 3)).known.unwrap()),
-        )]);
-        assert_eq!(fit(&data, &mut binary), Ok(vec![]));
-        // The stored set belongs to rv 3, the position is rv 5: it is not used.
-        let saved = read(&ConfigMap {
-            data: Some(data),
-            binary_data: Some(binary),
+        let entry = encode(&saved);
+        assert_eq!(
+            entry, r#"{"rv":"4711","at":"2026-01-01T00:00:00Z","query":"q1"}"#,
+            "no set is ever written"
+        );
+        let read = read(&ConfigMap {
+            data: Some(BTreeMap::from([("s".to_string(), entry)])),
             ..Default::default()
         });
-        assert_eq!(saved["s"].rv.as_deref(), Some("5"));
-        assert!(saved["s"].known.is_none());
         assert_eq!(
-            fit(
-                &BTreeMap::from([("p".repeat(BUDGET + 1), String::new())]),
-                &mut BTreeMap::new()
-            ),
-            Err(BUDGET + 1)
+            read["s"],
+            Saved {
+                known: None,
+                ..saved
+            }
         );
     }
 
@@ -370,26 +225,32 @@ mod tests {
     }
 
     #[test]
-    fn reads_the_older_inline_layout() {
+    fn legacy_sets_are_read_for_adoption_inline_or_compressed() {
+        let compressed = |rv: &str| {
+            let json = format!(r#"{{"rv":"{rv}","known":{{"b":{{"name":"m","rv":"8"}}}}}}"#);
+            ByteString(zstd::bulk::compress(json.as_bytes(), 3).unwrap())
+        };
         let cm = ConfigMap {
-            data: Some(BTreeMap::from([(
-                "s".to_string(),
-                r#"{"rv":"7","known":{"u":{"name":"n","rv":"7"}}}"#.to_string(),
-            )])),
+            data: Some(BTreeMap::from([
+                (
+                    "inline".to_string(),
+                    r#"{"rv":"7","known":{"u":{"name":"n","rv":"7"}}}"#.to_string(),
+                ),
+                ("packed".to_string(), r#"{"rv":"8"}"#.to_string()),
+                ("stale".to_string(), r#"{"rv":"9"}"#.to_string()),
+            ])),
+            binary_data: Some(BTreeMap::from([
+                ("packed".to_string(), compressed("8")),
+                ("stale".to_string(), compressed("3")),
+            ])),
             ..Default::default()
         };
         let saved = read(&cm);
-        assert_eq!(saved["s"].rv.as_deref(), Some("7"));
-        assert_eq!(saved["s"].known.as_ref().unwrap()["u"].name, "n");
-        // The next write moves it to the new layout.
-        let (mut data, mut binary) = (cm.data.unwrap(), BTreeMap::new());
-        migrate_inline(&mut data, &mut binary);
-        assert_eq!(data["s"], r#"{"rv":"7"}"#);
-        let saved = read(&ConfigMap {
-            data: Some(data),
-            binary_data: Some(binary),
-            ..Default::default()
-        });
-        assert_eq!(saved["s"].known.as_ref().unwrap()["u"].rv, "7");
+        assert_eq!(saved["inline"].known.as_ref().unwrap()["u"].name, "n");
+        assert_eq!(saved["packed"].known.as_ref().unwrap()["b"].name, "m");
+        assert!(
+            saved["stale"].known.is_none(),
+            "a set of another position is not used"
+        );
     }
 }

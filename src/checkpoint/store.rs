@@ -3,10 +3,9 @@
 use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::ByteString;
 use kube::api::{Api, ObjectMeta, PostParams};
 
-use super::{fit, migrate_inline, read, CheckpointError, Saved, Update, BUDGET, RESYNC_ANNOTATION};
+use super::{read, size, CheckpointError, Saved, BUDGET, RESYNC_ANNOTATION};
 
 pub struct Store {
     api: Api<ConfigMap>,
@@ -85,12 +84,11 @@ impl Store {
     }
 
     /// Applies `updates` (None deletes a stream's entry) on top of whatever the ConfigMap holds
-    /// now, leaving out the largest known-object sets when it would not fit. Returns the keys
-    /// whose set was left out.
+    /// now, and removes the known-object sets older versions kept. Returns the bytes written.
     pub async fn write(
         &self,
-        updates: &BTreeMap<String, Option<Update>>,
-    ) -> Result<Vec<String>, CheckpointError> {
+        updates: &BTreeMap<String, Option<String>>,
+    ) -> Result<usize, CheckpointError> {
         const ATTEMPTS: u32 = 5;
         for _ in 0..ATTEMPTS {
             let current = self
@@ -108,28 +106,21 @@ impl Store {
                 ..Default::default()
             });
             let data = cm.data.get_or_insert_with(Default::default);
-            let binary = cm.binary_data.get_or_insert_with(Default::default);
             for (k, u) in updates {
                 match u {
-                    Some(u) => {
-                        data.insert(k.clone(), u.position.clone());
-                        match &u.known {
-                            Some(known) => binary.insert(k.clone(), ByteString(known.clone())),
-                            None => binary.remove(k),
-                        };
-                    }
-                    None => {
-                        data.remove(k);
-                        binary.remove(k);
-                    }
-                }
+                    Some(position) => data.insert(k.clone(), position.clone()),
+                    None => data.remove(k),
+                };
             }
-            migrate_inline(data, binary);
-            let dropped = fit(data, binary).map_err(|bytes| CheckpointError::TooLarge {
-                name: self.name.clone(),
-                bytes,
-                budget: BUDGET,
-            })?;
+            let bytes = size(data);
+            if bytes > BUDGET {
+                return Err(CheckpointError::TooLarge {
+                    name: self.name.clone(),
+                    bytes,
+                    budget: BUDGET,
+                });
+            }
+            cm.binary_data = None;
             let result = if exists {
                 self.api
                     .replace(&self.name, &PostParams::default(), &cm)
@@ -138,7 +129,10 @@ impl Store {
                 self.api.create(&PostParams::default(), &cm).await
             };
             match result {
-                Ok(_) => return Ok(dropped),
+                Ok(_) => {
+                    let written = serde_json::to_vec(&cm).map_or(0, |v| v.len());
+                    return Ok(written);
+                }
                 Err(kube::Error::Api(s)) if s.code == 409 => continue,
                 Err(e) => return Err(self.err(e)),
             }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{CheckpointError, Saved, Store, Update};
+use super::{CheckpointError, Saved, Store};
 use crate::config::CHECKPOINT_RESERVE;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
@@ -59,9 +59,9 @@ pub async fn run(
         }
         unwritten.extend(registry.take_checkpoints());
         if !unwritten.is_empty() {
-            let updates: BTreeMap<String, Option<Update>> = unwritten
+            let updates: BTreeMap<String, Option<String>> = unwritten
                 .iter()
-                .map(|(id, saved)| (id.clone(), saved.as_deref().map(Update::encode)))
+                .map(|(id, saved)| (id.clone(), saved.as_deref().map(super::encode)))
                 .collect();
             // The final write has its reserve of the shutdown budget; others a bound of their own.
             let bound = if last {
@@ -73,17 +73,11 @@ pub async fn run(
                 .await
                 .unwrap_or_else(|_| Err(CheckpointError::TimedOut(bound)));
             match written {
-                Ok(dropped) => {
+                Ok(bytes) => {
                     unwritten.clear();
                     metrics.checkpoint_writes.with_label_values(&["ok"]).inc();
+                    metrics.checkpoint_bytes.inc_by(bytes as u64);
                     metrics.checkpoint_written.set(crate::metrics::unix_now());
-                    for id in &dropped {
-                        metrics
-                            .checkpoint_known_dropped
-                            .with_label_values(&[id])
-                            .inc();
-                        tracing::warn!(stream = %id, "known-object set too large for the checkpoint ConfigMap; deletions during a future outage cannot be inferred for this stream");
-                    }
                 }
                 Err(e) => {
                     metrics

@@ -26,6 +26,7 @@ use crate::decode::{ObjectMeta, Trim};
 use crate::envelope::Route;
 use crate::event::EventType;
 use crate::kubeapi::{self, ApiError, Query, WatchFrom};
+use crate::membership::Members;
 use crate::metrics::Metrics;
 use crate::outbox::{Limits, Outbox, OutboxError};
 use crate::producer::Producer;
@@ -77,6 +78,8 @@ pub struct Wiring {
     pub metrics: Arc<Metrics>,
     /// Cancelled when this replica lost its Lease: stop without draining or checkpointing.
     pub fenced: CancellationToken,
+    /// The membership topic; `None` keeps members in memory only (a dry run).
+    pub membership_topic: Option<String>,
 }
 
 pub struct Stream {
@@ -117,6 +120,7 @@ impl Stream {
         wiring: &Wiring,
         reporter: Reporter,
         mut saved: Option<Saved>,
+        members: Members,
         lifetime: Lifetime,
     ) -> Self {
         let Lifetime {
@@ -156,6 +160,7 @@ impl Stream {
             oversize: cfg.kafka.oversize,
             dead_letter_topic: cfg.kafka.dead_letter_topic.clone(),
             tombstones: channel.tombstones,
+            membership_topic: wiring.membership_topic.clone(),
         };
         let outbox = Outbox::new(
             &id,
@@ -163,6 +168,7 @@ impl Stream {
             wiring.producer.clone(),
             limits,
             saved,
+            members,
             &metrics,
             shutdown,
         );
@@ -246,7 +252,7 @@ impl Stream {
                     // before the first position), a sync reconciles like a resync: known
                     // objects the new state lacks get their inferred DELETED.
                     let reason = match reason {
-                        Reason::Start if !self.outbox.known().is_empty() => Reason::Resync,
+                        Reason::Start if !self.outbox.members().is_empty() => Reason::Resync,
                         reason => reason,
                     };
                     let outcome = match via {
@@ -441,12 +447,7 @@ impl Stream {
     /// meanwhile, the rest is abandoned: the stream's entry stays and it resumes next time.
     async fn leave_scope(&mut self) {
         let rv = self.outbox.checkpoint().unwrap_or_default().to_string();
-        let known: Vec<_> = self
-            .outbox
-            .known()
-            .iter()
-            .map(|(u, k)| (u.clone(), k.clone()))
-            .collect();
+        let known: Vec<_> = self.outbox.members().iter().collect();
         tracing::info!(stream = %self.id, objects = known.len(), "left its scope: deleting what it announced");
         for (uid, k) in known {
             if let Err(why) = self.infer_delete(uid, k, &rv).await {
@@ -477,6 +478,7 @@ impl Stream {
             &self.metrics.stream_up,
             &self.metrics.in_flight,
             &self.metrics.last_event,
+            &self.metrics.members,
         ] {
             let _ = gauge.remove_label_values(&[&self.id]);
         }
@@ -485,7 +487,7 @@ impl Stream {
 }
 
 fn upsert(meta: &ObjectMeta) -> Option<Change> {
-    Some(Change::Upsert {
+    Some(Change::Join {
         uid: meta.uid.clone(),
         known: Known {
             name: meta.name.clone(),

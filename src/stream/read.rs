@@ -132,7 +132,10 @@ impl Stream {
                         .await
                         .map_err(|e| self.outbox_stop(e))?;
                 } else {
-                    self.outbox.pass(Some(rv), None);
+                    self.outbox
+                        .pass(Some(rv), None)
+                        .await
+                        .map_err(|e| self.outbox_stop(e))?;
                 }
                 Ok(None)
             }
@@ -141,7 +144,7 @@ impl Stream {
                     self.kind = ev.meta.kind.clone();
                 }
                 let change = if t == EventType::Deleted {
-                    Some(Change::Remove {
+                    Some(Change::Leave {
                         uid: ev.meta.uid.clone(),
                     })
                 } else {
@@ -181,8 +184,16 @@ impl Stream {
     ) -> Result<(), Stop> {
         if !self.channel.forwards(ev.event_type) {
             self.m.filtered.inc();
-            self.outbox.pass(position, change);
-            return Ok(());
+            // An object whose changes are filtered joins all the same when its deletion is
+            // forwarded, so a deletion missed while down is still announced.
+            let change = change.filter(|c| {
+                matches!(c, Change::Leave { .. }) || self.channel.forwards(EventType::Deleted)
+            });
+            return self
+                .outbox
+                .pass(position, change)
+                .await
+                .map_err(|e| self.outbox_stop(e));
         }
         let a = Announcement::change(ev.event_type, std::mem::take(&mut ev.meta), resync);
         self.outbox

@@ -9,6 +9,7 @@ use crate::decode::{self, ObjectMeta};
 use crate::envelope::{self, Announcement};
 use crate::event::EventType;
 use crate::kubeapi::{self, ApiError, WatchFrom};
+use crate::membership::Members;
 use crate::stream::machine::{Outcome, Reason, Stop};
 use crate::tracker::{Change, Known};
 
@@ -22,37 +23,40 @@ use crate::tracker::{Change, Known};
 pub(super) struct Announced {
     /// Uids of the new state.
     seen: HashSet<String>,
-    /// Known objects by namespace and name (a resync only).
-    by_name: HashMap<(Option<String>, String), String>,
+    /// Known objects by namespace and name (a resync only): more than one when a member too
+    /// many shares a live object's name.
+    by_name: HashMap<(Option<String>, String), Vec<String>>,
     /// Known uids already given their inferred DELETED because another uid took their name.
     replaced: HashSet<String>,
 }
 
 impl Announced {
     /// Bookkeeping for a sync: with `known` (a resync) replaced names are detected.
-    pub(super) fn new(known: Option<&HashMap<String, Known>>) -> Self {
-        let by_name = known
-            .into_iter()
-            .flatten()
-            .map(|(uid, k)| ((k.namespace.clone(), k.name.clone()), uid.clone()))
-            .collect();
+    pub(super) fn new(known: Option<&Members>) -> Self {
+        let mut by_name: HashMap<_, Vec<String>> = HashMap::new();
+        for (uid, k) in known.into_iter().flat_map(Members::iter) {
+            by_name.entry((k.namespace, k.name)).or_default().push(uid);
+        }
         Self {
             by_name,
             ..Self::default()
         }
     }
 
-    /// Records an object of the new state; returns the known uid it replaces, if any.
-    pub(super) fn add(&mut self, meta: &ObjectMeta) -> Option<String> {
+    /// Records an object of the new state; returns the known uids it replaces.
+    pub(super) fn add(&mut self, meta: &ObjectMeta) -> Vec<String> {
         self.seen.insert(meta.uid.clone());
         let name = (meta.namespace.clone(), meta.name.clone());
-        match self.by_name.get(&name) {
-            Some(old) if *old != meta.uid && !self.replaced.contains(old) => {
-                self.replaced.insert(old.clone());
-                Some(old.clone())
-            }
-            _ => None,
-        }
+        let Some(uids) = self.by_name.get(&name) else {
+            return Vec::new();
+        };
+        let replaced: Vec<String> = uids
+            .iter()
+            .filter(|old| **old != meta.uid && !self.replaced.contains(*old))
+            .cloned()
+            .collect();
+        self.replaced.extend(replaced.iter().cloned());
+        replaced
     }
 
     /// An object of the new state was deleted before the state ended.
@@ -74,7 +78,7 @@ impl Stream {
     /// Bookkeeping for a sync of `reason`.
     pub(super) fn announced(&self, reason: Reason) -> Announced {
         match reason {
-            Reason::Resync => Announced::new(Some(self.outbox.known())),
+            Reason::Resync => Announced::new(Some(self.outbox.members())),
             Reason::Start => Announced::new(None),
         }
     }
@@ -86,14 +90,15 @@ impl Stream {
         announced: &mut Announced,
         meta: &ObjectMeta,
     ) -> Result<(), Stop> {
-        let Some(old) = announced.add(meta) else {
-            return Ok(());
-        };
-        let Some(known) = self.outbox.known().get(&old).cloned() else {
-            return Ok(());
-        };
-        tracing::info!(stream = %self.id, name = %meta.name, old = %old, new = %meta.uid, "object recreated under its name while unseen; deleting the old one first");
-        self.infer_delete(old, known, &meta.resource_version).await
+        for old in announced.add(meta) {
+            let Some(known) = self.outbox.members().get(&old) else {
+                continue;
+            };
+            tracing::info!(stream = %self.id, name = %meta.name, old = %old, new = %meta.uid, "object recreated under its name while unseen; deleting the old one first");
+            self.infer_delete(old, known, &meta.resource_version)
+                .await?;
+        }
+        Ok(())
     }
 
     /// Publishes the inferred DELETED of a known object (or only forgets it, when DELETED is not
@@ -109,10 +114,13 @@ impl Stream {
             .await
             .map_err(|e| self.outbox_stop(e))?;
         self.m.synthetic_deletes.inc();
-        let change = Some(Change::Remove { uid: uid.clone() });
+        let change = Some(Change::Leave { uid: uid.clone() });
         if !self.channel.forwards(EventType::Deleted) {
-            self.outbox.pass(None, change);
-            return Ok(());
+            return self
+                .outbox
+                .pass(None, change)
+                .await
+                .map_err(|e| self.outbox_stop(e));
         }
         let meta = ObjectMeta {
             kind: self.kind.clone(),
@@ -251,16 +259,17 @@ impl Stream {
         list_rv: &str,
     ) -> Result<(), Stop> {
         if reason == Reason::Start {
-            self.outbox
-                .pass(Some(list_rv.to_string()), Some(Change::Complete));
-            return Ok(());
+            return self
+                .outbox
+                .pass(Some(list_rv.to_string()), None)
+                .await
+                .map_err(|e| self.outbox_stop(e));
         }
         let vanished: Vec<(String, Known)> = self
             .outbox
-            .known()
+            .members()
             .iter()
             .filter(|(uid, _)| announced.vanished(uid))
-            .map(|(u, k)| (u.clone(), k.clone()))
             .collect();
         for (uid, known) in vanished {
             self.infer_delete(uid, known, list_rv).await?;
@@ -278,13 +287,7 @@ impl Stream {
         );
         let a = Announcement::marker("resync-end", &self.id, ObjectMeta::default(), list_rv, true);
         self.outbox
-            .send(
-                a,
-                &object,
-                Instant::now(),
-                Some(list_rv.to_string()),
-                Some(Change::Complete),
-            )
+            .send(a, &object, Instant::now(), Some(list_rv.to_string()), None)
             .await
             .map_err(|e| self.outbox_stop(e))
     }

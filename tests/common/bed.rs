@@ -22,6 +22,8 @@ pub const CHECKPOINT_NAME: &str = "watchrelay-checkpoints";
 pub struct Bed {
     pub sim: Sim,
     pub bootstrap: String,
+    /// The membership topic of this bed's cluster: one per bed, as one per cluster.
+    pub membership: String,
 }
 
 impl Bed {
@@ -45,7 +47,11 @@ impl Bed {
             sim.create("namespaces", None, watchrelay_sim::objects::namespace(ns))
                 .expect("namespace");
         }
-        Self { sim, bootstrap }
+        Self {
+            sim,
+            bootstrap,
+            membership: kafka::unique("membership"),
+        }
     }
 
     /// A client of the simulator, built as the binary builds its own: the relay retries
@@ -68,11 +74,11 @@ impl Bed {
             "clusterName: test\n\
              kafka:\n  bootstrapServers: {}\n{oversize}  properties:\n    linger.ms: \"2\"\n{kafka_extra}\
              shutdownTimeoutSeconds: 13\n\
-             checkpoint:\n  namespace: {CHECKPOINT_NS}\n  intervalMs: 100\n\
+             checkpoint:\n  namespace: {CHECKPOINT_NS}\n  intervalMs: 100\n  membership:\n    topic: {}\n\
              kubernetes:\n  backoffInitialMs: 20\n  backoffMaxMs: 300\n  listPageSize: 7\n\
              http:\n  listen: \"\"\n\
              channels:\n{channels}",
-            self.bootstrap
+            self.bootstrap, self.membership
         );
         Config::parse(&yaml).unwrap_or_else(|e| panic!("test config invalid: {e}\n{yaml}"))
     }
@@ -86,6 +92,22 @@ impl Bed {
             return HashMap::new();
         };
         checkpoint::read(&serde_json::from_value(cm).expect("a ConfigMap"))
+    }
+
+    /// The members each stream has in the membership topic, read back through the broker.
+    pub async fn members(&self) -> watchrelay::membership::Restored {
+        let cfg = self.config("  - operationId: watchNodes\n", "");
+        let topic = self.membership.clone();
+        tokio::task::spawn_blocking(move || {
+            let kafka = watchrelay::producer::Kafka::new(&cfg.kafka).expect("a Kafka client");
+            let mut restored = watchrelay::membership::Restored::default();
+            kafka
+                .replay(&topic, &mut |k, v| restored.apply(k, v))
+                .expect("the membership topic reads back");
+            restored
+        })
+        .await
+        .unwrap()
     }
 
     pub fn checkpoint_rv(&self, stream: &str) -> Option<u64> {

@@ -1,0 +1,342 @@
+//! [`Members`]: one stream's known objects, compact enough for a million of them.
+//!
+//! Object identities are kept in one byte arena indexed by uid: a canonical (lowercase, hyphenated)
+//! UUID, which is what the API server assigns, is kept as its 16 bytes; any other uid is indexed
+//! by a 128-bit hash and kept whole in its entry. An entry is the object's name, namespace (a
+//! flag when it is the set's usual one) and resourceVersion, each length-prefixed. Removals leave
+//! garbage in the arena, reclaimed once it outweighs what is live.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use crate::tracker::Known;
+
+type Key = [u8; 16];
+
+/// Bytes of garbage tolerated before the arena is rewritten (and then only once it outweighs
+/// what is live).
+const RECLAIM_FLOOR: usize = 1 << 20;
+
+/// Entry flags.
+const OTHER_UID: u8 = 1;
+const USUAL_NAMESPACE: u8 = 2;
+const NO_NAMESPACE: u8 = 4;
+
+/// The set of objects a stream announced, by uid.
+#[derive(Default)]
+pub struct Members {
+    index: HashMap<Key, u32, BuildHasherDefault<KeyHasher>>,
+    arena: Vec<u8>,
+    /// Bytes of the arena no entry uses any more.
+    garbage: usize,
+    /// The namespace most entries share (a namespaced stream's), stored once.
+    usual_namespace: Option<Box<str>>,
+}
+
+impl std::fmt::Debug for Members {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Members").field("len", &self.len()).finish()
+    }
+}
+
+impl Members {
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    pub fn contains(&self, uid: &str) -> bool {
+        self.index.contains_key(&key(uid))
+    }
+
+    pub fn get(&self, uid: &str) -> Option<Known> {
+        self.index
+            .get(&key(uid))
+            .map(|&at| self.decode(key(uid), at).1)
+    }
+
+    /// Adds (or replaces) `uid`.
+    pub fn insert(&mut self, uid: &str, known: &Known) {
+        if self.usual_namespace.is_none() {
+            self.usual_namespace = known.namespace.as_deref().map(Box::from);
+        }
+        let at = u32::try_from(self.arena.len()).expect("a member arena under 4 GiB");
+        self.encode(uid, known);
+        if let Some(old) = self.index.insert(key(uid), at) {
+            self.garbage += entry_len(&self.arena, old as usize);
+            self.reclaim();
+        }
+    }
+
+    /// Removes `uid`; returns whether it was a member.
+    pub fn remove(&mut self, uid: &str) -> bool {
+        match self.index.remove(&key(uid)) {
+            Some(at) => {
+                self.garbage += entry_len(&self.arena, at as usize);
+                self.reclaim();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Every member, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (String, Known)> + '_ {
+        self.index.iter().map(|(k, &at)| self.decode(*k, at))
+    }
+
+    fn encode(&mut self, uid: &str, known: &Known) {
+        let canonical = parse_uuid(uid).is_some();
+        let namespace = known.namespace.as_deref();
+        let mut flags = if canonical { 0 } else { OTHER_UID };
+        match namespace {
+            None => flags |= NO_NAMESPACE,
+            Some(ns) if self.usual_namespace.as_deref() == Some(ns) => flags |= USUAL_NAMESPACE,
+            Some(_) => {}
+        }
+        self.arena.push(flags);
+        if !canonical {
+            push_str(&mut self.arena, uid);
+        }
+        if flags & (NO_NAMESPACE | USUAL_NAMESPACE) == 0 {
+            push_str(&mut self.arena, namespace.unwrap_or_default());
+        }
+        push_str(&mut self.arena, &known.name);
+        push_str(&mut self.arena, &known.rv);
+    }
+
+    fn decode(&self, key: Key, at: u32) -> (String, Known) {
+        let mut r = Reader {
+            bytes: &self.arena,
+            at: at as usize,
+        };
+        let flags = r.byte();
+        let uid = if flags & OTHER_UID != 0 {
+            r.str().to_string()
+        } else {
+            format_uuid(&key)
+        };
+        let namespace = if flags & NO_NAMESPACE != 0 {
+            None
+        } else if flags & USUAL_NAMESPACE != 0 {
+            self.usual_namespace.as_deref().map(str::to_string)
+        } else {
+            Some(r.str().to_string())
+        };
+        let name = r.str().to_string();
+        let rv = r.str().to_string();
+        (
+            uid,
+            Known {
+                name,
+                namespace,
+                rv,
+            },
+        )
+    }
+
+    /// Rewrites the arena once garbage outweighs what is live.
+    fn reclaim(&mut self) {
+        if self.garbage < RECLAIM_FLOOR || self.garbage * 2 < self.arena.len() {
+            return;
+        }
+        let mut arena = Vec::with_capacity(self.arena.len() - self.garbage);
+        for at in self.index.values_mut() {
+            let start = *at as usize;
+            let len = entry_len(&self.arena, start);
+            *at = u32::try_from(arena.len()).expect("a member arena under 4 GiB");
+            arena.extend_from_slice(&self.arena[start..start + len]);
+        }
+        self.arena = arena;
+        self.garbage = 0;
+    }
+}
+
+/// The length of the entry at `at`.
+fn entry_len(arena: &[u8], at: usize) -> usize {
+    let mut r = Reader { bytes: arena, at };
+    let flags = r.byte();
+    let fields = 2
+        + usize::from(flags & OTHER_UID != 0)
+        + usize::from(flags & (NO_NAMESPACE | USUAL_NAMESPACE) == 0);
+    for _ in 0..fields {
+        r.str();
+    }
+    r.at - at
+}
+
+fn push_str(arena: &mut Vec<u8>, s: &str) {
+    // Kubernetes names are at most 253 bytes; anything longer is cut at a character boundary.
+    let mut end = s.len().min(u16::MAX as usize);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    arena.extend_from_slice(&(end as u16).to_le_bytes());
+    arena.extend_from_slice(&s.as_bytes()[..end]);
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn byte(&mut self) -> u8 {
+        self.at += 1;
+        self.bytes[self.at - 1]
+    }
+
+    fn str(&mut self) -> &'a str {
+        let len = u16::from_le_bytes([self.bytes[self.at], self.bytes[self.at + 1]]) as usize;
+        self.at += 2 + len;
+        std::str::from_utf8(&self.bytes[self.at - len..self.at])
+            .expect("the arena holds what was written from strings")
+    }
+}
+
+/// The index key of a uid: a canonical UUID's 16 bytes, or a 128-bit hash of anything else.
+fn key(uid: &str) -> Key {
+    parse_uuid(uid).unwrap_or_else(|| {
+        let h = |seed: u64| {
+            uid.bytes().fold(seed, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+            })
+        };
+        let mut k = [0u8; 16];
+        k[..8].copy_from_slice(&h(0xcbf2_9ce4_8422_2325).to_le_bytes());
+        k[8..].copy_from_slice(&h(0x6c62_272e_07bb_0142).to_le_bytes());
+        k
+    })
+}
+
+/// The 16 bytes of a lowercase hyphenated UUID; `None` for any other spelling.
+fn parse_uuid(s: &str) -> Option<Key> {
+    let b = s.as_bytes();
+    if b.len() != 36 || [8, 13, 18, 23].iter().any(|&i| b[i] != b'-') {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    let mut digits = b.iter().filter(|&&c| c != b'-');
+    for byte in &mut out {
+        let hi = hex(*digits.next()?)?;
+        let lo = hex(*digits.next()?)?;
+        *byte = hi << 4 | lo;
+    }
+    Some(out)
+}
+
+fn hex(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    }
+}
+
+fn format_uuid(k: &Key) -> String {
+    let mut s = String::with_capacity(36);
+    for (i, b) in k.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            s.push('-');
+        }
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+/// Uids are random (or already hashed): their first eight bytes are hash enough.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(word))
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_usize(&mut self, _: usize) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn known(name: &str, ns: Option<&str>, rv: &str) -> Known {
+        Known {
+            name: name.into(),
+            namespace: ns.map(str::to_string),
+            rv: rv.into(),
+        }
+    }
+
+    #[test]
+    fn members_round_trip_whatever_their_uid_and_namespace() {
+        let mut m = Members::default();
+        let uuid = "0f1e2d3c-4b5a-4697-8877-66554433aa11";
+        m.insert(uuid, &known("web-1", Some("shop"), "17"));
+        m.insert("Not-A-UUID/x", &known("web-2", Some("shop"), "18"));
+        m.insert(
+            "0F1E2D3C-4B5A-4697-8877-66554433AA11",
+            &known("n", None, "1"),
+        );
+        m.insert("b", &known("web-3", Some("other"), "19"));
+        assert_eq!(m.len(), 4);
+        assert_eq!(m.get(uuid), Some(known("web-1", Some("shop"), "17")));
+        assert_eq!(
+            m.get("Not-A-UUID/x"),
+            Some(known("web-2", Some("shop"), "18"))
+        );
+        assert_eq!(
+            m.get("0F1E2D3C-4B5A-4697-8877-66554433AA11"),
+            Some(known("n", None, "1"))
+        );
+        assert_eq!(m.get("b"), Some(known("web-3", Some("other"), "19")));
+        let mut all: Vec<_> = m.iter().map(|(u, _)| u).collect();
+        all.sort();
+        assert_eq!(
+            all,
+            [
+                "0F1E2D3C-4B5A-4697-8877-66554433AA11",
+                uuid,
+                "Not-A-UUID/x",
+                "b"
+            ]
+        );
+        m.insert(uuid, &known("web-1", Some("shop"), "20"));
+        assert_eq!(m.get(uuid).unwrap().rv, "20");
+        assert!(m.remove(uuid) && !m.remove(uuid) && !m.contains(uuid));
+        assert_eq!(m.len(), 3);
+    }
+
+    #[test]
+    fn garbage_is_reclaimed_and_entries_survive_it() {
+        let mut m = Members::default();
+        let uid = |i: u32| format!("{i:08x}-0000-4000-8000-000000000000");
+        for round in 0..4 {
+            for i in 0..40_000 {
+                m.insert(
+                    &uid(i),
+                    &known(&format!("pod-{i}"), Some("ns"), &round.to_string()),
+                );
+            }
+            for i in (0..40_000).step_by(2) {
+                assert!(m.remove(&uid(i)));
+            }
+        }
+        assert_eq!(m.len(), 20_000);
+        // 2.4 MB were written; what stays is what is live plus at most the tolerated garbage.
+        assert!(m.arena.len() < 2 * RECLAIM_FLOOR, "{} bytes", m.arena.len());
+        assert_eq!(m.get(&uid(7)), Some(known("pod-7", Some("ns"), "3")));
+    }
+}
