@@ -154,11 +154,14 @@ pub async fn list_page(
     client: &kube::Client,
     path: &str,
     q: &Query<'_>,
-    limit: u32,
+    limit: Option<u32>,
     continue_token: Option<&str>,
 ) -> Result<ListPage, ApiError> {
-    let limit = limit.to_string();
-    let mut extra = vec![("limit", limit.as_str())];
+    let limit = limit.map(|l| l.to_string());
+    let mut extra = Vec::new();
+    if let Some(l) = &limit {
+        extra.push(("limit", l.as_str()));
+    }
     if let Some(c) = continue_token {
         extra.push(("continue", c));
     }
@@ -227,6 +230,10 @@ pub enum WatchFrom<'a> {
 }
 
 /// Opens a watch with bookmarks on.
+///
+/// A watch from a version ends after `timeout_seconds`. An initial-events watch carries no
+/// timeout of its own: however long the initial state takes to stream, it completes within the
+/// server's request limit (30 minutes or more), instead of being cut and restarted forever.
 pub async fn watch(
     client: &kube::Client,
     path: &str,
@@ -235,13 +242,12 @@ pub async fn watch(
     timeout_seconds: u32,
 ) -> Result<Watch, ApiError> {
     let timeout = timeout_seconds.to_string();
-    let mut extra = vec![
-        ("watch", "true"),
-        ("allowWatchBookmarks", "true"),
-        ("timeoutSeconds", timeout.as_str()),
-    ];
+    let mut extra = vec![("watch", "true"), ("allowWatchBookmarks", "true")];
     match from {
-        WatchFrom::Version(rv) => extra.push(("resourceVersion", rv)),
+        WatchFrom::Version(rv) => {
+            extra.push(("timeoutSeconds", timeout.as_str()));
+            extra.push(("resourceVersion", rv));
+        }
         WatchFrom::InitialEvents => extra.extend([
             ("sendInitialEvents", "true"),
             ("resourceVersionMatch", "NotOlderThan"),

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use common::bed::{eventually, Bed, Relay};
+use common::view::{self, consumer_view, events, json};
 use watchrelay::config::Config;
 use watchrelay::envelope::Record;
 use watchrelay::producer::{Memory, Order, Producer};
@@ -40,55 +41,9 @@ fn start(bed: &Bed, cfg: Config, producer: &Arc<Memory>) -> Relay {
     Relay::start_with(bed, cfg, Some(producer.clone() as Arc<dyn Producer>))
 }
 
-/// The records a consumer of the channel's topics reads: everything but the membership topic.
-fn events(producer: &Memory) -> Vec<Record> {
-    producer
-        .log()
-        .into_iter()
-        .filter(|r| !r.topic.starts_with("membership-"))
-        .collect()
-}
-
-fn json(r: &Record) -> serde_json::Value {
-    serde_json::from_slice(&r.value).expect("records are JSON")
-}
-
-/// What a consumer holds after applying every record key by key: key -> uid.
-fn consumer_view(log: &[Record]) -> BTreeMap<String, String> {
-    let mut view = BTreeMap::new();
-    for r in log {
-        if r.tombstone {
-            view.remove(&r.key);
-            continue;
-        }
-        let v = json(r);
-        match v["type"].as_str().unwrap() {
-            "ADDED" | "MODIFIED" => {
-                let uid = v["object"]["metadata"]["uid"].as_str().unwrap();
-                view.insert(r.key.clone(), uid.to_string());
-            }
-            "DELETED" => {
-                view.remove(&r.key);
-            }
-            _ => {}
-        }
-    }
-    view
-}
-
 /// What the cluster holds: key -> uid.
 fn cluster_view(bed: &Bed) -> BTreeMap<String, String> {
-    bed.sim
-        .list("pods", Some("a"))
-        .into_iter()
-        .map(|p| {
-            let md = &p["metadata"];
-            (
-                format!("a/{}", md["name"].as_str().unwrap()),
-                md["uid"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect()
+    view::pods(bed, &["a"], |_| true)
 }
 
 fn create(bed: &Bed, names: impl IntoIterator<Item = String>) {

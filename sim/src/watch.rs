@@ -91,7 +91,11 @@ type Tx = mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>;
 /// Starts a watch and returns its response body. An expired start position is answered, as the
 /// API server does, with HTTP 200 and a single ERROR event.
 pub fn start(inner: Arc<Inner>, p: Params) -> Body {
-    let (tx, rx) = mpsc::channel(256);
+    // A few frames of buffer: like the API server, a watch is paced by its reader, so a slow
+    // reader of a large initial state can see the request's timeout end it midway.
+    let (tx, rx) = mpsc::channel(4);
+    // timeoutSeconds bounds the whole request, the initial state included.
+    let deadline = p.timeout.map(|t| tokio::time::Instant::now() + t);
     let begun = {
         let store = inner.store.lock().expect("store lock poisoned");
         let sub = store.tx.subscribe();
@@ -123,6 +127,7 @@ pub fn start(inner: Arc<Inner>, p: Params) -> Body {
             Ok((first, sub, rv)) => {
                 tokio::select! {
                     _ = run(&inner, &p, &tx, first, sub, rv) => {}
+                    _ = async { tokio::time::sleep_until(deadline.expect("guarded")).await }, if deadline.is_some() => {}
                     _ = cancel.cancelled() => {}
                     _ = inner.shutdown.cancelled() => {}
                 }
@@ -229,12 +234,10 @@ async fn run(
     if !w.flush().await {
         return;
     }
-    let deadline = p.timeout.map(|t| tokio::time::Instant::now() + t);
     let mut ticks = tokio::time::interval(inner.cfg.bookmark_interval);
     ticks.tick().await;
     loop {
         tokio::select! {
-            _ = async { tokio::time::sleep_until(deadline.expect("guarded")).await }, if deadline.is_some() => return,
             _ = ticks.tick(), if p.bookmarks => {
                 // Everything up to the store's current resourceVersion is in `sub` already (it is
                 // sent under the lock); forward it before claiming that position.

@@ -228,7 +228,12 @@ pub fn next<C>(state: State<C>, outcome: Outcome<C>, backoff: &mut Backoff) -> T
             },
         ) => {
             backoff.reset();
-            go(retry(state, at))
+            // A sync cut before its state ended starts over, reconciling what it announced.
+            let restart = matches!(state, State::Sync { .. }).then_some("sync_interrupted");
+            Transition {
+                next: retry(state, at),
+                restart,
+            }
         }
         (
             _,

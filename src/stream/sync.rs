@@ -178,7 +178,7 @@ impl Stream {
         }
     }
 
-    async fn list(&mut self, reason: Reason) -> Result<String, Stop> {
+    async fn list(&mut self, mut reason: Reason) -> Result<String, Stop> {
         if reason == Reason::Resync {
             self.outbox
                 .wait_until(0)
@@ -187,13 +187,17 @@ impl Stream {
         }
         let mut announced = self.announced(reason);
         let mut token: Option<String> = None;
+        // Paginated, unless a continue token expired: the snapshot it pinned outlived its
+        // lifetime (a large state, a slow consumer), and starting over with pages could do the
+        // same forever. The list is then read whole, in one request, as client-go does.
+        let mut whole = false;
         let list_rv = loop {
             let query = self.query();
             let page = kubeapi::list_page(
                 &self.client,
                 &self.path,
                 &query,
-                self.cfg.kubernetes.list_page_size,
+                (!whole).then_some(self.cfg.kubernetes.list_page_size),
                 token.as_deref(),
             );
             let page = tokio::select! {
@@ -202,9 +206,22 @@ impl Stream {
             };
             let page = match page {
                 Ok(p) => p,
-                // The snapshot pinned by the continue token expired: start the list over.
                 Err(ApiError::Gone(_)) if token.is_some() => {
+                    tracing::info!(stream = %self.id, "continue token expired; listing whole");
+                    self.metrics
+                        .watch_restarts
+                        .with_label_values(&[&self.id, "continue_expired"])
+                        .inc();
                     token = None;
+                    whole = true;
+                    // What the earlier pages announced is reconciled with the whole list: an
+                    // object they showed that has gone since gets its inferred DELETED.
+                    self.outbox
+                        .wait_until(0)
+                        .await
+                        .map_err(|e| self.outbox_stop(e))?;
+                    reason = Reason::Resync;
+                    announced = self.announced(reason);
                     continue;
                 }
                 Err(e) => return Err(self.api_stop(e)),

@@ -9,3 +9,4 @@ pub mod broker;
 pub mod kafka;
 pub mod proxy;
 pub mod schema;
+pub mod view;

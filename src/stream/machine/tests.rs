@@ -113,7 +113,7 @@ fn transitions() {
             stopped(Stop::Closed, None),
             sync(Start, InitialEvents),
             false,
-            None,
+            Some("sync_interrupted"),
         ),
         (
             sync(Start, Pages),
