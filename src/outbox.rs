@@ -198,6 +198,13 @@ impl Outbox {
         })
     }
 
+    /// Forgets the position: what follows is not a replay of the watch from it. The next
+    /// [`Outbox::take_saved`] says so.
+    pub fn forget_position(&mut self) {
+        self.tracker.forget_position();
+        self.moved = true;
+    }
+
     /// Whether the checkpoint moved since [`Outbox::take_saved`] last ran.
     pub fn moved(&self) -> bool {
         self.moved

@@ -465,7 +465,17 @@ impl Memory {
 
     /// Acknowledges every held record, in `order`.
     pub fn release(&self, order: Order) {
-        let mut held: Vec<_> = self.state().held.drain(..).collect();
+        self.release_first(usize::MAX, order);
+    }
+
+    /// Acknowledges the first `n` held records (in the order they were sent: what Kafka had
+    /// written when the sender died), in `order`.
+    pub fn release_first(&self, n: usize, order: Order) {
+        let mut held: Vec<_> = {
+            let mut s = self.state();
+            let n = n.min(s.held.len());
+            s.held.drain(..n).collect()
+        };
         match order {
             Order::Sent => {}
             Order::Reversed => held.reverse(),

@@ -10,7 +10,7 @@
 //! Entries carry a generation: a stream that retires removes its own entry and schedules its
 //! checkpoint's deletion only if no newer stream of the same id registered since.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use prometheus::IntGauge;
@@ -69,12 +69,16 @@ struct Inner {
     /// Streams retired for good since the writer last looked: their checkpoints are deleted.
     retired: Vec<String>,
     next_generation: u64,
+    /// The checkpoint of each stream the writer last wrote.
+    written: HashMap<String, Arc<Saved>>,
 }
 
 /// Shared handle to the registry.
 #[derive(Clone)]
 pub struct Registry {
     inner: Arc<Mutex<Inner>>,
+    /// Wakes whoever waits for a checkpoint to be written.
+    wrote: Arc<Notify>,
 }
 
 impl Default for Registry {
@@ -107,7 +111,9 @@ impl Registry {
                 streams: BTreeMap::new(),
                 retired: Vec::new(),
                 next_generation: 0,
+                written: HashMap::new(),
             })),
+            wrote: Arc::new(Notify::new()),
         }
     }
 
@@ -225,6 +231,19 @@ impl Registry {
         asked
     }
 
+    /// The writer wrote `checkpoints` to the ConfigMap.
+    pub fn mark_written(&self, checkpoints: &BTreeMap<String, Option<Arc<Saved>>>) {
+        let mut inner = self.lock();
+        for (id, saved) in checkpoints {
+            match saved {
+                Some(saved) => inner.written.insert(id.clone(), saved.clone()),
+                None => inner.written.remove(id),
+            };
+        }
+        drop(inner);
+        self.wrote.notify_waiters();
+    }
+
     /// The checkpoints published since the last call, and `None` for each stream retired since.
     pub fn take_checkpoints(&self) -> BTreeMap<String, Option<Arc<Saved>>> {
         let mut inner = self.lock();
@@ -282,9 +301,29 @@ impl Reporter {
     }
 
     /// Publishes a checkpoint the stream may save.
-    pub fn checkpoint(&self, saved: Saved) {
-        self.tx
-            .send_modify(|s| s.checkpoint = Some(Arc::new(saved)));
+    pub fn checkpoint(&self, saved: Saved) -> Arc<Saved> {
+        let saved = Arc::new(saved);
+        self.tx.send_modify(|s| s.checkpoint = Some(saved.clone()));
+        saved
+    }
+
+    /// Completes once the writer has written `saved` (published with [`Reporter::checkpoint`]).
+    pub async fn written(&self, saved: &Arc<Saved>) {
+        loop {
+            let wrote = self.registry.wrote.notified();
+            tokio::pin!(wrote);
+            wrote.as_mut().enable();
+            let done = self
+                .registry
+                .lock()
+                .written
+                .get(&self.id)
+                .is_some_and(|w| Arc::ptr_eq(w, saved));
+            if done {
+                return;
+            }
+            wrote.await;
+        }
     }
 
     /// The stream is gone for good (its namespace left): its entry is removed and its checkpoint

@@ -217,10 +217,12 @@ impl Relay {
                 metrics: self.metrics.clone(),
                 fenced: fenced.clone(),
                 membership_topic,
+                checkpoints: self.checkpoints,
             }),
             registry: self.registry.clone(),
             saved: Arc::new(Mutex::new(saved)),
             members: Arc::new(Mutex::new(members)),
+            ends: Arc::default(),
             tasks: TaskTracker::new(),
         };
         let streams_cancel = CancellationToken::new();
@@ -228,11 +230,13 @@ impl Relay {
             match &channel.scope {
                 Scope::Cluster => {
                     supervisor.spawn(channel, None, &streams_cancel);
+                    supervisor.retire_orphans(channel, &|_| false, &streams_cancel);
                 }
                 Scope::Namespaces(list) => {
                     for ns in list {
                         supervisor.spawn(channel, Some(ns.clone()), &streams_cancel);
                     }
+                    supervisor.retire_orphans(channel, &|_| false, &streams_cancel);
                 }
                 Scope::Selector(sel) => {
                     let follower = supervisor.clone().follow_namespaces(
@@ -395,6 +399,8 @@ struct Supervisor {
     /// Members read at the start of the term, taken by the first stream of each id; a stream
     /// that returns later keeps its members in its outbox until it leaves.
     members: Arc<Mutex<Restored>>,
+    /// Cancelled when the latest stream of each id has ended.
+    ends: Arc<Mutex<HashMap<String, CancellationToken>>>,
     tasks: TaskTracker,
 }
 
@@ -445,8 +451,19 @@ impl Supervisor {
         );
         let left = leaving.clone();
         let registry = self.registry.clone();
+        // A stream of the same id still leaving (its namespace left and came back) finishes
+        // first: its inferred DELETEDs come before this one's ADDEDs on every key.
+        let ended = CancellationToken::new();
+        let previous = self
+            .ends
+            .lock()
+            .expect("ends lock poisoned")
+            .insert(id.clone(), ended.clone());
         tracing::info!(stream = %id, "starting stream");
         self.tasks.spawn(async move {
+            if let Some(previous) = previous {
+                previous.cancelled().await;
+            }
             // A stream that panicked relays nothing more: the process must restart.
             match std::panic::AssertUnwindSafe(stream.run())
                 .catch_unwind()
@@ -459,8 +476,50 @@ impl Supervisor {
                 Ok(_) => {}
                 Err(_) => registry.fail(format!("stream {id} died")),
             }
+            ended.cancel();
         });
         Handle { stop, leaving }
+    }
+
+    /// Retires the streams of `channel` that were left with members or a position but are not
+    /// running (`running` says which are) once its scope is known: their namespace left the
+    /// scope while the relay was down, or the configuration narrowed it. Each is started
+    /// leaving, so it deletes what it announced and its entry goes.
+    fn retire_orphans(
+        &self,
+        channel: &Arc<Channel>,
+        running: &dyn Fn(&str) -> bool,
+        parent: &CancellationToken,
+    ) {
+        let prefix = format!("{}.", channel.name);
+        let mut orphans: Vec<String> = self
+            .members
+            .lock()
+            .expect("members lock poisoned")
+            .streams()
+            .map(str::to_string)
+            .collect();
+        orphans.extend(
+            self.saved
+                .lock()
+                .expect("saved lock poisoned")
+                .keys()
+                .cloned(),
+        );
+        orphans.sort();
+        orphans.dedup();
+        let started = self.registry.phases();
+        for id in orphans {
+            let Some(ns) = id.strip_prefix(&prefix) else {
+                continue;
+            };
+            if running(ns) || started.contains_key(&id) {
+                continue;
+            }
+            let namespace = (ns != "_all").then(|| ns.to_string());
+            tracing::info!(stream = %id, "stream no longer in scope since the last run; deleting what it announced");
+            self.spawn(channel, namespace, parent).retire();
+        }
     }
 
     /// Keeps one stream per namespace matching `selector`.
@@ -503,6 +562,7 @@ impl Supervisor {
                     for name in gone {
                         running.remove(&name).expect("present").retire();
                     }
+                    self.retire_orphans(&channel, &|ns| running.contains_key(ns), &cancel);
                 }
                 Ok(Event::Delete(ns)) => {
                     let name = ns.metadata.name.unwrap_or_default();

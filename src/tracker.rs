@@ -123,6 +123,12 @@ impl Tracker {
         self.checkpoint.as_deref()
     }
 
+    /// Forgets the position: entries delivered from now on move it again only when they carry
+    /// one.
+    pub fn forget_position(&mut self) {
+        self.checkpoint = None;
+    }
+
     /// Forgets everything not yet delivered; used when a delivery failed for good and the stream
     /// goes back to its checkpoint. Late acks of the forgotten entries are ignored.
     pub fn reset(&mut self) {

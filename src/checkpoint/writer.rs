@@ -74,6 +74,7 @@ pub async fn run(
                 .unwrap_or_else(|_| Err(CheckpointError::TimedOut(bound)));
             match written {
                 Ok(bytes) => {
+                    registry.mark_written(&unwritten);
                     unwritten.clear();
                     metrics.checkpoint_writes.with_label_values(&["ok"]).inc();
                     metrics.checkpoint_bytes.inc_by(bytes as u64);

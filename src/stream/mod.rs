@@ -78,6 +78,8 @@ pub struct Wiring {
     pub metrics: Arc<Metrics>,
     /// Cancelled when this replica lost its Lease: stop without draining or checkpointing.
     pub fenced: CancellationToken,
+    /// Whether checkpoints are written (not in a dry run).
+    pub checkpoints: bool,
     /// The membership topic; `None` keeps members in memory only (a dry run).
     pub membership_topic: Option<String>,
 }
@@ -111,6 +113,12 @@ pub struct Stream {
     /// Fires when an open watch has delivered nothing for `watchIdleTimeoutSeconds`.
     idle: Pin<Box<tokio::time::Sleep>>,
     idle_after: Duration,
+    checkpoints: bool,
+    /// The relay stops: waiting for a checkpoint write is abandoned.
+    shutdown: CancellationToken,
+    /// The saved position belongs to another query: it is forgotten in the ConfigMap before the
+    /// stream publishes anything (see [`Stream::forget_position`]).
+    forget_position: bool,
 }
 
 impl Stream {
@@ -135,12 +143,14 @@ impl Stream {
         // A position belongs to the query it was read under: under another one (a changed
         // path, namespace or selector) it is dropped, and the stream reconciles its known
         // objects with the new query's state instead (see `run`).
+        let mut forget_position = false;
         if let Some(s) = saved
             .as_mut()
             .filter(|s| s.query.as_ref().is_some_and(|q| *q != query))
         {
             tracing::warn!(stream = %id, "the stream's query changed since its checkpoint; reconciling with the new one");
             s.rv = None;
+            forget_position = true;
         }
         let path = channel.path.collection_url(namespace.as_deref());
         let route = Route {
@@ -170,7 +180,7 @@ impl Stream {
             saved,
             members,
             &metrics,
-            shutdown,
+            shutdown.clone(),
         );
         reporter.track_liveness(metrics.last_event.with_label_values(&[&id]));
         let m = StreamMetrics {
@@ -201,6 +211,9 @@ impl Stream {
             ),
             publish_every: Duration::from_millis(cfg.checkpoint.interval_ms),
             query,
+            forget_position,
+            checkpoints: wiring.checkpoints,
+            shutdown: shutdown.clone(),
             publish: Box::pin(tokio::time::sleep(Duration::ZERO)),
             idle_after: Duration::from_secs(u64::from(k.watch_idle_timeout_seconds)),
             idle: Box::pin(tokio::time::sleep(Duration::ZERO)),
@@ -234,6 +247,9 @@ impl Stream {
         } else {
             Via::Pages
         };
+        if self.forget_position && !self.forget_position().await {
+            return self.stop().await;
+        }
         let checkpoint = self.outbox.checkpoint().map(str::to_string);
         let mut state = machine::start(self.channel.builtin, checkpoint, via);
         loop {
@@ -446,6 +462,20 @@ impl Stream {
     /// (flagged `synthetic`, so consumers can tell it from a real one). Should the relay stop
     /// meanwhile, the rest is abandoned: the stream's entry stays and it resumes next time.
     async fn leave_scope(&mut self) {
+        if self.outbox.members().is_empty() {
+            return;
+        }
+        if self.kind.is_empty() {
+            // Never synced in this run (it left while the relay was down): one short list
+            // names the kind its inferred DELETEDs carry.
+            let query = self.query();
+            let page = kubeapi::list_page(&self.client, &self.path, &query, Some(1), None);
+            if let Ok(Ok(page)) = tokio::time::timeout(Duration::from_secs(10), page).await {
+                if let Some(k) = page.kind.strip_suffix("List") {
+                    self.kind = k.to_string();
+                }
+            }
+        }
         let rv = self.outbox.checkpoint().unwrap_or_default().to_string();
         let known: Vec<_> = self.outbox.members().iter().collect();
         tracing::info!(stream = %self.id, objects = known.len(), "left its scope: deleting what it announced");
@@ -457,12 +487,42 @@ impl Stream {
         }
     }
 
+    /// Writes the stream's entry without a position, and waits until it is written; false when
+    /// stopped first.
+    ///
+    /// Before a stream publishes what is not a replay of its watch from the saved position —
+    /// the reconciliation of a changed query, the inferred DELETEDs of leaving its scope — that
+    /// position must go: were the relay to die midway, a later run resuming from it (under the
+    /// old query, or back in scope) would replay only changes after it and never undo what was
+    /// published since. Without a position, that run reconciles with its members instead.
+    async fn forget_position(&mut self) -> bool {
+        self.outbox.forget_position();
+        let Some(mut saved) = self.outbox.take_saved() else {
+            return true;
+        };
+        saved.query = Some(self.query.clone());
+        let saved = self.reporter.checkpoint(saved);
+        if !self.checkpoints {
+            return true;
+        }
+        tokio::select! {
+            _ = self.shutdown.cancelled() => false,
+            _ = self.reporter.written(&saved) => {
+                self.forget_position = false;
+                true
+            }
+        }
+    }
+
     /// Drains the outbox, publishes the final checkpoint and removes the stream's gauges.
     async fn stop(mut self) -> Reporter {
         self.set_phase(Phase::Stopped);
         // Fenced (the Lease is lost): nothing more is checkpointed; the new leader replays.
         if !self.fenced.is_cancelled() {
-            if self.leaving.is_cancelled() {
+            if self.leaving.is_cancelled()
+                && !self.outbox.members().is_empty()
+                && self.forget_position().await
+            {
                 self.leave_scope().await;
             }
             let left = self
