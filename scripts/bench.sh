@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# The benchmark: relay vs a bare producer on the same broker, same bytes. Prints events/s, CPU per
-# event, peak RSS and publish latency percentiles. BENCH_EVENTS and BENCH_RATE tune it.
+# The benchmarks.
+#   scripts/bench.sh           relay vs a bare producer on the same broker, same bytes: events/s,
+#                              CPU per event, peak RSS, publish latency (BENCH_EVENTS, BENCH_RATE)
+#   scripts/bench.sh restore   restoring the membership of BENCH_MEMBERS objects: time, peak RSS
+#   scripts/bench.sh api_bytes checkpoint bytes written to the API per minute under churn
+#                              (BENCH_OBJECTS, BENCH_RATE, BENCH_SECONDS; BENCH_RELAY_BIN for
+#                              another build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ -z ${KAFKA_BOOTSTRAP_SERVERS:-} ]]; then
@@ -9,4 +14,4 @@ if [[ -z ${KAFKA_BOOTSTRAP_SERVERS:-} ]]; then
   KAFKA_BOOTSTRAP_SERVERS=$(scripts/broker.sh start "$dir")
   export KAFKA_BOOTSTRAP_SERVERS
 fi
-cargo bench --locked --bench throughput
+cargo bench --locked --bench "${1:-throughput}"

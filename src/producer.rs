@@ -215,6 +215,12 @@ const PRODUCER_ONLY: &[&str] = &[
     "partitioner",
 ];
 
+/// Consumer buffers for reading the membership topic, unless kafka.properties sets them.
+const REPLAY_BUFFERS: &[(&str, &str)] = &[
+    ("queued.max.messages.kbytes", "16384"),
+    ("fetch.max.bytes", "8388608"),
+];
+
 /// How long the membership topic may go without a record before its reading is given up.
 const REPLAY_IDLE: Duration = Duration::from_secs(60);
 
@@ -308,16 +314,19 @@ impl Producer for Kafka {
         use rdkafka::consumer::{BaseConsumer, Consumer};
         use rdkafka::{Offset, TopicPartitionList};
         let timeout = Duration::from_secs(30);
-        let consumer: BaseConsumer = self
-            .connection
-            .clone()
+        let mut settings = self.connection.clone();
+        settings
             .set("group.id", "watchrelay-membership")
             .set("enable.auto.commit", "false")
-            .set("enable.partition.eof", "false")
-            // What is fetched ahead stays small: the sets are what must fit in memory.
-            .set("queued.max.messages.kbytes", "16384")
-            .create()
-            .map_err(|e| e.to_string())?;
+            .set("enable.partition.eof", "false");
+        // What is fetched ahead stays small, the sets being what must fit in memory; the
+        // configuration's kafka.properties may say otherwise.
+        for (k, v) in REPLAY_BUFFERS {
+            if settings.get(k).is_none() {
+                settings.set(*k, *v);
+            }
+        }
+        let consumer: BaseConsumer = settings.create().map_err(|e| e.to_string())?;
         let md = consumer
             .fetch_metadata(Some(topic), timeout)
             .map_err(|e| e.to_string())?;

@@ -340,6 +340,7 @@ impl Relay {
                 p.ensure_compacted(&t, partitions, replication)?;
                 let mut restored = Restored::default();
                 p.replay(&t, &mut |k, v| restored.apply(k, v))?;
+                restored.finish();
                 Ok::<_, String>(restored)
             });
             let result = tokio::select! {
@@ -510,7 +511,9 @@ impl Supervisor {
         orphans.dedup();
         let started = self.registry.phases();
         for id in orphans {
-            let Some(ns) = id.strip_prefix(&prefix) else {
+            // A namespace is a DNS label: an id with a dot after the prefix is another
+            // channel's whose name extends this one's.
+            let Some(ns) = id.strip_prefix(&prefix).filter(|ns| !ns.contains('.')) else {
                 continue;
             };
             if running(ns) || started.contains_key(&id) {

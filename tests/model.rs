@@ -144,7 +144,7 @@ fn in_scope(bed: &Bed, selector: bool) -> BTreeMap<String, String> {
                 .is_some_and(|n| n["metadata"]["labels"]["relay"] == "yes")
         })
         .collect();
-    view::pods(bed, &namespaces, |p| {
+    view::pods(&bed.sim, &namespaces, |p| {
         !selector || p["metadata"]["labels"]["tier"] == "web"
     })
 }

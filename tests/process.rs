@@ -1,4 +1,5 @@
-//! The binary: SIGKILL and restart, and a draining SIGTERM.
+//! The binary: SIGKILL and restart (during churn, and with deletions and compaction while it is
+//! down), and a draining SIGTERM.
 
 mod common;
 
@@ -7,6 +8,7 @@ use std::time::Duration;
 
 use common::bed::{assert_covers, Bed, CHECKPOINT_NS};
 use common::kafka;
+use common::view;
 use watchrelay_sim::ChurnSpec;
 
 const BIN: &str = env!("CARGO_BIN_EXE_watchrelay");
@@ -27,16 +29,15 @@ fn spawn(config: &std::path::Path, log: &std::path::Path) -> Child {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigkill_and_restart_lose_nothing_and_sigterm_drains() {
-    let bed = Bed::new(&["a"]).await;
-    let topic = kafka::unique("proc");
-    kafka::create_topics(&[&topic], 3).await;
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
+/// The relay's configuration and log file for a bed, in `dir`.
+fn write_config(
+    bed: &Bed,
+    dir: &std::path::Path,
+    topic: &str,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let kubeconfig = dir.join("kubeconfig");
     bed.sim.write_kubeconfig(&kubeconfig).unwrap();
-    let config = dir.path().join("config.yaml");
-    let log = dir.path().join("relay.log");
+    let config = dir.join("config.yaml");
     std::fs::write(
         &config,
         format!(
@@ -50,6 +51,16 @@ async fn sigkill_and_restart_lose_nothing_and_sigterm_drains() {
         ),
     )
     .unwrap();
+    (config, dir.join("relay.log"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_and_restart_lose_nothing_and_sigterm_drains() {
+    let bed = Bed::new(&["a"]).await;
+    let topic = kafka::unique("proc");
+    kafka::create_topics(&[&topic], 3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, log) = write_config(&bed, dir.path(), &topic);
     let mut child = spawn(&config, &log);
     // Churn starts once the first list is checkpointed, so every change arrives through a watch.
     bed.wait_checkpoint(|c| c.contains_key("watchNamespacedPods.a"))
@@ -91,4 +102,49 @@ async fn sigkill_and_restart_lose_nothing_and_sigterm_drains() {
         relay_log()
     );
     assert!(relay_log().contains("stopped"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_during_churn_then_deletions_and_compaction_while_down_converge() {
+    let bed = Bed::new(&["a"]).await;
+    let topic = kafka::unique("proc");
+    kafka::create_topics(&[&topic], 3).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (config, log) = write_config(&bed, dir.path(), &topic);
+    let mut child = spawn(&config, &log);
+    bed.wait_checkpoint(|c| c.contains_key("watchNamespacedPods.a"))
+        .await;
+    let churn = bed.sim.start_churn(ChurnSpec {
+        rate_per_sec: 300.0,
+        namespaces: vec!["a".into()],
+        resources: vec!["pods".into()],
+        max_objects_per_kind: 60,
+        total_events: None,
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    child.kill().unwrap(); // SIGKILL, mid-churn
+    child.wait().unwrap();
+    churn.stop().await;
+    // While down: a third of the pods go, some of them announced after the last checkpoint,
+    // and history is compacted, so the restart must infer their deletions from its members.
+    for p in bed.sim.list("pods", Some("a")).iter().step_by(3) {
+        let name = p["metadata"]["name"].as_str().unwrap().to_string();
+        bed.sim.delete("pods", Some("a"), &name).unwrap();
+    }
+    bed.sim.compact();
+    let mut child = spawn(&config, &log);
+    let sim = bed.sim.clone();
+    let msgs = bed
+        .read_until(&topic, move |m| {
+            view::kafka_view(m) == view::pods(&sim, &["a"], |_| true)
+        })
+        .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        view::kafka_view(&msgs),
+        view::pods(&bed.sim, &["a"], |_| true),
+        "relay log:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
 }

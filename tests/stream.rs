@@ -43,7 +43,7 @@ fn start(bed: &Bed, cfg: Config, producer: &Arc<Memory>) -> Relay {
 
 /// What the cluster holds: key -> uid.
 fn cluster_view(bed: &Bed) -> BTreeMap<String, String> {
-    view::pods(bed, &["a"], |_| true)
+    view::pods(&bed.sim, &["a"], |_| true)
 }
 
 fn create(bed: &Bed, names: impl IntoIterator<Item = String>) {

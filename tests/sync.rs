@@ -98,7 +98,7 @@ async fn an_initial_state_streamed_for_longer_than_a_watch_timeout_completes() {
     relay.stop().await;
     assert_eq!(
         consumer_view(&events(&producer)),
-        view::pods(&bed, &["a"], |_| true)
+        view::pods(&bed.sim, &["a"], |_| true)
     );
 }
 
@@ -150,7 +150,7 @@ async fn a_list_whose_continue_token_expires_is_read_whole_and_reconciled() {
         (1..=resyncs + 1).contains(&expired),
         "{expired} expiries over {resyncs} resyncs"
     );
-    let want = view::pods(&bed, &["a"], |_| true);
+    let want = view::pods(&bed.sim, &["a"], |_| true);
     eventually(
         || consumer_view(&events(&producer)) == want,
         || {

@@ -44,7 +44,7 @@ use crate::decode::ObjectMeta;
 use crate::envelope::{Announcement, Record};
 use crate::event::EventType;
 use crate::producer::{Producer, Receipt, Refused};
-use crate::tracker::Known;
+pub use crate::tracker::Known;
 
 /// The key of the record marking where a reading of the topic ends: a tombstone, which
 /// [`Restored::apply`] takes for the removal of a member no stream has.
@@ -79,7 +79,8 @@ pub struct Restored {
 }
 
 impl Restored {
-    /// Applies one record of the topic, in its partition's order.
+    /// Applies one record of the topic, in its partition's order. Call [`Restored::finish`]
+    /// once every record is applied.
     pub fn apply(&mut self, key: &[u8], value: Option<&[u8]>) {
         self.records += 1;
         let Some((stream, uid)) = std::str::from_utf8(key)
@@ -92,7 +93,7 @@ impl Restored {
         match value.filter(|v| !v.is_empty()) {
             None => {
                 if let Some(m) = self.streams.get_mut(stream) {
-                    m.remove(uid);
+                    m.restore_record(uid, None);
                 }
             }
             Some(v) => match serde_json::from_slice::<Known>(v) {
@@ -100,12 +101,19 @@ impl Restored {
                     .streams
                     .entry(stream.to_string())
                     .or_default()
-                    .insert(uid, &known),
+                    .restore_record(uid, Some(&known)),
                 Err(e) => {
                     self.malformed += 1;
                     tracing::warn!(%stream, %uid, error = %e, "skipping an unreadable membership record");
                 }
             },
+        }
+    }
+
+    /// Ends the restore: the latest record of each key decides.
+    pub fn finish(&mut self) {
+        for m in self.streams.values_mut() {
+            m.finish_restore();
         }
     }
 
@@ -116,7 +124,9 @@ impl Restored {
 
     /// The members of `stream`, taken once.
     pub fn take(&mut self, stream: &str) -> Members {
-        self.streams.remove(stream).unwrap_or_default()
+        let mut m = self.streams.remove(stream).unwrap_or_default();
+        m.finish_restore();
+        m
     }
 
     /// Members restored, over every stream.
@@ -208,6 +218,7 @@ mod tests {
         r.apply(END_MARKER.as_bytes(), None);
         r.apply(b"no-separator", Some(b"{}"));
         r.apply(b"pods.a/x", Some(b"not json"));
+        r.finish();
         assert_eq!((r.records, r.malformed, r.members()), (8, 2, 2));
         let a = r.take("pods.a");
         assert_eq!(a.len(), 1);

@@ -3,8 +3,12 @@
 //! Object identities are kept in one byte arena indexed by uid: a canonical (lowercase, hyphenated)
 //! UUID, which is what the API server assigns, is kept as its 16 bytes; any other uid is indexed
 //! by a 128-bit hash and kept whole in its entry. An entry is the object's name, namespace (a
-//! flag when it is the set's usual one) and resourceVersion, each length-prefixed. Removals leave
-//! garbage in the arena, reclaimed once it outweighs what is live.
+//! flag when it is the set's usual one) and resourceVersion, each length-prefixed.
+//!
+//! The index is a sorted array (20 bytes a member, what a restore builds in one pass) and a small
+//! hash map of what joined since; both are merged back into the array once the map or the removed
+//! entries grow past a quarter of it. Removals leave garbage in the arena, reclaimed in the same
+//! pass once it outweighs what is live.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -17,6 +21,15 @@ type Key = [u8; 16];
 /// what is live).
 const RECLAIM_FLOOR: usize = 1 << 20;
 
+/// Entries the hash map may hold before it is merged into the sorted array, whatever its size.
+const DELTA_FLOOR: usize = 4096;
+
+/// The arena offset of a removed entry of the sorted array.
+const REMOVED: u32 = u32::MAX;
+
+/// Marks a tombstone's position during a restore.
+const TOMBSTONE: u32 = 1 << 31;
+
 /// Entry flags.
 const OTHER_UID: u8 = 1;
 const USUAL_NAMESPACE: u8 = 2;
@@ -25,7 +38,14 @@ const NO_NAMESPACE: u8 = 4;
 /// The set of objects a stream announced, by uid.
 #[derive(Default)]
 pub struct Members {
-    index: HashMap<Key, u32, BuildHasherDefault<KeyHasher>>,
+    /// Sorted by key (once [`Members::finish_restore`] ran); `REMOVED` marks a removed entry.
+    base: Vec<(Key, u32)>,
+    /// Entries of `base` marked removed.
+    removed: usize,
+    /// Members that joined since `base` was built.
+    delta: HashMap<Key, u32, BuildHasherDefault<KeyHasher>>,
+    /// `base` holds records in log order, not yet sorted (a restore in progress).
+    restoring: bool,
     arena: Vec<u8>,
     /// Bytes of the arena no entry uses any more.
     garbage: usize,
@@ -41,51 +61,159 @@ impl std::fmt::Debug for Members {
 
 impl Members {
     pub fn len(&self) -> usize {
-        self.index.len()
+        self.base.len() - self.removed + self.delta.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.len() == 0
     }
 
     pub fn contains(&self, uid: &str) -> bool {
-        self.index.contains_key(&key(uid))
+        self.offset(&key(uid)).is_some()
     }
 
     pub fn get(&self, uid: &str) -> Option<Known> {
-        self.index
-            .get(&key(uid))
-            .map(|&at| self.decode(key(uid), at).1)
+        let k = key(uid);
+        self.offset(&k).map(|at| self.decode(k, at).1)
+    }
+
+    /// Where `k`'s entry is in the arena.
+    fn offset(&self, k: &Key) -> Option<u32> {
+        debug_assert!(!self.restoring, "a restore in progress is not queried");
+        if let Some(&at) = self.delta.get(k) {
+            return Some(at);
+        }
+        let i = self.base.binary_search_by(|(b, _)| b.cmp(k)).ok()?;
+        Some(self.base[i].1).filter(|&at| at != REMOVED)
     }
 
     /// Adds (or replaces) `uid`.
     pub fn insert(&mut self, uid: &str, known: &Known) {
-        if self.usual_namespace.is_none() {
-            self.usual_namespace = known.namespace.as_deref().map(Box::from);
-        }
-        let at = u32::try_from(self.arena.len()).expect("a member arena under 4 GiB");
-        self.encode(uid, known);
-        if let Some(old) = self.index.insert(key(uid), at) {
+        let at = self.push_entry(uid, known);
+        let k = key(uid);
+        if let Ok(i) = self.base.binary_search_by(|(b, _)| b.cmp(&k)) {
+            match std::mem::replace(&mut self.base[i].1, at) {
+                REMOVED => self.removed -= 1,
+                old => self.garbage += entry_len(&self.arena, old as usize),
+            }
+        } else if let Some(old) = self.delta.insert(k, at) {
             self.garbage += entry_len(&self.arena, old as usize);
-            self.reclaim();
         }
+        self.maintain();
     }
 
     /// Removes `uid`; returns whether it was a member.
     pub fn remove(&mut self, uid: &str) -> bool {
-        match self.index.remove(&key(uid)) {
-            Some(at) => {
-                self.garbage += entry_len(&self.arena, at as usize);
-                self.reclaim();
-                true
+        let k = key(uid);
+        let old = match self.delta.remove(&k) {
+            Some(at) => at,
+            None => {
+                let Ok(i) = self.base.binary_search_by(|(b, _)| b.cmp(&k)) else {
+                    return false;
+                };
+                match std::mem::replace(&mut self.base[i].1, REMOVED) {
+                    REMOVED => return false,
+                    at => {
+                        self.removed += 1;
+                        at
+                    }
+                }
             }
-            None => false,
+        };
+        self.garbage += entry_len(&self.arena, old as usize);
+        self.maintain();
+        true
+    }
+
+    /// During a restore: the next record of `uid` in log order (`None`, a tombstone). Nothing
+    /// may be queried until [`Members::finish_restore`].
+    pub fn restore_record(&mut self, uid: &str, known: Option<&Known>) {
+        self.restoring = true;
+        let at = match known {
+            Some(known) => self.push_entry(uid, known),
+            None => {
+                // A byte of its own keeps positions in the arena strictly in log order.
+                let at = self.arena_offset() | TOMBSTONE;
+                self.arena.push(0);
+                at
+            }
+        };
+        self.base.push((key(uid), at));
+    }
+
+    /// Ends a restore: the latest record of each uid decides. Sorts in place: the index never
+    /// exists twice.
+    pub fn finish_restore(&mut self) {
+        if !std::mem::take(&mut self.restoring) {
+            return;
         }
+        // Arena positions follow log order, so the last record of a uid sorts last.
+        self.base
+            .sort_unstable_by_key(|&(k, at)| (k, at & !TOMBSTONE));
+        let mut kept = 0;
+        for i in 0..self.base.len() {
+            let (k, at) = self.base[i];
+            let last = self.base.get(i + 1).is_none_or(|(next, _)| *next != k);
+            if last && at & TOMBSTONE == 0 {
+                self.base[kept] = (k, at);
+                kept += 1;
+            }
+        }
+        self.base.truncate(kept);
+        self.base.shrink_to_fit();
+        let live: usize = self
+            .base
+            .iter()
+            .map(|&(_, at)| entry_len(&self.arena, at as usize))
+            .sum();
+        self.removed = 0;
+        self.garbage = self.arena.len() - live;
+        self.reclaim();
     }
 
     /// Every member, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (String, Known)> + '_ {
-        self.index.iter().map(|(k, &at)| self.decode(*k, at))
+        self.base
+            .iter()
+            .copied()
+            .filter(|(_, at)| *at != REMOVED)
+            .chain(self.delta.iter().map(|(k, at)| (*k, *at)))
+            .map(|(k, at)| self.decode(k, at))
+    }
+
+    /// Appends `uid`'s entry to the arena; returns its offset.
+    fn push_entry(&mut self, uid: &str, known: &Known) -> u32 {
+        if self.usual_namespace.is_none() {
+            self.usual_namespace = known.namespace.as_deref().map(Box::from);
+        }
+        let at = self.arena_offset();
+        self.encode(uid, known);
+        at
+    }
+
+    fn arena_offset(&self) -> u32 {
+        u32::try_from(self.arena.len())
+            .ok()
+            .filter(|at| at & TOMBSTONE == 0)
+            .expect("a member arena under 2 GiB")
+    }
+
+    /// Merges the map into the sorted array, and rewrites the arena, when either has grown.
+    fn maintain(&mut self) {
+        let quarter = self.base.len() / 4;
+        if self.delta.len() > quarter.max(DELTA_FLOOR) || self.removed > quarter.max(DELTA_FLOOR) {
+            let mut base: Vec<(Key, u32)> = self
+                .base
+                .iter()
+                .copied()
+                .filter(|(_, at)| *at != REMOVED)
+                .chain(self.delta.drain())
+                .collect();
+            base.sort_unstable_by_key(|&(k, _)| k);
+            self.base = base;
+            self.removed = 0;
+        }
+        self.reclaim();
     }
 
     fn encode(&mut self, uid: &str, known: &Known) {
@@ -144,10 +272,16 @@ impl Members {
             return;
         }
         let mut arena = Vec::with_capacity(self.arena.len() - self.garbage);
-        for at in self.index.values_mut() {
+        let offsets = self
+            .base
+            .iter_mut()
+            .map(|(_, at)| at)
+            .chain(self.delta.values_mut())
+            .filter(|at| **at != REMOVED);
+        for at in offsets {
             let start = *at as usize;
             let len = entry_len(&self.arena, start);
-            *at = u32::try_from(arena.len()).expect("a member arena under 4 GiB");
+            *at = u32::try_from(arena.len()).expect("a member arena under 2 GiB");
             arena.extend_from_slice(&self.arena[start..start + len]);
         }
         self.arena = arena;
@@ -168,13 +302,20 @@ fn entry_len(arena: &[u8], at: usize) -> usize {
     r.at - at
 }
 
+/// A string with its length: one byte below 255, else 255 and two bytes.
 fn push_str(arena: &mut Vec<u8>, s: &str) {
     // Kubernetes names are at most 253 bytes; anything longer is cut at a character boundary.
     let mut end = s.len().min(u16::MAX as usize);
     while !s.is_char_boundary(end) {
         end -= 1;
     }
-    arena.extend_from_slice(&(end as u16).to_le_bytes());
+    match u8::try_from(end) {
+        Ok(len) if len < u8::MAX => arena.push(len),
+        _ => {
+            arena.push(u8::MAX);
+            arena.extend_from_slice(&(end as u16).to_le_bytes());
+        }
+    }
     arena.extend_from_slice(&s.as_bytes()[..end]);
 }
 
@@ -190,8 +331,15 @@ impl<'a> Reader<'a> {
     }
 
     fn str(&mut self) -> &'a str {
-        let len = u16::from_le_bytes([self.bytes[self.at], self.bytes[self.at + 1]]) as usize;
-        self.at += 2 + len;
+        let len = match self.byte() {
+            u8::MAX => {
+                let len = u16::from_le_bytes([self.bytes[self.at], self.bytes[self.at + 1]]);
+                self.at += 2;
+                len as usize
+            }
+            len => len as usize,
+        };
+        self.at += len;
         std::str::from_utf8(&self.bytes[self.at - len..self.at])
             .expect("the arena holds what was written from strings")
     }
@@ -291,6 +439,10 @@ mod tests {
             &known("n", None, "1"),
         );
         m.insert("b", &known("web-3", Some("other"), "19"));
+        let long = "x".repeat(300);
+        m.insert("c", &known(&long, Some("shop"), "20"));
+        assert_eq!(m.get("c").unwrap().name, long);
+        assert!(m.remove("c"));
         assert_eq!(m.len(), 4);
         assert_eq!(m.get(uuid), Some(known("web-1", Some("shop"), "17")));
         assert_eq!(
@@ -338,5 +490,58 @@ mod tests {
         // 2.4 MB were written; what stays is what is live plus at most the tolerated garbage.
         assert!(m.arena.len() < 2 * RECLAIM_FLOOR, "{} bytes", m.arena.len());
         assert_eq!(m.get(&uid(7)), Some(known("pod-7", Some("ns"), "3")));
+    }
+
+    #[test]
+    fn restored_then_changed_members_match_a_plain_map() {
+        use std::collections::HashMap;
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let uid = |i: u64| format!("{i:08x}-0000-4000-8000-{:012x}", i * 7);
+        let mut model: HashMap<String, Known> = HashMap::new();
+        let mut m = Members::default();
+        // A log with superseded records and tombstones, as an uncompacted topic holds.
+        for i in 0..30_000 {
+            let u = uid(next(9_000));
+            if next(4) == 0 {
+                m.restore_record(&u, None);
+                model.remove(&u);
+            } else {
+                let k = known(&format!("pod-{i}"), Some("ns"), &i.to_string());
+                m.restore_record(&u, Some(&k));
+                model.insert(u, k);
+            }
+        }
+        m.finish_restore();
+        let check = |m: &Members, model: &HashMap<String, Known>| {
+            assert_eq!(m.len(), model.len());
+            let all: HashMap<String, Known> = m.iter().collect();
+            assert_eq!(&all, model);
+        };
+        check(&m, &model);
+        // Then live changes, enough to merge the map into the array and reclaim the arena.
+        for i in 0..60_000 {
+            let u = uid(next(12_000));
+            if next(3) == 0 {
+                assert_eq!(m.remove(&u), model.remove(&u).is_some());
+            } else {
+                let k = known(
+                    &format!("p{i}"),
+                    Some(if i % 5 == 0 { "other" } else { "ns" }),
+                    "1",
+                );
+                m.insert(&u, &k);
+                model.insert(u, k);
+            }
+        }
+        check(&m, &model);
+        for (u, k) in &model {
+            assert_eq!(m.get(u).as_ref(), Some(k));
+        }
     }
 }

@@ -104,6 +104,7 @@ impl Bed {
             kafka
                 .replay(&topic, &mut |k, v| restored.apply(k, v))
                 .expect("the membership topic reads back");
+            restored.finish();
             restored
         })
         .await
@@ -152,13 +153,21 @@ impl Bed {
         topic: &str,
         done: impl Fn(&[Msg]) -> bool + Send + 'static,
     ) -> Vec<Msg> {
+        self.read_within(topic, Duration::from_secs(60), done).await
+    }
+
+    /// [`Bed::read_until`] with a hang guard of `guard`, for large topics.
+    pub async fn read_within(
+        &self,
+        topic: &str,
+        guard: Duration,
+        done: impl Fn(&[Msg]) -> bool + Send + 'static,
+    ) -> Vec<Msg> {
         let bootstrap = self.bootstrap.clone();
         let topic = topic.to_string();
-        tokio::task::spawn_blocking(move || {
-            kafka::read_until(&bootstrap, &topic, Duration::from_secs(60), done)
-        })
-        .await
-        .unwrap()
+        tokio::task::spawn_blocking(move || kafka::read_until(&bootstrap, &topic, guard, done))
+            .await
+            .unwrap()
     }
 
     /// Waits until `stream`'s checkpoint reaches the simulator's current resourceVersion, i.e.

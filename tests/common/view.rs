@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use watchrelay::envelope::Record;
 use watchrelay::producer::Memory;
 
-use super::bed::Bed;
+use watchrelay_sim::Sim;
+
+use super::kafka::Msg;
 
 /// The records a consumer of the channels' topics reads: everything but the membership topic.
 pub fn events(producer: &Memory) -> Vec<Record> {
@@ -45,13 +47,13 @@ pub fn consumer_view(log: &[Record]) -> BTreeMap<String, String> {
 
 /// The pods of `namespaces` that `keep` accepts, as the consumer would key them: key -> uid.
 pub fn pods(
-    bed: &Bed,
+    sim: &Sim,
     namespaces: &[&str],
     keep: impl Fn(&serde_json::Value) -> bool,
 ) -> BTreeMap<String, String> {
     namespaces
         .iter()
-        .flat_map(|ns| bed.sim.list("pods", Some(ns)))
+        .flat_map(|ns| sim.list("pods", Some(ns)))
         .filter(|p| keep(p))
         .map(|p| {
             let md = &p["metadata"];
@@ -65,4 +67,30 @@ pub fn pods(
             )
         })
         .collect()
+}
+
+/// What a consumer holds after applying the records of each key in partition order: key -> uid.
+pub fn kafka_view(msgs: &[Msg]) -> BTreeMap<String, String> {
+    let mut by_partition: BTreeMap<i32, Vec<&Msg>> = BTreeMap::new();
+    for m in msgs {
+        by_partition.entry(m.partition).or_default().push(m);
+    }
+    let mut view = BTreeMap::new();
+    for (_, mut msgs) in by_partition {
+        msgs.sort_by_key(|m| m.offset);
+        for m in msgs {
+            let Some(key) = &m.key else { continue };
+            match m.value["type"].as_str() {
+                Some("ADDED" | "MODIFIED") => {
+                    let uid = m.value["object"]["metadata"]["uid"].as_str().unwrap();
+                    view.insert(key.clone(), uid.to_string());
+                }
+                Some("DELETED") => {
+                    view.remove(key);
+                }
+                _ => {}
+            }
+        }
+    }
+    view
 }

@@ -1,0 +1,175 @@
+//! Restoring the membership: how long the relay takes, and how much memory it holds, to rebuild
+//! every stream's members from the membership topic at the start of a term.
+//!
+//! 1. A fresh membership topic is filled with one record per tracked object
+//!    (`BENCH_MEMBERS`, default 1,000,000, over `BENCH_STREAMS` streams, default 100): what
+//!    streams joining their objects write. Real-looking identities (random UUIDs, pod names as a
+//!    ReplicaSet gives them). Not timed.
+//! 2. A child process (so its memory is its own) does what the relay does at the start of a term:
+//!    creates its Kafka client, makes sure the topic exists, reads it back to its end and
+//!    rebuilds the members. It reports the time from creating the client to the last member, its
+//!    peak RSS, and its RSS before reading (the process's own floor).
+//!
+//! Run with scripts/bench.sh restore (it starts a broker) or set KAFKA_BOOTSTRAP_SERVERS.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{BaseRecord, Producer as _, ThreadedProducer};
+use watchrelay::membership::{self, Known, Restored};
+use watchrelay::producer::Producer as _;
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let bootstrap = std::env::var("KAFKA_BOOTSTRAP_SERVERS")
+        .expect("KAFKA_BOOTSTRAP_SERVERS is not set: run scripts/bench.sh restore");
+    if args.first().map(String::as_str) == Some("restore") {
+        return restore(&bootstrap, &args[1]);
+    }
+    let members = env_or("BENCH_MEMBERS", 1_000_000);
+    let streams = env_or("BENCH_STREAMS", 100).max(1);
+    let topic = format!(
+        "bench.membership.{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+    );
+    let t = Instant::now();
+    let bytes = fill(&bootstrap, &topic, members, streams);
+    println!(
+        "filled {topic}: {members} members over {streams} streams, {:.1} MB of records, in {:.1} s",
+        bytes as f64 / 1e6,
+        t.elapsed().as_secs_f64()
+    );
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["restore", &topic])
+        .output()
+        .expect("the restore child runs");
+    assert!(
+        out.status.success(),
+        "restore failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+}
+
+/// Writes `members` membership records over `streams` streams; returns the bytes written.
+fn fill(bootstrap: &str, topic: &str, members: usize, streams: usize) -> usize {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    let new = NewTopic::new(topic, 1, TopicReplication::Fixed(1)).set("cleanup.policy", "compact");
+    futures::executor::block_on(admin.create_topics([&new], &AdminOptions::new())).unwrap();
+    let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "20")
+        .set("compression.type", "lz4")
+        .set("queue.buffering.max.messages", "500000")
+        .create()
+        .unwrap();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut bytes = 0;
+    for i in 0..members {
+        let (a, b) = (next(), next());
+        let uid = format!(
+            "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+            a >> 32,
+            (a >> 16) & 0xffff,
+            a & 0xfff,
+            0x8000 | (b >> 48) & 0x3fff,
+            b & 0xffff_ffff_ffff
+        );
+        let stream = format!("watchNamespacedPods.team-{}", i % streams);
+        let known = Known {
+            name: format!("web-{:010x}-{:05x}", a >> 24, b & 0xfffff),
+            namespace: Some(format!("team-{}", i % streams)),
+            rv: (1_000_000 + i).to_string(),
+        };
+        let record = membership::record(topic, &stream, &uid, Some(&known));
+        bytes += record.key.len() + record.value.len();
+        let mut rec = BaseRecord::<str, [u8]>::to(topic)
+            .key(&record.key)
+            .payload(&record.value);
+        loop {
+            match producer.send(rec) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    rec = back;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(600)).unwrap();
+    bytes
+}
+
+/// The child: what the relay does at the start of a term, timed.
+fn restore(bootstrap: &str, topic: &str) {
+    let floor = rss_kib("VmRSS");
+    let t = Instant::now();
+    // BENCH_KAFKA_PROPERTIES="k=v,k=v": consumer settings to try, as kafka.properties would.
+    let properties = std::env::var("BENCH_KAFKA_PROPERTIES")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let kafka = watchrelay::producer::Kafka::new(&watchrelay::config::KafkaConfig {
+        bootstrap_servers: bootstrap.to_string(),
+        properties,
+        max_in_flight_per_stream: 10_000,
+        max_message_bytes: 1_000_000,
+        oversize: watchrelay::config::OversizePolicy::Trim,
+        dead_letter_topic: None,
+        unsafe_producer_overrides: false,
+    })
+    .unwrap();
+    kafka.ensure_compacted(topic, 1, None).unwrap();
+    let mut restored = Restored::default();
+    kafka
+        .replay(topic, &mut |k, v| restored.apply(k, v))
+        .unwrap();
+    restored.finish();
+    let secs = t.elapsed().as_secs_f64();
+    drop(kafka);
+    println!(
+        "restored {} members of {} streams from {} records in {secs:.2} s; peak RSS {:.0} MiB (the process before reading: {:.0} MiB; after, the reader closed and the members held: {:.0} MiB)",
+        restored.members(),
+        restored.streams().count(),
+        restored.records,
+        rss_kib("VmHWM") as f64 / 1024.0,
+        floor as f64 / 1024.0,
+        rss_kib("VmRSS") as f64 / 1024.0
+    );
+}
+
+fn rss_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
