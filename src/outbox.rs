@@ -372,6 +372,33 @@ impl Outbox {
         }
     }
 
+    /// What `change` means for the entry it comes with: the object that leaves once the entry
+    /// is delivered, and whether the entry must wait for a join.
+    ///
+    /// [`Change::Announced`] takes its object from `meta`, the announcement's.
+    async fn membership_change(
+        &mut self,
+        change: Option<Change>,
+        meta: Option<&ObjectMeta>,
+    ) -> Result<(Option<String>, bool), OutboxError> {
+        Ok(match change {
+            Some(Change::Join { uid, known }) => (None, self.join(uid, known).await?),
+            Some(Change::Announced) => match meta {
+                Some(m) if !self.members.contains(&m.uid) => {
+                    let known = Known {
+                        name: m.name.clone(),
+                        namespace: m.namespace.clone(),
+                        rv: m.resource_version.clone(),
+                    };
+                    (None, self.join(m.uid.clone(), known).await?)
+                }
+                _ => (None, false),
+            },
+            Some(Change::Leave { uid }) => (Some(uid), false),
+            None => (None, false),
+        })
+    }
+
     /// Records a position (and membership change) that needs no delivery: it becomes the
     /// checkpoint once everything before it is acknowledged. An object that joins delays it
     /// until its join is acknowledged.
@@ -380,11 +407,11 @@ impl Outbox {
         position: Option<String>,
         change: Option<Change>,
     ) -> Result<(), OutboxError> {
-        let (leaves, wait) = match change {
-            Some(Change::Join { uid, known }) => (None, self.join(uid, known).await?),
-            Some(Change::Leave { uid }) => (Some(uid), false),
-            None => (None, false),
-        };
+        debug_assert!(
+            change != Some(Change::Announced),
+            "a pass announces nothing"
+        );
+        let (leaves, wait) = self.membership_change(change, None).await?;
         if !wait && self.held.is_empty() {
             let moved = self.tracker.push_done(position, leaves);
             self.note(moved);
@@ -429,11 +456,7 @@ impl Outbox {
         position: Option<String>,
         change: Option<Change>,
     ) -> Result<(), OutboxError> {
-        let (leaves, wait) = match change {
-            Some(Change::Join { uid, known }) => (None, self.join(uid, known).await?),
-            Some(Change::Leave { uid }) => (Some(uid), false),
-            None => (None, false),
-        };
+        let (leaves, wait) = self.membership_change(change, Some(&a.meta)).await?;
         let seq = self.tracker.push(position, leaves);
         self.note(false);
         let record = envelope::record(&self.route, &a, object, std::mem::take(&mut self.spare));

@@ -22,6 +22,9 @@ pub struct Known {
 pub enum Change {
     /// The object is alive: it becomes a member before its event is sent.
     Join { uid: String, known: Known },
+    /// The same, for the object of the announcement it is sent with, whose identity is taken
+    /// from it only when the object is not a member yet (most events are of members).
+    Announced,
     /// The object is gone: it leaves once its DELETED is acknowledged.
     Leave { uid: String },
 }

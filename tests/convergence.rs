@@ -268,14 +268,7 @@ async fn a_hundred_thousand_pods_with_deletions_while_down() {
         .filter(|m| m.value["watchrelay"]["synthetic"] == true)
         .count();
     assert_eq!(inferred, 2_000);
-    let cm = bed
-        .sim
-        .get(
-            "configmaps",
-            Some(common::bed::CHECKPOINT_NS),
-            common::bed::CHECKPOINT_NAME,
-        )
-        .unwrap();
+    let cm = bed.checkpoint_configmap();
     let size = serde_json::to_vec(&cm["data"]).unwrap().len();
     assert!(
         size < 1024,

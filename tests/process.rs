@@ -54,24 +54,38 @@ fn write_config(
     (config, dir.join("relay.log"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigkill_and_restart_lose_nothing_and_sigterm_drains() {
-    let bed = Bed::new(&["a"]).await;
+/// The binary relaying pods of namespace `a` to a new topic, its first list checkpointed (so
+/// churn started now arrives through a watch): the topic, configuration, log and process.
+async fn started(
+    bed: &Bed,
+    dir: &std::path::Path,
+) -> (String, std::path::PathBuf, std::path::PathBuf, Child) {
     let topic = kafka::unique("proc");
     kafka::create_topics(&[&topic], 3).await;
-    let dir = tempfile::tempdir().unwrap();
-    let (config, log) = write_config(&bed, dir.path(), &topic);
-    let mut child = spawn(&config, &log);
-    // Churn starts once the first list is checkpointed, so every change arrives through a watch.
+    let (config, log) = write_config(bed, dir, &topic);
+    let child = spawn(&config, &log);
     bed.wait_checkpoint(|c| c.contains_key("watchNamespacedPods.a"))
         .await;
-    let churn = bed.sim.start_churn(ChurnSpec {
+    (topic, config, log, child)
+}
+
+/// 300 changes a second to the pods of namespace `a`, up to `max` of them at a time.
+fn churn(bed: &Bed, max: usize) -> watchrelay_sim::ChurnHandle {
+    bed.sim.start_churn(ChurnSpec {
         rate_per_sec: 300.0,
         namespaces: vec!["a".into()],
         resources: vec!["pods".into()],
-        max_objects_per_kind: 30,
+        max_objects_per_kind: max,
         total_events: None,
-    });
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_and_restart_lose_nothing_and_sigterm_drains() {
+    let bed = Bed::new(&["a"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (topic, config, log, mut child) = started(&bed, dir.path()).await;
+    let churn = churn(&bed, 30);
     for round in 0..3u64 {
         tokio::time::sleep(Duration::from_millis(1200 + 300 * round)).await;
         child.kill().unwrap(); // SIGKILL
@@ -107,20 +121,9 @@ async fn sigkill_and_restart_lose_nothing_and_sigterm_drains() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_during_churn_then_deletions_and_compaction_while_down_converge() {
     let bed = Bed::new(&["a"]).await;
-    let topic = kafka::unique("proc");
-    kafka::create_topics(&[&topic], 3).await;
     let dir = tempfile::tempdir().unwrap();
-    let (config, log) = write_config(&bed, dir.path(), &topic);
-    let mut child = spawn(&config, &log);
-    bed.wait_checkpoint(|c| c.contains_key("watchNamespacedPods.a"))
-        .await;
-    let churn = bed.sim.start_churn(ChurnSpec {
-        rate_per_sec: 300.0,
-        namespaces: vec!["a".into()],
-        resources: vec!["pods".into()],
-        max_objects_per_kind: 60,
-        total_events: None,
-    });
+    let (topic, config, log, mut child) = started(&bed, dir.path()).await;
+    let churn = churn(&bed, 60);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     child.kill().unwrap(); // SIGKILL, mid-churn
     child.wait().unwrap();

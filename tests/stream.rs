@@ -301,14 +301,7 @@ async fn a_requested_resync_reannounces_and_the_request_is_cleared() {
         })
     };
     eventually(marked, || "the resync never ended".into()).await;
-    let cm = bed
-        .sim
-        .get(
-            "configmaps",
-            Some(common::bed::CHECKPOINT_NS),
-            common::bed::CHECKPOINT_NAME,
-        )
-        .unwrap();
+    let cm = bed.checkpoint_configmap();
     assert!(cm["metadata"]["annotations"]["watchrelay.io/resync"].is_null());
     relay.stop().await;
     let log = events(&producer);

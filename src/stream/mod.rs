@@ -546,7 +546,8 @@ impl Stream {
     }
 }
 
-fn upsert(meta: &ObjectMeta) -> Option<Change> {
+/// An object that is alive joins the membership, with the identity `meta` gives.
+fn join(meta: &ObjectMeta) -> Option<Change> {
     Some(Change::Join {
         uid: meta.uid.clone(),
         known: Known {

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::{upsert, Reading, Stream};
+use super::{join, Reading, Stream};
 use crate::decode::{self, WatchEvent};
 use crate::envelope::Announcement;
 use crate::event::EventType;
@@ -148,7 +148,7 @@ impl Stream {
                         uid: ev.meta.uid.clone(),
                     })
                 } else {
-                    upsert(&ev.meta)
+                    Some(Change::Announced)
                 };
                 match reading {
                     // The initial state (sent as ADDED): like list items, no position until all
@@ -186,9 +186,13 @@ impl Stream {
             self.m.filtered.inc();
             // An object whose changes are filtered joins all the same when its deletion is
             // forwarded, so a deletion missed while down is still announced.
-            let change = change.filter(|c| {
-                matches!(c, Change::Leave { .. }) || self.channel.forwards(EventType::Deleted)
-            });
+            let change = match change {
+                Some(Change::Announced) if self.channel.forwards(EventType::Deleted) => {
+                    join(&ev.meta)
+                }
+                Some(Change::Announced) => None,
+                change => change,
+            };
             return self
                 .outbox
                 .pass(position, change)

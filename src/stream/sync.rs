@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
-use super::{upsert, Reading, Step, Stream};
+use super::{Reading, Step, Stream};
 use crate::decode::{self, ObjectMeta};
 use crate::envelope::{self, Announcement};
 use crate::event::EventType;
@@ -245,7 +245,7 @@ impl Stream {
                     }
                 };
                 self.announce_replacement(&mut announced, &ev.meta).await?;
-                let change = upsert(&ev.meta);
+                let change = Some(Change::Announced);
                 self.emit(
                     &mut ev,
                     Instant::now(),

@@ -111,6 +111,13 @@ impl Bed {
         .unwrap()
     }
 
+    /// The checkpoint ConfigMap as the simulator stores it.
+    pub fn checkpoint_configmap(&self) -> serde_json::Value {
+        self.sim
+            .get("configmaps", Some(CHECKPOINT_NS), CHECKPOINT_NAME)
+            .expect("the checkpoint ConfigMap exists")
+    }
+
     pub fn checkpoint_rv(&self, stream: &str) -> Option<u64> {
         self.checkpoints()
             .get(stream)
