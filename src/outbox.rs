@@ -232,7 +232,7 @@ impl Outbox {
         };
         while let Some(uid) = self.leaving.pop() {
             let record = membership::record(topic, &self.stream, &uid, None);
-            let receipt = self.membership_receipt(u64::MAX, &uid, Known::default());
+            let receipt = self.membership_receipt(u64::MAX, &uid);
             match self.producer.send(&record, receipt) {
                 Ok(()) => {}
                 Err(Refused::Full(_)) => {
@@ -246,12 +246,11 @@ impl Outbox {
         }
     }
 
-    fn membership_receipt(&self, n: u64, uid: &str, known: Known) -> Box<Receipt> {
+    /// The receipt of a membership record (`n` numbers joins). Its announcement only names the
+    /// object: a membership record never takes the oversize path that would need more.
+    fn membership_receipt(&self, n: u64, uid: &str) -> Box<Receipt> {
         let meta = ObjectMeta {
             uid: uid.to_string(),
-            name: known.name,
-            namespace: known.namespace,
-            resource_version: known.rv,
             ..ObjectMeta::default()
         };
         let mut receipt = Receipt::new(
@@ -282,7 +281,7 @@ impl Outbox {
         let n = self.next_join;
         self.next_join += 1;
         let record = membership::record(topic, &self.stream, &uid, Some(&known));
-        let receipt = self.membership_receipt(n, &uid, known.clone());
+        let receipt = self.membership_receipt(n, &uid);
         if self.offer(&record, receipt).await?.is_some() {
             return Err(OutboxError::Failed(
                 "a membership record was refused for size".into(),

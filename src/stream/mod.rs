@@ -118,7 +118,7 @@ pub struct Stream {
     shutdown: CancellationToken,
     /// The saved position belongs to another query: it is forgotten in the ConfigMap before the
     /// stream publishes anything (see [`Stream::forget_position`]).
-    forget_position: bool,
+    query_changed: bool,
 }
 
 impl Stream {
@@ -143,14 +143,14 @@ impl Stream {
         // A position belongs to the query it was read under: under another one (a changed
         // path, namespace or selector) it is dropped, and the stream reconciles its known
         // objects with the new query's state instead (see `run`).
-        let mut forget_position = false;
+        let mut query_changed = false;
         if let Some(s) = saved
             .as_mut()
             .filter(|s| s.query.as_ref().is_some_and(|q| *q != query))
         {
             tracing::warn!(stream = %id, "the stream's query changed since its checkpoint; reconciling with the new one");
             s.rv = None;
-            forget_position = true;
+            query_changed = true;
         }
         let path = channel.path.collection_url(namespace.as_deref());
         let route = Route {
@@ -211,7 +211,7 @@ impl Stream {
             ),
             publish_every: Duration::from_millis(cfg.checkpoint.interval_ms),
             query,
-            forget_position,
+            query_changed,
             checkpoints: wiring.checkpoints,
             shutdown: shutdown.clone(),
             publish: Box::pin(tokio::time::sleep(Duration::ZERO)),
@@ -247,7 +247,7 @@ impl Stream {
         } else {
             Via::Pages
         };
-        if self.forget_position && !self.forget_position().await {
+        if self.query_changed && !self.forget_position().await {
             return self.stop().await;
         }
         let checkpoint = self.outbox.checkpoint().map(str::to_string);
@@ -462,9 +462,6 @@ impl Stream {
     /// (flagged `synthetic`, so consumers can tell it from a real one). Should the relay stop
     /// meanwhile, the rest is abandoned: the stream's entry stays and it resumes next time.
     async fn leave_scope(&mut self) {
-        if self.outbox.members().is_empty() {
-            return;
-        }
         if self.kind.is_empty() {
             // Never synced in this run (it left while the relay was down): one short list
             // names the kind its inferred DELETEDs carry.
@@ -497,9 +494,10 @@ impl Stream {
     /// published since. Without a position, that run reconciles with its members instead.
     async fn forget_position(&mut self) -> bool {
         self.outbox.forget_position();
-        let Some(mut saved) = self.outbox.take_saved() else {
-            return true;
-        };
+        let mut saved = self
+            .outbox
+            .take_saved()
+            .expect("forgetting the position moves it");
         saved.query = Some(self.query.clone());
         let saved = self.reporter.checkpoint(saved);
         if !self.checkpoints {
@@ -507,10 +505,7 @@ impl Stream {
         }
         tokio::select! {
             _ = self.shutdown.cancelled() => false,
-            _ = self.reporter.written(&saved) => {
-                self.forget_position = false;
-                true
-            }
+            _ = self.reporter.written(&saved) => true,
         }
     }
 
