@@ -105,8 +105,15 @@ fn fill(bootstrap: &str, topic: &str, members: usize, streams: usize) -> usize {
             name: format!("web-{:010x}-{:05x}", a >> 24, b & 0xfffff),
             namespace: Some(format!("team-{}", i % streams)),
             rv: (1_000_000 + i).to_string(),
+            topic: Some("prod.pods".into()),
+            key: Some(format!(
+                "team-{}/web-{:010x}-{:05x}",
+                i % streams,
+                a >> 24,
+                b & 0xfffff
+            )),
         };
-        let record = membership::record(topic, &stream, &uid, Some(&known));
+        let record = membership::record(topic, &owner(), &stream, &uid, Some(&known));
         bytes += record.key.len() + record.value.len();
         let mut rec = BaseRecord::<str, [u8]>::to(topic)
             .key(&record.key)
@@ -123,6 +130,11 @@ fn fill(bootstrap: &str, topic: &str, members: usize, streams: usize) -> usize {
     }
     producer.flush(Duration::from_secs(600)).unwrap();
     bytes
+}
+
+/// The relay whose members the topic holds.
+fn owner() -> membership::Owner {
+    membership::Owner::new("watchrelay", "watchrelay-checkpoints")
 }
 
 /// The child: what the relay does at the start of a term, timed.
@@ -147,9 +159,9 @@ fn restore(bootstrap: &str, topic: &str) {
     })
     .unwrap();
     kafka.ensure_compacted(topic, 1, None).unwrap();
-    let mut restored = Restored::default();
+    let mut restored = Restored::new(owner(), None);
     kafka
-        .replay(topic, &mut |k, v| restored.apply(k, v))
+        .replay(topic, &mut |k, v| restored.apply(k, v), &|| false)
         .unwrap();
     restored.finish();
     let secs = t.elapsed().as_secs_f64();

@@ -135,6 +135,28 @@ impl Channel {
         format!("{hash:016x}")
     }
 
+    /// Whether this channel and `other` may publish the same object under the same topic: the
+    /// same resource, topics that render alike, and scopes that are not provably disjoint (a
+    /// namespace selector matches what it likes). Two such channels would each retract what the
+    /// other announces, so the configuration refuses them.
+    pub fn may_overlap(&self, other: &Channel, cluster: &str) -> bool {
+        let same_resource = self.path.collection_url(None) == other.path.collection_url(None);
+        let probe = Some("\u{1}");
+        let same_topic = self.topic_for(cluster, probe) == other.topic_for(cluster, probe);
+        let scopes_meet = match (&self.scope, &other.scope) {
+            (Scope::Namespaces(a), Scope::Namespaces(b)) => a.iter().any(|ns| b.contains(ns)),
+            _ => true,
+        };
+        same_resource && same_topic && scopes_meet
+    }
+
+    /// The id of the channel a stream id names, and the namespace (`None`: cluster-wide).
+    /// Channel names have no dot, so the first one ends the name.
+    pub fn parse_stream_id(id: &str) -> Option<(&str, Option<&str>)> {
+        let (channel, ns) = id.split_once('.')?;
+        Some((channel, (ns != "_all").then_some(ns)))
+    }
+
     /// The topic for a stream of this channel.
     pub fn topic_for(&self, cluster: &str, namespace: Option<&str>) -> String {
         self.topic

@@ -364,6 +364,19 @@ impl Config {
                     format!("duplicate channel name {:?}", c.name),
                 ));
             }
+            if let Some((j, o)) = channels[..i]
+                .iter()
+                .enumerate()
+                .find(|(_, o)| o.may_overlap(c, &file.cluster_name))
+            {
+                return Err(invalid(
+                    format!("channels[{i}]"),
+                    format!(
+                        "channel {:?} and channels[{j}] ({:?}) watch the same resource into the same topic with scopes that may overlap, so each could retract what the other announces; give one its own topic or make their namespaces disjoint lists",
+                        c.name, o.name
+                    ),
+                ));
+            }
         }
         Ok(Config {
             cluster_name: file.cluster_name,
@@ -393,6 +406,10 @@ impl File {
         }
         if self.kafka.bootstrap_servers.trim().is_empty() {
             return Err(invalid("kafka.bootstrapServers", "must not be empty"));
+        }
+        for (key, value) in &self.kafka.properties {
+            crate::producer::check_property(key, value)
+                .map_err(|m| invalid(format!("kafka.properties.{key}"), m))?;
         }
         if !self.kafka.unsafe_producer_overrides {
             for (key, value) in &self.kafka.properties {

@@ -18,6 +18,7 @@
 
 use serde::Serialize;
 
+use crate::channel::Channel;
 use crate::decode::ObjectMeta;
 use crate::event::EventType;
 
@@ -92,6 +93,15 @@ impl KeyTemplate {
         })
     }
 
+    /// A template that renders `key` whatever the object: where a retraction goes, once the
+    /// key an object was announced under is recorded.
+    pub fn fixed(key: &str) -> Self {
+        Self {
+            template: key.replace('{', "{{"),
+            pieces: vec![KeyPiece::Text(key.to_string())],
+        }
+    }
+
     pub fn as_str(&self) -> &str {
         &self.template
     }
@@ -136,6 +146,59 @@ pub struct Route {
     pub cluster: String,
     /// The stream's namespace, absent for cluster-wide streams.
     pub namespace: Option<String>,
+}
+
+impl Route {
+    /// The route of `channel`'s stream over `namespace` in `cluster`.
+    pub fn for_stream(channel: &Channel, cluster: &str, namespace: Option<String>) -> Self {
+        let path = channel.path.collection_url(namespace.as_deref());
+        Self {
+            topic: channel.topic_for(cluster, namespace.as_deref()),
+            key: channel.key.clone(),
+            dataschema: crate::asyncapi::payload_uri(cluster, &channel.name),
+            source: format!("/clusters/{cluster}{path}"),
+            channel: channel.path.template.clone(),
+            operation_id: channel.operation_id.clone(),
+            message: channel.message.clone(),
+            cluster: cluster.to_string(),
+            namespace,
+        }
+    }
+
+    /// What identifies where this route publishes (`<topic> <key template>`), saved with a
+    /// stream's position: under another one its members are retracted where they were.
+    pub fn id(&self) -> String {
+        format!("{} {}", self.topic, self.key.as_str())
+    }
+
+    /// The route of a channel that no longer exists (its name from the stream id): enough for
+    /// the inferred DELETED of what its stream announced.
+    pub fn vanished(channel: &str, cluster: &str, namespace: Option<String>) -> Self {
+        Self {
+            topic: String::new(),
+            key: KeyTemplate::default(),
+            dataschema: String::new(),
+            source: format!("/clusters/{cluster}"),
+            channel: String::new(),
+            operation_id: channel.to_string(),
+            message: "WatchEvent".into(),
+            cluster: cluster.to_string(),
+            namespace,
+        }
+    }
+}
+
+/// The inferred DELETED of `meta` retracting it from `topic` under `key`, where it was
+/// announced, whatever `route` would key it by now.
+pub fn retraction(route: &Route, meta: ObjectMeta, rv: &str, topic: &str, key: &str) -> Record {
+    let route = Route {
+        topic: topic.to_string(),
+        key: KeyTemplate::fixed(key),
+        ..route.clone()
+    };
+    let object = reference_object(&meta);
+    let a = Announcement::inferred_delete(meta, rv);
+    record(&route, &a, &object, Vec::new())
 }
 
 /// One event as the relay announces it: which change of which object, and how it came about.

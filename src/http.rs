@@ -41,6 +41,14 @@ fn respond(req: &Request<Incoming>, served: &Served) -> Response<Full<Bytes>> {
         },
         "/readyz" => match served.registry.readiness() {
             Readiness { ready: true, .. } => (StatusCode::OK, b"ready\n".to_vec(), "text/plain"),
+            Readiness {
+                blocked: Some(reason),
+                ..
+            } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {reason}\n").into_bytes(),
+                "text/plain",
+            ),
             Readiness { down, .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("not ready; streams not watching: {}\n", down.join(", ")).into_bytes(),

@@ -46,6 +46,12 @@ pub struct Metrics {
     /// Membership records read at the start of the last term, and how long that took.
     pub membership_restored: IntGauge,
     pub membership_restore_seconds: prometheus::Gauge,
+    /// 1 while the membership topic cannot be used, by reason (`not_compacted`, `retention`,
+    /// `recreated`, `partitions`, `unauthorized`, `unavailable`).
+    pub membership_topic_problem: IntGaugeVec,
+    /// Members whose retraction could not be addressed (written by an older version without a
+    /// topic and key, of a channel that no longer exists).
+    pub unretractable_members: IntCounter,
     /// 1 while this replica relays (always, without leader election).
     pub leader: IntGauge,
     /// The configured bound on records awaiting acknowledgement per stream.
@@ -118,6 +124,25 @@ impl Metrics {
         registry
             .register(Box::new(membership_restore_seconds.clone()))
             .expect("each metric is registered once");
+        let membership_topic_problem = IntGaugeVec::new(
+            Opts::new(
+                "membership_topic_problem",
+                "1 while the membership topic cannot be used, by reason",
+            ),
+            &["reason"],
+        )
+        .expect("static metric definitions are valid");
+        registry
+            .register(Box::new(membership_topic_problem.clone()))
+            .expect("each metric is registered once");
+        let unretractable_members = IntCounter::new(
+            "unretractable_members_total",
+            "Members of a removed channel whose topic and key were never recorded (older versions), dropped without a DELETED",
+        )
+        .expect("static metric definitions are valid");
+        registry
+            .register(Box::new(unretractable_members.clone()))
+            .expect("each metric is registered once");
         let checkpoint_written = single(
             "checkpoint_last_write_timestamp_seconds",
             "Unix time of the last successful checkpoint write",
@@ -185,6 +210,8 @@ impl Metrics {
             ),
             membership_restored,
             membership_restore_seconds,
+            membership_topic_problem,
+            unretractable_members,
             in_flight: gauge("in_flight", "Records awaiting acknowledgement"),
             stream_up: gauge("stream_up", "1 while the stream is synced and watching"),
             last_event: gauge(
@@ -196,6 +223,46 @@ impl Metrics {
             in_flight_limit,
             checkpoint_written,
             registry,
+        }
+    }
+
+    /// Removes every series labelled with `stream`: a stream that left for good (its namespace
+    /// left the scope) must not keep its series, or label cardinality grows with namespace churn.
+    pub fn forget_stream(&self, stream: &str) {
+        for v in [
+            &self.events_published,
+            &self.events_filtered,
+            &self.malformed_lines,
+            &self.resyncs,
+            &self.synthetic_deletes,
+        ] {
+            let _ = v.remove_label_values(&[stream]);
+        }
+        for v in [
+            &self.in_flight,
+            &self.stream_up,
+            &self.last_event,
+            &self.members,
+        ] {
+            let _ = v.remove_label_values(&[stream]);
+        }
+        let _ = self.publish_latency.remove_label_values(&[stream]);
+        for t in crate::event::EventType::ALL {
+            let _ = self
+                .events_received
+                .remove_label_values(&[stream, t.as_str()]);
+        }
+        for action in ["dead_letter", "trim"] {
+            let _ = self.oversize.remove_label_values(&[stream, action]);
+        }
+        for kind in crate::producer::ERROR_KINDS {
+            let _ = self.delivery_errors.remove_label_values(&[stream, kind]);
+        }
+        for reason in crate::stream::machine::RESTART_REASONS {
+            let _ = self.watch_restarts.remove_label_values(&[stream, reason]);
+        }
+        for kind in crate::kubeapi::ApiError::KINDS {
+            let _ = self.api_errors.remove_label_values(&[stream, kind]);
         }
     }
 

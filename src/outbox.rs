@@ -35,7 +35,7 @@ use crate::config::OversizePolicy;
 use crate::decode::ObjectMeta;
 use crate::envelope::{self, Announcement, Record, Route};
 use crate::event::EventType;
-use crate::membership::{self, Members};
+use crate::membership::{self, Members, Owner};
 use crate::metrics::Metrics;
 use crate::producer::{DeliveryError, Producer, Receipt, Refused, Report};
 use crate::tracker::{Change, Known, Tracker};
@@ -65,6 +65,8 @@ pub struct Limits {
     pub tombstones: bool,
     /// The membership topic; without one (a dry run) members are kept in memory only.
     pub membership_topic: Option<String>,
+    /// Whose membership records this stream writes.
+    pub owner: Owner,
 }
 
 /// An entry waiting behind a pending join.
@@ -113,6 +115,9 @@ pub struct Outbox {
     held: VecDeque<(u64, Held)>,
     /// Membership tombstones the producer could not take yet.
     leaving: Vec<String>,
+    /// Records still to be sent one at a time, each alone in its batch, after a batch was
+    /// refused for size (see [`Outbox::settle`]).
+    serial: usize,
 }
 
 impl Outbox {
@@ -162,6 +167,7 @@ impl Outbox {
             next_join: 0,
             held: VecDeque::new(),
             leaving: Vec::new(),
+            serial: 0,
         }
     }
 
@@ -170,14 +176,28 @@ impl Outbox {
         self.tracker.in_flight()
     }
 
+    /// Entries that may be in flight now: one while records are sent one at a time.
+    fn limit(&self) -> usize {
+        if self.serial > 0 {
+            1
+        } else {
+            self.limits.max_in_flight
+        }
+    }
+
     /// Whether another entry may be handed over without exceeding the in-flight bound.
     pub fn has_room(&self) -> bool {
-        self.in_flight() < self.limits.max_in_flight
+        self.in_flight() < self.limit()
     }
 
     /// The position of the longest acknowledged prefix.
     pub fn checkpoint(&self) -> Option<&str> {
         self.tracker.checkpoint()
+    }
+
+    /// Where the stream's records go.
+    pub fn route(&self) -> &Route {
+        &self.route
     }
 
     /// The objects the stream announced and has not seen leave.
@@ -194,6 +214,7 @@ impl Outbox {
             rv: self.tracker.checkpoint().map(str::to_string),
             at: Some(envelope::now_rfc3339()),
             query: None,
+            route: None,
             known: None,
         })
     }
@@ -231,7 +252,7 @@ impl Outbox {
             return;
         };
         while let Some(uid) = self.leaving.pop() {
-            let record = membership::record(topic, &self.stream, &uid, None);
+            let record = membership::record(topic, &self.limits.owner, &self.stream, &uid, None);
             let receipt = self.membership_receipt(u64::MAX, &uid);
             match self.producer.send(&record, receipt) {
                 Ok(()) => {}
@@ -266,13 +287,14 @@ impl Outbox {
 
     /// Makes `uid` a member before anything announcing it is sent. Returns whether what
     /// announces it must wait for a pending join.
-    async fn join(&mut self, uid: String, known: Known) -> Result<bool, OutboxError> {
+    async fn join(&mut self, uid: String, mut known: Known) -> Result<bool, OutboxError> {
         if self.members.contains(&uid) {
             return Ok(false);
         }
         if self.joining.contains_key(&uid) {
             return Ok(true);
         }
+        known.topic = Some(self.route.topic.clone());
         let Some(topic) = &self.limits.membership_topic else {
             self.members.insert(&uid, &known);
             self.m.members.set(gauge(self.members.len()));
@@ -280,7 +302,8 @@ impl Outbox {
         };
         let n = self.next_join;
         self.next_join += 1;
-        let record = membership::record(topic, &self.stream, &uid, Some(&known));
+        let record =
+            membership::record(topic, &self.limits.owner, &self.stream, &uid, Some(&known));
         let receipt = self.membership_receipt(n, &uid);
         if self.offer(&record, receipt).await?.is_some() {
             return Err(OutboxError::Failed(
@@ -388,6 +411,8 @@ impl Outbox {
                         name: m.name.clone(),
                         namespace: m.namespace.clone(),
                         rv: m.resource_version.clone(),
+                        topic: None,
+                        key: Some(self.route.key.render(m)),
                     };
                     (None, self.join(m.uid.clone(), known).await?)
                 }
@@ -463,15 +488,21 @@ impl Outbox {
         self.hand(Held::Send(record, receipt), wait).await
     }
 
-    /// What travels with entry `seq`'s record and comes back in its report.
-    fn receipt(&self, seq: u64, arrived: Instant, bytes: usize, a: Announcement) -> Box<Receipt> {
-        Box::new(Receipt::new(
-            self.reports_tx.clone(),
-            seq,
-            arrived,
-            bytes,
-            a,
-        ))
+    /// What travels with entry `seq`'s record and comes back in its report. While records go
+    /// one at a time, each is alone in its batch: a refusal for size is its own.
+    fn receipt(
+        &mut self,
+        seq: u64,
+        arrived: Instant,
+        bytes: usize,
+        a: Announcement,
+    ) -> Box<Receipt> {
+        let mut receipt = Receipt::new(self.reports_tx.clone(), seq, arrived, bytes, a);
+        if self.serial > 0 {
+            self.serial -= 1;
+            receipt.alone = true;
+        }
+        Box::new(receipt)
     }
 
     /// Hands `record` to the producer, retrying while its queue is full. Gives the receipt back
@@ -554,15 +585,15 @@ impl Outbox {
             Err(DeliveryError::TooLarge { value: Some(value) })
                 if !receipt.alone && value.len() <= self.limits.max_message_bytes =>
             {
-                // Its batch was refused: it may be innocent. Tried on its own once before it is
-                // taken for too large.
-                let mut receipt = receipt;
-                receipt.alone = true;
-                let record = envelope::record_of_value(&self.route, &receipt.announcement, value);
-                match self.offer(&record, receipt).await? {
-                    None => Ok(()),
-                    Some(back) => self.send_reference(back).await,
-                }
+                // Its batch was refused: it may be innocent, and newer records of its key may
+                // have been delivered since. Resending it now would put it after them. Instead
+                // everything from the checkpoint is replayed in order, one record at a time (so
+                // each is judged alone) until past what was in flight.
+                self.serial = self.tracker.in_flight().max(1);
+                self.m.delivery_errors.inc();
+                Err(OutboxError::Failed(
+                    "a batch was refused for size; replaying one record at a time".into(),
+                ))
             }
             Err(DeliveryError::TooLarge { .. }) => self.send_reference(receipt).await,
             Err(DeliveryError::Failed(e)) => {
@@ -587,7 +618,40 @@ impl Outbox {
 
     /// Settles reports until there is room for one more entry.
     pub async fn wait_for_room(&mut self) -> Result<(), OutboxError> {
-        self.wait_until(self.limits.max_in_flight - 1).await
+        self.wait_until(self.limit() - 1).await
+    }
+
+    /// Settles reports until no join is pending: every object announced so far is then a
+    /// member (or its join failed, and nothing announcing it was sent). A decision that reads
+    /// the members (reconcile, leave scope) comes after this.
+    pub async fn settle_joins(&mut self) -> Result<(), OutboxError> {
+        while !self.joins.is_empty() {
+            let report = tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => return Err(OutboxError::Cancelled),
+                r = self.reports_rx.recv() => r.expect("the outbox holds a sender of its own"),
+            };
+            self.settle(report).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends the inferred DELETED of member `uid` to `topic` under `key`, where it was
+    /// announced; it leaves once that is acknowledged.
+    pub async fn retract(
+        &mut self,
+        meta: ObjectMeta,
+        list_rv: &str,
+        topic: &str,
+        key: &str,
+    ) -> Result<(), OutboxError> {
+        let uid = meta.uid.clone();
+        let record = envelope::retraction(&self.route, meta, list_rv, topic, key);
+        let seq = self.tracker.push(None, Some(uid));
+        self.note(false);
+        let a = Announcement::change(EventType::Deleted, ObjectMeta::default(), false);
+        let receipt = self.receipt(seq, Instant::now(), record.value.len(), a);
+        self.hand(Held::Send(record, receipt), false).await
     }
 
     /// Forgets every unacknowledged entry after a failed delivery and returns the checkpoint to

@@ -8,7 +8,7 @@
 //! Sends never wait for their delivery: each record carries a [`Receipt`] (its stream's report
 //! channel, sequence number and announcement), and the producer reports back through it.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,9 @@ use tokio::sync::mpsc;
 
 use crate::config::KafkaConfig;
 use crate::envelope::{Announcement, Record};
+
+/// The `kind` labels of delivery errors.
+pub const ERROR_KINDS: [&str; 2] = ["enqueue", "delivery"];
 
 /// Why a record was not delivered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,20 +125,81 @@ pub trait Producer: Send + Sync {
         None
     }
 
-    /// Creates `topic` compacted (`cleanup.policy=compact`) unless it exists. Blocks.
+    /// Creates `topic` compacted (`cleanup.policy=compact`) unless it exists, and says what the
+    /// broker reports of it. Blocks.
     fn ensure_compacted(
         &self,
         _topic: &str,
         _partitions: i32,
         _replication: Option<i32>,
-    ) -> Result<(), String> {
-        Ok(())
+    ) -> Result<TopicState, TopicError> {
+        Ok(TopicState::compacted(1))
     }
 
     /// Reads `topic` from its beginning to its end as of the call, handing each record's key
-    /// and value (`None` for a tombstone) to `apply`, in partition order. Blocks.
-    fn replay(&self, _topic: &str, _apply: &mut Apply<'_>) -> Result<(), String> {
+    /// and value (`None` for a tombstone) to `apply`, in partition order, until `stopped` says
+    /// to give up. Blocks.
+    fn replay(
+        &self,
+        _topic: &str,
+        _apply: &mut Apply<'_>,
+        _stopped: &(dyn Fn() -> bool + Sync),
+    ) -> Result<(), TopicError> {
         Ok(())
+    }
+}
+
+/// What the broker reports of a topic the relay keeps its state in.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TopicState {
+    pub partitions: usize,
+    /// The topic's configuration entries, as the broker describes them.
+    pub configs: BTreeMap<String, String>,
+    /// Whether this call created it.
+    pub created: bool,
+}
+
+impl TopicState {
+    /// A compacted topic of `partitions`, as the relay creates it.
+    pub fn compacted(partitions: usize) -> Self {
+        Self {
+            partitions,
+            configs: BTreeMap::from([("cleanup.policy".to_string(), "compact".to_string())]),
+            created: false,
+        }
+    }
+}
+
+/// Why a topic could not be created, described or read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TopicError {
+    /// The broker refused for lack of permission: retrying does not help until an ACL changes.
+    #[error("not authorized: {0}")]
+    Unauthorized(String),
+    #[error("stopped")]
+    Stopped,
+    #[error("{0}")]
+    Other(String),
+}
+
+impl TopicError {
+    fn of(code: RDKafkaErrorCode, what: String) -> Self {
+        match code {
+            RDKafkaErrorCode::TopicAuthorizationFailed
+            | RDKafkaErrorCode::ClusterAuthorizationFailed
+            | RDKafkaErrorCode::GroupAuthorizationFailed
+            | RDKafkaErrorCode::SaslAuthenticationFailed => {
+                Self::Unauthorized(format!("{what}: {code}"))
+            }
+            _ => Self::Other(format!("{what}: {code}")),
+        }
+    }
+
+    fn kafka(e: KafkaError, what: &str) -> Self {
+        match e.rdkafka_error_code() {
+            Some(code) => Self::of(code, what.to_string()),
+            None => Self::Other(format!("{what}: {e}")),
+        }
     }
 }
 
@@ -163,6 +227,27 @@ fn is_too_large(e: &KafkaError) -> bool {
         e.rdkafka_error_code(),
         Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::MessageBatchTooLarge)
     )
+}
+
+/// Whether the Kafka client knows `key` and accepts `value` for it, offline. The error names
+/// what is wrong and never contains the value (it may be a secret from the environment).
+pub fn check_property(key: &str, value: &str) -> Result<(), String> {
+    let mut c = ClientConfig::new();
+    c.set(key, value);
+    match c.create_native_config() {
+        Ok(_) => Ok(()),
+        Err(KafkaError::ClientConfig(_, message, _, _)) => Err(redact(&message, value)),
+        Err(e) => Err(redact(&e.to_string(), value)),
+    }
+}
+
+/// `message` with every occurrence of `secret` masked.
+fn redact(message: &str, secret: &str) -> String {
+    if secret.is_empty() {
+        message.to_string()
+    } else {
+        message.replace(secret, "<redacted>")
+    }
 }
 
 /// The producer settings the relay relies on; `kafka.properties` may override any of them.
@@ -225,7 +310,20 @@ const REPLAY_BUFFERS: &[(&str, &str)] = &[
 const REPLAY_IDLE: Duration = Duration::from_secs(60);
 
 impl Kafka {
-    pub fn new(cfg: &KafkaConfig) -> Result<Self, KafkaError> {
+    /// A producer with `cfg`. The error never contains a property's value.
+    pub fn new(cfg: &KafkaConfig) -> Result<Self, String> {
+        Self::create(cfg).map_err(|e| match e {
+            KafkaError::ClientConfig(_, message, key, value) => {
+                format!("kafka property {key}: {}", redact(&message, &value))
+            }
+            e => cfg
+                .properties
+                .values()
+                .fold(e.to_string(), |m, v| redact(&m, v)),
+        })
+    }
+
+    fn create(cfg: &KafkaConfig) -> Result<Self, KafkaError> {
         let all = client_config(cfg);
         let mut connection = ClientConfig::new();
         for (k, v) in all.config_map() {
@@ -285,35 +383,96 @@ impl Producer for Kafka {
         topic: &str,
         partitions: i32,
         replication: Option<i32>,
-    ) -> Result<(), String> {
-        use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-        let admin: AdminClient<rdkafka::client::DefaultClientContext> =
-            self.connection.create().map_err(|e| e.to_string())?;
-        let new = NewTopic::new(
-            topic,
-            partitions,
-            TopicReplication::Fixed(replication.unwrap_or(-1)),
-        )
-        .set("cleanup.policy", "compact");
-        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-        let results = futures::executor::block_on(admin.create_topics([&new], &options))
-            .map_err(|e| e.to_string())?;
-        for result in results {
-            match result {
-                Ok(_) => {
-                    tracing::info!(%topic, partitions, "created the membership topic (compacted)")
+    ) -> Result<TopicState, TopicError> {
+        use rdkafka::admin::{
+            AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication,
+        };
+        use rdkafka::types::RDKafkaRespErr;
+        let timeout = Duration::from_secs(30);
+        let admin: AdminClient<rdkafka::client::DefaultClientContext> = self
+            .connection
+            .create()
+            .map_err(|e| TopicError::kafka(e, "creating an admin client"))?;
+        let options = AdminOptions::new().operation_timeout(Some(timeout));
+        // Created only when missing: where the relay may not create topics, one made by hand
+        // is used as it is (and verified like any other).
+        let md = admin
+            .inner()
+            .fetch_metadata(Some(topic), timeout)
+            .map_err(|e| TopicError::kafka(e, &format!("reading the metadata of {topic}")))?;
+        let found = md.topics().iter().find(|t| t.name() == topic);
+        let mut created = false;
+        match found.and_then(|t| t.error()) {
+            None if found.is_some_and(|t| !t.partitions().is_empty()) => {}
+            Some(e) if e != RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART => {
+                return Err(TopicError::of(
+                    e.into(),
+                    format!("reading the metadata of {topic}"),
+                ));
+            }
+            _ => {
+                let new = NewTopic::new(
+                    topic,
+                    partitions,
+                    TopicReplication::Fixed(replication.unwrap_or(-1)),
+                )
+                .set("cleanup.policy", "compact");
+                let results = futures::executor::block_on(admin.create_topics([&new], &options))
+                    .map_err(|e| TopicError::kafka(e, &format!("creating {topic}")))?;
+                for result in results {
+                    match result {
+                        Ok(_) => {
+                            created = true;
+                            tracing::info!(%topic, partitions, "created the membership topic (compacted)")
+                        }
+                        Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                        Err((_, code)) => {
+                            return Err(TopicError::of(code, format!("creating {topic}")))
+                        }
+                    }
                 }
-                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((_, code)) => return Err(format!("creating topic {topic}: {code}")),
             }
         }
-        Ok(())
+        let md = admin
+            .inner()
+            .fetch_metadata(Some(topic), timeout)
+            .map_err(|e| TopicError::kafka(e, &format!("reading the metadata of {topic}")))?;
+        let partitions = md
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .map_or(0, |t| t.partitions().len());
+        let described = futures::executor::block_on(
+            admin.describe_configs([&ResourceSpecifier::Topic(topic)], &options),
+        )
+        .map_err(|e| TopicError::kafka(e, &format!("describing {topic}")))?;
+        let mut configs = BTreeMap::new();
+        for resource in described {
+            let resource =
+                resource.map_err(|code| TopicError::of(code, format!("describing {topic}")))?;
+            for entry in resource.entries {
+                if let Some(value) = entry.value {
+                    configs.insert(entry.name, value);
+                }
+            }
+        }
+        Ok(TopicState {
+            partitions,
+            configs,
+            created,
+        })
     }
 
-    fn replay(&self, topic: &str, apply: &mut Apply<'_>) -> Result<(), String> {
+    fn replay(
+        &self,
+        topic: &str,
+        apply: &mut Apply<'_>,
+        stopped: &(dyn Fn() -> bool + Sync),
+    ) -> Result<(), TopicError> {
         use rdkafka::consumer::{BaseConsumer, Consumer};
         use rdkafka::{Offset, TopicPartitionList};
         let timeout = Duration::from_secs(30);
+        let other = |e: String| TopicError::Other(e);
         let mut settings = self.connection.clone();
         settings
             .set("group.id", "watchrelay-membership")
@@ -326,10 +485,12 @@ impl Producer for Kafka {
                 settings.set(*k, *v);
             }
         }
-        let consumer: BaseConsumer = settings.create().map_err(|e| e.to_string())?;
+        let consumer: BaseConsumer = settings
+            .create()
+            .map_err(|e| TopicError::kafka(e, "creating a consumer"))?;
         let md = consumer
             .fetch_metadata(Some(topic), timeout)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| TopicError::kafka(e, &format!("reading the metadata of {topic}")))?;
         let partitions = md
             .topics()
             .iter()
@@ -339,24 +500,31 @@ impl Producer for Kafka {
         // Where reading stops: an end marker (a tombstone no stream owns) produced to every
         // partition now; the offset Kafka acknowledged for it is exact on any broker, unlike a
         // high watermark fetched separately.
-        let marker: rdkafka::producer::FutureProducer =
-            self.connection.create().map_err(|e| e.to_string())?;
+        let marker: rdkafka::producer::FutureProducer = self
+            .connection
+            .create()
+            .map_err(|e| TopicError::kafka(e, "creating a producer"))?;
         let mut ends = std::collections::HashMap::new();
         let mut tpl = TopicPartitionList::new();
-        for p in 0..i32::try_from(partitions).map_err(|e| e.to_string())? {
+        for p in 0..i32::try_from(partitions).map_err(|e| other(e.to_string()))? {
             let record = rdkafka::producer::FutureRecord::<str, [u8]>::to(topic)
                 .partition(p)
                 .key(crate::membership::END_MARKER);
             let end = futures::executor::block_on(marker.send(record, timeout))
-                .map_err(|(e, _)| format!("marking the end of {topic}[{p}]: {e}"))?
+                .map_err(|(e, _)| {
+                    TopicError::kafka(e, &format!("marking the end of {topic}[{p}]"))
+                })?
                 .offset;
             ends.insert(p, end);
             tpl.add_partition_offset(topic, p, Offset::Beginning)
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| other(e.to_string()))?;
         }
-        consumer.assign(&tpl).map_err(|e| e.to_string())?;
+        consumer.assign(&tpl).map_err(|e| other(e.to_string()))?;
         let mut idle = Instant::now();
         while !ends.is_empty() {
+            if stopped() {
+                return Err(TopicError::Stopped);
+            }
             match consumer.poll(Duration::from_millis(200)) {
                 Some(Ok(m)) => {
                     idle = Instant::now();
@@ -368,11 +536,20 @@ impl Producer for Kafka {
                         ends.remove(&m.partition());
                     }
                 }
-                Some(Err(e)) => tracing::warn!(%topic, error = %e, "reading the membership topic"),
+                Some(Err(e)) => {
+                    if let Some(
+                        code @ (RDKafkaErrorCode::TopicAuthorizationFailed
+                        | RDKafkaErrorCode::GroupAuthorizationFailed),
+                    ) = e.rdkafka_error_code()
+                    {
+                        return Err(TopicError::of(code, format!("reading {topic}")));
+                    }
+                    tracing::warn!(%topic, error = %e, "reading the membership topic")
+                }
                 None if idle.elapsed() > REPLAY_IDLE => {
-                    return Err(format!(
+                    return Err(other(format!(
                         "reading {topic}: nothing for {REPLAY_IDLE:?} before its end offsets"
-                    ))
+                    )))
                 }
                 None => {}
             }
@@ -416,6 +593,12 @@ struct MemoryState {
     batch_limit: Option<usize>,
     fail_next: usize,
     fatal: Option<String>,
+    /// What `ensure_compacted` reports of each topic (created compacted when first asked).
+    topics: std::collections::HashMap<String, TopicState>,
+    /// What `ensure_compacted` fails with, when set.
+    topic_error: Option<TopicError>,
+    /// A pause before each record a replay hands over: a slow read.
+    replay_pause: Option<Duration>,
 }
 
 impl Memory {
@@ -465,6 +648,21 @@ impl Memory {
     /// Fails the next `n` deliveries.
     pub fn fail_next(&self, n: usize) {
         self.state().fail_next = n;
+    }
+
+    /// Sets what the broker reports of `topic`.
+    pub fn set_topic(&self, topic: &str, state: TopicState) {
+        self.state().topics.insert(topic.to_string(), state);
+    }
+
+    /// Fails every `ensure_compacted` with `error` (`None`: stops failing).
+    pub fn fail_topics(&self, error: Option<TopicError>) {
+        self.state().topic_error = error;
+    }
+
+    /// Pauses before each record a replay hands over.
+    pub fn slow_replay(&self, pause: Duration) {
+        self.state().replay_pause = Some(pause);
     }
 
     /// Fails fatally, as an idempotent producer whose sequence broke.
@@ -563,8 +761,37 @@ impl Producer for Memory {
         }
     }
 
-    fn replay(&self, topic: &str, apply: &mut Apply<'_>) -> Result<(), String> {
+    fn ensure_compacted(
+        &self,
+        topic: &str,
+        partitions: i32,
+        _replication: Option<i32>,
+    ) -> Result<TopicState, TopicError> {
+        let mut s = self.state();
+        if let Some(e) = &s.topic_error {
+            return Err(e.clone());
+        }
+        let partitions = usize::try_from(partitions).unwrap_or(1);
+        Ok(s.topics
+            .entry(topic.to_string())
+            .or_insert_with(|| TopicState::compacted(partitions))
+            .clone())
+    }
+
+    fn replay(
+        &self,
+        topic: &str,
+        apply: &mut Apply<'_>,
+        stopped: &(dyn Fn() -> bool + Sync),
+    ) -> Result<(), TopicError> {
+        let pause = self.state().replay_pause;
         for r in self.log().iter().filter(|r| r.topic == topic) {
+            if stopped() {
+                return Err(TopicError::Stopped);
+            }
+            if let Some(pause) = pause {
+                std::thread::sleep(pause);
+            }
             apply(r.key.as_bytes(), (!r.tombstone).then_some(&r.value[..]));
         }
         Ok(())

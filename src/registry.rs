@@ -63,6 +63,9 @@ struct Inner {
     role: Role,
     /// Why the process must be restarted, once something failed beyond repair.
     failed: Option<String>,
+    /// Why relaying cannot start (a membership topic that is not what it should be): not ready
+    /// until it is resolved.
+    blocked: Option<String>,
     /// A watching stream that read nothing for longer than this (seconds) is stalled.
     stall_after: i64,
     streams: BTreeMap<String, Entry>,
@@ -93,6 +96,8 @@ pub struct Readiness {
     pub ready: bool,
     /// Streams not watching.
     pub down: Vec<String>,
+    /// Why relaying cannot start, if it cannot.
+    pub blocked: Option<String>,
 }
 
 impl Registry {
@@ -107,6 +112,7 @@ impl Registry {
             inner: Arc::new(Mutex::new(Inner {
                 role: Role::Leader,
                 failed: None,
+                blocked: None,
                 stall_after: i64::try_from(bound.as_secs()).unwrap_or(i64::MAX),
                 streams: BTreeMap::new(),
                 retired: Vec::new(),
@@ -166,6 +172,18 @@ impl Registry {
         }
     }
 
+    /// Relaying cannot start for `reason` (`None`: it can again). Logged when it changes.
+    pub fn block(&self, reason: Option<String>) {
+        let mut inner = self.lock();
+        if inner.blocked != reason {
+            match &reason {
+                Some(r) => tracing::error!(reason = %r, "not relaying"),
+                None => tracing::info!("the membership topic is usable again"),
+            }
+            inner.blocked = reason;
+        }
+    }
+
     /// `Err(reason)` once [`Registry::fail`] was called: what `/healthz` reports.
     pub fn health(&self) -> Result<(), String> {
         match &self.lock().failed {
@@ -187,6 +205,7 @@ impl Registry {
             return Readiness {
                 ready: true,
                 down: Vec::new(),
+                blocked: None,
             };
         }
         let now = crate::metrics::unix_now();
@@ -202,8 +221,9 @@ impl Registry {
             .map(|(id, _)| id.clone())
             .collect();
         Readiness {
-            ready: down.is_empty() && !inner.streams.is_empty(),
+            ready: down.is_empty() && !inner.streams.is_empty() && inner.blocked.is_none(),
             down,
+            blocked: inner.blocked.clone(),
         }
     }
 
@@ -350,6 +370,7 @@ mod tests {
             rv: Some(rv.into()),
             at: None,
             query: None,
+            route: None,
             known: None,
         }
     }
@@ -365,7 +386,8 @@ mod tests {
             r.readiness(),
             Readiness {
                 ready: false,
-                down: vec!["b".into()]
+                down: vec!["b".into()],
+                blocked: None,
             }
         );
         b.phase(Phase::Watching);

@@ -15,6 +15,13 @@ pub struct Known {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     pub rv: String,
+    /// The topic the object was announced on: where its retraction goes, whatever the
+    /// configuration says by then. Absent in records of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+    /// The Kafka key it was announced under. Absent in records of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 /// How an event changes the stream's membership.

@@ -74,7 +74,8 @@ async fn one_replica_relays_and_handovers_lose_nothing() {
         b.registry.readiness(),
         Readiness {
             ready: true,
-            down: vec![]
+            down: vec![],
+            blocked: None,
         },
         "a standby is ready"
     );

@@ -34,6 +34,27 @@ pub use store::Store;
 /// it once it has asked them.
 pub const RESYNC_ANNOTATION: &str = "watchrelay.io/resync";
 
+/// The `data` key of the [`MembershipMark`]: no stream id starts with a dot.
+pub const MARK_KEY: &str = ".membership";
+
+/// What this relay recorded of its membership topic the last time it verified it: the topic,
+/// the id of the mark it wrote into it, and its partitions. A topic deleted and created again
+/// lacks the mark; one with other partitions spreads keys differently. Its presence also says
+/// the ownerless records of older versions were adopted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MembershipMark {
+    pub topic: String,
+    pub id: String,
+    pub partitions: usize,
+}
+
+/// What the checkpoint ConfigMap holds.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub streams: HashMap<String, Saved>,
+    pub mark: Option<MembershipMark>,
+}
+
 /// ConfigMaps are limited to 1 MiB; leave room for metadata.
 pub(crate) const BUDGET: usize = 900 * 1024;
 
@@ -67,6 +88,11 @@ pub struct Saved {
     /// position is never resumed under another query. Absent in older entries.
     #[serde(default)]
     pub query: Option<String>,
+    /// Where the stream published, as `<topic> <key template>`: under another route its
+    /// members are retracted where they were announced and the stream reconciles. Absent in
+    /// older entries.
+    #[serde(default)]
+    pub route: Option<String>,
     /// A known-object set an older version kept here, to be moved to the membership topic.
     /// Never written.
     #[serde(default)]
@@ -81,6 +107,8 @@ struct Position<'a> {
     at: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     query: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    route: Option<&'a str>,
 }
 
 /// A stream's checkpoint, encoded for the ConfigMap's `data`.
@@ -89,6 +117,7 @@ pub fn encode(saved: &Saved) -> String {
         rv: saved.rv.as_deref(),
         at: saved.at.as_deref(),
         query: saved.query.as_deref(),
+        route: saved.route.as_deref(),
     })
     .expect("plain strings serialize")
 }
@@ -134,7 +163,12 @@ fn valid(s: &Saved) -> Result<(), String> {
 /// starts over with a list); a legacy set that cannot be read is left out of its entry.
 pub fn read(cm: &ConfigMap) -> HashMap<String, Saved> {
     let mut out = HashMap::new();
-    for (k, v) in cm.data.iter().flatten() {
+    for (k, v) in cm
+        .data
+        .iter()
+        .flatten()
+        .filter(|(k, _)| !k.starts_with('.'))
+    {
         let mut saved = match serde_json::from_str::<Saved>(v)
             .map_err(|e| e.to_string())
             .and_then(|s| valid(&s).map(|()| s))
@@ -160,6 +194,14 @@ pub fn read(cm: &ConfigMap) -> HashMap<String, Saved> {
     out
 }
 
+/// The [`MembershipMark`] a ConfigMap holds, if it holds a readable one.
+pub fn read_mark(cm: &ConfigMap) -> Option<MembershipMark> {
+    let v = cm.data.as_ref()?.get(MARK_KEY)?;
+    serde_json::from_str(v)
+        .map_err(|e| tracing::warn!(error = %e, "ignoring an unreadable membership mark"))
+        .ok()
+}
+
 /// The bytes `data` takes.
 pub(crate) fn size(data: &BTreeMap<String, String>) -> usize {
     data.iter().map(|(k, v)| k.len() + v.len()).sum()
@@ -176,6 +218,7 @@ mod tests {
             rv: Some("4711".into()),
             at: Some("2026-01-01T00:00:00Z".into()),
             query: Some("q1".into()),
+            route: None,
             known: Some(HashMap::from([("u".into(), Known::default())])),
         };
         let entry = encode(&saved);

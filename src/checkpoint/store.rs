@@ -1,11 +1,11 @@
 //! Reading and writing the checkpoint ConfigMap.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
 
-use super::{read, size, CheckpointError, Saved, BUDGET, RESYNC_ANNOTATION};
+use super::{read, read_mark, size, CheckpointError, Loaded, BUDGET, RESYNC_ANNOTATION};
 
 pub struct Store {
     api: Api<ConfigMap>,
@@ -27,14 +27,21 @@ impl Store {
         }
     }
 
-    /// Reads every stream's saved position. A missing ConfigMap is an empty one.
-    pub async fn load(&self) -> Result<HashMap<String, Saved>, CheckpointError> {
+    /// Reads every stream's saved position and the membership mark. A missing ConfigMap is an
+    /// empty one.
+    pub async fn load(&self) -> Result<Loaded, CheckpointError> {
         let cm = self
             .api
             .get_opt(&self.name)
             .await
             .map_err(|e| self.err(e))?;
-        Ok(cm.as_ref().map(read).unwrap_or_default())
+        Ok(cm
+            .as_ref()
+            .map(|cm| Loaded {
+                streams: read(cm),
+                mark: read_mark(cm),
+            })
+            .unwrap_or_default())
     }
 
     /// A pending resync request (the [`RESYNC_ANNOTATION`] on the ConfigMap), taken: the

@@ -3,12 +3,26 @@
 //!
 //! A stream needs its known objects to infer deletions it could not see: after a 410, a
 //! relist's state lacks them, and each gets an inferred DELETED. The set lives in memory as
-//! [`Members`] and in the membership topic as one record per (stream, uid): the key is
-//! `<stream>/<uid>`, the value the identity an inferred DELETED needs (`{"name", "namespace",
-//! "rv"}`, the resourceVersion at which the object joined) and a null value (a tombstone) once
-//! the object is gone. At the start of each term the relay reads the topic from the beginning to
-//! its end offsets and rebuilds every stream's set; compaction only bounds how much there is to
-//! read, the latest record of each key decides.
+//! [`Members`] and in the membership topic as one record per (owner, stream, uid): the key is
+//! `<owner>/<stream>/<uid>`, the value what an inferred DELETED needs (`{"name", "namespace",
+//! "rv", "topic", "key"}`: the identity, the resourceVersion at which the object joined, and the
+//! topic and key it was announced under) and a null value (a tombstone) once the object is gone.
+//! At the start of each term the relay reads the topic from the beginning to its end offsets and
+//! rebuilds every stream's set; compaction only bounds how much there is to read, the latest
+//! record of each key decides.
+//!
+//! # Ownership
+//! The [`Owner`] is the relay's checkpoint ConfigMap (`<namespace>/<name>`): every release has
+//! its own, so releases sharing a cluster name, a membership topic and even channel names never
+//! read, retire or tombstone each other's members. Records of other owners are skipped while
+//! reading. Records an older version wrote without an owner (`<stream>/<uid>`) are adopted once:
+//! only for streams that have a position in this relay's own ConfigMap, and only until the
+//! ConfigMap records that the topic was adopted (see [`crate::checkpoint::MembershipMark`]).
+//!
+//! # Retraction
+//! Because a record carries the topic and key its object was announced under, what a stream
+//! announced can be retracted after its channel was renamed or removed, or its topic or key
+//! template changed: an inferred DELETED goes to that topic and key.
 //!
 //! # No hole after a crash at any instant
 //! The invariant: *an object a consumer may hold is a member in the topic.* It holds because
@@ -36,7 +50,7 @@
 
 mod set;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 pub use set::Members;
 
@@ -47,19 +61,49 @@ use crate::producer::{Producer, Receipt, Refused};
 pub use crate::tracker::Known;
 
 /// The key of the record marking where a reading of the topic ends: a tombstone, which
-/// [`Restored::apply`] takes for the removal of a member no stream has.
+/// [`Restored::apply`] skips.
 pub const END_MARKER: &str = "~/end";
 
-/// The membership key of `uid` on `stream`.
-pub fn key(stream: &str, uid: &str) -> String {
-    format!("{stream}/{uid}")
+/// The stream name of an owner's topic mark: `<owner>/~/topic`.
+const MARK: &str = "~";
+
+/// Who owns persisted state: the checkpoint ConfigMap, as `<namespace>/<name>`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Owner(String);
+
+impl Owner {
+    pub fn new(namespace: &str, name: &str) -> Self {
+        Self(format!("{namespace}/{name}"))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
 }
 
-/// The record that makes `uid` a member of `stream` (`Some`) or no longer one (`None`).
-pub fn record(topic: &str, stream: &str, uid: &str, known: Option<&Known>) -> Record {
+impl std::fmt::Display for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The membership key of `uid` on `owner`'s `stream`.
+pub fn key(owner: &Owner, stream: &str, uid: &str) -> String {
+    format!("{owner}/{stream}/{uid}")
+}
+
+/// The record that makes `uid` a member of `owner`'s `stream` (`Some`) or no longer one
+/// (`None`).
+pub fn record(
+    topic: &str,
+    owner: &Owner,
+    stream: &str,
+    uid: &str,
+    known: Option<&Known>,
+) -> Record {
     Record {
         topic: topic.to_string(),
-        key: key(stream, uid),
+        key: key(owner, stream, uid),
         value: known
             .map(|k| serde_json::to_vec(k).expect("plain strings serialize"))
             .unwrap_or_default(),
@@ -68,37 +112,109 @@ pub fn record(topic: &str, stream: &str, uid: &str, known: Option<&Known>) -> Re
     }
 }
 
-/// Every stream's members, rebuilt from the membership topic.
-#[derive(Debug, Default)]
+/// The record that marks the topic as `owner`'s, with `id`: it stays (compaction keeps the
+/// latest record of a key) as long as the topic lives, so a topic deleted and created again
+/// lacks it.
+pub fn mark_record(topic: &str, owner: &Owner, id: &str) -> Record {
+    Record {
+        topic: topic.to_string(),
+        key: format!("{owner}/{MARK}/topic"),
+        value: serde_json::to_vec(&serde_json::json!({ "id": id })).expect("a string serializes"),
+        headers: Vec::new(),
+        tombstone: false,
+    }
+}
+
+/// Every stream's members, rebuilt from the membership topic: this owner's, and the ownerless
+/// records of older versions for the streams that may adopt them.
+#[derive(Debug)]
 pub struct Restored {
+    owner: Owner,
     streams: HashMap<String, Members>,
+    /// Ownerless records, kept only for these streams (`None`: none kept).
+    legacy_for: Option<HashSet<String>>,
+    legacy: HashMap<String, Members>,
+    /// The id of this owner's topic mark, as read.
+    pub mark: Option<String>,
     /// Records read.
     pub records: u64,
+    /// Records of other owners (skipped).
+    pub foreign: u64,
     /// Records that could not be read (and were skipped).
     pub malformed: u64,
 }
 
 impl Restored {
+    /// A restore for `owner`; ownerless records of the streams in `legacy_for` are kept for
+    /// adoption.
+    pub fn new(owner: Owner, legacy_for: Option<HashSet<String>>) -> Self {
+        Self {
+            owner,
+            streams: HashMap::new(),
+            legacy_for,
+            legacy: HashMap::new(),
+            mark: None,
+            records: 0,
+            foreign: 0,
+            malformed: 0,
+        }
+    }
+
     /// Applies one record of the topic, in its partition's order. Call [`Restored::finish`]
     /// once every record is applied.
     pub fn apply(&mut self, key: &[u8], value: Option<&[u8]>) {
         self.records += 1;
-        let Some((stream, uid)) = std::str::from_utf8(key)
-            .ok()
-            .and_then(|k| k.rsplit_once('/'))
-        else {
+        let Some(key) = std::str::from_utf8(key).ok() else {
             self.malformed += 1;
             return;
         };
+        if key == END_MARKER {
+            return;
+        }
+        let parts: Vec<&str> = key.split('/').collect();
+        let (stream, uid, legacy) = match parts[..] {
+            [ns, name, stream, uid] => {
+                let owner = self.owner.as_str();
+                let mine = owner.len() == ns.len() + 1 + name.len()
+                    && owner.starts_with(ns)
+                    && owner[ns.len() + 1..] == *name;
+                if !mine {
+                    self.foreign += 1;
+                    return;
+                }
+                if stream == MARK {
+                    self.mark = value
+                        .and_then(|v| serde_json::from_slice::<serde_json::Value>(v).ok())
+                        .and_then(|v| v["id"].as_str().map(str::to_string));
+                    return;
+                }
+                (stream, uid, false)
+            }
+            [stream, uid] => {
+                if !self.legacy_for.as_ref().is_some_and(|s| s.contains(stream)) {
+                    self.foreign += 1;
+                    return;
+                }
+                (stream, uid, true)
+            }
+            _ => {
+                self.malformed += 1;
+                return;
+            }
+        };
+        let sets = if legacy {
+            &mut self.legacy
+        } else {
+            &mut self.streams
+        };
         match value.filter(|v| !v.is_empty()) {
             None => {
-                if let Some(m) = self.streams.get_mut(stream) {
+                if let Some(m) = sets.get_mut(stream) {
                     m.restore_record(uid, None);
                 }
             }
             Some(v) => match serde_json::from_slice::<Known>(v) {
-                Ok(known) => self
-                    .streams
+                Ok(known) => sets
                     .entry(stream.to_string())
                     .or_default()
                     .restore_record(uid, Some(&known)),
@@ -112,7 +228,7 @@ impl Restored {
 
     /// Ends the restore: the latest record of each key decides.
     pub fn finish(&mut self) {
-        for m in self.streams.values_mut() {
+        for m in self.streams.values_mut().chain(self.legacy.values_mut()) {
             m.finish_restore();
         }
     }
@@ -129,6 +245,23 @@ impl Restored {
         m
     }
 
+    /// The ownerless members of `stream` an older version wrote, taken once.
+    pub fn take_legacy(&mut self, stream: &str) -> Members {
+        self.legacy.remove(stream).unwrap_or_default()
+    }
+
+    /// Streams with ownerless members to adopt.
+    pub fn legacy_streams(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .legacy
+            .iter()
+            .filter(|(_, m)| !m.is_empty())
+            .map(|(s, _)| s.clone())
+            .collect();
+        v.sort();
+        v
+    }
+
     /// Members restored, over every stream.
     pub fn members(&self) -> usize {
         self.streams.values().map(Members::len).sum()
@@ -143,23 +276,17 @@ impl Restored {
     }
 }
 
-/// Writes the known objects an older version kept in the checkpoint ConfigMap as members of
-/// `stream`, and waits until Kafka acknowledged them all: only then may the ConfigMap's copy
-/// go. Returns the members.
-pub async fn adopt(
+/// Sends `records` and waits until Kafka acknowledged every one of them, or `stopped` says to
+/// give up (checked while the producer's queue is full and between reports).
+pub async fn send_all(
     producer: &dyn Producer,
-    topic: &str,
-    stream: &str,
-    known: &HashMap<String, Known>,
-) -> Result<Members, String> {
+    records: impl IntoIterator<Item = Record>,
+    stop: &tokio_util::sync::CancellationToken,
+) -> Result<(), String> {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let mut members = Members::default();
-    for (uid, k) in known {
-        let record = record(topic, stream, uid, Some(k));
-        let meta = ObjectMeta {
-            uid: uid.clone(),
-            ..ObjectMeta::default()
-        };
+    let mut sent = 0usize;
+    for record in records {
+        let meta = ObjectMeta::default();
         let mut receipt = Box::new(Receipt::new(
             tx.clone(),
             0,
@@ -167,26 +294,55 @@ pub async fn adopt(
             0,
             Announcement::change(EventType::Added, meta, false),
         ));
-        receipt.membership = true;
         loop {
             match producer.send(&record, receipt) {
                 Ok(()) => break,
                 Err(Refused::Full(back)) => {
                     receipt = back;
-                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    tokio::select! {
+                        _ = stop.cancelled() => return Err("stopped".into()),
+                        _ = tokio::time::sleep(std::time::Duration::from_millis(5)) => {}
+                    }
                 }
-                Err(e) => return Err(format!("adopting {stream}'s known objects: {e:?}")),
+                Err(e) => return Err(format!("{e:?}")),
             }
         }
-        members.insert(uid, k);
+        sent += 1;
     }
     drop(tx);
-    while let Some(report) = rx.recv().await {
-        if let Err(e) = report.result {
-            return Err(format!("adopting {stream}'s known objects: {e:?}"));
+    for _ in 0..sent {
+        let report = tokio::select! {
+            _ = stop.cancelled() => return Err("stopped".into()),
+            r = rx.recv() => r,
+        };
+        match report {
+            Some(r) => r.result.map_err(|e| format!("{e:?}"))?,
+            None => return Err("the producer dropped a report".into()),
         }
     }
-    Ok(members)
+    Ok(())
+}
+
+/// Writes `members` as members of `owner`'s `stream` (an older version's ownerless records, or
+/// the sets it kept in the checkpoint ConfigMap) and waits until Kafka acknowledged them all.
+pub async fn adopt(
+    producer: &dyn Producer,
+    topic: &str,
+    owner: &Owner,
+    stream: &str,
+    members: impl Iterator<Item = (String, Known)>,
+    stop: &tokio_util::sync::CancellationToken,
+) -> Result<Members, String> {
+    let mut adopted = Members::default();
+    let mut records = Vec::new();
+    for (uid, k) in members {
+        records.push(record(topic, owner, stream, &uid, Some(&k)));
+        adopted.insert(&uid, &k);
+    }
+    send_all(producer, records, stop)
+        .await
+        .map_err(|e| format!("adopting {stream}'s members: {e}"))?;
+    Ok(adopted)
 }
 
 #[cfg(test)]
@@ -199,16 +355,22 @@ mod tests {
             name: name.into(),
             namespace: Some("a".into()),
             rv: "1".into(),
+            topic: Some("pods".into()),
+            key: Some(format!("a/{name}")),
         };
+        let me = Owner::new("team-a", "watchrelay");
+        let other = Owner::new("team-b", "watchrelay");
         let u1 = "00000000-0000-4000-8000-000000000001";
         let u2 = "00000000-0000-4000-8000-000000000002";
-        let mut r = Restored::default();
+        let mut r = Restored::new(me.clone(), None);
         for rec in [
-            record("t", "pods.a", u1, Some(&k("one"))),
-            record("t", "pods.a", u2, Some(&k("two"))),
-            record("t", "pods.b", u1, Some(&k("one"))),
-            record("t", "pods.a", u1, None),
-            record("t", "pods.c", u2, None),
+            record("t", &me, "pods.a", u1, Some(&k("one"))),
+            record("t", &me, "pods.a", u2, Some(&k("two"))),
+            record("t", &me, "pods.b", u1, Some(&k("one"))),
+            record("t", &other, "pods.d", u1, Some(&k("one"))),
+            record("t", &me, "pods.a", u1, None),
+            record("t", &me, "pods.c", u2, None),
+            mark_record("t", &me, "id-1"),
         ] {
             r.apply(
                 rec.key.as_bytes(),
@@ -217,13 +379,42 @@ mod tests {
         }
         r.apply(END_MARKER.as_bytes(), None);
         r.apply(b"no-separator", Some(b"{}"));
-        r.apply(b"pods.a/x", Some(b"not json"));
+        r.apply(b"team-a/watchrelay/pods.a/x", Some(b"not json"));
+        r.apply(b"pods.a/legacy", Some(br#"{"name":"old","rv":"1"}"#));
         r.finish();
-        assert_eq!((r.records, r.malformed, r.members()), (8, 2, 2));
+        assert_eq!((r.records, r.malformed, r.members()), (11, 2, 2));
+        assert_eq!(
+            r.foreign, 2,
+            "another owner's record and an ownerless one not asked for"
+        );
+        assert_eq!(r.mark.as_deref(), Some("id-1"));
         let a = r.take("pods.a");
         assert_eq!(a.len(), 1);
         assert_eq!(a.get(u2), Some(k("two")));
         assert!(r.take("pods.a").is_empty(), "taken once");
         assert_eq!(r.streams().collect::<Vec<_>>(), ["pods.b"]);
+    }
+}
+
+#[cfg(test)]
+mod legacy_tests {
+    use super::*;
+
+    #[test]
+    fn ownerless_records_are_kept_only_for_the_streams_that_may_adopt_them() {
+        let me = Owner::new("ns", "cm");
+        let mut r = Restored::new(me, Some(HashSet::from(["pods.a".to_string()])));
+        let v = br#"{"name":"x","namespace":"a","rv":"3"}"#;
+        r.apply(b"pods.a/00000000-0000-4000-8000-000000000001", Some(v));
+        r.apply(b"pods.b/00000000-0000-4000-8000-000000000002", Some(v));
+        r.finish();
+        assert_eq!(r.legacy_streams(), ["pods.a"]);
+        assert_eq!(r.take_legacy("pods.a").len(), 1);
+        assert_eq!(
+            r.members(),
+            0,
+            "ownerless records are not this owner's until adopted"
+        );
+        assert_eq!(r.foreign, 1);
     }
 }

@@ -3,7 +3,9 @@
 //! Object identities are kept in one byte arena indexed by uid: a canonical (lowercase, hyphenated)
 //! UUID, which is what the API server assigns, is kept as its 16 bytes; any other uid is indexed
 //! by a 128-bit hash and kept whole in its entry. An entry is the object's name, namespace (a
-//! flag when it is the set's usual one) and resourceVersion, each length-prefixed.
+//! flag when it is the set's usual one) and resourceVersion, each length-prefixed, then where it
+//! was announced: its topic (a flag when it is the set's usual one) and its key (a flag when it is
+//! the default `namespace/name`), so a retraction needs nothing else.
 //!
 //! The index is a sorted array (20 bytes a member, what a restore builds in one pass) and a small
 //! hash map of what joined since; both are merged back into the array once the map or the removed
@@ -34,6 +36,14 @@ const TOMBSTONE: u32 = 1 << 31;
 const OTHER_UID: u8 = 1;
 const USUAL_NAMESPACE: u8 = 2;
 const NO_NAMESPACE: u8 = 4;
+/// The topic is stored in the entry.
+const OWN_TOPIC: u8 = 8;
+/// The topic is the set's usual one.
+const USUAL_TOPIC: u8 = 16;
+/// The key is stored in the entry.
+const OWN_KEY: u8 = 32;
+/// The key is the default rendering: `namespace/name`, or `name` without a namespace.
+const DEFAULT_KEY: u8 = 64;
 
 /// The set of objects a stream announced, by uid.
 #[derive(Default)]
@@ -51,6 +61,8 @@ pub struct Members {
     garbage: usize,
     /// The namespace most entries share (a namespaced stream's), stored once.
     usual_namespace: Option<Box<str>>,
+    /// The topic most entries were announced on, stored once.
+    usual_topic: Option<Box<str>>,
 }
 
 impl std::fmt::Debug for Members {
@@ -186,6 +198,9 @@ impl Members {
         if self.usual_namespace.is_none() {
             self.usual_namespace = known.namespace.as_deref().map(Box::from);
         }
+        if self.usual_topic.is_none() {
+            self.usual_topic = known.topic.as_deref().map(Box::from);
+        }
         let at = self.arena_offset();
         self.encode(uid, known);
         at
@@ -225,6 +240,16 @@ impl Members {
             Some(ns) if self.usual_namespace.as_deref() == Some(ns) => flags |= USUAL_NAMESPACE,
             Some(_) => {}
         }
+        match known.topic.as_deref() {
+            None => {}
+            Some(t) if self.usual_topic.as_deref() == Some(t) => flags |= USUAL_TOPIC,
+            Some(_) => flags |= OWN_TOPIC,
+        }
+        match known.key.as_deref() {
+            None => {}
+            Some(k) if is_default_key(k, namespace, &known.name) => flags |= DEFAULT_KEY,
+            Some(_) => flags |= OWN_KEY,
+        }
         self.arena.push(flags);
         if !canonical {
             push_str(&mut self.arena, uid);
@@ -234,6 +259,12 @@ impl Members {
         }
         push_str(&mut self.arena, &known.name);
         push_str(&mut self.arena, &known.rv);
+        if let (true, Some(t)) = (flags & OWN_TOPIC != 0, known.topic.as_deref()) {
+            push_str(&mut self.arena, t);
+        }
+        if let (true, Some(k)) = (flags & OWN_KEY != 0, known.key.as_deref()) {
+            push_str(&mut self.arena, k);
+        }
     }
 
     fn decode(&self, key: Key, at: u32) -> (String, Known) {
@@ -256,12 +287,31 @@ impl Members {
         };
         let name = r.str().to_string();
         let rv = r.str().to_string();
+        let topic = if flags & OWN_TOPIC != 0 {
+            Some(r.str().to_string())
+        } else if flags & USUAL_TOPIC != 0 {
+            self.usual_topic.as_deref().map(str::to_string)
+        } else {
+            None
+        };
+        let key = if flags & OWN_KEY != 0 {
+            Some(r.str().to_string())
+        } else if flags & DEFAULT_KEY != 0 {
+            Some(match &namespace {
+                Some(ns) => format!("{ns}/{name}"),
+                None => name.clone(),
+            })
+        } else {
+            None
+        };
         (
             uid,
             Known {
                 name,
                 namespace,
                 rv,
+                topic,
+                key,
             },
         )
     }
@@ -295,11 +345,24 @@ fn entry_len(arena: &[u8], at: usize) -> usize {
     let flags = r.byte();
     let fields = 2
         + usize::from(flags & OTHER_UID != 0)
-        + usize::from(flags & (NO_NAMESPACE | USUAL_NAMESPACE) == 0);
+        + usize::from(flags & (NO_NAMESPACE | USUAL_NAMESPACE) == 0)
+        + usize::from(flags & OWN_TOPIC != 0)
+        + usize::from(flags & OWN_KEY != 0);
     for _ in 0..fields {
         r.str();
     }
     r.at - at
+}
+
+/// Whether `key` is the default key template's rendering of `namespace/name`.
+fn is_default_key(key: &str, namespace: Option<&str>, name: &str) -> bool {
+    match namespace {
+        Some(ns) => key
+            .strip_prefix(ns)
+            .and_then(|k| k.strip_prefix('/'))
+            .is_some_and(|k| k == name),
+        None => key == name,
+    }
 }
 
 /// A string with its length: one byte below 255, else 255 and two bytes.
@@ -425,6 +488,7 @@ mod tests {
             name: name.into(),
             namespace: ns.map(str::to_string),
             rv: rv.into(),
+            ..Known::default()
         }
     }
 

@@ -35,6 +35,16 @@ use std::time::Duration;
 
 use crate::kubeapi::ApiError;
 
+/// Every `reason` label of the watch restarts a transition reports.
+pub const RESTART_REASONS: [&str; 6] = [
+    "stalled",
+    "sync_interrupted",
+    "requested",
+    "expired",
+    "delivery_failed",
+    "connection",
+];
+
 /// How a stream gets the whole current state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Via {

@@ -18,7 +18,6 @@ use std::time::Duration;
 use prometheus::{IntCounter, IntGauge};
 use tokio_util::sync::CancellationToken;
 
-use crate::asyncapi;
 use crate::channel::Channel;
 use crate::checkpoint::Saved;
 use crate::config::Config;
@@ -82,6 +81,8 @@ pub struct Wiring {
     pub checkpoints: bool,
     /// The membership topic; `None` keeps members in memory only (a dry run).
     pub membership_topic: Option<String>,
+    /// Whose membership records the streams write.
+    pub owner: crate::membership::Owner,
 }
 
 pub struct Stream {
@@ -119,6 +120,10 @@ pub struct Stream {
     /// The saved position belongs to another query: it is forgotten in the ConfigMap before the
     /// stream publishes anything (see [`Stream::forget_position`]).
     query_changed: bool,
+    /// Where the stream publishes (see [`Route::id`]), stamped on every checkpoint.
+    route_id: String,
+    /// It published elsewhere before: members announced elsewhere are retracted there first.
+    route_changed: bool,
 }
 
 impl Stream {
@@ -153,17 +158,21 @@ impl Stream {
             query_changed = true;
         }
         let path = channel.path.collection_url(namespace.as_deref());
-        let route = Route {
-            topic: channel.topic_for(&cfg.cluster_name, namespace.as_deref()),
-            key: channel.key.clone(),
-            dataschema: asyncapi::payload_uri(&cfg.cluster_name, &channel.name),
-            source: format!("/clusters/{}{}", cfg.cluster_name, path),
-            channel: channel.path.template.clone(),
-            operation_id: channel.operation_id.clone(),
-            message: channel.message.clone(),
-            cluster: cfg.cluster_name.clone(),
-            namespace,
-        };
+        let route = Route::for_stream(&channel, &cfg.cluster_name, namespace);
+        let route_id = route.id();
+        // Published elsewhere before (a changed topic or key template): what it announced is
+        // retracted there, and the stream reconciles, so the new place gets every object.
+        let route_changed = saved
+            .as_ref()
+            .and_then(|s| s.route.as_ref())
+            .is_some_and(|r| *r != route_id);
+        if route_changed {
+            tracing::warn!(stream = %id, "the stream's topic or key changed since its checkpoint; retracting what it announced there and reconciling");
+            if let Some(s) = saved.as_mut() {
+                s.rv = None;
+            }
+            query_changed = true;
+        }
         let limits = Limits {
             max_in_flight: cfg.kafka.max_in_flight_per_stream,
             max_message_bytes: cfg.kafka.max_message_bytes,
@@ -171,6 +180,7 @@ impl Stream {
             dead_letter_topic: cfg.kafka.dead_letter_topic.clone(),
             tombstones: channel.tombstones,
             membership_topic: wiring.membership_topic.clone(),
+            owner: wiring.owner.clone(),
         };
         let outbox = Outbox::new(
             &id,
@@ -212,6 +222,8 @@ impl Stream {
             publish_every: Duration::from_millis(cfg.checkpoint.interval_ms),
             query,
             query_changed,
+            route_id,
+            route_changed,
             checkpoints: wiring.checkpoints,
             shutdown: shutdown.clone(),
             publish: Box::pin(tokio::time::sleep(Duration::ZERO)),
@@ -250,6 +262,9 @@ impl Stream {
         if self.query_changed && !self.forget_position().await {
             return self.stop().await;
         }
+        if self.route_changed && !self.retract_elsewhere().await {
+            return self.stop().await;
+        }
         let checkpoint = self.outbox.checkpoint().map(str::to_string);
         let mut state = machine::start(self.channel.builtin, checkpoint, via);
         loop {
@@ -266,7 +281,11 @@ impl Stream {
                 State::Sync { reason, via } => {
                     // Without a position but with known objects (a changed query, a failure
                     // before the first position), a sync reconciles like a resync: known
-                    // objects the new state lacks get their inferred DELETED.
+                    // objects the new state lacks get their inferred DELETED. Pending joins
+                    // settle first, so what an interrupted attempt announced counts as known.
+                    if self.outbox.settle_joins().await.is_err() {
+                        break;
+                    }
                     let reason = match reason {
                         Reason::Start if !self.outbox.members().is_empty() => Reason::Resync,
                         reason => reason,
@@ -345,6 +364,7 @@ impl Stream {
     fn publish_checkpoint(&mut self) {
         if let Some(mut saved) = self.outbox.take_saved() {
             saved.query = Some(self.query.clone());
+            saved.route = Some(self.route_id.clone());
             self.reporter.checkpoint(saved);
         }
         let next = tokio::time::Instant::now() + self.publish_every;
@@ -473,6 +493,10 @@ impl Stream {
                 }
             }
         }
+        // What is still joining is announced: it must be deleted too.
+        if self.outbox.settle_joins().await.is_err() {
+            return;
+        }
         let rv = self.outbox.checkpoint().unwrap_or_default().to_string();
         let known: Vec<_> = self.outbox.members().iter().collect();
         tracing::info!(stream = %self.id, objects = known.len(), "left its scope: deleting what it announced");
@@ -499,6 +523,7 @@ impl Stream {
             .take_saved()
             .expect("forgetting the position moves it");
         saved.query = Some(self.query.clone());
+        saved.route = Some(self.route_id.clone());
         let saved = self.reporter.checkpoint(saved);
         if !self.checkpoints {
             return true;
@@ -507,6 +532,57 @@ impl Stream {
             _ = self.shutdown.cancelled() => false,
             _ = self.reporter.written(&saved) => true,
         }
+    }
+
+    /// After a change of topic or key template (its position already forgotten): every member
+    /// announced elsewhere than the stream's route now puts it gets its inferred DELETED there,
+    /// acknowledged before the stream reconciles (which announces the live ones anew). False
+    /// when stopped first.
+    async fn retract_elsewhere(&mut self) -> bool {
+        let route = self.outbox.route().clone();
+        let elsewhere: Vec<(String, Known)> = self
+            .outbox
+            .members()
+            .iter()
+            .filter(|(uid, k)| {
+                let meta = ObjectMeta {
+                    uid: uid.clone(),
+                    name: k.name.clone(),
+                    namespace: k.namespace.clone(),
+                    ..ObjectMeta::default()
+                };
+                k.topic.as_ref().is_some_and(|t| *t != route.topic)
+                    || k.key
+                        .as_ref()
+                        .is_some_and(|key| *key != route.key.render(&meta))
+            })
+            .collect();
+        tracing::info!(stream = %self.id, objects = elsewhere.len(), "retracting what was announced under the old topic or key");
+        for (uid, k) in elsewhere {
+            let topic = k.topic.clone().unwrap_or_else(|| route.topic.clone());
+            let meta = ObjectMeta {
+                uid,
+                name: k.name.clone(),
+                namespace: k.namespace.clone(),
+                resource_version: k.rv.clone(),
+                api_version: self.api_version.clone(),
+                ..ObjectMeta::default()
+            };
+            let key = k.key.clone().unwrap_or_else(|| route.key.render(&meta));
+            if self.outbox.wait_for_room().await.is_err() {
+                return false;
+            }
+            self.m.synthetic_deletes.inc();
+            if self
+                .outbox
+                .retract(meta, &k.rv, &topic, &key)
+                .await
+                .is_err()
+            {
+                return false;
+            }
+        }
+        self.outbox.wait_until(0).await.is_ok()
     }
 
     /// Drains the outbox, publishes the final checkpoint and removes the stream's gauges.
@@ -541,14 +617,17 @@ impl Stream {
     }
 }
 
-/// An object that is alive joins the membership, with the identity `meta` gives.
-fn join(meta: &ObjectMeta) -> Option<Change> {
+/// An object that is alive joins the membership, with the identity `meta` gives and the key
+/// `route` announces it under.
+fn join(meta: &ObjectMeta, route: &Route) -> Option<Change> {
     Some(Change::Join {
         uid: meta.uid.clone(),
         known: Known {
             name: meta.name.clone(),
             namespace: meta.namespace.clone(),
             rv: meta.resource_version.clone(),
+            topic: None,
+            key: Some(route.key.render(meta)),
         },
     })
 }

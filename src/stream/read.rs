@@ -188,7 +188,7 @@ impl Stream {
             // forwarded, so a deletion missed while down is still announced.
             let change = match change {
                 Some(Change::Announced) if self.channel.forwards(EventType::Deleted) => {
-                    join(&ev.meta)
+                    join(&ev.meta, self.outbox.route())
                 }
                 Some(Change::Announced) => None,
                 change => change,

@@ -100,9 +100,10 @@ impl Bed {
         let topic = self.membership.clone();
         tokio::task::spawn_blocking(move || {
             let kafka = watchrelay::producer::Kafka::new(&cfg.kafka).expect("a Kafka client");
-            let mut restored = watchrelay::membership::Restored::default();
+            let owner = watchrelay::membership::Owner::new(CHECKPOINT_NS, CHECKPOINT_NAME);
+            let mut restored = watchrelay::membership::Restored::new(owner, None);
             kafka
-                .replay(&topic, &mut |k, v| restored.apply(k, v))
+                .replay(&topic, &mut |k, v| restored.apply(k, v), &|| false)
                 .expect("the membership topic reads back");
             restored.finish();
             restored

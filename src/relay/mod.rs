@@ -1,0 +1,318 @@
+//! The facade and leadership.
+//!
+//! [`Relay`] starts the whole relay — for `main` and for tests alike: leader election when
+//! configured, then per leadership term: the membership topic verified and read back
+//! ([`restore`]), the streams the configuration no longer runs retired ([`retire`]), then the
+//! [`supervisor`], which spawns one stream per (channel, namespace) and follows namespace
+//! selectors, and the checkpoint writer; at the end everything shuts down in order.
+//!
+//! Shutdown order: streams stop reading and drain their outstanding deliveries, the producer is
+//! flushed, and the checkpoint is written one last time, so a clean stop replays nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use thiserror::Error;
+use tokio_util::sync::CancellationToken;
+
+use crate::checkpoint::{self, CheckpointError, Loaded, Store};
+use crate::config::{Config, RELEASE_RESERVE};
+use crate::leader::Elector;
+use crate::membership::{Owner, Restored};
+use crate::metrics::Metrics;
+use crate::producer::{self, Producer};
+use crate::registry::{Registry, Role};
+use crate::stream::Wiring;
+use supervisor::Supervisor;
+
+/// How often the producer is checked for a fatal error.
+const FATAL_POLL: Duration = Duration::from_secs(1);
+
+mod restore;
+mod retire;
+mod supervisor;
+
+pub use restore::{verify as verify_membership_topic, Problem as MembershipProblem};
+pub use retire::still_runs;
+
+#[derive(Debug, Error)]
+pub enum RelayError {
+    #[error("cannot create the Kafka producer: {0}")]
+    Producer(String),
+    #[error("loading checkpoints: {0}")]
+    Checkpoint(#[from] CheckpointError),
+}
+
+/// Where records go: a new Kafka producer per leadership term, or one given producer.
+enum Sink {
+    Kafka,
+    Given(Arc<dyn Producer>),
+}
+
+/// The whole relay. Take the handles you need ([`Relay::metrics`], [`Relay::registry`],
+/// [`Relay::shutdown`]) before [`Relay::run`].
+pub struct Relay {
+    cfg: Arc<Config>,
+    client: kube::Client,
+    sink: Sink,
+    metrics: Arc<Metrics>,
+    registry: Registry,
+    shutdown: CancellationToken,
+    /// Load and write checkpoints (off for a dry run).
+    checkpoints: bool,
+}
+
+impl Relay {
+    pub fn new(cfg: Config, client: kube::Client) -> Self {
+        let stall_bound = Duration::from_secs(u64::from(cfg.kubernetes.watch_idle_timeout_seconds));
+        let metrics = Arc::new(Metrics::new());
+        metrics
+            .in_flight_limit
+            .set(i64::try_from(cfg.kafka.max_in_flight_per_stream).unwrap_or(i64::MAX));
+        Self {
+            cfg: Arc::new(cfg),
+            client,
+            sink: Sink::Kafka,
+            metrics,
+            registry: Registry::with_stall_bound(stall_bound),
+            shutdown: CancellationToken::new(),
+            checkpoints: true,
+        }
+    }
+
+    /// A trial run: envelopes go to standard output as JSON lines, every stream starts with a
+    /// list (no checkpoint is read or written), no Lease is taken.
+    pub fn dry_run(mut self) -> Self {
+        self.sink = Sink::Given(Arc::new(producer::Stdout));
+        self.checkpoints = false;
+        self
+    }
+
+    /// Sends records to `producer` instead of Kafka.
+    pub fn with_producer(mut self, producer: Arc<dyn Producer>) -> Self {
+        self.sink = Sink::Given(producer);
+        self
+    }
+
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    pub fn registry(&self) -> Registry {
+        self.registry.clone()
+    }
+
+    /// Cancel it to stop: the relay drains, writes its last checkpoint and returns.
+    pub fn shutdown(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Runs until shut down; with leader election on, relays only while this replica holds the
+    /// Lease. A replica that loses the Lease drains (its checkpoints still cover only what
+    /// Kafka acknowledged) and stands by again; a clean stop releases the Lease so a standby
+    /// takes over at once.
+    pub async fn run(self) -> Result<(), RelayError> {
+        if !self.cfg.leader_election.enabled || !self.checkpoints {
+            self.metrics.leader.set(1);
+            return self
+                .term(self.shutdown.clone(), CancellationToken::new())
+                .await;
+        }
+        let le = &self.cfg.leader_election;
+        let namespace = le
+            .namespace
+            .as_ref()
+            .unwrap_or(&self.cfg.checkpoint.namespace);
+        let mut elector = Elector::new(self.client.clone(), namespace, le);
+        tracing::info!(lease = %elector.name(), identity = %elector.identity(), "leader election on");
+        loop {
+            self.registry.begin_term(Role::Standby);
+            // A stop while standing by (or while draining after a loss) ends here; the release
+            // covers an attempt that won the Lease just as the stop came.
+            if self.shutdown.is_cancelled() || !elector.acquire(&self.shutdown).await {
+                elector.release(RELEASE_RESERVE).await;
+                return Ok(());
+            }
+            self.registry.begin_term(Role::Leader);
+            self.metrics.leader.set(1);
+            let stop = self.shutdown.child_token();
+            let fenced = CancellationToken::new();
+            let done = CancellationToken::new();
+            let relay = async {
+                let result = self.term(stop.clone(), fenced.clone()).await;
+                done.cancel();
+                result
+            };
+            let keeper = async {
+                let lost = elector.keep(&done).await;
+                if lost.is_some() {
+                    self.metrics.leader.set(0);
+                    fenced.cancel();
+                    stop.cancel();
+                }
+                lost
+            };
+            let (result, lost) = tokio::join!(relay, keeper);
+            self.metrics.leader.set(0);
+            match (result, lost) {
+                (result, None) => {
+                    elector.release(RELEASE_RESERVE).await;
+                    return result;
+                }
+                (Err(e), Some(_)) => return Err(e),
+                (Ok(()), Some(why)) => {
+                    tracing::error!(lease = %elector.name(), %why, "lost the lease; stopped relaying and standing by");
+                }
+            }
+        }
+    }
+
+    /// One term of relaying, until `stop`; then drains and writes the final checkpoint.
+    ///
+    /// With `fenced` (the Lease was lost) the stop is a fence instead: streams stop reading and
+    /// do not drain, the producer's unsent queue is purged so nothing queued can land after the
+    /// new leader's records, and no checkpoint is written after the loss. What remains possible
+    /// is a request already on the wire when the loss was noticed (at most
+    /// `max.in.flight.requests.per.connection` batches per broker), landing within the
+    /// producer's request timeout, and a checkpoint write already under way.
+    async fn term(
+        &self,
+        stop: CancellationToken,
+        fenced: CancellationToken,
+    ) -> Result<(), RelayError> {
+        let producer: Arc<dyn Producer> = match &self.sink {
+            Sink::Kafka => {
+                Arc::new(producer::Kafka::new(&self.cfg.kafka).map_err(RelayError::Producer)?)
+            }
+            Sink::Given(p) => p.clone(),
+        };
+        let store = Store::new(
+            self.client.clone(),
+            &self.cfg.checkpoint.namespace,
+            &self.cfg.checkpoint.name,
+        );
+        let owner = Owner::new(&self.cfg.checkpoint.namespace, &self.cfg.checkpoint.name);
+        let mut loaded = if self.checkpoints {
+            let loaded = store.load().await?;
+            tracing::info!(streams = loaded.streams.len(), %owner, "loaded checkpoints");
+            loaded
+        } else {
+            Loaded::default()
+        };
+        let membership_topic = self
+            .checkpoints
+            .then(|| self.cfg.checkpoint.membership.topic(&self.cfg.cluster_name));
+        let mut members = Restored::new(owner.clone(), None);
+        if let Some(topic) = &membership_topic {
+            let membership = &self.cfg.checkpoint.membership;
+            let restore = restore::Restore {
+                producer: &producer,
+                store: &store,
+                metrics: &self.metrics,
+                registry: &self.registry,
+                owner: &owner,
+                topic,
+                partitions: membership.partitions.unwrap_or(1),
+                replication: membership.replication_factor,
+            };
+            let Some(restored) = restore.run(&mut loaded, &stop).await else {
+                return Ok(());
+            };
+            members = restored;
+            let retire = retire::Retire {
+                cfg: &self.cfg,
+                producer: &producer,
+                store: &store,
+                metrics: &self.metrics,
+                owner: &owner,
+                topic,
+            };
+            // Retractions of what is no longer configured come before any announcement.
+            while !retire.run(&mut members, &mut loaded.streams, &stop).await {
+                tokio::select! {
+                    _ = stop.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                }
+            }
+        }
+        let supervisor = Supervisor::new(
+            Arc::new(Wiring {
+                cfg: self.cfg.clone(),
+                client: self.client.clone(),
+                producer: producer.clone(),
+                metrics: self.metrics.clone(),
+                fenced: fenced.clone(),
+                membership_topic,
+                owner,
+                checkpoints: self.checkpoints,
+            }),
+            self.registry.clone(),
+            loaded.streams,
+            members,
+        );
+        let streams_cancel = CancellationToken::new();
+        supervisor.start(&self.cfg.channels, &streams_cancel);
+        let writer_cancel = CancellationToken::new();
+        let writer = self.checkpoints.then(|| {
+            tokio::spawn(checkpoint::writer::run(
+                store,
+                self.registry.clone(),
+                self.metrics.clone(),
+                Duration::from_millis(self.cfg.checkpoint.interval_ms),
+                writer_cancel.clone(),
+                fenced.clone(),
+            ))
+        });
+
+        // A producer that failed fatally delivers nothing more: the process must restart.
+        let watchdog = {
+            let (producer, registry, stop) =
+                (producer.clone(), self.registry.clone(), stop.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(FATAL_POLL) => {}
+                    }
+                    if let Some(e) = producer.fatal() {
+                        registry.fail(format!("the Kafka producer failed fatally: {e}"));
+                        return;
+                    }
+                }
+            })
+        };
+
+        stop.cancelled().await;
+        watchdog.abort();
+        if fenced.is_cancelled() {
+            tracing::warn!("fenced: purging the producer's unsent queue");
+            producer.purge();
+        }
+        // The shutdown budget: drain and flush by `drained`, the final write within its reserve.
+        let drained = tokio::time::Instant::now() + self.cfg.drain_time();
+        tracing::info!(
+            budget_seconds = self.cfg.shutdown_timeout_seconds,
+            "shutting down: draining streams"
+        );
+        streams_cancel.cancel();
+        supervisor.wait().await;
+        let flush_timeout = if fenced.is_cancelled() {
+            Duration::ZERO
+        } else {
+            drained.saturating_duration_since(tokio::time::Instant::now())
+        };
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || producer.flush(flush_timeout)).await
+        {
+            tracing::warn!(error = %e, "producer flush incomplete");
+        }
+        writer_cancel.cancel();
+        if let Some(Err(e)) = match writer {
+            Some(w) => Some(w.await),
+            None => None,
+        } {
+            tracing::error!(error = %e, "checkpoint writer panicked");
+        }
+        tracing::info!("stopped");
+        Ok(())
+    }
+}

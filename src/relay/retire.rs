@@ -1,0 +1,222 @@
+//! Retiring, at the start of a term, the streams this relay owns but will not run.
+//!
+//! A stream is retired here when its channel is gone from the configuration (removed or
+//! renamed) or its channel's scope no longer has that shape: `namespaces: [a, b]` became
+//! `allNamespaces` or a selector, or the reverse. (A namespace of a selector channel that stopped
+//! matching is retired by the channel's follower, once the namespaces are listed: no other stream
+//! writes its keys.)
+//!
+//! # Per-key order
+//! Every retraction is acknowledged before any stream of the term starts, so on any key an old
+//! stream's inferred DELETED comes before the new streams' announcements of the same object:
+//! `namespaces: [a, b]` → `allNamespaces` costs each object a DELETED then an ADDED, never a
+//! DELETED last. Each retraction goes where the object was announced (the topic and key its
+//! membership record carries), whatever the configuration says now.
+//!
+//! # Crash safety
+//! The retired streams' positions are forgotten in the ConfigMap first, so a later run under the
+//! old configuration reconciles instead of resuming past what was retracted; the membership
+//! tombstones follow the acknowledged DELETEDs; the entries go last. A crash at any point repeats
+//! the retirement, at worst sending a DELETED twice.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::channel::{Channel, Scope};
+use crate::checkpoint::{self, Saved, Store};
+use crate::config::Config;
+use crate::decode::ObjectMeta;
+use crate::envelope::{self, Route};
+use crate::membership::{self, Known, Members, Owner, Restored};
+use crate::metrics::Metrics;
+use crate::producer::Producer;
+
+/// Whether the configuration still runs stream `id` in this shape: `None` when it may (a
+/// selector channel's namespace, decided once namespaces are listed), else whether it does.
+pub fn still_runs(cfg: &Config, id: &str) -> Option<bool> {
+    let Some((name, ns)) = Channel::parse_stream_id(id) else {
+        return Some(false);
+    };
+    let Some(channel) = cfg.channels.iter().find(|c| c.name == name) else {
+        return Some(false);
+    };
+    match (&channel.scope, ns) {
+        (Scope::Cluster, None) => Some(true),
+        (Scope::Namespaces(list), Some(ns)) => Some(list.iter().any(|n| n == ns)),
+        (Scope::Selector(_), Some(_)) => None,
+        _ => Some(false),
+    }
+}
+
+/// Everything a retirement needs.
+pub(super) struct Retire<'a> {
+    pub cfg: &'a Config,
+    pub producer: &'a Arc<dyn Producer>,
+    pub store: &'a Store,
+    pub metrics: &'a Metrics,
+    pub owner: &'a Owner,
+    pub topic: &'a str,
+}
+
+impl Retire<'_> {
+    /// Retires every stream of `restored` and `saved` the configuration no longer runs; their
+    /// members and entries are taken out of both. Returns false when stopped first, or when a
+    /// write failed (the next term tries again).
+    pub async fn run(
+        &self,
+        restored: &mut Restored,
+        saved: &mut HashMap<String, Saved>,
+        stop: &CancellationToken,
+    ) -> bool {
+        let mut ids: Vec<String> = restored
+            .streams()
+            .map(str::to_string)
+            .chain(saved.keys().cloned())
+            .filter(|id| still_runs(self.cfg, id) == Some(false))
+            .collect();
+        ids.sort();
+        ids.dedup();
+        if ids.is_empty() {
+            return true;
+        }
+        // Forget the positions first: a run resuming from one would never undo what follows.
+        let forgotten: BTreeMap<String, Option<String>> = ids
+            .iter()
+            .map(|id| (id.clone(), Some(checkpoint::encode(&Saved::default()))))
+            .collect();
+        if !self.write(&forgotten, stop).await {
+            return false;
+        }
+        for id in &ids {
+            let members = restored.take(id);
+            let rv = saved.get(id).and_then(|s| s.rv.clone()).unwrap_or_default();
+            tracing::info!(stream = %id, objects = members.len(), "stream no longer configured in this shape; retracting what it announced");
+            if let Err(e) = self.retract(id, &members, &rv, stop).await {
+                tracing::warn!(stream = %id, error = %e, "retiring a stream cut short; the next term tries again");
+                return false;
+            }
+            saved.remove(id);
+        }
+        let gone = ids.into_iter().map(|id| (id, None)).collect();
+        self.write(&gone, stop).await
+    }
+
+    async fn write(
+        &self,
+        updates: &BTreeMap<String, Option<String>>,
+        stop: &CancellationToken,
+    ) -> bool {
+        tokio::select! {
+            _ = stop.cancelled() => false,
+            r = self.store.write(updates) => match r {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "writing the checkpoint ConfigMap failed");
+                    false
+                }
+            },
+        }
+    }
+
+    /// Sends the inferred DELETED of every member of stream `id` where it was announced, then
+    /// (once acknowledged) its membership tombstone.
+    async fn retract(
+        &self,
+        id: &str,
+        members: &Members,
+        rv: &str,
+        stop: &CancellationToken,
+    ) -> Result<(), String> {
+        let (name, ns) = Channel::parse_stream_id(id).unwrap_or((id, None));
+        let channel = self.cfg.channels.iter().find(|c| c.name == name);
+        let cluster = &self.cfg.cluster_name;
+        let route = match channel {
+            Some(c) => Route::for_stream(c, cluster, ns.map(str::to_string)),
+            None => Route::vanished(name, cluster, ns.map(str::to_string)),
+        };
+        let mut deletes = Vec::new();
+        let mut tombstones = Vec::new();
+        let mut unaddressed = 0u64;
+        for (uid, known) in members.iter() {
+            let meta = identity(&uid, &known, channel);
+            let place = match (&known.topic, &known.key) {
+                (Some(t), Some(k)) => Some((t.clone(), k.clone())),
+                // Written by an older version: where the channel would put it, if it exists.
+                _ => channel.map(|_| (route.topic.clone(), route.key.render(&meta))),
+            };
+            match place {
+                Some((topic, key)) => {
+                    let rv = if rv.is_empty() { known.rv.as_str() } else { rv };
+                    let delete = envelope::retraction(&route, meta, rv, &topic, &key);
+                    if channel.is_some_and(|c| c.tombstones) {
+                        tombstones.push(envelope::Record {
+                            value: Vec::new(),
+                            headers: Vec::new(),
+                            tombstone: true,
+                            ..delete.clone()
+                        });
+                    }
+                    deletes.push(delete);
+                }
+                None => unaddressed += 1,
+            }
+        }
+        if unaddressed > 0 {
+            self.metrics.unretractable_members.inc_by(unaddressed);
+            tracing::warn!(stream = %id, members = unaddressed, "members recorded by an older version without topic and key, of a channel that no longer exists: no DELETED can be addressed to them");
+        }
+        let n = deletes.len() as u64;
+        deletes.extend(tombstones);
+        membership::send_all(self.producer.as_ref(), deletes, stop).await?;
+        self.metrics
+            .synthetic_deletes
+            .with_label_values(&[id])
+            .inc_by(n);
+        let leaves = members
+            .iter()
+            .map(|(uid, _)| membership::record(self.topic, self.owner, id, &uid, None));
+        membership::send_all(self.producer.as_ref(), leaves, stop).await?;
+        self.metrics.forget_stream(id);
+        Ok(())
+    }
+}
+
+/// The identity of a member, for its inferred DELETED.
+fn identity(uid: &str, known: &Known, channel: Option<&Arc<Channel>>) -> ObjectMeta {
+    ObjectMeta {
+        uid: uid.to_string(),
+        name: known.name.clone(),
+        namespace: known.namespace.clone(),
+        resource_version: known.rv.clone(),
+        api_version: channel.map(|c| c.path.api_version()).unwrap_or_default(),
+        ..ObjectMeta::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_of_a_removed_channel_or_another_scope_shape_are_not_run() {
+        let cfg = Config::parse(
+            "clusterName: c\nkafka:\n  bootstrapServers: k:9092\n  oversize: trim\ncheckpoint:\n  namespace: w\nchannels:\n\
+             - operationId: watchNamespacedPods\n  namespaces: [a, b]\n\
+             - operationId: watchNamespacedServices\n  namespaceSelector: team=x\n\
+             - operationId: watchNodes\n",
+        )
+        .unwrap();
+        assert_eq!(still_runs(&cfg, "watchNamespacedPods.a"), Some(true));
+        assert_eq!(still_runs(&cfg, "watchNamespacedPods.c"), Some(false));
+        assert_eq!(still_runs(&cfg, "watchNamespacedPods._all"), Some(false));
+        assert_eq!(still_runs(&cfg, "watchNamespacedServices.a"), None);
+        assert_eq!(
+            still_runs(&cfg, "watchNamespacedServices._all"),
+            Some(false)
+        );
+        assert_eq!(still_runs(&cfg, "watchNodes._all"), Some(true));
+        assert_eq!(still_runs(&cfg, "renamedPods.a"), Some(false));
+    }
+}

@@ -1,0 +1,277 @@
+//! The supervisor: spawns the streams of one term and follows namespace selectors.
+//!
+//! # Streams of one id never overlap
+//! A namespace that leaves a selector and comes back (a flapping label) starts a new stream of
+//! the same id while the old one may still be leaving (publishing inferred DELETEDs, waiting for
+//! its position to be forgotten in the ConfigMap). The new stream waits for the old one to end
+//! before it even registers: its ADDEDs come after the old one's DELETEDs on every key, and the
+//! old one keeps its registry entry, so its checkpoint writes complete and it cannot wait
+//! forever for a write nobody makes.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::Api;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::channel::{Channel, Scope};
+use crate::checkpoint::Saved;
+use crate::membership::Restored;
+use crate::registry::Registry;
+use crate::stream::{Lifetime, Stream, Wiring};
+
+/// Spawns streams and follows namespace selectors, within one term.
+#[derive(Clone)]
+pub(super) struct Supervisor {
+    wiring: Arc<Wiring>,
+    registry: Registry,
+    /// Checkpoints loaded at the start of the term, taken by the first stream of each id.
+    saved: Arc<Mutex<HashMap<String, Saved>>>,
+    /// Members read at the start of the term, taken by the first stream of each id; a stream
+    /// that returns later keeps its members in its outbox until it leaves.
+    members: Arc<Mutex<Restored>>,
+    /// Cancelled when the latest stream of each id has ended.
+    ends: Arc<Mutex<HashMap<String, CancellationToken>>>,
+    tasks: TaskTracker,
+}
+
+/// A running stream, as its owner sees it.
+struct Handle {
+    stop: CancellationToken,
+    /// Cancelled when the stream goes away for good: it deletes what it announced, and its
+    /// checkpoint is deleted.
+    leaving: CancellationToken,
+}
+
+impl Handle {
+    fn retire(self) {
+        self.leaving.cancel();
+        self.stop.cancel();
+    }
+}
+
+impl Supervisor {
+    pub fn new(
+        wiring: Arc<Wiring>,
+        registry: Registry,
+        saved: HashMap<String, Saved>,
+        members: Restored,
+    ) -> Self {
+        Self {
+            wiring,
+            registry,
+            saved: Arc::new(Mutex::new(saved)),
+            members: Arc::new(Mutex::new(members)),
+            ends: Arc::default(),
+            tasks: TaskTracker::new(),
+        }
+    }
+
+    /// Starts the streams of `channels`, and the followers of their namespace selectors.
+    pub fn start(&self, channels: &[Arc<Channel>], cancel: &CancellationToken) {
+        for channel in channels {
+            match &channel.scope {
+                Scope::Cluster => {
+                    self.spawn(channel, None, cancel);
+                }
+                Scope::Namespaces(list) => {
+                    for ns in list {
+                        self.spawn(channel, Some(ns.clone()), cancel);
+                    }
+                }
+                Scope::Selector(sel) => {
+                    let follower = self.clone().follow_namespaces(
+                        channel.clone(),
+                        sel.clone(),
+                        cancel.child_token(),
+                    );
+                    self.tasks.spawn(follower);
+                }
+            }
+        }
+    }
+
+    /// Waits for every stream and follower to end (cancel them first).
+    pub async fn wait(&self) {
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+
+    fn spawn(
+        &self,
+        channel: &Arc<Channel>,
+        namespace: Option<String>,
+        parent: &CancellationToken,
+    ) -> Handle {
+        let id = channel.stream_id(namespace.as_deref());
+        let stop = parent.child_token();
+        let leaving = CancellationToken::new();
+        // A stream of the same id still leaving (its namespace left and came back) finishes
+        // first: its inferred DELETEDs come before this one's ADDEDs on every key.
+        let ended = CancellationToken::new();
+        let previous = self
+            .ends
+            .lock()
+            .expect("ends lock poisoned")
+            .insert(id.clone(), ended.clone());
+        let this = self.clone();
+        let (channel, lifetime) = (
+            channel.clone(),
+            Lifetime {
+                stop: stop.clone(),
+                shutdown: parent.clone(),
+                leaving: leaving.clone(),
+            },
+        );
+        tracing::info!(stream = %id, "starting stream");
+        self.tasks.spawn(async move {
+            if let Some(previous) = previous {
+                previous.cancelled().await;
+            }
+            if lifetime.stop.is_cancelled() && !lifetime.leaving.is_cancelled() {
+                ended.cancel();
+                return;
+            }
+            let left = lifetime.leaving.clone();
+            let stream = this.stream(&id, channel, namespace, lifetime);
+            // A stream that panicked relays nothing more: the process must restart.
+            match std::panic::AssertUnwindSafe(stream.run())
+                .catch_unwind()
+                .await
+            {
+                Ok(reporter) if left.is_cancelled() => {
+                    reporter.retire();
+                    this.wiring.metrics.forget_stream(&id);
+                    tracing::info!(stream = %id, "stream retired");
+                }
+                Ok(_) => {}
+                Err(_) => this.registry.fail(format!("stream {id} died")),
+            }
+            ended.cancel();
+        });
+        Handle { stop, leaving }
+    }
+
+    /// Builds stream `id`, with what the term loaded for it, once no other stream of its id
+    /// runs.
+    fn stream(
+        &self,
+        id: &str,
+        channel: Arc<Channel>,
+        namespace: Option<String>,
+        lifetime: Lifetime,
+    ) -> Stream {
+        let saved = self.saved.lock().expect("saved lock poisoned").remove(id);
+        let members = self.members.lock().expect("members lock poisoned").take(id);
+        let reporter = self.registry.register(id);
+        Stream::new(
+            channel,
+            namespace,
+            &self.wiring,
+            reporter,
+            saved,
+            members,
+            lifetime,
+        )
+    }
+
+    /// Retires the streams of selector channel `channel` that were left with members or a
+    /// position but are not running (`running` says which are) once its namespaces are listed:
+    /// their namespace left the scope while the relay was down. Each is started leaving, so it
+    /// deletes what it announced and its entry goes.
+    fn retire_orphans(
+        &self,
+        channel: &Arc<Channel>,
+        running: &dyn Fn(&str) -> bool,
+        parent: &CancellationToken,
+    ) {
+        let mut orphans: Vec<String> = self
+            .members
+            .lock()
+            .expect("members lock poisoned")
+            .streams()
+            .map(str::to_string)
+            .collect();
+        orphans.extend(
+            self.saved
+                .lock()
+                .expect("saved lock poisoned")
+                .keys()
+                .cloned(),
+        );
+        orphans.sort();
+        orphans.dedup();
+        let started = self.ends.lock().expect("ends lock poisoned").clone();
+        for id in orphans {
+            let Some((name, Some(ns))) = Channel::parse_stream_id(&id) else {
+                continue;
+            };
+            if name != channel.name || running(ns) || started.contains_key(&id) {
+                continue;
+            }
+            tracing::info!(stream = %id, "stream no longer in scope since the last run; deleting what it announced");
+            self.spawn(channel, Some(ns.to_string()), parent).retire();
+        }
+    }
+
+    /// Keeps one stream per namespace matching `selector`.
+    async fn follow_namespaces(
+        self,
+        channel: Arc<Channel>,
+        selector: String,
+        cancel: CancellationToken,
+    ) {
+        let api: Api<Namespace> = Api::all(self.wiring.client.clone());
+        let mut events = watcher::watcher(api, watcher::Config::default().labels(&selector))
+            .default_backoff()
+            .boxed();
+        let mut running: HashMap<String, Handle> = HashMap::new();
+        let mut listed: HashSet<String> = HashSet::new();
+        loop {
+            let ev = tokio::select! {
+                _ = cancel.cancelled() => break,
+                ev = events.next() => match ev {
+                    Some(ev) => ev,
+                    None => break,
+                },
+            };
+            match ev {
+                Ok(Event::Init) => listed.clear(),
+                Ok(Event::InitApply(ns)) | Ok(Event::Apply(ns)) => {
+                    let name = ns.metadata.name.unwrap_or_default();
+                    listed.insert(name.clone());
+                    if let std::collections::hash_map::Entry::Vacant(slot) = running.entry(name) {
+                        let h = self.spawn(&channel, Some(slot.key().clone()), &cancel);
+                        slot.insert(h);
+                    }
+                }
+                Ok(Event::InitDone) => {
+                    let gone: Vec<String> = running
+                        .keys()
+                        .filter(|n| !listed.contains(*n))
+                        .cloned()
+                        .collect();
+                    for name in gone {
+                        running.remove(&name).expect("present").retire();
+                    }
+                    self.retire_orphans(&channel, &|ns| running.contains_key(ns), &cancel);
+                }
+                Ok(Event::Delete(ns)) => {
+                    let name = ns.metadata.name.unwrap_or_default();
+                    listed.remove(&name);
+                    if let Some(h) = running.remove(&name) {
+                        h.retire();
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(channel = %channel.name, error = %e, "namespace watch failed; retrying")
+                }
+            }
+        }
+    }
+}
