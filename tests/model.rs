@@ -6,9 +6,12 @@
 //! cutting watches and syncs), interleaved with relay runs. A run ends in a clean stop or in a
 //! crash at a random point, with Kafka having written a random prefix of what was sent: before
 //! or after acknowledgements, between a membership record and its event. Between runs the
-//! configuration may change (the label selector on or off). After the history, one clean run:
-//! the view built by applying every delivered record key by key must equal what the cluster
-//! holds in scope.
+//! configuration may change: the label selector on or off, the scope's shape (a namespace
+//! selector, a list of namespaces, all namespaces), the channel's name. In half the cases a
+//! second release (its own checkpoint ConfigMap, the same cluster name, the same membership
+//! topic and the same pods topic) relays namespace `c` and restarts in turn. After the history,
+//! one clean run of each: the view built by applying every delivered record key by key must
+//! equal what the cluster holds in the two releases' scopes.
 //!
 //! `WATCHRELAY_MODEL_CASES` sets the cases per test (default 6); `WATCHRELAY_MODEL_SEED` runs one
 //! case. A failing case prints its seed and history.
@@ -27,6 +30,8 @@ use watchrelay::producer::{Memory, Order, Producer};
 use watchrelay_sim::{objects, SimConfig};
 
 const NAMESPACES: [&str; 2] = ["a", "b"];
+/// The second release's namespace.
+const OTHER: &str = "c";
 const NAMES: u64 = 6;
 
 /// xorshift: reproducible from the seed, spread enough for a history.
@@ -53,16 +58,65 @@ impl Rng {
     }
 }
 
-fn config(bed: &Bed, selector: bool) -> Config {
-    let labels = if selector {
+/// How the first release's channel covers namespaces `a` and `b`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    Selector,
+    List,
+    /// Every namespace: drawn only without the second release, whose namespace it would cover.
+    All,
+}
+
+/// The first release's configuration in one run.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    selector: bool,
+    shape: Shape,
+    /// The channel's name: `pods`, or `renamed`.
+    renamed: bool,
+}
+
+impl Run {
+    fn draw(rng: &mut Rng, other: bool) -> Self {
+        let shape = match rng.below(if other { 2 } else { 3 }) {
+            0 => Shape::Selector,
+            1 => Shape::List,
+            _ => Shape::All,
+        };
+        Self {
+            selector: rng.chance(50),
+            shape,
+            renamed: rng.chance(25),
+        }
+    }
+}
+
+fn config(bed: &Bed, run: Run) -> Config {
+    let labels = if run.selector {
         "    labelSelector: tier=web\n"
     } else {
         ""
     };
+    let scope = match run.shape {
+        Shape::Selector => "namespaceSelector: relay=yes",
+        Shape::List => "namespaces: [a, b]",
+        Shape::All => "allNamespaces: true",
+    };
+    let name = if run.renamed { "renamed" } else { "pods" };
     bed.config(
-        &format!("  - operationId: watchNamespacedPods\n    namespaceSelector: relay=yes\n    topic: pods\n{labels}"),
+        &format!("  - operationId: watchNamespacedPods\n    name: {name}\n    {scope}\n    topic: pods\n{labels}"),
         "",
     )
+}
+
+/// The second release: namespace `c` into the same topic, under its own checkpoint ConfigMap.
+fn other_config(bed: &Bed) -> Config {
+    let mut cfg = bed.config(
+        "  - operationId: watchNamespacedPods\n    name: pods\n    namespaces: [c]\n    topic: pods\n",
+        "",
+    );
+    cfg.checkpoint.name = "relay-b".into();
+    cfg
 }
 
 fn label_namespace(bed: &Bed, ns: &str, on: bool) {
@@ -89,7 +143,7 @@ fn pod(ns: &str, name: &str, tier: &str) -> serde_json::Value {
 
 /// One random cluster operation; returns what it did.
 fn operate(bed: &Bed, rng: &mut Rng) -> String {
-    let ns = rng.pick(&NAMESPACES);
+    let ns = rng.pick(&[NAMESPACES[0], NAMESPACES[1], OTHER]);
     let name = format!("p{}", rng.below(NAMES));
     let tier = rng.pick(&["web", "db"]);
     let exists = bed.sim.get("pods", Some(ns), &name).is_some();
@@ -116,7 +170,7 @@ fn operate(bed: &Bed, rng: &mut Rng) -> String {
             bed.sim.delete("pods", Some(ns), &name).unwrap();
             format!("delete {ns}/{name}")
         }
-        7 => {
+        7 if ns != OTHER => {
             let on = rng.chance(50);
             label_namespace(bed, ns, on);
             format!("namespace {ns} in scope: {on}")
@@ -133,47 +187,71 @@ fn operate(bed: &Bed, rng: &mut Rng) -> String {
     }
 }
 
-/// What a consumer must end with: the pods in scope, key -> uid.
-fn in_scope(bed: &Bed, selector: bool) -> BTreeMap<String, String> {
+/// What a consumer must end with: the pods in the first release's scope under `run`, and the
+/// second release's when it runs, key -> uid.
+fn in_scope(bed: &Bed, run: Run, other: bool) -> BTreeMap<String, String> {
     let namespaces: Vec<&str> = NAMESPACES
         .iter()
         .copied()
+        .chain((run.shape == Shape::All).then_some(OTHER))
         .filter(|ns| {
-            bed.sim
-                .get("namespaces", None, ns)
-                .is_some_and(|n| n["metadata"]["labels"]["relay"] == "yes")
+            run.shape != Shape::Selector
+                || bed
+                    .sim
+                    .get("namespaces", None, ns)
+                    .is_some_and(|n| n["metadata"]["labels"]["relay"] == "yes")
         })
         .collect();
-    view::pods(&bed.sim, &namespaces, |p| {
-        !selector || p["metadata"]["labels"]["tier"] == "web"
-    })
+    let mut want = view::pods(&bed.sim, &namespaces, |p| {
+        !run.selector || p["metadata"]["labels"]["tier"] == "web"
+    });
+    if other {
+        want.extend(view::pods(&bed.sim, &[OTHER], |_| true));
+    }
+    want
 }
 
 async fn case(seed: u64) {
     let mut rng = Rng(seed | 1);
     let watch_list = rng.chance(50);
+    let other = rng.chance(50);
     let bed = Bed::in_memory(
         SimConfig {
             watch_list,
             ..SimConfig::default()
         },
-        &NAMESPACES,
+        &[NAMESPACES[0], NAMESPACES[1], OTHER],
     )
     .await;
     for ns in NAMESPACES {
         label_namespace(&bed, ns, true);
     }
     let producer = Arc::new(Memory::new());
-    let mut history = format!("seed {seed}: initial events {watch_list}\n");
-    let mut selector = false;
+    let mut history = format!("seed {seed}: initial events {watch_list}, second release {other}\n");
+    let start_other = |bed: &Bed| {
+        other.then(|| {
+            Relay::start_with(
+                bed,
+                other_config(bed),
+                Some(producer.clone() as Arc<dyn Producer>),
+            )
+        })
+    };
+    let mut run = Run::draw(&mut rng, other);
     for _ in 0..2 + rng.below(3) {
-        selector = rng.chance(50);
-        let _ = writeln!(history, "start, label selector {selector}");
+        run = Run::draw(&mut rng, other);
+        let _ = writeln!(history, "start {run:?}");
         let relay = Relay::start_with(
             &bed,
-            config(&bed, selector),
+            config(&bed, run),
             Some(producer.clone() as Arc<dyn Producer>),
         );
+        // The second release restarts in turn with the first, or keeps running.
+        let b = if rng.chance(50) {
+            start_other(&bed)
+        } else {
+            None
+        };
         let hold_at = rng.below(8);
         for i in 0..rng.below(10) {
             if i == hold_at {
@@ -192,12 +270,18 @@ async fn case(seed: u64) {
             );
             producer.release_first(written, Order::Shuffled(rng.next()));
             relay.kill().await;
+            if let Some(b) = b {
+                b.kill().await;
+            }
             producer.purge();
         } else {
             let _ = writeln!(history, "clean stop");
             producer.hold(false);
             producer.release(Order::Sent);
             relay.stop().await;
+            if let Some(b) = b {
+                b.stop().await;
+            }
         }
         producer.hold(false);
         for _ in 0..rng.below(4) {
@@ -205,15 +289,16 @@ async fn case(seed: u64) {
         }
     }
     if rng.chance(50) {
-        selector = !selector;
+        run = Run::draw(&mut rng, other);
     }
-    let _ = writeln!(history, "final run, label selector {selector}");
+    let _ = writeln!(history, "final run {run:?}");
     let relay = Relay::start_with(
         &bed,
-        config(&bed, selector),
+        config(&bed, run),
         Some(producer.clone() as Arc<dyn Producer>),
     );
-    let want = in_scope(&bed, selector);
+    let b = start_other(&bed);
+    let want = in_scope(&bed, run, other);
     let mut converged = false;
     for _ in 0..300 {
         if consumer_view(&events(&producer)) == want {
@@ -223,6 +308,9 @@ async fn case(seed: u64) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     relay.stop().await;
+    if let Some(b) = b {
+        b.stop().await;
+    }
     if !converged {
         let mut records = String::new();
         for r in events(&producer) {
