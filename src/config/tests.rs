@@ -170,3 +170,54 @@ fn unknown_fields_are_rejected_by_name() {
         .to_string();
     assert!(err.contains("topik"), "{err}");
 }
+
+#[test]
+fn channels_that_could_retract_each_others_objects_are_refused_naming_both() {
+    let overlap = with_channels(
+        "  - operationId: watchNamespacedPods\n    name: team-a\n    namespaceSelector: team=a\n  - operationId: watchNamespacedPods\n    name: team-b\n    namespaceSelector: team=b\n",
+    );
+    let err = overlap.unwrap_err().to_string();
+    assert!(
+        err.starts_with("channels[1]:") && err.contains("\"team-b\"") && err.contains("\"team-a\""),
+        "{err}"
+    );
+    assert_eq!(
+        err_field(with_channels(
+            "  - operationId: watchAllPods\n  - operationId: watchNamespacedPods\n    namespaces: [a]\n"
+        )),
+        "channels[1]",
+        "the cluster-wide pods channel covers namespace a"
+    );
+    // Disjoint lists, other topics or other resources are fine.
+    with_channels(
+        "  - operationId: watchNamespacedPods\n    name: x\n    namespaces: [a]\n  - operationId: watchNamespacedPods\n    name: y\n    namespaces: [b]\n  - operationId: watchNamespacedPods\n    name: z\n    allNamespaces: true\n    topic: other\n  - operationId: watchNamespacedServices\n    allNamespaces: true\n",
+    )
+    .unwrap();
+}
+
+#[test]
+fn unknown_kafka_properties_are_refused_offline_without_their_value() {
+    let text = format!("{BASE}channels:\n  - operationId: watchNodes\n").replace(
+        "  oversize: trim\n",
+        "  oversize: trim\n  properties:\n    sasl.passwrd: ${SECRET}\n",
+    );
+    let err = Config::parse_with_env(&text, |_| Some("hunter2-very-secret".into())).unwrap_err();
+    let shown = err.to_string();
+    assert!(
+        shown.starts_with("kafka.properties.sasl.passwrd:"),
+        "{shown}"
+    );
+    assert!(
+        !shown.contains("hunter2"),
+        "the value is never shown: {shown}"
+    );
+    let bad_value = text.replace("sasl.passwrd: ${SECRET}", "linger.ms: ${SECRET}");
+    let shown = Config::parse_with_env(&bad_value, |_| Some("hunter2-very-secret".into()))
+        .unwrap_err()
+        .to_string();
+    assert!(shown.starts_with("kafka.properties.linger.ms:"), "{shown}");
+    assert!(
+        !shown.contains("hunter2"),
+        "the value is never shown: {shown}"
+    );
+}

@@ -1,0 +1,244 @@
+//! Deployment shapes, fast tier: a membership topic that is not what it should be, stops during
+//! a restore, a flapping namespace, metric series of ended streams, a batch refused for size
+//! with a newer record of its key behind it. The relay runs in-process against the simulator
+//! with a producer in memory.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::bed::{eventually, Bed, Relay};
+use common::view::{self, consumer_view, events};
+use watchrelay::config::Config;
+use watchrelay::producer::{Memory, Order, Producer, TopicState};
+use watchrelay_sim::{objects, SimConfig};
+
+async fn bed(namespaces: &[&str]) -> Bed {
+    Bed::in_memory(SimConfig::default(), namespaces).await
+}
+
+fn start(bed: &Bed, cfg: Config, producer: &Arc<Memory>) -> Relay {
+    Relay::start_with(bed, cfg, Some(producer.clone() as Arc<dyn Producer>))
+}
+
+fn pods_in(bed: &Bed, ns: &str) -> Config {
+    bed.config(
+        &format!("  - operationId: watchNamespacedPods\n    namespaces: [{ns}]\n    topic: pods\n"),
+        "",
+    )
+}
+
+fn selector(bed: &Bed) -> Config {
+    bed.config(
+        "  - operationId: watchNamespacedPods\n    namespaceSelector: relay=yes\n    topic: pods\n",
+        "",
+    )
+}
+
+fn label(bed: &Bed, ns: &str, on: bool) {
+    let value = if on {
+        "yes".into()
+    } else {
+        serde_json::Value::Null
+    };
+    bed.sim
+        .merge_patch(
+            "namespaces",
+            None,
+            ns,
+            serde_json::json!({"metadata": {"labels": {"relay": value}}}),
+        )
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_membership_topic_that_drops_members_blocks_the_relay_naming_topic_and_property() {
+    let bed = bed(&["a"]).await;
+    bed.sim
+        .create("pods", Some("a"), objects::pod("a", "p0"))
+        .unwrap();
+    let producer = Arc::new(Memory::new());
+    let mut delete = TopicState::compacted(1);
+    delete
+        .configs
+        .insert("cleanup.policy".into(), "delete".into());
+    producer.set_topic(&bed.membership, delete);
+    let relay = start(&bed, pods_in(&bed, "a"), &producer);
+    eventually(
+        || relay.registry.readiness().blocked.is_some(),
+        || "the relay is not blocked".into(),
+    )
+    .await;
+    let reason = relay.registry.readiness().blocked.unwrap();
+    assert!(
+        reason.contains(&bed.membership) && reason.contains("cleanup.policy=delete"),
+        "{reason}"
+    );
+    let metrics = String::from_utf8(relay.metrics.render()).unwrap();
+    assert!(
+        metrics.contains("watchrelay_membership_topic_problem{reason=\"not_compacted\"} 1"),
+        "{metrics}"
+    );
+    assert!(events(&producer).is_empty(), "nothing is relayed");
+    // Fixed by an admin: the relay proceeds on its next check.
+    producer.set_topic(&bed.membership, TopicState::compacted(1));
+    relay.wait_up(1).await;
+    assert!(relay.registry.readiness().blocked.is_none());
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_membership_topic_created_again_is_refused_not_trusted() {
+    let bed = bed(&["a"]).await;
+    bed.sim
+        .create("pods", Some("a"), objects::pod("a", "p0"))
+        .unwrap();
+    let producer = Arc::new(Memory::new());
+    let relay = start(&bed, pods_in(&bed, "a"), &producer);
+    relay.wait_up(1).await;
+    relay.stop().await;
+    // The same name, another topic: none of its records (the mark included) survived.
+    let fresh = Arc::new(Memory::new());
+    let relay = start(&bed, pods_in(&bed, "a"), &fresh);
+    eventually(
+        || {
+            relay
+                .registry
+                .readiness()
+                .blocked
+                .is_some_and(|r| r.contains("lacks this relay's mark"))
+        },
+        || format!("not refused: {:?}", relay.registry.readiness()),
+    )
+    .await;
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_during_a_slow_restore_ends_within_the_shutdown_budget() {
+    let bed = bed(&["a"]).await;
+    for i in 0..40 {
+        bed.sim
+            .create("pods", Some("a"), objects::pod("a", &format!("p{i}")))
+            .unwrap();
+    }
+    let producer = Arc::new(Memory::new());
+    let relay = start(&bed, pods_in(&bed, "a"), &producer);
+    relay.wait_up(1).await;
+    relay.stop().await;
+    producer.slow_replay(Duration::from_millis(200));
+    let relay = start(&bed, pods_in(&bed, "a"), &producer);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let asked = Instant::now();
+    relay.stop().await;
+    assert!(
+        asked.elapsed() < Duration::from_secs(13),
+        "the stop waited for the whole restore"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flapping_namespace_never_hangs_and_ended_streams_leave_no_series() {
+    let bed = bed(&["a", "b"]).await;
+    label(&bed, "a", true);
+    label(&bed, "b", true);
+    for ns in ["a", "b"] {
+        for i in 0..5 {
+            bed.sim
+                .create("pods", Some(ns), objects::pod(ns, &format!("p{i}")))
+                .unwrap();
+        }
+    }
+    let producer = Arc::new(Memory::new());
+    let relay = start(&bed, selector(&bed), &producer);
+    relay.wait_up(2).await;
+    // b's label flaps while its old stream is still leaving.
+    for on in [false, true, false, true, false, true] {
+        label(&bed, "b", on);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let want = view::pods(&bed.sim, &["a", "b"], |_| true);
+    eventually(
+        || consumer_view(&events(&producer)) == want && relay.stream_up("watchNamespacedPods.b"),
+        || "namespace b never came back".into(),
+    )
+    .await;
+    // b leaves for good: its series go with it.
+    label(&bed, "b", false);
+    let want = view::pods(&bed.sim, &["a"], |_| true);
+    eventually(
+        || {
+            let metrics = String::from_utf8(relay.metrics.render()).unwrap();
+            consumer_view(&events(&producer)) == want
+                && !metrics.contains("stream=\"watchNamespacedPods.b\"")
+        },
+        || {
+            let metrics = String::from_utf8(relay.metrics.render()).unwrap();
+            let left: Vec<&str> = metrics
+                .lines()
+                .filter(|l| l.contains("watchNamespacedPods.b"))
+                .collect();
+            format!("series of the ended stream remain: {left:?}")
+        },
+    )
+    .await;
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_refused_for_size_keeps_the_order_of_each_key() {
+    let bed = bed(&["a"]).await;
+    let producer = Arc::new(Memory::new());
+    producer.refuse_batches_with_larger_than(8_000);
+    bed.sim
+        .create("pods", Some("a"), objects::pod("a", "p0"))
+        .unwrap();
+    bed.sim
+        .create("pods", Some("a"), objects::pod("a", "big"))
+        .unwrap();
+    let relay = start(&bed, pods_in(&bed, "a"), &producer);
+    relay.wait_up(1).await;
+    eventually(
+        || consumer_view(&events(&producer)).len() == 2,
+        || "the two pods never arrived".into(),
+    )
+    .await;
+    producer.hold(true);
+    // p0 changes in a batch that is refused (for big's size); p0's deletion follows in
+    // another batch, which is accepted first.
+    let patch = serde_json::json!({"metadata": {"labels": {"v": "2"}}});
+    bed.sim.merge_patch("pods", Some("a"), "p0", patch).unwrap();
+    let blob = serde_json::json!({"metadata": {"annotations": {"blob": "x".repeat(10_000)}}});
+    bed.sim.merge_patch("pods", Some("a"), "big", blob).unwrap();
+    eventually(
+        || producer.held() == 2,
+        || format!("held {}", producer.held()),
+    )
+    .await;
+    bed.sim.delete("pods", Some("a"), "p0").unwrap();
+    eventually(
+        || producer.held() == 3,
+        || format!("held {}", producer.held()),
+    )
+    .await;
+    producer.release_first(2, Order::Sent);
+    producer.release(Order::Sent);
+    producer.hold(false);
+    producer.release(Order::Sent);
+    let want = view::pods(&bed.sim, &["a"], |_| true);
+    eventually(
+        || {
+            producer.release(Order::Sent);
+            consumer_view(&events(&producer)) == want
+        },
+        || {
+            format!(
+                "the consumer holds {:?}, the cluster {want:?}",
+                consumer_view(&events(&producer))
+            )
+        },
+    )
+    .await;
+    relay.stop().await;
+}
