@@ -256,3 +256,38 @@ mod against_a_cluster {
         assert!(schemas["io.k8s.api.core.v1.Pod"].is_object());
     }
 }
+
+#[test]
+fn a_misspelt_kafka_property_is_named_and_its_secret_value_never_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("secret.yaml");
+    std::fs::write(
+        &file,
+        "clusterName: prod\nkafka:\n  bootstrapServers: 127.0.0.1:9\n  oversize: trim\n  properties:\n    sasl.passwrd: ${SASL_SECRET}\ncheckpoint:\n  namespace: relay\nchannels:\n  - operationId: watchNodes\n",
+    )
+    .unwrap();
+    for args in [
+        vec!["check-config", file.to_str().unwrap()],
+        vec!["run", "--config", file.to_str().unwrap()],
+    ] {
+        let out = Command::new(BIN)
+            .args(&args)
+            .env("SASL_SECRET", "s3cr3t-value-never-printed")
+            .output()
+            .unwrap();
+        assert!(
+            !out.status.success(),
+            "{args:?} accepted a misspelt property"
+        );
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            all.contains("kafka.properties.sasl.passwrd"),
+            "{args:?}: {all}"
+        );
+        assert!(!all.contains("s3cr3t"), "{args:?} printed the value: {all}");
+    }
+}
