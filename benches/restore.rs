@@ -1,10 +1,12 @@
 //! Restoring the membership: how long the relay takes, and how much memory it holds, to rebuild
 //! every stream's members from the membership topic at the start of a term.
 //!
-//! 1. A fresh membership topic is filled with one record per tracked object
-//!    (`BENCH_MEMBERS`, default 1,000,000, over `BENCH_STREAMS` streams, default 100): what
-//!    streams joining their objects write. Real-looking identities (random UUIDs, pod names as a
-//!    ReplicaSet gives them). Not timed.
+//! 1. A fresh membership topic is filled with the records of `BENCH_MEMBERS` tracked objects
+//!    (default 1,000,000, over `BENCH_STREAMS` streams, default 100), as streams joining their
+//!    objects write them, with history as a topic holds it between compactions (tansu never
+//!    compacts): `BENCH_HISTORY` superseded records per object (default 2), and a quarter as
+//!    many objects again that joined and left (a record, then its tombstone). Real-looking
+//!    identities (random UUIDs, pod names as a ReplicaSet gives them). Not timed.
 //! 2. A child process (so its memory is its own) does what the relay does at the start of a term:
 //!    creates its Kafka client, makes sure the topic exists, reads it back to its end and
 //!    rebuilds the members. It reports the time from creating the client to the last member, its
@@ -41,6 +43,7 @@ fn main() {
     }
     let members = env_or("BENCH_MEMBERS", 1_000_000);
     let streams = env_or("BENCH_STREAMS", 100).max(1);
+    let history = env_or("BENCH_HISTORY", 2);
     let topic = format!(
         "bench.membership.{}",
         std::time::SystemTime::now()
@@ -49,9 +52,10 @@ fn main() {
             .as_millis()
     );
     let t = Instant::now();
-    let bytes = fill(&bootstrap, &topic, members, streams);
+    let (records, bytes) = fill(&bootstrap, &topic, members, streams, history);
     println!(
-        "filled {topic}: {members} members over {streams} streams, {:.1} MB of records, in {:.1} s",
+        "filled {topic}: {members} members over {streams} streams, {records} records ({history} superseded per member, {} joined and left), {:.1} MB, in {:.1} s",
+        members / 4,
         bytes as f64 / 1e6,
         t.elapsed().as_secs_f64()
     );
@@ -67,8 +71,35 @@ fn main() {
     print!("{}", String::from_utf8_lossy(&out.stdout));
 }
 
-/// Writes `members` membership records over `streams` streams; returns the bytes written.
-fn fill(bootstrap: &str, topic: &str, members: usize, streams: usize) -> usize {
+/// Object `i`'s uid and name, as a ReplicaSet names pods.
+fn identity(i: u64) -> (String, String) {
+    let mix = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let (a, b) = (mix(2 * i + 1), mix(2 * i + 2));
+    let uid = format!(
+        "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+        a >> 32,
+        (a >> 16) & 0xffff,
+        a & 0xfff,
+        0x8000 | (b >> 48) & 0x3fff,
+        b & 0xffff_ffff_ffff
+    );
+    (uid, format!("web-{:010x}-{:05x}", a >> 24, b & 0xfffff))
+}
+
+/// Writes the records of `members` objects over `streams` streams, each object `history` times
+/// more before its latest record, and `members / 4` objects that joined and left; returns the
+/// records and bytes written.
+fn fill(
+    bootstrap: &str,
+    topic: &str,
+    members: usize,
+    streams: usize,
+    history: usize,
+) -> (usize, usize) {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .create()
@@ -82,42 +113,25 @@ fn fill(bootstrap: &str, topic: &str, members: usize, streams: usize) -> usize {
         .set("queue.buffering.max.messages", "500000")
         .create()
         .unwrap();
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    let mut bytes = 0;
-    for i in 0..members {
-        let (a, b) = (next(), next());
-        let uid = format!(
-            "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
-            a >> 32,
-            (a >> 16) & 0xffff,
-            a & 0xfff,
-            0x8000 | (b >> 48) & 0x3fff,
-            b & 0xffff_ffff_ffff
-        );
-        let stream = format!("watchNamespacedPods.team-{}", i % streams);
+    let (mut records, mut bytes) = (0, 0);
+    let mut send = |i: usize, round: usize, live: bool| {
+        let (uid, name) = identity(i as u64);
+        let team = i % streams;
+        let stream = format!("watchNamespacedPods.team-{team}");
         let known = Known {
-            name: format!("web-{:010x}-{:05x}", a >> 24, b & 0xfffff),
-            namespace: Some(format!("team-{}", i % streams)),
-            rv: (1_000_000 + i).to_string(),
+            key: Some(format!("team-{team}/{name}")),
+            name,
+            namespace: Some(format!("team-{team}")),
+            rv: (1_000_000 + round * members + i).to_string(),
             topic: Some("prod.pods".into()),
-            key: Some(format!(
-                "team-{}/web-{:010x}-{:05x}",
-                i % streams,
-                a >> 24,
-                b & 0xfffff
-            )),
         };
-        let record = membership::record(topic, &owner(), &stream, &uid, Some(&known));
+        let record = membership::record(topic, &owner(), &stream, &uid, live.then_some(&known));
+        records += 1;
         bytes += record.key.len() + record.value.len();
-        let mut rec = BaseRecord::<str, [u8]>::to(topic)
-            .key(&record.key)
-            .payload(&record.value);
+        let mut rec = BaseRecord::<str, [u8]>::to(topic).key(&record.key);
+        if live {
+            rec = rec.payload(&record.value);
+        }
         loop {
             match producer.send(rec) {
                 Ok(()) => break,
@@ -127,9 +141,19 @@ fn fill(bootstrap: &str, topic: &str, members: usize, streams: usize) -> usize {
                 }
             }
         }
+    };
+    let gone = members..members + members / 4;
+    for round in 0..=history {
+        for i in 0..members {
+            send(i, round, true);
+        }
+        if round == 0 {
+            gone.clone().for_each(|i| send(i, round, true));
+        }
     }
+    gone.for_each(|i| send(i, history, false));
     producer.flush(Duration::from_secs(600)).unwrap();
-    bytes
+    (records, bytes)
 }
 
 /// The relay whose members the topic holds.

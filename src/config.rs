@@ -95,6 +95,13 @@ pub struct KubernetesConfig {
     /// First retry delay after an API error; doubles up to `backoffMaxMs`, with jitter.
     pub backoff_initial_ms: u64,
     pub backoff_max_ms: u64,
+    /// Syncs (initial lists or `sendInitialEvents` watches, at start and after a 410) that may
+    /// run at once across all streams: a start with thousands of streams never fires thousands
+    /// of lists at once.
+    pub max_concurrent_syncs: u32,
+    /// Each sync first waits a random delay below this, spreading a start's or a mass 410's
+    /// lists over time.
+    pub sync_jitter_ms: u64,
 }
 
 impl Default for KubernetesConfig {
@@ -108,6 +115,8 @@ impl Default for KubernetesConfig {
             send_initial_events: true,
             backoff_initial_ms: 200,
             backoff_max_ms: 30_000,
+            max_concurrent_syncs: 16,
+            sync_jitter_ms: 500,
         }
     }
 }
@@ -500,6 +509,12 @@ impl File {
         self.leader_election.validate()?;
         if self.kubernetes.list_page_size == 0 {
             return Err(invalid("kubernetes.listPageSize", "must be at least 1"));
+        }
+        if self.kubernetes.max_concurrent_syncs == 0 {
+            return Err(invalid(
+                "kubernetes.maxConcurrentSyncs",
+                "must be at least 1",
+            ));
         }
         if self.channels.is_empty() {
             return Err(invalid("channels", "at least one channel is required"));

@@ -96,6 +96,10 @@ enum Command {
         config: ConfigFile,
         /// A channel name from the configuration, or `all`.
         channel: String,
+        /// Re-announce only objects changed since each stream's position (as after a 410),
+        /// instead of every object.
+        #[arg(long)]
+        delta: bool,
     },
     /// Print the Kubernetes permissions a configuration needs, as JSON: list and watch per
     /// resource, cluster-wide or per namespace, and the relay's own ConfigMap and Lease.
@@ -222,7 +226,11 @@ fn dispatch(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Resync { config, channel } => {
+        Command::Resync {
+            config,
+            channel,
+            delta,
+        } => {
             let cfg = config.load()?;
             if channel != "all" && !cfg.channels.iter().any(|c| &c.name == channel) {
                 let names: Vec<&str> = cfg.channels.iter().map(|c| c.name.as_str()).collect();
@@ -235,7 +243,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             block_on(async {
                 let client = kube_client(&cfg.kubernetes).await?;
                 Store::new(client, &cfg.checkpoint.namespace, &cfg.checkpoint.name)
-                    .request_resync(channel)
+                    .request_resync(&watchrelay::checkpoint::resync_request(channel, *delta))
                     .await
                     .context("the relay has not written its checkpoint ConfigMap yet, or it cannot be patched")
             })?;

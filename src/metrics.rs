@@ -26,6 +26,12 @@ pub struct Metrics {
     pub resyncs: IntCounterVec,
     /// DELETED events inferred during a resync, by stream.
     pub synthetic_deletes: IntCounterVec,
+    /// Objects a delta resync did not publish again: members unchanged since the stream's
+    /// acknowledged position, by stream.
+    pub resync_unchanged: IntCounterVec,
+    /// Resyncs that re-announced objects whole because a resourceVersion was not a decimal
+    /// integer (a server that does not follow KEP-5504), by stream.
+    pub resync_full_fallbacks: IntCounterVec,
     /// API errors, by stream and kind.
     pub api_errors: IntCounterVec,
     /// Records sent and not yet acknowledged, by stream.
@@ -193,6 +199,16 @@ impl Metrics {
                 "DELETED events inferred by a resync",
                 &["stream"],
             ),
+            resync_unchanged: counter(
+                "resync_unchanged_total",
+                "Objects a delta resync did not publish again (members unchanged since the position)",
+                &["stream"],
+            ),
+            resync_full_fallbacks: counter(
+                "resync_full_fallbacks_total",
+                "Delta resyncs that re-announced objects because a resourceVersion was not a decimal integer",
+                &["stream"],
+            ),
             api_errors: counter(
                 "api_errors_total",
                 "Kubernetes API errors",
@@ -235,6 +251,8 @@ impl Metrics {
             &self.malformed_lines,
             &self.resyncs,
             &self.synthetic_deletes,
+            &self.resync_unchanged,
+            &self.resync_full_fallbacks,
         ] {
             let _ = v.remove_label_values(&[stream]);
         }

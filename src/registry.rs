@@ -11,6 +11,7 @@
 //! checkpoint's deletion only if no newer stream of the same id registered since.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use prometheus::IntGauge;
@@ -54,7 +55,7 @@ struct Entry {
     generation: u64,
     status: watch::Receiver<Status>,
     /// Asks the stream to relist and reconcile.
-    resync: Arc<Notify>,
+    resync: Arc<ResyncRequest>,
     /// Unix time of the last line the stream read (its `stream_last_event` gauge).
     last_line: Option<IntGauge>,
 }
@@ -130,7 +131,7 @@ impl Registry {
     /// Registers stream `id` (replacing an older entry of the same id) and returns its reporter.
     pub fn register(&self, id: &str) -> Reporter {
         let (tx, rx) = watch::channel(Status::default());
-        let resync = Arc::new(Notify::new());
+        let resync = Arc::new(ResyncRequest::default());
         let mut inner = self.lock();
         inner.next_generation += 1;
         let generation = inner.next_generation;
@@ -236,15 +237,19 @@ impl Registry {
             .collect()
     }
 
-    /// Asks the streams of channel `what` (or every stream, for `all`) to relist and reconcile.
+    /// Asks the streams of channel `what` (or every stream, for `all`) to relist and reconcile:
+    /// re-announcing every object, or with `delta` only those changed since their position.
     /// Returns how many were asked.
-    pub fn request_resync(&self, what: &str) -> usize {
+    pub fn request_resync(&self, what: &str, delta: bool) -> usize {
         let inner = self.lock();
         let mut asked = 0;
         for (id, e) in &inner.streams {
             let channel = id.split('.').next().unwrap_or_default();
             if what == "all" || what == channel {
-                e.resync.notify_one();
+                if !delta {
+                    e.resync.full.store(true, Ordering::Relaxed);
+                }
+                e.resync.notify.notify_one();
                 asked += 1;
             }
         }
@@ -283,12 +288,19 @@ impl Registry {
     }
 }
 
+/// A pending resync request of one stream: a full one wins over a delta one.
+#[derive(Default)]
+struct ResyncRequest {
+    notify: Notify,
+    full: AtomicBool,
+}
+
 /// A stream's side of the registry.
 pub struct Reporter {
     id: String,
     generation: u64,
     tx: watch::Sender<Status>,
-    resync: Arc<Notify>,
+    resync: Arc<ResyncRequest>,
     registry: Registry,
 }
 
@@ -315,9 +327,11 @@ impl Reporter {
         }
     }
 
-    /// Completes when a resync of this stream was requested (at once if one is pending).
-    pub async fn resync_requested(&self) {
-        self.resync.notified().await;
+    /// Completes when a resync of this stream was requested (at once if one is pending), with
+    /// whether a delta resync suffices (no full one was asked for).
+    pub async fn resync_requested(&self) -> bool {
+        self.resync.notify.notified().await;
+        !self.resync.full.swap(false, Ordering::Relaxed)
     }
 
     /// Publishes a checkpoint the stream may save.
@@ -436,12 +450,17 @@ mod tests {
         let pods_a = r.register("pods.a");
         let pods_b = r.register("pods.b");
         let nodes = r.register("nodes._all");
-        assert_eq!(r.request_resync("pods"), 2);
-        pods_a.resync_requested().await;
-        pods_b.resync_requested().await;
-        assert_eq!(r.request_resync("all"), 3);
-        nodes.resync_requested().await;
-        assert_eq!(r.request_resync("services"), 0);
+        assert_eq!(r.request_resync("pods", false), 2);
+        assert!(!pods_a.resync_requested().await, "a full resync");
+        assert!(!pods_b.resync_requested().await);
+        assert_eq!(r.request_resync("all", true), 3);
+        assert!(nodes.resync_requested().await, "a delta resync");
+        assert!(pods_a.resync_requested().await);
+        assert_eq!(r.request_resync("services", false), 0);
+        // A full request and a delta one pending together: the full one wins.
+        r.request_resync("pods", false);
+        r.request_resync("pods", true);
+        assert!(!pods_b.resync_requested().await);
     }
 
     #[test]

@@ -119,22 +119,6 @@ fn other_config(bed: &Bed) -> Config {
     cfg
 }
 
-fn label_namespace(bed: &Bed, ns: &str, on: bool) {
-    let value = if on {
-        "yes".into()
-    } else {
-        serde_json::Value::Null
-    };
-    bed.sim
-        .merge_patch(
-            "namespaces",
-            None,
-            ns,
-            serde_json::json!({"metadata": {"labels": {"relay": value}}}),
-        )
-        .unwrap();
-}
-
 fn pod(ns: &str, name: &str, tier: &str) -> serde_json::Value {
     let mut p = objects::pod(ns, name);
     p["metadata"]["labels"]["tier"] = tier.into();
@@ -172,7 +156,7 @@ fn operate(bed: &Bed, rng: &mut Rng) -> String {
         }
         7 if ns != OTHER => {
             let on = rng.chance(50);
-            label_namespace(bed, ns, on);
+            bed.label(ns, on);
             format!("namespace {ns} in scope: {on}")
         }
         8 => {
@@ -224,7 +208,7 @@ async fn case(seed: u64) {
     )
     .await;
     for ns in NAMESPACES {
-        label_namespace(&bed, ns, true);
+        bed.label(ns, true);
     }
     let producer = Arc::new(Memory::new());
     let mut history = format!("seed {seed}: initial events {watch_list}, second release {other}\n");

@@ -125,9 +125,8 @@ async fn list_watch_gone_resync(watch_list: bool) {
         .filter(|r| json(r)["watchrelay"]["resync"] == true && json(r)["type"] == "ADDED")
         .count();
     assert_eq!(
-        reannounced,
-        cluster_view(&bed).len(),
-        "the resync re-announces every object"
+        reannounced, 2,
+        "the resync re-announces only what changed since the position: p4 and late"
     );
 }
 
@@ -310,6 +309,119 @@ async fn a_requested_resync_reannounces_and_the_request_is_cleared() {
         .filter(|r| json(r)["watchrelay"]["resync"] == true && json(r)["type"] == "ADDED")
         .count();
     assert_eq!(reannounced, 5);
+    assert_eq!(consumer_view(&log), cluster_view(&bed));
+}
+
+/// Records a resync published as re-announcements (ADDED flagged `resync`) and inferred
+/// DELETEDs, in `log`.
+fn resync_records(log: &[Record]) -> (usize, usize) {
+    let added = log
+        .iter()
+        .filter(|r| json(r)["watchrelay"]["resync"] == true && json(r)["type"] == "ADDED")
+        .count();
+    let inferred = log
+        .iter()
+        .filter(|r| json(r)["watchrelay"]["synthetic"] == true)
+        .count();
+    (added, inferred)
+}
+
+async fn request_resync(bed: &Bed, relay: &Relay, value: &str, resyncs: u64) {
+    bed.sim
+        .merge_patch(
+            "configmaps",
+            Some(common::bed::CHECKPOINT_NS),
+            common::bed::CHECKPOINT_NAME,
+            serde_json::json!({"metadata": {"annotations": {"watchrelay.io/resync": value}}}),
+        )
+        .unwrap();
+    relay.wait_counter("resyncs_total", STREAM, resyncs).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_410_over_thousands_of_objects_republishes_only_what_changed() {
+    let bed = bed(false).await;
+    let producer = Arc::new(Memory::new());
+    create(&bed, (0..3000).map(|i| format!("p{i}")));
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay.wait_up(1).await;
+    wait_covered(&bed).await;
+    relay.stop().await;
+    let before = events(&producer).len();
+
+    // While the relay is down: 40 changed, 10 deleted, 5 created; the history is compacted.
+    for i in 0..40 {
+        bed.sim
+            .merge_patch(
+                "pods",
+                Some("a"),
+                &format!("p{i}"),
+                serde_json::json!({"metadata": {"labels": {"changed": "yes"}}}),
+            )
+            .unwrap();
+    }
+    for i in 100..110 {
+        bed.sim.delete("pods", Some("a"), &format!("p{i}")).unwrap();
+    }
+    create(&bed, (0..5).map(|i| format!("late{i}")));
+    bed.sim.compact();
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay
+        .wait_counter("resync_unchanged_total", STREAM, 1)
+        .await;
+    wait_covered(&bed).await;
+    let unchanged = relay.counter("resync_unchanged_total", STREAM);
+    relay.stop().await;
+
+    let log = events(&producer);
+    assert_eq!(consumer_view(&log), cluster_view(&bed));
+    let after = &log[before..];
+    assert_eq!(
+        resync_records(after),
+        (45, 10),
+        "the changed and the new; the deleted"
+    );
+    let ends = after
+        .iter()
+        .filter(|r| {
+            json(r)["object"]["metadata"]["annotations"]["watchrelay.io/resync-end"] == "true"
+        })
+        .count();
+    assert_eq!(ends, 1, "the end is marked");
+    assert_eq!(after.len(), 45 + 10 + 1, "nothing else is published");
+    assert_eq!(unchanged, 3000 - 40 - 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requested_delta_resync_reannounces_only_what_changed_and_a_full_one_everything() {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    create(&bed, (0..20).map(|i| format!("p{i}")));
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay.wait_up(1).await;
+    wait_covered(&bed).await;
+    let before = events(&producer).len();
+    request_resync(&bed, &relay, "watchNamespacedPods;delta", 1).await;
+    eventually(
+        || events(&producer).len() > before,
+        || "the delta resync never ended".into(),
+    )
+    .await;
+    wait_covered(&bed).await;
+    let log = events(&producer);
+    assert_eq!(resync_records(&log[before..]), (0, 0), "nothing changed");
+    assert_eq!(log.len(), before + 1, "only the resync-end marker");
+
+    let before = log.len();
+    request_resync(&bed, &relay, "all", 2).await;
+    eventually(
+        || events(&producer).len() > before + 20,
+        || "the full resync never ended".into(),
+    )
+    .await;
+    relay.stop().await;
+    let log = events(&producer);
+    assert_eq!(resync_records(&log[before..]), (20, 0), "every object");
     assert_eq!(consumer_view(&log), cluster_view(&bed));
 }
 

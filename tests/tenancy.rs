@@ -36,22 +36,6 @@ fn selector(bed: &Bed) -> Config {
     )
 }
 
-fn label(bed: &Bed, ns: &str, on: bool) {
-    let value = if on {
-        "yes".into()
-    } else {
-        serde_json::Value::Null
-    };
-    bed.sim
-        .merge_patch(
-            "namespaces",
-            None,
-            ns,
-            serde_json::json!({"metadata": {"labels": {"relay": value}}}),
-        )
-        .unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_membership_topic_that_drops_members_blocks_the_relay_naming_topic_and_property() {
     let bed = bed(&["a"]).await;
@@ -141,8 +125,8 @@ async fn a_stop_during_a_slow_restore_ends_within_the_shutdown_budget() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flapping_namespace_never_hangs_and_ended_streams_leave_no_series() {
     let bed = bed(&["a", "b"]).await;
-    label(&bed, "a", true);
-    label(&bed, "b", true);
+    bed.label("a", true);
+    bed.label("b", true);
     for ns in ["a", "b"] {
         for i in 0..5 {
             bed.sim
@@ -155,7 +139,7 @@ async fn a_flapping_namespace_never_hangs_and_ended_streams_leave_no_series() {
     relay.wait_up(2).await;
     // b's label flaps while its old stream is still leaving.
     for on in [false, true, false, true, false, true] {
-        label(&bed, "b", on);
+        bed.label("b", on);
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
     let want = view::pods(&bed.sim, &["a", "b"], |_| true);
@@ -165,7 +149,7 @@ async fn a_flapping_namespace_never_hangs_and_ended_streams_leave_no_series() {
     )
     .await;
     // b leaves for good: its series go with it.
-    label(&bed, "b", false);
+    bed.label("b", false);
     let want = view::pods(&bed.sim, &["a"], |_| true);
     eventually(
         || {

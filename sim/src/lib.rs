@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 mod churn;
 pub mod objects;
 mod openapi;
+mod requests;
 pub mod resources;
 pub mod selector;
 mod server;
@@ -29,6 +30,7 @@ pub use churn::{ChurnHandle, ChurnSpec};
 
 /// The body of every response: whole documents and watch streams alike.
 pub(crate) type Body = http_body_util::combinators::BoxBody<bytes::Bytes, std::io::Error>;
+pub use requests::RequestCounts;
 pub use resources::Resource;
 use store::Store;
 
@@ -113,6 +115,9 @@ pub struct SimConfig {
     /// Serve `sendInitialEvents` watches (the WatchList feature). Off, such a watch is refused
     /// with 422, as by an API server with the feature gate disabled.
     pub watch_list: bool,
+    /// How long each list request takes to answer (zero: at once), so tests can see how many
+    /// run at once.
+    pub list_delay: Duration,
 }
 
 impl Default for SimConfig {
@@ -125,6 +130,7 @@ impl Default for SimConfig {
             journal_limit: None,
             addr: None,
             watch_list: true,
+            list_delay: Duration::ZERO,
         }
     }
 }
@@ -147,6 +153,7 @@ pub(crate) struct Inner {
     pub watches: Mutex<CancellationToken>,
     pub shutdown: CancellationToken,
     pub tls: Option<server::Tls>,
+    pub requests: requests::Requests,
 }
 
 /// Handle to a running simulator; cheap to clone.
@@ -183,6 +190,7 @@ impl Sim {
             watches: Mutex::new(CancellationToken::new()),
             shutdown: CancellationToken::new(),
             tls,
+            requests: requests::Requests::default(),
         });
         tokio::spawn(server::serve(listener, inner.clone()));
         Ok(Sim { inner, addr })
@@ -290,6 +298,16 @@ impl Sim {
             .into_iter()
             .map(|v| (*v).clone())
             .collect()
+    }
+
+    /// The list and watch requests served so far.
+    pub fn requests(&self) -> RequestCounts {
+        self.inner.requests.counts()
+    }
+
+    /// Counts requests afresh from now on.
+    pub fn reset_requests(&self) {
+        self.inner.requests.reset();
     }
 
     pub fn current_rv(&self) -> u64 {

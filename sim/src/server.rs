@@ -243,7 +243,13 @@ async fn handle(inner: &Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
                 Err(e) => error(&e),
             }
         }
-        (Method::GET, None) => list(inner, &res, ns, &query).unwrap_or_else(|e| error(&e)),
+        (Method::GET, None) => {
+            let _counted = inner.requests.list();
+            if !inner.cfg.list_delay.is_zero() {
+                tokio::time::sleep(inner.cfg.list_delay).await;
+            }
+            list(inner, &res, ns, &query).unwrap_or_else(|e| error(&e))
+        }
         (Method::GET, Some(name)) => {
             let store = inner.store.lock().expect("store lock poisoned");
             match store.get(&res.key(), ns, name) {

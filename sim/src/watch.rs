@@ -110,6 +110,7 @@ pub fn start(inner: Arc<Inner>, p: Params) -> Body {
     let cancel = inner.watches.lock().expect("watches lock poisoned").clone();
     let stalled = inner.faults.stall_watch.swap(false, Ordering::SeqCst);
     tokio::spawn(async move {
+        let _open = inner.requests.watch(matches!(p.start, Start::Current));
         if stalled {
             // Headers went out; nothing else will until the client hangs up.
             tokio::select! {

@@ -30,9 +30,30 @@ pub mod writer;
 pub use store::Store;
 
 /// An annotation on the checkpoint ConfigMap that asks the running relay to relist and
-/// reconcile the streams of a channel (its name) or of every channel (`all`); the relay removes
-/// it once it has asked them.
+/// reconcile the streams of a channel (its name) or of every channel (`all`), re-announcing every
+/// object, or with a `;delta` suffix only those changed since each stream's position (see
+/// [`resync_request`]); the relay removes it once it has asked them.
 pub const RESYNC_ANNOTATION: &str = "watchrelay.io/resync";
+
+const DELTA_SUFFIX: &str = ";delta";
+
+/// The [`RESYNC_ANNOTATION`] value asking for a resync of `what`.
+pub fn resync_request(what: &str, delta: bool) -> String {
+    if delta {
+        format!("{what}{DELTA_SUFFIX}")
+    } else {
+        what.to_string()
+    }
+}
+
+/// What a [`RESYNC_ANNOTATION`] value asks for: the channel (or `all`), and whether a delta
+/// resync suffices.
+pub fn parse_resync_request(value: &str) -> (&str, bool) {
+    match value.strip_suffix(DELTA_SUFFIX) {
+        Some(what) => (what, true),
+        None => (value, false),
+    }
+}
 
 /// The `data` key of the [`MembershipMark`]: no stream id starts with a dot.
 pub const MARK_KEY: &str = ".membership";

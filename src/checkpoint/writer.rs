@@ -49,9 +49,10 @@ pub async fn run(
         if !last && polled.elapsed() >= RESYNC_POLL {
             polled = Instant::now();
             match store.take_resync_request().await {
-                Ok(Some(what)) => {
-                    let asked = registry.request_resync(&what);
-                    tracing::info!(%what, streams = asked, "resync requested");
+                Ok(Some(request)) => {
+                    let (what, delta) = super::parse_resync_request(&request);
+                    let asked = registry.request_resync(what, delta);
+                    tracing::info!(%what, delta, streams = asked, "resync requested");
                 }
                 Ok(None) => {}
                 Err(e) => tracing::warn!(error = %e, "reading resync requests failed"),

@@ -52,7 +52,7 @@ mod set;
 
 use std::collections::{HashMap, HashSet};
 
-pub use set::Members;
+pub use set::{Key, Members};
 
 use crate::decode::ObjectMeta;
 use crate::envelope::{Announcement, Record};

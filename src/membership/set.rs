@@ -17,7 +17,9 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::tracker::Known;
 
-type Key = [u8; 16];
+/// A uid as the set indexes it: a canonical UUID's 16 bytes, or a 128-bit hash of any other uid
+/// (see [`Members::key`]).
+pub type Key = [u8; 16];
 
 /// Bytes of garbage tolerated before the arena is rewritten (and then only once it outweighs
 /// what is live).
@@ -25,6 +27,9 @@ const RECLAIM_FLOOR: usize = 1 << 20;
 
 /// Entries the hash map may hold before it is merged into the sorted array, whatever its size.
 const DELTA_FLOOR: usize = 4096;
+
+/// Records a restore appends before its first compaction, whatever the set's size.
+const RESTORE_FLOOR: usize = 1 << 16;
 
 /// The arena offset of a removed entry of the sorted array.
 const REMOVED: u32 = u32::MAX;
@@ -56,6 +61,8 @@ pub struct Members {
     delta: HashMap<Key, u32, BuildHasherDefault<KeyHasher>>,
     /// `base` holds records in log order, not yet sorted (a restore in progress).
     restoring: bool,
+    /// During a restore: members left by its last compaction (see [`Members::restore_record`]).
+    compacted: usize,
     arena: Vec<u8>,
     /// Bytes of the arena no entry uses any more.
     garbage: usize,
@@ -87,6 +94,26 @@ impl Members {
     pub fn get(&self, uid: &str) -> Option<Known> {
         let k = key(uid);
         self.offset(&k).map(|at| self.decode(k, at).1)
+    }
+
+    /// The key `uid` is indexed by: 16 bytes where a uid and its `Known` take a hundred, for
+    /// bookkeeping over every member (a resync's).
+    pub fn key(uid: &str) -> Key {
+        key(uid)
+    }
+
+    /// The member indexed by `k`, with its uid.
+    pub fn get_key(&self, k: &Key) -> Option<(String, Known)> {
+        self.offset(k).map(|at| self.decode(*k, at))
+    }
+
+    /// Every member's key, in no particular order.
+    pub fn keys(&self) -> impl Iterator<Item = Key> + '_ {
+        self.base
+            .iter()
+            .filter(|(_, at)| *at != REMOVED)
+            .map(|(k, _)| *k)
+            .chain(self.delta.keys().copied())
     }
 
     /// Where `k`'s entry is in the arena.
@@ -139,8 +166,22 @@ impl Members {
 
     /// During a restore: the next record of `uid` in log order (`None`, a tombstone). Nothing
     /// may be queried until [`Members::finish_restore`].
+    ///
+    /// A topic holding history (superseded records, tombstones not yet compacted away) has many
+    /// records per member: once the appended records outnumber the members left by the last
+    /// compaction by half, they are compacted in place (the latest record of each uid kept, the
+    /// arena rewritten within itself), so memory follows the members, not the records read.
     pub fn restore_record(&mut self, uid: &str, known: Option<&Known>) {
-        self.restoring = true;
+        if !self.restoring {
+            self.restoring = true;
+            self.compacted = self.base.len();
+        }
+        let threshold = self.compacted + (self.compacted / 2).max(RESTORE_FLOOR);
+        if self.base.len() >= threshold {
+            self.compact_restored();
+            let threshold = self.compacted + (self.compacted / 2).max(RESTORE_FLOOR);
+            self.base.reserve_exact(threshold - self.base.len());
+        }
         let at = match known {
             Some(known) => self.push_entry(uid, known),
             None => {
@@ -159,6 +200,15 @@ impl Members {
         if !std::mem::take(&mut self.restoring) {
             return;
         }
+        self.compact_restored();
+        self.base.shrink_to_fit();
+        self.arena.shrink_to_fit();
+    }
+
+    /// Keeps the latest record of each uid read so far (none for a tombstone), sorted, and
+    /// rewrites the arena within itself. Arena positions follow log order before and after, so
+    /// records appended later still sort after the ones kept.
+    fn compact_restored(&mut self) {
         // Arena positions follow log order, so the last record of a uid sorts last.
         self.base
             .sort_unstable_by_key(|&(k, at)| (k, at & !TOMBSTONE));
@@ -172,15 +222,21 @@ impl Members {
             }
         }
         self.base.truncate(kept);
-        self.base.shrink_to_fit();
-        let live: usize = self
-            .base
-            .iter()
-            .map(|&(_, at)| entry_len(&self.arena, at as usize))
-            .sum();
         self.removed = 0;
-        self.garbage = self.arena.len() - live;
-        self.reclaim();
+        // Entries move down in arena order, each to where the previous one ended.
+        self.base.sort_unstable_by_key(|&(_, at)| at);
+        let mut end = 0;
+        for (_, at) in &mut self.base {
+            let start = *at as usize;
+            let len = entry_len(&self.arena, start);
+            self.arena.copy_within(start..start + len, end);
+            *at = u32::try_from(end).expect("a member arena under 2 GiB");
+            end += len;
+        }
+        self.arena.truncate(end);
+        self.garbage = 0;
+        self.base.sort_unstable_by_key(|&(k, _)| k);
+        self.compacted = self.base.len();
     }
 
     /// Every member, in no particular order.
@@ -569,8 +625,9 @@ mod tests {
         let uid = |i: u64| format!("{i:08x}-0000-4000-8000-{:012x}", i * 7);
         let mut model: HashMap<String, Known> = HashMap::new();
         let mut m = Members::default();
-        // A log with superseded records and tombstones, as an uncompacted topic holds.
-        for i in 0..30_000 {
+        // A log with superseded records and tombstones, as an uncompacted topic holds: many
+        // more records than members, so the restore compacts what it read several times.
+        for i in 0..300_000 {
             let u = uid(next(9_000));
             if next(4) == 0 {
                 m.restore_record(&u, None);
@@ -581,6 +638,11 @@ mod tests {
                 model.insert(u, k);
             }
         }
+        assert!(
+            m.base.len() < 9_000 + RESTORE_FLOOR * 2,
+            "{} entries held for at most 9,000 members",
+            m.base.len()
+        );
         m.finish_restore();
         let check = |m: &Members, model: &HashMap<String, Known>| {
             assert_eq!(m.len(), model.len());

@@ -245,6 +245,9 @@ impl Relay {
                 membership_topic,
                 owner,
                 checkpoints: self.checkpoints,
+                syncs: Arc::new(tokio::sync::Semaphore::new(
+                    self.cfg.kubernetes.max_concurrent_syncs as usize,
+                )),
             }),
             self.registry.clone(),
             loaded.streams,

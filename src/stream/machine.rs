@@ -25,11 +25,12 @@
 //! ```
 //!
 //! # What a consumer may rely on after a relist
-//! A Sync re-announces every object that exists (as ADDED, flagged `resync` after a 410), then
-//! — after a 410 — publishes an inferred DELETED (flagged `synthetic`) for every object the
-//! stream had announced that the new state lacks, then a BOOKMARK annotated
-//! `watchrelay.io/resync-end`. Applying a key's messages in order therefore ends at the
-//! cluster's state as of the relist; changes after it follow on the watch.
+//! A Sync announces every object that exists (as ADDED) — after a 410 (flagged `resync`) only
+//! those that are not members of the stream or changed since its acknowledged position (a delta
+//! resync; see [`super::sync`]) — then, after a 410, publishes an inferred DELETED (flagged
+//! `synthetic`) for every object the stream had announced that the new state lacks, then a
+//! BOOKMARK annotated `watchrelay.io/resync-end`. Applying a key's messages in order therefore
+//! ends at the cluster's state as of the relist; changes after it follow on the watch.
 
 use std::time::Duration;
 
@@ -323,14 +324,20 @@ impl Backoff {
         }
     }
 
-    pub fn next(&mut self) -> Duration {
+    /// A pseudo-random number, for jitter.
+    pub fn random(&mut self) -> u64 {
         // xorshift: jitter needs spread, not quality.
         self.seed ^= self.seed << 13;
         self.seed ^= self.seed >> 7;
         self.seed ^= self.seed << 17;
+        self.seed
+    }
+
+    pub fn next(&mut self) -> Duration {
+        let r = self.random();
         let base = self.current;
         self.current = (self.current * 2).min(self.max);
-        base / 2 + base.mul_f64((self.seed % 1000) as f64 / 2000.0)
+        base / 2 + base.mul_f64((r % 1000) as f64 / 2000.0)
     }
 
     pub fn reset(&mut self) {

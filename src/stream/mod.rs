@@ -11,6 +11,8 @@ pub mod machine;
 mod read;
 mod sync;
 
+pub use sync::Announced;
+
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +44,8 @@ struct StreamMetrics {
     filtered: IntCounter,
     malformed: IntCounter,
     synthetic_deletes: IntCounter,
+    unchanged: IntCounter,
+    full_fallbacks: IntCounter,
     resyncs: IntCounter,
     up: IntGauge,
     last_event: IntGauge,
@@ -51,7 +55,7 @@ struct StreamMetrics {
 enum Reading {
     Initial {
         reason: Reason,
-        announced: sync::Announced,
+        announced: Announced,
     },
     Live {
         at: Option<String>,
@@ -83,6 +87,8 @@ pub struct Wiring {
     pub membership_topic: Option<String>,
     /// Whose membership records the streams write.
     pub owner: crate::membership::Owner,
+    /// Permits to sync (`kubernetes.maxConcurrentSyncs`), shared by every stream.
+    pub syncs: Arc<tokio::sync::Semaphore>,
 }
 
 pub struct Stream {
@@ -124,6 +130,10 @@ pub struct Stream {
     route_id: String,
     /// It published elsewhere before: members announced elsewhere are retracted there first.
     route_changed: bool,
+    /// A full resync was requested: the next resync re-announces every object, not only those
+    /// changed since the position (see [`sync`]).
+    full_resync: bool,
+    syncs: Arc<tokio::sync::Semaphore>,
 }
 
 impl Stream {
@@ -202,6 +212,8 @@ impl Stream {
             filtered: metrics.events_filtered.with_label_values(&[&id]),
             malformed: metrics.malformed_lines.with_label_values(&[&id]),
             synthetic_deletes: metrics.synthetic_deletes.with_label_values(&[&id]),
+            unchanged: metrics.resync_unchanged.with_label_values(&[&id]),
+            full_fallbacks: metrics.resync_full_fallbacks.with_label_values(&[&id]),
             resyncs: metrics.resyncs.with_label_values(&[&id]),
             up: metrics.stream_up.with_label_values(&[&id]),
             last_event: metrics.last_event.with_label_values(&[&id]),
@@ -224,6 +236,8 @@ impl Stream {
             query_changed,
             route_id,
             route_changed,
+            full_resync: false,
+            syncs: wiring.syncs.clone(),
             checkpoints: wiring.checkpoints,
             shutdown: shutdown.clone(),
             publish: Box::pin(tokio::time::sleep(Duration::ZERO)),
@@ -290,6 +304,9 @@ impl Stream {
                         Reason::Start if !self.outbox.members().is_empty() => Reason::Resync,
                         reason => reason,
                     };
+                    let Some(_permit) = self.sync_permit().await else {
+                        break;
+                    };
                     let outcome = match via {
                         Via::InitialEvents => self.sync_initial(reason).await,
                         Via::Pages => self.sync_pages(reason).await,
@@ -303,6 +320,28 @@ impl Stream {
             };
         }
         self.stop().await
+    }
+
+    /// Waits a random delay below `syncJitterMs`, then for one of the relay's sync permits;
+    /// `None` when cancelled first.
+    async fn sync_permit(&mut self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let jitter = self.cfg.kubernetes.sync_jitter_ms;
+        let delay = Duration::from_millis(if jitter == 0 {
+            0
+        } else {
+            self.backoff.random() % jitter
+        });
+        self.set_phase(Phase::Waiting);
+        tokio::select! {
+            _ = self.cancel.cancelled() => None,
+            permit = async {
+                tokio::time::sleep(delay).await;
+                self.syncs.clone().acquire_owned().await
+            } => {
+                self.set_phase(Phase::Syncing);
+                permit.ok()
+            }
+        }
     }
 
     /// Logs and counts what a step reported, then moves the machine.
@@ -498,9 +537,12 @@ impl Stream {
             return;
         }
         let rv = self.outbox.checkpoint().unwrap_or_default().to_string();
-        let known: Vec<_> = self.outbox.members().iter().collect();
+        let known: Vec<_> = self.outbox.members().keys().collect();
         tracing::info!(stream = %self.id, objects = known.len(), "left its scope: deleting what it announced");
-        for (uid, k) in known {
+        for k in known {
+            let Some((uid, k)) = self.outbox.members().get_key(&k) else {
+                continue;
+            };
             if let Err(why) = self.infer_delete(uid, k, &rv).await {
                 tracing::warn!(stream = %self.id, ?why, "leaving scope cut short");
                 return;

@@ -41,7 +41,10 @@ impl Stream {
                     }
                 }
                 _ = &mut self.publish, if moved => self.publish_checkpoint(),
-                _ = self.reporter.resync_requested() => return Err(Stop::Requested),
+                delta = self.reporter.resync_requested() => {
+                    self.full_resync = !delta;
+                    return Err(Stop::Requested);
+                }
                 _ = &mut self.idle, if room => return Err(Stop::Stalled),
                 line = w.next_line(), if room => match line {
                     Ok(Some(line)) => {
@@ -117,9 +120,9 @@ impl Stream {
             (EventType::Bookmark, Reading::Initial { .. }) if !ev.initial_events_end => Ok(None),
             (EventType::Bookmark, Reading::Initial { reason, announced }) => {
                 let (reason, announced) = (*reason, std::mem::take(announced));
-                let objects = announced.len();
+                let (objects, unchanged) = (announced.len(), announced.skipped());
                 self.finish_sync(announced, reason, &rv).await?;
-                tracing::info!(stream = %self.id, objects, %rv, resync = reason == Reason::Resync, "initial events ended");
+                tracing::info!(stream = %self.id, objects, unchanged, %rv, resync = reason == Reason::Resync, "initial events ended");
                 Ok(Some(rv))
             }
             (EventType::Bookmark, Reading::Live { at }) => {
@@ -158,6 +161,9 @@ impl Stream {
                             announced.remove(&ev.meta.uid);
                         } else {
                             self.announce_replacement(announced, &ev.meta).await?;
+                            if announced.unchanged(&ev.meta, self.outbox.members()) {
+                                return Ok(None);
+                            }
                         }
                         let resync = *reason == Reason::Resync;
                         self.emit(ev, arrived, None, change, resync).await?;

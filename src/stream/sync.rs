@@ -1,7 +1,19 @@
 //! The Sync steps: announcing a stream's whole current state, through a `sendInitialEvents`
 //! watch or paginated lists, and reconciling it with what the stream had announced before.
+//!
+//! # Delta resyncs
+//! After a 410 the stream's acknowledged position says which versions consumers already hold:
+//! every event up to it is in Kafka. A member whose resourceVersion is not newer than that
+//! position has not changed since it was last published, so a resync does not publish it again;
+//! objects that are not members, or are newer, are re-announced as before, and inferred DELETEDs
+//! and the resync-end marker are unchanged. This compares resourceVersions as integers, which
+//! Kubernetes guarantees for one resource since 1.35 (KEP-5504); where the position or an
+//! object's version is not a decimal integer, the object is re-announced (and the resync counted
+//! in `resync_full_fallbacks_total`). Without a position (a changed query, a first sync) and on
+//! a requested full resync, every object is re-announced.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
 use std::time::Instant;
 
 use super::{Reading, Step, Stream};
@@ -9,7 +21,7 @@ use crate::decode::{self, ObjectMeta};
 use crate::envelope::{self, Announcement};
 use crate::event::EventType;
 use crate::kubeapi::{self, ApiError, WatchFrom};
-use crate::membership::Members;
+use crate::membership::{Key, Members};
 use crate::stream::machine::{Outcome, Reason, Stop};
 use crate::tracker::{Change, Known};
 
@@ -19,66 +31,162 @@ use crate::tracker::{Change, Known};
 /// created again while the stream could not see it). The old uid's inferred DELETED must then
 /// come before the new uid's ADDED on that key, or a consumer keyed by name (or a compacted
 /// topic) would end up deleting a live object.
+///
+/// Its memory is a few dozen bytes per object whatever the objects, so a resync of a million
+/// members stays within the chart's memory limit: uids are kept as the members' 16-byte keys,
+/// and names as 8-byte hashes resolved against the members.
 #[derive(Default)]
-pub(super) struct Announced {
-    /// Uids of the new state.
-    seen: HashSet<String>,
-    /// Known objects by namespace and name (a resync only): more than one when a member too
-    /// many shares a live object's name.
-    by_name: HashMap<(Option<String>, String), Vec<String>>,
-    /// Known uids already given their inferred DELETED because another uid took their name.
-    replaced: HashSet<String>,
+pub struct Announced {
+    /// Keys of the uids of the new state; sorted once it has ended ([`Announced::end`]).
+    seen: Vec<Key>,
+    /// Of those, objects deleted before the state ended (an initial-events watch).
+    deleted: HashSet<Key>,
+    /// Known objects by a hash of namespace and name, sorted (a resync only): more than one
+    /// when a member too many shares a live object's name, or names collide.
+    by_name: Vec<(u64, Key)>,
+    /// Known objects already given their inferred DELETED because another uid took their name.
+    replaced: HashSet<Key>,
+    /// A delta resync: the acknowledged position, as an integer.
+    floor: Option<u64>,
+    /// Members not published again because they are unchanged since `floor`.
+    skipped: usize,
+    /// A resourceVersion that is not a decimal integer was met: re-announced whole.
+    incomparable: bool,
+}
+
+/// A resourceVersion as the integer KEP-5504 makes it (decimal digits, no sign, no leading
+/// zero); `None` for anything else.
+pub(super) fn comparable(rv: &str) -> Option<u64> {
+    let digits = !rv.is_empty() && rv.bytes().all(|b| b.is_ascii_digit());
+    if !digits || (rv.len() > 1 && rv.starts_with('0')) {
+        return None;
+    }
+    rv.parse().ok()
+}
+
+fn name_hash(namespace: Option<&str>, name: &str) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    (namespace, name).hash(&mut h);
+    h.finish()
 }
 
 impl Announced {
     /// Bookkeeping for a sync: with `known` (a resync) replaced names are detected.
-    pub(super) fn new(known: Option<&Members>) -> Self {
-        let mut by_name: HashMap<_, Vec<String>> = HashMap::new();
-        for (uid, k) in known.into_iter().flat_map(Members::iter) {
-            by_name.entry((k.namespace, k.name)).or_default().push(uid);
-        }
+    pub fn new(known: Option<&Members>) -> Self {
+        let Some(members) = known else {
+            return Self::default();
+        };
+        let mut by_name: Vec<(u64, Key)> = Vec::with_capacity(members.len());
+        by_name.extend(members.iter().map(|(uid, k)| {
+            (
+                name_hash(k.namespace.as_deref(), &k.name),
+                Members::key(&uid),
+            )
+        }));
+        by_name.sort_unstable();
         Self {
+            seen: Vec::with_capacity(members.len()),
             by_name,
             ..Self::default()
         }
     }
 
-    /// Records an object of the new state; returns the known uids it replaces.
-    pub(super) fn add(&mut self, meta: &ObjectMeta) -> Vec<String> {
-        self.seen.insert(meta.uid.clone());
-        let name = (meta.namespace.clone(), meta.name.clone());
-        let Some(uids) = self.by_name.get(&name) else {
-            return Vec::new();
-        };
-        let replaced: Vec<String> = uids
-            .iter()
-            .filter(|old| **old != meta.uid && !self.replaced.contains(*old))
-            .cloned()
-            .collect();
-        self.replaced.extend(replaced.iter().cloned());
+    /// Records an object of the new state; returns the members it replaces (same name, another
+    /// uid), each once.
+    pub fn add(&mut self, meta: &ObjectMeta, members: &Members) -> Vec<(String, Known)> {
+        let k = Members::key(&meta.uid);
+        self.seen.push(k);
+        let h = name_hash(meta.namespace.as_deref(), &meta.name);
+        let first = self.by_name.partition_point(|(x, _)| *x < h);
+        let mut replaced = Vec::new();
+        for &(_, old) in self.by_name[first..].iter().take_while(|(x, _)| *x == h) {
+            if old == k || self.replaced.contains(&old) {
+                continue;
+            }
+            let Some((uid, known)) = members.get_key(&old) else {
+                continue;
+            };
+            if known.name == meta.name && known.namespace == meta.namespace {
+                self.replaced.insert(old);
+                replaced.push((uid, known));
+            }
+        }
         replaced
     }
 
     /// An object of the new state was deleted before the state ended.
-    pub(super) fn remove(&mut self, uid: &str) {
-        self.seen.remove(uid);
+    pub fn remove(&mut self, uid: &str) {
+        self.deleted.insert(Members::key(uid));
     }
 
-    pub(super) fn len(&self) -> usize {
-        self.seen.len()
+    /// The state has ended: what it holds can be asked ([`Announced::vanished`]).
+    pub fn end(&mut self) {
+        self.seen.sort_unstable();
+        self.seen.dedup();
     }
 
-    /// Whether a known uid still needs its inferred DELETED once the state has ended.
-    fn vanished(&self, uid: &str) -> bool {
-        !self.seen.contains(uid) && !self.replaced.contains(uid)
+    /// Members not published again, unchanged since the position.
+    pub fn skipped(&self) -> usize {
+        self.skipped
+    }
+
+    /// Objects of the new state so far.
+    pub fn len(&self) -> usize {
+        self.seen.len().saturating_sub(self.deleted.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Makes this a delta resync from the acknowledged position `position`, unless it is not a
+    /// decimal integer (every object is then re-announced).
+    pub fn since(&mut self, position: &str) {
+        self.floor = comparable(position);
+        self.incomparable = self.floor.is_none();
+    }
+
+    /// Whether the object need not be published again: a delta resync, a member of the stream,
+    /// and a version not newer than the position. Call after [`Announced::add`].
+    pub fn unchanged(&mut self, meta: &ObjectMeta, members: &Members) -> bool {
+        let Some(floor) = self.floor else {
+            return false;
+        };
+        if !members.contains(&meta.uid) {
+            return false;
+        }
+        match comparable(&meta.resource_version) {
+            Some(rv) if rv <= floor => {
+                self.skipped += 1;
+                true
+            }
+            Some(_) => false,
+            None => {
+                self.incomparable = true;
+                false
+            }
+        }
+    }
+
+    /// Whether a known object still needs its inferred DELETED once the state has ended.
+    pub fn vanished(&self, k: &Key) -> bool {
+        let seen = self.seen.binary_search(k).is_ok() && !self.deleted.contains(k);
+        !seen && !self.replaced.contains(k)
     }
 }
 
 impl Stream {
-    /// Bookkeeping for a sync of `reason`.
+    /// Bookkeeping for a sync of `reason`: a resync with an acknowledged position is a delta,
+    /// unless a full one was requested. Call with nothing in flight.
     pub(super) fn announced(&self, reason: Reason) -> Announced {
         match reason {
-            Reason::Resync => Announced::new(Some(self.outbox.members())),
+            Reason::Resync => {
+                let mut a = Announced::new(Some(self.outbox.members()));
+                if let Some(position) = self.outbox.checkpoint().filter(|_| !self.full_resync) {
+                    a.since(position);
+                }
+                a
+            }
             Reason::Start => Announced::new(None),
         }
     }
@@ -90,10 +198,7 @@ impl Stream {
         announced: &mut Announced,
         meta: &ObjectMeta,
     ) -> Result<(), Stop> {
-        for old in announced.add(meta) {
-            let Some(known) = self.outbox.members().get(&old) else {
-                continue;
-            };
+        for (old, known) in announced.add(meta, self.outbox.members()) {
             tracing::info!(stream = %self.id, name = %meta.name, old = %old, new = %meta.uid, "object recreated under its name while unseen; deleting the old one first");
             self.infer_delete(old, known, &meta.resource_version)
                 .await?;
@@ -245,6 +350,9 @@ impl Stream {
                     }
                 };
                 self.announce_replacement(&mut announced, &ev.meta).await?;
+                if announced.unchanged(&ev.meta, self.outbox.members()) {
+                    continue;
+                }
                 let change = Some(Change::Announced);
                 self.emit(
                     &mut ev,
@@ -260,9 +368,9 @@ impl Stream {
                 None => break page.resource_version,
             }
         };
-        let objects = announced.len();
+        let (objects, unchanged) = (announced.len(), announced.skipped());
         self.finish_sync(announced, reason, &list_rv).await?;
-        tracing::info!(stream = %self.id, objects, rv = %list_rv, resync = reason == Reason::Resync, "listed");
+        tracing::info!(stream = %self.id, objects, unchanged, rv = %list_rv, resync = reason == Reason::Resync, "listed");
         Ok(list_rv)
     }
 
@@ -271,10 +379,15 @@ impl Stream {
     /// stream's position becomes `list_rv` once everything before it is acknowledged.
     pub(super) async fn finish_sync(
         &mut self,
-        announced: Announced,
+        mut announced: Announced,
         reason: Reason,
         list_rv: &str,
     ) -> Result<(), Stop> {
+        self.full_resync = false;
+        self.m.unchanged.inc_by(announced.skipped() as u64);
+        if announced.incomparable {
+            self.m.full_fallbacks.inc();
+        }
         if reason == Reason::Start {
             return self
                 .outbox
@@ -282,13 +395,18 @@ impl Stream {
                 .await
                 .map_err(|e| self.outbox_stop(e));
         }
-        let vanished: Vec<(String, Known)> = self
+        announced.end();
+        let vanished: Vec<Key> = self
             .outbox
             .members()
-            .iter()
-            .filter(|(uid, _)| announced.vanished(uid))
+            .keys()
+            .filter(|k| announced.vanished(k))
             .collect();
-        for (uid, known) in vanished {
+        drop(announced);
+        for k in vanished {
+            let Some((uid, known)) = self.outbox.members().get_key(&k) else {
+                continue;
+            };
             self.infer_delete(uid, known, list_rv).await?;
         }
         // Everything the resync produced is in Kafka before its end is marked.
@@ -307,5 +425,121 @@ impl Stream {
             .send(a, &object, Instant::now(), Some(list_rv.to_string()), None)
             .await
             .map_err(|e| self.outbox_stop(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(uid: &str, rv: &str) -> ObjectMeta {
+        ObjectMeta {
+            uid: uid.into(),
+            name: uid.into(),
+            namespace: Some("a".into()),
+            resource_version: rv.into(),
+            ..ObjectMeta::default()
+        }
+    }
+
+    fn members(uids: &[&str]) -> Members {
+        let mut m = Members::default();
+        for uid in uids {
+            let k = Known {
+                name: (*uid).into(),
+                namespace: Some("a".into()),
+                rv: "1".into(),
+                ..Known::default()
+            };
+            m.insert(uid, &k);
+        }
+        m
+    }
+
+    #[test]
+    fn only_kep_5504_integers_compare() {
+        assert_eq!(comparable("0"), Some(0));
+        assert_eq!(comparable("18446744073709551615"), Some(u64::MAX));
+        for rv in [
+            "",
+            "+5",
+            "-5",
+            "05",
+            "1e3",
+            "abc",
+            " 5",
+            "18446744073709551616",
+        ] {
+            assert_eq!(comparable(rv), None, "{rv:?}");
+        }
+    }
+
+    #[test]
+    fn a_delta_skips_members_not_newer_than_the_position() {
+        let m = members(&["old", "edited"]);
+        let mut a = Announced::new(Some(&m));
+        a.since("100");
+        for (uid, rv, skip) in [
+            ("old", "100", true),
+            ("edited", "101", false),
+            ("new", "50", false),
+        ] {
+            let meta = meta(uid, rv);
+            assert!(a.add(&meta, &m).is_empty());
+            assert_eq!(a.unchanged(&meta, &m), skip, "{uid}");
+        }
+        assert_eq!((a.skipped(), a.incomparable), (1, false));
+        a.end();
+        assert!(
+            !a.vanished(&Members::key("old")),
+            "a skipped object is still seen"
+        );
+    }
+
+    #[test]
+    fn an_incomparable_version_is_reannounced_and_counted() {
+        let m = members(&["x"]);
+        let mut a = Announced::new(Some(&m));
+        a.since("100");
+        assert!(!a.unchanged(&meta("x", "opaque"), &m));
+        assert!(a.incomparable);
+
+        let mut whole = Announced::new(Some(&m));
+        whole.since("not-a-number");
+        assert!(!whole.unchanged(&meta("x", "5"), &m));
+        assert!(whole.incomparable, "a position that does not compare");
+
+        let mut full = Announced::new(Some(&m));
+        assert!(!full.unchanged(&meta("x", "5"), &m), "no position: full");
+        assert!(!full.incomparable);
+    }
+
+    #[test]
+    fn a_name_taken_by_another_uid_is_replaced_once_and_vanished_members_found() {
+        let m = members(&["gone", "taken", "kept", "deleted"]);
+        let mut a = Announced::new(Some(&m));
+        let mut successor = meta("successor", "7");
+        successor.name = "taken".into();
+        let replaced = a.add(&successor, &m);
+        assert_eq!(replaced.len(), 1);
+        assert_eq!(
+            (replaced[0].0.as_str(), replaced[0].1.name.as_str()),
+            ("taken", "taken")
+        );
+        assert!(a.add(&successor, &m).is_empty(), "once");
+        let mut elsewhere = meta("other", "7");
+        elsewhere.name = "kept".into();
+        elsewhere.namespace = Some("b".into());
+        assert!(a.add(&elsewhere, &m).is_empty(), "another namespace's name");
+        a.add(&meta("kept", "1"), &m);
+        a.add(&meta("deleted", "1"), &m);
+        a.remove("deleted");
+        a.end();
+        let vanished: Vec<&str> = ["gone", "taken", "kept", "deleted"]
+            .into_iter()
+            .filter(|u| a.vanished(&Members::key(u)))
+            .collect();
+        assert_eq!(vanished, ["gone", "deleted"]);
+        assert_eq!(a.len(), 3);
     }
 }

@@ -54,6 +54,23 @@ impl Bed {
         }
     }
 
+    /// Sets (or removes) the label `relay=yes` the tests' namespace selectors match.
+    pub fn label(&self, ns: &str, on: bool) {
+        let value = if on {
+            "yes".into()
+        } else {
+            serde_json::Value::Null
+        };
+        self.sim
+            .merge_patch(
+                "namespaces",
+                None,
+                ns,
+                serde_json::json!({"metadata": {"labels": {"relay": value}}}),
+            )
+            .unwrap();
+    }
+
     /// A client of the simulator, built as the binary builds its own: the relay retries
     /// itself, so the client's built-in retries are off.
     pub fn client(&self) -> kube::Client {
@@ -75,7 +92,7 @@ impl Bed {
              kafka:\n  bootstrapServers: {}\n{oversize}  properties:\n    linger.ms: \"2\"\n{kafka_extra}\
              shutdownTimeoutSeconds: 13\n\
              checkpoint:\n  namespace: {CHECKPOINT_NS}\n  intervalMs: 100\n  membership:\n    topic: {}\n\
-             kubernetes:\n  backoffInitialMs: 20\n  backoffMaxMs: 300\n  listPageSize: 7\n\
+             kubernetes:\n  backoffInitialMs: 20\n  backoffMaxMs: 300\n  listPageSize: 7\n  syncJitterMs: 20\n\
              http:\n  listen: \"\"\n\
              channels:\n{channels}",
             self.bootstrap, self.membership

@@ -1,0 +1,84 @@
+//! What the simulator was asked for, for tests and benchmarks to assert: collection lists and
+//! watches opened, watches open now, and the most lists in flight at once.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters of the requests the simulator served.
+#[derive(Default)]
+pub(crate) struct Requests {
+    lists: AtomicU64,
+    lists_in_flight: AtomicU64,
+    peak_lists_in_flight: AtomicU64,
+    watches_opened: AtomicU64,
+    initial_events_watches: AtomicU64,
+    watches_open: AtomicU64,
+}
+
+/// A snapshot of [`Requests`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RequestCounts {
+    /// Collection list requests (each page counts).
+    pub lists: u64,
+    /// The most list requests in flight at once.
+    pub peak_lists_in_flight: u64,
+    /// Watch requests accepted, `sendInitialEvents` ones included.
+    pub watches_opened: u64,
+    /// Of those, watches that began with the current state (`sendInitialEvents`).
+    pub initial_events_watches: u64,
+    /// Watches open now.
+    pub watches_open: u64,
+}
+
+/// Counts a request in flight until dropped.
+pub(crate) struct InFlight<'a>(&'a AtomicU64);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Requests {
+    /// A list request begins; it ends when the guard is dropped.
+    pub fn list(&self) -> InFlight<'_> {
+        self.lists.fetch_add(1, Ordering::SeqCst);
+        let now = self.lists_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak_lists_in_flight.fetch_max(now, Ordering::SeqCst);
+        InFlight(&self.lists_in_flight)
+    }
+
+    /// A watch opens; it is open until the guard is dropped.
+    pub fn watch(&self, initial_events: bool) -> InFlight<'_> {
+        self.watches_opened.fetch_add(1, Ordering::SeqCst);
+        if initial_events {
+            self.initial_events_watches.fetch_add(1, Ordering::SeqCst);
+        }
+        self.watches_open.fetch_add(1, Ordering::SeqCst);
+        InFlight(&self.watches_open)
+    }
+
+    pub fn counts(&self) -> RequestCounts {
+        RequestCounts {
+            lists: self.lists.load(Ordering::SeqCst),
+            peak_lists_in_flight: self.peak_lists_in_flight.load(Ordering::SeqCst),
+            watches_opened: self.watches_opened.load(Ordering::SeqCst),
+            initial_events_watches: self.initial_events_watches.load(Ordering::SeqCst),
+            watches_open: self.watches_open.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Starts counting afresh (watches open now stay counted as open).
+    pub fn reset(&self) {
+        for c in [
+            &self.lists,
+            &self.watches_opened,
+            &self.initial_events_watches,
+        ] {
+            c.store(0, Ordering::SeqCst);
+        }
+        self.peak_lists_in_flight.store(
+            self.lists_in_flight.load(Ordering::SeqCst),
+            Ordering::SeqCst,
+        );
+    }
+}
