@@ -142,7 +142,13 @@ pub struct Restored {
     pub foreign: u64,
     /// Records that could not be read (and were skipped).
     pub malformed: u64,
+    /// Records the sets hold now, and held after the last compaction.
+    held: usize,
+    compacted: usize,
 }
+
+/// Records a restore holds before its first compaction, whatever the members.
+const COMPACT_FLOOR: usize = 1 << 16;
 
 impl Restored {
     /// A restore for `owner`; ownerless records of the streams in `legacy_for` are kept for
@@ -157,6 +163,24 @@ impl Restored {
             records: 0,
             foreign: 0,
             malformed: 0,
+            held: 0,
+            compacted: 0,
+        }
+    }
+
+    /// Counts a record held; once the records held outnumber the members left by the last
+    /// compaction by a quarter, every set is compacted (see [`Members::compact_restore`]) and
+    /// given room for a quarter more, so a topic holding history costs memory in proportion to
+    /// its members, not to its records.
+    fn held(&mut self) {
+        self.held += 1;
+        if self.held >= self.compacted + (self.compacted / 4).max(COMPACT_FLOOR) {
+            self.held = 0;
+            for m in self.streams.values_mut().chain(self.legacy.values_mut()) {
+                self.held += m.compact_restore();
+                m.reserve_restore(4);
+            }
+            self.compacted = self.held;
         }
     }
 
@@ -211,13 +235,16 @@ impl Restored {
             None => {
                 if let Some(m) = sets.get_mut(stream) {
                     m.restore_record(uid, None);
+                    self.held();
                 }
             }
             Some(v) => match serde_json::from_slice::<Known>(v) {
-                Ok(known) => sets
-                    .entry(stream.to_string())
-                    .or_default()
-                    .restore_record(uid, Some(&known)),
+                Ok(known) => {
+                    sets.entry(stream.to_string())
+                        .or_default()
+                        .restore_record(uid, Some(&known));
+                    self.held();
+                }
                 Err(e) => {
                     self.malformed += 1;
                     tracing::warn!(%stream, %uid, error = %e, "skipping an unreadable membership record");

@@ -28,9 +28,6 @@ const RECLAIM_FLOOR: usize = 1 << 20;
 /// Entries the hash map may hold before it is merged into the sorted array, whatever its size.
 const DELTA_FLOOR: usize = 4096;
 
-/// Records a restore appends before its first compaction, whatever the set's size.
-const RESTORE_FLOOR: usize = 1 << 16;
-
 /// The arena offset of a removed entry of the sorted array.
 const REMOVED: u32 = u32::MAX;
 
@@ -61,8 +58,6 @@ pub struct Members {
     delta: HashMap<Key, u32, BuildHasherDefault<KeyHasher>>,
     /// `base` holds records in log order, not yet sorted (a restore in progress).
     restoring: bool,
-    /// During a restore: members left by its last compaction (see [`Members::restore_record`]).
-    compacted: usize,
     arena: Vec<u8>,
     /// Bytes of the arena no entry uses any more.
     garbage: usize,
@@ -166,22 +161,8 @@ impl Members {
 
     /// During a restore: the next record of `uid` in log order (`None`, a tombstone). Nothing
     /// may be queried until [`Members::finish_restore`].
-    ///
-    /// A topic holding history (superseded records, tombstones not yet compacted away) has many
-    /// records per member: once the appended records outnumber the members left by the last
-    /// compaction by half, they are compacted in place (the latest record of each uid kept, the
-    /// arena rewritten within itself), so memory follows the members, not the records read.
     pub fn restore_record(&mut self, uid: &str, known: Option<&Known>) {
-        if !self.restoring {
-            self.restoring = true;
-            self.compacted = self.base.len();
-        }
-        let threshold = self.compacted + (self.compacted / 2).max(RESTORE_FLOOR);
-        if self.base.len() >= threshold {
-            self.compact_restored();
-            let threshold = self.compacted + (self.compacted / 2).max(RESTORE_FLOOR);
-            self.base.reserve_exact(threshold - self.base.len());
-        }
+        self.restoring = true;
         let at = match known {
             Some(known) => self.push_entry(uid, known),
             None => {
@@ -205,9 +186,25 @@ impl Members {
         self.arena.shrink_to_fit();
     }
 
-    /// Keeps the latest record of each uid read so far (none for a tombstone), sorted, and
-    /// rewrites the arena within itself. Arena positions follow log order before and after, so
-    /// records appended later still sort after the ones kept.
+    /// During a restore: keeps the latest record of each uid read so far (none for a
+    /// tombstone), sorted, and rewrites the arena within itself; returns the records held now.
+    /// Arena positions follow log order before and after, so records appended later still sort
+    /// after the ones kept: a topic holding history (superseded records, tombstones) is read
+    /// in memory that follows the members, not the records read.
+    pub fn compact_restore(&mut self) -> usize {
+        if self.restoring {
+            self.compact_restored();
+        }
+        self.base.len()
+    }
+
+    /// During a restore: room for `1 / fraction` more of what the set holds now, exactly, so
+    /// the records read until the next compaction need no doubling of the set's memory.
+    pub fn reserve_restore(&mut self, fraction: usize) {
+        self.base.reserve_exact(self.base.len() / fraction);
+        self.arena.reserve_exact(self.arena.len() / fraction);
+    }
+
     fn compact_restored(&mut self) {
         // Arena positions follow log order, so the last record of a uid sorts last.
         self.base
@@ -236,7 +233,6 @@ impl Members {
         self.arena.truncate(end);
         self.garbage = 0;
         self.base.sort_unstable_by_key(|&(k, _)| k);
-        self.compacted = self.base.len();
     }
 
     /// Every member, in no particular order.
@@ -629,6 +625,9 @@ mod tests {
         // more records than members, so the restore compacts what it read several times.
         for i in 0..300_000 {
             let u = uid(next(9_000));
+            if i % 50_000 == 0 {
+                assert!(m.compact_restore() <= 9_000);
+            }
             if next(4) == 0 {
                 m.restore_record(&u, None);
                 model.remove(&u);
@@ -638,11 +637,6 @@ mod tests {
                 model.insert(u, k);
             }
         }
-        assert!(
-            m.base.len() < 9_000 + RESTORE_FLOOR * 2,
-            "{} entries held for at most 9,000 members",
-            m.base.len()
-        );
         m.finish_restore();
         let check = |m: &Members, model: &HashMap<String, Known>| {
             assert_eq!(m.len(), model.len());
