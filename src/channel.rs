@@ -34,6 +34,11 @@ pub struct ChannelConfig {
     /// Watch every namespace whose labels match this selector; namespaces that start matching
     /// get a stream, namespaces that stop matching or are deleted lose theirs.
     pub namespace_selector: Option<String>,
+    /// How a `namespaces` or `namespaceSelector` channel watches its namespaces:
+    /// `perNamespace` (a watch each), `clusterWide` (one watch of the cluster-wide collection,
+    /// objects of namespaces out of scope dropped) or `auto` (the default: cluster-wide above
+    /// `kubernetes.clusterWideAbove` namespaces).
+    pub watch_strategy: Option<WatchStrategy>,
     /// Only objects matching this label selector.
     pub label_selector: Option<String>,
     /// Only objects matching this field selector.
@@ -75,6 +80,29 @@ fn yes() -> bool {
     true
 }
 
+/// How a channel over several namespaces watches them (`watchStrategy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum WatchStrategy {
+    PerNamespace,
+    ClusterWide,
+    Auto,
+}
+
+/// What a channel over several namespaces runs in one term, its [`WatchStrategy`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// One stream per namespace, `<channel>.<namespace>`.
+    PerNamespace,
+    /// One stream, `<channel>._all`, over the cluster-wide collection, filtered to the
+    /// namespaces in scope.
+    ClusterWide,
+}
+
+/// Each channel's [`Shape`] for one term, by channel name (channels over one collection are
+/// absent).
+pub type Shapes = std::collections::HashMap<String, Shape>;
+
 /// Which namespaces a channel covers, after validation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Scope {
@@ -93,6 +121,8 @@ pub struct Channel {
     pub message: String,
     pub path: ChannelPath,
     pub scope: Scope,
+    /// How a `Namespaces` or `Selector` scope is watched.
+    pub strategy: WatchStrategy,
     pub label_selector: Option<String>,
     pub field_selector: Option<String>,
     /// How records are keyed.
@@ -120,12 +150,42 @@ impl Channel {
         format!("{}.{}", self.name, namespace.unwrap_or("_all"))
     }
 
+    /// What this channel runs this term when `namespaces` namespaces are in scope, and it ran
+    /// `previous` last time: `auto` goes cluster-wide above `threshold` namespaces and back to
+    /// per-namespace watches only at half of it, so a count that hovers around the threshold
+    /// does not switch at every restart. A topic that depends on the namespace needs one
+    /// stream per namespace. `None` for a channel over one collection already.
+    pub fn shape(
+        &self,
+        namespaces: usize,
+        previous: Option<Shape>,
+        threshold: usize,
+    ) -> Option<Shape> {
+        if self.scope == Scope::Cluster {
+            return None;
+        }
+        Some(match self.strategy {
+            _ if self.topic.contains("{namespace}") => Shape::PerNamespace,
+            WatchStrategy::PerNamespace => Shape::PerNamespace,
+            WatchStrategy::ClusterWide => Shape::ClusterWide,
+            WatchStrategy::Auto if namespaces > threshold => Shape::ClusterWide,
+            WatchStrategy::Auto
+                if previous == Some(Shape::ClusterWide) && namespaces > threshold / 2 =>
+            {
+                Shape::ClusterWide
+            }
+            WatchStrategy::Auto => Shape::PerNamespace,
+        })
+    }
+
     /// A fingerprint of what this channel's stream over `namespace` watches: the collection
-    /// path (with the namespace) and the selectors. A saved position belongs to it.
-    pub fn query_fingerprint(&self, namespace: Option<&str>) -> String {
+    /// path (with the namespace), the selectors, and whether the relay filters it to some
+    /// namespaces. A saved position belongs to it.
+    pub fn query_fingerprint(&self, namespace: Option<&str>, filtered: bool) -> String {
         let what = format!(
-            "{}\n{}\n{}",
+            "{}{}\n{}\n{}",
             self.path.collection_url(namespace),
+            if filtered { "\nfiltered" } else { "" },
             self.label_selector.as_deref().unwrap_or_default(),
             self.field_selector.as_deref().unwrap_or_default()
         );
@@ -264,6 +324,22 @@ impl ChannelConfig {
                 Scope::Cluster
             }
         };
+        let strategy = match (self.watch_strategy, &scope) {
+            (None, _) => WatchStrategy::Auto,
+            (Some(_), Scope::Cluster) => {
+                return Err(invalid(
+                    f("watchStrategy"),
+                    "applies to channels with namespaces or a namespaceSelector only",
+                ))
+            }
+            (Some(WatchStrategy::ClusterWide), _) if self.topic.contains("{namespace}") => {
+                return Err(invalid(
+                    f("watchStrategy"),
+                    "clusterWide needs a topic that does not depend on {namespace}",
+                ))
+            }
+            (Some(s), _) => s,
+        };
         if let Some(j) = self.event_types.iter().position(|t| !t.is_object_change()) {
             return Err(invalid(
                 format!("channels[{i}].eventTypes[{j}]"),
@@ -283,6 +359,7 @@ impl ChannelConfig {
             message,
             path,
             scope,
+            strategy,
             label_selector: self.label_selector.clone(),
             field_selector: self.field_selector.clone(),
             forwarded,

@@ -102,6 +102,9 @@ pub struct KubernetesConfig {
     /// Each sync first waits a random delay below this, spreading a start's or a mass 410's
     /// lists over time.
     pub sync_jitter_ms: u64,
+    /// A channel with `watchStrategy: auto` (the default) over more namespaces than this watches
+    /// the cluster-wide collection once instead of each namespace.
+    pub cluster_wide_above: u32,
 }
 
 impl Default for KubernetesConfig {
@@ -117,6 +120,7 @@ impl Default for KubernetesConfig {
             backoff_max_ms: 30_000,
             max_concurrent_syncs: 16,
             sync_jitter_ms: 500,
+            cluster_wide_above: 100,
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The Kubernetes permissions a configuration needs, and no more: `list` and `watch` on each
 //! channel's resource, in the namespaces it watches (cluster-wide only for cluster-scoped
-//! resources, `allNamespaces` and namespace selectors, which also watch namespaces), and read
-//! and update of the relay's own checkpoint ConfigMap and Lease by name.
+//! resources, `allNamespaces`, namespace selectors, which also watch namespaces, and
+//! `namespaces` lists watched cluster-wide by their watch strategy), and read and update of the
+//! relay's own checkpoint ConfigMap and Lease by name.
 //!
 //! `watchrelay rbac` prints it; the chart's RBAC is checked against it.
 
@@ -9,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use crate::channel::Scope;
+use crate::channel::{Scope, Shape};
 use crate::config::Config;
 
 /// One resource the relay lists and watches: `(apiGroup, resource)`.
@@ -34,6 +35,12 @@ pub fn needs(cfg: &Config) -> Needs {
         let res = (ch.path.group.clone(), ch.path.resource.clone());
         match &ch.scope {
             Scope::Cluster => {
+                n.cluster.insert(res);
+            }
+            Scope::Namespaces(list)
+                if ch.shape(list.len(), None, cfg.kubernetes.cluster_wide_above as usize)
+                    == Some(Shape::ClusterWide) =>
+            {
                 n.cluster.insert(res);
             }
             Scope::Namespaces(list) => {
@@ -93,5 +100,17 @@ mod tests {
         );
         assert_eq!(n.namespaced["b"], BTreeSet::from([r("", "pods")]));
         assert_eq!(n.own["relay"].len(), 2);
+    }
+
+    #[test]
+    fn a_namespaces_list_watched_cluster_wide_needs_the_cluster_wide_collection() {
+        let cfg = Config::parse("clusterName: c\nkafka:\n  bootstrapServers: k:1\n  oversize: trim\ncheckpoint:\n  namespace: relay\nkubernetes:\n  clusterWideAbove: 2\nchannels:\n  - operationId: watchNamespacedPods\n    namespaces: [a, b, c]\n  - operationId: watchNamespacedServices\n    namespaces: [a, b, c]\n    watchStrategy: perNamespace\n  - operationId: watchNamespacedDeployments\n    namespaces: [a]\n    watchStrategy: clusterWide\n").unwrap();
+        let n = needs(&cfg);
+        let r = |g: &str, res: &str| (g.to_string(), res.to_string());
+        assert_eq!(
+            n.cluster,
+            BTreeSet::from([r("", "pods"), r("apps", "deployments")])
+        );
+        assert_eq!(n.namespaced["c"], BTreeSet::from([r("", "services")]));
     }
 }

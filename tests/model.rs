@@ -7,7 +7,8 @@
 //! crash at a random point, with Kafka having written a random prefix of what was sent: before
 //! or after acknowledgements, between a membership record and its event. Between runs the
 //! configuration may change: the label selector on or off, the scope's shape (a namespace
-//! selector, a list of namespaces, all namespaces), the channel's name. In half the cases a
+//! selector, a list of namespaces, all namespaces), its watch strategy (one stream per namespace
+//! or one cluster-wide stream filtered in the relay), the channel's name. In half the cases a
 //! second release (its own checkpoint ConfigMap, the same cluster name, the same membership
 //! topic and the same pods topic) relays namespace `c` and restarts in turn. After the history,
 //! one clean run of each: the view built by applying every delivered record key by key must
@@ -74,6 +75,9 @@ struct Run {
     shape: Shape,
     /// The channel's name: `pods`, or `renamed`.
     renamed: bool,
+    /// A selector or a list watched by one cluster-wide stream filtered in the relay
+    /// (`watchStrategy: clusterWide`), not one stream per namespace.
+    wide: bool,
 }
 
 impl Run {
@@ -87,6 +91,7 @@ impl Run {
             selector: rng.chance(50),
             shape,
             renamed: rng.chance(25),
+            wide: rng.chance(50),
         }
     }
 }
@@ -103,8 +108,13 @@ fn config(bed: &Bed, run: Run) -> Config {
         Shape::All => "allNamespaces: true",
     };
     let name = if run.renamed { "renamed" } else { "pods" };
+    let strategy = if run.wide && run.shape != Shape::All {
+        "    watchStrategy: clusterWide\n"
+    } else {
+        ""
+    };
     bed.config(
-        &format!("  - operationId: watchNamespacedPods\n    name: {name}\n    {scope}\n    topic: pods\n{labels}"),
+        &format!("  - operationId: watchNamespacedPods\n    name: {name}\n    {scope}\n    topic: pods\n{labels}{strategy}"),
         "",
     )
 }

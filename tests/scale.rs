@@ -55,3 +55,141 @@ async fn a_start_with_many_streams_runs_a_bounded_number_of_lists_at_once() {
     let cluster = view::pods(&bed.sim, &refs, |_| true);
     assert_eq!(consumer_view(&events(&producer)), cluster);
 }
+
+/// What the cluster holds of the namespaces labelled `relay=yes`: key -> uid.
+fn labelled_pods(bed: &Bed) -> std::collections::BTreeMap<String, String> {
+    let selected: Vec<String> = bed
+        .sim
+        .list("namespaces", None)
+        .into_iter()
+        .filter(|n| n["metadata"]["labels"]["relay"] == "yes")
+        .map(|n| n["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    let refs: Vec<&str> = selected.iter().map(String::as_str).collect();
+    view::pods(&bed.sim, &refs, |_| true)
+}
+
+async fn converged(bed: &Bed, producer: &Memory) {
+    common::bed::eventually(
+        || consumer_view(&events(producer)) == labelled_pods(bed),
+        || {
+            let view = consumer_view(&events(producer));
+            let cluster = labelled_pods(bed);
+            let extra: Vec<_> = view.keys().filter(|k| !cluster.contains_key(*k)).collect();
+            let missing: Vec<_> = cluster.keys().filter(|k| !view.contains_key(*k)).collect();
+            format!("the consumer's view never matched the cluster: extra {extra:?}, missing {missing:?}")
+        },
+    )
+    .await;
+}
+
+fn pods(bed: &Bed, ns: &str, names: &[&str]) {
+    for n in names {
+        bed.sim
+            .create("pods", Some(ns), objects::pod(ns, n))
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_selector_over_hundreds_of_namespaces_is_served_by_one_watch() {
+    let namespaces = names(260);
+    let refs: Vec<&str> = namespaces.iter().map(String::as_str).collect();
+    let bed = Bed::in_memory(SimConfig::default(), &refs).await;
+    // 250 in scope, 10 not: the default `auto` goes cluster-wide above 100.
+    for (i, ns) in refs.iter().enumerate() {
+        bed.label(ns, i < 250);
+        pods(&bed, ns, &["p", "q"]);
+    }
+    let mut cfg = bed.config(SELECTED, "");
+    cfg.kubernetes.list_page_size = 500;
+    let producer = Arc::new(Memory::new());
+    bed.sim.reset_requests();
+    let relay =
+        common::bed::Relay::start_with(&bed, cfg, Some(producer.clone() as Arc<dyn Producer>));
+    relay.wait_up(1).await;
+    converged(&bed, &producer).await;
+    let start = bed.sim.requests();
+    assert!(
+        start.watches_open <= 2,
+        "{start:?}: one watch of pods and one of namespaces"
+    );
+    assert!(
+        start.lists <= 6,
+        "{start:?}: a few pages, not a list per namespace"
+    );
+
+    // Namespaces enter and leave the scope while it runs; objects change in and out of scope.
+    for ns in ["ns250", "ns251", "ns252"] {
+        bed.label(ns, true);
+    }
+    for ns in ["ns0", "ns1", "ns2"] {
+        bed.label(ns, false);
+    }
+    pods(&bed, "ns10", &["late"]);
+    pods(&bed, "ns255", &["outside"]);
+    bed.sim.delete("pods", Some("ns11"), "p").unwrap();
+    bed.sim
+        .merge_patch(
+            "pods",
+            Some("ns250"),
+            "p",
+            serde_json::json!({"metadata": {"labels": {"changed": "yes"}}}),
+        )
+        .unwrap();
+    bed.label("ns1", true);
+    converged(&bed, &producer).await;
+    let running = bed.sim.requests();
+    assert!(running.watches_open <= 2, "{running:?}");
+    assert!(
+        relay.counter("events_received_total", "watchNamespacedPods._all") > 0,
+        "the metrics are the channel's one stream's"
+    );
+    relay.stop().await;
+
+    // Nothing was ever published about a namespace out of scope.
+    let log = events(&producer);
+    assert!(
+        log.iter()
+            .all(|r| !r.key.starts_with("ns255/") && !r.key.starts_with("ns259/")),
+        "a record about a namespace that was never in scope"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_of_watch_strategy_across_restarts_loses_nothing_and_leaves_no_ghost() {
+    let namespaces = names(6);
+    let refs: Vec<&str> = namespaces.iter().map(String::as_str).collect();
+    let bed = Bed::in_memory(SimConfig::default(), &refs).await;
+    for (i, ns) in refs.iter().enumerate() {
+        bed.label(ns, i < 4);
+        pods(&bed, ns, &["p", "q"]);
+    }
+    let producer = Arc::new(Memory::new());
+    let strategies = ["perNamespace", "clusterWide", "perNamespace", "clusterWide"];
+    for (round, strategy) in strategies.iter().enumerate() {
+        let channels = format!("{SELECTED}    watchStrategy: {strategy}\n");
+        let relay = common::bed::Relay::start_with(
+            &bed,
+            bed.config(&channels, ""),
+            Some(producer.clone() as Arc<dyn Producer>),
+        );
+        converged(&bed, &producer).await;
+        // While it runs, and then while it is down: the scope and the objects move.
+        let r = round.to_string();
+        pods(&bed, "ns0", &[&format!("live{r}")]);
+        bed.label(refs[(round + 4) % 6], true);
+        converged(&bed, &producer).await;
+        relay.stop().await;
+        bed.sim.delete("pods", Some(refs[round % 4]), "q").unwrap();
+        pods(&bed, refs[(round + 1) % 4], &[&format!("down{r}")]);
+        bed.label(refs[(round + 5) % 6], false);
+    }
+    let relay = common::bed::Relay::start_with(
+        &bed,
+        bed.config(SELECTED, ""),
+        Some(producer.clone() as Arc<dyn Producer>),
+    );
+    converged(&bed, &producer).await;
+    relay.stop().await;
+}

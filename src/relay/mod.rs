@@ -30,6 +30,7 @@ const FATAL_POLL: Duration = Duration::from_secs(1);
 
 mod restore;
 mod retire;
+mod shapes;
 mod supervisor;
 
 pub use restore::{verify as verify_membership_topic, Problem as MembershipProblem};
@@ -219,8 +220,24 @@ impl Relay {
                 return Ok(());
             };
             members = restored;
+        }
+        let shapes = shapes::decide(
+            &self.cfg,
+            &self.client,
+            loaded
+                .streams
+                .keys()
+                .map(String::as_str)
+                .chain(members.streams()),
+        );
+        let shapes = tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            shapes = shapes => shapes,
+        };
+        if let Some(topic) = &membership_topic {
             let retire = retire::Retire {
                 cfg: &self.cfg,
+                shapes: &shapes,
                 producer: &producer,
                 store: &store,
                 metrics: &self.metrics,
@@ -252,6 +269,7 @@ impl Relay {
             self.registry.clone(),
             loaded.streams,
             members,
+            shapes,
         );
         let streams_cancel = CancellationToken::new();
         supervisor.start(&self.cfg.channels, &streams_cancel);

@@ -2,7 +2,10 @@
 //!
 //! A stream is retired here when its channel is gone from the configuration (removed or
 //! renamed) or its channel's scope no longer has that shape: `namespaces: [a, b]` became
-//! `allNamespaces` or a selector, or the reverse. (A namespace of a selector channel that stopped
+//! `allNamespaces` or a selector, or the reverse, or its watch strategy changed between one
+//! stream per namespace and one cluster-wide stream (see [`Shape`]). A channel that goes from
+//! `allNamespaces` to a cluster-wide filtered stream, or back, keeps its stream: it reconciles
+//! under its new query instead. (A namespace of a selector channel that stopped
 //! matching is retired by the channel's follower, once the namespaces are listed: no other stream
 //! writes its keys.)
 //!
@@ -24,7 +27,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::channel::{Channel, Scope};
+use crate::channel::{Channel, Scope, Shape, Shapes};
 use crate::checkpoint::{self, Saved, Store};
 use crate::config::Config;
 use crate::decode::ObjectMeta;
@@ -33,17 +36,21 @@ use crate::membership::{self, Known, Members, Owner, Restored};
 use crate::metrics::Metrics;
 use crate::producer::Producer;
 
-/// Whether the configuration still runs stream `id` in this shape: `None` when it may (a
-/// selector channel's namespace, decided once namespaces are listed), else whether it does.
-pub fn still_runs(cfg: &Config, id: &str) -> Option<bool> {
+/// Whether the configuration, its channels in `shapes`, still runs stream `id`: `None` when it
+/// may (a selector channel's namespace, decided once namespaces are listed), else whether it
+/// does.
+pub fn still_runs(cfg: &Config, shapes: &Shapes, id: &str) -> Option<bool> {
     let Some((name, ns)) = Channel::parse_stream_id(id) else {
         return Some(false);
     };
     let Some(channel) = cfg.channels.iter().find(|c| c.name == name) else {
         return Some(false);
     };
+    let wide = shapes.get(name) == Some(&Shape::ClusterWide);
     match (&channel.scope, ns) {
         (Scope::Cluster, None) => Some(true),
+        (_, None) => Some(wide),
+        (_, Some(_)) if wide => Some(false),
         (Scope::Namespaces(list), Some(ns)) => Some(list.iter().any(|n| n == ns)),
         (Scope::Selector(_), Some(_)) => None,
         _ => Some(false),
@@ -53,6 +60,7 @@ pub fn still_runs(cfg: &Config, id: &str) -> Option<bool> {
 /// Everything a retirement needs.
 pub(super) struct Retire<'a> {
     pub cfg: &'a Config,
+    pub shapes: &'a Shapes,
     pub producer: &'a Arc<dyn Producer>,
     pub store: &'a Store,
     pub metrics: &'a Metrics,
@@ -74,7 +82,7 @@ impl Retire<'_> {
             .streams()
             .map(str::to_string)
             .chain(saved.keys().cloned())
-            .filter(|id| still_runs(self.cfg, id) == Some(false))
+            .filter(|id| still_runs(self.cfg, self.shapes, id) == Some(false))
             .collect();
         ids.sort();
         ids.dedup();
@@ -208,15 +216,28 @@ mod tests {
              - operationId: watchNodes\n",
         )
         .unwrap();
-        assert_eq!(still_runs(&cfg, "watchNamespacedPods.a"), Some(true));
-        assert_eq!(still_runs(&cfg, "watchNamespacedPods.c"), Some(false));
-        assert_eq!(still_runs(&cfg, "watchNamespacedPods._all"), Some(false));
-        assert_eq!(still_runs(&cfg, "watchNamespacedServices.a"), None);
-        assert_eq!(
-            still_runs(&cfg, "watchNamespacedServices._all"),
-            Some(false)
-        );
-        assert_eq!(still_runs(&cfg, "watchNodes._all"), Some(true));
-        assert_eq!(still_runs(&cfg, "renamedPods.a"), Some(false));
+        let per = Shapes::from([
+            ("watchNamespacedPods".into(), Shape::PerNamespace),
+            ("watchNamespacedServices".into(), Shape::PerNamespace),
+        ]);
+        let runs = |id| still_runs(&cfg, &per, id);
+        assert_eq!(runs("watchNamespacedPods.a"), Some(true));
+        assert_eq!(runs("watchNamespacedPods.c"), Some(false));
+        assert_eq!(runs("watchNamespacedPods._all"), Some(false));
+        assert_eq!(runs("watchNamespacedServices.a"), None);
+        assert_eq!(runs("watchNamespacedServices._all"), Some(false));
+        assert_eq!(runs("watchNodes._all"), Some(true));
+        assert_eq!(runs("renamedPods.a"), Some(false));
+
+        // Cluster-wide: the one stream runs, the per-namespace ones do not.
+        let wide = Shapes::from([
+            ("watchNamespacedPods".into(), Shape::ClusterWide),
+            ("watchNamespacedServices".into(), Shape::ClusterWide),
+        ]);
+        let runs = |id| still_runs(&cfg, &wide, id);
+        assert_eq!(runs("watchNamespacedPods._all"), Some(true));
+        assert_eq!(runs("watchNamespacedPods.a"), Some(false));
+        assert_eq!(runs("watchNamespacedServices._all"), Some(true));
+        assert_eq!(runs("watchNamespacedServices.a"), Some(false));
     }
 }

@@ -19,11 +19,11 @@ use kube::Api;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::channel::{Channel, Scope};
+use crate::channel::{Channel, Scope, Shape, Shapes};
 use crate::checkpoint::Saved;
 use crate::membership::Restored;
 use crate::registry::Registry;
-use crate::stream::{Lifetime, Stream, Wiring};
+use crate::stream::{Lifetime, NamespaceFilter, Namespaces, Resumed, Stream, Wiring};
 
 /// Spawns streams and follows namespace selectors, within one term.
 #[derive(Clone)]
@@ -37,6 +37,8 @@ pub(super) struct Supervisor {
     members: Arc<Mutex<Restored>>,
     /// Cancelled when the latest stream of each id has ended.
     ends: Arc<Mutex<HashMap<String, CancellationToken>>>,
+    /// How each channel over several namespaces watches them this term.
+    shapes: Arc<Shapes>,
     tasks: TaskTracker,
 }
 
@@ -61,6 +63,7 @@ impl Supervisor {
         registry: Registry,
         saved: HashMap<String, Saved>,
         members: Restored,
+        shapes: Shapes,
     ) -> Self {
         Self {
             wiring,
@@ -68,6 +71,7 @@ impl Supervisor {
             saved: Arc::new(Mutex::new(saved)),
             members: Arc::new(Mutex::new(members)),
             ends: Arc::default(),
+            shapes: Arc::new(shapes),
             tasks: TaskTracker::new(),
         }
     }
@@ -75,14 +79,30 @@ impl Supervisor {
     /// Starts the streams of `channels`, and the followers of their namespace selectors.
     pub fn start(&self, channels: &[Arc<Channel>], cancel: &CancellationToken) {
         for channel in channels {
+            let wide = self.shapes.get(&channel.name) == Some(&Shape::ClusterWide);
             match &channel.scope {
                 Scope::Cluster => {
-                    self.spawn(channel, None, cancel);
+                    self.spawn(channel, None, cancel, None);
+                }
+                Scope::Namespaces(list) if wide => {
+                    let filter = NamespaceFilter::fixed(list.iter().cloned());
+                    self.spawn(channel, None, cancel, Some(filter));
                 }
                 Scope::Namespaces(list) => {
                     for ns in list {
-                        self.spawn(channel, Some(ns.clone()), cancel);
+                        self.spawn(channel, Some(ns.clone()), cancel, None);
                     }
+                }
+                Scope::Selector(sel) if wide => {
+                    let (tx, filter) = NamespaceFilter::followed();
+                    self.spawn(channel, None, cancel, Some(filter));
+                    let follower = self.clone().follow_scope(
+                        channel.clone(),
+                        sel.clone(),
+                        tx,
+                        cancel.child_token(),
+                    );
+                    self.tasks.spawn(follower);
                 }
                 Scope::Selector(sel) => {
                     let follower = self.clone().follow_namespaces(
@@ -107,6 +127,7 @@ impl Supervisor {
         channel: &Arc<Channel>,
         namespace: Option<String>,
         parent: &CancellationToken,
+        filter: Option<NamespaceFilter>,
     ) -> Handle {
         let id = channel.stream_id(namespace.as_deref());
         let stop = parent.child_token();
@@ -138,7 +159,7 @@ impl Supervisor {
                 return;
             }
             let left = lifetime.leaving.clone();
-            let stream = this.stream(&id, channel, namespace, lifetime);
+            let stream = this.stream(&id, channel, namespace, lifetime, filter);
             // A stream that panicked relays nothing more: the process must restart.
             match std::panic::AssertUnwindSafe(stream.run())
                 .catch_unwind()
@@ -165,6 +186,7 @@ impl Supervisor {
         channel: Arc<Channel>,
         namespace: Option<String>,
         lifetime: Lifetime,
+        filter: Option<NamespaceFilter>,
     ) -> Stream {
         let saved = self.saved.lock().expect("saved lock poisoned").remove(id);
         let members = self.members.lock().expect("members lock poisoned").take(id);
@@ -174,9 +196,9 @@ impl Supervisor {
             namespace,
             &self.wiring,
             reporter,
-            saved,
-            members,
+            Resumed { saved, members },
             lifetime,
+            filter,
         )
     }
 
@@ -215,7 +237,8 @@ impl Supervisor {
                 continue;
             }
             tracing::info!(stream = %id, "stream no longer in scope since the last run; deleting what it announced");
-            self.spawn(channel, Some(ns.to_string()), parent).retire();
+            self.spawn(channel, Some(ns.to_string()), parent, None)
+                .retire();
         }
     }
 
@@ -246,7 +269,7 @@ impl Supervisor {
                     let name = ns.metadata.name.unwrap_or_default();
                     listed.insert(name.clone());
                     if let std::collections::hash_map::Entry::Vacant(slot) = running.entry(name) {
-                        let h = self.spawn(&channel, Some(slot.key().clone()), &cancel);
+                        let h = self.spawn(&channel, Some(slot.key().clone()), &cancel, None);
                         slot.insert(h);
                     }
                 }
@@ -271,6 +294,65 @@ impl Supervisor {
                 Err(e) => {
                     tracing::warn!(channel = %channel.name, error = %e, "namespace watch failed; retrying")
                 }
+            }
+        }
+    }
+
+    /// Tells a cluster-wide stream of selector channel `channel` which namespaces match
+    /// `selector`: the whole set once they are listed, then every change.
+    async fn follow_scope(
+        self,
+        channel: Arc<Channel>,
+        selector: String,
+        scope: tokio::sync::watch::Sender<Namespaces>,
+        cancel: CancellationToken,
+    ) {
+        let api: Api<Namespace> = Api::all(self.wiring.client.clone());
+        let mut events = watcher::watcher(api, watcher::Config::default().labels(&selector))
+            .default_backoff()
+            .boxed();
+        let mut listing: HashSet<String> = HashSet::new();
+        let mut matched: Option<std::collections::BTreeSet<String>> = None;
+        loop {
+            let ev = tokio::select! {
+                _ = cancel.cancelled() => break,
+                ev = events.next() => match ev {
+                    Some(ev) => ev,
+                    None => break,
+                },
+            };
+            let name = |ns: Namespace| ns.metadata.name.unwrap_or_default();
+            match ev {
+                Ok(Event::Init) => listing.clear(),
+                Ok(Event::InitApply(ns)) => {
+                    listing.insert(name(ns));
+                }
+                Ok(Event::InitDone) => {
+                    matched = Some(listing.drain().collect());
+                }
+                Ok(Event::Apply(ns)) => {
+                    if let Some(m) = matched.as_mut() {
+                        m.insert(name(ns));
+                    }
+                }
+                Ok(Event::Delete(ns)) => {
+                    if let Some(m) = matched.as_mut() {
+                        m.remove(&name(ns));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(channel = %channel.name, error = %e, "namespace watch failed; retrying");
+                    continue;
+                }
+            }
+            if let Some(m) = &matched {
+                scope.send_if_modified(|current| {
+                    let moved = current.as_deref() != Some(m);
+                    if moved {
+                        *current = Some(Arc::new(m.clone()));
+                    }
+                    moved
+                });
             }
         }
     }

@@ -9,8 +9,10 @@
 
 pub mod machine;
 mod read;
+mod scope;
 mod sync;
 
+pub use scope::{NamespaceFilter, Namespaces};
 pub use sync::Announced;
 
 use std::pin::Pin;
@@ -134,6 +136,14 @@ pub struct Stream {
     /// changed since the position (see [`sync`]).
     full_resync: bool,
     syncs: Arc<tokio::sync::Semaphore>,
+    /// A cluster-wide stream filtered to some namespaces (see [`scope`]).
+    scope: Option<scope::Scoped>,
+}
+
+/// What a stream resumes from: its saved position and the members it announced.
+pub struct Resumed {
+    pub saved: Option<Saved>,
+    pub members: Members,
 }
 
 impl Stream {
@@ -142,10 +152,11 @@ impl Stream {
         namespace: Option<String>,
         wiring: &Wiring,
         reporter: Reporter,
-        mut saved: Option<Saved>,
-        members: Members,
+        resumed: Resumed,
         lifetime: Lifetime,
+        filter: Option<NamespaceFilter>,
     ) -> Self {
+        let Resumed { mut saved, members } = resumed;
         let Lifetime {
             stop: cancel,
             shutdown,
@@ -154,7 +165,7 @@ impl Stream {
         let cfg = wiring.cfg.clone();
         let metrics = wiring.metrics.clone();
         let id = reporter.id().to_string();
-        let query = channel.query_fingerprint(namespace.as_deref());
+        let query = channel.query_fingerprint(namespace.as_deref(), filter.is_some());
         // A position belongs to the query it was read under: under another one (a changed
         // path, namespace or selector) it is dropped, and the stream reconciles its known
         // objects with the new query's state instead (see `run`).
@@ -238,6 +249,7 @@ impl Stream {
             route_changed,
             full_resync: false,
             syncs: wiring.syncs.clone(),
+            scope: filter.map(scope::Scoped::new),
             checkpoints: wiring.checkpoints,
             shutdown: shutdown.clone(),
             publish: Box::pin(tokio::time::sleep(Duration::ZERO)),
@@ -281,6 +293,14 @@ impl Stream {
         }
         let checkpoint = self.outbox.checkpoint().map(str::to_string);
         let mut state = machine::start(self.channel.builtin, checkpoint, via);
+        // A filtered stream does not resume its watch: the scope may have moved while it was
+        // down, so it reconciles from its position instead (see [`scope`]).
+        if let (Some(_), State::Watch { .. }) = (&self.scope, &state) {
+            state = State::Sync {
+                reason: Reason::Resync,
+                via,
+            };
+        }
         loop {
             state = match state {
                 State::Done => break,
@@ -307,6 +327,12 @@ impl Stream {
                     let Some(_permit) = self.sync_permit().await else {
                         break;
                     };
+                    if let Some(scoped) = self.scope.as_mut() {
+                        tokio::select! {
+                            _ = self.cancel.cancelled() => break,
+                            _ = scoped.take_all() => {}
+                        }
+                    }
                     let outcome = match via {
                         Via::InitialEvents => self.sync_initial(reason).await,
                         Via::Pages => self.sync_pages(reason).await,
@@ -363,6 +389,9 @@ impl Stream {
                         .api_errors
                         .with_label_values(&[&self.id, e.kind()])
                         .inc();
+                    if let (Some(_), ApiError::Status { code: 403, .. }) = (&self.scope, e) {
+                        tracing::error!(stream = %self.id, resource = %self.channel.path.resource_name(), channel = %self.channel.name, "listing and watching the resource across the cluster is forbidden: grant list and watch on it cluster-wide (`watchrelay rbac` prints what the configuration needs) or set watchStrategy: perNamespace on the channel");
+                    }
                     if let ApiError::Body(_) = e {
                         tracing::info!(stream = %self.id, error = %e, "watch connection ended; resuming");
                     } else {

@@ -25,6 +25,10 @@ impl Stream {
                 .reset(tokio::time::Instant::now() + idle_after)
         };
         rearm(&mut self.idle);
+        let live = matches!(reading, Reading::Live { .. });
+        if live && self.scope.as_ref().is_some_and(|s| s.moved()) {
+            self.rescope().await?;
+        }
         loop {
             let room = self.outbox.has_room();
             let moved = self.outbox.moved();
@@ -45,6 +49,7 @@ impl Stream {
                     self.full_resync = !delta;
                     return Err(Stop::Requested);
                 }
+                _ = super::scope::changed(&mut self.scope), if live => self.rescope().await?,
                 _ = &mut self.idle, if room => return Err(Stop::Stalled),
                 line = w.next_line(), if room => match line {
                     Ok(Some(line)) => {
@@ -156,6 +161,7 @@ impl Stream {
                 match reading {
                     // The initial state (sent as ADDED): like list items, no position until all
                     // of it has been announced.
+                    Reading::Initial { .. } if !self.holds(&ev.meta) => {}
                     Reading::Initial { reason, announced } => {
                         if t == EventType::Deleted {
                             announced.remove(&ev.meta.uid);
@@ -170,7 +176,19 @@ impl Stream {
                     }
                     Reading::Live { at } => {
                         *at = Some(rv.clone());
-                        self.emit(ev, arrived, Some(rv), change, false).await?;
+                        let admitted = self.scope.as_ref().is_none_or(|s| {
+                            s.admits(ev.meta.namespace.as_deref(), &ev.meta.resource_version)
+                        });
+                        if admitted {
+                            self.emit(ev, arrived, Some(rv), change, false).await?;
+                        } else {
+                            // Out of scope (or already covered by its namespace's entry list):
+                            // only the position moves.
+                            self.outbox
+                                .pass(Some(rv), None)
+                                .await
+                                .map_err(|e| self.outbox_stop(e))?;
+                        }
                     }
                 }
                 Ok(None)

@@ -191,6 +191,14 @@ impl Stream {
         }
     }
 
+    /// Whether an object belongs to the state a sync announces: always, but for a filtered
+    /// stream's objects of namespaces out of its scope.
+    pub(super) fn holds(&self, meta: &ObjectMeta) -> bool {
+        self.scope
+            .as_ref()
+            .is_none_or(|s| s.holds(meta.namespace.as_deref()))
+    }
+
     /// Before announcing `meta` in a sync: the inferred DELETED of the known object whose name
     /// it took, if any.
     pub(super) async fn announce_replacement(
@@ -349,6 +357,9 @@ impl Stream {
                         continue;
                     }
                 };
+                if !self.holds(&ev.meta) {
+                    continue;
+                }
                 self.announce_replacement(&mut announced, &ev.meta).await?;
                 if announced.unchanged(&ev.meta, self.outbox.members()) {
                     continue;

@@ -1,0 +1,79 @@
+//! Deciding, at the start of a term, how each channel over several namespaces watches them
+//! ([`Shape`]): before anything is retired or started, since the streams a term runs depend on
+//! it.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::ListParams;
+use kube::Api;
+
+use crate::channel::{Channel, Scope, Shape, Shapes};
+use crate::config::Config;
+
+/// Each channel's shape this term. `known` are the stream ids the relay holds state of
+/// (positions, members): they say what each channel ran last time. A selector channel left to
+/// `auto` lists its namespaces once to count them; should that fail, it keeps what it ran last
+/// time (one stream per namespace when it never ran).
+pub(super) async fn decide<'a>(
+    cfg: &Config,
+    client: &kube::Client,
+    known: impl Iterator<Item = &'a str>,
+) -> Shapes {
+    let mut previous: HashMap<&str, Shape> = HashMap::new();
+    for id in known {
+        if let Some((name, ns)) = Channel::parse_stream_id(id) {
+            let shape = match ns {
+                None => Shape::ClusterWide,
+                Some(_) => Shape::PerNamespace,
+            };
+            previous.entry(name).or_insert(shape);
+        }
+    }
+    let threshold = cfg.kubernetes.cluster_wide_above as usize;
+    let mut shapes = Shapes::new();
+    for channel in &cfg.channels {
+        let mut before = previous.get(channel.name.as_str()).copied();
+        let count = match &channel.scope {
+            Scope::Cluster => continue,
+            // Decided by the list alone, as `watchrelay rbac` decides the permissions.
+            Scope::Namespaces(list) => {
+                before = None;
+                list.len()
+            }
+            Scope::Selector(sel) => {
+                // Only `auto` needs the count.
+                let probe = channel.shape(0, before, threshold);
+                if channel.shape(usize::MAX, before, threshold) == probe {
+                    0
+                } else {
+                    match count_namespaces(client, sel).await {
+                        Ok(n) => n,
+                        Err(e) => {
+                            tracing::warn!(channel = %channel.name, error = %e, "counting the selector's namespaces failed; keeping the last term's watch strategy");
+                            if let Some(shape) = before {
+                                shapes.insert(channel.name.clone(), shape);
+                                continue;
+                            }
+                            0
+                        }
+                    }
+                }
+            }
+        };
+        if let Some(shape) = channel.shape(count, before, threshold) {
+            tracing::info!(channel = %channel.name, namespaces = count, ?shape, "watch strategy");
+            shapes.insert(channel.name.clone(), shape);
+        }
+    }
+    shapes
+}
+
+async fn count_namespaces(client: &kube::Client, selector: &str) -> Result<usize, kube::Error> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    Ok(api
+        .list_metadata(&ListParams::default().labels(selector))
+        .await?
+        .items
+        .len())
+}

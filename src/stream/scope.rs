@@ -1,0 +1,259 @@
+//! A cluster-wide stream filtered to some namespaces (the `clusterWide` watch strategy): one
+//! watch of the cluster-wide collection instead of one per namespace, the objects of namespaces
+//! out of scope dropped before anything else is done with them.
+//!
+//! # What the consumer sees
+//! Exactly what one stream per namespace would give it:
+//! - A namespace entering scope has its objects announced: the stream lists that namespace
+//!   (at resourceVersion L) and announces every object, then drops the namespace's watch events
+//!   at or below L (the list already holds them), so each key keeps its order. This compares
+//!   resourceVersions as integers (KEP-5504); where L is not one, the stream resyncs instead.
+//! - A namespace leaving scope has its members deleted (inferred, flagged `synthetic`), in the
+//!   stream's order, after everything the stream published about them.
+//! - Across restarts the stream does not resume its watch: it relists the cluster-wide
+//!   collection under the scope of the moment and reconciles as a delta resync from its
+//!   position (see [`super::sync`]): members unchanged since it are not published again,
+//!   objects of namespaces that entered meanwhile are announced, members of namespaces that
+//!   left are deleted. One list per channel and restart, where one stream per namespace
+//!   resumed one watch per namespace.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::watch;
+
+use super::{sync::comparable, Stream};
+use crate::decode;
+use crate::event::EventType;
+use crate::kubeapi::{self, ApiError};
+use crate::membership::Key;
+use crate::stream::machine::Stop;
+use crate::tracker::Change;
+
+/// The namespaces in scope; `None` until they are known (a selector not listed yet).
+pub type Namespaces = Option<Arc<BTreeSet<String>>>;
+
+/// Where a filtered stream learns its namespaces.
+pub struct NamespaceFilter {
+    desired: watch::Receiver<Namespaces>,
+    /// A fixed list keeps its sender here, so the receiver never sees it closed.
+    _fixed: Option<watch::Sender<Namespaces>>,
+}
+
+impl NamespaceFilter {
+    /// A fixed list of namespaces (a `namespaces` channel).
+    pub fn fixed(namespaces: impl IntoIterator<Item = String>) -> Self {
+        let (tx, desired) = watch::channel(Some(Arc::new(namespaces.into_iter().collect())));
+        Self {
+            desired,
+            _fixed: Some(tx),
+        }
+    }
+
+    /// Namespaces sent on the returned sender as a follower of a selector learns them.
+    pub fn followed() -> (watch::Sender<Namespaces>, Self) {
+        let (tx, desired) = watch::channel(None);
+        (
+            tx,
+            Self {
+                desired,
+                _fixed: None,
+            },
+        )
+    }
+}
+
+/// A filtered stream's view of its scope.
+pub(super) struct Scoped {
+    filter: NamespaceFilter,
+    /// The namespaces whose objects the stream has announced (or is announcing).
+    applied: BTreeSet<String>,
+    /// Per namespace that entered while watching: the resourceVersion of its entry list. Its
+    /// watch events at or below it are already covered.
+    fences: HashMap<String, u64>,
+}
+
+impl Scoped {
+    pub(super) fn new(filter: NamespaceFilter) -> Self {
+        Self {
+            filter,
+            applied: BTreeSet::new(),
+            fences: HashMap::new(),
+        }
+    }
+
+    /// Whether an object of `namespace` belongs to the state a sync announces.
+    pub(super) fn holds(&self, namespace: Option<&str>) -> bool {
+        namespace.is_some_and(|ns| self.applied.contains(ns))
+    }
+
+    /// Whether a live event of `namespace` at `rv` is published.
+    pub(super) fn admits(&self, namespace: Option<&str>, rv: &str) -> bool {
+        let Some(ns) = namespace.filter(|ns| self.applied.contains(*ns)) else {
+            return false;
+        };
+        match (self.fences.get(ns), comparable(rv)) {
+            (Some(fence), Some(rv)) => rv > *fence,
+            _ => true,
+        }
+    }
+
+    /// Whether the scope moved since the stream applied it.
+    pub(super) fn moved(&self) -> bool {
+        self.filter
+            .desired
+            .borrow()
+            .as_ref()
+            .is_some_and(|d| **d != self.applied)
+    }
+
+    /// Waits until the scope may have moved (never, once its source is gone).
+    pub(super) async fn changed(&mut self) {
+        if self.filter.desired.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Before a sync: waits for the scope to be known, then takes it whole.
+    pub(super) async fn take_all(&mut self) {
+        if let Ok(d) = self.filter.desired.wait_for(Option::is_some).await {
+            self.applied = d.as_deref().cloned().unwrap_or_default();
+        }
+        self.fences.clear();
+    }
+}
+
+/// Waits for a filtered stream's scope to move (never for another stream).
+pub(super) async fn changed(scoped: &mut Option<Scoped>) {
+    match scoped {
+        Some(s) => s.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Stream {
+    /// While watching: applies the scope's latest namespaces. Those that left have their
+    /// members deleted; those that entered are listed and announced. A stop leaves the rest to
+    /// the next pass (the stream's state stays consistent after each namespace).
+    pub(super) async fn rescope(&mut self) -> Result<(), Stop> {
+        let Some(scoped) = self.scope.as_mut() else {
+            return Ok(());
+        };
+        let Some(desired) = scoped.filter.desired.borrow_and_update().clone() else {
+            return Ok(());
+        };
+        let left: Vec<String> = scoped.applied.difference(&desired).cloned().collect();
+        let entered: Vec<String> = desired.difference(&scoped.applied).cloned().collect();
+        if !left.is_empty() {
+            // What is still joining is announced: it must be deleted too.
+            self.outbox
+                .settle_joins()
+                .await
+                .map_err(|e| self.outbox_stop(e))?;
+        }
+        for ns in left {
+            self.leave_namespace(&ns).await?;
+        }
+        for ns in entered {
+            self.enter_namespace(&ns).await?;
+        }
+        Ok(())
+    }
+
+    async fn leave_namespace(&mut self, ns: &str) -> Result<(), Stop> {
+        if let Some(s) = self.scope.as_mut() {
+            s.applied.remove(ns);
+            s.fences.remove(ns);
+        }
+        let gone: Vec<Key> = self
+            .outbox
+            .members()
+            .keys()
+            .filter(|k| {
+                self.outbox
+                    .members()
+                    .get_key(k)
+                    .is_some_and(|(_, known)| known.namespace.as_deref() == Some(ns))
+            })
+            .collect();
+        tracing::info!(stream = %self.id, namespace = %ns, objects = gone.len(), "namespace left the scope: deleting what was announced of it");
+        let rv = self.outbox.checkpoint().unwrap_or_default().to_string();
+        for k in gone {
+            let Some((uid, known)) = self.outbox.members().get_key(&k) else {
+                continue;
+            };
+            self.infer_delete(uid, known, &rv).await?;
+        }
+        Ok(())
+    }
+
+    async fn enter_namespace(&mut self, ns: &str) -> Result<(), Stop> {
+        let path = self.channel.path.collection_url(Some(ns));
+        let mut token: Option<String> = None;
+        let mut objects = 0usize;
+        let list_rv = loop {
+            let query = self.query();
+            let page = kubeapi::list_page(
+                &self.client,
+                &path,
+                &query,
+                Some(self.cfg.kubernetes.list_page_size),
+                token.as_deref(),
+            );
+            let page = tokio::select! {
+                _ = self.cancel.cancelled() => return Err(Stop::Cancelled),
+                p = page => p,
+            };
+            let page = match page {
+                Ok(p) => p,
+                // The namespace's listing cannot go on: a resync takes the whole scope anew.
+                Err(ApiError::Gone(_)) => return Err(Stop::Requested),
+                Err(e) => return Err(self.api_stop(e)),
+            };
+            if let Some(k) = page.kind.strip_suffix("List") {
+                self.kind = k.to_string();
+            }
+            for item in &page.items {
+                self.outbox
+                    .wait_for_room()
+                    .await
+                    .map_err(|e| self.outbox_stop(e))?;
+                let type_meta = (self.api_version.as_str(), self.kind.as_str());
+                let mut ev = match decode::decode_item(EventType::Added, item, self.trim, type_meta)
+                {
+                    Ok(ev) => ev,
+                    Err(e) => {
+                        self.m.malformed.inc();
+                        tracing::warn!(stream = %self.id, error = %e, "skipping an undecodable list item");
+                        continue;
+                    }
+                };
+                objects += 1;
+                self.emit(
+                    &mut ev,
+                    Instant::now(),
+                    None,
+                    Some(Change::Announced),
+                    false,
+                )
+                .await?;
+            }
+            match page.continue_token {
+                Some(c) => token = Some(c),
+                None => break page.resource_version,
+            }
+        };
+        let Some(fence) = comparable(&list_rv) else {
+            tracing::info!(stream = %self.id, namespace = %ns, rv = %list_rv, "a resourceVersion that does not compare; resyncing to take the namespace in");
+            self.m.full_fallbacks.inc();
+            return Err(Stop::Requested);
+        };
+        if let Some(s) = self.scope.as_mut() {
+            s.applied.insert(ns.to_string());
+            s.fences.insert(ns.to_string(), fence);
+        }
+        tracing::info!(stream = %self.id, namespace = %ns, objects, rv = %list_rv, "namespace entered the scope: announced its objects");
+        Ok(())
+    }
+}
