@@ -1,0 +1,136 @@
+//! What the relay asks of the API server for many namespaces: `BENCH_NAMESPACES` namespaces
+//! (default 2,000) matched by the selectors of three channels (pods, services, deployments),
+//! one stream per namespace (`perNamespace`) against the default (`auto`: one cluster-wide
+//! watch per channel), each in the same run against the same simulator.
+//!
+//! For each strategy: the list requests (pages) and watches opened to start, and watches open
+//! once every stream watches; then the history is compacted and every watch dropped, so every
+//! position expires (410), and the same after the relists. Syncs use paginated lists
+//! (`sendInitialEvents: false`; `BENCH_INITIAL_EVENTS=1` for watches that send the current
+//! state instead). The records go to a producer in memory.
+//!
+//! Run with `cargo bench --bench watches` (no broker needed).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use watchrelay::config::Config;
+use watchrelay::producer::{Memory, Producer};
+use watchrelay::registry::Phase;
+use watchrelay_sim::{objects, RequestCounts, Sim, SimConfig};
+
+const CHECKPOINT_NS: &str = "watchrelay";
+
+fn main() {
+    let namespaces: usize = std::env::var("BENCH_NAMESPACES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2_000);
+    let initial_events = std::env::var("BENCH_INITIAL_EVENTS").is_ok_and(|v| v == "1");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let sim = Sim::start(SimConfig::default()).await.unwrap();
+        sim.create("namespaces", None, objects::namespace(CHECKPOINT_NS))
+            .unwrap();
+        for i in 0..namespaces {
+            let ns = format!("ns{i}");
+            let mut n = objects::namespace(&ns);
+            n["metadata"]["labels"]["relay"] = "yes".into();
+            sim.create("namespaces", None, n).unwrap();
+            sim.create("pods", Some(&ns), objects::pod(&ns, "p")).unwrap();
+            sim.create("pods", Some(&ns), objects::pod(&ns, "q")).unwrap();
+            sim.create("services", Some(&ns), objects::service(&ns, "s"))
+                .unwrap();
+            sim.create("deployments.apps", Some(&ns), objects::deployment(&ns, "d"))
+                .unwrap();
+        }
+        println!(
+            "{namespaces} namespaces x 3 channels (pods, services, deployments), {} objects; syncs by {}",
+            namespaces * 4,
+            if initial_events { "sendInitialEvents watches" } else { "paginated lists" }
+        );
+        println!("| strategy | streams | start: lists / watches opened | watches open | after a 410: lists / watches opened | start time | 410 time |");
+        println!("|---|---|---|---|---|---|---|");
+        for strategy in ["perNamespace", "auto"] {
+            run(&sim, strategy, initial_events).await;
+        }
+    });
+}
+
+fn config(sim: &Sim, strategy: &str, initial_events: bool) -> Config {
+    let mut channels = String::new();
+    for op in [
+        "watchNamespacedPods",
+        "watchNamespacedServices",
+        "watchNamespacedDeployments",
+    ] {
+        channels.push_str(&format!(
+            "  - operationId: {op}\n    namespaceSelector: relay=yes\n    watchStrategy: {strategy}\n    topic: bench\n"
+        ));
+    }
+    let _ = sim;
+    Config::parse(&format!(
+        "clusterName: bench\nkafka:\n  bootstrapServers: in-memory:9092\n  oversize: trim\n\
+         checkpoint:\n  namespace: {CHECKPOINT_NS}\n  name: {strategy}\n  membership:\n    topic: membership-{strategy}\n\
+         kubernetes:\n  sendInitialEvents: {initial_events}\n\
+         http:\n  listen: \"\"\nchannels:\n{channels}"
+    ))
+    .unwrap()
+}
+
+async fn run(sim: &Sim, strategy: &str, initial_events: bool) {
+    let mut kube = kube::Config::new(sim.url().parse().unwrap());
+    kube.default_retry = false;
+    let client = kube::Client::try_from(kube).unwrap();
+    let producer: Arc<dyn Producer> = Arc::new(Memory::new());
+    let relay = watchrelay::Relay::new(config(sim, strategy, initial_events), client)
+        .with_producer(producer);
+    let (shutdown, registry, metrics) = (relay.shutdown(), relay.registry(), relay.metrics());
+    sim.reset_requests();
+    let t = Instant::now();
+    let task = tokio::spawn(relay.run());
+    let all_watching = || {
+        let phases = registry.phases();
+        !phases.is_empty() && phases.values().all(|p| *p == Phase::Watching)
+    };
+    wait(all_watching).await;
+    let streams = registry.phases().len();
+    let start_secs = t.elapsed().as_secs_f64();
+    let start = sim.requests();
+
+    sim.reset_requests();
+    let t = Instant::now();
+    let resyncs = || {
+        let text = String::from_utf8(metrics.render()).unwrap();
+        text.lines()
+            .filter(|l| l.starts_with("watchrelay_resyncs_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as usize
+    };
+    sim.compact();
+    sim.drop_watches();
+    wait(|| resyncs() >= streams && all_watching()).await;
+    let gone_secs = t.elapsed().as_secs_f64();
+    let gone = sim.requests();
+    shutdown.cancel();
+    let _ = task.await;
+    let row = |c: RequestCounts| format!("{} / {}", c.lists, c.watches_opened);
+    println!(
+        "| {strategy} | {streams} | {} | {} | {} | {start_secs:.1} s | {gone_secs:.1} s |",
+        row(start),
+        start.watches_open,
+        row(gone)
+    );
+}
+
+async fn wait(mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(1200);
+    while !cond() {
+        assert!(Instant::now() < deadline, "the relay never got there");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
