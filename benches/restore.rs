@@ -14,6 +14,9 @@
 //!
 //! Run with scripts/bench.sh restore (it starts a broker) or set KAFKA_BOOTSTRAP_SERVERS.
 
+mod common;
+
+use common::{env_or, identity, rss_kib};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -23,13 +26,6 @@ use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseRecord, Producer as _, ThreadedProducer};
 use watchrelay::membership::{self, Known, Restored};
 use watchrelay::producer::Producer as _;
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn main() {
     let args: Vec<String> = std::env::args()
@@ -69,25 +65,6 @@ fn main() {
         String::from_utf8_lossy(&out.stderr)
     );
     print!("{}", String::from_utf8_lossy(&out.stdout));
-}
-
-/// Object `i`'s uid and name, as a ReplicaSet names pods.
-fn identity(i: u64) -> (String, String) {
-    let mix = |mut z: u64| {
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
-    let (a, b) = (mix(2 * i + 1), mix(2 * i + 2));
-    let uid = format!(
-        "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
-        a >> 32,
-        (a >> 16) & 0xffff,
-        a & 0xfff,
-        0x8000 | (b >> 48) & 0x3fff,
-        b & 0xffff_ffff_ffff
-    );
-    (uid, format!("web-{:010x}-{:05x}", a >> 24, b & 0xfffff))
 }
 
 /// Writes the records of `members` objects over `streams` streams, each object `history` times
@@ -199,13 +176,4 @@ fn restore(bootstrap: &str, topic: &str) {
         floor as f64 / 1024.0,
         rss_kib("VmRSS") as f64 / 1024.0
     );
-}
-
-fn rss_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find(|l| l.starts_with(field))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .unwrap_or(0)
 }

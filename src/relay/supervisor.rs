@@ -249,20 +249,10 @@ impl Supervisor {
         selector: String,
         cancel: CancellationToken,
     ) {
-        let api: Api<Namespace> = Api::all(self.wiring.client.clone());
-        let mut events = watcher::watcher(api, watcher::Config::default().labels(&selector))
-            .default_backoff()
-            .boxed();
+        let mut events = watch_namespaces(&self.wiring.client, &selector);
         let mut running: HashMap<String, Handle> = HashMap::new();
         let mut listed: HashSet<String> = HashSet::new();
-        loop {
-            let ev = tokio::select! {
-                _ = cancel.cancelled() => break,
-                ev = events.next() => match ev {
-                    Some(ev) => ev,
-                    None => break,
-                },
-            };
+        while let Some(ev) = next_event(&mut events, &cancel).await {
             match ev {
                 Ok(Event::Init) => listed.clear(),
                 Ok(Event::InitApply(ns)) | Ok(Event::Apply(ns)) => {
@@ -307,20 +297,10 @@ impl Supervisor {
         scope: tokio::sync::watch::Sender<Namespaces>,
         cancel: CancellationToken,
     ) {
-        let api: Api<Namespace> = Api::all(self.wiring.client.clone());
-        let mut events = watcher::watcher(api, watcher::Config::default().labels(&selector))
-            .default_backoff()
-            .boxed();
+        let mut events = watch_namespaces(&self.wiring.client, &selector);
         let mut listing: HashSet<String> = HashSet::new();
         let mut matched: Option<std::collections::BTreeSet<String>> = None;
-        loop {
-            let ev = tokio::select! {
-                _ = cancel.cancelled() => break,
-                ev = events.next() => match ev {
-                    Some(ev) => ev,
-                    None => break,
-                },
-            };
+        while let Some(ev) = next_event(&mut events, &cancel).await {
             let name = |ns: Namespace| ns.metadata.name.unwrap_or_default();
             match ev {
                 Ok(Event::Init) => listing.clear(),
@@ -355,5 +335,26 @@ impl Supervisor {
                 });
             }
         }
+    }
+}
+
+type NamespaceEvents = futures::stream::BoxStream<'static, watcher::Result<Event<Namespace>>>;
+
+/// The namespaces matching `selector`, as kube's watcher follows them (relisting, backing off).
+fn watch_namespaces(client: &kube::Client, selector: &str) -> NamespaceEvents {
+    let api: Api<Namespace> = Api::all(client.clone());
+    watcher::watcher(api, watcher::Config::default().labels(selector))
+        .default_backoff()
+        .boxed()
+}
+
+/// The next namespace event; `None` once cancelled (or the watcher ended).
+async fn next_event(
+    events: &mut NamespaceEvents,
+    cancel: &CancellationToken,
+) -> Option<watcher::Result<Event<Namespace>>> {
+    tokio::select! {
+        _ = cancel.cancelled() => None,
+        ev = events.next() => ev,
     }
 }

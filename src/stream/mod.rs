@@ -556,9 +556,7 @@ impl Stream {
             let query = self.query();
             let page = kubeapi::list_page(&self.client, &self.path, &query, Some(1), None);
             if let Ok(Ok(page)) = tokio::time::timeout(Duration::from_secs(10), page).await {
-                if let Some(k) = page.kind.strip_suffix("List") {
-                    self.kind = k.to_string();
-                }
+                self.learn_kind(&page);
             }
         }
         // What is still joining is announced: it must be deleted too.

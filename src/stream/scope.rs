@@ -24,8 +24,6 @@ use std::time::Instant;
 use tokio::sync::watch;
 
 use super::{sync::comparable, Stream};
-use crate::decode;
-use crate::event::EventType;
 use crate::kubeapi::{self, ApiError};
 use crate::membership::Key;
 use crate::stream::machine::Stop;
@@ -211,23 +209,14 @@ impl Stream {
                 Err(ApiError::Gone(_)) => return Err(Stop::Requested),
                 Err(e) => return Err(self.api_stop(e)),
             };
-            if let Some(k) = page.kind.strip_suffix("List") {
-                self.kind = k.to_string();
-            }
+            self.learn_kind(&page);
             for item in &page.items {
                 self.outbox
                     .wait_for_room()
                     .await
                     .map_err(|e| self.outbox_stop(e))?;
-                let type_meta = (self.api_version.as_str(), self.kind.as_str());
-                let mut ev = match decode::decode_item(EventType::Added, item, self.trim, type_meta)
-                {
-                    Ok(ev) => ev,
-                    Err(e) => {
-                        self.m.malformed.inc();
-                        tracing::warn!(stream = %self.id, error = %e, "skipping an undecodable list item");
-                        continue;
-                    }
+                let Some(mut ev) = self.listed(item) else {
+                    continue;
                 };
                 objects += 1;
                 self.emit(

@@ -17,7 +17,7 @@ use std::hash::{Hash, Hasher};
 use std::time::Instant;
 
 use super::{Reading, Step, Stream};
-use crate::decode::{self, ObjectMeta};
+use crate::decode::{self, ObjectMeta, WatchEvent};
 use crate::envelope::{self, Announcement};
 use crate::event::EventType;
 use crate::kubeapi::{self, ApiError, WatchFrom};
@@ -191,6 +191,27 @@ impl Stream {
         }
     }
 
+    /// Learns the kind of the channel's objects from a list page (`PodList`: `Pod`).
+    pub(super) fn learn_kind(&mut self, page: &kubeapi::ListPage) {
+        if let Some(k) = page.kind.strip_suffix("List") {
+            self.kind = k.to_string();
+        }
+    }
+
+    /// A list item as the ADDED event a sync announces; `None` (counted and logged) when it
+    /// cannot be decoded.
+    pub(super) fn listed(&self, item: &serde_json::value::RawValue) -> Option<WatchEvent> {
+        let type_meta = (self.api_version.as_str(), self.kind.as_str());
+        match decode::decode_item(EventType::Added, item, self.trim, type_meta) {
+            Ok(ev) => Some(ev),
+            Err(e) => {
+                self.m.malformed.inc();
+                tracing::warn!(stream = %self.id, error = %e, "skipping an undecodable list item");
+                None
+            }
+        }
+    }
+
     /// Whether an object belongs to the state a sync announces: always, but for a filtered
     /// stream's objects of namespaces out of its scope.
     pub(super) fn holds(&self, meta: &ObjectMeta) -> bool {
@@ -339,23 +360,14 @@ impl Stream {
                 }
                 Err(e) => return Err(self.api_stop(e)),
             };
-            if let Some(k) = page.kind.strip_suffix("List") {
-                self.kind = k.to_string();
-            }
+            self.learn_kind(&page);
             for item in &page.items {
                 self.outbox
                     .wait_for_room()
                     .await
                     .map_err(|e| self.outbox_stop(e))?;
-                let type_meta = (self.api_version.as_str(), self.kind.as_str());
-                let mut ev = match decode::decode_item(EventType::Added, item, self.trim, type_meta)
-                {
-                    Ok(ev) => ev,
-                    Err(e) => {
-                        self.m.malformed.inc();
-                        tracing::warn!(stream = %self.id, error = %e, "skipping an undecodable list item");
-                        continue;
-                    }
+                let Some(mut ev) = self.listed(item) else {
+                    continue;
                 };
                 if !self.holds(&ev.meta) {
                     continue;
