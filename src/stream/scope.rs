@@ -24,7 +24,7 @@ use std::time::Instant;
 use tokio::sync::watch;
 
 use super::{sync::comparable, Stream};
-use crate::kubeapi::{self, ApiError};
+use crate::kubeapi::ApiError;
 use crate::membership::Key;
 use crate::stream::machine::Stop;
 use crate::tracker::Change;
@@ -191,19 +191,8 @@ impl Stream {
         let mut token: Option<String> = None;
         let mut objects = 0usize;
         let list_rv = loop {
-            let query = self.query();
-            let page = kubeapi::list_page(
-                &self.client,
-                &path,
-                &query,
-                Some(self.cfg.kubernetes.list_page_size),
-                token.as_deref(),
-            );
-            let page = tokio::select! {
-                _ = self.cancel.cancelled() => return Err(Stop::Cancelled),
-                p = page => p,
-            };
-            let page = match page {
+            let size = Some(self.cfg.kubernetes.list_page_size);
+            let page = match self.list_page(&path, size, token.as_deref()).await? {
                 Ok(p) => p,
                 // The namespace's listing cannot go on: a resync takes the whole scope anew.
                 Err(ApiError::Gone(_)) => return Err(Stop::Requested),

@@ -191,6 +191,22 @@ impl Stream {
         }
     }
 
+    /// One page of the collection at `path` under the channel's selectors (`size` `None`: the
+    /// whole list at once), unless the stream stops first.
+    pub(super) async fn list_page(
+        &self,
+        path: &str,
+        size: Option<u32>,
+        token: Option<&str>,
+    ) -> Result<Result<kubeapi::ListPage, ApiError>, Stop> {
+        let query = self.query();
+        let page = kubeapi::list_page(&self.client, path, &query, size, token);
+        tokio::select! {
+            _ = self.cancel.cancelled() => Err(Stop::Cancelled),
+            p = page => Ok(p),
+        }
+    }
+
     /// Learns the kind of the channel's objects from a list page (`PodList`: `Pod`).
     pub(super) fn learn_kind(&mut self, page: &kubeapi::ListPage) {
         if let Some(k) = page.kind.strip_suffix("List") {
@@ -326,19 +342,8 @@ impl Stream {
         // same forever. The list is then read whole, in one request, as client-go does.
         let mut whole = false;
         let list_rv = loop {
-            let query = self.query();
-            let page = kubeapi::list_page(
-                &self.client,
-                &self.path,
-                &query,
-                (!whole).then_some(self.cfg.kubernetes.list_page_size),
-                token.as_deref(),
-            );
-            let page = tokio::select! {
-                _ = self.cancel.cancelled() => return Err(Stop::Cancelled),
-                p = page => p,
-            };
-            let page = match page {
+            let size = (!whole).then_some(self.cfg.kubernetes.list_page_size);
+            let page = match self.list_page(&self.path, size, token.as_deref()).await? {
                 Ok(p) => p,
                 Err(ApiError::Gone(_)) if token.is_some() => {
                     tracing::info!(stream = %self.id, "continue token expired; listing whole");
