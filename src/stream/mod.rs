@@ -166,12 +166,16 @@ impl Stream {
         let metrics = wiring.metrics.clone();
         let id = reporter.id().to_string();
         let query = channel.query_fingerprint(namespace.as_deref(), filter.is_some());
+        let saved_query = saved.as_ref().and_then(|s| s.query.clone());
+        let base = query.clone();
         // A position belongs to the query it was read under: under another one (a changed
         // path, namespace or selector) it is dropped, and the stream reconciles its known
-        // objects with the new query's state instead (see `run`).
+        // objects with the new query's state instead (see `run`). A filtered stream's query
+        // includes its namespaces, known once the stream runs: it decides there.
         let mut query_changed = false;
         if let Some(s) = saved
             .as_mut()
+            .filter(|_| filter.is_none())
             .filter(|s| s.query.as_ref().is_some_and(|q| *q != query))
         {
             tracing::warn!(stream = %id, "the stream's query changed since its checkpoint; reconciling with the new one");
@@ -249,7 +253,7 @@ impl Stream {
             route_changed,
             full_resync: false,
             syncs: wiring.syncs.clone(),
-            scope: filter.map(scope::Scoped::new),
+            scope: filter.map(|f| scope::Scoped::new(f, base, saved_query)),
             checkpoints: wiring.checkpoints,
             shutdown: shutdown.clone(),
             publish: Box::pin(tokio::time::sleep(Duration::ZERO)),
@@ -285,6 +289,18 @@ impl Stream {
         } else {
             Via::Pages
         };
+        if let Some(scoped) = self.scope.as_mut() {
+            tokio::select! {
+                _ = self.cancel.cancelled() => return self.stop().await,
+                _ = scoped.take_all() => {}
+            }
+            let query = scoped.fingerprint();
+            if scoped.saved_query().is_some_and(|q| *q != query) {
+                tracing::info!(stream = %self.id, "the stream's namespaces changed since its checkpoint; reconciling with them");
+                self.query_changed = true;
+            }
+            self.query = query;
+        }
         if self.query_changed && !self.forget_position().await {
             return self.stop().await;
         }
@@ -293,14 +309,6 @@ impl Stream {
         }
         let checkpoint = self.outbox.checkpoint().map(str::to_string);
         let mut state = machine::start(self.channel.builtin, checkpoint, via);
-        // A filtered stream does not resume its watch: the scope may have moved while it was
-        // down, so it reconciles from its position instead (see [`scope`]).
-        if let (Some(_), State::Watch { .. }) = (&self.scope, &state) {
-            state = State::Sync {
-                reason: Reason::Resync,
-                via,
-            };
-        }
         loop {
             state = match state {
                 State::Done => break,
@@ -313,29 +321,8 @@ impl Stream {
                     self.transition(State::AwaitResource { via }, outcome)
                 }
                 State::Sync { reason, via } => {
-                    // Without a position but with known objects (a changed query, a failure
-                    // before the first position), a sync reconciles like a resync: known
-                    // objects the new state lacks get their inferred DELETED. Pending joins
-                    // settle first, so what an interrupted attempt announced counts as known.
-                    if self.outbox.settle_joins().await.is_err() {
+                    let Some((reason, outcome)) = self.sync(reason, via).await else {
                         break;
-                    }
-                    let reason = match reason {
-                        Reason::Start if !self.outbox.members().is_empty() => Reason::Resync,
-                        reason => reason,
-                    };
-                    let Some(_permit) = self.sync_permit().await else {
-                        break;
-                    };
-                    if let Some(scoped) = self.scope.as_mut() {
-                        tokio::select! {
-                            _ = self.cancel.cancelled() => break,
-                            _ = scoped.take_all() => {}
-                        }
-                    }
-                    let outcome = match via {
-                        Via::InitialEvents => self.sync_initial(reason).await,
-                        Via::Pages => self.sync_pages(reason).await,
                     };
                     self.transition(State::Sync { reason, via }, outcome)
                 }
@@ -346,6 +333,42 @@ impl Stream {
             };
         }
         self.stop().await
+    }
+
+    /// The Sync step, with the reason it ran under; `None` when cancelled.
+    async fn sync(&mut self, reason: Reason, via: Via) -> Option<(Reason, Step)> {
+        // Without a position but with known objects (a changed query, a failure before the
+        // first position), a sync reconciles like a resync: known objects the new state lacks
+        // get their inferred DELETED. Pending joins settle first, so what an interrupted attempt
+        // announced counts as known; a join that failed is a failed delivery like any other.
+        match self.outbox.settle_joins().await {
+            Ok(()) => {}
+            Err(OutboxError::Cancelled) => return None,
+            Err(e) => return Some((reason, Self::stopped(self.outbox_stop(e)))),
+        }
+        let reason = match reason {
+            Reason::Start if !self.outbox.members().is_empty() => Reason::Resync,
+            reason => reason,
+        };
+        let _permit = self.sync_permit().await?;
+        if let Some(scoped) = self.scope.as_mut() {
+            tokio::select! {
+                _ = self.cancel.cancelled() => return None,
+                _ = scoped.take_all() => {}
+            }
+        }
+        let outcome = match via {
+            Via::InitialEvents => self.sync_initial(reason).await,
+            Via::Pages => self.sync_pages(reason).await,
+        };
+        let outcome = match outcome {
+            Outcome::Synced { .. } => match self.settle_scope().await {
+                Ok(()) => outcome,
+                Err(why) => Self::stopped(why),
+            },
+            outcome => outcome,
+        };
+        Some((reason, outcome))
     }
 
     /// Waits a random delay below `syncJitterMs`, then for one of the relay's sync permits;
@@ -408,7 +431,20 @@ impl Stream {
                 Stop::Cancelled | Stop::Closed | Stop::Refused => {}
             }
         }
-        let t = machine::next(state, outcome, &mut self.backoff);
+        let failed = matches!(
+            &outcome,
+            Outcome::Stopped {
+                why: Stop::Delivery { .. },
+                ..
+            }
+        );
+        let mut t = machine::next(state, outcome, &mut self.backoff);
+        if failed && self.scope.is_some() {
+            // What a filtered stream announced of namespaces entering its scope is not on its
+            // watch: replaying the watch would not announce it again. It resyncs whole.
+            self.full_resync = true;
+            t.next = scope::resync_instead(t.next);
+        }
         if let Some(reason) = t.restart {
             self.metrics
                 .watch_restarts

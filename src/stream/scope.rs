@@ -10,12 +10,14 @@
 //!   resourceVersions as integers (KEP-5504); where L is not one, the stream resyncs instead.
 //! - A namespace leaving scope has its members deleted (inferred, flagged `synthetic`), in the
 //!   stream's order, after everything the stream published about them.
-//! - Across restarts the stream does not resume its watch: it relists the cluster-wide
-//!   collection under the scope of the moment and reconciles as a delta resync from its
-//!   position (see [`super::sync`]): members unchanged since it are not published again,
-//!   objects of namespaces that entered meanwhile are announced, members of namespaces that
-//!   left are deleted. One list per channel and restart, where one stream per namespace
-//!   resumed one watch per namespace.
+//! - The stream's query fingerprint includes its namespaces, and is stamped on its checkpoints
+//!   only once everything announced under them is acknowledged. A restart under the same
+//!   namespaces resumes the watch from the position; under others (namespaces entered or left
+//!   while it was down, or a crash before a change was acknowledged) the position is dropped and
+//!   the stream reconciles its members with a list of the whole collection under the new scope:
+//!   objects re-announced, members out of scope deleted.
+//! - A failed delivery makes it resync whole: what it announced of entering namespaces is not on
+//!   its watch, so replaying the watch would not announce it again.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -26,7 +28,7 @@ use tokio::sync::watch;
 use super::{sync::comparable, Stream};
 use crate::kubeapi::ApiError;
 use crate::membership::Key;
-use crate::stream::machine::Stop;
+use crate::stream::machine::{Reason, State, Stop};
 use crate::tracker::Change;
 
 /// The namespaces in scope; `None` until they are known (a selector not listed yet).
@@ -65,6 +67,10 @@ impl NamespaceFilter {
 /// A filtered stream's view of its scope.
 pub(super) struct Scoped {
     filter: NamespaceFilter,
+    /// The query fingerprint of the collection, without the namespaces.
+    base: String,
+    /// The fingerprint the stream's checkpoint was saved under.
+    saved_query: Option<String>,
     /// The namespaces whose objects the stream has announced (or is announcing).
     applied: BTreeSet<String>,
     /// Per namespace that entered while watching: the resourceVersion of its entry list. Its
@@ -73,12 +79,31 @@ pub(super) struct Scoped {
 }
 
 impl Scoped {
-    pub(super) fn new(filter: NamespaceFilter) -> Self {
+    pub(super) fn new(filter: NamespaceFilter, base: String, saved_query: Option<String>) -> Self {
         Self {
             filter,
+            base,
+            saved_query,
             applied: BTreeSet::new(),
             fences: HashMap::new(),
         }
+    }
+
+    /// The stream's query fingerprint under the namespaces it applied.
+    pub(super) fn fingerprint(&self) -> String {
+        let hash = self
+            .applied
+            .iter()
+            .flat_map(|ns| ns.bytes().chain(std::iter::once(b'\n')))
+            .chain(self.base.bytes())
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+        format!("{hash:016x}")
+    }
+
+    pub(super) fn saved_query(&self) -> Option<&String> {
+        self.saved_query.as_ref()
     }
 
     /// Whether an object of `namespace` belongs to the state a sync announces.
@@ -113,12 +138,30 @@ impl Scoped {
         }
     }
 
-    /// Before a sync: waits for the scope to be known, then takes it whole.
+    /// Before a sync: waits for the scope to be known, then takes it whole. Should its source
+    /// go away before it is known, this waits for the stream to stop: syncing under an empty
+    /// scope would delete every member.
     pub(super) async fn take_all(&mut self) {
-        if let Ok(d) = self.filter.desired.wait_for(Option::is_some).await {
-            self.applied = d.as_deref().cloned().unwrap_or_default();
-        }
+        let Ok(d) = self.filter.desired.wait_for(Option::is_some).await else {
+            return std::future::pending().await;
+        };
+        self.applied = d.as_deref().cloned().unwrap_or_default();
         self.fences.clear();
+    }
+}
+
+/// After a failed delivery: `next`, with a resync where it would resume a watch.
+pub(super) fn resync_instead<C>(next: State<C>) -> State<C> {
+    match next {
+        State::Watch { at, .. } => State::Sync {
+            reason: Reason::Resync,
+            via: at.via,
+        },
+        State::Backoff { then, delay } => State::Backoff {
+            then: Box::new(resync_instead(*then)),
+            delay,
+        },
+        state => state,
     }
 }
 
@@ -155,6 +198,22 @@ impl Stream {
         }
         for ns in entered {
             self.enter_namespace(&ns).await?;
+        }
+        self.settle_scope().await
+    }
+
+    /// Once everything announced under the namespaces applied is acknowledged, the checkpoints
+    /// carry them (see the module's doc); until then they carry the namespaces before.
+    pub(super) async fn settle_scope(&mut self) -> Result<(), Stop> {
+        let Some(query) = self.scope.as_ref().map(Scoped::fingerprint) else {
+            return Ok(());
+        };
+        if query != self.query {
+            self.outbox
+                .wait_until(0)
+                .await
+                .map_err(|e| self.outbox_stop(e))?;
+            self.query = query;
         }
         Ok(())
     }
