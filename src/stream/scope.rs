@@ -259,11 +259,7 @@ impl Stream {
             };
             self.learn_kind(&page);
             for item in &page.items {
-                self.outbox
-                    .wait_for_room()
-                    .await
-                    .map_err(|e| self.outbox_stop(e))?;
-                let Some(mut ev) = self.listed(item) else {
+                let Some(mut ev) = self.listed(item).await? else {
                     continue;
                 };
                 objects += 1;

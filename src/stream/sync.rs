@@ -214,16 +214,23 @@ impl Stream {
         }
     }
 
-    /// A list item as the ADDED event a sync announces; `None` (counted and logged) when it
-    /// cannot be decoded.
-    pub(super) fn listed(&self, item: &serde_json::value::RawValue) -> Option<WatchEvent> {
+    /// Once the outbox has room: a list item as the ADDED event a sync announces; `None`
+    /// (counted and logged) when it cannot be decoded.
+    pub(super) async fn listed(
+        &mut self,
+        item: &serde_json::value::RawValue,
+    ) -> Result<Option<WatchEvent>, Stop> {
+        self.outbox
+            .wait_for_room()
+            .await
+            .map_err(|e| self.outbox_stop(e))?;
         let type_meta = (self.api_version.as_str(), self.kind.as_str());
         match decode::decode_item(EventType::Added, item, self.trim, type_meta) {
-            Ok(ev) => Some(ev),
+            Ok(ev) => Ok(Some(ev)),
             Err(e) => {
                 self.m.malformed.inc();
                 tracing::warn!(stream = %self.id, error = %e, "skipping an undecodable list item");
-                None
+                Ok(None)
             }
         }
     }
@@ -367,11 +374,7 @@ impl Stream {
             };
             self.learn_kind(&page);
             for item in &page.items {
-                self.outbox
-                    .wait_for_room()
-                    .await
-                    .map_err(|e| self.outbox_stop(e))?;
-                let Some(mut ev) = self.listed(item) else {
+                let Some(mut ev) = self.listed(item).await? else {
                     continue;
                 };
                 if !self.holds(&ev.meta) {
