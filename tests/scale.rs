@@ -6,13 +6,17 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::bed::Bed;
+use common::bed::{Bed, Relay};
 use common::view::{self, consumer_view, events};
 use watchrelay::producer::{Memory, Producer};
 use watchrelay_sim::{objects, SimConfig};
 
 const SELECTED: &str =
     "  - operationId: watchNamespacedPods\n    namespaceSelector: relay=yes\n    topic: pods\n";
+
+fn start(bed: &Bed, cfg: watchrelay::config::Config, producer: &Arc<Memory>) -> Relay {
+    Relay::start_with(bed, cfg, Some(producer.clone() as Arc<dyn Producer>))
+}
 
 fn names(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("ns{i}")).collect()
@@ -40,8 +44,7 @@ async fn a_start_with_many_streams_runs_a_bounded_number_of_lists_at_once() {
     let mut cfg = bed.config(SELECTED, "");
     cfg.kubernetes.max_concurrent_syncs = 3;
     let producer = Arc::new(Memory::new());
-    let relay =
-        common::bed::Relay::start_with(&bed, cfg, Some(producer.clone() as Arc<dyn Producer>));
+    let relay = start(&bed, cfg, &producer);
     relay.wait_up(refs.len()).await;
     let counts = bed.sim.requests();
     relay.stop().await;
@@ -105,8 +108,7 @@ async fn a_selector_over_hundreds_of_namespaces_is_served_by_one_watch() {
     cfg.kubernetes.list_page_size = 500;
     let producer = Arc::new(Memory::new());
     bed.sim.reset_requests();
-    let relay =
-        common::bed::Relay::start_with(&bed, cfg, Some(producer.clone() as Arc<dyn Producer>));
+    let relay = start(&bed, cfg, &producer);
     relay.wait_up(1).await;
     converged(&bed, &producer).await;
     let start = bed.sim.requests();
@@ -169,11 +171,7 @@ async fn a_change_of_watch_strategy_across_restarts_loses_nothing_and_leaves_no_
     let strategies = ["perNamespace", "clusterWide", "perNamespace", "clusterWide"];
     for (round, strategy) in strategies.iter().enumerate() {
         let channels = format!("{SELECTED}    watchStrategy: {strategy}\n");
-        let relay = common::bed::Relay::start_with(
-            &bed,
-            bed.config(&channels, ""),
-            Some(producer.clone() as Arc<dyn Producer>),
-        );
+        let relay = start(&bed, bed.config(&channels, ""), &producer);
         converged(&bed, &producer).await;
         // While it runs, and then while it is down: the scope and the objects move.
         let r = round.to_string();
@@ -185,11 +183,7 @@ async fn a_change_of_watch_strategy_across_restarts_loses_nothing_and_leaves_no_
         pods(&bed, refs[(round + 1) % 4], &[&format!("down{r}")]);
         bed.label(refs[(round + 5) % 6], false);
     }
-    let relay = common::bed::Relay::start_with(
-        &bed,
-        bed.config(SELECTED, ""),
-        Some(producer.clone() as Arc<dyn Producer>),
-    );
+    let relay = start(&bed, bed.config(SELECTED, ""), &producer);
     converged(&bed, &producer).await;
     relay.stop().await;
 }
@@ -208,14 +202,8 @@ async fn a_failed_delivery_while_a_namespace_enters_a_cluster_wide_stream_loses_
     }
     let channels = format!("{SELECTED}    watchStrategy: clusterWide\n");
     let producer = Arc::new(Memory::new());
-    let start = || {
-        common::bed::Relay::start_with(
-            &bed,
-            bed.config(&channels, ""),
-            Some(producer.clone() as Arc<dyn Producer>),
-        )
-    };
-    let relay = start();
+    let run = || start(&bed, bed.config(&channels, ""), &producer);
+    let relay = run();
     converged(&bed, &producer).await;
     // The entering namespace's objects come from a list, not the watch: a failed delivery
     // among them must not be replayed from the watch alone.
@@ -229,7 +217,7 @@ async fn a_failed_delivery_while_a_namespace_enters_a_cluster_wide_stream_loses_
 
     // A restart under the same namespaces resumes its watch: no list of the collection.
     bed.sim.reset_requests();
-    let relay = start();
+    let relay = run();
     relay.wait_up(1).await;
     pods(&bed, "ns4", &["after"]);
     converged(&bed, &producer).await;

@@ -172,7 +172,7 @@ impl Restored {
     /// compaction by a quarter, every set is compacted (see [`Members::compact_restore`]) and
     /// given room for a quarter more, so a topic holding history costs memory in proportion to
     /// its members, not to its records.
-    fn held(&mut self) {
+    fn hold_one(&mut self) {
         self.held += 1;
         if self.held >= self.compacted + (self.compacted / 4).max(COMPACT_FLOOR) {
             self.held = 0;
@@ -235,7 +235,7 @@ impl Restored {
             None => {
                 if let Some(m) = sets.get_mut(stream) {
                     m.restore_record(uid, None);
-                    self.held();
+                    self.hold_one();
                 }
             }
             Some(v) => match serde_json::from_slice::<Known>(v) {
@@ -243,7 +243,7 @@ impl Restored {
                     sets.entry(stream.to_string())
                         .or_default()
                         .restore_record(uid, Some(&known));
-                    self.held();
+                    self.hold_one();
                 }
                 Err(e) => {
                     self.malformed += 1;

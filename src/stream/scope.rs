@@ -27,9 +27,8 @@ use tokio::sync::watch;
 
 use super::{sync::comparable, Stream};
 use crate::kubeapi::ApiError;
-use crate::membership::Key;
 use crate::stream::machine::{Reason, State, Stop};
-use crate::tracker::Change;
+use crate::tracker::{Change, Known};
 
 /// The namespaces in scope; `None` until they are known (a selector not listed yet).
 pub type Namespaces = Option<Arc<BTreeSet<String>>>;
@@ -113,7 +112,7 @@ impl Scoped {
 
     /// Whether a live event of `namespace` at `rv` is published.
     pub(super) fn admits(&self, namespace: Option<&str>, rv: &str) -> bool {
-        let Some(ns) = namespace.filter(|ns| self.applied.contains(*ns)) else {
+        let Some(ns) = namespace.filter(|_| self.holds(namespace)) else {
             return false;
         };
         match (self.fences.get(ns), comparable(rv)) {
@@ -223,23 +222,15 @@ impl Stream {
             s.applied.remove(ns);
             s.fences.remove(ns);
         }
-        let gone: Vec<Key> = self
+        let gone: Vec<(String, Known)> = self
             .outbox
             .members()
-            .keys()
-            .filter(|k| {
-                self.outbox
-                    .members()
-                    .get_key(k)
-                    .is_some_and(|(_, known)| known.namespace.as_deref() == Some(ns))
-            })
+            .iter()
+            .filter(|(_, known)| known.namespace.as_deref() == Some(ns))
             .collect();
         tracing::info!(stream = %self.id, namespace = %ns, objects = gone.len(), "namespace left the scope: deleting what was announced of it");
         let rv = self.outbox.checkpoint().unwrap_or_default().to_string();
-        for k in gone {
-            let Some((uid, known)) = self.outbox.members().get_key(&k) else {
-                continue;
-            };
+        for (uid, known) in gone {
             self.infer_delete(uid, known, &rv).await?;
         }
         Ok(())
