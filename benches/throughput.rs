@@ -21,6 +21,9 @@
 //! CPU and peak RSS are read from /proc for each child process, so the simulator's share is not
 //! counted. Run with scripts/bench.sh (it starts a broker) or set KAFKA_BOOTSTRAP_SERVERS.
 
+mod common;
+
+use common::{cpu_seconds, metric, peak_rss_kib, scrape, stop, KillOnDrop};
 use std::io::{BufRead, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -432,14 +435,6 @@ impl Round {
     }
 }
 
-/// Stops a relay with SIGTERM (it drains and writes its checkpoint) and waits for it.
-fn stop(mut relay: KillOnDrop) {
-    let _ = Command::new("kill")
-        .args(["-TERM", &relay.0.id().to_string()])
-        .status();
-    let _ = relay.0.wait();
-}
-
 /// Seconds for a plain HTTP reader to receive `n` watch events from `rv`.
 fn sim_replay_secs(url: &str, rv: u64, n: usize) -> f64 {
     use std::io::Read;
@@ -461,16 +456,6 @@ fn sim_replay_secs(url: &str, rv: u64, n: usize) -> f64 {
         }
     }
     t.elapsed().as_secs_f64()
-}
-
-/// Kills the relay if the benchmark fails half-way.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// The baseline child: sends every object of `input` and waits for all acknowledgements.
@@ -643,43 +628,6 @@ async fn create_topics(bootstrap: &str, names: &[&str]) {
         .create_topics(&topics, &AdminOptions::new())
         .await
         .unwrap();
-}
-
-/// utime + stime of a process, in seconds.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // Fields 14 and 15 of stat, counted after the command name.
-    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
-    ticks / 100.0
-}
-
-fn peak_rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .unwrap_or(0)
-}
-
-fn scrape(port: u16) -> String {
-    use std::io::Read;
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return String::new();
-    };
-    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
-}
-
-fn metric(port: u16, series: &str) -> Option<f64> {
-    scrape(port)
-        .lines()
-        .find(|l| l.starts_with(series))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
 /// Cumulative (le, count) pairs of the stream's publish latency histogram.

@@ -27,7 +27,6 @@ use std::time::{Duration, Instant};
 
 use prometheus::{Histogram, IntCounter, IntGauge};
 use thiserror::Error;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::Saved;
@@ -37,7 +36,7 @@ use crate::envelope::{self, Announcement, Record, Route};
 use crate::event::EventType;
 use crate::membership::{self, Members, Owner};
 use crate::metrics::Metrics;
-use crate::producer::{DeliveryError, Producer, Receipt, Refused, Report};
+use crate::producer::{DeliveryError, Inbox, Producer, Receipt, Refused, Report, Sent};
 use crate::tracker::{Change, Known, Tracker};
 
 /// How long a send waits before offering a record again to a full producer queue.
@@ -95,8 +94,9 @@ pub struct Outbox {
     producer: Arc<dyn Producer>,
     limits: Limits,
     tracker: Tracker,
-    reports_tx: mpsc::UnboundedSender<Report>,
-    reports_rx: mpsc::UnboundedReceiver<Report>,
+    /// Where the producer reports deliveries, and the reports taken from it not yet settled.
+    inbox: Arc<Inbox>,
+    ready: VecDeque<Report>,
     m: OutboxMetrics,
     cancel: CancellationToken,
     /// The last record's value buffer, reused for the next one (the producer copies it).
@@ -136,7 +136,6 @@ impl Outbox {
         metrics: &Metrics,
         cancel: CancellationToken,
     ) -> Self {
-        let (reports_tx, reports_rx) = mpsc::unbounded_channel();
         let rv = saved.and_then(|s| s.rv);
         let oversize = |action| metrics.oversize.with_label_values(&[stream, action]);
         let errors = |kind| metrics.delivery_errors.with_label_values(&[stream, kind]);
@@ -156,8 +155,8 @@ impl Outbox {
             producer,
             limits,
             tracker: Tracker::resume(rv),
-            reports_tx,
-            reports_rx,
+            inbox: Inbox::new(),
+            ready: VecDeque::new(),
             cancel,
             spare: Vec::new(),
             moved: false,
@@ -253,7 +252,7 @@ impl Outbox {
         };
         while let Some(uid) = self.leaving.pop() {
             let record = membership::record(topic, &self.limits.owner, &self.stream, &uid, None);
-            let receipt = self.membership_receipt(u64::MAX, &uid);
+            let receipt = Receipt::new(self.inbox.clone(), 0, Sent::Unordered);
             match self.producer.send(&record, receipt) {
                 Ok(()) => {}
                 Err(Refused::Full(_)) => {
@@ -265,24 +264,6 @@ impl Outbox {
                 }
             }
         }
-    }
-
-    /// The receipt of a membership record (`n` numbers joins). Its announcement only names the
-    /// object: a membership record never takes the oversize path that would need more.
-    fn membership_receipt(&self, n: u64, uid: &str) -> Box<Receipt> {
-        let meta = ObjectMeta {
-            uid: uid.to_string(),
-            ..ObjectMeta::default()
-        };
-        let mut receipt = Receipt::new(
-            self.reports_tx.clone(),
-            n,
-            Instant::now(),
-            0,
-            Announcement::change(EventType::Added, meta, false),
-        );
-        receipt.membership = true;
-        Box::new(receipt)
     }
 
     /// Makes `uid` a member before anything announcing it is sent. Returns whether what
@@ -304,7 +285,7 @@ impl Outbox {
         self.next_join += 1;
         let record =
             membership::record(topic, &self.limits.owner, &self.stream, &uid, Some(&known));
-        let receipt = self.membership_receipt(n, &uid);
+        let receipt = Receipt::new(self.inbox.clone(), n, Sent::Join);
         if self.offer(&record, receipt).await?.is_some() {
             return Err(OutboxError::Failed(
                 "a membership record was refused for size".into(),
@@ -350,7 +331,7 @@ impl Outbox {
                 self.note(moved);
                 Ok(())
             }
-            Held::Send(record, receipt) if receipt.bytes > self.limits.max_message_bytes => {
+            Held::Send(record, receipt) if bytes(&receipt) > self.limits.max_message_bytes => {
                 self.spare = record.value;
                 self.send_reference(receipt).await
             }
@@ -365,14 +346,14 @@ impl Outbox {
         }
     }
 
-    /// The report of a membership record: an acknowledged join makes its object a member and
-    /// lets go what waited for it.
+    /// The report of a membership record (`join`: the join's number; `None`: a tombstone): an
+    /// acknowledged join makes its object a member and lets go what waited for it.
     async fn settle_membership(
         &mut self,
-        n: u64,
+        join: Option<u64>,
         result: Result<(), DeliveryError>,
     ) -> Result<(), OutboxError> {
-        let Some((uid, known)) = self.joins.remove(&n) else {
+        let Some((n, (uid, known))) = join.and_then(|n| Some((n, self.joins.remove(&n)?))) else {
             if let Err(e) = result {
                 tracing::warn!(stream = %self.stream, error = ?e, "membership tombstone not delivered");
             }
@@ -495,14 +476,17 @@ impl Outbox {
         seq: u64,
         arrived: Instant,
         bytes: usize,
-        a: Announcement,
+        announcement: Announcement,
     ) -> Box<Receipt> {
-        let mut receipt = Receipt::new(self.reports_tx.clone(), seq, arrived, bytes, a);
-        if self.serial > 0 {
-            self.serial -= 1;
-            receipt.alone = true;
-        }
-        Box::new(receipt)
+        let alone = self.serial > 0;
+        self.serial = self.serial.saturating_sub(1);
+        let sent = Sent::Entry {
+            arrived,
+            bytes,
+            announcement,
+            alone,
+        };
+        Receipt::new(self.inbox.clone(), seq, sent)
     }
 
     /// Hands `record` to the producer, retrying while its queue is full. Gives the receipt back
@@ -533,6 +517,16 @@ impl Outbox {
 
     /// Sends the reference standing in for a record too large for Kafka, in its place.
     async fn send_reference(&mut self, receipt: Box<Receipt>) -> Result<(), OutboxError> {
+        let Sent::Entry {
+            bytes,
+            announcement,
+            ..
+        } = &receipt.sent
+        else {
+            return Err(OutboxError::Failed(
+                "a membership record was refused for size".into(),
+            ));
+        };
         let (action, topic) = match (&self.limits.oversize, &self.limits.dead_letter_topic) {
             (OversizePolicy::DeadLetter, Some(dlq)) if *dlq != self.route.topic => {
                 self.m.oversize_dead_letter.inc();
@@ -543,8 +537,8 @@ impl Outbox {
                 ("trim", self.route.topic.clone())
             }
         };
-        let record = envelope::reference(&self.route, &receipt.announcement, receipt.bytes, &topic);
-        tracing::warn!(stream = %self.stream, bytes = receipt.bytes, key = %record.key, action, "event too large for Kafka; sending a reference");
+        let record = envelope::reference(&self.route, announcement, *bytes, &topic);
+        tracing::warn!(stream = %self.stream, bytes, key = %record.key, action, "event too large for Kafka; sending a reference");
         match self.offer(&record, receipt).await? {
             None => Ok(()),
             Some(_) => Err(OutboxError::Failed(
@@ -553,37 +547,42 @@ impl Outbox {
         }
     }
 
-    /// The next delivery report (cancel-safe, for `select!`).
+    /// The next delivery report (cancel-safe, for `select!`). Reports come from the producer
+    /// in batches: one wake-up takes every report ready then, and [`Outbox::ready_report`]
+    /// hands out the rest without waiting.
     pub async fn report(&mut self) -> Report {
-        self.reports_rx
-            .recv()
-            .await
-            .expect("the outbox holds a sender of its own")
+        self.inbox.next(&mut self.ready).await
+    }
+
+    /// A delivery report already taken from the producer, if any: a stream settles every ready
+    /// report in one pass.
+    pub fn ready_report(&mut self) -> Option<Report> {
+        self.ready.pop_front()
     }
 
     /// Applies a delivery report: an acknowledgement advances the checkpoint; a refusal for size
     /// sends a reference instead; a failure is returned.
     pub async fn settle(&mut self, report: Report) -> Result<(), OutboxError> {
         let Report { receipt, result } = report;
-        if receipt.membership {
-            return self.settle_membership(receipt.seq, result).await;
-        }
+        let (arrived, alone) = match &receipt.sent {
+            Sent::Entry { arrived, alone, .. } => (*arrived, *alone),
+            Sent::Join => return self.settle_membership(Some(receipt.seq), result).await,
+            Sent::Unordered => return self.settle_membership(None, result).await,
+        };
         if !self.tracker.is_pending(receipt.seq) {
             // Forgotten by a rewind: its stream replays it anyway.
             return Ok(());
         }
         match result {
             Ok(()) => {
-                self.m
-                    .latency
-                    .observe(receipt.arrived.elapsed().as_secs_f64());
+                self.m.latency.observe(arrived.elapsed().as_secs_f64());
                 self.m.published.inc();
                 let moved = self.tracker.ack(receipt.seq);
                 self.note(moved);
                 Ok(())
             }
             Err(DeliveryError::TooLarge { value: Some(value) })
-                if !receipt.alone && value.len() <= self.limits.max_message_bytes =>
+                if !alone && value.len() <= self.limits.max_message_bytes =>
             {
                 // Its batch was refused: it may be innocent, and newer records of its key may
                 // have been delivered since. Resending it now would put it after them. Instead
@@ -609,7 +608,7 @@ impl Outbox {
             let report = tokio::select! {
                 biased;
                 _ = self.cancel.cancelled() => return Err(OutboxError::Cancelled),
-                r = self.reports_rx.recv() => r.expect("the outbox holds a sender of its own"),
+                r = self.inbox.next(&mut self.ready) => r,
             };
             self.settle(report).await?;
         }
@@ -629,7 +628,7 @@ impl Outbox {
             let report = tokio::select! {
                 biased;
                 _ = self.cancel.cancelled() => return Err(OutboxError::Cancelled),
-                r = self.reports_rx.recv() => r.expect("the outbox holds a sender of its own"),
+                r = self.inbox.next(&mut self.ready) => r,
             };
             self.settle(report).await?;
         }
@@ -691,4 +690,12 @@ fn leaves(change: Option<Change>) -> Option<String> {
 /// A count as a gauge value.
 fn gauge(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// The value size an entry's receipt carries (none for membership records).
+fn bytes(receipt: &Receipt) -> usize {
+    match receipt.sent {
+        Sent::Entry { bytes, .. } => bytes,
+        Sent::Join | Sent::Unordered => 0,
+    }
 }

@@ -5,11 +5,12 @@
 //! can acknowledge out of order, refuse for size, fail and stall, so stream behaviour can be
 //! tested in-process without a broker.
 //!
-//! Sends never wait for their delivery: each record carries a [`Receipt`] (its stream's report
-//! channel, sequence number and announcement), and the producer reports back through it.
+//! Sends never wait for their delivery: each record carries a [`Receipt`] (its stream's
+//! [`Inbox`], its place in the stream's order and what it is), and the producer reports back
+//! through it.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
@@ -19,7 +20,6 @@ use rdkafka::producer::{
     BaseRecord, DeliveryResult, Producer as _, ProducerContext, PurgeConfig, ThreadedProducer,
 };
 use rdkafka::{ClientContext, Message as _};
-use tokio::sync::mpsc;
 
 use crate::config::KafkaConfig;
 use crate::envelope::{Announcement, Record};
@@ -38,48 +38,104 @@ pub enum DeliveryError {
     Failed(String),
 }
 
+/// Where one stream's delivery reports gather. The producer's threads push; the stream takes
+/// every ready report in one pass ([`Inbox::take`]). Only a push into an empty inbox wakes the
+/// stream, so a batch of reports costs one wake-up, not one per record.
+#[derive(Debug, Default)]
+pub struct Inbox {
+    reports: Mutex<Vec<Report>>,
+    ready: tokio::sync::Notify,
+}
+
+impl Inbox {
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    fn push(&self, report: Report) {
+        let was_empty = {
+            let mut reports = self.reports.lock().expect("inbox lock poisoned");
+            reports.push(report);
+            reports.len() == 1
+        };
+        if was_empty {
+            self.ready.notify_one();
+        }
+    }
+
+    /// Waits until at least one report is ready, then moves every ready one to the end of
+    /// `into`. Cancel-safe: nothing is taken unless it returns.
+    pub async fn take(&self, into: &mut VecDeque<Report>) {
+        loop {
+            {
+                let mut reports = self.reports.lock().expect("inbox lock poisoned");
+                if !reports.is_empty() {
+                    into.extend(reports.drain(..));
+                    return;
+                }
+            }
+            self.ready.notified().await;
+        }
+    }
+
+    /// The next report: the first of `ready`, else the first taken from the inbox (moving
+    /// every other ready one to `ready`). Cancel-safe.
+    pub async fn next(&self, ready: &mut VecDeque<Report>) -> Report {
+        loop {
+            if let Some(report) = ready.pop_front() {
+                return report;
+            }
+            self.take(ready).await;
+        }
+    }
+}
+
+/// What a record is, to the outbox that sent it.
+#[derive(Debug)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "receipts travel boxed, and most are entries"
+)]
+pub enum Sent {
+    /// A record in its stream's order (an event, a tombstone, a retraction): it moves the
+    /// checkpoint once acknowledged with everything before it.
+    Entry {
+        /// When the event it announces was read off the watch.
+        arrived: Instant,
+        /// Size of the record's value.
+        bytes: usize,
+        /// What the record announces: enough to send a reference instead.
+        announcement: Announcement,
+        /// Whether the record is being tried on its own after its batch was refused for size.
+        alone: bool,
+    },
+    /// A membership join (see [`crate::membership`]): what announces its object waits for it.
+    Join,
+    /// A record outside the stream's order (a membership tombstone, a topic mark): nothing
+    /// waits for it.
+    Unordered,
+}
+
 /// What travels with a record and comes back in its [`Report`].
 #[derive(Debug)]
 pub struct Receipt {
-    to: mpsc::UnboundedSender<Report>,
-    /// The record's place in its stream's order.
+    to: Arc<Inbox>,
+    /// The record's place in its stream's order ([`Sent::Entry`]) or the join's number
+    /// ([`Sent::Join`]).
     pub seq: u64,
-    /// When the event it announces was read off the watch.
-    pub arrived: Instant,
-    /// Size of the record's value.
-    pub bytes: usize,
-    /// What the record announces: enough to send a reference instead.
-    pub announcement: Announcement,
-    /// Whether the record is being tried on its own after its batch was refused for size.
-    pub alone: bool,
-    /// A membership record (see [`crate::membership`]), not an event: `seq` numbers the joins.
-    pub membership: bool,
+    pub sent: Sent,
 }
 
 impl Receipt {
-    pub fn new(
-        to: mpsc::UnboundedSender<Report>,
-        seq: u64,
-        arrived: Instant,
-        bytes: usize,
-        announcement: Announcement,
-    ) -> Self {
-        Self {
-            to,
-            seq,
-            arrived,
-            bytes,
-            announcement,
-            alone: false,
-            membership: false,
-        }
+    pub fn new(to: Arc<Inbox>, seq: u64, sent: Sent) -> Box<Self> {
+        Box::new(Self { to, seq, sent })
     }
 
     /// Reports the outcome. A stream that stopped meanwhile no longer listens; its replay from
     /// the checkpoint covers the record.
     pub fn report(self: Box<Self>, result: Result<(), DeliveryError>) {
-        let to = self.to.clone();
-        let _ = to.send(Report {
+        let to = Arc::clone(&self.to);
+        to.push(Report {
             receipt: self,
             result,
         });
@@ -302,8 +358,8 @@ const PRODUCER_ONLY: &[&str] = &[
 
 /// Consumer buffers for reading the membership topic, unless kafka.properties sets them.
 const REPLAY_BUFFERS: &[(&str, &str)] = &[
-    ("queued.max.messages.kbytes", "16384"),
-    ("fetch.max.bytes", "8388608"),
+    ("queued.max.messages.kbytes", "8192"),
+    ("fetch.max.bytes", "4194304"),
 ];
 
 /// How long the membership topic may go without a record before its reading is given up.

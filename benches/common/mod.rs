@@ -21,6 +21,9 @@ pub fn identity(i: u64) -> (String, String) {
     (uid, format!("web-{:010x}-{:05x}", a >> 24, b & 0xfffff))
 }
 
+use std::io::Write as _;
+use std::process::Command;
+
 /// A field of `/proc/self/status` in KiB (`VmRSS`, `VmHWM`: the peak).
 pub fn rss_kib(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -37,4 +40,59 @@ pub fn env_or(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// Stops a relay with SIGTERM (it drains and writes its checkpoint) and waits for it.
+pub fn stop(mut relay: KillOnDrop) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &relay.0.id().to_string()])
+        .status();
+    let _ = relay.0.wait();
+}
+
+/// Kills the relay if the benchmark fails half-way.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// utime + stime of a process, in seconds.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 of stat, counted after the command name.
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+pub fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+pub fn scrape(port: u16) -> String {
+    use std::io::Read;
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+pub fn metric(port: u16, series: &str) -> Option<f64> {
+    scrape(port)
+        .lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }

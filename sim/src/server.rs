@@ -463,31 +463,17 @@ fn list(
             }
         }
     };
-    let state = store.state_at(&res.key(), ns, Some(snapshot))?;
+    let (page, more) =
+        store.page_at(&res.key(), ns, Some(snapshot), after.as_ref(), limit, |o| {
+            labels.matches_labels(o) && fields.matches_fields(o)
+        })?;
     drop(store);
-    let ident = |o: &Value| {
-        let md = &o["metadata"];
-        (
-            md["namespace"].as_str().unwrap_or("").to_string(),
-            md["name"].as_str().unwrap_or("").to_string(),
-        )
-    };
-    let mut items = Vec::new();
-    let mut cont = None;
-    for o in state
-        .iter()
-        .filter(|o| after.as_ref().is_none_or(|a| ident(o) > *a))
-    {
-        if !(labels.matches_labels(o) && fields.matches_fields(o)) {
-            continue;
-        }
-        if limit.is_some_and(|l| items.len() == l) {
-            let (ns, name) = ident(items.last().expect("limit > 0"));
-            cont = Some(encode_continue(snapshot, &ns, &name));
-            break;
-        }
-        items.push((**o).clone());
-    }
+    let cont = more.then(|| {
+        let md = &page.last().expect("a page with more after it is not empty")["metadata"];
+        let ns = md["namespace"].as_str().unwrap_or("");
+        encode_continue(snapshot, ns, md["name"].as_str().unwrap_or(""))
+    });
+    let items: Vec<&Value> = page.iter().map(|o| &**o).collect();
     let mut md = json!({ "resourceVersion": snapshot.to_string() });
     if let Some(c) = cont {
         md["continue"] = c.into();

@@ -54,10 +54,8 @@ use std::collections::{HashMap, HashSet};
 
 pub use set::{Key, Members};
 
-use crate::decode::ObjectMeta;
-use crate::envelope::{Announcement, Record};
-use crate::event::EventType;
-use crate::producer::{Producer, Receipt, Refused};
+use crate::envelope::Record;
+use crate::producer::{Inbox, Producer, Receipt, Refused, Sent};
 pub use crate::tracker::Known;
 
 /// The key of the record marking where a reading of the topic ends: a tombstone, which
@@ -142,13 +140,7 @@ pub struct Restored {
     pub foreign: u64,
     /// Records that could not be read (and were skipped).
     pub malformed: u64,
-    /// Records the sets hold now, and held after the last compaction.
-    held: usize,
-    compacted: usize,
 }
-
-/// Records a restore holds before its first compaction, whatever the members.
-const COMPACT_FLOOR: usize = 1 << 16;
 
 impl Restored {
     /// A restore for `owner`; ownerless records of the streams in `legacy_for` are kept for
@@ -163,24 +155,6 @@ impl Restored {
             records: 0,
             foreign: 0,
             malformed: 0,
-            held: 0,
-            compacted: 0,
-        }
-    }
-
-    /// Counts a record held; once the records held outnumber the members left by the last
-    /// compaction by a quarter, every set is compacted (see [`Members::compact_restore`]) and
-    /// given room for a quarter more, so a topic holding history costs memory in proportion to
-    /// its members, not to its records.
-    fn hold_one(&mut self) {
-        self.held += 1;
-        if self.held >= self.compacted + (self.compacted / 4).max(COMPACT_FLOOR) {
-            self.held = 0;
-            for m in self.streams.values_mut().chain(self.legacy.values_mut()) {
-                self.held += m.compact_restore();
-                m.reserve_restore(4);
-            }
-            self.compacted = self.held;
         }
     }
 
@@ -235,7 +209,6 @@ impl Restored {
             None => {
                 if let Some(m) = sets.get_mut(stream) {
                     m.restore_record(uid, None);
-                    self.hold_one();
                 }
             }
             Some(v) => match serde_json::from_slice::<Known>(v) {
@@ -243,7 +216,6 @@ impl Restored {
                     sets.entry(stream.to_string())
                         .or_default()
                         .restore_record(uid, Some(&known));
-                    self.hold_one();
                 }
                 Err(e) => {
                     self.malformed += 1;
@@ -310,17 +282,10 @@ pub async fn send_all(
     records: impl IntoIterator<Item = Record>,
     stop: &tokio_util::sync::CancellationToken,
 ) -> Result<(), String> {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let inbox = Inbox::new();
     let mut sent = 0usize;
     for record in records {
-        let meta = ObjectMeta::default();
-        let mut receipt = Box::new(Receipt::new(
-            tx.clone(),
-            0,
-            std::time::Instant::now(),
-            0,
-            Announcement::change(EventType::Added, meta, false),
-        ));
+        let mut receipt = Receipt::new(inbox.clone(), 0, Sent::Unordered);
         loop {
             match producer.send(&record, receipt) {
                 Ok(()) => break,
@@ -336,16 +301,13 @@ pub async fn send_all(
         }
         sent += 1;
     }
-    drop(tx);
+    let mut ready = std::collections::VecDeque::new();
     for _ in 0..sent {
         let report = tokio::select! {
             _ = stop.cancelled() => return Err("stopped".into()),
-            r = rx.recv() => r,
+            r = inbox.next(&mut ready) => r,
         };
-        match report {
-            Some(r) => r.result.map_err(|e| format!("{e:?}"))?,
-            None => return Err("the producer dropped a report".into()),
-        }
+        report.result.map_err(|e| format!("{e:?}"))?;
     }
     Ok(())
 }

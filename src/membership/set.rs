@@ -25,6 +25,13 @@ pub type Key = [u8; 16];
 /// what is live).
 const RECLAIM_FLOOR: usize = 1 << 20;
 
+/// Records a set appends during a restore before it compacts them, whatever its size.
+const RESTORE_FLOOR: usize = 1024;
+
+/// Arena bytes kept free during a restore for the next entry (a longer one grows the arena as
+/// any vector grows).
+const ENTRY_ROOM: usize = 1024;
+
 /// Entries the hash map may hold before it is merged into the sorted array, whatever its size.
 const DELTA_FLOOR: usize = 4096;
 
@@ -46,6 +53,8 @@ const USUAL_TOPIC: u8 = 16;
 const OWN_KEY: u8 = 32;
 /// The key is the default rendering: `namespace/name`, or `name` without a namespace.
 const DEFAULT_KEY: u8 = 64;
+/// The resourceVersion is a decimal integer (as KEP-5504 makes it), stored as a varint.
+const NUMERIC_RV: u8 = 128;
 
 /// The set of objects a stream announced, by uid.
 #[derive(Default)]
@@ -58,6 +67,8 @@ pub struct Members {
     delta: HashMap<Key, u32, BuildHasherDefault<KeyHasher>>,
     /// `base` holds records in log order, not yet sorted (a restore in progress).
     restoring: bool,
+    /// During a restore: the entries `base` kept at its last compaction.
+    kept: usize,
     arena: Vec<u8>,
     /// Bytes of the arena no entry uses any more.
     garbage: usize,
@@ -163,6 +174,7 @@ impl Members {
     /// may be queried until [`Members::finish_restore`].
     pub fn restore_record(&mut self, uid: &str, known: Option<&Known>) {
         self.restoring = true;
+        self.room_for_record();
         let at = match known {
             Some(known) => self.push_entry(uid, known),
             None => {
@@ -182,29 +194,40 @@ impl Members {
             return;
         }
         self.compact_restored();
+        self.kept = 0;
         self.base.shrink_to_fit();
         self.arena.shrink_to_fit();
     }
 
-    /// During a restore: keeps the latest record of each uid read so far (none for a
-    /// tombstone), sorted, and rewrites the arena within itself; returns the records held now.
-    /// Arena positions follow log order before and after, so records appended later still sort
-    /// after the ones kept: a topic holding history (superseded records, tombstones) is read
-    /// in memory that follows the members, not the records read.
-    pub fn compact_restore(&mut self) -> usize {
-        if self.restoring {
-            self.compact_restored();
+    /// During a restore, before a record is appended to a full index or arena: the set first
+    /// compacts what it read (keeps the latest record of each uid, see
+    /// [`Members::compact_restored`]) once it appended an eighth of what it kept, then grows by
+    /// a sixteenth of what it holds, exactly (a large vector grows in place, its pages
+    /// remapped). So a topic holding history (superseded records, tombstones) is read in
+    /// memory that follows what is live at that point of the log, an eighth and a sixteenth
+    /// over at most and never doubled, not the records read; and compactions cost O(records log members).
+    fn room_for_record(&mut self) {
+        let arena_room = |m: &Self| m.arena.capacity() - m.arena.len();
+        if self.base.len() < self.base.capacity() && arena_room(self) >= ENTRY_ROOM {
+            return;
         }
-        self.base.len()
+        if self.base.len() - self.kept >= (self.kept / 8).max(RESTORE_FLOOR) {
+            self.compact_restored();
+            self.kept = self.base.len();
+        }
+        let step = |len: usize| (len / 16).max(RESTORE_FLOOR);
+        if self.base.len() == self.base.capacity() {
+            self.base.reserve_exact(step(self.base.len()));
+        }
+        if arena_room(self) < ENTRY_ROOM {
+            self.arena
+                .reserve_exact(step(self.arena.len()) + ENTRY_ROOM);
+        }
     }
 
-    /// During a restore: room for `1 / fraction` more of what the set holds now, exactly, so
-    /// the records read until the next compaction need no doubling of the set's memory.
-    pub fn reserve_restore(&mut self, fraction: usize) {
-        self.base.reserve_exact(self.base.len() / fraction);
-        self.arena.reserve_exact(self.arena.len() / fraction);
-    }
-
+    /// Keeps the latest record of each uid read so far (none for a tombstone), sorted, and
+    /// rewrites the arena within itself. Arena positions follow log order before and after, so
+    /// records appended later still sort after the ones kept.
     fn compact_restored(&mut self) {
         // Arena positions follow log order, so the last record of a uid sorts last.
         self.base
@@ -302,6 +325,10 @@ impl Members {
             Some(k) if is_default_key(k, namespace, &known.name) => flags |= DEFAULT_KEY,
             Some(_) => flags |= OWN_KEY,
         }
+        let numeric_rv = numeric(&known.rv);
+        if numeric_rv.is_some() {
+            flags |= NUMERIC_RV;
+        }
         self.arena.push(flags);
         if !canonical {
             push_str(&mut self.arena, uid);
@@ -310,7 +337,18 @@ impl Members {
             push_str(&mut self.arena, namespace.unwrap_or_default());
         }
         push_str(&mut self.arena, &known.name);
-        push_str(&mut self.arena, &known.rv);
+        match numeric_rv {
+            Some(mut n) => loop {
+                let low = (n & 0x7f) as u8;
+                n >>= 7;
+                if n == 0 {
+                    self.arena.push(low);
+                    break;
+                }
+                self.arena.push(low | 0x80);
+            },
+            None => push_str(&mut self.arena, &known.rv),
+        }
         if let (true, Some(t)) = (flags & OWN_TOPIC != 0, known.topic.as_deref()) {
             push_str(&mut self.arena, t);
         }
@@ -338,7 +376,7 @@ impl Members {
             Some(r.str().to_string())
         };
         let name = r.str().to_string();
-        let rv = r.str().to_string();
+        let rv = r.rv(flags);
         let topic = if flags & OWN_TOPIC != 0 {
             Some(r.str().to_string())
         } else if flags & USUAL_TOPIC != 0 {
@@ -395,12 +433,15 @@ impl Members {
 fn entry_len(arena: &[u8], at: usize) -> usize {
     let mut r = Reader { bytes: arena, at };
     let flags = r.byte();
-    let fields = 2
+    let before = 1
         + usize::from(flags & OTHER_UID != 0)
-        + usize::from(flags & (NO_NAMESPACE | USUAL_NAMESPACE) == 0)
-        + usize::from(flags & OWN_TOPIC != 0)
-        + usize::from(flags & OWN_KEY != 0);
-    for _ in 0..fields {
+        + usize::from(flags & (NO_NAMESPACE | USUAL_NAMESPACE) == 0);
+    let after = usize::from(flags & OWN_TOPIC != 0) + usize::from(flags & OWN_KEY != 0);
+    for _ in 0..before {
+        r.str();
+    }
+    r.rv(flags);
+    for _ in 0..after {
         r.str();
     }
     r.at - at
@@ -458,6 +499,29 @@ impl<'a> Reader<'a> {
         std::str::from_utf8(&self.bytes[self.at - len..self.at])
             .expect("the arena holds what was written from strings")
     }
+
+    /// A resourceVersion: a varint under [`NUMERIC_RV`], else a string.
+    fn rv(&mut self, flags: u8) -> String {
+        if flags & NUMERIC_RV == 0 {
+            return self.str().to_string();
+        }
+        let mut n = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte();
+            n |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                break;
+            }
+        }
+        n.to_string()
+    }
+}
+
+/// A resourceVersion as the integer it spells, when it spells one exactly (no sign, no leading
+/// zero), so that it reads back the same.
+fn numeric(rv: &str) -> Option<u64> {
+    let canonical = rv.bytes().all(|b| b.is_ascii_digit()) && (rv == "0" || !rv.starts_with('0'));
+    canonical.then(|| rv.parse().ok()).flatten()
 }
 
 /// The index key of a uid: a canonical UUID's 16 bytes, or a 128-bit hash of anything else.
@@ -557,6 +621,26 @@ mod tests {
         m.insert("b", &known("web-3", Some("other"), "19"));
         let long = "x".repeat(300);
         m.insert("c", &known(&long, Some("shop"), "20"));
+        // resourceVersions that are not canonical integers are kept as they are.
+        let odd = [
+            "0",
+            "007",
+            "+5",
+            "abc",
+            "",
+            "18446744073709551615",
+            "18446744073709551616",
+        ];
+        for (i, rv) in odd.iter().enumerate() {
+            m.insert(&format!("rv-{i}"), &known("r", Some("shop"), rv));
+        }
+        for (i, rv) in odd.iter().enumerate() {
+            assert_eq!(
+                m.get(&format!("rv-{i}")),
+                Some(known("r", Some("shop"), rv))
+            );
+            assert!(m.remove(&format!("rv-{i}")));
+        }
         assert_eq!(m.get("c").unwrap().name, long);
         assert!(m.remove("c"));
         assert_eq!(m.len(), 4);
@@ -626,7 +710,8 @@ mod tests {
         for i in 0..300_000 {
             let u = uid(next(9_000));
             if i % 50_000 == 0 {
-                assert!(m.compact_restore() <= 9_000);
+                // What the restore holds follows the members (9,000 at most), not the records.
+                assert!(m.base.capacity() <= 16_000, "{}", m.base.capacity());
             }
             if next(4) == 0 {
                 m.restore_record(&u, None);

@@ -36,8 +36,13 @@ impl Stream {
                 biased;
                 _ = self.cancel.cancelled() => return Err(Stop::Cancelled),
                 report = self.outbox.report() => {
-                    if let Err(e) = self.outbox.settle(report).await {
-                        return Err(self.outbox_stop(e));
+                    // Every report taken with it is settled in the same pass.
+                    let mut next = Some(report);
+                    while let Some(report) = next {
+                        if let Err(e) = self.outbox.settle(report).await {
+                            return Err(self.outbox_stop(e));
+                        }
+                        next = self.outbox.ready_report();
                     }
                     // Idle time counts only while the stream reads: not while Kafka holds it.
                     if !room {
