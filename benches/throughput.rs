@@ -346,6 +346,15 @@ fn main() {
     println!(
         "publish latency at {achieved:.0} events/s (target {rate:.0}): p50 {p50:.2} ms, p99 {p99:.2} ms (watch arrival to Kafka ack)"
     );
+    // One machine-readable line: the ratios, each side's median of the same rounds.
+    println!(
+        "bench: cpu_vs_bare={:.2} eps_vs_passthrough={:.2} eps_vs_bare={:.2} p99_ms={:.0} rss_mib={:.0}",
+        rel.cpu_us / base.cpu_us,
+        rel.rate / pass.rate,
+        rel.rate / base.rate,
+        p99,
+        peak_rss as f64 / 1024.0
+    );
 }
 
 /// Microseconds per line to decode the pre-generated watch lines (the relay's decode, trimming

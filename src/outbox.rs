@@ -699,3 +699,6 @@ fn bytes(receipt: &Receipt) -> usize {
         Sent::Join | Sent::Unordered => 0,
     }
 }
+
+#[cfg(test)]
+mod tests;
