@@ -509,6 +509,87 @@ mod tests {
         }
     }
 
+    /// Every byte of a record: its topic, key, value and headers in order, as one string.
+    fn golden(rec: &Record) -> String {
+        let mut out = format!(
+            "{} {} {}\n",
+            rec.topic,
+            rec.key,
+            String::from_utf8_lossy(&rec.value)
+        );
+        for (name, value) in rec.headers.iter() {
+            out.push_str(&format!("{name}={value}\n"));
+        }
+        out
+    }
+
+    #[test]
+    fn records_are_byte_for_byte_what_they_were() {
+        let ev = decode_line(LINE.as_bytes(), trim()).unwrap();
+        let fixed = |mut a: Announcement| {
+            a.observed_at = "2026-11-25T10:00:00.000Z".into();
+            a
+        };
+        let a = fixed(Announcement::change(ev.event_type, ev.meta.clone(), false));
+        let inferred = fixed(Announcement::inferred_delete(ev.meta.clone(), "77"));
+        let got = [
+            golden(&record(&route(), &a, &ev.object, Vec::new())),
+            golden(&record_of_value(&route(), &inferred, b"{}".to_vec())),
+            golden(&reference(&route(), &a, 5_000_000, "prod.dlq")),
+            golden(&tombstone(&route(), &a)),
+        ]
+        .join("--\n");
+        assert_eq!(got, GOLDEN);
+    }
+
+    const GOLDEN: &str = r#"prod.pods shop/web-1 {"type":"MODIFIED","object":{"kind":"Pod","apiVersion":"v1","metadata":{"name":"web-1","namespace":"shop","uid":"u-1","resourceVersion":"42","labels":{"app":"web"}},"spec":{"containers":[{"name":"c","image":"nginx:1.27"}]},"status":{"phase":"Running"}},"watchrelay":{"id":"u-1/42","channel":"/api/v1/namespaces/{namespace}/pods","operationId":"watchNamespacedPods","message":"WatchEvent","cluster":"prod","namespace":"shop","resourceVersion":"42","observedAt":"2026-11-25T10:00:00.000Z","resync":false,"synthetic":false}}
+ce_specversion=1.0
+ce_id=u-1/42
+ce_source=/clusters/prod/api/v1/namespaces/shop/pods
+ce_type=io.watchrelay.WatchEvent.MODIFIED
+ce_time=2026-11-25T10:00:00.000Z
+content-type=application/json
+ce_dataschema=urn:watchrelay:prod:asyncapi#/components/schemas/pods
+ce_partitionkey=shop/web-1
+ce_resourceversion=42
+ce_operationid=watchNamespacedPods
+ce_cluster=prod
+ce_subject=shop/web-1
+--
+prod.pods shop/web-1 {}
+ce_specversion=1.0
+ce_id=u-1/deleted
+ce_source=/clusters/prod/api/v1/namespaces/shop/pods
+ce_type=io.watchrelay.WatchEvent.DELETED
+ce_time=2026-11-25T10:00:00.000Z
+content-type=application/json
+ce_dataschema=urn:watchrelay:prod:asyncapi#/components/schemas/pods
+ce_partitionkey=shop/web-1
+ce_resourceversion=77
+ce_operationid=watchNamespacedPods
+ce_cluster=prod
+ce_subject=shop/web-1
+ce_resync=true
+ce_synthetic=true
+--
+prod.dlq shop/web-1 {"type":"MODIFIED","object":{"apiVersion":"v1","kind":"Pod","metadata":{"name":"web-1","namespace":"shop","uid":"u-1","resourceVersion":"42"}},"watchrelay":{"id":"u-1/42","channel":"/api/v1/namespaces/{namespace}/pods","operationId":"watchNamespacedPods","message":"WatchEvent","cluster":"prod","namespace":"shop","resourceVersion":"42","observedAt":"2026-11-25T10:00:00.000Z","resync":false,"synthetic":false,"truncatedBytes":5000000}}
+ce_specversion=1.0
+ce_id=u-1/42
+ce_source=/clusters/prod/api/v1/namespaces/shop/pods
+ce_type=io.watchrelay.WatchEvent.MODIFIED
+ce_time=2026-11-25T10:00:00.000Z
+content-type=application/json
+ce_dataschema=urn:watchrelay:prod:asyncapi#/components/schemas/pods
+ce_partitionkey=shop/web-1
+ce_resourceversion=42
+ce_operationid=watchNamespacedPods
+ce_cluster=prod
+ce_subject=shop/web-1
+ce_truncatedbytes=5000000
+--
+prod.pods shop/web-1 
+"#;
+
     #[test]
     fn a_record_is_the_envelope_keyed_by_object_with_cloudevents_headers() {
         let ev = decode_line(LINE.as_bytes(), trim()).unwrap();
