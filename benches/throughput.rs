@@ -588,7 +588,7 @@ fn baseline(bootstrap: &str, topic: &str, input: &Path, warmup: usize) {
                 let headers = rec.headers.iter().fold(OwnedHeaders::new(), |h, (k, v)| {
                     h.insert(Header {
                         key: k,
-                        value: Some(v.as_str()),
+                        value: Some(v),
                     })
                 });
                 (key.to_string(), value, headers)

@@ -397,10 +397,10 @@ impl Kafka {
 impl Producer for Kafka {
     fn send(&self, rec: &Record, receipt: Box<Receipt>) -> Result<(), Refused> {
         let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len());
-        for (k, v) in &rec.headers {
+        for (key, value) in rec.headers.iter() {
             headers = headers.insert(Header {
-                key: k,
-                value: Some(v.as_str()),
+                key,
+                value: Some(value),
             });
         }
         let mut record = BaseRecord::<[u8], [u8], _>::with_opaque_to(&rec.topic, receipt)

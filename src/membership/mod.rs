@@ -105,7 +105,7 @@ pub fn record(
         value: known
             .map(|k| serde_json::to_vec(k).expect("plain strings serialize"))
             .unwrap_or_default(),
-        headers: Vec::new(),
+        headers: Default::default(),
         tombstone: known.is_none(),
     }
 }
@@ -118,7 +118,7 @@ pub fn mark_record(topic: &str, owner: &Owner, id: &str) -> Record {
         topic: topic.to_string(),
         key: format!("{owner}/{MARK}/topic"),
         value: serde_json::to_vec(&serde_json::json!({ "id": id })).expect("a string serializes"),
-        headers: Vec::new(),
+        headers: Default::default(),
         tombstone: false,
     }
 }

@@ -161,7 +161,7 @@ impl Retire<'_> {
                     if channel.is_some_and(|c| c.tombstones) {
                         tombstones.push(envelope::Record {
                             value: Vec::new(),
-                            headers: Vec::new(),
+                            headers: Default::default(),
                             tombstone: true,
                             ..delete.clone()
                         });
