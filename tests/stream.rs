@@ -702,19 +702,6 @@ async fn a_position_ahead_of_the_server_leads_to_a_relist_not_endless_retries() 
         .unwrap();
     let producer = Arc::new(Memory::new());
     let relay = start(&bed, config(&bed, ""), &producer);
-    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-    eprintln!(
-        "DEBUG {}",
-        String::from_utf8_lossy(&relay.metrics.render())
-            .lines()
-            .filter(|l| !l.starts_with('#')
-                && (l.contains("errors")
-                    || l.contains("restarts")
-                    || l.contains("resync")
-                    || l.contains("up")))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
     relay.wait_counter("resyncs_total", STREAM, 1).await;
     wait_covered(&bed).await;
     relay.stop().await;
