@@ -1,0 +1,202 @@
+//! The idempotent librdkafka producer every stream shares, and its configuration.
+
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{
+    BaseRecord, DeliveryResult, Producer as _, ProducerContext, PurgeConfig, ThreadedProducer,
+};
+use rdkafka::{ClientContext, Message as _};
+
+use super::{
+    replay, topics, Apply, DeliveryError, Producer, Receipt, Refused, TopicError, TopicState,
+};
+use crate::config::KafkaConfig;
+use crate::envelope::Record;
+
+/// librdkafka's context: turns its delivery callback into a [`Report`].
+pub struct Reporting;
+
+impl ClientContext for Reporting {}
+
+impl ProducerContext for Reporting {
+    type DeliveryOpaque = Box<Receipt>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, receipt: Box<Receipt>) {
+        receipt.report(match result {
+            Ok(_) => Ok(()),
+            Err((e, msg)) if is_too_large(e) => Err(DeliveryError::TooLarge {
+                value: msg.payload().map(<[u8]>::to_vec),
+            }),
+            Err((e, _)) => Err(DeliveryError::Failed(e.to_string())),
+        });
+    }
+}
+
+fn is_too_large(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::MessageBatchTooLarge)
+    )
+}
+
+/// Whether the Kafka client knows `key` and accepts `value` for it, offline. The error names
+/// what is wrong and never contains the value (it may be a secret from the environment).
+pub fn check_property(key: &str, value: &str) -> Result<(), String> {
+    let mut c = ClientConfig::new();
+    c.set(key, value);
+    match c.create_native_config() {
+        Ok(_) => Ok(()),
+        Err(KafkaError::ClientConfig(_, message, _, _)) => Err(redact(&message, value)),
+        Err(e) => Err(redact(&e.to_string(), value)),
+    }
+}
+
+/// `message` with every occurrence of `secret` masked.
+fn redact(message: &str, secret: &str) -> String {
+    if secret.is_empty() {
+        message.to_string()
+    } else {
+        message.replace(secret, "<redacted>")
+    }
+}
+
+/// The producer settings the relay relies on; `kafka.properties` may override any of them.
+pub fn client_config(cfg: &KafkaConfig) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &cfg.bootstrap_servers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("compression.type", "lz4")
+        .set("linger.ms", "5")
+        // A record is retried until delivered; outages become backpressure, not loss. Shutdown
+        // bounds the wait separately with shutdownTimeoutSeconds.
+        .set("message.timeout.ms", "0")
+        .set("queue.buffering.max.messages", "200000")
+        .set("queue.buffering.max.kbytes", "262144")
+        .set("client.id", "watchrelay");
+    for (k, v) in &cfg.properties {
+        c.set(k, v);
+    }
+    c
+}
+
+/// The idempotent Kafka producer every stream of a process shares.
+pub struct Kafka {
+    producer: ThreadedProducer<Reporting>,
+    /// The connection settings (`bootstrap.servers`, security), for the admin client and the
+    /// consumer reading the membership topic.
+    connection: ClientConfig,
+}
+
+/// Producer-only settings left out of the admin and consumer clients.
+const PRODUCER_ONLY: &[&str] = &[
+    "enable.idempotence",
+    "acks",
+    "request.required.acks",
+    "compression.type",
+    "compression.codec",
+    "linger.ms",
+    "queue.buffering.max.ms",
+    "message.timeout.ms",
+    "delivery.timeout.ms",
+    "queue.buffering.max.messages",
+    "queue.buffering.max.kbytes",
+    "max.in.flight.requests.per.connection",
+    "max.in.flight",
+    "message.send.max.retries",
+    "retries",
+    "batch.num.messages",
+    "batch.size",
+    "partitioner",
+];
+
+impl Kafka {
+    /// A producer with `cfg`. The error never contains a property's value.
+    pub fn new(cfg: &KafkaConfig) -> Result<Self, String> {
+        Self::create(cfg).map_err(|e| match e {
+            KafkaError::ClientConfig(_, message, key, value) => {
+                format!("kafka property {key}: {}", redact(&message, &value))
+            }
+            e => cfg
+                .properties
+                .values()
+                .fold(e.to_string(), |m, v| redact(&m, v)),
+        })
+    }
+
+    fn create(cfg: &KafkaConfig) -> Result<Self, KafkaError> {
+        let all = client_config(cfg);
+        let mut connection = ClientConfig::new();
+        for (k, v) in all.config_map() {
+            if !PRODUCER_ONLY.contains(&k) {
+                connection.set(k, v);
+            }
+        }
+        Ok(Self {
+            producer: all.create_with_context(Reporting)?,
+            connection,
+        })
+    }
+}
+
+impl Producer for Kafka {
+    fn send(&self, rec: &Record, receipt: Box<Receipt>) -> Result<(), Refused> {
+        let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len());
+        for (key, value) in rec.headers.iter() {
+            headers = headers.insert(Header {
+                key,
+                value: Some(value),
+            });
+        }
+        let mut record = BaseRecord::<[u8], [u8], _>::with_opaque_to(&rec.topic, receipt)
+            .key(rec.key.as_bytes())
+            .headers(headers);
+        if !rec.tombstone {
+            record = record.payload(&rec.value);
+        }
+        match self.producer.send(record) {
+            Ok(()) => Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                Err(Refused::Full(back.delivery_opaque))
+            }
+            Err((e, back)) if is_too_large(&e) => Err(Refused::TooLarge(back.delivery_opaque)),
+            Err((e, _)) => Err(Refused::Failed(e.to_string())),
+        }
+    }
+
+    fn flush(&self, timeout: Duration) -> Result<(), String> {
+        self.producer.flush(timeout).map_err(|e| e.to_string())
+    }
+
+    fn purge(&self) {
+        self.producer.purge(PurgeConfig::default().queue());
+    }
+
+    fn fatal(&self) -> Option<String> {
+        self.producer
+            .client()
+            .fatal_error()
+            .map(|(code, reason)| format!("{code:?}: {reason}"))
+    }
+
+    fn ensure_compacted(
+        &self,
+        topic: &str,
+        partitions: i32,
+        replication: Option<i32>,
+    ) -> Result<TopicState, TopicError> {
+        topics::ensure_compacted(&self.connection, topic, partitions, replication)
+    }
+
+    fn replay(
+        &self,
+        topic: &str,
+        apply: &mut Apply<'_>,
+        stopped: &(dyn Fn() -> bool + Sync),
+    ) -> Result<(), TopicError> {
+        replay::replay(&self.connection, topic, apply, stopped)
+    }
+}

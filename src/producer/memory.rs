@@ -1,0 +1,259 @@
+//! A producer in memory, for tests.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::{Apply, DeliveryError, Producer, Receipt, Refused, TopicError, TopicState};
+use crate::envelope::Record;
+
+/// In what order [`Memory::release`] acknowledges the records it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    Sent,
+    Reversed,
+    /// A permutation drawn from the seed.
+    Shuffled(u64),
+}
+
+/// A producer in memory, for tests: what it delivered is in [`Memory::log`], in the order it was
+/// sent (a partition's order), whatever the order of acknowledgements.
+///
+/// By default every record is acknowledged as it is sent. [`Memory::hold`] keeps records
+/// unacknowledged until [`Memory::release`] (a stall, or out-of-order acknowledgements);
+/// [`Memory::refuse_larger_than`] refuses records for size, at send or in the report;
+/// [`Memory::fail_next`] fails deliveries; [`Memory::capacity`] bounds what it holds, past
+/// which sends are refused as [`Refused::Full`].
+#[derive(Default)]
+pub struct Memory {
+    state: Mutex<MemoryState>,
+}
+
+#[derive(Default)]
+struct MemoryState {
+    /// Delivered records and their place in the send order.
+    log: Vec<(u64, Record)>,
+    sent: u64,
+    held: VecDeque<(u64, Record, Box<Receipt>)>,
+    hold: bool,
+    capacity: Option<usize>,
+    too_large: Option<(usize, bool)>,
+    /// Releases holding a record larger than this fail whole, as a broker refuses a batch.
+    batch_limit: Option<usize>,
+    fail_next: usize,
+    fatal: Option<String>,
+    /// What `ensure_compacted` reports of each topic (created compacted when first asked).
+    topics: std::collections::HashMap<String, TopicState>,
+    /// What `ensure_compacted` fails with, when set.
+    topic_error: Option<TopicError>,
+    /// A pause before each record a replay hands over: a slow read.
+    replay_pause: Option<Duration>,
+}
+
+impl Memory {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, MemoryState> {
+        self.state.lock().expect("memory producer lock poisoned")
+    }
+
+    /// Every record delivered so far, in the order it was sent.
+    pub fn log(&self) -> Vec<Record> {
+        let mut log = self.state().log.clone();
+        log.sort_by_key(|(n, _)| *n);
+        log.into_iter().map(|(_, r)| r).collect()
+    }
+
+    /// Holds records unacknowledged (`true`) or acknowledges them as they come (`false`).
+    pub fn hold(&self, hold: bool) {
+        self.state().hold = hold;
+    }
+
+    /// Records held, not yet acknowledged.
+    pub fn held(&self) -> usize {
+        self.state().held.len()
+    }
+
+    /// Refuses sends while `n` records are held.
+    pub fn capacity(&self, n: usize) {
+        self.state().capacity = Some(n);
+    }
+
+    /// Refuses records whose value exceeds `bytes`: at send, or (`in_report`) in the delivery
+    /// report, as a broker does.
+    pub fn refuse_larger_than(&self, bytes: usize, in_report: bool) {
+        self.state().too_large = Some((bytes, in_report));
+    }
+
+    /// Fails every record of a [`Memory::release`] that holds a record larger than `bytes`
+    /// for its size, as a broker refuses a whole batch; records sent on their own are judged
+    /// on their own.
+    pub fn refuse_batches_with_larger_than(&self, bytes: usize) {
+        self.state().batch_limit = Some(bytes);
+    }
+
+    /// Fails the next `n` deliveries.
+    pub fn fail_next(&self, n: usize) {
+        self.state().fail_next = n;
+    }
+
+    /// Sets what the broker reports of `topic`.
+    pub fn set_topic(&self, topic: &str, state: TopicState) {
+        self.state().topics.insert(topic.to_string(), state);
+    }
+
+    /// Fails every `ensure_compacted` with `error` (`None`: stops failing).
+    pub fn fail_topics(&self, error: Option<TopicError>) {
+        self.state().topic_error = error;
+    }
+
+    /// Pauses before each record a replay hands over.
+    pub fn slow_replay(&self, pause: Duration) {
+        self.state().replay_pause = Some(pause);
+    }
+
+    /// Fails fatally, as an idempotent producer whose sequence broke.
+    pub fn fail_fatally(&self, reason: &str) {
+        self.state().fatal = Some(reason.to_string());
+    }
+
+    /// Acknowledges every held record, in `order`.
+    pub fn release(&self, order: Order) {
+        self.release_first(usize::MAX, order);
+    }
+
+    /// Acknowledges the first `n` held records (in the order they were sent: what Kafka had
+    /// written when the sender died), in `order`.
+    pub fn release_first(&self, n: usize, order: Order) {
+        let mut held: Vec<_> = {
+            let mut s = self.state();
+            let n = n.min(s.held.len());
+            s.held.drain(..n).collect()
+        };
+        match order {
+            Order::Sent => {}
+            Order::Reversed => held.reverse(),
+            Order::Shuffled(mut seed) => {
+                for i in (1..held.len()).rev() {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    held.swap(i, (seed % (i as u64 + 1)) as usize);
+                }
+            }
+        }
+        let batch_limit = self.state().batch_limit;
+        let refused = held.len() > 1
+            && batch_limit.is_some_and(|max| held.iter().any(|(_, r, _)| r.value.len() > max));
+        for (n, record, receipt) in held {
+            if refused {
+                let value = Some(record.value);
+                receipt.report(Err(DeliveryError::TooLarge { value }));
+            } else {
+                self.settle(n, record, receipt);
+            }
+        }
+    }
+
+    fn settle(&self, n: u64, record: Record, receipt: Box<Receipt>) {
+        let result = {
+            let mut s = self.state();
+            if s.fail_next > 0 {
+                s.fail_next -= 1;
+                Err(DeliveryError::Failed("injected delivery failure".into()))
+            } else if s
+                .too_large
+                .is_some_and(|(max, late)| late && record.value.len() > max)
+                || s.batch_limit.is_some_and(|max| record.value.len() > max)
+            {
+                Err(DeliveryError::TooLarge {
+                    value: Some(record.value.clone()),
+                })
+            } else {
+                s.log.push((n, record));
+                Ok(())
+            }
+        };
+        receipt.report(result);
+    }
+}
+
+impl Producer for Memory {
+    fn send(&self, record: &Record, receipt: Box<Receipt>) -> Result<(), Refused> {
+        let (hold, n) = {
+            let mut s = self.state();
+            if s.too_large
+                .is_some_and(|(max, late)| !late && record.value.len() > max)
+            {
+                return Err(Refused::TooLarge(receipt));
+            }
+            if s.capacity.is_some_and(|c| s.held.len() >= c) {
+                return Err(Refused::Full(receipt));
+            }
+            s.sent += 1;
+            (s.hold, s.sent)
+        };
+        if hold {
+            self.state().held.push_back((n, record.clone(), receipt));
+        } else {
+            self.settle(n, record.clone(), receipt);
+        }
+        Ok(())
+    }
+
+    fn flush(&self, _timeout: Duration) -> Result<(), String> {
+        match self.held() {
+            0 => Ok(()),
+            n => Err(format!("{n} records held")),
+        }
+    }
+
+    fn ensure_compacted(
+        &self,
+        topic: &str,
+        partitions: i32,
+        _replication: Option<i32>,
+    ) -> Result<TopicState, TopicError> {
+        let mut s = self.state();
+        if let Some(e) = &s.topic_error {
+            return Err(e.clone());
+        }
+        let partitions = usize::try_from(partitions).unwrap_or(1);
+        Ok(s.topics
+            .entry(topic.to_string())
+            .or_insert_with(|| TopicState::compacted(partitions))
+            .clone())
+    }
+
+    fn replay(
+        &self,
+        topic: &str,
+        apply: &mut Apply<'_>,
+        stopped: &(dyn Fn() -> bool + Sync),
+    ) -> Result<(), TopicError> {
+        let pause = self.state().replay_pause;
+        for r in self.log().iter().filter(|r| r.topic == topic) {
+            if stopped() {
+                return Err(TopicError::Stopped);
+            }
+            if let Some(pause) = pause {
+                std::thread::sleep(pause);
+            }
+            apply(r.key.as_bytes(), (!r.tombstone).then_some(&r.value[..]));
+        }
+        Ok(())
+    }
+
+    fn purge(&self) {
+        let held: Vec<_> = self.state().held.drain(..).collect();
+        for (_, _, receipt) in held {
+            receipt.report(Err(DeliveryError::Failed("purged from the queue".into())));
+        }
+    }
+
+    fn fatal(&self) -> Option<String> {
+        self.state().fatal.clone()
+    }
+}

@@ -1,0 +1,291 @@
+//! Producers: where the outbox hands its records, and how their delivery reports come back.
+//!
+//! [`Producer`] is the small seam under the [`Outbox`](crate::outbox::Outbox): [`Kafka`] is the
+//! idempotent librdkafka producer every stream shares; [`Memory`] keeps records in memory and
+//! can acknowledge out of order, refuse for size, fail and stall, so stream behaviour can be
+//! tested in-process without a broker.
+//!
+//! Sends never wait for their delivery: each record carries a [`Receipt`] (its stream's
+//! [`Inbox`], its place in the stream's order and what it is), and the producer reports back
+//! through it.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+
+use crate::envelope::{Announcement, Record};
+
+mod kafka;
+mod memory;
+mod replay;
+mod topics;
+
+pub use kafka::{check_property, client_config, Kafka, Reporting};
+pub use memory::{Memory, Order};
+
+/// The `kind` labels of delivery errors.
+pub const ERROR_KINDS: [&str; 2] = ["enqueue", "delivery"];
+
+/// Why a record was not delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeliveryError {
+    /// The broker refused the record's batch for its size (or librdkafka the record itself).
+    /// Carries the record's value, so the record can be tried on its own before it is taken
+    /// for too large: one oversize record fails every record batched with it.
+    TooLarge { value: Option<Vec<u8>> },
+    /// Anything else the producer gave up on after its own retries.
+    Failed(String),
+}
+
+/// Where one stream's delivery reports gather. The producer's threads push; the stream takes
+/// every ready report in one pass ([`Inbox::take`]). Only a push into an empty inbox wakes the
+/// stream, so a batch of reports costs one wake-up, not one per record.
+#[derive(Debug, Default)]
+pub struct Inbox {
+    reports: Mutex<Vec<Report>>,
+    ready: tokio::sync::Notify,
+}
+
+impl Inbox {
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    fn push(&self, report: Report) {
+        let was_empty = {
+            let mut reports = self.reports.lock().expect("inbox lock poisoned");
+            reports.push(report);
+            reports.len() == 1
+        };
+        if was_empty {
+            self.ready.notify_one();
+        }
+    }
+
+    /// Waits until at least one report is ready, then moves every ready one to the end of
+    /// `into`. Cancel-safe: nothing is taken unless it returns.
+    pub async fn take(&self, into: &mut VecDeque<Report>) {
+        loop {
+            {
+                let mut reports = self.reports.lock().expect("inbox lock poisoned");
+                if !reports.is_empty() {
+                    into.extend(reports.drain(..));
+                    return;
+                }
+            }
+            self.ready.notified().await;
+        }
+    }
+
+    /// The next report: the first of `ready`, else the first taken from the inbox (moving
+    /// every other ready one to `ready`). Cancel-safe.
+    pub async fn next(&self, ready: &mut VecDeque<Report>) -> Report {
+        loop {
+            if let Some(report) = ready.pop_front() {
+                return report;
+            }
+            self.take(ready).await;
+        }
+    }
+}
+
+/// What a record is, to the outbox that sent it.
+#[derive(Debug)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "receipts travel boxed, and most are entries"
+)]
+pub enum Sent {
+    /// A record in its stream's order (an event, a tombstone, a retraction): it moves the
+    /// checkpoint once acknowledged with everything before it.
+    Entry {
+        /// When the event it announces was read off the watch.
+        arrived: Instant,
+        /// Size of the record's value.
+        bytes: usize,
+        /// What the record announces: enough to send a reference instead.
+        announcement: Announcement,
+        /// Whether the record is being tried on its own after its batch was refused for size.
+        alone: bool,
+    },
+    /// A membership join (see [`crate::membership`]): what announces its object waits for it.
+    Join,
+    /// A record outside the stream's order (a membership tombstone, a topic mark): nothing
+    /// waits for it.
+    Unordered,
+}
+
+/// What travels with a record and comes back in its [`Report`].
+#[derive(Debug)]
+pub struct Receipt {
+    to: Arc<Inbox>,
+    /// The record's place in its stream's order ([`Sent::Entry`]) or the join's number
+    /// ([`Sent::Join`]).
+    pub seq: u64,
+    pub sent: Sent,
+}
+
+impl Receipt {
+    pub fn new(to: Arc<Inbox>, seq: u64, sent: Sent) -> Box<Self> {
+        Box::new(Self { to, seq, sent })
+    }
+
+    /// Reports the outcome. A stream that stopped meanwhile no longer listens; its replay from
+    /// the checkpoint covers the record.
+    pub fn report(self: Box<Self>, result: Result<(), DeliveryError>) {
+        let to = Arc::clone(&self.to);
+        to.push(Report {
+            receipt: self,
+            result,
+        });
+    }
+}
+
+/// The delivery report of one record.
+#[derive(Debug)]
+pub struct Report {
+    pub receipt: Box<Receipt>,
+    pub result: Result<(), DeliveryError>,
+}
+
+/// Why a producer did not take a record.
+#[derive(Debug)]
+pub enum Refused {
+    /// Its queue is full: try again shortly (backpressure).
+    Full(Box<Receipt>),
+    /// Refused at once for its size.
+    TooLarge(Box<Receipt>),
+    /// Anything else.
+    Failed(String),
+}
+
+/// What reading a topic hands each record to: its key, and its value (`None` for a tombstone).
+pub type Apply<'a> = dyn FnMut(&[u8], Option<&[u8]>) + 'a;
+
+/// Takes records and reports each one's delivery through its receipt.
+pub trait Producer: Send + Sync {
+    /// Hands `record` over; its report arrives later through `receipt`.
+    fn send(&self, record: &Record, receipt: Box<Receipt>) -> Result<(), Refused>;
+
+    /// Waits up to `timeout` for every record handed over to be reported.
+    fn flush(&self, timeout: Duration) -> Result<(), String>;
+
+    /// Drops every record not yet sent to a broker (their reports say so): a deposed leader's
+    /// queue must not land after the new leader's records.
+    fn purge(&self) {}
+
+    /// A fatal error: the producer can deliver nothing more (the idempotent producer's
+    /// sequence broke, say). Only a new process recovers.
+    fn fatal(&self) -> Option<String> {
+        None
+    }
+
+    /// Creates `topic` compacted (`cleanup.policy=compact`) unless it exists, and says what the
+    /// broker reports of it. Blocks.
+    fn ensure_compacted(
+        &self,
+        _topic: &str,
+        _partitions: i32,
+        _replication: Option<i32>,
+    ) -> Result<TopicState, TopicError> {
+        Ok(TopicState::compacted(1))
+    }
+
+    /// Reads `topic` from its beginning to its end as of the call, handing each record's key
+    /// and value (`None` for a tombstone) to `apply`, in partition order, until `stopped` says
+    /// to give up. Blocks.
+    fn replay(
+        &self,
+        _topic: &str,
+        _apply: &mut Apply<'_>,
+        _stopped: &(dyn Fn() -> bool + Sync),
+    ) -> Result<(), TopicError> {
+        Ok(())
+    }
+}
+
+/// What the broker reports of a topic the relay keeps its state in.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TopicState {
+    pub partitions: usize,
+    /// The topic's configuration entries, as the broker describes them.
+    pub configs: BTreeMap<String, String>,
+    /// Whether this call created it.
+    pub created: bool,
+}
+
+impl TopicState {
+    /// A compacted topic of `partitions`, as the relay creates it.
+    pub fn compacted(partitions: usize) -> Self {
+        Self {
+            partitions,
+            configs: BTreeMap::from([("cleanup.policy".to_string(), "compact".to_string())]),
+            created: false,
+        }
+    }
+}
+
+/// Why a topic could not be created, described or read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TopicError {
+    /// The broker refused for lack of permission: retrying does not help until an ACL changes.
+    #[error("not authorized: {0}")]
+    Unauthorized(String),
+    #[error("stopped")]
+    Stopped,
+    #[error("{0}")]
+    Other(String),
+}
+
+impl TopicError {
+    fn of(code: RDKafkaErrorCode, what: String) -> Self {
+        match code {
+            RDKafkaErrorCode::TopicAuthorizationFailed
+            | RDKafkaErrorCode::ClusterAuthorizationFailed
+            | RDKafkaErrorCode::GroupAuthorizationFailed
+            | RDKafkaErrorCode::SaslAuthenticationFailed => {
+                Self::Unauthorized(format!("{what}: {code}"))
+            }
+            _ => Self::Other(format!("{what}: {code}")),
+        }
+    }
+
+    fn kafka(e: KafkaError, what: &str) -> Self {
+        match e.rdkafka_error_code() {
+            Some(code) => Self::of(code, what.to_string()),
+            None => Self::Other(format!("{what}: {e}")),
+        }
+    }
+}
+
+/// Envelopes as JSON lines on standard output, acknowledged as written: `run --dry-run`.
+///
+/// A closed standard output (the reader went away, as with `| head`) ends the process quietly,
+/// as command-line tools do.
+#[derive(Default)]
+pub struct Stdout;
+
+impl Producer for Stdout {
+    fn send(&self, record: &Record, receipt: Box<Receipt>) -> Result<(), Refused> {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let written = out
+            .write_all(&record.value)
+            .and_then(|()| out.write_all(b"\n"));
+        match written {
+            Ok(()) => {
+                receipt.report(Ok(()));
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+            Err(e) => Err(Refused::Failed(format!("writing to standard output: {e}"))),
+        }
+    }
+
+    fn flush(&self, _timeout: Duration) -> Result<(), String> {
+        use std::io::Write;
+        std::io::stdout().flush().map_err(|e| e.to_string())
+    }
+}
