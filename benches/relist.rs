@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::{env_or, metric, peak_rss_kib, stop, KillOnDrop};
+use common::{env_or, metric, peak_rss_kib, start_sim, stop, KillOnDrop};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -34,19 +34,11 @@ fn main() {
     let changed = env_or("BENCH_CHANGED", 20);
     let bootstrap = std::env::var("KAFKA_BOOTSTRAP_SERVERS")
         .expect("KAFKA_BOOTSTRAP_SERVERS is not set: run scripts/bench.sh relist");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("sim")
-        .enable_all()
-        .build()
-        .unwrap();
-    let sim = rt
-        .block_on(Sim::start(SimConfig {
-            history_limit: 100_000,
-            journal_limit: Some(1_000),
-            ..Default::default()
-        }))
-        .expect("simulator");
+    let (rt, sim) = start_sim(SimConfig {
+        history_limit: 100_000,
+        journal_limit: Some(1_000),
+        ..Default::default()
+    });
     let _runtime = rt.enter();
     let dir = tempfile::tempdir().unwrap();
     for ns in [NS, "watchrelay"] {

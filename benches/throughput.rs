@@ -23,7 +23,7 @@
 
 mod common;
 
-use common::{cpu_seconds, metric, peak_rss_kib, scrape, stop, KillOnDrop};
+use common::{cpu_seconds, metric, peak_rss_kib, scrape, start_sim, stop, KillOnDrop};
 use std::io::{BufRead, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -35,7 +35,7 @@ use rdkafka::ClientContext;
 use serde_json::json;
 use watchrelay::decode;
 use watchrelay::envelope::{self, Announcement, KeyTemplate, Route};
-use watchrelay_sim::{objects, Sim, SimConfig};
+use watchrelay_sim::{objects, SimConfig};
 
 const NS: &str = "bench";
 const STREAM: &str = "watchNamespacedPods.bench";
@@ -86,18 +86,10 @@ fn main() {
         .unwrap_or(10_000.0);
     let bootstrap = std::env::var("KAFKA_BOOTSTRAP_SERVERS")
         .expect("KAFKA_BOOTSTRAP_SERVERS (scripts/bench.sh sets it)");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("sim")
-        .enable_all()
-        .build()
-        .unwrap();
-    let sim = rt
-        .block_on(Sim::start(SimConfig {
-            history_limit: n + 500_000,
-            ..Default::default()
-        }))
-        .expect("simulator");
+    let (rt, sim) = start_sim(SimConfig {
+        history_limit: n + 500_000,
+        ..Default::default()
+    });
     let _runtime = rt.enter();
     let dir = tempfile::tempdir().unwrap();
     sim.create("namespaces", None, objects::namespace(NS))

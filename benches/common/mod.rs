@@ -96,3 +96,18 @@ pub fn metric(port: u16, series: &str) -> Option<f64> {
         .find(|l| l.starts_with(series))
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
+
+/// The simulator with `cfg`, served by a runtime of its own (one worker thread) in this
+/// process; keep the runtime as long as the simulator.
+pub fn start_sim(cfg: watchrelay_sim::SimConfig) -> (tokio::runtime::Runtime, watchrelay_sim::Sim) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("sim")
+        .enable_all()
+        .build()
+        .unwrap();
+    let sim = rt
+        .block_on(watchrelay_sim::Sim::start(cfg))
+        .expect("simulator");
+    (rt, sim)
+}

@@ -185,6 +185,13 @@ async fn pagination_is_a_consistent_snapshot() {
     sim.delete("pods", Some("shop"), "p3").unwrap();
     sim.create("pods", Some("shop"), objects::pod("shop", "p9"))
         .unwrap();
+    sim.merge_patch(
+        "pods",
+        Some("shop"),
+        "p4",
+        json!({"metadata": {"labels": {"changed": "after"}}}),
+    )
+    .unwrap();
     let mut token = first["metadata"]["continue"].as_str().map(str::to_string);
     while let Some(t) = token {
         let page = get(
@@ -194,6 +201,12 @@ async fn pagination_is_a_consistent_snapshot() {
         .await
         .unwrap();
         assert_eq!(page["metadata"]["resourceVersion"], snapshot.as_str());
+        for o in page["items"].as_array().unwrap() {
+            assert!(
+                o["metadata"]["labels"].get("changed").is_none(),
+                "a page shows its snapshot's version, not a later one"
+            );
+        }
         names.extend(
             page["items"]
                 .as_array()

@@ -161,6 +161,14 @@ pub enum Refused {
     Failed(String),
 }
 
+/// How many partitions `topic` has in `md` (0 when it is not there).
+fn partitions(md: &rdkafka::metadata::Metadata, topic: &str) -> usize {
+    md.topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .map_or(0, |t| t.partitions().len())
+}
+
 /// What reading a topic hands each record to: its key, and its value (`None` for a tombstone).
 pub type Apply<'a> = dyn FnMut(&[u8], Option<&[u8]>) + 'a;
 

@@ -48,12 +48,7 @@ pub(super) fn replay(
     let md = consumer
         .fetch_metadata(Some(topic), timeout)
         .map_err(|e| TopicError::kafka(e, &format!("reading the metadata of {topic}")))?;
-    let partitions = md
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic)
-        .map(|t| t.partitions().len())
-        .unwrap_or(0);
+    let partitions = super::partitions(&md, topic);
     // Where reading stops: an end marker (a tombstone no stream owns) produced to every
     // partition now; the offset Kafka acknowledged for it is exact on any broker, unlike a
     // high watermark fetched separately.

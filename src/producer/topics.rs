@@ -67,11 +67,7 @@ pub(super) fn ensure_compacted(
         .inner()
         .fetch_metadata(Some(topic), timeout)
         .map_err(|e| TopicError::kafka(e, &format!("reading the metadata of {topic}")))?;
-    let partitions = md
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic)
-        .map_or(0, |t| t.partitions().len());
+    let partitions = super::partitions(&md, topic);
     let described = futures::executor::block_on(
         admin.describe_configs([&ResourceSpecifier::Topic(topic)], &options),
     )
