@@ -181,8 +181,8 @@ impl Metrics {
             ),
             delivery_errors: counter(
                 "delivery_errors_total",
-                "Records Kafka did not acknowledge",
-                &["stream", "kind"],
+                "Records Kafka did not take (kind=enqueue) or acknowledge (kind=delivery), by class: retriable, permanent, too_large",
+                &["stream", "kind", "class"],
             ),
             watch_restarts: counter(
                 "watch_restarts_total",
@@ -274,7 +274,11 @@ impl Metrics {
             let _ = self.oversize.remove_label_values(&[stream, action]);
         }
         for kind in crate::producer::ERROR_KINDS {
-            let _ = self.delivery_errors.remove_label_values(&[stream, kind]);
+            for class in crate::producer::ErrorClass::ALL {
+                let _ = self
+                    .delivery_errors
+                    .remove_label_values(&[stream, kind, class.label()]);
+            }
         }
         for reason in crate::stream::machine::RESTART_REASONS {
             let _ = self.watch_restarts.remove_label_values(&[stream, reason]);

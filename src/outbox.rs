@@ -36,7 +36,10 @@ use crate::envelope::{self, Announcement, Record, Route};
 use crate::event::EventType;
 use crate::membership::{self, Members, Owner};
 use crate::metrics::Metrics;
-use crate::producer::{DeliveryError, Inbox, Producer, Receipt, Refused, Report, Sent};
+use crate::producer::{
+    DeliveryError, ErrorClass, Inbox, ProduceError, Producer, Receipt, Refused, Report, Sent,
+    ERROR_KINDS,
+};
 use crate::tracker::{Change, Known, Tracker};
 
 /// How long a send waits before offering a record again to a full producer queue.
@@ -88,8 +91,23 @@ struct OutboxMetrics {
     latency: Histogram,
     oversize_dead_letter: IntCounter,
     oversize_trim: IntCounter,
-    enqueue_errors: IntCounter,
-    delivery_errors: IntCounter,
+    /// Errors by where (`ERROR_KINDS`: at enqueue, in the report) and class
+    /// ([`ErrorClass::ALL`]).
+    errors: [[IntCounter; 3]; 2],
+}
+
+/// Where a record failed: the index of its `kind` label in `ERROR_KINDS`.
+const AT_ENQUEUE: usize = 0;
+const IN_REPORT: usize = 1;
+
+impl OutboxMetrics {
+    fn error(&self, at: usize, class: ErrorClass) {
+        let i = ErrorClass::ALL
+            .iter()
+            .position(|c| *c == class)
+            .expect("every class is listed");
+        self.errors[at][i].inc();
+    }
 }
 
 pub struct Outbox {
@@ -142,7 +160,13 @@ impl Outbox {
     ) -> Self {
         let rv = saved.and_then(|s| s.rv);
         let oversize = |action| metrics.oversize.with_label_values(&[stream, action]);
-        let errors = |kind| metrics.delivery_errors.with_label_values(&[stream, kind]);
+        let errors = |kind| {
+            ErrorClass::ALL.map(|class| {
+                metrics
+                    .delivery_errors
+                    .with_label_values(&[stream, kind, class.label()])
+            })
+        };
         Self {
             m: OutboxMetrics {
                 in_flight: metrics.in_flight.with_label_values(&[stream]),
@@ -151,8 +175,7 @@ impl Outbox {
                 latency: metrics.publish_latency.with_label_values(&[stream]),
                 oversize_dead_letter: oversize("dead_letter"),
                 oversize_trim: oversize("trim"),
-                enqueue_errors: errors("enqueue"),
-                delivery_errors: errors("delivery"),
+                errors: ERROR_KINDS.map(errors),
             },
             stream: stream.to_string(),
             route,
@@ -373,7 +396,7 @@ impl Outbox {
                 self.release().await
             }
             Err(e) => {
-                self.m.delivery_errors.inc();
+                self.count(IN_REPORT, &e);
                 Err(OutboxError::Failed(format!("membership record: {e:?}")))
             }
         }
@@ -512,8 +535,9 @@ impl Outbox {
                     }
                 }
                 Err(Refused::Failed(e)) => {
-                    self.m.enqueue_errors.inc();
-                    return Err(OutboxError::Failed(e));
+                    self.m.error(AT_ENQUEUE, e.class);
+                    self.warn_permanent(&e);
+                    return Err(OutboxError::Failed(e.to_string()));
                 }
             }
         }
@@ -593,16 +617,34 @@ impl Outbox {
                 // everything from the checkpoint is replayed in order, one record at a time (so
                 // each is judged alone) until past what was in flight.
                 self.serial = self.tracker.in_flight().max(1);
-                self.m.delivery_errors.inc();
+                self.m.error(IN_REPORT, ErrorClass::TooLarge);
                 Err(OutboxError::Failed(
                     "a batch was refused for size; replaying one record at a time".into(),
                 ))
             }
             Err(DeliveryError::TooLarge { .. }) => self.send_reference(receipt).await,
             Err(DeliveryError::Failed(e)) => {
-                self.m.delivery_errors.inc();
-                Err(OutboxError::Failed(e))
+                self.m.error(IN_REPORT, e.class);
+                self.warn_permanent(&e);
+                Err(OutboxError::Failed(e.to_string()))
             }
+        }
+    }
+
+    /// Counts a failed delivery report by its class.
+    fn count(&self, at: usize, e: &DeliveryError) {
+        let class = match e {
+            DeliveryError::TooLarge { .. } => ErrorClass::TooLarge,
+            DeliveryError::Failed(e) => e.class,
+        };
+        self.m.error(at, class);
+    }
+
+    /// A permanent error will come back on every replay until an operator acts: said at error
+    /// level (the stream's replay says the rest).
+    fn warn_permanent(&self, e: &ProduceError) {
+        if e.class == ErrorClass::Permanent {
+            tracing::error!(stream = %self.stream, error = %e, "Kafka refuses this stream's records for a reason that will not pass by itself");
         }
     }
 

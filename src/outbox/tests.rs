@@ -35,7 +35,10 @@ fn route() -> Arc<Route> {
 struct Bed {
     producer: Arc<Memory>,
     outbox: Outbox,
+    metrics: Metrics,
 }
+
+const STREAM: &str = "watchNamespacedPods.shop";
 
 /// An outbox over a fresh in-memory producer; `tweak` sets its limits.
 fn bed(tweak: impl FnOnce(&mut Limits)) -> Bed {
@@ -50,17 +53,22 @@ fn bed(tweak: impl FnOnce(&mut Limits)) -> Bed {
     };
     tweak(&mut limits);
     let producer = Arc::new(Memory::new());
+    let metrics = Metrics::new();
     let outbox = Outbox::new(
-        "watchNamespacedPods.shop",
+        STREAM,
         route(),
         producer.clone() as Arc<dyn Producer>,
         limits,
         None,
         Members::default(),
-        &Metrics::new(),
+        &metrics,
         CancellationToken::new(),
     );
-    Bed { producer, outbox }
+    Bed {
+        producer,
+        outbox,
+        metrics,
+    }
 }
 
 fn meta(name: &str, rv: u64) -> ObjectMeta {
@@ -272,6 +280,13 @@ async fn a_failed_delivery_rewinds_and_late_reports_of_what_was_forgotten_are_ig
         b.settle_ready().await,
         Err(OutboxError::Failed(_))
     ));
+    let errors = |class: &str| {
+        b.metrics
+            .delivery_errors
+            .with_label_values(&[STREAM, "delivery", class])
+            .get()
+    };
+    assert_eq!((errors("retriable"), errors("permanent")), (1, 0));
     assert_eq!(b.outbox.rewind().as_deref(), Some("50"));
     assert_eq!(b.outbox.in_flight(), 0);
     // The third's report arrives after the rewind: it moves nothing.

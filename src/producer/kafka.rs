@@ -11,7 +11,8 @@ use rdkafka::producer::{
 use rdkafka::{ClientContext, Message as _};
 
 use super::{
-    replay, topics, Apply, DeliveryError, Producer, Receipt, Refused, TopicError, TopicState,
+    replay, topics, Apply, DeliveryError, ErrorClass, ProduceError, Producer, Receipt, Refused,
+    TopicError, TopicState,
 };
 use crate::config::KafkaConfig;
 use crate::envelope::Record;
@@ -30,8 +31,41 @@ impl ProducerContext for Reporting {
             Err((e, msg)) if is_too_large(e) => Err(DeliveryError::TooLarge {
                 value: msg.payload().map(<[u8]>::to_vec),
             }),
-            Err((e, _)) => Err(DeliveryError::Failed(e.to_string())),
+            Err((e, _)) => Err(DeliveryError::Failed(classify(e))),
         });
+    }
+}
+
+/// A Kafka error by what it takes to get past it. Only codes that cannot pass by themselves
+/// are permanent; anything else (timeouts, transport, leadership) is retriable.
+fn classify(e: &KafkaError) -> ProduceError {
+    use RDKafkaErrorCode as C;
+    let class = match e.rdkafka_error_code() {
+        _ if is_too_large(e) => ErrorClass::TooLarge,
+        Some(
+            C::TopicAuthorizationFailed
+            | C::ClusterAuthorizationFailed
+            | C::TransactionalIdAuthorizationFailed
+            | C::SaslAuthenticationFailed
+            | C::UnknownTopicOrPartition
+            | C::UnknownTopic
+            | C::InvalidRecord
+            | C::InvalidMessage
+            | C::InvalidMessageSize
+            | C::InvalidRequiredAcks
+            | C::UnsupportedVersion
+            | C::UnsupportedForMessageFormat
+            | C::InvalidConfig
+            | C::Fatal
+            | C::Fenced
+            | C::OutOfOrderSequenceNumber
+            | C::InvalidProducerEpoch,
+        ) => ErrorClass::Permanent,
+        _ => ErrorClass::Retriable,
+    };
+    ProduceError {
+        class,
+        message: e.to_string(),
     }
 }
 
@@ -163,7 +197,7 @@ impl Producer for Kafka {
                 Err(Refused::Full(back.delivery_opaque))
             }
             Err((e, back)) if is_too_large(&e) => Err(Refused::TooLarge(back.delivery_opaque)),
-            Err((e, _)) => Err(Refused::Failed(e.to_string())),
+            Err((e, _)) => Err(Refused::Failed(classify(&e))),
         }
     }
 
@@ -198,5 +232,39 @@ impl Producer for Kafka {
         stopped: &(dyn Fn() -> bool + Sync),
     ) -> Result<(), TopicError> {
         replay::replay(&self.connection, topic, apply, stopped)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kafka_errors_are_classed_by_what_it_takes_to_get_past_them() {
+        let class = |code| classify(&KafkaError::MessageProduction(code)).class;
+        assert_eq!(
+            class(RDKafkaErrorCode::MessageTimedOut),
+            ErrorClass::Retriable
+        );
+        assert_eq!(
+            class(RDKafkaErrorCode::NotLeaderForPartition),
+            ErrorClass::Retriable
+        );
+        assert_eq!(
+            class(RDKafkaErrorCode::BrokerTransportFailure),
+            ErrorClass::Retriable
+        );
+        assert_eq!(
+            class(RDKafkaErrorCode::TopicAuthorizationFailed),
+            ErrorClass::Permanent
+        );
+        assert_eq!(
+            class(RDKafkaErrorCode::UnknownTopicOrPartition),
+            ErrorClass::Permanent
+        );
+        assert_eq!(
+            class(RDKafkaErrorCode::MessageSizeTooLarge),
+            ErrorClass::TooLarge
+        );
     }
 }

@@ -4,7 +4,9 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::{Apply, DeliveryError, Producer, Receipt, Refused, TopicError, TopicState};
+use super::{
+    Apply, DeliveryError, ProduceError, Producer, Receipt, Refused, TopicError, TopicState,
+};
 use crate::envelope::Record;
 
 /// In what order [`Memory::release`] acknowledges the records it holds.
@@ -162,7 +164,9 @@ impl Memory {
             let mut s = self.state();
             if s.fail_next > 0 {
                 s.fail_next -= 1;
-                Err(DeliveryError::Failed("injected delivery failure".into()))
+                Err(DeliveryError::Failed(ProduceError::retriable(
+                    "injected delivery failure",
+                )))
             } else if s
                 .too_large
                 .is_some_and(|(max, late)| late && record.value.len() > max)
@@ -249,7 +253,9 @@ impl Producer for Memory {
     fn purge(&self) {
         let held: Vec<_> = self.state().held.drain(..).collect();
         for (_, _, receipt) in held {
-            receipt.report(Err(DeliveryError::Failed("purged from the queue".into())));
+            receipt.report(Err(DeliveryError::Failed(ProduceError::retriable(
+                "purged from the queue",
+            ))));
         }
     }
 

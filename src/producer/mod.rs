@@ -25,8 +25,57 @@ mod topics;
 pub use kafka::{check_property, client_config, Kafka, Reporting};
 pub use memory::{Memory, Order};
 
-/// The `kind` labels of delivery errors.
+/// The `kind` labels of delivery errors: where the record failed.
 pub const ERROR_KINDS: [&str; 2] = ["enqueue", "delivery"];
+
+/// What a produce error takes to get past: the `class` label of `delivery_errors_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// May pass by itself (a broker unreachable, a timeout, a leader moving): the stream
+    /// replays from its checkpoint.
+    Retriable,
+    /// Fails again until an operator acts (authorization, a missing topic, an invalid
+    /// record, a fatal producer): the stream replays too, and says so at error level.
+    Permanent,
+    /// The record, or the batch it was in, is too large for the broker.
+    TooLarge,
+}
+
+impl ErrorClass {
+    pub const ALL: [ErrorClass; 3] = [Self::Retriable, Self::Permanent, Self::TooLarge];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Retriable => "retriable",
+            Self::Permanent => "permanent",
+            Self::TooLarge => "too_large",
+        }
+    }
+}
+
+/// A record the producer did not take or deliver: its class and what the client said.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ProduceError {
+    pub class: ErrorClass,
+    pub message: String,
+}
+
+impl ProduceError {
+    pub fn retriable(message: impl Into<String>) -> Self {
+        Self {
+            class: ErrorClass::Retriable,
+            message: message.into(),
+        }
+    }
+
+    pub fn permanent(message: impl Into<String>) -> Self {
+        Self {
+            class: ErrorClass::Permanent,
+            message: message.into(),
+        }
+    }
+}
 
 /// Why a record was not delivered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,7 +85,7 @@ pub enum DeliveryError {
     /// for too large: one oversize record fails every record batched with it.
     TooLarge { value: Option<Vec<u8>> },
     /// Anything else the producer gave up on after its own retries.
-    Failed(String),
+    Failed(ProduceError),
 }
 
 /// Where one stream's delivery reports gather. The producer's threads push; the stream takes
@@ -158,7 +207,7 @@ pub enum Refused {
     /// Refused at once for its size.
     TooLarge(Box<Receipt>),
     /// Anything else.
-    Failed(String),
+    Failed(ProduceError),
 }
 
 /// How many partitions `topic` has in `md` (0 when it is not there).
@@ -288,7 +337,9 @@ impl Producer for Stdout {
                 Ok(())
             }
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
-            Err(e) => Err(Refused::Failed(format!("writing to standard output: {e}"))),
+            Err(e) => Err(Refused::Failed(ProduceError::permanent(format!(
+                "writing to standard output: {e}"
+            )))),
         }
     }
 
