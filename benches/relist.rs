@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::{env_or, metric, peak_rss_kib, start_sim, stop, KillOnDrop};
+use common::{env_or, free_port, metric, peak_rss_kib, start_sim, stop, KillOnDrop};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -189,11 +189,7 @@ fn write_config(
 ) -> std::path::PathBuf {
     let kubeconfig = dir.join("kubeconfig");
     sim.write_kubeconfig(&kubeconfig).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let config = dir.join("config.yaml");
     std::fs::write(
         &config,

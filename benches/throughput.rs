@@ -23,7 +23,7 @@
 
 mod common;
 
-use common::{cpu_seconds, metric, peak_rss_kib, scrape, start_sim, stop, KillOnDrop};
+use common::{cpu_seconds, free_port, metric, peak_rss_kib, scrape, start_sim, stop, KillOnDrop};
 use std::io::{BufRead, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -147,11 +147,7 @@ fn main() {
     .unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     sim.write_kubeconfig(&kubeconfig).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let config = dir.path().join("config.yaml");
     std::fs::write(
         &config,

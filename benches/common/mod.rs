@@ -111,3 +111,12 @@ pub fn start_sim(cfg: watchrelay_sim::SimConfig) -> (tokio::runtime::Runtime, wa
         .expect("simulator");
     (rt, sim)
 }
+
+/// A loopback port free now (for the relay's HTTP listener).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

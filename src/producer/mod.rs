@@ -42,6 +42,7 @@ pub enum ErrorClass {
 }
 
 impl ErrorClass {
+    /// Every class, in declaration order (`class as usize` indexes it).
     pub const ALL: [ErrorClass; 3] = [Self::Retriable, Self::Permanent, Self::TooLarge];
 
     pub fn label(self) -> &'static str {
