@@ -1,9 +1,10 @@
 //! Producers: where the outbox hands its records, and how their delivery reports come back.
 //!
 //! [`Producer`] is the small seam under the [`Outbox`](crate::outbox::Outbox): [`Kafka`] is the
-//! idempotent librdkafka producer every stream shares; [`Memory`] keeps records in memory and
-//! can acknowledge out of order, refuse for size, fail and stall, so stream behaviour can be
-//! tested in-process without a broker.
+//! idempotent librdkafka producer every stream shares (`kafka.rs`, with the topic admin in
+//! `topics.rs` and the membership topic's reader in `replay.rs`); [`Memory`] keeps records in
+//! memory and can acknowledge out of order, refuse for size, fail and stall, so stream
+//! behaviour can be tested in-process without a broker (`memory.rs`).
 //!
 //! Sends never wait for their delivery: each record carries a [`Receipt`] (its stream's
 //! [`Inbox`], its place in the stream's order and what it is), and the producer reports back
