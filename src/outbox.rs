@@ -17,11 +17,13 @@
 //!   from the checkpoint.
 //! - An object joins the members before anything announcing it is sent: with a membership topic,
 //!   its membership record is acknowledged first, and the stream's records wait in order behind
-//!   pending joins. It leaves once its DELETED is in the acknowledged prefix, and its
-//!   membership tombstone is produced then (see [`crate::membership`] for why this leaves no
-//!   hole after a crash).
+//!   pending joins (the [`gate`]). It leaves once its DELETED is in the acknowledged prefix,
+//!   and its membership tombstone is produced then (see [`crate::membership`] for why this
+//!   leaves no hole after a crash).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+mod gate;
+
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -41,6 +43,7 @@ use crate::producer::{
     ERROR_KINDS,
 };
 use crate::tracker::{Change, Known, Tracker};
+use gate::Gate;
 
 /// How long a send waits before offering a record again to a full producer queue.
 const FULL_RETRY: Duration = Duration::from_millis(5);
@@ -124,14 +127,8 @@ pub struct Outbox {
     moved: bool,
     /// The objects this stream announced (see [`crate::membership`]).
     members: Members,
-    /// Joins produced and not yet acknowledged, by join number.
-    joins: BTreeMap<u64, (String, Known)>,
-    /// The join number of each object whose join is pending.
-    joining: HashMap<String, u64>,
-    next_join: u64,
-    /// Entries waiting, in order, until every join produced before them is acknowledged; the
-    /// number is the first join they need not wait for.
-    held: VecDeque<(u64, Held)>,
+    /// Pending joins and the entries waiting behind them.
+    gate: Gate<Held>,
     /// Membership tombstones the producer could not take yet.
     leaving: Vec<String>,
     /// Records still to be sent one at a time, each alone in its batch, after a batch was
@@ -185,10 +182,7 @@ impl Outbox {
             spare: Vec::new(),
             moved: false,
             members,
-            joins: BTreeMap::new(),
-            joining: HashMap::new(),
-            next_join: 0,
-            held: VecDeque::new(),
+            gate: Gate::new(),
             leaving: Vec::new(),
             serial: 0,
         }
@@ -296,7 +290,7 @@ impl Outbox {
         if self.members.contains(&uid) {
             return Ok(false);
         }
-        if self.joining.contains_key(&uid) {
+        if self.gate.joining(&uid) {
             return Ok(true);
         }
         known.topic = Some(self.route.topic.clone());
@@ -305,8 +299,7 @@ impl Outbox {
             self.m.members.set(gauge(self.members.len()));
             return Ok(false);
         };
-        let n = self.next_join;
-        self.next_join += 1;
+        let n = self.gate.next_number();
         let record =
             membership::record(topic, &self.limits.owner, &self.stream, &uid, Some(&known));
         let receipt = Receipt::new(self.inbox.clone(), n, Sent::Join);
@@ -315,34 +308,22 @@ impl Outbox {
                 "a membership record was refused for size".into(),
             ));
         }
-        self.joining.insert(uid.clone(), n);
-        self.joins.insert(n, (uid, known));
+        self.gate.joined(uid, known);
         Ok(true)
-    }
-
-    /// Whether entries that waited for joins numbered below `gate` may go.
-    fn released(&self, gate: u64) -> bool {
-        self.joins.first_key_value().is_none_or(|(&n, _)| n >= gate)
     }
 
     /// Holds `entry` behind pending joins when it (`wait`) or anything before it must wait;
     /// otherwise lets it go at once.
     async fn hand(&mut self, entry: Held, wait: bool) -> Result<(), OutboxError> {
-        if wait || !self.held.is_empty() {
-            self.held.push_back((self.next_join, entry));
-            return Ok(());
+        match self.gate.admit(entry, wait) {
+            Some(entry) => self.dispatch(entry).await,
+            None => Ok(()),
         }
-        self.dispatch(entry).await
     }
 
     /// Lets go, in order, the held entries whose joins are all acknowledged.
     async fn release(&mut self) -> Result<(), OutboxError> {
-        while self
-            .held
-            .front()
-            .is_some_and(|(gate, _)| self.released(*gate))
-        {
-            let (_, entry) = self.held.pop_front().expect("front exists");
+        while let Some(entry) = self.gate.next_released() {
             self.dispatch(entry).await?;
         }
         Ok(())
@@ -377,15 +358,12 @@ impl Outbox {
         join: Option<u64>,
         result: Result<(), DeliveryError>,
     ) -> Result<(), OutboxError> {
-        let Some((n, (uid, known))) = join.and_then(|n| Some((n, self.joins.remove(&n)?))) else {
+        let Some((uid, known)) = join.and_then(|n| self.gate.settled(n)) else {
             if let Err(e) = result {
                 tracing::warn!(stream = %self.stream, error = ?e, "membership tombstone not delivered");
             }
             return Ok(());
         };
-        if self.joining.get(&uid) == Some(&n) {
-            self.joining.remove(&uid);
-        }
         match result {
             Ok(()) => {
                 self.members.insert(&uid, &known);
@@ -441,7 +419,7 @@ impl Outbox {
             "a pass announces nothing"
         );
         let (leaves, wait) = self.membership_change(change, None).await?;
-        if !wait && self.held.is_empty() {
+        if !wait && !self.gate.holding() {
             let moved = self.tracker.push_done(position, leaves);
             self.note(moved);
             return Ok(());
@@ -667,7 +645,7 @@ impl Outbox {
     /// member (or its join failed, and nothing announcing it was sent). A decision that reads
     /// the members (reconcile, leave scope) comes after this.
     pub async fn settle_joins(&mut self) -> Result<(), OutboxError> {
-        while !self.joins.is_empty() {
+        while self.gate.pending() {
             let report = tokio::select! {
                 biased;
                 _ = self.cancel.cancelled() => return Err(OutboxError::Cancelled),
@@ -700,7 +678,7 @@ impl Outbox {
     /// replay from. Late reports of the forgotten entries are ignored.
     pub fn rewind(&mut self) -> Option<String> {
         self.tracker.reset();
-        self.held.clear();
+        self.gate.clear_held();
         self.note(false);
         self.tracker.checkpoint().map(str::to_string)
     }
