@@ -58,10 +58,10 @@ fn main() {
     let topic = format!("bench.relist.{stamp}");
     let membership = format!("bench.relist.membership.{stamp}");
     create_topic(&bootstrap, &topic, 3);
-    let config = write_config(&sim, dir.path(), &bootstrap, &topic, &membership);
+    let (config, port) = write_config(&sim, dir.path(), &bootstrap, &topic, &membership);
 
     // 1. The full sync: every object published.
-    let (relay, full) = run_until_checkpointed(&config, &sim, sim.current_rv());
+    let (relay, full) = run_until_checkpointed(&config, port, &sim, sim.current_rv());
     stop(relay);
 
     // 2. Down: changes, creations, deletions, then the history is compacted.
@@ -81,7 +81,7 @@ fn main() {
     sim.compact();
 
     // 3. The restart: restore, 410, relist, delta.
-    let (relay, resync) = run_until_checkpointed(&config, &sim, sim.current_rv());
+    let (relay, resync) = run_until_checkpointed(&config, port, &sim, sim.current_rv());
     let series = |name: &str| {
         metric(
             resync.port,
@@ -141,12 +141,9 @@ struct Run {
     port: u16,
 }
 
-/// Starts the relay and waits until its checkpoint reaches `rv`; returns it still running.
-fn run_until_checkpointed(config: &Path, sim: &Sim, rv: u64) -> (KillOnDrop, Run) {
-    let port = std::fs::read_to_string(config.with_extension("port"))
-        .unwrap()
-        .parse()
-        .unwrap();
+/// Starts the relay (its HTTP listener on `port`) and waits until its checkpoint reaches `rv`;
+/// returns it still running.
+fn run_until_checkpointed(config: &Path, port: u16, sim: &Sim, rv: u64) -> (KillOnDrop, Run) {
     let started = Instant::now();
     let child = Command::new(env!("CARGO_BIN_EXE_watchrelay"))
         .args(["run", "--config"])
@@ -186,7 +183,7 @@ fn write_config(
     bootstrap: &str,
     topic: &str,
     membership: &str,
-) -> std::path::PathBuf {
+) -> (std::path::PathBuf, u16) {
     let kubeconfig = dir.join("kubeconfig");
     sim.write_kubeconfig(&kubeconfig).unwrap();
     let port = free_port();
@@ -201,8 +198,7 @@ fn write_config(
         ),
     )
     .unwrap();
-    std::fs::write(config.with_extension("port"), port.to_string()).unwrap();
-    config
+    (config, port)
 }
 
 fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {

@@ -371,7 +371,7 @@ impl Outbox {
                 self.release().await
             }
             Err(e) => {
-                self.count(IN_REPORT, &e);
+                self.m.error(IN_REPORT, e.class());
                 Err(OutboxError::Failed(format!("membership record: {e:?}")))
             }
         }
@@ -604,15 +604,6 @@ impl Outbox {
                 Err(OutboxError::Failed(e.to_string()))
             }
         }
-    }
-
-    /// Counts a failed delivery report by its class.
-    fn count(&self, at: usize, e: &DeliveryError) {
-        let class = match e {
-            DeliveryError::TooLarge { .. } => ErrorClass::TooLarge,
-            DeliveryError::Failed(e) => e.class,
-        };
-        self.m.error(at, class);
     }
 
     /// A permanent error will come back on every replay until an operator acts: said at error

@@ -8,6 +8,16 @@
 
 use std::collections::VecDeque;
 
+/// A resourceVersion as the integer KEP-5504 makes it (decimal digits, no sign, no leading
+/// zero); `None` for anything else.
+pub fn comparable(rv: &str) -> Option<u64> {
+    let digits = !rv.is_empty() && rv.bytes().all(|b| b.is_ascii_digit());
+    if !digits || (rv.len() > 1 && rv.starts_with('0')) {
+        return None;
+    }
+    rv.parse().ok()
+}
+
 /// The compact identity the relay keeps per object to infer deletions after a 410.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Known {

@@ -396,29 +396,8 @@ impl Store {
         ns: Option<&str>,
         rv: Option<u64>,
     ) -> Result<Vec<Arc<Value>>, SimError> {
-        let in_scope = |k: &Key| k.0 == resource && ns.is_none_or(|n| k.1 == n);
-        let mut state: BTreeMap<Key, Arc<Value>> = self
-            .objects
-            .iter()
-            .filter(|(k, _)| in_scope(k))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        if let Some(rv) = rv.filter(|rv| *rv < self.rv) {
-            if rv < self.compacted {
-                return Err(SimError::expired(rv, self.compacted));
-            }
-            for c in self.history.iter().rev().take_while(|c| c.rv > rv) {
-                let k = key(&c.resource, c.namespace.as_deref(), &c.name);
-                if !in_scope(&k) {
-                    continue;
-                }
-                match &c.prev {
-                    Some(prev) => state.insert(k, prev.clone()),
-                    None => state.remove(&k),
-                };
-            }
-        }
-        Ok(state.into_values().collect())
+        self.page_at(resource, ns, rv, None, None, |_| true)
+            .map(|(objects, _)| objects)
     }
 
     /// One page of the state at `rv` (`None`: now): the objects in scope after `after` (their

@@ -205,7 +205,8 @@ impl Members {
     /// a sixteenth of what it holds, exactly (a large vector grows in place, its pages
     /// remapped). So a topic holding history (superseded records, tombstones) is read in
     /// memory that follows what is live at that point of the log, an eighth and a sixteenth
-    /// over at most and never doubled, not the records read; and compactions cost O(records log members).
+    /// over at most and never doubled, not the records read; and compactions cost
+    /// O(records log members).
     fn room_for_record(&mut self) {
         let arena_room = |m: &Self| m.arena.capacity() - m.arena.len();
         if self.base.len() < self.base.capacity() && arena_room(self) >= ENTRY_ROOM {
@@ -325,7 +326,7 @@ impl Members {
             Some(k) if is_default_key(k, namespace, &known.name) => flags |= DEFAULT_KEY,
             Some(_) => flags |= OWN_KEY,
         }
-        let numeric_rv = numeric(&known.rv);
+        let numeric_rv = crate::tracker::comparable(&known.rv);
         if numeric_rv.is_some() {
             flags |= NUMERIC_RV;
         }
@@ -515,13 +516,6 @@ impl<'a> Reader<'a> {
         }
         n.to_string()
     }
-}
-
-/// A resourceVersion as the integer it spells, when it spells one exactly (no sign, no leading
-/// zero), so that it reads back the same.
-fn numeric(rv: &str) -> Option<u64> {
-    let canonical = rv.bytes().all(|b| b.is_ascii_digit()) && (rv == "0" || !rv.starts_with('0'));
-    canonical.then(|| rv.parse().ok()).flatten()
 }
 
 /// The index key of a uid: a canonical UUID's 16 bytes, or a 128-bit hash of anything else.

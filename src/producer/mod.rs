@@ -90,6 +90,15 @@ pub enum DeliveryError {
     Failed(ProduceError),
 }
 
+impl DeliveryError {
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Self::TooLarge { .. } => ErrorClass::TooLarge,
+            Self::Failed(e) => e.class,
+        }
+    }
+}
+
 /// Where one stream's delivery reports gather. The producer's threads push; the stream takes
 /// every ready report in one pass ([`Inbox::take`]). Only a push into an empty inbox wakes the
 /// stream, so a batch of reports costs one wake-up, not one per record.

@@ -54,15 +54,7 @@ pub struct Announced {
     incomparable: bool,
 }
 
-/// A resourceVersion as the integer KEP-5504 makes it (decimal digits, no sign, no leading
-/// zero); `None` for anything else.
-pub(super) fn comparable(rv: &str) -> Option<u64> {
-    let digits = !rv.is_empty() && rv.bytes().all(|b| b.is_ascii_digit());
-    if !digits || (rv.len() > 1 && rv.starts_with('0')) {
-        return None;
-    }
-    rv.parse().ok()
-}
+pub(super) use crate::tracker::comparable;
 
 fn name_hash(namespace: Option<&str>, name: &str) -> u64 {
     let mut h = std::hash::DefaultHasher::new();
