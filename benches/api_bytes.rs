@@ -16,23 +16,19 @@ use std::time::{Duration, Instant};
 
 use watchrelay_sim::{objects, ChurnSpec, Sim, SimConfig};
 
-const NS: &str = "churn";
+mod common;
 
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use common::env_or;
+
+const NS: &str = "churn";
 
 fn main() {
     let bootstrap = std::env::var("KAFKA_BOOTSTRAP_SERVERS")
         .expect("KAFKA_BOOTSTRAP_SERVERS is not set: run scripts/bench.sh api_bytes");
     let objects = env_or("BENCH_OBJECTS", 20_000);
     let rate = env_or("BENCH_RATE", 200);
-    let seconds = env_or("BENCH_SECONDS", 60);
-    let bin = std::env::var("BENCH_RELAY_BIN")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_watchrelay").to_string());
+    let seconds = env_or("BENCH_SECONDS", 60) as u64;
+    let bin = common::relay_bin();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _guard = rt.enter();
     let sim = rt.block_on(Sim::start(SimConfig::default())).unwrap();
@@ -93,7 +89,7 @@ fn main() {
         rate_per_sec: rate as f64,
         namespaces: vec![NS.into()],
         resources: vec!["pods".into()],
-        max_objects_per_kind: objects as usize,
+        max_objects_per_kind: objects,
         total_events: None,
     });
     std::thread::sleep(Duration::from_secs(seconds));

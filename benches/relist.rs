@@ -145,7 +145,7 @@ struct Run {
 /// returns it still running.
 fn run_until_checkpointed(config: &Path, port: u16, sim: &Sim, rv: u64) -> (KillOnDrop, Run) {
     let started = Instant::now();
-    let child = Command::new(env!("CARGO_BIN_EXE_watchrelay"))
+    let child = Command::new(common::relay_bin())
         .args(["run", "--config"])
         .arg(config)
         .env("WATCHRELAY_LOG", "warn")

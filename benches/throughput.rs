@@ -202,10 +202,7 @@ fn main() {
             .unwrap();
         }
         let spawned = Instant::now();
-        // BENCH_RELAY_BIN measures another build (an earlier version, say) on the same bed.
-        let bin = std::env::var("BENCH_RELAY_BIN")
-            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_watchrelay").to_string());
-        let child = Command::new(bin)
+        let child = Command::new(common::relay_bin())
             .args(["run", "--config"])
             .arg(&config)
             .env("WATCHRELAY_LOG", "warn")

@@ -24,6 +24,13 @@ pub fn identity(i: u64) -> (String, String) {
 use std::io::Write as _;
 use std::process::Command;
 
+/// The relay binary to measure: this build's, or `BENCH_RELAY_BIN` (another build, to compare
+/// in the same sitting).
+pub fn relay_bin() -> String {
+    std::env::var("BENCH_RELAY_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_watchrelay").to_string())
+}
+
 /// A field of `/proc/self/status` in KiB (`VmRSS`, `VmHWM`: the peak).
 pub fn rss_kib(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")

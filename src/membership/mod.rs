@@ -48,6 +48,7 @@
 //! The residual window is the fencing one (see [`crate::relay`]): a deposed leader's request
 //! already on the wire can land after the new leader read the topic.
 
+mod arena;
 mod set;
 
 use std::collections::{HashMap, HashSet};
@@ -264,6 +265,15 @@ impl Restored {
     /// Members restored, over every stream.
     pub fn members(&self) -> usize {
         self.streams.values().map(Members::len).sum()
+    }
+
+    /// Bytes the restored sets hold on the heap (see [`Members::heap_bytes`]).
+    pub fn heap_bytes(&self) -> usize {
+        self.streams
+            .values()
+            .chain(self.legacy.values())
+            .map(Members::heap_bytes)
+            .sum()
     }
 
     /// Streams with at least one member.

@@ -15,6 +15,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use super::arena::Arena;
 use crate::tracker::Known;
 
 /// A uid as the set indexes it: a canonical UUID's 16 bytes, or a 128-bit hash of any other uid
@@ -27,10 +28,6 @@ const RECLAIM_FLOOR: usize = 1 << 20;
 
 /// Records a set appends during a restore before it compacts them, whatever its size.
 const RESTORE_FLOOR: usize = 1024;
-
-/// Arena bytes kept free during a restore for the next entry (a longer one grows the arena as
-/// any vector grows).
-const ENTRY_ROOM: usize = 1024;
 
 /// Entries the hash map may hold before it is merged into the sorted array, whatever its size.
 const DELTA_FLOOR: usize = 4096;
@@ -69,7 +66,9 @@ pub struct Members {
     restoring: bool,
     /// During a restore: the entries `base` kept at its last compaction.
     kept: usize,
-    arena: Vec<u8>,
+    arena: Arena,
+    /// Where an entry is encoded before it is pushed to the arena.
+    scratch: Vec<u8>,
     /// Bytes of the arena no entry uses any more.
     garbage: usize,
     /// The namespace most entries share (a namespaced stream's), stored once.
@@ -91,6 +90,15 @@ impl Members {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Bytes the set holds on the heap (its arrays' and map's capacity, not the allocator's
+    /// own overhead).
+    pub fn heap_bytes(&self) -> usize {
+        self.base.capacity() * size_of::<(Key, u32)>()
+            + self.delta.capacity() * (size_of::<(Key, u32)>() + 1)
+            + self.arena.heap_bytes()
+            + self.scratch.capacity()
     }
 
     pub fn contains(&self, uid: &str) -> bool {
@@ -139,10 +147,10 @@ impl Members {
         if let Ok(i) = self.base.binary_search_by(|(b, _)| b.cmp(&k)) {
             match std::mem::replace(&mut self.base[i].1, at) {
                 REMOVED => self.removed -= 1,
-                old => self.garbage += entry_len(&self.arena, old as usize),
+                old => self.garbage += self.entry_len(old),
             }
         } else if let Some(old) = self.delta.insert(k, at) {
-            self.garbage += entry_len(&self.arena, old as usize);
+            self.garbage += self.entry_len(old);
         }
         self.maintain();
     }
@@ -165,7 +173,7 @@ impl Members {
                 }
             }
         };
-        self.garbage += entry_len(&self.arena, old as usize);
+        self.garbage += self.entry_len(old);
         self.maintain();
         true
     }
@@ -179,9 +187,7 @@ impl Members {
             Some(known) => self.push_entry(uid, known),
             None => {
                 // A byte of its own keeps positions in the arena strictly in log order.
-                let at = self.arena_offset() | TOMBSTONE;
-                self.arena.push(0);
-                at
+                self.arena.push(&[0]) | TOMBSTONE
             }
         };
         self.base.push((key(uid), at));
@@ -197,32 +203,28 @@ impl Members {
         self.kept = 0;
         self.base.shrink_to_fit();
         self.arena.shrink_to_fit();
+        self.scratch = Vec::new();
     }
 
-    /// During a restore, before a record is appended to a full index or arena: the set first
-    /// compacts what it read (keeps the latest record of each uid, see
-    /// [`Members::compact_restored`]) once it appended an eighth of what it kept, then grows by
-    /// a sixteenth of what it holds, exactly (a large vector grows in place, its pages
-    /// remapped). So a topic holding history (superseded records, tombstones) is read in
-    /// memory that follows what is live at that point of the log, an eighth and a sixteenth
-    /// over at most and never doubled, not the records read; and compactions cost
-    /// O(records log members).
+    /// During a restore, before a record is appended to a full index: the set first compacts
+    /// what it read (keeps the latest record of each uid, see [`Members::compact_restored`])
+    /// once it appended an eighth of what it kept, then grows the index by a sixteenth of what
+    /// it holds, exactly (a large vector grows in place, its pages remapped; the arena grows a
+    /// chunk at a time, see [`Arena`]). So a topic holding history (superseded records,
+    /// tombstones) is read in memory that follows what is live at that point of the log, an
+    /// eighth and a sixteenth over at most and never doubled, not the records read; and
+    /// compactions cost O(records log members).
     fn room_for_record(&mut self) {
-        let arena_room = |m: &Self| m.arena.capacity() - m.arena.len();
-        if self.base.len() < self.base.capacity() && arena_room(self) >= ENTRY_ROOM {
+        if self.base.len() < self.base.capacity() {
             return;
         }
         if self.base.len() - self.kept >= (self.kept / 8).max(RESTORE_FLOOR) {
             self.compact_restored();
             self.kept = self.base.len();
         }
-        let step = |len: usize| (len / 16).max(RESTORE_FLOOR);
         if self.base.len() == self.base.capacity() {
-            self.base.reserve_exact(step(self.base.len()));
-        }
-        if arena_room(self) < ENTRY_ROOM {
-            self.arena
-                .reserve_exact(step(self.arena.len()) + ENTRY_ROOM);
+            self.base
+                .reserve_exact((self.base.len() / 16).max(RESTORE_FLOOR));
         }
     }
 
@@ -246,15 +248,8 @@ impl Members {
         self.removed = 0;
         // Entries move down in arena order, each to where the previous one ended.
         self.base.sort_unstable_by_key(|&(_, at)| at);
-        let mut end = 0;
-        for (_, at) in &mut self.base {
-            let start = *at as usize;
-            let len = entry_len(&self.arena, start);
-            self.arena.copy_within(start..start + len, end);
-            *at = u32::try_from(end).expect("a member arena under 2 GiB");
-            end += len;
-        }
-        self.arena.truncate(end);
+        self.arena
+            .retain(self.base.iter_mut().map(|(_, at)| at), entry_len);
         self.garbage = 0;
         self.base.sort_unstable_by_key(|&(k, _)| k);
     }
@@ -277,16 +272,17 @@ impl Members {
         if self.usual_topic.is_none() {
             self.usual_topic = known.topic.as_deref().map(Box::from);
         }
-        let at = self.arena_offset();
-        self.encode(uid, known);
+        let mut entry = std::mem::take(&mut self.scratch);
+        entry.clear();
+        self.encode(&mut entry, uid, known);
+        let at = self.arena.push(&entry);
+        self.scratch = entry;
         at
     }
 
-    fn arena_offset(&self) -> u32 {
-        u32::try_from(self.arena.len())
-            .ok()
-            .filter(|at| at & TOMBSTONE == 0)
-            .expect("a member arena under 2 GiB")
+    /// The length of the entry at `at`.
+    fn entry_len(&self, at: u32) -> usize {
+        entry_len(self.arena.entry(at))
     }
 
     /// Merges the map into the sorted array, and rewrites the arena, when either has grown.
@@ -307,7 +303,8 @@ impl Members {
         self.reclaim();
     }
 
-    fn encode(&mut self, uid: &str, known: &Known) {
+    /// Writes `uid`'s entry to `out`.
+    fn encode(&self, out: &mut Vec<u8>, uid: &str, known: &Known) {
         let canonical = parse_uuid(uid).is_some();
         let namespace = known.namespace.as_deref();
         let mut flags = if canonical { 0 } else { OTHER_UID };
@@ -330,38 +327,38 @@ impl Members {
         if numeric_rv.is_some() {
             flags |= NUMERIC_RV;
         }
-        self.arena.push(flags);
+        out.push(flags);
         if !canonical {
-            push_str(&mut self.arena, uid);
+            push_str(out, uid);
         }
         if flags & (NO_NAMESPACE | USUAL_NAMESPACE) == 0 {
-            push_str(&mut self.arena, namespace.unwrap_or_default());
+            push_str(out, namespace.unwrap_or_default());
         }
-        push_str(&mut self.arena, &known.name);
+        push_str(out, &known.name);
         match numeric_rv {
             Some(mut n) => loop {
                 let low = (n & 0x7f) as u8;
                 n >>= 7;
                 if n == 0 {
-                    self.arena.push(low);
+                    out.push(low);
                     break;
                 }
-                self.arena.push(low | 0x80);
+                out.push(low | 0x80);
             },
-            None => push_str(&mut self.arena, &known.rv),
+            None => push_str(out, &known.rv),
         }
         if let (true, Some(t)) = (flags & OWN_TOPIC != 0, known.topic.as_deref()) {
-            push_str(&mut self.arena, t);
+            push_str(out, t);
         }
         if let (true, Some(k)) = (flags & OWN_KEY != 0, known.key.as_deref()) {
-            push_str(&mut self.arena, k);
+            push_str(out, k);
         }
     }
 
     fn decode(&self, key: Key, at: u32) -> (String, Known) {
         let mut r = Reader {
-            bytes: &self.arena,
-            at: at as usize,
+            bytes: self.arena.entry(at),
+            at: 0,
         };
         let flags = r.byte();
         let uid = if flags & OTHER_UID != 0 {
@@ -409,10 +406,10 @@ impl Members {
 
     /// Rewrites the arena once garbage outweighs what is live.
     fn reclaim(&mut self) {
-        if self.garbage < RECLAIM_FLOOR || self.garbage * 2 < self.arena.len() {
+        if self.garbage < RECLAIM_FLOOR || self.garbage * 2 < self.arena.used() {
             return;
         }
-        let mut arena = Vec::with_capacity(self.arena.len() - self.garbage);
+        let mut arena = Arena::default();
         let offsets = self
             .base
             .iter_mut()
@@ -420,19 +417,17 @@ impl Members {
             .chain(self.delta.values_mut())
             .filter(|at| **at != REMOVED);
         for at in offsets {
-            let start = *at as usize;
-            let len = entry_len(&self.arena, start);
-            *at = u32::try_from(arena.len()).expect("a member arena under 2 GiB");
-            arena.extend_from_slice(&self.arena[start..start + len]);
+            let entry = self.arena.entry(*at);
+            *at = arena.push(&entry[..entry_len(entry)]);
         }
         self.arena = arena;
         self.garbage = 0;
     }
 }
 
-/// The length of the entry at `at`.
-fn entry_len(arena: &[u8], at: usize) -> usize {
-    let mut r = Reader { bytes: arena, at };
+/// The length of the entry that starts `bytes`.
+fn entry_len(bytes: &[u8]) -> usize {
+    let mut r = Reader { bytes, at: 0 };
     let flags = r.byte();
     let before = 1
         + usize::from(flags & OTHER_UID != 0)
@@ -445,7 +440,7 @@ fn entry_len(arena: &[u8], at: usize) -> usize {
     for _ in 0..after {
         r.str();
     }
-    r.at - at
+    r.at
 }
 
 /// Whether `key` is the default key template's rendering of `namespace/name`.
@@ -682,7 +677,11 @@ mod tests {
         }
         assert_eq!(m.len(), 20_000);
         // 2.4 MB were written; what stays is what is live plus at most the tolerated garbage.
-        assert!(m.arena.len() < 2 * RECLAIM_FLOOR, "{} bytes", m.arena.len());
+        assert!(
+            m.arena.used() < 2 * RECLAIM_FLOOR,
+            "{} bytes",
+            m.arena.used()
+        );
         assert_eq!(m.get(&uid(7)), Some(known("pod-7", Some("ns"), "3")));
     }
 

@@ -239,7 +239,7 @@ impl Restore<'_> {
         self.metrics
             .membership_restored
             .set(i64::try_from(restored.records).unwrap_or(i64::MAX));
-        tracing::info!(topic = %self.topic, records = restored.records, members = restored.members(), other_owners = restored.foreign, malformed = restored.malformed, seconds, "restored membership");
+        tracing::info!(topic = %self.topic, records = restored.records, members = restored.members(), member_bytes = restored.heap_bytes(), other_owners = restored.foreign, malformed = restored.malformed, seconds, "restored membership");
         match &loaded.mark {
             Some(mark) => {
                 verify_mark(self.topic, mark, restored.mark.as_deref()).map_err(Halt::Problem)?
