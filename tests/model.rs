@@ -2,8 +2,9 @@
 //!
 //! Each case draws, from its seed, a history of cluster operations (create, modify, delete,
 //! recreate under the same name, moving a pod in and out of the label selector, moving a
-//! namespace in and out of the namespace selector, compacting history so positions expire,
-//! cutting watches and syncs), interleaved with relay runs. A run ends in a clean stop or in a
+//! namespace in and out of the namespace selector, compacting history so positions expire (a
+//! delta resync follows), cutting watches and syncs, asking for a resync, full or delta, as
+//! `watchrelay resync` does), interleaved with relay runs. A run ends in a clean stop or in a
 //! crash at a random point, with Kafka having written a random prefix of what was sent: before
 //! or after acknowledgements, between a membership record and its event. Between runs the
 //! configuration may change: the label selector on or off, the scope's shape (a namespace
@@ -141,7 +142,7 @@ fn operate(bed: &Bed, rng: &mut Rng) -> String {
     let name = format!("p{}", rng.below(NAMES));
     let tier = rng.pick(&["web", "db"]);
     let exists = bed.sim.get("pods", Some(ns), &name).is_some();
-    match rng.below(10) {
+    match rng.below(11) {
         0..=2 if exists => {
             bed.sim.delete("pods", Some(ns), &name).unwrap();
             bed.sim
@@ -176,6 +177,21 @@ fn operate(bed: &Bed, rng: &mut Rng) -> String {
         9 => {
             bed.sim.drop_watches();
             "cut watches".into()
+        }
+        10 => {
+            // As `watchrelay resync` asks: every object again, or only what changed.
+            let what = rng.pick(&["all", "all;delta"]);
+            let ask =
+                serde_json::json!({"metadata": {"annotations": {"watchrelay.io/resync": what}}});
+            match bed.sim.merge_patch(
+                "configmaps",
+                Some(common::bed::CHECKPOINT_NS),
+                common::bed::CHECKPOINT_NAME,
+                ask,
+            ) {
+                Ok(_) => format!("resync requested: {what}"),
+                Err(_) => "resync requested before the first checkpoint: none".into(),
+            }
         }
         _ => "nothing".into(),
     }
