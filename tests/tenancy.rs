@@ -112,8 +112,14 @@ async fn a_stop_during_a_slow_restore_ends_within_the_shutdown_budget() {
     relay.wait_up(1).await;
     relay.stop().await;
     producer.slow_replay(Duration::from_millis(200));
+    let replayed = producer.replayed();
     let relay = start(&bed, pods_in(&bed, "a"), &producer);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Stopped once the restore is under way.
+    eventually(
+        || producer.replayed() > replayed,
+        || "the restore never began".into(),
+    )
+    .await;
     let asked = Instant::now();
     relay.stop().await;
     assert!(

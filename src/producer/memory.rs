@@ -50,6 +50,8 @@ struct MemoryState {
     topic_error: Option<TopicError>,
     /// A pause before each record a replay hands over: a slow read.
     replay_pause: Option<Duration>,
+    /// Records replays handed over.
+    replayed: usize,
 }
 
 impl Memory {
@@ -114,6 +116,11 @@ impl Memory {
     /// Pauses before each record a replay hands over.
     pub fn slow_replay(&self, pause: Duration) {
         self.state().replay_pause = Some(pause);
+    }
+
+    /// Records replays handed over so far.
+    pub fn replayed(&self) -> usize {
+        self.state().replayed
     }
 
     /// Fails fatally, as an idempotent producer whose sequence broke.
@@ -246,6 +253,7 @@ impl Producer for Memory {
                 std::thread::sleep(pause);
             }
             apply(r.key.as_bytes(), (!r.tombstone).then_some(&r.value[..]));
+            self.state().replayed += 1;
         }
         Ok(())
     }
