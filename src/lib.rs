@@ -30,6 +30,7 @@ pub mod event;
 pub mod http;
 mod json;
 mod kubeapi;
+pub mod kubeclient;
 mod leader;
 pub mod membership;
 pub mod metrics;

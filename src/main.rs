@@ -4,7 +4,6 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
@@ -337,29 +336,5 @@ fn spawn_signal_handler(shutdown: CancellationToken) -> Result<()> {
 }
 
 async fn kube_client(k: &KubernetesConfig) -> Result<kube::Client> {
-    let options = KubeConfigOptions {
-        context: k.context.clone(),
-        ..Default::default()
-    };
-    let mut config = match &k.kubeconfig {
-        Some(path) => {
-            let kc = Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubernetes.kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &options).await?
-        }
-        None if k.context.is_some() => kube::Config::from_kubeconfig(&options).await?,
-        None => kube::Config::infer().await?,
-    };
-    // Every request is bounded: connecting, sending, and any silence while reading a response
-    // (a watch sends a bookmark about every minute; its own idle timeout acts first).
-    config.connect_timeout = Some(std::time::Duration::from_secs(10));
-    config.write_timeout = Some(std::time::Duration::from_secs(30));
-    config.read_timeout = Some(std::time::Duration::from_secs(
-        u64::from(k.watch_idle_timeout_seconds) + 30,
-    ));
-    // The relay retries itself, with its own backoff, counted in its metrics: the client's
-    // built-in retries of 429/503/504 (up to 15, backing off up to 1000 s) would hide errors
-    // and stall a stream on a position the server will never reach.
-    config.default_retry = false;
-    Ok(kube::Client::try_from(config)?)
+    Ok(watchrelay::kubeclient::connect(k).await?)
 }

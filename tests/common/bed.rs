@@ -71,12 +71,10 @@ impl Bed {
             .unwrap();
     }
 
-    /// A client of the simulator, built as the binary builds its own: the relay retries
-    /// itself, so the client's built-in retries are off.
-    pub fn client(&self) -> kube::Client {
-        let mut config = kube::Config::new(self.sim.url().parse().expect("sim url"));
-        config.default_retry = false;
-        kube::Client::try_from(config).expect("client")
+    /// A client of the simulator for a relay configured with `k`, built as the binary builds
+    /// its own.
+    pub fn client(&self, k: &watchrelay::config::KubernetesConfig) -> kube::Client {
+        watchrelay::kubeclient::at(self.sim.url().parse().expect("sim url"), k).expect("client")
     }
 
     /// A relay configuration for this bed; `channels` is the YAML list body and `kafka_extra`
@@ -307,7 +305,7 @@ impl Relay {
             .unwrap();
         // Entered so the client's background tasks belong to the relay's runtime.
         let guard = runtime.enter();
-        let client = bed.client();
+        let client = bed.client(&cfg.kubernetes);
         let mut relay = watchrelay::Relay::new(cfg, client);
         if let Some(p) = producer {
             relay = relay.with_producer(p);

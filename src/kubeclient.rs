@@ -1,0 +1,65 @@
+//! The Kubernetes client the relay runs with, built one way for the binary and the tests: every
+//! request bounded in time, the client's own retries off.
+
+use std::time::Duration;
+
+use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
+use thiserror::Error;
+
+use crate::config::KubernetesConfig;
+
+#[derive(Debug, Error)]
+pub enum ClientError {
+    #[error("reading kubernetes.kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: std::path::PathBuf,
+        source: KubeconfigError,
+    },
+    #[error("loading the kubeconfig: {0}")]
+    Config(#[from] KubeconfigError),
+    #[error("finding the cluster (in-cluster service account, $KUBECONFIG, ~/.kube/config): {0}")]
+    Infer(#[from] kube::config::InferConfigError),
+    #[error("building the client: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// A client of the cluster `k` names: its kubeconfig (and context) when set, else the in-cluster
+/// service account, then `$KUBECONFIG` / `~/.kube/config`.
+pub async fn connect(k: &KubernetesConfig) -> Result<kube::Client, ClientError> {
+    let options = KubeConfigOptions {
+        context: k.context.clone(),
+        ..Default::default()
+    };
+    let config = match &k.kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path).map_err(|source| ClientError::Kubeconfig {
+                path: path.clone(),
+                source,
+            })?;
+            kube::Config::from_custom_kubeconfig(kc, &options).await?
+        }
+        None if k.context.is_some() => kube::Config::from_kubeconfig(&options).await?,
+        None => kube::Config::infer().await?,
+    };
+    build(config, k)
+}
+
+/// A client of the API server at `url`, without credentials (a local server, the simulator).
+pub fn at(url: http::Uri, k: &KubernetesConfig) -> Result<kube::Client, ClientError> {
+    build(kube::Config::new(url), k)
+}
+
+fn build(mut config: kube::Config, k: &KubernetesConfig) -> Result<kube::Client, ClientError> {
+    // Every request is bounded: connecting, sending, and any silence while reading a response
+    // (a watch sends a bookmark about every minute; its own idle timeout acts first).
+    config.connect_timeout = Some(Duration::from_secs(10));
+    config.write_timeout = Some(Duration::from_secs(30));
+    config.read_timeout = Some(Duration::from_secs(
+        u64::from(k.watch_idle_timeout_seconds) + 30,
+    ));
+    // The relay retries itself, with its own backoff, counted in its metrics: the client's
+    // built-in retries of 429/503/504 (up to 15, backing off up to 1000 s) would hide errors
+    // and stall a stream on a position the server will never reach.
+    config.default_retry = false;
+    Ok(kube::Client::try_from(config)?)
+}
