@@ -139,15 +139,80 @@ pub struct Channel {
     pub builtin: bool,
 }
 
+/// A stream's id, its checkpoint key and metric label: `<channel>.<namespace>`, or
+/// `<channel>._all` for a cluster-wide stream. Channel names have no dot, so the first one ends
+/// the channel's name; [`StreamId::parts`] is the one parser of the form, for ids read back
+/// (checkpoint keys, membership records).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId(String);
+
+impl StreamId {
+    /// The namespace part of a cluster-wide stream's id.
+    const ALL: &'static str = "_all";
+
+    pub fn new(channel: &str, namespace: Option<&str>) -> Self {
+        Self(format!("{channel}.{}", namespace.unwrap_or(Self::ALL)))
+    }
+
+    /// The channel and the namespace (`None`: cluster-wide) that `id` names; `None` when it is
+    /// not a stream id.
+    pub fn parts(id: &str) -> Option<(&str, Option<&str>)> {
+        let (channel, ns) = id.split_once('.')?;
+        Some((channel, (ns != Self::ALL).then_some(ns)))
+    }
+
+    pub fn channel(&self) -> &str {
+        self.parts_of_self().0
+    }
+
+    pub fn namespace(&self) -> Option<&str> {
+        self.parts_of_self().1
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    fn parts_of_self(&self) -> (&str, Option<&str>) {
+        Self::parts(&self.0).expect("a stream id made by StreamId::new")
+    }
+}
+
+impl std::fmt::Display for StreamId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::ops::Deref for StreamId {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Hashes and compares as its text, so maps keyed by ids are looked up with ids read back.
+impl std::borrow::Borrow<str> for StreamId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<StreamId> for String {
+    fn from(id: StreamId) -> Self {
+        id.0
+    }
+}
+
 impl Channel {
     pub fn forwards(&self, event_type: EventType) -> bool {
         self.forwarded.contains(event_type)
     }
 
-    /// The id of this channel's stream over `namespace` (its checkpoint key and metric label):
-    /// `<channel>.<namespace>`, or `<channel>._all` for a cluster-wide stream.
-    pub fn stream_id(&self, namespace: Option<&str>) -> String {
-        format!("{}.{}", self.name, namespace.unwrap_or("_all"))
+    /// The id of this channel's stream over `namespace`.
+    pub fn stream_id(&self, namespace: Option<&str>) -> StreamId {
+        StreamId::new(&self.name, namespace)
     }
 
     /// What this channel runs this term when `namespaces` namespaces are in scope, and it ran
@@ -208,13 +273,6 @@ impl Channel {
             _ => true,
         };
         same_resource && same_topic && scopes_meet
-    }
-
-    /// The id of the channel a stream id names, and the namespace (`None`: cluster-wide).
-    /// Channel names have no dot, so the first one ends the name.
-    pub fn parse_stream_id(id: &str) -> Option<(&str, Option<&str>)> {
-        let (channel, ns) = id.split_once('.')?;
-        Some((channel, (ns != "_all").then_some(ns)))
     }
 
     /// The topic for a stream of this channel.
@@ -405,4 +463,32 @@ pub(crate) fn is_topic(t: &str) -> bool {
         && t.len() <= 249
         && t.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+#[cfg(test)]
+mod stream_id_tests {
+    use super::StreamId;
+
+    #[test]
+    fn a_stream_id_reads_back_as_the_channel_and_namespace_it_was_made_of() {
+        let ns = StreamId::new("watchNamespacedPods", Some("shop"));
+        let all = StreamId::new("watchNamespacedPods", None);
+        assert_eq!(
+            (ns.as_str(), all.as_str()),
+            ("watchNamespacedPods.shop", "watchNamespacedPods._all")
+        );
+        assert_eq!(
+            (ns.channel(), ns.namespace()),
+            ("watchNamespacedPods", Some("shop"))
+        );
+        assert_eq!(
+            (all.channel(), all.namespace()),
+            ("watchNamespacedPods", None)
+        );
+        // The first dot ends the channel name; what follows is the namespace.
+        assert_eq!(StreamId::parts("pods.a.b"), Some(("pods", Some("a.b"))));
+        assert_eq!(StreamId::parts("no-dot"), None);
+        let map: std::collections::HashMap<StreamId, u8> = [(ns.clone(), 1)].into();
+        assert_eq!(map.get("watchNamespacedPods.shop"), Some(&1));
+    }
 }

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use prometheus::IntGauge;
 use tokio::sync::{watch, Notify};
 
+use crate::channel::StreamId;
 use crate::checkpoint::Saved;
 
 /// What a stream is doing.
@@ -244,7 +245,7 @@ impl Registry {
         let inner = self.lock();
         let mut asked = 0;
         for (id, e) in &inner.streams {
-            let channel = id.split('.').next().unwrap_or_default();
+            let channel = StreamId::parts(id).map_or(id.as_str(), |(c, _)| c);
             if what == "all" || what == channel {
                 if !delta {
                     e.resync.full.store(true, Ordering::Relaxed);

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::channel::{Channel, Scope, Shape, Shapes};
+use crate::channel::{Channel, Scope, Shape, Shapes, StreamId};
 use crate::checkpoint::{self, Saved, Store};
 use crate::config::Config;
 use crate::decode::ObjectMeta;
@@ -40,7 +40,7 @@ use crate::producer::Producer;
 /// may (a selector channel's namespace, decided once namespaces are listed), else whether it
 /// does.
 pub fn still_runs(cfg: &Config, shapes: &Shapes, id: &str) -> Option<bool> {
-    let Some((name, ns)) = Channel::parse_stream_id(id) else {
+    let Some((name, ns)) = StreamId::parts(id) else {
         return Some(false);
     };
     let Some(channel) = cfg.channels.iter().find(|c| c.name == name) else {
@@ -137,7 +137,7 @@ impl Retire<'_> {
         rv: &str,
         stop: &CancellationToken,
     ) -> Result<(), String> {
-        let (name, ns) = Channel::parse_stream_id(id).unwrap_or((id, None));
+        let (name, ns) = StreamId::parts(id).unwrap_or((id, None));
         let channel = self.cfg.channels.iter().find(|c| c.name == name);
         let cluster = &self.cfg.cluster_name;
         let route = match channel {

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::ListParams;
 use kube::Api;
 
-use crate::channel::{Channel, Scope, Shape, Shapes};
+use crate::channel::{Scope, Shape, Shapes, StreamId};
 use crate::config::Config;
 
 /// Each channel's shape this term. `known` are the stream ids the relay holds state of
@@ -22,7 +22,7 @@ pub(super) async fn decide<'a>(
 ) -> Shapes {
     let mut previous: HashMap<&str, Shape> = HashMap::new();
     for id in known {
-        if let Some((name, ns)) = Channel::parse_stream_id(id) {
+        if let Some((name, ns)) = StreamId::parts(id) {
             let shape = match ns {
                 None => Shape::ClusterWide,
                 Some(_) => Shape::PerNamespace,

@@ -19,7 +19,7 @@ use kube::Api;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::channel::{Channel, Scope, Shape, Shapes};
+use crate::channel::{Channel, Scope, Shape, Shapes, StreamId};
 use crate::checkpoint::Saved;
 use crate::membership::Restored;
 use crate::registry::Registry;
@@ -36,7 +36,7 @@ pub(super) struct Supervisor {
     /// that returns later keeps its members in its outbox until it leaves.
     members: Arc<Mutex<Restored>>,
     /// Cancelled when the latest stream of each id has ended.
-    ends: Arc<Mutex<HashMap<String, CancellationToken>>>,
+    ends: Arc<Mutex<HashMap<StreamId, CancellationToken>>>,
     /// How each channel over several namespaces watches them this term.
     shapes: Arc<Shapes>,
     tasks: TaskTracker,
@@ -230,10 +230,10 @@ impl Supervisor {
         orphans.dedup();
         let started = self.ends.lock().expect("ends lock poisoned").clone();
         for id in orphans {
-            let Some((name, Some(ns))) = Channel::parse_stream_id(&id) else {
+            let Some((name, Some(ns))) = StreamId::parts(&id) else {
                 continue;
             };
-            if name != channel.name || running(ns) || started.contains_key(&id) {
+            if name != channel.name || running(ns) || started.contains_key(id.as_str()) {
                 continue;
             }
             tracing::info!(stream = %id, "stream no longer in scope since the last run; deleting what it announced");
