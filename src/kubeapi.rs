@@ -215,16 +215,69 @@ pub async fn list_page(
 /// An open watch response, read line by line.
 pub struct Watch {
     body: Body,
-    buf: BytesMut,
-    /// Bytes of `buf` already searched for a newline, so long lines are scanned once.
-    scanned: usize,
+    lines: Lines,
     done: bool,
+}
+
+/// The lines of a byte stream received in frames. A line inside one frame is a slice of it,
+/// not a copy (a watch event is usually one frame: the server flushes each); only a line cut
+/// across frames is gathered into a buffer.
+#[derive(Default)]
+struct Lines {
+    /// What remains of the last frame, after the lines taken from it.
+    frame: Bytes,
+    /// The start of a line whose end has not arrived yet.
+    partial: BytesMut,
+}
+
+impl Lines {
+    /// Adds the next frame; every line of the previous one must have been taken.
+    fn push(&mut self, frame: Bytes) {
+        debug_assert!(self.frame.is_empty(), "a frame still holds lines");
+        self.frame = frame;
+    }
+
+    /// The next complete line that is not blank, without its newline.
+    fn next(&mut self) -> Option<Bytes> {
+        loop {
+            let Some(i) = memchr::memchr(b'\n', &self.frame) else {
+                // No end of line in what remains: it starts (or continues) a partial line.
+                self.partial.extend_from_slice(&self.frame);
+                self.frame.clear();
+                return None;
+            };
+            let line = if self.partial.is_empty() {
+                let line = self.frame.slice(..i);
+                self.frame.advance(i + 1);
+                line
+            } else {
+                self.partial.extend_from_slice(&self.frame[..i]);
+                self.frame.advance(i + 1);
+                self.partial.split().freeze()
+            };
+            if !line.iter().all(u8::is_ascii_whitespace) {
+                return Some(line);
+            }
+        }
+    }
+
+    /// Bytes of the line not yet complete.
+    fn partial(&self) -> &[u8] {
+        &self.partial
+    }
+
+    /// Drops the line not yet complete; returns its length.
+    fn drop_partial(&mut self) -> usize {
+        let n = self.partial.len();
+        self.partial.clear();
+        n
+    }
 }
 
 impl std::fmt::Debug for Watch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Watch")
-            .field("buffered", &self.buf.len())
+            .field("buffered", &self.lines.partial().len())
             .field("done", &self.done)
             .finish()
     }
@@ -267,8 +320,7 @@ pub async fn watch(
     let res = get(client, url(path, q, &extra)).await?;
     Ok(Watch {
         body: res.into_body(),
-        buf: BytesMut::with_capacity(64 * 1024),
-        scanned: 0,
+        lines: Lines::default(),
         done: false,
     })
 }
@@ -278,19 +330,17 @@ impl Watch {
     /// the end of the stream is an error: the connection was cut mid-event.
     pub async fn next_line(&mut self) -> Result<Option<Bytes>, ApiError> {
         loop {
-            if let Some(line) = self.buffered_line() {
+            if let Some(line) = self.lines.next() {
                 return Ok(Some(line));
             }
-            if self.buf.len() > MAX_LINE {
+            if self.lines.partial().len() > MAX_LINE {
                 return Err(ApiError::LineTooLong);
             }
             if self.done {
-                return if self.buf.iter().all(u8::is_ascii_whitespace) {
+                return if self.lines.partial().iter().all(u8::is_ascii_whitespace) {
                     Ok(None)
                 } else {
-                    let n = self.buf.len();
-                    self.buf.advance(n);
-                    self.scanned = 0;
+                    let n = self.lines.drop_partial();
                     Err(ApiError::Body(format!(
                         "stream ended inside a line ({n} bytes)"
                     )))
@@ -301,7 +351,7 @@ impl Watch {
                 Some(Err(e)) => return Err(ApiError::Body(e.to_string())),
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
-                        self.buf.extend_from_slice(&data);
+                        self.lines.push(data);
                     }
                 }
             }
@@ -310,19 +360,7 @@ impl Watch {
 
     /// A complete line already received, without waiting for more input.
     pub fn buffered_line(&mut self) -> Option<Bytes> {
-        loop {
-            let Some(i) =
-                memchr::memchr(b'\n', &self.buf[self.scanned..]).map(|i| i + self.scanned)
-            else {
-                self.scanned = self.buf.len();
-                return None;
-            };
-            let line = self.buf.split_to(i + 1).freeze().slice(..i);
-            self.scanned = 0;
-            if !line.iter().all(u8::is_ascii_whitespace) {
-                return Some(line);
-            }
-        }
+        self.lines.next()
     }
 }
 
@@ -342,5 +380,39 @@ pub async fn resource_exists(
         Ok(list) => Ok(list.resources.iter().any(|r| r.name == resource)),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
         Err(e) => Err(ApiError::Transport(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_are_the_same_however_the_stream_is_cut_into_frames() {
+        let text = b"{\"a\":1}\n\n  \n{\"b\":\"two\"}\n{\"c\":3}\n{\"d\":[4]}";
+        let whole: Vec<&[u8]> = vec![b"{\"a\":1}", b"{\"b\":\"two\"}", b"{\"c\":3}"];
+        // Every way of cutting the stream in three frames.
+        for i in 0..=text.len() {
+            for j in i..=text.len() {
+                let mut lines = Lines::default();
+                let mut got = Vec::new();
+                for frame in [&text[..i], &text[i..j], &text[j..]] {
+                    lines.push(Bytes::copy_from_slice(frame));
+                    got.extend(std::iter::from_fn(|| lines.next()));
+                }
+                assert_eq!(got, whole, "cut at {i} and {j}");
+                assert_eq!(lines.partial(), b"{\"d\":[4]}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_line_inside_one_frame_is_not_copied() {
+        let frame = Bytes::from_static(b"{\"a\":1}\n{\"b\":2}\n");
+        let mut lines = Lines::default();
+        lines.push(frame.clone());
+        let line = lines.next().unwrap();
+        assert_eq!(line.as_ptr(), frame.as_ptr());
+        assert_eq!(lines.next().unwrap().as_ptr(), frame[8..].as_ptr());
     }
 }
