@@ -79,6 +79,9 @@ impl Arena {
             let len = len(self.entry(*at));
             let (from_index, from_position) = split(*at);
             if to_position > 0 && to_position + len > CHUNK {
+                // An entry that does not fit here lies in a later chunk: every entry of this one
+                // was read, and what follows the last one written is garbage.
+                self.chunks[to_index].truncate(to_position);
                 (to_index, to_position) = (to_index + 1, 0);
             }
             if (to_index, to_position) != (from_index, from_position) {
@@ -174,6 +177,19 @@ mod tests {
             "{} of {before}",
             arena.heap_bytes()
         );
+        // Then only the entries longer than a chunk and the ones just before them: a chunk is
+        // left with a tail after the last entry moved within it, which must not count as used.
+        let all = at.clone();
+        at = (0..all.len())
+            .filter(|&n| all[n].2 > CHUNK || all.get(n + 1).is_some_and(|e| e.2 > CHUNK))
+            .map(|n| all[n])
+            .collect();
+        assert!(at.iter().any(|e| e.2 > CHUNK) && at.iter().any(|e| e.2 < CHUNK));
+        arena.retain(at.iter_mut().map(|(a, _, _)| a), entry_len);
+        for &(a, i, len) in &at {
+            assert_eq!(&arena.entry(a)[..len], &entry(i, len)[..]);
+        }
+        assert_eq!(arena.used(), at.iter().map(|e| e.2).sum::<usize>());
         // Pushing goes on after what was kept.
         let next = arena.push(&entry(1, 40));
         assert!(next > at.last().unwrap().0);
