@@ -1,8 +1,8 @@
 //! [`Members`]: one stream's known objects, compact enough for a million of them.
 //!
 //! Object identities are kept in a byte arena (chunks of one size, see [`Arena`]) indexed by uid:
-//! a canonical (lowercase, hyphenated) UUID, which is what the API server assigns, is kept as its 16 bytes; any other uid is indexed
-//! by a 128-bit hash and kept whole in its entry. An entry is the object's name, namespace (a
+//! a canonical (lowercase, hyphenated) UUID, which is what the API server assigns, is kept as
+//! its 16 bytes; any other uid is indexed by a 128-bit hash and kept whole in its entry. An entry is the object's name, namespace (a
 //! flag when it is the set's usual one) and resourceVersion, each length-prefixed, then where it
 //! was announced: its topic (a flag when it is the set's usual one) and its key (a flag when it is
 //! the default `namespace/name`), so a retraction needs nothing else.
