@@ -2,10 +2,11 @@
 //!
 //! Object identities are kept in a byte arena (chunks of one size, see [`Arena`]) indexed by uid:
 //! a canonical (lowercase, hyphenated) UUID, which is what the API server assigns, is kept as
-//! its 16 bytes; any other uid is indexed by a 128-bit hash and kept whole in its entry. An entry is the object's name, namespace (a
-//! flag when it is the set's usual one) and resourceVersion, each length-prefixed, then where it
-//! was announced: its topic (a flag when it is the set's usual one) and its key (a flag when it is
-//! the default `namespace/name`), so a retraction needs nothing else.
+//! its 16 bytes; any other uid is indexed by a 128-bit hash and kept whole in its entry. An entry
+//! is the object's name, namespace (a flag when it is the set's usual one) and resourceVersion,
+//! each length-prefixed, then where it was announced: its topic (a flag when it is the set's
+//! usual one) and its key (a flag when it is the default `namespace/name`), so a retraction
+//! needs nothing else.
 //!
 //! The index is a sorted array (20 bytes a member, what a restore builds in one pass) and a small
 //! hash map of what joined since; both are merged back into the array once the map or the removed
