@@ -209,22 +209,31 @@ pub struct Announcement {
     pub meta: ObjectMeta,
     /// `watchrelay.id`.
     pub id: String,
-    /// `watchrelay.resourceVersion`: the object's, or the list's for inferred events and markers.
-    pub resource_version: String,
-    /// When the relay read the event (RFC 3339).
-    pub observed_at: String,
+    /// `watchrelay.resourceVersion` when it is not the object's: the list's for inferred events
+    /// and markers (see [`Announcement::resource_version`]).
+    pub list_version: Option<String>,
+    /// When the relay read the event.
+    pub observed_at: Stamp,
     pub resync: bool,
     pub synthetic: bool,
 }
 
 impl Announcement {
+    /// `watchrelay.resourceVersion`: the object's, or the list's for inferred events and
+    /// markers.
+    pub fn resource_version(&self) -> &str {
+        self.list_version
+            .as_deref()
+            .unwrap_or(&self.meta.resource_version)
+    }
+
     /// A change read off a watch or a list.
     pub fn change(event_type: EventType, meta: ObjectMeta, resync: bool) -> Self {
         Self {
             event_type,
             id: format!("{}/{}", meta.uid, meta.resource_version),
-            resource_version: meta.resource_version.clone(),
-            observed_at: now_rfc3339(),
+            list_version: None,
+            observed_at: Stamp::now(),
             resync,
             synthetic: false,
             meta,
@@ -236,8 +245,8 @@ impl Announcement {
         Self {
             event_type: EventType::Deleted,
             id: format!("{}/deleted", meta.uid),
-            resource_version: list_rv.to_string(),
-            observed_at: now_rfc3339(),
+            list_version: Some(list_rv.to_string()),
+            observed_at: Stamp::now(),
             resync: true,
             synthetic: true,
             meta,
@@ -250,8 +259,8 @@ impl Announcement {
         Self {
             event_type: EventType::Bookmark,
             id: format!("{what}/{stream}/{rv}"),
-            resource_version: rv.to_string(),
-            observed_at: now_rfc3339(),
+            list_version: Some(rv.to_string()),
+            observed_at: Stamp::now(),
             resync,
             synthetic: false,
             meta: ObjectMeta {
@@ -359,8 +368,8 @@ impl<'a> EnvelopeMeta<'a> {
             message: &route.message,
             cluster: &route.cluster,
             namespace: route.namespace.as_deref(),
-            resource_version: &a.resource_version,
-            observed_at: &a.observed_at,
+            resource_version: a.resource_version(),
+            observed_at: a.observed_at.as_str(),
             resync: a.resync,
             synthetic: a.synthetic,
             truncated_bytes,
@@ -535,21 +544,58 @@ pub fn bookmark_object(
     .expect("serializing a json Value cannot fail")
 }
 
-/// The current time as RFC 3339 with milliseconds, formatted once per millisecond
-/// (per thread): events read in the same millisecond share it.
-pub fn now_rfc3339() -> String {
-    thread_local! {
-        static LAST: std::cell::RefCell<(i64, String)> = const { std::cell::RefCell::new((0, String::new())) };
-    }
-    let ms = jiff::Timestamp::now().as_millisecond();
-    LAST.with_borrow_mut(|(at, text)| {
-        if *at != ms || text.is_empty() {
-            let now = jiff::Timestamp::from_millisecond(ms).expect("now is a valid timestamp");
-            *at = ms;
-            *text = format!("{now:.3}");
+/// An RFC 3339 timestamp with milliseconds (`2026-11-25T10:00:00.000Z`), held inline: copied
+/// with its event, never allocated.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    len: u8,
+    text: [u8; 32],
+}
+
+impl Stamp {
+    /// The current time, formatted once per millisecond (per thread): events read in the same
+    /// millisecond share it.
+    pub fn now() -> Self {
+        thread_local! {
+            static LAST: std::cell::Cell<(i64, Option<Stamp>)> = const { std::cell::Cell::new((0, None)) };
         }
-        text.clone()
-    })
+        let ms = jiff::Timestamp::now().as_millisecond();
+        LAST.with(|last| match last.get() {
+            (at, Some(stamp)) if at == ms => stamp,
+            _ => {
+                let now = jiff::Timestamp::from_millisecond(ms).expect("now is a valid timestamp");
+                let stamp = Self::new(&format!("{now:.3}"));
+                last.set((ms, Some(stamp)));
+                stamp
+            }
+        })
+    }
+
+    /// `text`, an RFC 3339 timestamp (32 bytes at most).
+    pub fn new(text: &str) -> Self {
+        assert!(text.len() <= 32, "a timestamp of 32 bytes at most: {text}");
+        let mut stamp = Self {
+            len: u8::try_from(text.len()).expect("at most 32"),
+            text: [0; 32],
+        };
+        stamp.text[..text.len()].copy_from_slice(text.as_bytes());
+        stamp
+    }
+
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.text[..usize::from(self.len)]).expect("made from a str")
+    }
+}
+
+impl std::fmt::Debug for Stamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The current time as RFC 3339 with milliseconds (see [`Stamp::now`]).
+pub fn now_rfc3339() -> String {
+    Stamp::now().as_str().to_string()
 }
 
 #[cfg(test)]
@@ -595,10 +641,21 @@ mod tests {
     }
 
     #[test]
+    fn a_stamp_is_the_rfc3339_text_of_its_millisecond() {
+        let stamp = Stamp::now();
+        let text = stamp.as_str();
+        assert_eq!(text.len(), 24, "{text}");
+        let parsed: jiff::Timestamp = text.parse().unwrap();
+        assert_eq!(format!("{parsed:.3}"), text);
+        assert_eq!(Stamp::new(text), stamp);
+        assert_eq!(format!("{stamp:?}"), text);
+    }
+
+    #[test]
     fn records_are_byte_for_byte_what_they_were() {
         let ev = decode_line(LINE.as_bytes(), trim()).unwrap();
         let fixed = |mut a: Announcement| {
-            a.observed_at = "2026-11-25T10:00:00.000Z".into();
+            a.observed_at = Stamp::new("2026-11-25T10:00:00.000Z");
             a
         };
         let a = fixed(Announcement::change(ev.event_type, ev.meta.clone(), false));
