@@ -160,22 +160,6 @@ impl StreamId {
         let (channel, ns) = id.split_once('.')?;
         Some((channel, (ns != Self::ALL).then_some(ns)))
     }
-
-    pub fn channel(&self) -> &str {
-        self.parts_of_self().0
-    }
-
-    pub fn namespace(&self) -> Option<&str> {
-        self.parts_of_self().1
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    fn parts_of_self(&self) -> (&str, Option<&str>) {
-        Self::parts(&self.0).expect("a stream id made by StreamId::new")
-    }
 }
 
 impl std::fmt::Display for StreamId {
@@ -196,12 +180,6 @@ impl std::ops::Deref for StreamId {
 impl std::borrow::Borrow<str> for StreamId {
     fn borrow(&self) -> &str {
         &self.0
-    }
-}
-
-impl From<StreamId> for String {
-    fn from(id: StreamId) -> Self {
-        id.0
     }
 }
 
@@ -474,17 +452,14 @@ mod stream_id_tests {
         let ns = StreamId::new("watchNamespacedPods", Some("shop"));
         let all = StreamId::new("watchNamespacedPods", None);
         assert_eq!(
-            (ns.as_str(), all.as_str()),
+            (&*ns, &*all),
             ("watchNamespacedPods.shop", "watchNamespacedPods._all")
         );
         assert_eq!(
-            (ns.channel(), ns.namespace()),
-            ("watchNamespacedPods", Some("shop"))
+            StreamId::parts(&ns),
+            Some(("watchNamespacedPods", Some("shop")))
         );
-        assert_eq!(
-            (all.channel(), all.namespace()),
-            ("watchNamespacedPods", None)
-        );
+        assert_eq!(StreamId::parts(&all), Some(("watchNamespacedPods", None)));
         // The first dot ends the channel name; what follows is the namespace.
         assert_eq!(StreamId::parts("pods.a.b"), Some(("pods", Some("a.b"))));
         assert_eq!(StreamId::parts("no-dot"), None);

@@ -210,7 +210,7 @@ pub struct Announcement {
     /// `watchrelay.id`.
     pub id: String,
     /// `watchrelay.resourceVersion` when it is not the object's: the list's for inferred events
-    /// and markers (see [`Announcement::resource_version`]).
+    /// (see [`Announcement::resource_version`]).
     pub list_version: Option<String>,
     /// When the relay read the event.
     pub observed_at: Stamp,
@@ -219,8 +219,8 @@ pub struct Announcement {
 }
 
 impl Announcement {
-    /// `watchrelay.resourceVersion`: the object's, or the list's for inferred events and
-    /// markers.
+    /// `watchrelay.resourceVersion`: the object's (a marker's is the position it marks), or the
+    /// list's for inferred events.
     pub fn resource_version(&self) -> &str {
         self.list_version
             .as_deref()
@@ -259,7 +259,8 @@ impl Announcement {
         Self {
             event_type: EventType::Bookmark,
             id: format!("{what}/{stream}/{rv}"),
-            list_version: Some(rv.to_string()),
+            // The marker's own resourceVersion is `rv`.
+            list_version: None,
             observed_at: Stamp::now(),
             resync,
             synthetic: false,
@@ -638,6 +639,19 @@ mod tests {
             out.push_str(&format!("{name}={value}\n"));
         }
         out
+    }
+
+    #[test]
+    fn each_announcement_says_the_resource_version_it_stands_at() {
+        let ev = decode_line(LINE.as_bytes(), trim()).unwrap();
+        let meta = || ev.meta.clone();
+        let change = Announcement::change(ev.event_type, meta(), false);
+        let inferred = Announcement::inferred_delete(meta(), "77");
+        let marker = Announcement::marker("bookmark", "pods.shop", meta(), "90", false);
+        assert_eq!(
+            [change, inferred, marker].map(|a| a.resource_version().to_string()),
+            ["42", "77", "90"]
+        );
     }
 
     #[test]

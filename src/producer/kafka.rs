@@ -241,30 +241,18 @@ mod tests {
 
     #[test]
     fn kafka_errors_are_classed_by_what_it_takes_to_get_past_them() {
-        let class = |code| classify(&KafkaError::MessageProduction(code)).class;
-        assert_eq!(
-            class(RDKafkaErrorCode::MessageTimedOut),
-            ErrorClass::Retriable
-        );
-        assert_eq!(
-            class(RDKafkaErrorCode::NotLeaderForPartition),
-            ErrorClass::Retriable
-        );
-        assert_eq!(
-            class(RDKafkaErrorCode::BrokerTransportFailure),
-            ErrorClass::Retriable
-        );
-        assert_eq!(
-            class(RDKafkaErrorCode::TopicAuthorizationFailed),
-            ErrorClass::Permanent
-        );
-        assert_eq!(
-            class(RDKafkaErrorCode::UnknownTopicOrPartition),
-            ErrorClass::Permanent
-        );
-        assert_eq!(
-            class(RDKafkaErrorCode::MessageSizeTooLarge),
-            ErrorClass::TooLarge
-        );
+        use RDKafkaErrorCode as Code;
+        let cases = [
+            (Code::MessageTimedOut, ErrorClass::Retriable),
+            (Code::NotLeaderForPartition, ErrorClass::Retriable),
+            (Code::BrokerTransportFailure, ErrorClass::Retriable),
+            (Code::TopicAuthorizationFailed, ErrorClass::Permanent),
+            (Code::UnknownTopicOrPartition, ErrorClass::Permanent),
+            (Code::MessageSizeTooLarge, ErrorClass::TooLarge),
+        ];
+        for (code, class) in cases {
+            let got = classify(&KafkaError::MessageProduction(code)).class;
+            assert_eq!(got, class, "{code:?}");
+        }
     }
 }

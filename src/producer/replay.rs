@@ -31,18 +31,21 @@ fn consumer_settings(connection: &ClientConfig) -> ClientConfig {
         .set("group.id", "watchrelay-membership")
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false");
-    // A fetch holds at least one whole record (librdkafka refuses a fetch.max.bytes below
-    // message.max.bytes).
-    let message_max = settings
-        .get("message.max.bytes")
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
     for (k, v) in REPLAY_SETTINGS {
         if settings.get(k).is_none() {
-            match *k {
-                "fetch.max.bytes" => settings.set(*k, message_max.max(1 << 20).to_string()),
-                _ => settings.set(*k, *v),
-            };
+            settings.set(*k, *v);
+        }
+    }
+    // A fetch holds at least one whole record: librdkafka refuses a fetch.max.bytes below
+    // message.max.bytes, so the default one rises to it.
+    let number = |k: &str| settings.get(k).and_then(|v| v.parse::<u64>().ok());
+    if let (None, Some(message), Some(fetch)) = (
+        connection.get("fetch.max.bytes"),
+        number("message.max.bytes"),
+        number("fetch.max.bytes"),
+    ) {
+        if message > fetch {
+            settings.set("fetch.max.bytes", message.to_string());
         }
     }
     settings
