@@ -47,9 +47,7 @@ fn find<'m>(src: &str, members: &'m [Member], key: &str) -> Option<&'m Member> {
 /// A member's value when it is a string.
 fn string_of(src: &str, members: &[Member], key: &str) -> Option<String> {
     let m = find(src, members, key)?;
-    let mut sc = Scanner::new(&src[m.value.clone()]);
-    let s = sc.string().ok()?;
-    Some(sc.text(&s).into_owned())
+    Some(Str::at(src, &m.value)?.text(src).into_owned())
 }
 
 /// Scans an object starting at the scanner's position. The values of `dropped` members are
@@ -60,8 +58,7 @@ fn scan_object<'a>(
     metadata: Option<&[&str]>,
     dropped: &[&str],
 ) -> Result<Object<'a>, ScanError> {
-    sc.ws();
-    let begin = sc.pos();
+    let begin = sc.pos()?;
     sc.expect(b'{', "expected an object")?;
     // Room for a typical metadata (about ten members) without growing.
     let mut members = Vec::with_capacity(16);
@@ -70,32 +67,25 @@ fn scan_object<'a>(
     while sc.next_member(first)? {
         first = false;
         let key = sc.key()?;
-        sc.ws();
-        let start = sc.pos();
         let name = key.text(sc.src());
-        let metadata = match split {
+        let (value, metadata) = match split {
             Some(md_dropped) if name == "metadata" => {
                 split = None;
-                Some(scan_object(sc, None, md_dropped)?.members)
+                let md = scan_object(sc, None, md_dropped)?;
+                (md.span, Some(md.members))
             }
-            _ if dropped.contains(&name.as_ref()) => {
-                sc.delimit()?;
-                None
-            }
-            _ => {
-                sc.value()?;
-                None
-            }
+            _ if dropped.contains(&name.as_ref()) => (sc.delimit()?, None),
+            _ => (sc.value()?, None),
         };
         members.push(Member {
             key,
-            value: start..sc.pos(),
+            value,
             metadata,
         });
     }
     Ok(Object {
         src: sc.src(),
-        span: begin..sc.pos(),
+        span: begin..sc.end_of_last(),
         members,
     })
 }
@@ -224,14 +214,22 @@ pub fn decode_line(line: &[u8], trim: Trim) -> Result<WatchEvent, DecodeError> {
 /// buffer for every event.
 pub fn decode_line_into(line: &[u8], trim: Trim, out: Vec<u8>) -> Result<WatchEvent, DecodeError> {
     let src = std::str::from_utf8(line).map_err(|_| DecodeError::Utf8)?;
-    let mut sc = Scanner::new(src);
+    decode_scanned(&mut Scanner::new(src), trim, out)
+}
+
+/// [`decode_line_into`] over the indexed line.
+fn decode_scanned(
+    sc: &mut Scanner<'_>,
+    trim: Trim,
+    out: Vec<u8>,
+) -> Result<WatchEvent, DecodeError> {
+    let src = sc.src();
     sc.expect(b'{', "expected an object")?;
     let (mut event_type, mut object) = (None, None);
     let mut first = true;
     while sc.next_member(first)? {
         first = false;
         let key = sc.key()?;
-        sc.ws();
         match key.text(src).as_ref() {
             "type" if event_type.is_none() => {
                 let s = sc.string()?;
@@ -242,7 +240,7 @@ pub fn decode_line_into(line: &[u8], trim: Trim, out: Vec<u8>) -> Result<WatchEv
                 );
             }
             "object" if object.is_none() => {
-                object = Some(scan_object(&mut sc, Some(metadata_dropped(trim)), &[])?)
+                object = Some(scan_object(sc, Some(metadata_dropped(trim)), &[])?)
             }
             _ => {
                 sc.value()?;
@@ -252,7 +250,7 @@ pub fn decode_line_into(line: &[u8], trim: Trim, out: Vec<u8>) -> Result<WatchEv
     sc.end()?;
     let event_type = event_type.ok_or(DecodeError::Missing("type"))?;
     let object = object.ok_or(DecodeError::Missing("object"))?;
-    decode_object(event_type, &object, trim, None, out)
+    decode_object(sc, event_type, &object, trim, None, out)
 }
 
 /// Decodes one item of a list, as if it arrived in an event of `event_type`. List items usually
@@ -266,10 +264,20 @@ pub fn decode_item(
     let mut sc = Scanner::new(object.get());
     let parsed = scan_object(&mut sc, Some(metadata_dropped(trim)), &[])?;
     sc.end()?;
-    decode_object(event_type, &parsed, trim, Some(type_meta), Vec::new())
+    decode_object(
+        &mut sc,
+        event_type,
+        &parsed,
+        trim,
+        Some(type_meta),
+        Vec::new(),
+    )
 }
 
+/// The event of a scanned `object`; `sc` is the scanner it came from, for a second look at a
+/// member (annotations).
 fn decode_object(
+    sc: &mut Scanner<'_>,
     event_type: EventType,
     object: &Object<'_>,
     trim: Trim,
@@ -321,25 +329,26 @@ fn decode_object(
     if meta.resource_version.is_empty() && event_type != EventType::Error {
         return Err(DecodeError::Missing("metadata.resourceVersion"));
     }
+    // The members of `metadata.annotations`, when it is an object.
+    let annotations = |sc: &mut Scanner<'_>| {
+        let a = find(src, metadata, "annotations")?;
+        sc.seek(a.value.start);
+        Some((a.value.len(), scan_object(sc, None, &[]).ok()?.members))
+    };
     let initial_events_end = event_type == EventType::Bookmark
-        && find(src, metadata, "annotations").is_some_and(|a| {
-            let raw = &src[a.value.clone()];
-            scan_object(&mut Scanner::new(raw), None, &[]).is_ok_and(|o| {
-                string_of(raw, &o.members, "k8s.io/initial-events-end").as_deref() == Some("true")
-            })
+        && annotations(sc).is_some_and(|(_, members)| {
+            string_of(src, &members, "k8s.io/initial-events-end").as_deref() == Some("true")
         });
     let secret = meta.kind == "Secret" && !trim.allow_secret_data;
     // A Secret's annotations lose the copy of the whole object `kubectl apply` leaves there.
     let annotations = if secret {
-        find(src, metadata, "annotations").and_then(|a| {
-            let raw = &src[a.value.clone()];
-            let o = scan_object(&mut Scanner::new(raw), None, &[]).ok()?;
-            find(raw, &o.members, LAST_APPLIED)?;
-            let mut edited = Vec::with_capacity(raw.len());
+        annotations(sc).and_then(|(len, members)| {
+            find(src, &members, LAST_APPLIED)?;
+            let mut edited = Vec::with_capacity(len);
             write_members(
                 &mut edited,
-                raw,
-                &o.members,
+                src,
+                &members,
                 b"",
                 &[LAST_APPLIED],
                 None,

@@ -6,6 +6,7 @@
 //! | [`config`], [`channel`], [`catalogue`] | the configuration file, parsed once into resolved channels |
 //! | [`event`] | the watch event types |
 //! | [`decode`] | watch line / list item to [`decode::WatchEvent`] (pure) |
+//! | `conformance` | the decoder's contract with serde_json, for the fuzz target and the tests |
 //! | [`envelope`] | announcement to Kafka record (pure) |
 //! | `stream` | one stream's state machine and its driver |
 //! | `outbox` | one stream's delivery: ordered acks, backpressure, oversize, drain |
@@ -24,6 +25,8 @@ pub mod catalogue;
 pub mod channel;
 pub mod checkpoint;
 pub mod config;
+#[doc(hidden)]
+pub mod conformance;
 pub mod decode;
 pub mod envelope;
 pub mod event;
