@@ -565,6 +565,7 @@ fn baseline(bootstrap: &str, topic: &str, input: &Path, warmup: usize) {
                     message: "WatchEvent".into(),
                     cluster: "bench".into(),
                     namespace: Some(NS.into()),
+                    rendered: Default::default(),
                 };
                 let a = Announcement::change(ev.event_type, ev.meta, false);
                 let rec = envelope::record(&route, &a, &ev.object, Vec::new());

@@ -16,10 +16,12 @@
 //! - Nothing promises that a consumer sees every intermediate state: Kubernetes itself may
 //!   coalesce changes, and after a 410 only the current state is re-announced.
 
-use serde::Serialize;
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
 
 use crate::channel::Channel;
-use crate::decode::ObjectMeta;
+use crate::decode::{ObjectMeta, Trim};
 use crate::event::EventType;
 
 /// How a record's Kafka key is made from its object: `{namespace}`, `{name}`, `{uid}` and
@@ -130,7 +132,7 @@ impl KeyTemplate {
 }
 
 /// What every record of one stream shares.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Route {
     pub topic: String,
     /// How records are keyed.
@@ -146,7 +148,15 @@ pub struct Route {
     pub cluster: String,
     /// The stream's namespace, absent for cluster-wide streams.
     pub namespace: Option<String>,
+    /// The envelope metadata made of the fields above, rendered on first use.
+    pub rendered: Rendered,
 }
+
+/// The part of a route's `watchrelay` envelope metadata that is the same in every record:
+/// `"channel":..,"operationId":..,"message":..,"cluster":..(,"namespace":..)`, rendered as JSON
+/// once. A route's fields do not change once it carries records.
+#[derive(Clone, Debug, Default)]
+pub struct Rendered(std::sync::OnceLock<Box<[u8]>>);
 
 impl Route {
     /// The route of `channel`'s stream over `namespace` in `cluster`.
@@ -162,7 +172,34 @@ impl Route {
             message: channel.message.clone(),
             cluster: cluster.to_string(),
             namespace,
+            rendered: Rendered::default(),
         }
+    }
+
+    /// See [`Rendered`].
+    fn rendered(&self) -> &[u8] {
+        self.rendered.0.get_or_init(|| {
+            #[derive(Serialize)]
+            #[serde(rename_all = "camelCase")]
+            struct Constant<'a> {
+                channel: &'a str,
+                operation_id: &'a str,
+                message: &'a str,
+                cluster: &'a str,
+                #[serde(skip_serializing_if = "Option::is_none")]
+                namespace: Option<&'a str>,
+            }
+            let json = serde_json::to_vec(&Constant {
+                channel: &self.channel,
+                operation_id: &self.operation_id,
+                message: &self.message,
+                cluster: &self.cluster,
+                namespace: self.namespace.as_deref(),
+            })
+            .expect("serializing plain strings cannot fail");
+            // Without the braces: members to write among others.
+            json[1..json.len() - 1].into()
+        })
     }
 
     /// What identifies where this route publishes (`<topic> <key template>`), saved with a
@@ -184,6 +221,7 @@ impl Route {
             message: "WatchEvent".into(),
             cluster: cluster.to_string(),
             namespace,
+            rendered: Rendered::default(),
         }
     }
 }
@@ -201,6 +239,17 @@ pub fn retraction(route: &Route, meta: ObjectMeta, rv: &str, topic: &str, key: &
     record(&route, &a, &object, Vec::new())
 }
 
+/// `watchrelay.id`, made from the announcement's object when the record is written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Id {
+    /// `{uid}/{resourceVersion}`: a change read off a watch or a list.
+    Change,
+    /// `{uid}/deleted`: an inferred DELETED.
+    Deleted,
+    /// As it is: a marker's `{what}/{stream}/{resourceVersion}`.
+    Text(String),
+}
+
 /// One event as the relay announces it: which change of which object, and how it came about.
 #[derive(Clone, Debug)]
 pub struct Announcement {
@@ -208,7 +257,7 @@ pub struct Announcement {
     /// The object's identity; its `namespace/name` is the Kafka key.
     pub meta: ObjectMeta,
     /// `watchrelay.id`.
-    pub id: String,
+    pub id: Id,
     /// `watchrelay.resourceVersion` when it is not the object's: the list's for inferred events
     /// (see [`Announcement::resource_version`]).
     pub list_version: Option<String>,
@@ -219,6 +268,15 @@ pub struct Announcement {
 }
 
 impl Announcement {
+    /// `watchrelay.id`, in parts written end to end.
+    pub fn id_parts(&self) -> [&str; 3] {
+        match &self.id {
+            Id::Change => [&self.meta.uid, "/", &self.meta.resource_version],
+            Id::Deleted => [&self.meta.uid, "/", "deleted"],
+            Id::Text(text) => [text, "", ""],
+        }
+    }
+
     /// `watchrelay.resourceVersion`: the object's (a marker's is the position it marks), or the
     /// list's for inferred events.
     pub fn resource_version(&self) -> &str {
@@ -231,7 +289,7 @@ impl Announcement {
     pub fn change(event_type: EventType, meta: ObjectMeta, resync: bool) -> Self {
         Self {
             event_type,
-            id: format!("{}/{}", meta.uid, meta.resource_version),
+            id: Id::Change,
             list_version: None,
             observed_at: Stamp::now(),
             resync,
@@ -244,7 +302,7 @@ impl Announcement {
     pub fn inferred_delete(meta: ObjectMeta, list_rv: &str) -> Self {
         Self {
             event_type: EventType::Deleted,
-            id: format!("{}/deleted", meta.uid),
+            id: Id::Deleted,
             list_version: Some(list_rv.to_string()),
             observed_at: Stamp::now(),
             resync: true,
@@ -258,7 +316,7 @@ impl Announcement {
     pub fn marker(what: &str, stream: &str, meta: ObjectMeta, rv: &str, resync: bool) -> Self {
         Self {
             event_type: EventType::Bookmark,
-            id: format!("{what}/{stream}/{rv}"),
+            id: Id::Text(format!("{what}/{stream}/{rv}")),
             // The marker's own resourceVersion is `rv`.
             list_version: None,
             observed_at: Stamp::now(),
@@ -341,59 +399,19 @@ pub struct Record {
     pub tombstone: bool,
 }
 
-/// Routing metadata of one envelope, serialized under the `watchrelay` key.
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct EnvelopeMeta<'a> {
-    id: &'a str,
-    channel: &'a str,
-    operation_id: &'a str,
-    message: &'a str,
-    cluster: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    namespace: Option<&'a str>,
-    resource_version: &'a str,
-    observed_at: &'a str,
-    resync: bool,
-    synthetic: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    truncated_bytes: Option<usize>,
-}
-
-impl<'a> EnvelopeMeta<'a> {
-    fn new(route: &'a Route, a: &'a Announcement, truncated_bytes: Option<usize>) -> Self {
-        Self {
-            id: &a.id,
-            channel: &route.channel,
-            operation_id: &route.operation_id,
-            message: &route.message,
-            cluster: &route.cluster,
-            namespace: route.namespace.as_deref(),
-            resource_version: a.resource_version(),
-            observed_at: a.observed_at.as_str(),
-            resync: a.resync,
-            synthetic: a.synthetic,
-            truncated_bytes,
-        }
-    }
-}
-
 /// The record announcing `a` with `object` (the object's JSON as it leaves the cluster),
 /// written into `value` (cleared first) so a caller can reuse one buffer.
 pub fn record(route: &Route, a: &Announcement, object: &[u8], mut value: Vec<u8>) -> Record {
-    let env = EnvelopeMeta::new(route, a, None);
-    write_envelope(&mut value, a.event_type, object, &env);
+    write_envelope(&mut value, route, a, object, None);
     record_of_value(route, a, value)
 }
 
-/// The record announcing `a` whose envelope is `value` (as [`record`] wrote it): to send it
-/// again from what a delivery report gave back.
+/// The record announcing `a` whose envelope is `value` (as [`record`] wrote it).
 pub fn record_of_value(route: &Route, a: &Announcement, value: Vec<u8>) -> Record {
-    let env = EnvelopeMeta::new(route, a, None);
     let key = key(route, a);
     Record {
         topic: route.topic.clone(),
-        headers: cloudevents_headers(&env, route, a, &key),
+        headers: cloudevents_headers(route, a, &key),
         key,
         value,
         tombstone: false,
@@ -411,11 +429,11 @@ fn key(route: &Route, a: &Announcement) -> String {
 /// The record standing in for `a` when its whole record (`original_bytes` long) is too large:
 /// the object reduced to its identity, `truncatedBytes` set, sent to `topic`.
 pub fn reference(route: &Route, a: &Announcement, original_bytes: usize, topic: &str) -> Record {
-    let env = EnvelopeMeta::new(route, a, Some(original_bytes));
     let mut value = Vec::new();
-    write_envelope(&mut value, a.event_type, &reference_object(&a.meta), &env);
+    let object = reference_object(&a.meta);
+    write_envelope(&mut value, route, a, &object, Some(original_bytes));
     let key = key(route, a);
-    let mut headers = cloudevents_headers(&env, route, a, &key);
+    let mut headers = cloudevents_headers(route, a, &key);
     headers.push("ce_truncatedbytes", &[&original_bytes.to_string()]);
     Record {
         topic: topic.to_string(),
@@ -424,6 +442,55 @@ pub fn reference(route: &Route, a: &Announcement, original_bytes: usize, topic: 
         headers,
         tombstone: false,
     }
+}
+
+/// The announcement a record was written from, read back from its envelope `value` and its
+/// `key`: what a reference needs when Kafka refuses a record for its size after it was sent.
+/// Nothing else of an announcement outlives its record. `None` for what [`record`] did not
+/// write.
+pub fn announced(value: &[u8], key: &str) -> Option<Announcement> {
+    #[derive(Deserialize)]
+    struct Envelope<'a> {
+        #[serde(borrow)]
+        watchrelay: Written<'a>,
+    }
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Written<'a> {
+        #[serde(borrow)]
+        id: Cow<'a, str>,
+        #[serde(borrow)]
+        resource_version: Cow<'a, str>,
+        #[serde(borrow)]
+        observed_at: Cow<'a, str>,
+        resync: bool,
+        synthetic: bool,
+    }
+    let untouched = Trim {
+        drop_managed_fields: false,
+        allow_secret_data: true,
+    };
+    let ev = crate::decode::decode_line(value, untouched).ok()?;
+    let written = serde_json::from_slice::<Envelope<'_>>(value)
+        .ok()?
+        .watchrelay;
+    let mut meta = ev.meta;
+    if ev.event_type == EventType::Bookmark {
+        // A marker's name is its stream: its key, not in its object.
+        meta.name = key.to_string();
+    }
+    let list_version = (written.resource_version != meta.resource_version)
+        .then(|| written.resource_version.into_owned());
+    Some(Announcement {
+        event_type: ev.event_type,
+        meta,
+        // The same text, whatever it was made from.
+        id: Id::Text(written.id.into_owned()),
+        list_version,
+        observed_at: Stamp::parse(&written.observed_at)?,
+        resync: written.resync,
+        synthetic: written.synthetic,
+    })
 }
 
 /// The tombstone following the DELETED `a` on a channel with `tombstones`: the same key, a null
@@ -438,59 +505,91 @@ pub fn tombstone(route: &Route, a: &Announcement) -> Record {
     }
 }
 
-/// Writes the envelope `{"type":..,"object":..,"watchrelay":{..}}` into `out` (cleared first).
+/// Appends `s` as the inside of a JSON string, escaped exactly as serde_json escapes it.
+fn push_escaped(out: &mut Vec<u8>, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.extend_from_slice(s.as_bytes());
+    } else {
+        let quoted = serde_json::to_vec(s).expect("serializing a string cannot fail");
+        out.extend_from_slice(&quoted[1..quoted.len() - 1]);
+    }
+}
+
+/// Writes the envelope `{"type":..,"object":..,"watchrelay":{..}}` of `a` into `out` (cleared
+/// first). The `watchrelay` metadata, in this order: `id`, the route's constant members
+/// ([`Rendered`]), `resourceVersion`, `observedAt`, `resync`, `synthetic` and, for a reference,
+/// `truncatedBytes`.
 fn write_envelope(
     out: &mut Vec<u8>,
-    event_type: EventType,
+    route: &Route,
+    a: &Announcement,
     object: &[u8],
-    meta: &EnvelopeMeta<'_>,
+    truncated_bytes: Option<usize>,
 ) {
+    let flag = |b: bool| -> &'static [u8] {
+        if b {
+            b"true"
+        } else {
+            b"false"
+        }
+    };
     out.clear();
     out.reserve(object.len() + 400);
     out.extend_from_slice(b"{\"type\":\"");
-    out.extend_from_slice(event_type.as_str().as_bytes());
+    out.extend_from_slice(a.event_type.as_str().as_bytes());
     out.extend_from_slice(b"\",\"object\":");
     out.extend_from_slice(object);
-    out.extend_from_slice(b",\"watchrelay\":");
-    serde_json::to_writer(&mut *out, meta).expect("writing to a Vec cannot fail");
-    out.push(b'}');
+    out.extend_from_slice(b",\"watchrelay\":{\"id\":\"");
+    for part in a.id_parts() {
+        push_escaped(out, part);
+    }
+    out.extend_from_slice(b"\",");
+    out.extend_from_slice(route.rendered());
+    out.extend_from_slice(b",\"resourceVersion\":\"");
+    push_escaped(out, a.resource_version());
+    out.extend_from_slice(b"\",\"observedAt\":\"");
+    push_escaped(out, a.observed_at.as_str());
+    out.extend_from_slice(b"\",\"resync\":");
+    out.extend_from_slice(flag(a.resync));
+    out.extend_from_slice(b",\"synthetic\":");
+    out.extend_from_slice(flag(a.synthetic));
+    if let Some(n) = truncated_bytes {
+        out.extend_from_slice(b",\"truncatedBytes\":");
+        out.extend_from_slice(n.to_string().as_bytes());
+    }
+    out.extend_from_slice(b"}}");
 }
 
 /// CloudEvents Kafka protocol binding headers, binary mode: the value is the event data, its
 /// `datacontenttype` is the `content-type` header, and the partitioning extension's
-/// `partitionkey` is the Kafka key.
-fn cloudevents_headers(
-    meta: &EnvelopeMeta<'_>,
-    route: &Route,
-    a: &Announcement,
-    key: &str,
-) -> Headers {
+/// `partitionkey` is the Kafka key. Written from borrowed parts into one buffer.
+fn cloudevents_headers(route: &Route, a: &Announcement, key: &str) -> Headers {
     let mut h =
         Headers::with_capacity(route.source.len() + route.dataschema.len() + 2 * key.len() + 200);
     h.push("ce_specversion", &["1.0"]);
-    h.push("ce_id", &[meta.id]);
+    h.push("ce_id", &a.id_parts());
     h.push("ce_source", &[&route.source]);
     h.push(
         "ce_type",
-        &["io.watchrelay.", meta.message, ".", a.event_type.as_str()],
+        &["io.watchrelay.", &route.message, ".", a.event_type.as_str()],
     );
-    h.push("ce_time", &[meta.observed_at]);
+    h.push("ce_time", &[a.observed_at.as_str()]);
     h.push("content-type", &["application/json"]);
     h.push("ce_dataschema", &[&route.dataschema]);
     h.push("ce_partitionkey", &[key]);
-    h.push("ce_resourceversion", &[meta.resource_version]);
-    h.push("ce_operationid", &[meta.operation_id]);
-    h.push("ce_cluster", &[meta.cluster]);
+    h.push("ce_resourceversion", &[a.resource_version()]);
+    h.push("ce_operationid", &[&route.operation_id]);
+    h.push("ce_cluster", &[&route.cluster]);
     // `namespace/name`, or `name` (`ObjectMeta::key`), when not empty.
     match a.meta.namespace.as_deref() {
         Some(ns) => h.push("ce_subject", &[ns, "/", &a.meta.name]),
         None if !a.meta.name.is_empty() => h.push("ce_subject", &[&a.meta.name]),
         None => {}
     }
-    if meta.resync {
+    if a.resync {
         h.push("ce_resync", &["true"]);
     }
-    if meta.synthetic {
+    if a.synthetic {
         h.push("ce_synthetic", &["true"]);
     }
     h
@@ -572,6 +671,11 @@ impl Stamp {
         })
     }
 
+    /// `text` when it is 32 bytes at most (a timestamp read back).
+    pub fn parse(text: &str) -> Option<Self> {
+        (text.len() <= 32).then(|| Self::new(text))
+    }
+
     /// `text`, an RFC 3339 timestamp (32 bytes at most).
     pub fn new(text: &str) -> Self {
         assert!(text.len() <= 32, "a timestamp of 32 bytes at most: {text}");
@@ -615,6 +719,7 @@ mod tests {
             message: "WatchEvent".into(),
             cluster: "prod".into(),
             namespace: Some("shop".into()),
+            rendered: Default::default(),
         }
     }
 
@@ -682,6 +787,52 @@ mod tests {
         ]
         .join("--\n");
         assert_eq!(got, GOLDEN);
+    }
+
+    #[test]
+    fn a_reference_made_from_the_record_alone_is_the_same() {
+        let ev = decode_line(LINE.as_bytes(), trim()).unwrap();
+        let bookmark = bookmark_object("v1", "Pod", "90", None);
+        let resync_end = bookmark_object(
+            "v1",
+            "Pod",
+            "99",
+            Some(("watchrelay.io/resync-end", "true")),
+        );
+        let kind = ObjectMeta {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            ..ObjectMeta::default()
+        };
+        let inferred = Announcement::inferred_delete(ev.meta.clone(), "77");
+        let cases = [
+            (
+                Announcement::change(ev.event_type, ev.meta.clone(), true),
+                ev.object.clone(),
+            ),
+            (inferred.clone(), reference_object(&inferred.meta)),
+            (
+                Announcement::marker("bookmark", "pods.shop", kind.clone(), "90", false),
+                bookmark,
+            ),
+            (
+                Announcement::marker("resync-end", "pods.shop", kind, "99", true),
+                resync_end,
+            ),
+        ];
+        let mut cluster_wide = route();
+        cluster_wide.namespace = None;
+        for route in [route(), cluster_wide] {
+            for (a, object) in &cases {
+                let whole = record(&route, a, object, Vec::new());
+                let back = announced(&whole.value, &whole.key).expect("an envelope");
+                assert_eq!(
+                    golden(&reference(&route, &back, 5_000_000, "dlq")),
+                    golden(&reference(&route, a, 5_000_000, "dlq")),
+                );
+            }
+        }
+        assert!(announced(b"{}", "k").is_none());
     }
 
     const GOLDEN: &str = r#"prod.pods shop/web-1 {"type":"MODIFIED","object":{"kind":"Pod","apiVersion":"v1","metadata":{"name":"web-1","namespace":"shop","uid":"u-1","resourceVersion":"42","labels":{"app":"web"}},"spec":{"containers":[{"name":"c","image":"nginx:1.27"}]},"status":{"phase":"Running"}},"watchrelay":{"id":"u-1/42","channel":"/api/v1/namespaces/{namespace}/pods","operationId":"watchNamespacedPods","message":"WatchEvent","cluster":"prod","namespace":"shop","resourceVersion":"42","observedAt":"2026-11-25T10:00:00.000Z","resync":false,"synthetic":false}}

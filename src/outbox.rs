@@ -336,17 +336,20 @@ impl Outbox {
                 self.note(moved);
                 Ok(())
             }
-            Held::Send(record, receipt) if bytes(&receipt) > self.limits.max_message_bytes => {
-                self.spare = record.value;
-                self.send_reference(receipt).await
-            }
             Held::Send(record, receipt) => {
-                let result = match self.offer(&record, receipt).await? {
+                let result = match bytes(&receipt) > self.limits.max_message_bytes {
+                    true => Some(receipt),
+                    false => self.offer(&record, receipt).await?,
+                };
+                let sent = match result {
                     None => Ok(()),
-                    Some(receipt) => self.send_reference(receipt).await,
+                    Some(receipt) => {
+                        self.send_reference(receipt, record.key.as_bytes(), &record.value)
+                            .await
+                    }
                 };
                 self.spare = record.value;
-                result
+                sent
             }
         }
     }
@@ -444,20 +447,19 @@ impl Outbox {
         change: Option<Change>,
     ) -> Result<(), OutboxError> {
         if self.limits.tombstones && a.event_type == EventType::Deleted {
-            let deleted = a.clone();
-            self.send_one(a, object, arrived, None, None).await?;
+            let record = envelope::tombstone(&self.route, &a);
+            self.send_one(&a, object, arrived, None, None).await?;
             let seq = self.tracker.push(position, leaves(change));
             self.note(false);
-            let record = envelope::tombstone(&self.route, &deleted);
-            let receipt = self.receipt(seq, arrived, 0, deleted);
+            let receipt = self.receipt(seq, arrived, 0);
             return self.hand(Held::Send(record, receipt), false).await;
         }
-        self.send_one(a, object, arrived, position, change).await
+        self.send_one(&a, object, arrived, position, change).await
     }
 
     async fn send_one(
         &mut self,
-        a: Announcement,
+        a: &Announcement,
         object: &[u8],
         arrived: Instant,
         position: Option<String>,
@@ -466,26 +468,19 @@ impl Outbox {
         let (leaves, wait) = self.membership_change(change, Some(&a.meta)).await?;
         let seq = self.tracker.push(position, leaves);
         self.note(false);
-        let record = envelope::record(&self.route, &a, object, std::mem::take(&mut self.spare));
-        let receipt = self.receipt(seq, arrived, record.value.len(), a);
+        let record = envelope::record(&self.route, a, object, std::mem::take(&mut self.spare));
+        let receipt = self.receipt(seq, arrived, record.value.len());
         self.hand(Held::Send(record, receipt), wait).await
     }
 
     /// What travels with entry `seq`'s record and comes back in its report. While records go
     /// one at a time, each is alone in its batch: a refusal for size is its own.
-    fn receipt(
-        &mut self,
-        seq: u64,
-        arrived: Instant,
-        bytes: usize,
-        announcement: Announcement,
-    ) -> Box<Receipt> {
+    fn receipt(&mut self, seq: u64, arrived: Instant, bytes: usize) -> Box<Receipt> {
         let alone = self.serial > 0;
         self.serial = self.serial.saturating_sub(1);
         let sent = Sent::Entry {
             arrived,
             bytes,
-            announcement,
             alone,
         };
         Receipt::new(self.inbox.clone(), seq, sent)
@@ -518,16 +513,25 @@ impl Outbox {
         }
     }
 
-    /// Sends the reference standing in for a record too large for Kafka, in its place.
-    async fn send_reference(&mut self, receipt: Box<Receipt>) -> Result<(), OutboxError> {
-        let Sent::Entry {
-            bytes,
-            announcement,
-            ..
-        } = &receipt.sent
-        else {
+    /// Sends the reference standing in for a record too large for Kafka (its `key` and
+    /// envelope `value`), in its place.
+    async fn send_reference(
+        &mut self,
+        receipt: Box<Receipt>,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(), OutboxError> {
+        let Sent::Entry { bytes, .. } = &receipt.sent else {
             return Err(OutboxError::Failed(
                 "a membership record was refused for size".into(),
+            ));
+        };
+        let announced = std::str::from_utf8(key)
+            .ok()
+            .and_then(|key| envelope::announced(value, key));
+        let Some(announcement) = announced else {
+            return Err(OutboxError::Failed(
+                "a record refused for size is not an envelope the relay wrote".into(),
             ));
         };
         let (action, topic) = match (&self.limits.oversize, &self.limits.dead_letter_topic) {
@@ -540,7 +544,7 @@ impl Outbox {
                 ("trim", self.route.topic.clone())
             }
         };
-        let record = envelope::reference(&self.route, announcement, *bytes, &topic);
+        let record = envelope::reference(&self.route, &announcement, *bytes, &topic);
         tracing::warn!(stream = %self.stream, bytes, key = %record.key, action, "event too large for Kafka; sending a reference");
         match self.offer(&record, receipt).await? {
             None => Ok(()),
@@ -584,9 +588,9 @@ impl Outbox {
                 self.note(moved);
                 Ok(())
             }
-            Err(DeliveryError::TooLarge { value: Some(value) })
-                if !alone && value.len() <= self.limits.max_message_bytes =>
-            {
+            Err(DeliveryError::TooLarge {
+                value: Some(value), ..
+            }) if !alone && value.len() <= self.limits.max_message_bytes => {
                 // Its batch was refused: it may be innocent, and newer records of its key may
                 // have been delivered since. Resending it now would put it after them. Instead
                 // everything from the checkpoint is replayed in order, one record at a time (so
@@ -597,7 +601,10 @@ impl Outbox {
                     "a batch was refused for size; replaying one record at a time".into(),
                 ))
             }
-            Err(DeliveryError::TooLarge { .. }) => self.send_reference(receipt).await,
+            Err(DeliveryError::TooLarge { key, value }) => {
+                let (key, value) = (key.unwrap_or_default(), value.unwrap_or_default());
+                self.send_reference(receipt, &key, &value).await
+            }
             Err(DeliveryError::Failed(e)) => {
                 self.m.error(IN_REPORT, e.class);
                 self.warn_permanent(&e);
@@ -660,8 +667,7 @@ impl Outbox {
         let record = envelope::retraction(&self.route, meta, list_rv, topic, key);
         let seq = self.tracker.push(None, Some(uid));
         self.note(false);
-        let a = Announcement::change(EventType::Deleted, ObjectMeta::default(), false);
-        let receipt = self.receipt(seq, Instant::now(), record.value.len(), a);
+        let receipt = self.receipt(seq, Instant::now(), record.value.len());
         self.hand(Held::Send(record, receipt), false).await
     }
 

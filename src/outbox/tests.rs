@@ -29,6 +29,7 @@ fn route() -> Arc<Route> {
         message: "WatchEvent".into(),
         cluster: "test".into(),
         namespace: Some("shop".into()),
+        rendered: Default::default(),
     })
 }
 

@@ -29,6 +29,7 @@ impl ProducerContext for Reporting {
         receipt.report(match result {
             Ok(_) => Ok(()),
             Err((e, msg)) if is_too_large(e) => Err(DeliveryError::TooLarge {
+                key: msg.key().map(<[u8]>::to_vec),
                 value: msg.payload().map(<[u8]>::to_vec),
             }),
             Err((e, _)) => Err(DeliveryError::Failed(classify(e))),

@@ -158,8 +158,10 @@ impl Memory {
             && batch_limit.is_some_and(|max| held.iter().any(|(_, r, _)| r.value.len() > max));
         for (n, record, receipt) in held {
             if refused {
-                let value = Some(record.value);
-                receipt.report(Err(DeliveryError::TooLarge { value }));
+                receipt.report(Err(DeliveryError::TooLarge {
+                    key: Some(record.key.into_bytes()),
+                    value: Some(record.value),
+                }));
             } else {
                 self.settle(n, record, receipt);
             }
@@ -180,6 +182,7 @@ impl Memory {
                 || s.batch_limit.is_some_and(|max| record.value.len() > max)
             {
                 Err(DeliveryError::TooLarge {
+                    key: Some(record.key.clone().into_bytes()),
                     value: Some(record.value.clone()),
                 })
             } else {

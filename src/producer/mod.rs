@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
-use crate::envelope::{Announcement, Record};
+use crate::envelope::Record;
 
 mod kafka;
 mod memory;
@@ -83,9 +83,13 @@ impl ProduceError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeliveryError {
     /// The broker refused the record's batch for its size (or librdkafka the record itself).
-    /// Carries the record's value, so the record can be tried on its own before it is taken
-    /// for too large: one oversize record fails every record batched with it.
-    TooLarge { value: Option<Vec<u8>> },
+    /// Carries the record's key and value: the record can be tried on its own before it is
+    /// taken for too large (one oversize record fails every record batched with it), and its
+    /// reference is made from them.
+    TooLarge {
+        key: Option<Vec<u8>>,
+        value: Option<Vec<u8>>,
+    },
     /// Anything else the producer gave up on after its own retries.
     Failed(ProduceError),
 }
@@ -165,8 +169,6 @@ pub enum Sent {
         arrived: Instant,
         /// Size of the record's value.
         bytes: usize,
-        /// What the record announces: enough to send a reference instead.
-        announcement: Announcement,
         /// Whether the record is being tried on its own after its batch was refused for size.
         alone: bool,
     },

@@ -443,7 +443,14 @@ impl Stream {
             list_rv,
             Some(("watchrelay.io/resync-end", "true")),
         );
-        let a = Announcement::marker("resync-end", &self.id, ObjectMeta::default(), list_rv, true);
+        // The marker's identity is its object's (apiVersion and kind), so a reference to it
+        // says the same.
+        let meta = ObjectMeta {
+            api_version: self.api_version.clone(),
+            kind: self.kind.clone(),
+            ..ObjectMeta::default()
+        };
+        let a = Announcement::marker("resync-end", &self.id, meta, list_rv, true);
         self.outbox
             .send(a, &object, Instant::now(), Some(list_rv.to_string()), None)
             .await
