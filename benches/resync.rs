@@ -19,7 +19,7 @@ use common::{env_or, identity, rss_kib};
 use std::process::Command;
 use std::time::Instant;
 
-use watchrelay::decode::ObjectMeta;
+use watchrelay::decode::{Identity, ObjectMeta};
 use watchrelay::membership::{Known, Members};
 use watchrelay::Announced;
 
@@ -71,19 +71,19 @@ fn child() {
     for i in (0..n).filter(|i| i % 100 != 0).chain(n..n + n / 100) {
         let (uid, name) = identity(i);
         let fresh = i % 1000 < changed || i >= n;
-        let meta = ObjectMeta {
-            kind: "Pod".into(),
-            api_version: "v1".into(),
-            name,
-            namespace: Some(namespace(i)),
-            uid,
-            resource_version: if fresh {
-                position + 1 + i
-            } else {
-                position - n + i
-            }
-            .to_string(),
+        let rv = if fresh {
+            position + 1 + i
+        } else {
+            position - n + i
         };
+        let meta = ObjectMeta::new(Identity {
+            kind: "Pod",
+            api_version: "v1",
+            name: &name,
+            namespace: Some(&namespace(i)),
+            uid: &uid,
+            resource_version: &rv.to_string(),
+        });
         replaced += announced.add(&meta, &members).len();
         if !announced.unchanged(&meta, &members) {
             delta += 1;

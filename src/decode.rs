@@ -4,6 +4,7 @@
 //! its top-level members, and of `metadata`'s members in the same pass, and the trimmed object
 //! is written back by copying slices. Only the identity fields are decoded.
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use serde_json::value::RawValue;
@@ -45,9 +46,9 @@ fn find<'m>(src: &str, members: &'m [Member], key: &str) -> Option<&'m Member> {
 }
 
 /// A member's value when it is a string.
-fn string_of(src: &str, members: &[Member], key: &str) -> Option<String> {
+fn string_of<'a>(src: &'a str, members: &[Member], key: &str) -> Option<Cow<'a, str>> {
     let m = find(src, members, key)?;
-    Some(Str::at(src, &m.value)?.text(src).into_owned())
+    Some(Str::at(src, &m.value)?.text(src))
 }
 
 /// Scans an object starting at the scanner's position. The values of `dropped` members are
@@ -144,8 +145,8 @@ fn write_members(
     out.push(b'}');
 }
 
-impl Object<'_> {
-    fn string(&self, key: &str) -> Option<String> {
+impl<'a> Object<'a> {
+    fn string(&self, key: &str) -> Option<Cow<'a, str>> {
         string_of(self.src, &self.members, key)
     }
 
@@ -154,24 +155,113 @@ impl Object<'_> {
     }
 }
 
-/// What the relay needs to know about an object: its identity and version.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// What the relay needs to know about an object: its identity and version. The six fields
+/// live end to end in one buffer, so an event's identity costs one allocation, not six.
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct ObjectMeta {
-    pub kind: String,
-    pub api_version: String,
-    pub name: String,
-    pub namespace: Option<String>,
-    pub uid: String,
-    pub resource_version: String,
+    /// kind, apiVersion, name, namespace, uid, resourceVersion, end to end.
+    text: String,
+    /// Where each field ends in `text`, in that order.
+    ends: [u32; 6],
+    /// Whether the object has a namespace (an empty one is none).
+    namespaced: bool,
+}
+
+/// An object's identity as borrowed text: what an [`ObjectMeta`] is made from and read as.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Identity<'a> {
+    pub kind: &'a str,
+    pub api_version: &'a str,
+    pub name: &'a str,
+    pub namespace: Option<&'a str>,
+    pub uid: &'a str,
+    pub resource_version: &'a str,
 }
 
 impl ObjectMeta {
+    pub fn new(id: Identity<'_>) -> Self {
+        let namespace = id.namespace.filter(|ns| !ns.is_empty());
+        let fields = [
+            id.kind,
+            id.api_version,
+            id.name,
+            namespace.unwrap_or(""),
+            id.uid,
+            id.resource_version,
+        ];
+        let mut text = String::with_capacity(fields.iter().map(|f| f.len()).sum());
+        let mut ends = [0; 6];
+        for (end, field) in ends.iter_mut().zip(fields) {
+            text.push_str(field);
+            *end = u32::try_from(text.len()).expect("an identity under 4 GiB");
+        }
+        Self {
+            text,
+            ends,
+            namespaced: namespace.is_some(),
+        }
+    }
+
+    fn field(&self, i: usize) -> &str {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        &self.text[start..self.ends[i] as usize]
+    }
+
+    pub fn kind(&self) -> &str {
+        self.field(0)
+    }
+
+    pub fn api_version(&self) -> &str {
+        self.field(1)
+    }
+
+    pub fn name(&self) -> &str {
+        self.field(2)
+    }
+
+    pub fn namespace(&self) -> Option<&str> {
+        self.namespaced.then(|| self.field(3))
+    }
+
+    pub fn uid(&self) -> &str {
+        self.field(4)
+    }
+
+    pub fn resource_version(&self) -> &str {
+        self.field(5)
+    }
+
+    /// All six fields, borrowed.
+    pub fn identity(&self) -> Identity<'_> {
+        Identity {
+            kind: self.kind(),
+            api_version: self.api_version(),
+            name: self.name(),
+            namespace: self.namespace(),
+            uid: self.uid(),
+            resource_version: self.resource_version(),
+        }
+    }
+
+    /// This identity with `edit` applied: `meta.with(|id| id.name = "web-2")`.
+    pub fn with<'a>(&'a self, edit: impl FnOnce(&mut Identity<'a>)) -> Self {
+        let mut id = self.identity();
+        edit(&mut id);
+        Self::new(id)
+    }
+
     /// The Kafka key: `namespace/name`, or `name` for cluster-scoped objects.
     pub fn key(&self) -> String {
-        match &self.namespace {
-            Some(ns) => format!("{ns}/{}", self.name),
-            None => self.name.clone(),
+        match self.namespace() {
+            Some(ns) => format!("{ns}/{}", self.name()),
+            None => self.name().to_string(),
         }
+    }
+}
+
+impl std::fmt::Debug for ObjectMeta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.identity().fmt(f)
     }
 }
 
@@ -298,11 +388,11 @@ fn decode_object(
     if let Some((av, k)) = type_meta {
         if api_version.is_none() && !av.is_empty() {
             member("apiVersion", av);
-            api_version = Some(av.to_string());
+            api_version = Some(av.into());
         }
         if kind.is_none() && !k.is_empty() {
             member("kind", k);
-            kind = Some(k.to_string());
+            kind = Some(k.into());
         }
     }
     let kind = kind.unwrap_or_default();
@@ -317,16 +407,28 @@ fn decode_object(
         None if event_type == EventType::Error => &[],
         None => return Err(DecodeError::Missing("metadata")),
     };
-    let field = |key| string_of(src, metadata, key);
-    let meta = ObjectMeta {
-        api_version: api_version.unwrap_or_default(),
-        name: field("name").unwrap_or_default(),
-        namespace: field("namespace").filter(|s| !s.is_empty()),
-        uid: field("uid").unwrap_or_default(),
-        resource_version: field("resourceVersion").unwrap_or_default(),
-        kind,
-    };
-    if meta.resource_version.is_empty() && event_type != EventType::Error {
+    // The identity's fields in one pass over `metadata`, each from its first member.
+    let mut fields: [Option<Option<Cow<'_, str>>>; 4] = Default::default();
+    for m in metadata {
+        let slot = match m.key.text(src).as_ref() {
+            "name" => 0,
+            "namespace" => 1,
+            "uid" => 2,
+            "resourceVersion" => 3,
+            _ => continue,
+        };
+        fields[slot].get_or_insert_with(|| Str::at(src, &m.value).map(|s| s.text(src)));
+    }
+    let [name, namespace, uid, rv] = fields.map(Option::flatten);
+    let meta = ObjectMeta::new(Identity {
+        kind: &kind,
+        api_version: api_version.as_deref().unwrap_or_default(),
+        name: name.as_deref().unwrap_or_default(),
+        namespace: namespace.as_deref(),
+        uid: uid.as_deref().unwrap_or_default(),
+        resource_version: rv.as_deref().unwrap_or_default(),
+    });
+    if meta.resource_version().is_empty() && event_type != EventType::Error {
         return Err(DecodeError::Missing("metadata.resourceVersion"));
     }
     // The members of `metadata.annotations`, when it is an object.
@@ -339,7 +441,7 @@ fn decode_object(
         && annotations(sc).is_some_and(|(_, members)| {
             string_of(src, &members, "k8s.io/initial-events-end").as_deref() == Some("true")
         });
-    let secret = meta.kind == "Secret" && !trim.allow_secret_data;
+    let secret = meta.kind() == "Secret" && !trim.allow_secret_data;
     // A Secret's annotations lose the copy of the whole object `kubectl apply` leaves there.
     let annotations = if secret {
         annotations(sc).and_then(|(len, members)| {
@@ -407,8 +509,8 @@ mod tests {
         let ev = decode_line(pod_line().as_bytes(), KEEP).unwrap();
         assert_eq!(ev.event_type, EventType::Modified);
         assert_eq!(ev.meta.key(), "shop/web-1");
-        assert_eq!(ev.meta.uid, "u-1");
-        assert_eq!(ev.meta.resource_version, "42");
+        assert_eq!(ev.meta.uid(), "u-1");
+        assert_eq!(ev.meta.resource_version(), "42");
         let original: serde_json::Value = serde_json::from_str(&pod_line()).unwrap();
         let passed: serde_json::Value = serde_json::from_slice(&ev.object).unwrap();
         assert_eq!(passed, original["object"]);
@@ -430,8 +532,8 @@ mod tests {
         assert!(dropped.is_some(), "the fixture has managedFields");
         let got: serde_json::Value = serde_json::from_slice(&ev.object).unwrap();
         assert_eq!(got, expected);
-        assert_eq!(ev.meta.name, "web-0");
-        assert_eq!(ev.meta.kind, "Pod");
+        assert_eq!(ev.meta.name(), "web-0");
+        assert_eq!(ev.meta.kind(), "Pod");
     }
 
     #[test]
@@ -503,7 +605,7 @@ mod tests {
     fn escaped_strings_are_decoded() {
         let line = r#"{"type":"ADDED","object":{"kind":"ConfigMap","metadata":{"name":"a\u002db","uid":"u","resourceVersion":"1"},"data":{"q\"k":"v"}}}"#;
         let ev = decode_line(line.as_bytes(), DROP).unwrap();
-        assert_eq!(ev.meta.name, "a-b");
+        assert_eq!(ev.meta.name(), "a-b");
         let got: serde_json::Value = serde_json::from_slice(&ev.object).unwrap();
         assert_eq!(got["data"]["q\"k"], "v");
     }
@@ -531,6 +633,6 @@ mod tests {
         assert_eq!(got["apiVersion"], "apps/v1");
         assert_eq!(got["kind"], "Deployment");
         assert_eq!(got["metadata"]["name"], "n");
-        assert_eq!(ev.meta.kind, "Deployment");
+        assert_eq!(ev.meta.kind(), "Deployment");
     }
 }

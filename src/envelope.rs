@@ -115,16 +115,16 @@ impl KeyTemplate {
             match p {
                 KeyPiece::Text(t) => key.push_str(t),
                 KeyPiece::Namespace { slash } => {
-                    if let Some(ns) = &meta.namespace {
+                    if let Some(ns) = &meta.namespace() {
                         key.push_str(ns);
                         if *slash {
                             key.push('/');
                         }
                     }
                 }
-                KeyPiece::Name => key.push_str(&meta.name),
-                KeyPiece::Uid => key.push_str(&meta.uid),
-                KeyPiece::Kind => key.push_str(&meta.kind),
+                KeyPiece::Name => key.push_str(meta.name()),
+                KeyPiece::Uid => key.push_str(meta.uid()),
+                KeyPiece::Kind => key.push_str(meta.kind()),
             }
         }
         key
@@ -271,8 +271,8 @@ impl Announcement {
     /// `watchrelay.id`, in parts written end to end.
     pub fn id_parts(&self) -> [&str; 3] {
         match &self.id {
-            Id::Change => [&self.meta.uid, "/", &self.meta.resource_version],
-            Id::Deleted => [&self.meta.uid, "/", "deleted"],
+            Id::Change => [self.meta.uid(), "/", self.meta.resource_version()],
+            Id::Deleted => [self.meta.uid(), "/", "deleted"],
             Id::Text(text) => [text, "", ""],
         }
     }
@@ -282,7 +282,7 @@ impl Announcement {
     pub fn resource_version(&self) -> &str {
         self.list_version
             .as_deref()
-            .unwrap_or(&self.meta.resource_version)
+            .unwrap_or(self.meta.resource_version())
     }
 
     /// A change read off a watch or a list.
@@ -322,11 +322,10 @@ impl Announcement {
             observed_at: Stamp::now(),
             resync,
             synthetic: false,
-            meta: ObjectMeta {
-                name: stream.to_string(),
-                resource_version: rv.to_string(),
-                ..meta
-            },
+            meta: meta.with(|id| {
+                id.name = stream;
+                id.resource_version = rv;
+            }),
         }
     }
 }
@@ -421,7 +420,7 @@ pub fn record_of_value(route: &Route, a: &Announcement, value: Vec<u8>) -> Recor
 /// The Kafka key of `a`: by the route's template, or the stream for bookmarks.
 fn key(route: &Route, a: &Announcement) -> String {
     match a.event_type {
-        EventType::Bookmark => a.meta.name.clone(),
+        EventType::Bookmark => a.meta.name().to_string(),
         _ => route.key.render(&a.meta),
     }
 }
@@ -477,9 +476,9 @@ pub fn announced(value: &[u8], key: &str) -> Option<Announcement> {
     let mut meta = ev.meta;
     if ev.event_type == EventType::Bookmark {
         // A marker's name is its stream: its key, not in its object.
-        meta.name = key.to_string();
+        meta = meta.with(|id| id.name = key);
     }
-    let list_version = (written.resource_version != meta.resource_version)
+    let list_version = (written.resource_version != meta.resource_version())
         .then(|| written.resource_version.into_owned());
     Some(Announcement {
         event_type: ev.event_type,
@@ -581,9 +580,9 @@ fn cloudevents_headers(route: &Route, a: &Announcement, key: &str) -> Headers {
     h.push("ce_operationid", &[&route.operation_id]);
     h.push("ce_cluster", &[&route.cluster]);
     // `namespace/name`, or `name` (`ObjectMeta::key`), when not empty.
-    match a.meta.namespace.as_deref() {
-        Some(ns) => h.push("ce_subject", &[ns, "/", &a.meta.name]),
-        None if !a.meta.name.is_empty() => h.push("ce_subject", &[&a.meta.name]),
+    match a.meta.namespace() {
+        Some(ns) => h.push("ce_subject", &[ns, "/", a.meta.name()]),
+        None if !a.meta.name().is_empty() => h.push("ce_subject", &[a.meta.name()]),
         None => {}
     }
     if a.resync {
@@ -615,13 +614,13 @@ pub fn reference_object(meta: &ObjectMeta) -> Vec<u8> {
         metadata: Md<'a>,
     }
     serde_json::to_vec(&Obj {
-        api_version: &meta.api_version,
-        kind: &meta.kind,
+        api_version: meta.api_version(),
+        kind: meta.kind(),
         metadata: Md {
-            name: &meta.name,
-            namespace: meta.namespace.as_deref(),
-            uid: &meta.uid,
-            resource_version: &meta.resource_version,
+            name: meta.name(),
+            namespace: meta.namespace(),
+            uid: meta.uid(),
+            resource_version: meta.resource_version(),
         },
     })
     .expect("serializing plain strings cannot fail")
@@ -706,7 +705,7 @@ pub fn now_rfc3339() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::{decode_line, Trim};
+    use crate::decode::{decode_line, Identity, Trim};
 
     fn route() -> Route {
         Route {
@@ -799,11 +798,11 @@ mod tests {
             "99",
             Some(("watchrelay.io/resync-end", "true")),
         );
-        let kind = ObjectMeta {
-            api_version: "v1".into(),
-            kind: "Pod".into(),
-            ..ObjectMeta::default()
-        };
+        let kind = ObjectMeta::new(Identity {
+            api_version: "v1",
+            kind: "Pod",
+            ..Identity::default()
+        });
         let inferred = Announcement::inferred_delete(ev.meta.clone(), "77");
         let cases = [
             (
@@ -911,13 +910,15 @@ prod.pods shop/web-1
     #[test]
     fn key_templates_name_the_object_and_leave_out_an_absent_namespace() {
         let ev = decode_line(LINE.as_bytes(), trim()).unwrap();
-        let mut meta = ev.meta.clone();
+        let meta = ev.meta.clone();
         let k = |t: &str, m: &ObjectMeta| KeyTemplate::parse(t).unwrap().render(m);
         assert_eq!(k("{namespace}/{name}", &meta), "shop/web-1");
         assert_eq!(k("{uid}", &meta), "u-1");
         assert_eq!(k("{kind}/{namespace}/{name}", &meta), "Pod/shop/web-1");
-        meta.namespace = None;
-        meta.kind = "Node".into();
+        let meta = meta.with(|id| {
+            id.namespace = None;
+            id.kind = "Node";
+        });
         assert_eq!(k("{namespace}/{name}", &meta), "web-1");
         assert_eq!(k("{kind}/{namespace}/{name}", &meta), "Node/web-1");
         assert!(KeyTemplate::parse("{namespace}").is_err());

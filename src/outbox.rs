@@ -392,15 +392,15 @@ impl Outbox {
         Ok(match change {
             Some(Change::Join { uid, known }) => (None, self.join(uid, known).await?),
             Some(Change::Announced) => match meta {
-                Some(m) if !self.members.contains(&m.uid) => {
+                Some(m) if !self.members.contains(m.uid()) => {
                     let known = Known {
-                        name: m.name.clone(),
-                        namespace: m.namespace.clone(),
-                        rv: m.resource_version.clone(),
+                        name: m.name().to_string(),
+                        namespace: m.namespace().map(str::to_string),
+                        rv: m.resource_version().to_string(),
                         topic: None,
                         key: Some(self.route.key.render(m)),
                     };
-                    (None, self.join(m.uid.clone(), known).await?)
+                    (None, self.join(m.uid().to_string(), known).await?)
                 }
                 _ => (None, false),
             },
@@ -663,7 +663,7 @@ impl Outbox {
         topic: &str,
         key: &str,
     ) -> Result<(), OutboxError> {
-        let uid = meta.uid.clone();
+        let uid = meta.uid().to_string();
         let record = envelope::retraction(&self.route, meta, list_rv, topic, key);
         let seq = self.tracker.push(None, Some(uid));
         self.note(false);

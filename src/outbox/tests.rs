@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Limits, Outbox, OutboxError};
 use crate::config::OversizePolicy;
-use crate::decode::ObjectMeta;
+use crate::decode::{Identity, ObjectMeta};
 use crate::envelope::{Announcement, KeyTemplate, Route};
 use crate::event::EventType;
 use crate::membership::{Members, Owner};
@@ -73,23 +73,24 @@ fn bed(tweak: impl FnOnce(&mut Limits)) -> Bed {
 }
 
 fn meta(name: &str, rv: u64) -> ObjectMeta {
-    ObjectMeta {
-        kind: "Pod".into(),
-        api_version: "v1".into(),
-        name: name.into(),
-        namespace: Some("shop".into()),
-        uid: format!(
-            "00000000-0000-4000-8000-{:012x}",
-            name.bytes().fold(0u64, |h, b| h * 131 + u64::from(b))
-        ),
-        resource_version: rv.to_string(),
-    }
+    let uid = format!(
+        "00000000-0000-4000-8000-{:012x}",
+        name.bytes().fold(0u64, |h, b| h * 131 + u64::from(b))
+    );
+    ObjectMeta::new(Identity {
+        kind: "Pod",
+        api_version: "v1",
+        name,
+        namespace: Some("shop"),
+        uid: &uid,
+        resource_version: &rv.to_string(),
+    })
 }
 
 fn object(m: &ObjectMeta, padding: usize) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": m.name, "namespace": m.namespace, "uid": m.uid, "resourceVersion": m.resource_version},
+        "metadata": {"name": m.name(), "namespace": m.namespace(), "uid": m.uid(), "resourceVersion": m.resource_version()},
         "spec": {"padding": "x".repeat(padding)}
     }))
     .unwrap()
@@ -104,11 +105,13 @@ impl Bed {
         padding: usize,
     ) -> Result<(), OutboxError> {
         let change = match event_type {
-            EventType::Deleted => Change::Leave { uid: m.uid.clone() },
+            EventType::Deleted => Change::Leave {
+                uid: m.uid().to_string(),
+            },
             _ => Change::Announced,
         };
         let obj = object(&m, padding);
-        let position = Some(m.resource_version.clone());
+        let position = Some(m.resource_version().to_string());
         let a = Announcement::change(event_type, m, false);
         self.outbox
             .send(a, &obj, Instant::now(), position, Some(change))
@@ -175,7 +178,7 @@ async fn an_object_joins_before_anything_announcing_it_is_sent_and_leaves_after_
         1,
         "the ADDED goes once its join is acknowledged"
     );
-    assert!(b.outbox.members().contains(&meta("a", 10).uid));
+    assert!(b.outbox.members().contains(meta("a", 10).uid()));
     assert_eq!(b.outbox.checkpoint(), None);
     b.producer.release(Order::Sent);
     b.settle_ready().await.unwrap();
@@ -184,10 +187,10 @@ async fn an_object_joins_before_anything_announcing_it_is_sent_and_leaves_after_
     // A member's DELETED: it leaves once the DELETED is acknowledged, then its membership
     // tombstone goes.
     b.send(EventType::Deleted, meta("a", 11), 0).await.unwrap();
-    assert!(b.outbox.members().contains(&meta("a", 10).uid));
+    assert!(b.outbox.members().contains(meta("a", 10).uid()));
     b.producer.release(Order::Sent);
     b.settle_ready().await.unwrap();
-    assert!(!b.outbox.members().contains(&meta("a", 10).uid));
+    assert!(!b.outbox.members().contains(meta("a", 10).uid()));
     b.producer.release(Order::Sent);
     b.settle_ready().await.unwrap();
     let log = b.log();

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::channel::{Channel, Scope, Shape, Shapes, StreamId};
 use crate::checkpoint::{self, Saved, Store};
 use crate::config::Config;
-use crate::decode::ObjectMeta;
+use crate::decode::{Identity, ObjectMeta};
 use crate::envelope::{self, Route};
 use crate::membership::{self, Known, Members, Owner, Restored};
 use crate::metrics::Metrics;
@@ -193,14 +193,15 @@ impl Retire<'_> {
 
 /// The identity of a member, for its inferred DELETED.
 fn identity(uid: &str, known: &Known, channel: Option<&Arc<Channel>>) -> ObjectMeta {
-    ObjectMeta {
-        uid: uid.to_string(),
-        name: known.name.clone(),
-        namespace: known.namespace.clone(),
-        resource_version: known.rv.clone(),
-        api_version: channel.map(|c| c.path.api_version()).unwrap_or_default(),
-        ..ObjectMeta::default()
-    }
+    let api_version = channel.map(|c| c.path.api_version()).unwrap_or_default();
+    ObjectMeta::new(Identity {
+        uid,
+        name: &known.name,
+        namespace: known.namespace.as_deref(),
+        resource_version: &known.rv,
+        api_version: &api_version,
+        ..Identity::default()
+    })
 }
 
 #[cfg(test)]

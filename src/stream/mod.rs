@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::channel::Channel;
 use crate::checkpoint::Saved;
 use crate::config::Config;
-use crate::decode::{ObjectMeta, Trim};
+use crate::decode::{Identity, ObjectMeta, Trim};
 use crate::envelope::Route;
 use crate::event::EventType;
 use crate::kubeapi::{self, ApiError, Query, WatchFrom};
@@ -650,12 +650,12 @@ impl Stream {
             .members()
             .iter()
             .filter(|(uid, k)| {
-                let meta = ObjectMeta {
-                    uid: uid.clone(),
-                    name: k.name.clone(),
-                    namespace: k.namespace.clone(),
-                    ..ObjectMeta::default()
-                };
+                let meta = ObjectMeta::new(Identity {
+                    uid,
+                    name: &k.name,
+                    namespace: k.namespace.as_deref(),
+                    ..Identity::default()
+                });
                 k.topic.as_ref().is_some_and(|t| *t != route.topic)
                     || k.key
                         .as_ref()
@@ -665,14 +665,14 @@ impl Stream {
         tracing::info!(stream = %self.id, objects = elsewhere.len(), "retracting what was announced under the old topic or key");
         for (uid, k) in elsewhere {
             let topic = k.topic.clone().unwrap_or_else(|| route.topic.clone());
-            let meta = ObjectMeta {
-                uid,
-                name: k.name.clone(),
-                namespace: k.namespace.clone(),
-                resource_version: k.rv.clone(),
-                api_version: self.api_version.clone(),
-                ..ObjectMeta::default()
-            };
+            let meta = ObjectMeta::new(Identity {
+                uid: &uid,
+                name: &k.name,
+                namespace: k.namespace.as_deref(),
+                resource_version: &k.rv,
+                api_version: &self.api_version,
+                ..Identity::default()
+            });
             let key = k.key.clone().unwrap_or_else(|| route.key.render(&meta));
             if self.outbox.wait_for_room().await.is_err() {
                 return false;
@@ -726,11 +726,11 @@ impl Stream {
 /// `route` announces it under.
 fn join(meta: &ObjectMeta, route: &Route) -> Option<Change> {
     Some(Change::Join {
-        uid: meta.uid.clone(),
+        uid: meta.uid().to_string(),
         known: Known {
-            name: meta.name.clone(),
-            namespace: meta.namespace.clone(),
-            rv: meta.resource_version.clone(),
+            name: meta.name().to_string(),
+            namespace: meta.namespace().map(str::to_string),
+            rv: meta.resource_version().to_string(),
             topic: None,
             key: Some(route.key.render(meta)),
         },

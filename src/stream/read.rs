@@ -115,7 +115,7 @@ impl Stream {
         arrived: Instant,
         reading: &mut Reading,
     ) -> Result<Option<String>, Stop> {
-        let rv = ev.meta.resource_version.clone();
+        let rv = ev.meta.resource_version().to_string();
         match (ev.event_type, reading) {
             (EventType::Error, _) => Err(match ev.status_code {
                 Some(410) => Stop::Gone,
@@ -154,11 +154,11 @@ impl Stream {
             }
             (t, reading) => {
                 if self.kind.is_empty() {
-                    self.kind = ev.meta.kind.clone();
+                    self.kind = ev.meta.kind().to_string();
                 }
                 let change = if t == EventType::Deleted {
                     Some(Change::Leave {
-                        uid: ev.meta.uid.clone(),
+                        uid: ev.meta.uid().to_string(),
                     })
                 } else {
                     Some(Change::Announced)
@@ -169,7 +169,7 @@ impl Stream {
                     Reading::Initial { .. } if !self.holds(&ev.meta) => {}
                     Reading::Initial { reason, announced } => {
                         if t == EventType::Deleted {
-                            announced.remove(&ev.meta.uid);
+                            announced.remove(ev.meta.uid());
                         } else {
                             self.announce_replacement(announced, &ev.meta).await?;
                             if announced.unchanged(&ev.meta, self.outbox.members()) {
@@ -182,7 +182,7 @@ impl Stream {
                     Reading::Live { at } => {
                         *at = Some(rv.clone());
                         let admitted = self.scope.as_ref().is_none_or(|s| {
-                            s.admits(ev.meta.namespace.as_deref(), &ev.meta.resource_version)
+                            s.admits(ev.meta.namespace(), ev.meta.resource_version())
                         });
                         if admitted {
                             self.emit(ev, arrived, Some(rv), change, false).await?;

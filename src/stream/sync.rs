@@ -17,7 +17,7 @@ use std::hash::{Hash, Hasher};
 use std::time::Instant;
 
 use super::{Reading, Step, Stream};
-use crate::decode::{self, ObjectMeta, WatchEvent};
+use crate::decode::{self, Identity, ObjectMeta, WatchEvent};
 use crate::envelope::{self, Announcement};
 use crate::event::EventType;
 use crate::kubeapi::{self, ApiError, WatchFrom};
@@ -86,9 +86,9 @@ impl Announced {
     /// Records an object of the new state; returns the members it replaces (same name, another
     /// uid), each once.
     pub fn add(&mut self, meta: &ObjectMeta, members: &Members) -> Vec<(String, Known)> {
-        let k = Members::key(&meta.uid);
+        let k = Members::key(meta.uid());
         self.seen.push(k);
-        let h = name_hash(meta.namespace.as_deref(), &meta.name);
+        let h = name_hash(meta.namespace(), meta.name());
         let first = self.by_name.partition_point(|(x, _)| *x < h);
         let mut replaced = Vec::new();
         for &(_, old) in self.by_name[first..].iter().take_while(|(x, _)| *x == h) {
@@ -98,7 +98,7 @@ impl Announced {
             let Some((uid, known)) = members.get_key(&old) else {
                 continue;
             };
-            if known.name == meta.name && known.namespace == meta.namespace {
+            if known.name == meta.name() && known.namespace.as_deref() == meta.namespace() {
                 self.replaced.insert(old);
                 replaced.push((uid, known));
             }
@@ -144,10 +144,10 @@ impl Announced {
         let Some(floor) = self.floor else {
             return false;
         };
-        if !members.contains(&meta.uid) {
+        if !members.contains(meta.uid()) {
             return false;
         }
-        match comparable(&meta.resource_version) {
+        match comparable(meta.resource_version()) {
             Some(rv) if rv <= floor => {
                 self.skipped += 1;
                 true
@@ -232,7 +232,7 @@ impl Stream {
     pub(super) fn holds(&self, meta: &ObjectMeta) -> bool {
         self.scope
             .as_ref()
-            .is_none_or(|s| s.holds(meta.namespace.as_deref()))
+            .is_none_or(|s| s.holds(meta.namespace()))
     }
 
     /// Before announcing `meta` in a sync: the inferred DELETED of the known object whose name
@@ -243,8 +243,8 @@ impl Stream {
         meta: &ObjectMeta,
     ) -> Result<(), Stop> {
         for (old, known) in announced.add(meta, self.outbox.members()) {
-            tracing::info!(stream = %self.id, name = %meta.name, old = %old, new = %meta.uid, "object recreated under its name while unseen; deleting the old one first");
-            self.infer_delete(old, known, &meta.resource_version)
+            tracing::info!(stream = %self.id, name = %meta.name(), old = %old, new = %meta.uid(), "object recreated under its name while unseen; deleting the old one first");
+            self.infer_delete(old, known, meta.resource_version())
                 .await?;
         }
         Ok(())
@@ -271,14 +271,14 @@ impl Stream {
                 .await
                 .map_err(|e| self.outbox_stop(e));
         }
-        let meta = ObjectMeta {
-            kind: self.kind.clone(),
-            api_version: self.api_version.clone(),
-            name: known.name,
-            namespace: known.namespace,
-            uid,
-            resource_version: known.rv,
-        };
+        let meta = ObjectMeta::new(Identity {
+            kind: &self.kind,
+            api_version: &self.api_version,
+            name: &known.name,
+            namespace: known.namespace.as_deref(),
+            uid: &uid,
+            resource_version: &known.rv,
+        });
         let object = envelope::reference_object(&meta);
         let a = Announcement::inferred_delete(meta, rv);
         self.outbox
@@ -445,11 +445,11 @@ impl Stream {
         );
         // The marker's identity is its object's (apiVersion and kind), so a reference to it
         // says the same.
-        let meta = ObjectMeta {
-            api_version: self.api_version.clone(),
-            kind: self.kind.clone(),
-            ..ObjectMeta::default()
-        };
+        let meta = ObjectMeta::new(Identity {
+            api_version: &self.api_version,
+            kind: &self.kind,
+            ..Identity::default()
+        });
         let a = Announcement::marker("resync-end", &self.id, meta, list_rv, true);
         self.outbox
             .send(a, &object, Instant::now(), Some(list_rv.to_string()), None)
@@ -463,13 +463,13 @@ mod tests {
     use super::*;
 
     fn meta(uid: &str, rv: &str) -> ObjectMeta {
-        ObjectMeta {
-            uid: uid.into(),
-            name: uid.into(),
-            namespace: Some("a".into()),
-            resource_version: rv.into(),
-            ..ObjectMeta::default()
-        }
+        ObjectMeta::new(Identity {
+            uid,
+            name: uid,
+            namespace: Some("a"),
+            resource_version: rv,
+            ..Identity::default()
+        })
     }
 
     fn members(uids: &[&str]) -> Members {
@@ -548,8 +548,7 @@ mod tests {
     fn a_name_taken_by_another_uid_is_replaced_once_and_vanished_members_found() {
         let m = members(&["gone", "taken", "kept", "deleted"]);
         let mut a = Announced::new(Some(&m));
-        let mut successor = meta("successor", "7");
-        successor.name = "taken".into();
+        let successor = meta("successor", "7").with(|id| id.name = "taken");
         let replaced = a.add(&successor, &m);
         assert_eq!(replaced.len(), 1);
         assert_eq!(
@@ -557,9 +556,10 @@ mod tests {
             ("taken", "taken")
         );
         assert!(a.add(&successor, &m).is_empty(), "once");
-        let mut elsewhere = meta("other", "7");
-        elsewhere.name = "kept".into();
-        elsewhere.namespace = Some("b".into());
+        let elsewhere = meta("other", "7").with(|id| {
+            id.name = "kept";
+            id.namespace = Some("b");
+        });
         assert!(a.add(&elsewhere, &m).is_empty(), "another namespace's name");
         a.add(&meta("kept", "1"), &m);
         a.add(&meta("deleted", "1"), &m);
