@@ -30,7 +30,46 @@ struct Member {
     key: Str,
     value: Range<usize>,
     /// The members of `metadata`, split out in the same pass so it is scanned once.
-    metadata: Option<Vec<Member>>,
+    metadata: Option<Members>,
+}
+
+/// The members of one scanned object, in a vector reused from line to line (per thread), so
+/// scanning a line allocates nothing once the first lines are done.
+struct Members(Vec<Member>);
+
+thread_local! {
+    static SPARE_MEMBERS: std::cell::RefCell<Vec<Vec<Member>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Members {
+    fn new() -> Self {
+        let spare = SPARE_MEMBERS.with_borrow_mut(Vec::pop);
+        // Room for a typical metadata (about ten members) without growing.
+        Self(spare.unwrap_or_else(|| Vec::with_capacity(16)))
+    }
+}
+
+impl std::ops::Deref for Members {
+    type Target = [Member];
+
+    fn deref(&self) -> &[Member] {
+        &self.0
+    }
+}
+
+impl Drop for Members {
+    fn drop(&mut self) {
+        let mut v = std::mem::take(&mut self.0);
+        v.clear();
+        // An object, its metadata and its annotations: a few are enough.
+        // (Not at all while the thread is ending.)
+        let _ = SPARE_MEMBERS.try_with(|spare| {
+            let mut spare = spare.borrow_mut();
+            if spare.len() < 4 {
+                spare.push(v);
+            }
+        });
+    }
 }
 
 /// A Kubernetes object as spans of its source.
@@ -38,7 +77,7 @@ struct Object<'a> {
     src: &'a str,
     /// Where the whole object stands in `src`.
     span: Range<usize>,
-    members: Vec<Member>,
+    members: Members,
 }
 
 fn find<'m>(src: &str, members: &'m [Member], key: &str) -> Option<&'m Member> {
@@ -61,8 +100,7 @@ fn scan_object<'a>(
 ) -> Result<Object<'a>, ScanError> {
     let begin = sc.pos()?;
     sc.expect(b'{', "expected an object")?;
-    // Room for a typical metadata (about ten members) without growing.
-    let mut members = Vec::with_capacity(16);
+    let mut members = Members::new();
     let mut split = metadata;
     let mut first = true;
     while sc.next_member(first)? {
@@ -78,7 +116,7 @@ fn scan_object<'a>(
             _ if dropped.contains(&name.as_ref()) => (sc.delimit()?, None),
             _ => (sc.value()?, None),
         };
-        members.push(Member {
+        members.0.push(Member {
             key,
             value,
             metadata,

@@ -28,8 +28,9 @@ use super::ScanError;
 struct Masks {
     quote: u64,
     backslash: u64,
-    /// Space, tab, line feed, carriage return.
-    ws: u64,
+    /// Spaces (the other whitespace bytes are control characters, rare in a line: they are
+    /// told apart only when a block has any).
+    space: u64,
     /// `{ } [ ] : ,`
     structural: u64,
     /// `{ } [ ]`
@@ -47,11 +48,7 @@ fn classify_bytes(block: &[u8; 64]) -> Masks {
         match c {
             b'"' => m.quote |= bit,
             b'\\' => m.backslash |= bit,
-            b' ' => m.ws |= bit,
-            b'\t' | b'\n' | b'\r' => {
-                m.ws |= bit;
-                m.control |= bit;
-            }
+            b' ' => m.space |= bit,
             b'{' | b'}' | b'[' | b']' => {
                 m.structural |= bit;
                 m.brackets |= bit;
@@ -85,7 +82,7 @@ fn classify(block: &[u8; 64]) -> Masks {
         let shift = 16 * i;
         m.quote |= bits(is(b'"')) << shift;
         m.backslash |= bits(is(b'\\')) << shift;
-        m.ws |= bits(or(or(is(b' '), is(b'\t')), or(is(b'\n'), is(b'\r')))) << shift;
+        m.space |= bits(is(b' ')) << shift;
         let brackets = bits(or(eq(folded, splat(b'{')), eq(folded, splat(b'}')))) << shift;
         m.brackets |= brackets;
         m.structural |= brackets | (bits(or(is(b':'), is(b','))) << shift);
@@ -122,6 +119,19 @@ fn escaped(backslash: u64, carry: &mut bool) -> u64 {
         pending &= (pending - 1) & !next;
     }
     escaped
+}
+
+/// The tabs, line feeds and carriage returns among the `control` bytes of `block`.
+fn whitespace_controls(block: &[u8; 64], control: u64) -> u64 {
+    let (mut ws, mut rest) = (0, control);
+    while rest != 0 {
+        let i = rest.trailing_zeros();
+        if matches!(block[i as usize], b'\t' | b'\n' | b'\r') {
+            ws |= 1 << i;
+        }
+        rest &= rest - 1;
+    }
+    ws
 }
 
 fn err<T>(at: usize, what: &'static str) -> Result<T, ScanError> {
@@ -187,7 +197,12 @@ pub fn block(src: &[u8], base: usize, carry: &mut Carry) -> Result<Block, ScanEr
     let quotes = m.quote & !escaped;
     let inside = prefix_xor(quotes) ^ carry.in_string;
     carry.in_string = 0u64.wrapping_sub(inside >> 63);
-    let bad = (m.control & (inside | !m.ws)) | (m.backslash & !inside);
+    let ws = if m.control == 0 {
+        m.space
+    } else {
+        m.space | whitespace_controls(block, m.control)
+    };
+    let bad = (m.control & (inside | !ws)) | (m.backslash & !inside);
     if bad != 0 {
         let i = bad.trailing_zeros();
         let what = match block[i as usize] {
@@ -202,7 +217,7 @@ pub fn block(src: &[u8], base: usize, carry: &mut Carry) -> Result<Block, ScanEr
         check_escape(src, base + escapes.trailing_zeros() as usize)?;
         escapes &= escapes - 1;
     }
-    let scalar = !(m.ws | m.structural | quotes | inside);
+    let scalar = !(ws | m.structural | quotes | inside);
     let scalar_start = scalar & !((scalar << 1) | carry.scalar);
     carry.scalar = scalar >> 63;
     let outside = !inside;
