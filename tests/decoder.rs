@@ -2,25 +2,12 @@
 //! at random (bytes changed, inserted, deleted, repeated, the line cut short), every one checked
 //! by the contract the fuzz target checks (`watchrelay::conformance`). A failure names its line.
 
+mod common;
+
+use common::rng::Rng;
 use serde_json::json;
 use watchrelay::conformance;
 use watchrelay_sim::objects;
-
-/// xorshift: reproducible from the seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 /// Watch lines as the API server writes them, with what makes decoding interesting: escapes,
 /// non-ASCII text, numbers of every form, managedFields, Secret data, nesting, whitespace.
@@ -72,13 +59,13 @@ fn mutate(rng: &mut Rng, line: &[u8]) -> Vec<u8> {
     // Bytes that matter to a JSON scanner, and some that do not.
     const BYTES: &[u8] = b"{}[]:,\"\\ \t\n\r0123456789-+.eEtrufalsn/bu\x00\x01\x1f\x7f\xc3\xa9\xff";
     let mut out = line.to_vec();
-    for _ in 0..1 + rng.below(3) {
+    for _ in 0..1 + rng.index(3) {
         if out.is_empty() {
             break;
         }
-        let at = rng.below(out.len());
-        let byte = BYTES[rng.below(BYTES.len())];
-        match rng.below(6) {
+        let at = rng.index(out.len());
+        let byte = BYTES[rng.index(BYTES.len())];
+        match rng.index(6) {
             0 => out[at] = byte,
             1 => out.insert(at, byte),
             2 => {
@@ -86,12 +73,12 @@ fn mutate(rng: &mut Rng, line: &[u8]) -> Vec<u8> {
             }
             3 => out.truncate(at),
             4 => {
-                let end = (at + 1 + rng.below(16)).min(out.len());
+                let end = (at + 1 + rng.index(16)).min(out.len());
                 let piece = out[at..end].to_vec();
                 out.splice(at..at, piece);
             }
             _ => {
-                let end = (at + 1 + rng.below(8)).min(out.len());
+                let end = (at + 1 + rng.index(8)).min(out.len());
                 out.drain(at..end);
             }
         }
@@ -119,7 +106,7 @@ fn mutated_lines_are_refused_or_decoded_as_serde_json_reads_them() {
     let corpus = corpus();
     let mut rng = Rng(0x5eed_f00d_1e55);
     for _ in 0..20_000 {
-        let line = &corpus[rng.below(corpus.len())];
+        let line = &corpus[rng.index(corpus.len())];
         conformance::check(&mutate(&mut rng, line));
     }
 }

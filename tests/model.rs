@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::bed::{Bed, Relay};
+use common::rng::Rng;
 use common::view::{self, consumer_view, events, json};
 use watchrelay::config::Config;
 use watchrelay::producer::{Memory, Order, Producer};
@@ -35,30 +36,6 @@ const NAMESPACES: [&str; 2] = ["a", "b"];
 /// The second release's namespace.
 const OTHER: &str = "c";
 const NAMES: u64 = 6;
-
-/// xorshift: reproducible from the seed, spread enough for a history.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
-    fn pick<'a>(&mut self, of: &[&'a str]) -> &'a str {
-        of[self.below(of.len() as u64) as usize]
-    }
-}
 
 /// How the first release's channel covers namespaces `a` and `b`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,5 +8,6 @@ pub mod bed;
 pub mod broker;
 pub mod kafka;
 pub mod proxy;
+pub mod rng;
 pub mod schema;
 pub mod view;
