@@ -3,8 +3,10 @@
 //! 1. The simulator's history is filled with N modifications of ~4 KB pods (pre-generated, not
 //!    measured).
 //! 2. Baseline: a child process sends the same records the relay produces (envelopes with
-//!    their CloudEvents headers, built before timing starts) with a bare rdkafka producer
-//!    configured like the relay's, waiting for every acknowledgement.
+//!    their CloudEvents headers, made before timing starts) with a bare rdkafka producer
+//!    configured like the relay's, waiting for every acknowledgement. Like the relay, it hands
+//!    each record's headers to rdkafka as it sends it (librdkafka's header list is built per
+//!    record, timed).
 //! 3. Pass-through: a child process reads the same watch replay from the simulator and hands
 //!    each line to the same producer as is: the floor of any relay on this bed, with the
 //!    simulator in the loop as it is for the relay.
@@ -541,56 +543,65 @@ fn kafka_config(bootstrap: &str) -> watchrelay::config::KafkaConfig {
 
 fn baseline(bootstrap: &str, topic: &str, input: &Path, warmup: usize) {
     let cfg = kafka_config(bootstrap);
-    // The exact records the relay produces (envelope and CloudEvents headers), built up front so
-    // the baseline measures the producer alone.
-    let records: Vec<(String, Vec<u8>, OwnedHeaders)> =
-        std::io::BufReader::new(std::fs::File::open(input).unwrap())
-            .lines()
-            .map(|l| {
-                let l = l.unwrap();
-                let (key, object) = l.split_once('\t').unwrap();
-                let line = format!("{{\"type\":\"MODIFIED\",\"object\":{object}}}");
-                let trim = decode::Trim {
-                    drop_managed_fields: true,
-                    allow_secret_data: false,
-                };
-                let ev = decode::decode_line(line.as_bytes(), trim).unwrap();
-                let route = Route {
-                    topic: topic.to_string(),
-                    key: KeyTemplate::default(),
-                    dataschema: watchrelay::asyncapi::payload_uri("bench", "watchNamespacedPods"),
-                    source: format!("/clusters/bench/api/v1/namespaces/{NS}/pods"),
-                    channel: "/api/v1/namespaces/{namespace}/pods".into(),
-                    operation_id: "watchNamespacedPods".into(),
-                    message: "WatchEvent".into(),
-                    cluster: "bench".into(),
-                    namespace: Some(NS.into()),
-                    rendered: Default::default(),
-                };
-                let a = Announcement::change(ev.event_type, ev.meta, false);
-                let rec = envelope::record(&route, &a, &ev.object, Vec::new());
-                assert_eq!(rec.key, key);
-                let value = rec.value;
-                let headers = rec.headers.iter().fold(OwnedHeaders::new(), |h, (k, v)| {
-                    h.insert(Header {
-                        key: k,
-                        value: Some(v),
-                    })
-                });
-                (key.to_string(), value, headers)
-            })
-            .collect();
+    // The exact records the relay produces (envelope and CloudEvents headers), made up front so
+    // the baseline measures the producer alone: sending them, rdkafka's headers included.
+    type Records = Vec<(String, Vec<u8>, Vec<(&'static str, String)>)>;
+    let records: Records = std::io::BufReader::new(std::fs::File::open(input).unwrap())
+        .lines()
+        .map(|l| {
+            let l = l.unwrap();
+            let (key, object) = l.split_once('\t').unwrap();
+            let line = format!("{{\"type\":\"MODIFIED\",\"object\":{object}}}");
+            let trim = decode::Trim {
+                drop_managed_fields: true,
+                allow_secret_data: false,
+            };
+            let ev = decode::decode_line(line.as_bytes(), trim).unwrap();
+            let route = Route {
+                topic: topic.to_string(),
+                key: KeyTemplate::default(),
+                dataschema: watchrelay::asyncapi::payload_uri("bench", "watchNamespacedPods"),
+                source: format!("/clusters/bench/api/v1/namespaces/{NS}/pods"),
+                channel: "/api/v1/namespaces/{namespace}/pods".into(),
+                operation_id: "watchNamespacedPods".into(),
+                message: "WatchEvent".into(),
+                cluster: "bench".into(),
+                namespace: Some(NS.into()),
+                rendered: Default::default(),
+            };
+            let a = Announcement::change(ev.event_type, ev.meta, false);
+            let rec = envelope::record(&route, &a, &ev.object, Vec::new());
+            assert_eq!(rec.key, key);
+            let value = rec.value;
+            let headers = rec
+                .headers
+                .iter()
+                .map(|(k, v)| (k, v.to_string()))
+                .collect();
+            (key.to_string(), value, headers)
+        })
+        .collect();
     let producer: ThreadedProducer<Ctx> = watchrelay::producer::client_config(&cfg)
         .create_with_context(Ctx)
         .unwrap();
-    let send_all = |records: Vec<(String, Vec<u8>, OwnedHeaders)>| {
+    let send_all = |records: Records| {
         for (k, v, h) in records {
+            // As the relay's producer does for every record.
+            let headers = h.iter().fold(
+                OwnedHeaders::new_with_capacity(h.len()),
+                |headers, (key, value)| {
+                    headers.insert(Header {
+                        key,
+                        value: Some(value.as_str()),
+                    })
+                },
+            );
             send_waiting(
                 &producer,
                 BaseRecord::to(topic)
                     .key(k.as_bytes())
                     .payload(&v)
-                    .headers(h),
+                    .headers(headers),
             );
         }
         producer.flush(Duration::from_secs(300)).unwrap();
