@@ -345,7 +345,7 @@ pub fn decode_line_into(line: &[u8], trim: Trim, out: Vec<u8>) -> Result<WatchEv
     decode_scanned(&mut Scanner::new(src), trim, out)
 }
 
-/// [`decode_line_into`] over the indexed line.
+/// [`decode_line_into`], with a scanner at the start of the line.
 fn decode_scanned(
     sc: &mut Scanner<'_>,
     trim: Trim,

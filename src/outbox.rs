@@ -337,11 +337,13 @@ impl Outbox {
                 Ok(())
             }
             Held::Send(record, receipt) => {
-                let result = match bytes(&receipt) > self.limits.max_message_bytes {
-                    true => Some(receipt),
-                    false => self.offer(&record, receipt).await?,
+                // Too large at once, or refused for size by the producer: a reference instead.
+                let refused = if bytes(&receipt) > self.limits.max_message_bytes {
+                    Some(receipt)
+                } else {
+                    self.offer(&record, receipt).await?
                 };
-                let sent = match result {
+                let sent = match refused {
                     None => Ok(()),
                     Some(receipt) => {
                         self.send_reference(receipt, record.key.as_bytes(), &record.value)

@@ -1,25 +1,26 @@
-//! Stage one of the scanner: the structural index of a whole line, built 64 bytes at a time.
+//! Stage one of the scanner: the structural index of a line, one 64-byte block at a time.
 //!
-//! Each 64-byte block is classified into bit masks (quotes, backslashes, whitespace, the six
-//! structural characters, control characters). Escapes and strings then follow from bit
-//! arithmetic, not from branching per byte: a quote is escaped when an odd run of backslashes
-//! precedes it, and the bytes inside strings are the prefix XOR of the unescaped quotes. What
-//! is left is one position per token: every structural character outside strings, both quotes
-//! of every string, and the first byte of every scalar (a run of other bytes outside strings).
-//! Stage two ([`super::Scanner`]) parses those tokens, never the bytes in between, and asks
-//! for the next block only when it has used up the tokens of this one.
+//! Each block is classified into bit masks (quotes, backslashes, spaces, control characters,
+//! the six structural characters). Escapes and strings then follow from bit arithmetic, not
+//! from branching per byte: a quote is escaped when an odd run of backslashes precedes it, and
+//! the bytes inside strings are the prefix XOR of the unescaped quotes. What is left is a mask
+//! of the block's tokens: every structural character outside strings, both quotes of every
+//! string, and the first byte of every scalar (a run of other bytes outside strings). Stage two
+//! ([`super::Scanner`]) parses those tokens, never the bytes in between, and asks for the next
+//! block only when it has used up the tokens of this one.
 //!
-//! Everything about strings is checked here, for the whole line: no control character inside
-//! one (nor anywhere outside whitespace), no backslash outside one, every escape one of JSON's,
-//! every string closed. The scalars and the grammar are stage two's.
+//! Everything about strings is checked here, in every block the scan reaches (a decode reaches
+//! them all: it requires the end of the line): no control character inside one (nor anywhere
+//! outside whitespace), no backslash outside one, every escape one of JSON's, every string
+//! closed. The scalars and the grammar are stage two's.
 //!
-//! On x86_64 the classification uses SSE2, which every x86_64 processor has: its intrinsics are
-//! safe to call there (they take no pointers, and the target always enables the feature), so
-//! the crate's `unsafe_code = "forbid"` holds. simdjson and sonic-rs do this with wider
-//! registers and runtime dispatch, which needs `unsafe`; neither crate gives the spans this
-//! relay passes through (sonic-rs's lazy values come close but skip without validating), and
-//! this stage is a small fraction of a line's cost once it is done 16 bytes at a time. Other
-//! architectures classify byte by byte, with the same result.
+//! On x86_64 the classification uses SSE2, which every x86_64 processor has, through the
+//! `safe_arch` crate: it exposes the intrinsics the build enables as safe functions. Calling
+//! `std::arch`'s own would need `unsafe` (or `#[target_feature]` on every caller up to one
+//! that is not safe to call), which the crate's `unsafe_code = "forbid"` rules out; wider
+//! registers (AVX2) would need runtime dispatch, hence `unsafe`, or a build for newer
+//! processors. Other architectures classify byte by byte, with the same result (a test
+//! compares the two).
 
 use super::ScanError;
 
