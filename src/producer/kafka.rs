@@ -1,12 +1,21 @@
 //! The idempotent librdkafka producer every stream shares, and its configuration.
+//!
+//! Delivery reports are served on the runtime that sends the records ([`Kafka::start`]'s
+//! pump), not on a polling thread of their own: a report then reaches its stream's inbox
+//! without waking another thread, and librdkafka frees each delivered record on the thread that
+//! allocated it, so the relay's thread and librdkafka's do not contend for the C allocator's
+//! arenas. The pump serves every millisecond while records are in flight and otherwise sleeps
+//! until the next send (or [`IDLE_TICK`], for librdkafka's error events).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{
-    BaseRecord, DeliveryResult, Producer as _, ProducerContext, PurgeConfig, ThreadedProducer,
+    BaseProducer, BaseRecord, DeliveryResult, Producer as _, ProducerContext, PurgeConfig,
 };
 use rdkafka::{ClientContext, Message as _};
 
@@ -17,8 +26,20 @@ use super::{
 use crate::config::KafkaConfig;
 use crate::envelope::Record;
 
+/// How often the pump serves reports while records are in flight: the most a report waits
+/// after librdkafka has it.
+const BUSY_TICK: Duration = Duration::from_millis(1);
+/// How often the pump serves librdkafka's events while nothing is in flight.
+const IDLE_TICK: Duration = Duration::from_millis(100);
+/// The most events one serving takes, so a flood of reports cannot hold the runtime's thread.
+const EVENTS_PER_SERVE: usize = 64;
+
 /// librdkafka's context: turns its delivery callback into a [`Report`].
-pub struct Reporting;
+#[derive(Default)]
+pub struct Reporting {
+    /// Delivery reports handed on so far: tells the pump whether a poll found any.
+    reported: AtomicU64,
+}
 
 impl ClientContext for Reporting {}
 
@@ -26,6 +47,7 @@ impl ProducerContext for Reporting {
     type DeliveryOpaque = Box<Receipt>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, receipt: Box<Receipt>) {
+        self.reported.fetch_add(1, Ordering::Relaxed);
         receipt.report(match result {
             Ok(_) => Ok(()),
             Err((e, msg)) if is_too_large(e) => Err(DeliveryError::TooLarge {
@@ -119,8 +141,13 @@ pub fn client_config(cfg: &KafkaConfig) -> ClientConfig {
 }
 
 /// The idempotent Kafka producer every stream of a process shares.
+///
+/// Its delivery reports are served by [`Kafka::serve`]: by the pump [`Kafka::start`] spawns, and
+/// by [`Producer::flush`] while it waits.
 pub struct Kafka {
-    producer: ThreadedProducer<Reporting>,
+    producer: BaseProducer<Reporting>,
+    /// Told of every send, so an idle pump wakes for its report.
+    sent: Arc<tokio::sync::Notify>,
     /// The connection settings (`bootstrap.servers`, security), for the admin client and the
     /// consumer reading the membership topic.
     connection: ClientConfig,
@@ -149,7 +176,17 @@ const PRODUCER_ONLY: &[&str] = &[
 ];
 
 impl Kafka {
-    /// A producer with `cfg`. The error never contains a property's value.
+    /// A producer with `cfg`, and the task on the current tokio runtime that serves its delivery
+    /// reports for as long as the producer lives. The error never contains a property's value.
+    pub fn start(cfg: &KafkaConfig) -> Result<Arc<Self>, String> {
+        let kafka = Arc::new(Self::new(cfg)?);
+        tokio::spawn(pump(Arc::downgrade(&kafka), kafka.sent.clone()));
+        Ok(kafka)
+    }
+
+    /// A producer with `cfg` whose reports nothing serves but [`Producer::flush`]: for the topic
+    /// admin and the membership topic's reader. Records are sent through [`Kafka::start`]'s.
+    /// The error never contains a property's value.
     pub fn new(cfg: &KafkaConfig) -> Result<Self, String> {
         Self::create(cfg).map_err(|e| match e {
             KafkaError::ClientConfig(_, message, key, value) => {
@@ -171,9 +208,44 @@ impl Kafka {
             }
         }
         Ok(Self {
-            producer: all.create_with_context(Reporting)?,
+            producer: all.create_with_context(Reporting::default())?,
+            sent: Arc::default(),
             connection,
         })
+    }
+
+    /// Hands every delivery report librdkafka has ready to its stream's inbox, without waiting.
+    /// Returns whether records are still in flight.
+    pub fn serve(&self) -> bool {
+        let reported = &self.producer.context().reported;
+        for _ in 0..EVENTS_PER_SERVE {
+            let before = reported.load(Ordering::Relaxed);
+            self.producer.poll(Duration::ZERO);
+            if reported.load(Ordering::Relaxed) == before {
+                break;
+            }
+        }
+        self.producer.in_flight_count() > 0
+    }
+}
+
+/// Serves `kafka`'s delivery reports until it is dropped; `sent` is its send notification.
+///
+/// States: *busy* while records are in flight (serve, sleep [`BUSY_TICK`], serve again), *idle*
+/// otherwise (sleep until a send or [`IDLE_TICK`]). A send while busy leaves a wake-up stored,
+/// so the first idle wait after it returns at once and serves again: no report is left
+/// waiting for the idle tick. The pump holds the producer only while serving, so dropping the
+/// last other reference drops the producer where it is dropped, and the pump ends within a tick.
+async fn pump(kafka: Weak<Kafka>, sent: Arc<tokio::sync::Notify>) {
+    loop {
+        let Some(busy) = kafka.upgrade().map(|k| k.serve()) else {
+            return;
+        };
+        if busy {
+            tokio::time::sleep(BUSY_TICK).await;
+        } else {
+            let _ = tokio::time::timeout(IDLE_TICK, sent.notified()).await;
+        }
     }
 }
 
@@ -193,7 +265,10 @@ impl Producer for Kafka {
             record = record.payload(&rec.value);
         }
         match self.producer.send(record) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.sent.notify_one();
+                Ok(())
+            }
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                 Err(Refused::Full(back.delivery_opaque))
             }

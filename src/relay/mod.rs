@@ -182,9 +182,7 @@ impl Relay {
         fenced: CancellationToken,
     ) -> Result<(), RelayError> {
         let producer: Arc<dyn Producer> = match &self.sink {
-            Sink::Kafka => {
-                Arc::new(producer::Kafka::new(&self.cfg.kafka).map_err(RelayError::Producer)?)
-            }
+            Sink::Kafka => producer::Kafka::start(&self.cfg.kafka).map_err(RelayError::Producer)?,
             Sink::Given(p) => p.clone(),
         };
         let store = Store::new(
