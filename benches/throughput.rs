@@ -32,7 +32,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rdkafka::message::{Header, OwnedHeaders, ToBytes};
-use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::ClientContext;
 use serde_json::json;
 use watchrelay::decode;
@@ -459,10 +459,9 @@ fn sim_replay_secs(url: &str, rv: u64, n: usize) -> f64 {
 /// each line to a producer configured like the relay's, as is (no decoding, envelope, headers
 /// or acknowledgement tracking). Timed like the other sides, after a warm-up.
 fn passthrough(bootstrap: &str, topic: &str, url: &str, rv: u64, warmup: u64, n: u64) {
-    let producer: ThreadedProducer<Ctx> =
-        watchrelay::producer::client_config(&kafka_config(bootstrap))
-            .create_with_context(Ctx)
-            .unwrap();
+    let producer: BaseProducer<Ctx> = watchrelay::producer::client_config(&kafka_config(bootstrap))
+        .create_with_context(Ctx::default())
+        .unwrap();
     let addr = url.trim_start_matches("http://");
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     // HTTP/1.0: the body comes without chunk framing, so lines can be handed on as they are.
@@ -500,30 +499,68 @@ fn passthrough(bootstrap: &str, topic: &str, url: &str, rv: u64, warmup: u64, n:
     );
 }
 
-/// A producer context for the baselines: a failed delivery fails the benchmark.
-struct Ctx;
+/// A producer context for the baselines: counts deliveries; a failed one fails the benchmark.
+#[derive(Default)]
+struct Ctx {
+    delivered: std::sync::atomic::AtomicU64,
+}
 impl ClientContext for Ctx {}
 impl ProducerContext for Ctx {
     type DeliveryOpaque = ();
     fn delivery(&self, r: &DeliveryResult<'_>, _: ()) {
+        self.delivered
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Err((e, _)) = r {
             panic!("baseline delivery failed: {e}");
         }
     }
 }
 
-/// Sends `rec`, waiting while the producer's queue is full.
+/// Sends `rec`, waiting while the producer's queue is full. Delivery reports are served on the
+/// sending thread, as the relay serves them on its own: every [`SERVE_EVERY`] records and while
+/// the queue is full.
 fn send_waiting<K: ToBytes + ?Sized, P: ToBytes + ?Sized>(
-    producer: &ThreadedProducer<Ctx>,
+    producer: &BaseProducer<Ctx>,
     mut rec: BaseRecord<'_, K, P>,
 ) {
+    thread_local! {
+        static SENT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+    let sent = SENT.with(|n| {
+        n.set(n.get() + 1);
+        n.get()
+    });
+    if sent.is_multiple_of(SERVE_EVERY) {
+        serve(producer);
+    }
     loop {
         match producer.send(rec) {
             Ok(()) => return,
             Err((_, back)) => {
                 rec = back;
+                serve(producer);
                 std::thread::sleep(Duration::from_millis(1));
             }
+        }
+    }
+}
+
+/// How many records a baseline sends between two servings of its delivery reports.
+const SERVE_EVERY: u64 = 256;
+
+/// Serves the delivery reports librdkafka has ready (one event holds many), without waiting.
+fn serve(producer: &BaseProducer<Ctx>) {
+    let delivered = || {
+        producer
+            .context()
+            .delivered
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    for _ in 0..64 {
+        let before = delivered();
+        producer.poll(Duration::ZERO);
+        if delivered() == before {
+            break;
         }
     }
 }
@@ -581,8 +618,8 @@ fn baseline(bootstrap: &str, topic: &str, input: &Path, warmup: usize) {
             (key.to_string(), value, headers)
         })
         .collect();
-    let producer: ThreadedProducer<Ctx> = watchrelay::producer::client_config(&cfg)
-        .create_with_context(Ctx)
+    let producer: BaseProducer<Ctx> = watchrelay::producer::client_config(&cfg)
+        .create_with_context(Ctx::default())
         .unwrap();
     let send_all = |records: Records| {
         for (k, v, h) in records {

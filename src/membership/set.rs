@@ -531,25 +531,29 @@ fn key(uid: &str) -> Key {
 
 /// The 16 bytes of a lowercase hyphenated UUID; `None` for any other spelling.
 fn parse_uuid(s: &str) -> Option<Key> {
-    let b = s.as_bytes();
-    if b.len() != 36 || [8, 13, 18, 23].iter().any(|&i| b[i] != b'-') {
+    /// Where each byte's two digits start.
+    const DIGITS: [usize; 16] = [0, 2, 4, 6, 9, 11, 14, 16, 19, 21, 24, 26, 28, 30, 32, 34];
+    let b: &[u8; 36] = s.as_bytes().try_into().ok()?;
+    if b[8] != b'-' || b[13] != b'-' || b[18] != b'-' || b[23] != b'-' {
         return None;
     }
     let mut out = [0u8; 16];
-    let mut digits = b.iter().filter(|&&c| c != b'-');
-    for byte in &mut out {
-        let hi = hex(*digits.next()?)?;
-        let lo = hex(*digits.next()?)?;
-        *byte = hi << 4 | lo;
+    // Every digit's value is below 16; anything else sets a high bit, checked once at the end.
+    let mut bad = 0u8;
+    for (byte, &at) in out.iter_mut().zip(&DIGITS) {
+        let (hi, lo) = (hex(b[at]), hex(b[at + 1]));
+        bad |= hi | lo;
+        *byte = hi << 4 | (lo & 0x0f);
     }
-    Some(out)
+    (bad < 16).then_some(out)
 }
 
-fn hex(c: u8) -> Option<u8> {
+/// A lowercase hex digit's value, or 0xff.
+fn hex(c: u8) -> u8 {
     match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
+        b'0'..=b'9' => c - b'0',
+        b'a'..=b'f' => c - b'a' + 10,
+        _ => 0xff,
     }
 }
 
@@ -595,6 +599,37 @@ mod tests {
             namespace: ns.map(str::to_string),
             rv: rv.into(),
             ..Known::default()
+        }
+    }
+
+    #[test]
+    fn only_a_canonical_uuid_is_kept_as_its_bytes() {
+        let uuid = "0f1e2d3c-4b5a-4697-8877-66554433aa11";
+        let k = parse_uuid(uuid).expect("canonical");
+        assert_eq!(k[0], 0x0f);
+        assert_eq!(k[15], 0x11);
+        assert_eq!(format_uuid(&k), uuid);
+        // Every digit position, spoiled in turn (a digit outside the alphabet, an uppercase one,
+        // a hyphen's place taken by a digit), is refused.
+        for at in 0..uuid.len() {
+            for c in ['g', 'A', '-', '0', '/'] {
+                let mut b = uuid.as_bytes().to_vec();
+                if b[at] == c as u8 {
+                    continue;
+                }
+                b[at] = c as u8;
+                let s = String::from_utf8(b).unwrap();
+                let hyphen = matches!(at, 8 | 13 | 18 | 23);
+                let still_canonical = !hyphen && c == '0';
+                assert_eq!(parse_uuid(&s).is_some(), still_canonical, "{s}");
+            }
+        }
+        for other in [
+            "",
+            "0f1e2d3c4b5a4697887766554433aa11",
+            "0f1e2d3c-4b5a-4697-8877-66554433aa1é",
+        ] {
+            assert_eq!(parse_uuid(other), None, "{other}");
         }
     }
 
