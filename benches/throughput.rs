@@ -6,7 +6,7 @@
 //!    their CloudEvents headers, made before timing starts) with a bare rdkafka producer
 //!    configured like the relay's, waiting for every acknowledgement. Like the relay, it hands
 //!    each record's headers to rdkafka as it sends it (librdkafka's header list is built per
-//!    record, timed).
+//!    record, timed) and serves its delivery reports on its sending thread.
 //! 3. Pass-through: a child process reads the same watch replay from the simulator and hands
 //!    each line to the same producer as is: the floor of any relay on this bed, with the
 //!    simulator in the loop as it is for the relay.
