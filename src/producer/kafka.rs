@@ -3,9 +3,9 @@
 //! Delivery reports are served on the runtime that sends the records ([`Kafka::start`]'s
 //! pump), not on a polling thread of their own: a report then reaches its stream's inbox
 //! without waking another thread, and librdkafka frees each delivered record on the thread that
-//! allocated it, so the relay's thread and librdkafka's do not contend for the C allocator's
-//! arenas. The pump serves every millisecond while records are in flight and otherwise sleeps
-//! until the next send (or [`IDLE_TICK`], for librdkafka's error events).
+//! allocated it, not on another thread while this one allocates. The pump serves every
+//! millisecond while records are in flight and otherwise sleeps until the next send (or
+//! [`IDLE_TICK`], for librdkafka's error events).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -142,8 +142,8 @@ pub fn client_config(cfg: &KafkaConfig) -> ClientConfig {
 
 /// The idempotent Kafka producer every stream of a process shares.
 ///
-/// Its delivery reports are served by [`Kafka::serve`]: by the pump [`Kafka::start`] spawns, and
-/// by [`Producer::flush`] while it waits.
+/// Its delivery reports are served on the runtime by the pump [`Kafka::start`] spawns, and by
+/// [`Producer::flush`] (librdkafka's own poll) while it waits.
 pub struct Kafka {
     producer: BaseProducer<Reporting>,
     /// Told of every send, so an idle pump wakes for its report.
@@ -216,7 +216,7 @@ impl Kafka {
 
     /// Hands every delivery report librdkafka has ready to its stream's inbox, without waiting.
     /// Returns whether records are still in flight.
-    pub fn serve(&self) -> bool {
+    fn serve(&self) -> bool {
         let reported = &self.producer.context().reported;
         for _ in 0..EVENTS_PER_SERVE {
             let before = reported.load(Ordering::Relaxed);
