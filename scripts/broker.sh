@@ -1,58 +1,139 @@
 #!/usr/bin/env bash
-# Local Kafka-protocol broker (tansu) for tests, benchmarks and the demo.
+# Local Apache Kafka broker (KRaft, one node acting as broker and controller) for the tests, the
+# benchmarks and the demo. The jars come from Maven Central through testbed/kafka/pom.xml.
 #
-#   scripts/broker.sh install              install tansu 0.6.0 unless present
-#   scripts/broker.sh start DIR [TOPIC..]  start on a free loopback port, create topics, print the
-#                                          address; pid, port and log live in DIR
-#   scripts/broker.sh stop DIR
+#   scripts/broker.sh install              resolve the broker's jars into .cache/ unless present
+#   scripts/broker.sh start DIR [TOPIC..]  start on free loopback ports, create the topics, print
+#                                          the address; pid, ports, data and log live in DIR
+#   scripts/broker.sh stop DIR             stop it (SIGTERM, then SIGKILL after 15 s)
+#   scripts/broker.sh kafka-class DIR CLASS ARGS..
+#                                          run one of Kafka's own tools (e.g. AclCommand) on
+#                                          the broker's classpath
 #
-# STORAGE (default memory://tansu/) selects the storage engine, e.g. sqlite://DIR/broker.db.
+# Environment for `start`:
+#   PARTITIONS       partitions of each TOPIC (default 3)
+#   ADVERTISED_PORT  port to advertise to clients instead of the listener's (a test's proxy)
+#   BROKER_PORT      listener port (default: a free one)
+#   BROKER_SASL      "1": SASL/PLAIN on the client listener with the StandardAuthorizer; users
+#                    admin/admin (super user) and relay/relay (only what ACLs grant)
+#   BROKER_EXTRA     more server.properties lines, appended last
 set -euo pipefail
-
-TANSU_VERSION=0.6.0
+root=$(cd "$(dirname "$0")/.." && pwd)
+testbed=$root/testbed/kafka
+version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$testbed/pom.xml")
+home=$root/.cache/kafka-$version
+# maven-dependency-plugin 3.8.1 runs on the Maven 3.8 Debian ships; newer ones want 3.9.
+dependency_plugin=org.apache.maven.plugins:maven-dependency-plugin:3.8.1
 
 install() {
-  if command -v tansu >/dev/null 2>&1 && tansu --version 2>/dev/null | grep -q "$TANSU_VERSION"; then
+  local stamp
+  stamp=$(sha256sum "$testbed/pom.xml" | cut -d' ' -f1)
+  if [[ -f $home/stamp && $(cat "$home/stamp") == "$stamp" ]]; then
     return 0
   fi
-  echo "installing tansu $TANSU_VERSION (takes a while on a fresh machine)" >&2
-  cargo install tansu --version "$TANSU_VERSION" --locked --features dynostore,libsql >&2
+  command -v java >/dev/null || { echo "broker.sh: java (17 or later) is required" >&2; exit 1; }
+  command -v mvn >/dev/null || { echo "broker.sh: mvn is required" >&2; exit 1; }
+  echo "resolving Apache Kafka $version from Maven Central" >&2
+  rm -rf "$home"
+  mvn -q -B -Dstyle.color=never -f "$testbed/pom.xml" "$dependency_plugin:copy-dependencies" \
+    -DincludeScope=runtime -DoutputDirectory="$home/libs" >&2
+  echo "$stamp" >"$home/stamp"
+}
+
+java_opts() {
+  echo "-Xms128m -Xmx512m -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true" \
+    "-Dlog4j2.configurationFile=$testbed/log4j2.properties"
 }
 
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }
 
+# Runs one of Kafka's classes in the foreground.
+kafka_class() {
+  local class=$1; shift
+  # shellcheck disable=SC2046
+  java $(java_opts) -cp "$home/libs/*" "$class" "$@"
+}
+
+# Client settings for the tools when the listener wants SASL.
+admin_config() {
+  local dir=$1
+  if [[ -f $dir/admin.properties ]]; then
+    echo "--command-config" "$dir/admin.properties"
+  fi
+}
+
 start() {
   local dir=$1; shift
   mkdir -p "$dir"
+  dir=$(cd "$dir" && pwd)
   install
-  local port
-  port=$(free_port)
-  local url="tcp://127.0.0.1:$port"
+  local port cport advertised
+  port=${BROKER_PORT:-$(free_port)}
+  cport=$(free_port)
+  advertised=${ADVERTISED_PORT:-$port}
+  sed -e "s|@PORT@|$port|g" -e "s|@CPORT@|$cport|g" -e "s|@DIR@|$dir|g" \
+    -e "/^advertised.listeners=/s|:$port\$|:$advertised|" \
+    "$testbed/server.properties" >"$dir/server.properties"
+  if [[ ${BROKER_SASL:-} == 1 ]]; then
+    sed -e "s|@PORT@|$port|g" -e "s|@CPORT@|$cport|g" -e "s|@ADVERTISED@|$advertised|g" \
+      "$testbed/sasl.properties" >>"$dir/server.properties"
+    printf '%s\n' 'security.protocol=SASL_PLAINTEXT' 'sasl.mechanism=PLAIN' \
+      'sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="admin" password="admin";' \
+      >"$dir/admin.properties"
+  fi
+  [[ -n ${BROKER_EXTRA:-} ]] && printf '%s\n' "$BROKER_EXTRA" >>"$dir/server.properties"
+  if [[ ! -f $dir/data/meta.properties ]]; then
+    local cluster_id
+    cluster_id=$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
+    kafka_class kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" \
+      >"$dir/format.log" 2>&1 || { cat "$dir/format.log" >&2; exit 1; }
+  fi
   # setsid: the broker outlives the shell that started it, until `stop`.
-  setsid tansu broker --listener-url "$url" --advertised-listener-url "$url" \
-    --storage-engine "${STORAGE:-memory://tansu/}" >"$dir/broker.log" 2>&1 < /dev/null &
-  echo $! >"$dir/broker.pid"
+  # shellcheck disable=SC2046
+  setsid java $(java_opts) -cp "$home/libs/*" kafka.Kafka "$dir/server.properties" \
+    >>"$dir/broker.log" 2>&1 </dev/null &
+  local pid=$!
+  echo "$pid" >"$dir/broker.pid"
   echo "$port" >"$dir/broker.port"
-  for _ in $(seq 1 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+  # Ready once the server says so: the listener opens before the controller quorum is up.
+  local started=
+  for _ in $(seq 1 600); do
+    if grep -q "Kafka Server started" "$dir/broker.log" 2>/dev/null; then
+      started=1
       break
     fi
+    kill -0 "$pid" 2>/dev/null || break
     sleep 0.1
   done
+  if [[ -z $started ]]; then
+    echo "broker.sh: the broker did not start; its log:" >&2
+    tail -50 "$dir/broker.log" >&2
+    exit 1
+  fi
+  local topic
   for topic in "$@"; do
-    tansu topic create --broker "$url" --partitions "${PARTITIONS:-3}" "$topic" >>"$dir/broker.log" 2>&1 || true
+    # shellcheck disable=SC2046
+    kafka_class org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$port" \
+      $(admin_config "$dir") --create --if-not-exists --topic "$topic" \
+      --partitions "${PARTITIONS:-3}" --replication-factor 1 >>"$dir/broker.log" 2>&1
   done
-  echo "127.0.0.1:$port"
+  echo "127.0.0.1:$advertised"
 }
 
 stop() {
   local dir=$1
-  if [[ -f $dir/broker.pid ]]; then
-    kill "$(cat "$dir/broker.pid")" 2>/dev/null || true
-    rm -f "$dir/broker.pid"
-  fi
+  [[ -f $dir/broker.pid ]] || return 0
+  local pid
+  pid=$(cat "$dir/broker.pid")
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 1 150); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -9 "$pid" 2>/dev/null || true
+  rm -f "$dir/broker.pid"
 }
 
 cmd=${1:-}; shift || true
@@ -60,5 +141,6 @@ case $cmd in
   install) install ;;
   start) start "$@" ;;
   stop) stop "$@" ;;
-  *) echo "usage: $0 install | start DIR [TOPIC..] | stop DIR" >&2; exit 2 ;;
+  kafka-class) dir=$1; shift; install; kafka_class "$@" $(admin_config "$dir") ;;
+  *) echo "usage: $0 install | start DIR [TOPIC..] | stop DIR | kafka-class DIR CLASS ARGS.." >&2; exit 2 ;;
 esac

@@ -5,8 +5,8 @@
 #
 # Plain `cargo test` runs the fast tier alone and needs no broker.
 #
-# With KAFKA_BOOTSTRAP_SERVERS set, the suite runs against that broker; otherwise a local tansu
-# broker is installed (when missing) and started for the run.
+# With KAFKA_BOOTSTRAP_SERVERS set, the suite runs against that broker; otherwise a local Apache
+# Kafka broker (scripts/broker.sh) is installed (when missing) and started for the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib.sh

@@ -558,6 +558,10 @@ fn weakens_delivery(key: &str, value: &str) -> Option<String> {
             Some("set kafka.bootstrapServers instead".into())
         }
         "transactional.id" => Some("transactions are not used by the relay".into()),
+        "allow.auto.create.topics" if v != "false" => Some(
+            "a topic the broker creates on demand gets its defaults (a membership topic that is not compacted); the relay creates the topics it needs"
+                .into(),
+        ),
         _ => None,
     }
 }

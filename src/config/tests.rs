@@ -136,6 +136,10 @@ fn properties_that_weaken_delivery_and_zero_intervals_are_refused() {
             "kafka.properties.max.in.flight.requests.per.connection",
         ),
         ("    partitioner: random\n", "kafka.properties.partitioner"),
+        (
+            "    allow.auto.create.topics: \"true\"\n",
+            "kafka.properties.allow.auto.create.topics",
+        ),
     ] {
         let err = with(prop, "").unwrap_err();
         assert!(

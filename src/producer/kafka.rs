@@ -133,7 +133,13 @@ pub fn client_config(cfg: &KafkaConfig) -> ClientConfig {
         .set("message.timeout.ms", "0")
         .set("queue.buffering.max.messages", "200000")
         .set("queue.buffering.max.kbytes", "262144")
-        .set("client.id", "watchrelay");
+        .set("client.id", "watchrelay")
+        // A metadata request for a missing topic must never create it with the broker's
+        // defaults (`auto.create.topics.enable`, on in a stock Kafka): the membership topic
+        // would not be compacted, a channel topic would get the default partition count. The
+        // relay creates what it needs itself; this holds for the admin and consumer clients
+        // too, which share these settings.
+        .set("allow.auto.create.topics", "false");
     for (k, v) in &cfg.properties {
         c.set(k, v);
     }

@@ -1,88 +1,127 @@
-//! A broker of the test's own, behind a proxy the test controls: cutting the proxy cuts the
-//! network between the relay and the broker while the broker stays up (its in-memory log
-//! survives; a restarted broker's might not).
+//! A broker of the test's own (Apache Kafka, started by `scripts/broker.sh`), for tests that
+//! need a broker configured differently from the suite's, or one they can cut off or stop.
 
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::path::PathBuf;
+use std::process::Command;
 
 pub struct OwnBroker {
+    /// The port the broker listens on.
     pub port: u16,
-    /// The address clients are told to use (the proxy's).
-    advertised: u16,
+    /// The address clients are told to use.
+    pub bootstrap: String,
     dir: tempfile::TempDir,
-    child: Option<Child>,
+}
+
+/// How a test's own broker differs from the suite's.
+#[derive(Default)]
+pub struct Options {
+    /// A port to advertise instead of the listener's (a proxy the test controls).
+    pub advertised: Option<u16>,
+    /// SASL/PLAIN with Kafka's authorizer: user `admin` (password `admin`) may do anything, user
+    /// `relay` (password `relay`) only what [`OwnBroker::acl`] grants.
+    pub sasl: bool,
+    /// More `server.properties` lines.
+    pub extra: Vec<String>,
+}
+
+fn script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/broker.sh")
 }
 
 impl OwnBroker {
-    /// Panics when tansu is not installed (the suite's broker script installs it): a test that
-    /// needs a broker never passes without one.
+    /// Starts a broker advertising `advertised` (a proxy's port) to its clients.
     pub fn start_advertising(advertised: u16) -> Self {
-        Command::new("tansu")
-            .arg("--version")
-            .output()
-            .expect("tansu is not installed: this test needs a broker it can stop (scripts/broker.sh install)");
+        Self::start(Options {
+            advertised: Some(advertised),
+            ..Options::default()
+        })
+    }
+
+    /// Starts a broker; panics when it cannot (a test that needs a broker never passes without).
+    pub fn start(options: Options) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let mut b = Self {
+        let mut cmd = Command::new(script());
+        cmd.arg("start")
+            .arg(dir.path())
+            .env("BROKER_PORT", port.to_string())
+            .env("BROKER_EXTRA", options.extra.join("\n"));
+        if let Some(a) = options.advertised {
+            cmd.env("ADVERTISED_PORT", a.to_string());
+        }
+        if options.sasl {
+            cmd.env("BROKER_SASL", "1");
+        }
+        let out = cmd.output().expect("scripts/broker.sh runs");
+        assert!(
+            out.status.success(),
+            "broker did not start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let bootstrap = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        Self {
             port,
-            advertised,
+            bootstrap,
             dir,
-            child: None,
-        };
-        b.resume();
-        b
+        }
     }
 
-    /// Starts on its port, advertising the proxy's.
-    fn resume(&mut self) {
-        let url = format!("tcp://127.0.0.1:{}", self.port);
-        let advertised = format!("tcp://127.0.0.1:{}", self.advertised);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("broker.log"))
-            .unwrap();
-        let child = Command::new("tansu")
-            .args([
-                "broker",
-                "--listener-url",
-                &url,
-                "--advertised-listener-url",
-                &advertised,
-                "--storage-engine",
-                "memory://tansu/",
-            ])
-            .current_dir(self.dir.path())
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("tansu starts");
-        self.child = Some(child);
-        for _ in 0..100 {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("broker did not listen on {}", self.port);
+    /// Runs one of Kafka's tools against this broker as its super user, e.g.
+    /// `("org.apache.kafka.tools.AclCommand", ["--add", ...])`; panics when it fails.
+    pub fn tool(&self, class: &str, args: &[&str]) -> String {
+        let out = Command::new(script())
+            .arg("kafka-class")
+            .arg(self.dir.path())
+            .arg(class)
+            .args(["--bootstrap-server", &format!("127.0.0.1:{}", self.port)])
+            .args(args)
+            .output()
+            .expect("scripts/broker.sh runs");
+        assert!(
+            out.status.success(),
+            "{class} {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// Kills the broker outright.
-    pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+    /// Grants `principal` `operation` on the topic `name` (a literal name).
+    pub fn acl(&self, principal: &str, operation: &str, topic: &str) {
+        self.tool(
+            "org.apache.kafka.tools.AclCommand",
+            &[
+                "--add",
+                "--allow-principal",
+                principal,
+                "--operation",
+                operation,
+                "--topic",
+                topic,
+            ],
+        );
+    }
+
+    /// The broker's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("broker.log")).unwrap_or_default()
+    }
+
+    /// Stops the broker (SIGTERM, then SIGKILL).
+    pub fn stop(&mut self) {
+        let _ = Command::new(script())
+            .arg("stop")
+            .arg(self.dir.path())
+            .status();
     }
 }
 
 impl Drop for OwnBroker {
     fn drop(&mut self) {
-        self.kill();
+        self.stop();
     }
 }
