@@ -49,11 +49,17 @@ fn respond(req: &Request<Incoming>, served: &Served) -> Response<Full<Bytes>> {
                 format!("not ready: {reason}\n").into_bytes(),
                 "text/plain",
             ),
-            Readiness { down, .. } => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("not ready; streams not watching: {}\n", down.join(", ")).into_bytes(),
-                "text/plain",
-            ),
+            Readiness { down, problems, .. } => {
+                let mut body = format!("not ready; streams not watching: {}\n", down.join(", "));
+                for (stream, problem) in problems {
+                    body.push_str(&format!("{stream}: {problem}\n"));
+                }
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    body.into_bytes(),
+                    "text/plain",
+                )
+            }
         },
         "/asyncapi.json" => (StatusCode::OK, served.asyncapi.to_vec(), "application/json"),
         _ => (StatusCode::NOT_FOUND, b"not found\n".to_vec(), "text/plain"),

@@ -42,6 +42,9 @@ pub struct Status {
     pub phase: Phase,
     /// The latest checkpoint the stream may save (everything before it acknowledged).
     pub checkpoint: Option<Arc<Saved>>,
+    /// Why the stream is not watching, when an error keeps it from it (a missing permission,
+    /// Kafka refusing its records): what readiness shows an operator.
+    pub problem: Option<String>,
 }
 
 /// Whether this replica relays.
@@ -98,6 +101,8 @@ pub struct Readiness {
     pub ready: bool,
     /// Streams not watching.
     pub down: Vec<String>,
+    /// Of those, the ones an error keeps down, with the error.
+    pub problems: BTreeMap<String, String>,
     /// Why relaying cannot start, if it cannot.
     pub blocked: Option<String>,
 }
@@ -207,6 +212,7 @@ impl Registry {
             return Readiness {
                 ready: true,
                 down: Vec::new(),
+                problems: BTreeMap::new(),
                 blocked: None,
             };
         }
@@ -222,9 +228,17 @@ impl Registry {
             .filter(|(_, e)| e.status.borrow().phase != Phase::Watching || stalled(e))
             .map(|(id, _)| id.clone())
             .collect();
+        let problems = down
+            .iter()
+            .filter_map(|id| {
+                let problem = inner.streams[id].status.borrow().problem.clone()?;
+                Some((id.clone(), problem))
+            })
+            .collect();
         Readiness {
             ready: down.is_empty() && !inner.streams.is_empty() && inner.blocked.is_none(),
             down,
+            problems,
             blocked: inner.blocked.clone(),
         }
     }
@@ -310,12 +324,21 @@ impl Reporter {
         &self.id
     }
 
+    /// Publishes the stream's phase; watching clears its problem.
     pub fn phase(&self, phase: Phase) {
         self.tx.send_if_modified(|s| {
             let changed = s.phase != phase;
             s.phase = phase;
+            if phase == Phase::Watching {
+                s.problem = None;
+            }
             changed
         });
+    }
+
+    /// Publishes why the stream cannot watch (until it watches again).
+    pub fn problem(&self, problem: String) {
+        self.tx.send_modify(|s| s.problem = Some(problem));
     }
 
     /// Lets readiness see how long ago the stream last read a line (`gauge` holds its Unix
@@ -402,6 +425,7 @@ mod tests {
             Readiness {
                 ready: false,
                 down: vec!["b".into()],
+                problems: BTreeMap::new(),
                 blocked: None,
             }
         );

@@ -75,6 +75,7 @@ async fn one_replica_relays_and_handovers_lose_nothing() {
         Readiness {
             ready: true,
             down: vec![],
+            problems: Default::default(),
             blocked: None,
         },
         "a standby is ready"

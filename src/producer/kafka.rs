@@ -54,14 +54,15 @@ impl ProducerContext for Reporting {
                 key: msg.key().map(<[u8]>::to_vec),
                 value: msg.payload().map(<[u8]>::to_vec),
             }),
-            Err((e, _)) => Err(DeliveryError::Failed(classify(e))),
+            Err((e, msg)) => Err(DeliveryError::Failed(classify(e, msg.topic()))),
         });
     }
 }
 
-/// A Kafka error by what it takes to get past it. Only codes that cannot pass by themselves
-/// are permanent; anything else (timeouts, transport, leadership) is retriable.
-fn classify(e: &KafkaError) -> ProduceError {
+/// A Kafka error of a record for `topic` by what it takes to get past it. Only codes that
+/// cannot pass by themselves are permanent; anything else (timeouts, transport, leadership) is
+/// retriable. The message says what an operator does about a missing ACL or topic.
+fn classify(e: &KafkaError, topic: &str) -> ProduceError {
     use RDKafkaErrorCode as C;
     let class = match e.rdkafka_error_code() {
         _ if is_too_large(e) => ErrorClass::TooLarge,
@@ -86,9 +87,23 @@ fn classify(e: &KafkaError) -> ProduceError {
         ) => ErrorClass::Permanent,
         _ => ErrorClass::Retriable,
     };
+    let hint = match e.rdkafka_error_code() {
+        Some(C::TopicAuthorizationFailed) => {
+            format!("; grant the relay's principal the ACLs Write and Describe on topic {topic}")
+        }
+        Some(C::ClusterAuthorizationFailed) => {
+            "; grant the relay's principal the ACL IdempotentWrite on the cluster".into()
+        }
+        Some(C::UnknownTopicOrPartition | C::UnknownTopic) => {
+            format!(
+                "; create topic {topic} (the relay never has a channel topic created on demand)"
+            )
+        }
+        _ => String::new(),
+    };
     ProduceError {
         class,
-        message: e.to_string(),
+        message: format!("{e}{hint}"),
     }
 }
 
@@ -122,28 +137,48 @@ fn redact(message: &str, secret: &str) -> String {
 
 /// The producer settings the relay relies on; `kafka.properties` may override any of them.
 pub fn client_config(cfg: &KafkaConfig) -> ClientConfig {
+    config_of(settings(cfg))
+}
+
+/// The connection settings (`bootstrap.servers`, security) without the producer's own: for the
+/// admin client and the consumer reading the membership topic. Built from the settings, not
+/// copied from a producer's [`ClientConfig`], whose `config_map` masks secrets such as
+/// `sasl.password`.
+fn connection_config(cfg: &KafkaConfig) -> ClientConfig {
+    config_of(settings(cfg).filter(|(k, _)| !PRODUCER_ONLY.contains(k)))
+}
+
+fn config_of<'a>(settings: impl Iterator<Item = (&'a str, &'a str)>) -> ClientConfig {
     let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", &cfg.bootstrap_servers)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("compression.type", "lz4")
-        .set("linger.ms", "5")
+    for (k, v) in settings {
+        c.set(k, v);
+    }
+    c
+}
+
+/// The relay's defaults, then `kafka.properties` (a later setting wins).
+fn settings(cfg: &KafkaConfig) -> impl Iterator<Item = (&str, &str)> {
+    [
+        ("bootstrap.servers", cfg.bootstrap_servers.as_str()),
+        ("enable.idempotence", "true"),
+        ("acks", "all"),
+        ("compression.type", "lz4"),
+        ("linger.ms", "5"),
         // A record is retried until delivered; outages become backpressure, not loss. Shutdown
         // bounds the wait separately with shutdownTimeoutSeconds.
-        .set("message.timeout.ms", "0")
-        .set("queue.buffering.max.messages", "200000")
-        .set("queue.buffering.max.kbytes", "262144")
-        .set("client.id", "watchrelay")
+        ("message.timeout.ms", "0"),
+        ("queue.buffering.max.messages", "200000"),
+        ("queue.buffering.max.kbytes", "262144"),
+        ("client.id", "watchrelay"),
         // A metadata request for a missing topic must never create it with the broker's
         // defaults (`auto.create.topics.enable`, on in a stock Kafka): the membership topic
         // would not be compacted, a channel topic would get the default partition count. The
         // relay creates what it needs itself; this holds for the admin and consumer clients
         // too, which share these settings.
-        .set("allow.auto.create.topics", "false");
-    for (k, v) in &cfg.properties {
-        c.set(k, v);
-    }
-    c
+        ("allow.auto.create.topics", "false"),
+    ]
+    .into_iter()
+    .chain(cfg.properties.iter().map(|(k, v)| (k.as_str(), v.as_str())))
 }
 
 /// The idempotent Kafka producer every stream of a process shares.
@@ -206,17 +241,10 @@ impl Kafka {
     }
 
     fn create(cfg: &KafkaConfig) -> Result<Self, KafkaError> {
-        let all = client_config(cfg);
-        let mut connection = ClientConfig::new();
-        for (k, v) in all.config_map() {
-            if !PRODUCER_ONLY.contains(&k) {
-                connection.set(k, v);
-            }
-        }
         Ok(Self {
-            producer: all.create_with_context(Reporting::default())?,
+            producer: client_config(cfg).create_with_context(Reporting::default())?,
             sent: Arc::default(),
-            connection,
+            connection: connection_config(cfg),
         })
     }
 
@@ -279,7 +307,7 @@ impl Producer for Kafka {
                 Err(Refused::Full(back.delivery_opaque))
             }
             Err((e, back)) if is_too_large(&e) => Err(Refused::TooLarge(back.delivery_opaque)),
-            Err((e, _)) => Err(Refused::Failed(classify(&e))),
+            Err((e, _)) => Err(Refused::Failed(classify(&e, &rec.topic))),
         }
     }
 
@@ -322,6 +350,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_connection_keeps_secrets_and_leaves_the_producers_settings_out() {
+        let cfg = crate::config::Config::parse(
+            "clusterName: t\nkafka:\n  bootstrapServers: b:9092\n  oversize: trim\n  properties:\n    sasl.password: s3cret\n    linger.ms: \"20\"\ncheckpoint:\n  namespace: w\nchannels:\n  - operationId: watchNodes\n",
+        )
+        .unwrap();
+        let connection = connection_config(&cfg.kafka);
+        assert_eq!(connection.get("sasl.password"), Some("s3cret"));
+        assert_eq!(connection.get("bootstrap.servers"), Some("b:9092"));
+        assert_eq!(connection.get("allow.auto.create.topics"), Some("false"));
+        assert_eq!(connection.get("linger.ms"), None);
+        let producer = client_config(&cfg.kafka);
+        assert_eq!(producer.get("linger.ms"), Some("20"));
+        assert_eq!(producer.get("sasl.password"), Some("s3cret"));
+    }
+
+    #[test]
     fn kafka_errors_are_classed_by_what_it_takes_to_get_past_them() {
         use RDKafkaErrorCode as Code;
         let cases = [
@@ -333,8 +377,30 @@ mod tests {
             (Code::MessageSizeTooLarge, ErrorClass::TooLarge),
         ];
         for (code, class) in cases {
-            let got = classify(&KafkaError::MessageProduction(code)).class;
+            let got = classify(&KafkaError::MessageProduction(code), "t").class;
             assert_eq!(got, class, "{code:?}");
         }
+    }
+
+    #[test]
+    fn a_missing_acl_or_topic_is_named() {
+        let denied = classify(
+            &KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed),
+            "pods",
+        );
+        assert!(
+            denied.message.contains("Write and Describe on topic pods"),
+            "{}",
+            denied.message
+        );
+        let missing = classify(
+            &KafkaError::MessageProduction(RDKafkaErrorCode::UnknownTopic),
+            "pods",
+        );
+        assert!(
+            missing.message.contains("create topic pods"),
+            "{}",
+            missing.message
+        );
     }
 }

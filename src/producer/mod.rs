@@ -310,21 +310,25 @@ pub enum TopicError {
 }
 
 impl TopicError {
-    fn of(code: RDKafkaErrorCode, what: String) -> Self {
+    /// `code` from doing `what`; `acl` names the ACL the relay's principal needs for it (an
+    /// operation and a resource, e.g. `Create on topic T`), said when the broker refused.
+    fn of(code: RDKafkaErrorCode, what: String, acl: &str) -> Self {
         match code {
             RDKafkaErrorCode::TopicAuthorizationFailed
             | RDKafkaErrorCode::ClusterAuthorizationFailed
-            | RDKafkaErrorCode::GroupAuthorizationFailed
-            | RDKafkaErrorCode::SaslAuthenticationFailed => {
-                Self::Unauthorized(format!("{what}: {code}"))
+            | RDKafkaErrorCode::GroupAuthorizationFailed => Self::Unauthorized(format!(
+                "{what}: {code}; grant the relay's principal the ACL {acl}"
+            )),
+            RDKafkaErrorCode::SaslAuthenticationFailed => {
+                Self::Unauthorized(format!("{what}: {code}; check the SASL credentials"))
             }
             _ => Self::Other(format!("{what}: {code}")),
         }
     }
 
-    fn kafka(e: KafkaError, what: &str) -> Self {
+    fn kafka(e: KafkaError, what: &str, acl: &str) -> Self {
         match e.rdkafka_error_code() {
-            Some(code) => Self::of(code, what.to_string()),
+            Some(code) => Self::of(code, what.to_string(), acl),
             None => Self::Other(format!("{what}: {e}")),
         }
     }

@@ -28,7 +28,7 @@ const REPLAY_SETTINGS: &[(&str, &str)] = &[
 fn consumer_settings(connection: &ClientConfig) -> ClientConfig {
     let mut settings = connection.clone();
     settings
-        .set("group.id", "watchrelay-membership")
+        .set("group.id", GROUP)
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false");
     for (k, v) in REPLAY_SETTINGS {
@@ -51,6 +51,10 @@ fn consumer_settings(connection: &ClientConfig) -> ClientConfig {
     settings
 }
 
+/// The consumer group the reading consumer names (it commits nothing; an ACL may still ask
+/// for Read on it).
+const GROUP: &str = "watchrelay-membership";
+
 /// How long the membership topic may go without a record before its reading is given up.
 const REPLAY_IDLE: Duration = Duration::from_secs(60);
 
@@ -69,17 +73,21 @@ pub(super) fn replay(
     let settings = consumer_settings(connection);
     let consumer: BaseConsumer = settings
         .create()
-        .map_err(|e| TopicError::kafka(e, "creating a consumer"))?;
-    let md = consumer
-        .fetch_metadata(Some(topic), timeout)
-        .map_err(|e| TopicError::kafka(e, &format!("reading the metadata of {topic}")))?;
+        .map_err(|e| TopicError::kafka(e, "creating a consumer", ""))?;
+    let md = consumer.fetch_metadata(Some(topic), timeout).map_err(|e| {
+        TopicError::kafka(
+            e,
+            &format!("reading the metadata of {topic}"),
+            &format!("Describe on topic {topic}"),
+        )
+    })?;
     let partitions = super::partitions(&md, topic);
     // Where reading stops: an end marker (a tombstone no stream owns) produced to every
     // partition now; the offset Kafka acknowledged for it is exact on any broker, unlike a
     // high watermark fetched separately.
     let marker: rdkafka::producer::FutureProducer = connection
         .create()
-        .map_err(|e| TopicError::kafka(e, "creating a producer"))?;
+        .map_err(|e| TopicError::kafka(e, "creating a producer", ""))?;
     let mut ends = std::collections::HashMap::new();
     let mut tpl = TopicPartitionList::new();
     for p in 0..i32::try_from(partitions).map_err(|e| other(e.to_string()))? {
@@ -87,7 +95,13 @@ pub(super) fn replay(
             .partition(p)
             .key(crate::membership::END_MARKER);
         let end = futures::executor::block_on(marker.send(record, timeout))
-            .map_err(|(e, _)| TopicError::kafka(e, &format!("marking the end of {topic}[{p}]")))?
+            .map_err(|(e, _)| {
+                TopicError::kafka(
+                    e,
+                    &format!("marking the end of {topic}[{p}]"),
+                    &format!("Write on topic {topic}"),
+                )
+            })?
             .offset;
         ends.insert(p, end);
         tpl.add_partition_offset(topic, p, Offset::Beginning)
@@ -116,7 +130,11 @@ pub(super) fn replay(
                     | RDKafkaErrorCode::GroupAuthorizationFailed),
                 ) = e.rdkafka_error_code()
                 {
-                    return Err(TopicError::of(code, format!("reading {topic}")));
+                    return Err(TopicError::of(
+                        code,
+                        format!("reading {topic}"),
+                        &format!("Read on topic {topic} and on group {GROUP}"),
+                    ));
                 }
                 tracing::warn!(%topic, error = %e, "reading the membership topic")
             }

@@ -20,16 +20,21 @@ pub(super) fn ensure_compacted(
     };
     use rdkafka::types::RDKafkaRespErr;
     let timeout = Duration::from_secs(30);
+    let describe = format!("Describe on topic {topic}");
+    let create = format!("Create on topic {topic} (or on the cluster)");
+    let describe_configs = format!("DescribeConfigs on topic {topic}");
     let admin: AdminClient<rdkafka::client::DefaultClientContext> = connection
         .create()
-        .map_err(|e| TopicError::kafka(e, "creating an admin client"))?;
+        .map_err(|e| TopicError::kafka(e, "creating an admin client", ""))?;
     let options = AdminOptions::new().operation_timeout(Some(timeout));
     // Created only when missing: where the relay may not create topics, one made by hand
     // is used as it is (and verified like any other).
     let md = admin
         .inner()
         .fetch_metadata(Some(topic), timeout)
-        .map_err(|e| TopicError::kafka(e, &format!("reading the metadata of {topic}")))?;
+        .map_err(|e| {
+            TopicError::kafka(e, &format!("reading the metadata of {topic}"), &describe)
+        })?;
     let found = md.topics().iter().find(|t| t.name() == topic);
     let mut created = false;
     match found.and_then(|t| t.error()) {
@@ -38,6 +43,7 @@ pub(super) fn ensure_compacted(
             return Err(TopicError::of(
                 e.into(),
                 format!("reading the metadata of {topic}"),
+                &describe,
             ));
         }
         _ => {
@@ -48,7 +54,7 @@ pub(super) fn ensure_compacted(
             )
             .set("cleanup.policy", "compact");
             let results = futures::executor::block_on(admin.create_topics([&new], &options))
-                .map_err(|e| TopicError::kafka(e, &format!("creating {topic}")))?;
+                .map_err(|e| TopicError::kafka(e, &format!("creating {topic}"), &create))?;
             for result in results {
                 match result {
                     Ok(_) => {
@@ -57,7 +63,7 @@ pub(super) fn ensure_compacted(
                     }
                     Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
                     Err((_, code)) => {
-                        return Err(TopicError::of(code, format!("creating {topic}")))
+                        return Err(TopicError::of(code, format!("creating {topic}"), &create))
                     }
                 }
             }
@@ -66,16 +72,19 @@ pub(super) fn ensure_compacted(
     let md = admin
         .inner()
         .fetch_metadata(Some(topic), timeout)
-        .map_err(|e| TopicError::kafka(e, &format!("reading the metadata of {topic}")))?;
+        .map_err(|e| {
+            TopicError::kafka(e, &format!("reading the metadata of {topic}"), &describe)
+        })?;
     let partitions = super::partitions(&md, topic);
     let described = futures::executor::block_on(
         admin.describe_configs([&ResourceSpecifier::Topic(topic)], &options),
     )
-    .map_err(|e| TopicError::kafka(e, &format!("describing {topic}")))?;
+    .map_err(|e| TopicError::kafka(e, &format!("describing {topic}"), &describe_configs))?;
     let mut configs = BTreeMap::new();
     for resource in described {
-        let resource =
-            resource.map_err(|code| TopicError::of(code, format!("describing {topic}")))?;
+        let resource = resource.map_err(|code| {
+            TopicError::of(code, format!("describing {topic}"), &describe_configs)
+        })?;
         for entry in resource.entries {
             if let Some(value) = entry.value {
                 configs.insert(entry.name, value);

@@ -402,7 +402,9 @@ impl Stream {
                     tracing::info!(stream = %self.id, "resourceVersion expired; relisting");
                 }
                 Stop::Delivery { error, .. } => {
-                    tracing::warn!(stream = %self.id, %error, "delivery failed; replaying from the checkpoint")
+                    tracing::warn!(stream = %self.id, %error, "delivery failed; replaying from the checkpoint");
+                    self.reporter
+                        .problem(format!("Kafka did not take its records: {error}"));
                 }
                 Stop::NotServed => {
                     tracing::info!(stream = %self.id, resource = %self.channel.path.resource_name(), "resource not served; waiting for it")
@@ -414,6 +416,14 @@ impl Stream {
                         .inc();
                     if let (Some(_), ApiError::Status { code: 403, .. }) = (&self.scope, e) {
                         tracing::error!(stream = %self.id, resource = %self.channel.path.resource_name(), channel = %self.channel.name, "listing and watching the resource across the cluster is forbidden: grant list and watch on it cluster-wide (`watchrelay rbac` prints what the configuration needs) or set watchStrategy: perNamespace on the channel");
+                    }
+                    if let ApiError::Status {
+                        code: code @ (401 | 403),
+                        ..
+                    } = e
+                    {
+                        self.reporter
+                            .problem(format!("the API server refuses it ({code}): {e}"));
                     }
                     if let ApiError::Body(_) = e {
                         tracing::info!(stream = %self.id, error = %e, "watch connection ended; resuming");

@@ -143,3 +143,58 @@ pub fn read_until(
     }
     out
 }
+
+/// Every record of `topic` as stored, in partition order: its key and value (None for a
+/// tombstone). Reads until nothing arrived for `quiet`.
+pub fn read_raw(bootstrap: &str, topic: &str, quiet: Duration) -> Vec<(String, Option<Vec<u8>>)> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "watchrelay-tests")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let md = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    let partitions = md
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .map_or(0, |t| t.partitions().len());
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..i32::try_from(partitions).expect("a partition count") {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&tpl).expect("assign");
+    let mut out = Vec::new();
+    let mut last = Instant::now();
+    while last.elapsed() < quiet {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            out.push((
+                m.key()
+                    .map(|k| String::from_utf8_lossy(k).into_owned())
+                    .unwrap_or_default(),
+                m.payload().map(<[u8]>::to_vec),
+            ));
+            last = Instant::now();
+        }
+    }
+    out
+}
+
+/// Produces one record and waits for its acknowledgement.
+pub fn produce(bootstrap: &str, topic: &str, key: &str, value: Option<&[u8]>) {
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("allow.auto.create.topics", "false")
+        .create()
+        .expect("producer");
+    let mut record = BaseRecord::<str, [u8]>::to(topic).key(key);
+    if let Some(v) = value {
+        record = record.payload(v);
+    }
+    producer.send(record).map_err(|(e, _)| e).expect("send");
+    producer.flush(Duration::from_secs(10)).expect("flush");
+}
