@@ -6,6 +6,7 @@
 
 pub mod bed;
 pub mod broker;
+pub mod cluster;
 pub mod kafka;
 pub mod proxy;
 pub mod rng;
