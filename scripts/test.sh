@@ -16,8 +16,10 @@ cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
 scripts/cluster.sh install
-PATH=$(scripts/cluster.sh bin):$PATH
+PATH=$(scripts/cluster.sh bin):$PWD/.tools/bin:$PATH
 export PATH
+ensure_helm
+ensure_asyncapi_parser
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

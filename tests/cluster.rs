@@ -538,3 +538,336 @@ async fn without_the_watchlist_gate_paginated_lists_do_the_same() {
     converge(&topic, want, in_ns).await;
     relay.stop();
 }
+
+/// The chart as a user installs it, on a real API server: `helm template` with two replicas,
+/// applied with kubectl; each replica runs the binary with the chart's own configuration as its
+/// ServiceAccount (a token from the TokenRequest API), under exactly the RBAC the chart
+/// rendered. One replica holds the Lease and relays; killed, the other takes the Lease over and
+/// relays on. With one permission taken from the rendered ClusterRole, the relay says which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_charts_rbac_two_replicas_and_a_missing_permission() {
+    let cluster = Cluster::from_env();
+    let ns = unique("chart");
+    let apps = format!("{ns}-apps");
+    namespace(&cluster, &ns);
+    namespace(&cluster, &apps);
+    let cluster_name = ns.replace('-', "");
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/watchrelay");
+    let rendered = std::process::Command::new("helm")
+        .args(["template", "wr"])
+        .arg(&chart)
+        .args(["--namespace", &ns, "--set", "replicaCount=2"])
+        .args(["--set", &format!("config.clusterName={cluster_name}")])
+        .args([
+            "--set",
+            &format!("config.kafka.bootstrapServers={}", kafka::bootstrap()),
+        ])
+        .output()
+        .expect("helm runs (the test command installs it)");
+    assert!(rendered.status.success(), "{rendered:?}");
+    let rendered = String::from_utf8(rendered.stdout).unwrap();
+    cluster.apply(&rendered);
+    let topics: Vec<String> = ["pods", "deployments.apps", "nodes"]
+        .iter()
+        .map(|r| format!("{cluster_name}.{r}"))
+        .collect();
+    kafka::create_topics(&topics.iter().map(String::as_str).collect::<Vec<_>>(), 3).await;
+
+    // The chart's configuration, pointed at this cluster through the ServiceAccount's token.
+    let cm: Value = serde_json::from_str(&cluster.kubectl(&[
+        "-n",
+        &ns,
+        "get",
+        "configmap",
+        "wr-watchrelay-config",
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    let mut cfg: Value =
+        serde_saphyr::from_str(cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
+    let sa = rendered
+        .split("\n---")
+        .find(|d| d.contains("kind: ServiceAccount"))
+        .and_then(|d| d.lines().find_map(|l| l.trim().strip_prefix("name: ")))
+        .expect("the chart renders a ServiceAccount")
+        .trim()
+        .to_string();
+    let token = cluster.kubectl(&["-n", &ns, "create", "token", &sa, "--duration=1h"]);
+    let admin: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(cluster.kubeconfig()).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("sa.kubeconfig");
+    let sa_config = json!({"apiVersion": "v1", "kind": "Config",
+        "clusters": admin["clusters"],
+        "users": [{"name": "sa", "user": {"token": token.trim()}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "local", "user": "sa"}}],
+        "current-context": "sa"});
+    std::fs::write(&kubeconfig, sa_config.to_string()).unwrap();
+    cfg["kubernetes"] =
+        json!({"kubeconfig": kubeconfig, "backoffInitialMs": 50, "backoffMaxMs": 1000});
+    cfg["checkpoint"]["intervalMs"] = json!(200);
+    cfg["checkpoint"]["membership"] = json!({"topic": kafka::unique("membership")});
+    cfg["http"] = json!({"listen": "127.0.0.1:0"});
+    cfg["leaderElection"]["leaseDurationSeconds"] = json!(4);
+    cfg["leaderElection"]["renewDeadlineSeconds"] = json!(3);
+    cfg["leaderElection"]["retryPeriodSeconds"] = json!(1);
+    let config = serde_json::to_string(&cfg).unwrap();
+
+    let pods = |names: std::ops::Range<u32>| {
+        let items: Vec<Value> = names
+            .map(|i| manifest("pods", &apps, &format!("p{i}")))
+            .collect();
+        json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
+    };
+    cluster.apply(&pods(0..10));
+    let (da, db) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir_all(&da).unwrap();
+    std::fs::create_dir_all(&db).unwrap();
+    let mut a = RelayProcess::replica(&da, &config, "wr-a");
+    let mut b = RelayProcess::replica(&db, &config, "wr-b");
+    let holder = || -> Option<String> {
+        let lease = cluster
+            .try_kubectl(
+                &[
+                    "-n",
+                    &ns,
+                    "get",
+                    "lease",
+                    "wr-watchrelay-leader",
+                    "-o",
+                    "json",
+                ],
+                None,
+            )
+            .ok()?;
+        let lease: Value = serde_json::from_str(&lease).unwrap();
+        lease["spec"]["holderIdentity"].as_str().map(str::to_string)
+    };
+    let mut first = None;
+    for _ in 0..300 {
+        first = holder();
+        if first.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let first =
+        first.unwrap_or_else(|| panic!("no replica took the Lease:\n{}\n{}", a.log(), b.log()));
+    let topic = format!("{cluster_name}.pods");
+    let in_apps = {
+        let apps = apps.clone();
+        move |k: &str| k.starts_with(&format!("{apps}/"))
+    };
+    let want = cluster_view(&cluster, "pods", |o| {
+        o["metadata"]["namespace"] == apps.as_str()
+    });
+    converge(&topic, want, in_apps.clone()).await;
+
+    // A crash of the leader: the other replica takes the Lease once it expires, and relays.
+    let (leader, standby) = if first.starts_with("wr-a") {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
+    leader.kill();
+    cluster.apply(&pods(10..15));
+    cluster.kubectl(&["-n", &apps, "delete", "pod", "p0", "--wait=false"]);
+    let mut second = None;
+    for _ in 0..300 {
+        second = holder().filter(|h| *h != first);
+        if second.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        second.is_some(),
+        "the standby never took the Lease:\n{}",
+        standby.log()
+    );
+    let want = cluster_view(&cluster, "pods", |o| {
+        o["metadata"]["namespace"] == apps.as_str()
+    });
+    converge(&topic, want, in_apps).await;
+    standby.stop();
+
+    // The rendered ClusterRole without `watch`: the relay names what it lacks.
+    let role: Value = serde_json::from_str(&cluster.kubectl(&[
+        "get",
+        "clusterrole",
+        "wr-watchrelay",
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    let mut trimmed = role.clone();
+    for rule in trimmed["rules"].as_array_mut().unwrap() {
+        if rule["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r == "pods")
+        {
+            rule["verbs"] = json!(["list"]);
+        }
+    }
+    trimmed["metadata"] = json!({"name": "wr-watchrelay"});
+    cluster
+        .try_kubectl(&["replace", "-f", "-"], Some(&trimmed.to_string()))
+        .unwrap();
+    let dc = dir.path().join("c");
+    std::fs::create_dir_all(&dc).unwrap();
+    let c = RelayProcess::replica(&dc, &config, "wr-c");
+    c.wait_log("cannot watch resource").await;
+    assert!(c.log().contains("pods"), "{}", c.log());
+    drop(c);
+    let mut restored = role;
+    restored["metadata"] = json!({"name": "wr-watchrelay"});
+    cluster
+        .try_kubectl(&["replace", "-f", "-"], Some(&restored.to_string()))
+        .unwrap();
+}
+
+/// A `namespaceSelector` channel on a real server: namespaces labelled into scope are relayed,
+/// one unlabelled leaves with an inferred DELETED per object, and `auto` crossing
+/// `clusterWideAbove` turns the per-namespace streams into one filtered cluster-wide watch at
+/// the next start, the consumer's view unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_selector_follows_labels_and_auto_crosses_its_threshold() {
+    let cluster = Cluster::from_env();
+    let prefix = unique("sel");
+    let home = format!("{prefix}-relay");
+    namespace(&cluster, &home);
+    let label = prefix.clone();
+    let nss: Vec<String> = (0..4).map(|i| format!("{prefix}-n{i}")).collect();
+    for ns in &nss {
+        namespace(&cluster, ns);
+        let items: Vec<Value> = (0..3)
+            .map(|i| manifest("services", ns, &format!("s{i}")))
+            .collect();
+        cluster.apply(&json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string());
+    }
+    let set_label = |ns: &str, on: bool| {
+        let arg = if on {
+            format!("{label}=yes")
+        } else {
+            format!("{label}-")
+        };
+        cluster.kubectl(&["label", "namespace", ns, &arg, "--overwrite"]);
+    };
+    set_label(&nss[0], true);
+    set_label(&nss[1], true);
+    let topic = kafka::unique("sel");
+    kafka::create_topics(&[&topic], 3).await;
+    let channels = format!(
+        "  - operationId: watchNamespacedServices\n    namespaceSelector: {label}=yes\n    topic: {topic}\n"
+    );
+    // auto: cluster-wide above two namespaces.
+    let relay_config = config(&cluster, &home, &channels)
+        .replace("kubernetes:\n", "kubernetes:\n  clusterWideAbove: 2\n");
+    let labelled = |cluster: &Cluster| {
+        cluster_view(cluster, "services", |o| {
+            let ns = o["metadata"]["namespace"].as_str().unwrap_or("");
+            nss.iter().any(|n| n == ns)
+                && cluster.list("namespaces", None).iter().any(|n| {
+                    n["metadata"]["name"] == ns && n["metadata"]["labels"][&label] == "yes"
+                })
+        })
+    };
+    let in_test = {
+        let prefix = prefix.clone();
+        move |k: &str| k.starts_with(&prefix)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut relay = RelayProcess::start(dir.path(), &relay_config);
+    wait_streams(&cluster, &home, 2, &relay).await;
+    converge(&topic, labelled(&cluster), in_test.clone()).await;
+    set_label(&nss[2], true);
+    set_label(&nss[0], false);
+    converge(&topic, labelled(&cluster), in_test.clone()).await;
+    relay.stop();
+    assert!(
+        checkpoints(&cluster, &home)
+            .keys()
+            .any(|k| k == &format!("watchNamespacedServices.{}", nss[1])),
+        "two namespaces: one stream each"
+    );
+
+    // Three labelled namespaces, over a threshold of 2: the next start watches cluster-wide.
+    set_label(&nss[3], true);
+    relay.restart();
+    wait_streams(&cluster, &home, 1, &relay).await;
+    for _ in 0..300 {
+        if checkpoints(&cluster, &home).contains_key("watchNamespacedServices._all") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        checkpoints(&cluster, &home).contains_key("watchNamespacedServices._all"),
+        "auto over its threshold watches cluster-wide:\n{}",
+        relay.log()
+    );
+    converge(&topic, labelled(&cluster), in_test).await;
+    relay.stop();
+}
+
+/// `watchrelay asyncapi --cluster` reads the real server's `/openapi/v3` (the Gateway API
+/// kinds from their CRDs), and the document passes the AsyncAPI parser.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asyncapi_from_the_real_openapi_passes_the_parser() {
+    let cluster = Cluster::from_env();
+    install_gateway_crds(&cluster);
+    let dir = tempfile::tempdir().unwrap();
+    let mut channels = String::new();
+    for c in CATALOGUE {
+        let scope = if ChannelPath::parse(c.path).unwrap().namespaced {
+            "    allNamespaces: true\n"
+        } else {
+            ""
+        };
+        channels.push_str(&format!(
+            "  - operationId: {}\n{scope}    topic: \"real.{{operationId}}\"\n",
+            c.operation_id
+        ));
+    }
+    let path = dir.path().join("config.yaml");
+    std::fs::write(&path, config(&cluster, "default", &channels)).unwrap();
+    let out = std::process::Command::new(common::cluster::BIN)
+        .args(["asyncapi", "--cluster", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let gateway = &doc["components"]["schemas"];
+    assert!(
+        gateway
+            .as_object()
+            .unwrap()
+            .keys()
+            .any(|k| k.contains("Gateway")),
+        "the Gateway kind's schema comes from the server"
+    );
+    let file = dir.path().join("cluster.json");
+    std::fs::write(&file, &out.stdout).unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let parser = root.join(".tools/asyncapi/node_modules");
+    let checked = std::process::Command::new("node")
+        .arg(root.join("scripts/check-asyncapi.mjs"))
+        .arg(&file)
+        .env("NODE_PATH", &parser)
+        .output()
+        .unwrap();
+    assert!(
+        checked.status.success(),
+        "the AsyncAPI parser refused the document: {}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+}

@@ -41,6 +41,8 @@ pub struct SimError {
     pub code: u16,
     pub reason: String,
     pub message: String,
+    /// The Status's `details`: what object the error is about, as the API server says it.
+    pub details: Option<Value>,
 }
 
 impl SimError {
@@ -49,10 +51,22 @@ impl SimError {
             code,
             reason: reason.into(),
             message: message.into(),
+            details: None,
         }
     }
+    /// The error concerns object `name` of `resource` (`plural[.group]`): the details the API
+    /// server gives NotFound, AlreadyExists and Conflict.
+    pub fn about(mut self, resource: &str, name: &str) -> Self {
+        let (plural, group) = resource.split_once('.').unwrap_or((resource, ""));
+        let mut details = json!({"name": name, "kind": plural});
+        if !group.is_empty() {
+            details["group"] = group.into();
+        }
+        self.details = Some(details);
+        self
+    }
     pub fn not_found(resource: &str, name: &str) -> Self {
-        Self::new(404, "NotFound", format!("{resource} {name:?} not found"))
+        Self::new(404, "NotFound", format!("{resource} {name:?} not found")).about(resource, name)
     }
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(422, "Invalid", message)
@@ -68,10 +82,14 @@ impl SimError {
         )
     }
     pub fn status(&self) -> Value {
-        json!({
+        let mut status = json!({
             "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
             "message": self.message, "reason": self.reason, "code": self.code,
-        })
+        });
+        if let Some(details) = &self.details {
+            status["details"] = details.clone();
+        }
+        status
     }
 }
 

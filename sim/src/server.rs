@@ -383,9 +383,11 @@ fn watch_params(
                 "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
             ));
         }
-        if !bookmarks || param("resourceVersionMatch") != Some("NotOlderThan") {
+        // Without allowWatchBookmarks the initial state still arrives, with no end marker
+        // (as kube-apiserver 1.37 answers).
+        if param("resourceVersionMatch") != Some("NotOlderThan") {
             return Err(SimError::invalid(
-                "sendInitialEvents requires allowWatchBookmarks=true and resourceVersionMatch=NotOlderThan",
+                "sendInitialEvents requires resourceVersionMatch=NotOlderThan",
             ));
         }
         Start::Current
@@ -406,7 +408,7 @@ fn watch_params(
         fields,
         start,
         bookmarks,
-        initial_events_end: send_initial,
+        initial_events_end: send_initial && bookmarks,
         timeout,
     })
 }

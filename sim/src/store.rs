@@ -244,7 +244,8 @@ impl Store {
                 409,
                 "AlreadyExists",
                 format!("{} {name:?} already exists", res.key()),
-            ));
+            )
+            .about(&res.key(), &name));
         }
         if let Some(ns) = &ns {
             if resource != "namespaces" && !self.objects.contains_key(&key("namespaces", None, ns))
@@ -307,7 +308,8 @@ impl Store {
                     409,
                     "Conflict",
                     format!("Operation cannot be fulfilled on {} {name:?}: the object has been modified; please apply your changes to the latest version and try again", res.key()),
-                ));
+                )
+                .about(&res.key(), &name));
             }
         }
         check_size(&res, &obj)?;
@@ -491,7 +493,17 @@ fn check_size(res: &Resource, obj: &Value) -> Result<(), SimError> {
         };
         let size = field("data", str::len) + field("binaryData", decoded);
         if size > 1024 * 1024 {
-            return Err(SimError::new(422, "Invalid", format!("ConfigMap is invalid: []: Too long: must have at most 1048576 bytes (has {size})")));
+            let message = format!("Too long: must have at most 1048576 bytes (has {size})");
+            let mut e = SimError::new(
+                422,
+                "Invalid",
+                format!("ConfigMap is invalid: []: {message}"),
+            );
+            e.details = Some(json!({
+                "name": obj["metadata"]["name"], "kind": "ConfigMap",
+                "causes": [{"reason": "FieldValueTooLong", "message": message, "field": "[]"}],
+            }));
+            return Err(e);
         }
     }
     Ok(())

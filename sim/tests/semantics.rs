@@ -116,9 +116,20 @@ async fn bookmarks_and_initial_events_end() {
         ev[1]["object"]["metadata"]["resourceVersion"],
         rv.to_string()
     );
-    // sendInitialEvents without bookmarks is refused.
+    // Without bookmarks the initial state still arrives, with no end marker (kube-apiserver
+    // 1.37 answers so); without resourceVersionMatch=NotOlderThan it is refused.
+    let ev = watch(
+        &client,
+        "sendInitialEvents=true&resourceVersionMatch=NotOlderThan",
+    )
+    .await;
+    assert_eq!(summary(&ev), ["ADDED a"]);
     let err = client
-        .request_text(http::Request::get("/api/v1/namespaces/shop/pods?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan").body(Vec::new()).unwrap())
+        .request_text(
+            http::Request::get("/api/v1/namespaces/shop/pods?watch=true&sendInitialEvents=true")
+                .body(Vec::new())
+                .unwrap(),
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, kube::Error::Api(s) if s.code == 422));

@@ -155,11 +155,18 @@ pub struct RelayProcess {
     child: Child,
     pub log: PathBuf,
     pub config: PathBuf,
+    /// `POD_NAME`: the replica's identity in the Lease.
+    pod: String,
 }
 
 impl RelayProcess {
     /// Writes `config` to `dir` and starts `watchrelay run` on it.
     pub fn start(dir: &Path, config: &str) -> Self {
+        Self::replica(dir, config, "relay-0")
+    }
+
+    /// [`RelayProcess::start`] as the replica `pod` (its identity in the Lease).
+    pub fn replica(dir: &Path, config: &str, pod: &str) -> Self {
         let path = dir.join("config.yaml");
         std::fs::write(&path, config).unwrap();
         let log = dir.join("relay.log");
@@ -167,9 +174,16 @@ impl RelayProcess {
             child: Command::new("true").spawn().unwrap(),
             log,
             config: path,
+            pod: pod.to_string(),
         };
         p.restart();
         p
+    }
+
+    /// SIGKILL: a crash.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Starts the binary again on the same configuration and log.
@@ -180,6 +194,7 @@ impl RelayProcess {
             .open(&self.log)
             .unwrap();
         self.child = Command::new(BIN)
+            .env("POD_NAME", &self.pod)
             .args(["run", "--config"])
             .arg(&self.config)
             .stdin(Stdio::null())
