@@ -99,59 +99,81 @@ pub struct CatalogueEntry {
     pub path: &'static str,
     /// The AsyncAPI message name the channel publishes.
     pub message: &'static str,
+    /// The kind of the objects it carries: what an object the relay writes without a watch
+    /// line (an inferred DELETED) says it is.
+    pub kind: &'static str,
 }
 
 /// Every channel of both AsyncAPI documents. Where a channel appears in both documents
 /// (`watchNamespacedServices`), the more specific message name wins.
 pub const CATALOGUE: &[CatalogueEntry] = &[
-    e("watchAllPods", "/api/v1/pods", "WatchEvent"),
+    e("watchAllPods", "/api/v1/pods", "WatchEvent", "Pod"),
     e(
         "watchNamespacedPods",
         "/api/v1/namespaces/{namespace}/pods",
         "WatchEvent",
+        "Pod",
     ),
     e(
         "watchNamespacedDeployments",
         "/apis/apps/v1/namespaces/{namespace}/deployments",
         "WatchEvent",
+        "Deployment",
     ),
     e(
         "watchNamespacedServices",
         "/api/v1/namespaces/{namespace}/services",
         "ServiceWatchEvent",
+        "Service",
     ),
-    e("watchAllServices", "/api/v1/services", "ServiceWatchEvent"),
-    e("watchNodes", "/api/v1/nodes", "WatchEvent"),
-    e("watchNamespaces", "/api/v1/namespaces", "WatchEvent"),
+    e(
+        "watchAllServices",
+        "/api/v1/services",
+        "ServiceWatchEvent",
+        "Service",
+    ),
+    e("watchNodes", "/api/v1/nodes", "WatchEvent", "Node"),
+    e(
+        "watchNamespaces",
+        "/api/v1/namespaces",
+        "WatchEvent",
+        "Namespace",
+    ),
     e(
         "watchNamespacedEvents",
         "/apis/events.k8s.io/v1/namespaces/{namespace}/events",
         "WatchEvent",
+        "Event",
     ),
     e(
         "watchNamespacedIngresses",
         "/apis/networking.k8s.io/v1/namespaces/{namespace}/ingresses",
         "IngressWatchEvent",
+        "Ingress",
     ),
     e(
         "watchNamespacedEndpointSlices",
         "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
         "EndpointSliceWatchEvent",
+        "EndpointSlice",
     ),
     e(
         "watchNamespacedNetworkPolicies",
         "/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies",
         "NetworkPolicyWatchEvent",
+        "NetworkPolicy",
     ),
     e(
         "watchNamespacedGateways",
         "/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/gateways",
         "GatewayWatchEvent",
+        "Gateway",
     ),
     e(
         "watchNamespacedHTTPRoutes",
         "/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/httproutes",
         "HTTPRouteWatchEvent",
+        "HTTPRoute",
     ),
 ];
 
@@ -159,16 +181,26 @@ const fn e(
     operation_id: &'static str,
     path: &'static str,
     message: &'static str,
+    kind: &'static str,
 ) -> CatalogueEntry {
     CatalogueEntry {
         operation_id,
         path,
         message,
+        kind,
     }
 }
 
 pub fn lookup(operation_id: &str) -> Option<&'static CatalogueEntry> {
     CATALOGUE.iter().find(|c| c.operation_id == operation_id)
+}
+
+/// The kind of a built-in resource (`plural[.group]`), or None for one outside the catalogue.
+pub fn kind_of(resource_name: &str) -> Option<&'static str> {
+    CATALOGUE
+        .iter()
+        .find(|c| ChannelPath::parse(c.path).is_ok_and(|p| p.resource_name() == resource_name))
+        .map(|c| c.kind)
 }
 
 #[cfg(test)]

@@ -232,6 +232,7 @@ impl Outbox {
             at: Some(envelope::now_rfc3339()),
             query: None,
             route: None,
+            kind: None,
             known: None,
         })
     }

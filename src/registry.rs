@@ -409,6 +409,7 @@ mod tests {
             at: None,
             query: None,
             route: None,
+            kind: None,
             known: None,
         }
     }

@@ -440,6 +440,11 @@ async fn etcd_compaction_forces_a_410_and_the_resync_infers_the_deletes() {
         inferred, 4,
         "one inferred DELETED per policy deleted while down"
     );
+    let watch_event = schema::validator(&schema::watch_event_schema());
+    for m in &msgs {
+        let errs = schema::errors(&watch_event, &m.value);
+        assert!(errs.is_empty(), "{errs:?}\n{}", m.value);
+    }
     relay.stop();
 }
 

@@ -232,3 +232,52 @@ async fn a_batch_refused_for_size_keeps_the_order_of_each_key() {
     .await;
     relay.stop().await;
 }
+
+/// Every record a retirement publishes validates as a WatchEvent: `namespaces: [a, b]` becoming
+/// `allNamespaces` across a restart retires the per-namespace streams, whose inferred DELETEDs
+/// name their objects' kind and apiVersion like any other record (pods and Deployments alike).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retirements_inferred_deletes_validate_against_the_contract() {
+    let bed = bed(&["a", "b"]).await;
+    for ns in ["a", "b"] {
+        for i in 0..3 {
+            let name = format!("x{i}");
+            bed.sim
+                .create("pods", Some(ns), objects::pod(ns, &name))
+                .unwrap();
+            bed.sim
+                .create("deployments.apps", Some(ns), objects::deployment(ns, &name))
+                .unwrap();
+        }
+    }
+    let producer = Arc::new(Memory::new());
+    let channels = |scope: &str| {
+        bed.config(
+            &format!(
+                "  - operationId: watchNamespacedPods\n    {scope}\n    topic: pods\n  - operationId: watchNamespacedDeployments\n    {scope}\n    topic: deployments\n"
+            ),
+            "",
+        )
+    };
+    let relay = start(&bed, channels("namespaces: [a, b]"), &producer);
+    relay.wait_up(4).await;
+    relay.stop().await;
+    let relay = start(&bed, channels("allNamespaces: true"), &producer);
+    relay.wait_up(2).await;
+    relay.stop().await;
+    let watch_event = common::schema::validator(&common::schema::watch_event_schema());
+    let mut retracted = std::collections::BTreeSet::new();
+    for r in events(&producer) {
+        let v = view::json(&r);
+        let errs = common::schema::errors(&watch_event, &v);
+        assert!(errs.is_empty(), "{errs:?}\n{v}");
+        if v["watchrelay"]["synthetic"] == true {
+            retracted.insert(v["object"]["kind"].as_str().unwrap().to_string());
+        }
+    }
+    assert_eq!(
+        retracted,
+        ["Deployment".to_string(), "Pod".to_string()].into(),
+        "the retired streams retracted both kinds"
+    );
+}

@@ -114,6 +114,11 @@ pub struct Saved {
     /// older entries.
     #[serde(default)]
     pub route: Option<String>,
+    /// The kind of the stream's objects, for a resource outside the catalogue (whose kind the
+    /// relay learns from the API server): what its inferred DELETEDs say, should the stream be
+    /// retired once its channel is gone. Absent for built-in resources.
+    #[serde(default)]
+    pub kind: Option<String>,
     /// A known-object set an older version kept here, to be moved to the membership topic.
     /// Never written.
     #[serde(default)]
@@ -130,6 +135,8 @@ struct Position<'a> {
     query: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     route: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kind: Option<&'a str>,
 }
 
 /// A stream's checkpoint, encoded for the ConfigMap's `data`.
@@ -139,6 +146,7 @@ pub fn encode(saved: &Saved) -> String {
         at: saved.at.as_deref(),
         query: saved.query.as_deref(),
         route: saved.route.as_deref(),
+        kind: saved.kind.as_deref(),
     })
     .expect("plain strings serialize")
 }
@@ -240,6 +248,7 @@ mod tests {
             at: Some("2026-01-01T00:00:00Z".into()),
             query: Some("q1".into()),
             route: None,
+            kind: None,
             known: Some(HashMap::from([("u".into(), Known::default())])),
         };
         let entry = encode(&saved);

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::channel::{Channel, Scope, Shape, Shapes, StreamId};
+use crate::channel::{Scope, Shape, Shapes, StreamId};
 use crate::checkpoint::{self, Saved, Store};
 use crate::config::Config;
 use crate::decode::{Identity, ObjectMeta};
@@ -90,9 +90,17 @@ impl Retire<'_> {
             return true;
         }
         // Forget the positions first: a run resuming from one would never undo what follows.
+        // The kind a stream learned stays: its retractions name it.
         let forgotten: BTreeMap<String, Option<String>> = ids
             .iter()
-            .map(|id| (id.clone(), Some(checkpoint::encode(&Saved::default()))))
+            .map(|id| {
+                let kind = saved.get(id).and_then(|s| s.kind.clone());
+                let entry = checkpoint::encode(&Saved {
+                    kind,
+                    ..Saved::default()
+                });
+                (id.clone(), Some(entry))
+            })
             .collect();
         if !self.write(&forgotten, stop).await {
             return false;
@@ -100,8 +108,9 @@ impl Retire<'_> {
         for id in &ids {
             let members = restored.take(id);
             let rv = saved.get(id).and_then(|s| s.rv.clone()).unwrap_or_default();
+            let kind = saved.get(id).and_then(|s| s.kind.as_deref());
             tracing::info!(stream = %id, objects = members.len(), "stream no longer configured in this shape; retracting what it announced");
-            if let Err(e) = self.retract(id, &members, &rv, stop).await {
+            if let Err(e) = self.retract(id, &members, &rv, kind, stop).await {
                 tracing::warn!(stream = %id, error = %e, "retiring a stream cut short; the next term tries again");
                 return false;
             }
@@ -130,15 +139,36 @@ impl Retire<'_> {
 
     /// Sends the inferred DELETED of every member of stream `id` where it was announced, then
     /// (once acknowledged) its membership tombstone.
+    /// `kind` is the one the stream learned, for a resource outside the catalogue.
     async fn retract(
         &self,
         id: &str,
         members: &Members,
         rv: &str,
+        kind: Option<&str>,
         stop: &CancellationToken,
     ) -> Result<(), String> {
         let (name, ns) = StreamId::parts(id).unwrap_or((id, None));
         let channel = self.cfg.channels.iter().find(|c| c.name == name);
+        // The objects' kind and apiVersion: a built-in resource's (its channel's, or a vanished
+        // channel's named after its operationId), else the kind the stream learned.
+        let builtin = crate::catalogue::lookup(name);
+        let kind = channel
+            .and_then(|c| crate::catalogue::kind_of(&c.path.resource_name()))
+            .or(builtin.map(|e| e.kind))
+            .or(kind)
+            .unwrap_or_default();
+        let api_version = channel
+            .map(|c| c.path.api_version())
+            .or_else(|| {
+                builtin
+                    .and_then(|e| crate::catalogue::ChannelPath::parse(e.path).ok())
+                    .map(|p| p.api_version())
+            })
+            .unwrap_or_default();
+        if kind.is_empty() {
+            tracing::warn!(stream = %id, "the kind of the retired stream's objects is unknown; its inferred DELETEDs carry none");
+        }
         let cluster = &self.cfg.cluster_name;
         let route = match channel {
             Some(c) => Route::for_stream(c, cluster, ns.map(str::to_string)),
@@ -148,7 +178,7 @@ impl Retire<'_> {
         let mut tombstones = Vec::new();
         let mut unaddressed = 0u64;
         for (uid, known) in members.iter() {
-            let meta = identity(&uid, &known, channel);
+            let meta = identity(&uid, &known, &api_version, kind);
             let place = match (&known.topic, &known.key) {
                 (Some(t), Some(k)) => Some((t.clone(), k.clone())),
                 // Written by an older version: where the channel would put it, if it exists.
@@ -192,15 +222,14 @@ impl Retire<'_> {
 }
 
 /// The identity of a member, for its inferred DELETED.
-fn identity(uid: &str, known: &Known, channel: Option<&Arc<Channel>>) -> ObjectMeta {
-    let api_version = channel.map(|c| c.path.api_version()).unwrap_or_default();
+fn identity(uid: &str, known: &Known, api_version: &str, kind: &str) -> ObjectMeta {
     ObjectMeta::new(Identity {
         uid,
         name: &known.name,
         namespace: known.namespace.as_deref(),
         resource_version: &known.rv,
-        api_version: &api_version,
-        ..Identity::default()
+        api_version,
+        kind,
     })
 }
 

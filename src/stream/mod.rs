@@ -264,7 +264,9 @@ impl Stream {
                 drop_managed_fields: channel.drop_managed_fields,
                 allow_secret_data: channel.allow_secret_data,
             },
-            kind: String::new(),
+            kind: crate::catalogue::kind_of(&channel.path.resource_name())
+                .unwrap_or_default()
+                .to_string(),
             object_buf: Vec::new(),
             id,
             channel,
@@ -479,6 +481,7 @@ impl Stream {
         if let Some(mut saved) = self.outbox.take_saved() {
             saved.query = Some(self.query.clone());
             saved.route = Some(self.route_id.clone());
+            saved.kind = self.learned_kind();
             self.reporter.checkpoint(saved);
         }
         let next = tokio::time::Instant::now() + self.publish_every;
@@ -596,15 +599,7 @@ impl Stream {
     /// (flagged `synthetic`, so consumers can tell it from a real one). Should the relay stop
     /// meanwhile, the rest is abandoned: the stream's entry stays and it resumes next time.
     async fn leave_scope(&mut self) {
-        if self.kind.is_empty() {
-            // Never synced in this run (it left while the relay was down): one short list
-            // names the kind its inferred DELETEDs carry.
-            let query = self.query();
-            let page = kubeapi::list_page(&self.client, &self.path, &query, Some(1), None);
-            if let Ok(Ok(page)) = tokio::time::timeout(Duration::from_secs(10), page).await {
-                self.learn_kind(&page);
-            }
-        }
+        self.ensure_kind().await;
         // What is still joining is announced: it must be deleted too.
         if self.outbox.settle_joins().await.is_err() {
             return;
@@ -623,6 +618,26 @@ impl Stream {
         }
     }
 
+    /// Makes sure the stream knows its objects' kind before it writes an object without a watch
+    /// line (an inferred DELETED): a built-in resource's comes from the catalogue; another's,
+    /// unless a list of this run named it, from one short list.
+    async fn ensure_kind(&mut self) {
+        if self.kind.is_empty() {
+            let query = self.query();
+            let page = kubeapi::list_page(&self.client, &self.path, &query, Some(1), None);
+            if let Ok(Ok(page)) = tokio::time::timeout(Duration::from_secs(10), page).await {
+                self.learn_kind(&page);
+            }
+        }
+    }
+
+    /// The kind to keep in the stream's checkpoint entry: one learned from the API server, for
+    /// a resource outside the catalogue.
+    fn learned_kind(&self) -> Option<String> {
+        let builtin = crate::catalogue::kind_of(&self.channel.path.resource_name()).is_some();
+        (!builtin && !self.kind.is_empty()).then(|| self.kind.clone())
+    }
+
     /// Writes the stream's entry without a position, and waits until it is written; false when
     /// stopped first.
     ///
@@ -639,6 +654,7 @@ impl Stream {
             .expect("forgetting the position moves it");
         saved.query = Some(self.query.clone());
         saved.route = Some(self.route_id.clone());
+        saved.kind = self.learned_kind();
         let saved = self.reporter.checkpoint(saved);
         if !self.checkpoints {
             return true;
@@ -654,6 +670,7 @@ impl Stream {
     /// acknowledged before the stream reconciles (which announces the live ones anew). False
     /// when stopped first.
     async fn retract_elsewhere(&mut self) -> bool {
+        self.ensure_kind().await;
         let route = self.outbox.route().clone();
         let elsewhere: Vec<(String, Known)> = self
             .outbox
@@ -681,7 +698,7 @@ impl Stream {
                 namespace: k.namespace.as_deref(),
                 resource_version: &k.rv,
                 api_version: &self.api_version,
-                ..Identity::default()
+                kind: &self.kind,
             });
             let key = k.key.clone().unwrap_or_else(|| route.key.render(&meta));
             if self.outbox.wait_for_room().await.is_err() {
