@@ -45,8 +45,11 @@ use crate::producer::{
 use crate::tracker::{Change, Known, Tracker};
 use gate::Gate;
 
-/// How long a send waits before offering a record again to a full producer queue.
+/// How long a send first waits before offering a record again to a full producer queue; each
+/// further refusal doubles it, up to [`FULL_RETRY_MAX`] (a queue that stays full is an outage,
+/// not worth a wake-up every few milliseconds).
 const FULL_RETRY: Duration = Duration::from_millis(5);
+const FULL_RETRY_MAX: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum OutboxError {
@@ -496,6 +499,7 @@ impl Outbox {
         record: &Record,
         mut receipt: Box<Receipt>,
     ) -> Result<Option<Box<Receipt>>, OutboxError> {
+        let mut wait = FULL_RETRY;
         loop {
             match self.producer.send(record, receipt) {
                 Ok(()) => return Ok(None),
@@ -504,8 +508,9 @@ impl Outbox {
                     receipt = back;
                     tokio::select! {
                         _ = self.cancel.cancelled() => return Err(OutboxError::Cancelled),
-                        _ = tokio::time::sleep(FULL_RETRY) => {}
+                        _ = tokio::time::sleep(wait) => {}
                     }
+                    wait = (wait * 2).min(FULL_RETRY_MAX);
                 }
                 Err(Refused::Failed(e)) => {
                     self.m.error(AT_ENQUEUE, e.class);

@@ -296,6 +296,8 @@ pub async fn send_all(
     let mut sent = 0usize;
     for record in records {
         let mut receipt = Receipt::new(inbox.clone(), 0, Sent::Unordered);
+        // A full queue: offered again after 5 ms, doubling to 100 ms while it stays full.
+        let mut wait = std::time::Duration::from_millis(5);
         loop {
             match producer.send(&record, receipt) {
                 Ok(()) => break,
@@ -303,8 +305,9 @@ pub async fn send_all(
                     receipt = back;
                     tokio::select! {
                         _ = stop.cancelled() => return Err("stopped".into()),
-                        _ = tokio::time::sleep(std::time::Duration::from_millis(5)) => {}
+                        _ = tokio::time::sleep(wait) => {}
                     }
+                    wait = (wait * 2).min(std::time::Duration::from_millis(100));
                 }
                 Err(e) => return Err(format!("{e:?}")),
             }

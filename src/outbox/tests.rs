@@ -315,3 +315,20 @@ async fn a_drain_waits_until_its_deadline_and_says_what_stays_unacknowledged() {
         "it waited the whole budget"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_full_producer_queue_is_offered_the_record_again_ever_more_slowly() {
+    let mut b = bed(|_| {});
+    b.producer.hold(true);
+    b.producer.capacity(1);
+    b.send(EventType::Added, meta("a", 60), 0).await.unwrap();
+    let waiting = tokio::time::timeout(
+        Duration::from_secs(1),
+        b.send(EventType::Added, meta("b", 61), 0),
+    )
+    .await;
+    assert!(waiting.is_err(), "the queue stayed full");
+    // 5, 10, 20, 40, 80, then every 100 ms: about 14 offers in a second, not 200.
+    let offers = b.producer.refused_full();
+    assert!((5..=20).contains(&offers), "{offers} offers in a second");
+}

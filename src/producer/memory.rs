@@ -52,11 +52,18 @@ struct MemoryState {
     replay_pause: Option<Duration>,
     /// Records replays handed over.
     replayed: usize,
+    /// Sends refused as [`Refused::Full`].
+    refused_full: usize,
 }
 
 impl Memory {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// How many sends were refused because it was full ([`Memory::capacity`]).
+    pub fn refused_full(&self) -> usize {
+        self.state().refused_full
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, MemoryState> {
@@ -204,6 +211,7 @@ impl Producer for Memory {
                 return Err(Refused::TooLarge(receipt));
             }
             if s.capacity.is_some_and(|c| s.held.len() >= c) {
+                s.refused_full += 1;
                 return Err(Refused::Full(receipt));
             }
             s.sent += 1;

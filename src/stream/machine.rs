@@ -13,6 +13,7 @@
 //!          checkpoint rv ▼                    ▼                ▼ checkpoint rv
 //!                      Watch{rv} ◄────────────┴────────────────┘
 //!                       │   ▲  └─ closed, cut, stalled: Watch{last position read}
+//!                       │   │     (closed having read nothing: through Backoff, like a failure)
 //!                       │   └──── synced at rv (a resync, like a start)
 //!   410 Gone, requested ▼
 //!                   Sync{Resync} ── reconciles: inferred DELETED for known objects it lacks
@@ -238,12 +239,27 @@ pub fn next<C>(state: State<C>, outcome: Outcome<C>, backoff: &mut Backoff) -> T
                 at,
             },
         ) => {
-            backoff.reset();
-            // A sync cut before its state ended starts over, reconciling what it announced.
+            // A watch that read past where it started reopens at once (a server's timeout);
+            // one closed before it read anything, or a sync cut before its state ended, waits
+            // for the backoff first: a server that keeps closing is not hammered in a loop. A
+            // sync starts over, reconciling what it announced.
+            let progressed = match &state {
+                State::Watch { at: cursor, .. } => at.as_ref().is_some_and(|a| *a != cursor.rv),
+                _ => false,
+            };
             let restart = matches!(state, State::Sync { .. }).then_some("sync_interrupted");
-            Transition {
-                next: retry(state, at),
-                restart,
+            let next = retry(state, at);
+            if progressed {
+                backoff.reset();
+                Transition { next, restart }
+            } else {
+                Transition {
+                    next: State::Backoff {
+                        then: Box::new(next),
+                        delay: backoff.next(),
+                    },
+                    restart,
+                }
             }
         }
         (

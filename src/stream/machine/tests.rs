@@ -107,12 +107,13 @@ fn transitions() {
             false,
             None,
         ),
-        // An interrupted sync starts over (after a backoff when it failed).
+        // An interrupted sync starts over, after a backoff (a server closing every sync is
+        // not hammered).
         (
             sync(Start, InitialEvents),
             stopped(Stop::Closed, None),
             sync(Start, InitialEvents),
-            false,
+            true,
             Some("sync_interrupted"),
         ),
         (
@@ -130,11 +131,19 @@ fn transitions() {
             false,
             None,
         ),
+        // Closed having read nothing past its start: after a backoff.
         (
             watch("10", Pages),
             stopped(Stop::Closed, None),
             watch("10", Pages),
-            false,
+            true,
+            None,
+        ),
+        (
+            watch("10", Pages),
+            stopped(Stop::Closed, Some("10")),
+            watch("10", Pages),
+            true,
             None,
         ),
         (
