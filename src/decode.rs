@@ -132,6 +132,16 @@ fn scan_object<'a>(
 /// What a Secret's `kubectl apply` leaves in its annotations: the whole object, data included.
 pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
+/// The only annotations a Secret keeps (unless its channel allows Secret data): Kubernetes' own,
+/// which name and describe it. Any other may hold a copy of its data — `kubectl apply`'s
+/// [`LAST_APPLIED`], kapp's `kapp.k14s.io/original`, other tools' own — so it is dropped
+/// rather than trusted.
+pub const SECRET_ANNOTATIONS: &[&str] = &[
+    "kubernetes.io/service-account.name",
+    "kubernetes.io/service-account.uid",
+    "kubernetes.io/description",
+];
+
 /// How [`write_members`] changes `metadata` when it writes it back.
 #[derive(Clone, Copy, Default)]
 struct MetadataEdit<'a> {
@@ -480,17 +490,26 @@ fn decode_object(
             string_of(src, &members, "k8s.io/initial-events-end").as_deref() == Some("true")
         });
     let secret = meta.kind() == "Secret" && !trim.allow_secret_data;
-    // A Secret's annotations lose the copy of the whole object `kubectl apply` leaves there.
+    // A Secret's annotations keep only those on the allow-list: the others may carry a copy of
+    // the object, data included.
     let annotations = if secret {
         annotations(sc).and_then(|(len, members)| {
-            find(src, &members, LAST_APPLIED)?;
+            let dropped: Vec<std::borrow::Cow<'_, str>> = members
+                .iter()
+                .map(|m| m.key.text(src))
+                .filter(|k| !SECRET_ANNOTATIONS.contains(&k.as_ref()))
+                .collect();
+            if dropped.is_empty() {
+                return None;
+            }
+            let dropped: Vec<&str> = dropped.iter().map(AsRef::as_ref).collect();
             let mut edited = Vec::with_capacity(len);
             write_members(
                 &mut edited,
                 src,
                 &members,
                 b"",
-                &[LAST_APPLIED],
+                &dropped,
                 None,
                 MetadataEdit::default(),
             );
@@ -610,8 +629,9 @@ mod tests {
     fn a_secret_applied_with_kubectl_keeps_no_copy_of_its_data() {
         let applied =
             r#"{\"apiVersion\":\"v1\",\"data\":{\"k\":\"c2VjcmV0\"},\"kind\":\"Secret\"}"#;
+        // kapp keeps the applied object in an annotation of its own: any tool may.
         let line = format!(
-            r#"{{"type":"ADDED","object":{{"kind":"Secret","apiVersion":"v1","metadata":{{"name":"s","namespace":"a","uid":"u","resourceVersion":"7","annotations":{{"team":"x","{LAST_APPLIED}":"{applied}"}}}},"data":{{"k":"c2VjcmV0"}},"type":"Opaque"}}}}"#
+            r#"{{"type":"ADDED","object":{{"kind":"Secret","apiVersion":"v1","metadata":{{"name":"s","namespace":"a","uid":"u","resourceVersion":"7","annotations":{{"team":"x","kubernetes.io/service-account.name":"sa","kapp.k14s.io/original":"{applied}","{LAST_APPLIED}":"{applied}"}}}},"data":{{"k":"c2VjcmV0"}},"type":"Opaque"}}}}"#
         );
         let ev = decode_line(line.as_bytes(), DROP).unwrap();
         let text = String::from_utf8(ev.object.clone()).unwrap();
@@ -619,7 +639,8 @@ mod tests {
         let got: serde_json::Value = serde_json::from_slice(&ev.object).unwrap();
         assert_eq!(
             got["metadata"]["annotations"],
-            serde_json::json!({"team": "x"})
+            serde_json::json!({"kubernetes.io/service-account.name": "sa"}),
+            "only the allow-listed annotations stay"
         );
         let got = allowing_secrets(line.as_bytes());
         assert!(got["metadata"]["annotations"][LAST_APPLIED].is_string());
