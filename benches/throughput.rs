@@ -20,6 +20,12 @@
 //! 5. Latency: the same relay then follows live churn at a fixed rate; the publish latency (watch
 //!    arrival to Kafka acknowledgement) comes from its own histogram.
 //!
+//! The peer: with OTELCOL_BIN set (scripts/bench.sh builds it), each round also runs the
+//! OpenTelemetry Collector (k8sobjects receiver watching the same pods from the same
+//! resourceVersion, kafka exporter acknowledged by all replicas, lz4, its batch processor) on the
+//! same simulator and broker; its rate and CPU are counted from its topic's high watermarks
+//! past the warm-up, and what it published (records per change, keyed records) is reported.
+//!
 //! CPU and peak RSS are read from /proc for each child process, so the simulator's share is not
 //! counted. Run with scripts/bench.sh (it starts a broker) or set KAFKA_BOOTSTRAP_SERVERS.
 
@@ -131,10 +137,14 @@ fn main() {
     let topic_base = format!("bench-baseline-{}", std::process::id());
     let topic_relay = format!("bench-relay-{}", std::process::id());
     let topic_pass = format!("bench-passthrough-{}", std::process::id());
+    let topic_otel = format!("bench-otel-{}", std::process::id());
     rt.block_on(create_topics(
         &bootstrap,
-        &[&topic_base, &topic_relay, &topic_pass],
+        &[&topic_base, &topic_relay, &topic_pass, &topic_otel],
     ));
+    let otelcol = std::env::var("OTELCOL_BIN")
+        .ok()
+        .filter(|b| Path::new(b).exists());
 
     // The ceiling: how fast the simulator serves the same replay to a reader that only counts.
     let sim_rate = n as f64 / sim_replay_secs(&sim.url(), start_rv + warmup as u64, n);
@@ -167,6 +177,7 @@ fn main() {
     let mut base_rounds = Vec::new();
     let mut pass_rounds = Vec::new();
     let mut relay_rounds = Vec::new();
+    let mut otel_rounds = Vec::new();
     let mut relay = None;
     for round in 1..=rounds {
         let b = Round::of_child(
@@ -236,6 +247,24 @@ fn main() {
             "round {round}: bare producer {:.0} events/s, {:.2} µs/event; pass-through {:.0} events/s, {:.2} µs/event; watchrelay {:.0} events/s, {:.2} µs/event",
             b.rate, b.cpu_us, p.rate, p.cpu_us, r.rate, r.cpu_us
         );
+        if let Some(bin) = &otelcol {
+            let o = otel_round(
+                bin,
+                &kubeconfig,
+                &bootstrap,
+                &format!("{topic_otel}-{round}"),
+                start_rv,
+                warmup,
+                n,
+                dir.path(),
+                &rt,
+            );
+            println!(
+                "round {round}: OpenTelemetry Collector {:.0} events/s, {:.2} µs/event",
+                o.rate, o.cpu_us
+            );
+            otel_rounds.push(o);
+        }
         base_rounds.push(b);
         pass_rounds.push(p);
         relay_rounds.push(r);
@@ -333,9 +362,27 @@ fn main() {
     println!(
         "publish latency at {achieved:.0} events/s (target {rate:.0}): p50 {p50:.2} ms, p99 {p99:.2} ms (watch arrival to Kafka ack)"
     );
+    let mut peer = String::new();
+    if !otel_rounds.is_empty() {
+        let otel = Round::median(&otel_rounds);
+        println!(
+            "{:<34} {:>14.0} events/s, {:.2} µs/event, peak RSS {:.1} MiB: the OpenTelemetry Collector (k8sobjects -> kafka) on the same replay",
+            "peer",
+            otel.rate,
+            otel.cpu_us,
+            otel.rss_kib as f64 / 1024.0
+        );
+        let published = otel_published(&bootstrap, &format!("{topic_otel}-1"), warmup + n);
+        println!("{:<34} {published}", "peer published");
+        peer = format!(
+            " cpu_vs_otel={:.2} eps_vs_otel={:.2}",
+            rel.cpu_us / otel.cpu_us,
+            rel.rate / otel.rate
+        );
+    }
     // One machine-readable line: the ratios, each side's median of the same rounds.
     println!(
-        "bench: cpu_vs_bare={:.2} eps_vs_passthrough={:.2} eps_vs_bare={:.2} p99_ms={:.0} rss_mib={:.0}",
+        "bench: cpu_vs_bare={:.2} eps_vs_passthrough={:.2} eps_vs_bare={:.2} p99_ms={:.0} rss_mib={:.0}{peer}",
         rel.cpu_us / base.cpu_us,
         rel.rate / pass.rate,
         rel.rate / base.rate,
@@ -655,6 +702,129 @@ fn baseline(bootstrap: &str, topic: &str, input: &Path, warmup: usize) {
         "{}",
         json!({"secs": secs, "cpu": cpu, "rss_kib": peak_rss_kib(std::process::id())})
     );
+}
+
+/// The OpenTelemetry Collector replaying the pods' watch from `rv` into `topic` (a fresh one
+/// per round): events/s and CPU per event from the acknowledgement of the warm-up's records to
+/// that of the `n` after them, read from the topic's high watermarks every 10 ms.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one call site; the round's whole setting"
+)]
+fn otel_round(
+    bin: &str,
+    kubeconfig: &Path,
+    bootstrap: &str,
+    topic: &str,
+    rv: u64,
+    warmup: usize,
+    n: usize,
+    dir: &Path,
+    rt: &tokio::runtime::Runtime,
+) -> Round {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    rt.block_on(create_topics(bootstrap, &[topic]));
+    let config = dir.join("otelcol.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "receivers:\n  k8sobjects:\n    auth_type: kubeConfig\n    objects:\n      - name: pods\n        mode: watch\n        namespaces: [{NS}]\n        resource_version: \"{rv}\"\n\
+             processors:\n  batch: {{}}\n\
+             exporters:\n  kafka:\n    brokers: [\"{bootstrap}\"]\n    topic: {topic}\n    encoding: raw\n    producer:\n      required_acks: -1\n      compression: lz4\n\
+             service:\n  telemetry:\n    metrics:\n      level: none\n    logs:\n      level: warn\n\
+             \x20 pipelines:\n    logs:\n      receivers: [k8sobjects]\n      processors: [batch]\n      exporters: [kafka]\n"
+        ),
+    )
+    .unwrap();
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "bench-otel")
+        .create()
+        .unwrap();
+    let published = || -> usize {
+        (0..3)
+            .map(|p| {
+                consumer
+                    .fetch_watermarks(topic, p, Duration::from_secs(5))
+                    .map_or(0, |(_, high)| high as usize)
+            })
+            .sum()
+    };
+    let spawned = Instant::now();
+    let log = dir.join("otelcol.log");
+    let child = Command::new(bin)
+        .arg(format!("--config={}", config.display()))
+        .env("KUBECONFIG", kubeconfig)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("the collector starts");
+    let pid = child.id();
+    let mut child = KillOnDrop(child);
+    let mut reached = |count: usize| loop {
+        if published() >= count {
+            return (Instant::now(), cpu_seconds(pid));
+        }
+        let exited = child.0.try_wait().unwrap();
+        assert!(
+            exited.is_none() && spawned.elapsed() < Duration::from_secs(600),
+            "the collector did not publish {count} records ({exited:?}): {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let (t0, cpu0) = reached(warmup);
+    let (t1, cpu1) = reached(warmup + n);
+    let round = Round {
+        rate: n as f64 / (t1 - t0).as_secs_f64(),
+        cpu_us: (cpu1 - cpu0) * 1e6 / n as f64,
+        rss_kib: peak_rss_kib(pid),
+    };
+    stop(child);
+    round
+}
+
+/// What the collector published for `changes` changes: records per change, how many carry a
+/// key, and what a record's value holds.
+fn otel_published(bootstrap: &str, topic: &str, changes: usize) -> String {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::Message;
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "bench-otel-read")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    let mut total = 0;
+    for p in 0..3 {
+        total += consumer
+            .fetch_watermarks(topic, p, Duration::from_secs(5))
+            .map_or(0, |(_, high)| high as usize);
+    }
+    consumer.subscribe(&[topic]).unwrap();
+    let (mut sampled, mut keyed, mut value) = (0, 0, String::new());
+    let started = Instant::now();
+    while sampled < 1000 && started.elapsed() < Duration::from_secs(30) {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) {
+            sampled += 1;
+            keyed += usize::from(m.key().is_some_and(|k| !k.is_empty()));
+            if value.is_empty() {
+                let v: serde_json::Value =
+                    serde_json::from_slice(m.payload().unwrap_or_default()).unwrap_or_default();
+                let mut keys: Vec<&str> = v
+                    .as_object()
+                    .map(|o| o.keys().map(String::as_str).collect())
+                    .unwrap_or_default();
+                keys.sort_unstable();
+                value = keys.join(",");
+            }
+        }
+    }
+    format!(
+        "{:.2} records per change ({total} for {changes}); {keyed} of {sampled} sampled records keyed; a value's keys: {value}",
+        total as f64 / changes as f64
+    )
 }
 
 async fn create_topics(bootstrap: &str, names: &[&str]) {

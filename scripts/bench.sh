@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The benchmarks.
 #   scripts/bench.sh           relay vs a bare producer on the same broker, same bytes: events/s,
-#                              CPU per event, peak RSS, publish latency (BENCH_EVENTS, BENCH_RATE)
+#                              CPU per event, peak RSS, publish latency (BENCH_EVENTS, BENCH_RATE);
+#                              and vs the OpenTelemetry Collector on the same replay (built by
+#                              scripts/otelcol.sh on first use)
 #   scripts/bench.sh restore   restoring the membership of BENCH_MEMBERS objects: time, peak RSS
 #   scripts/bench.sh relist    the whole relay over BENCH_MEMBERS pods: a full sync, then a restart
 #                              whose position expired (restore, 410, relist, delta): time, peak RSS
@@ -15,5 +17,10 @@ if [[ -z ${KAFKA_BOOTSTRAP_SERVERS:-} ]]; then
   trap 'scripts/broker.sh stop "$dir"' EXIT
   KAFKA_BOOTSTRAP_SERVERS=$(scripts/broker.sh start "$dir")
   export KAFKA_BOOTSTRAP_SERVERS
+fi
+if [[ ${1:-throughput} == throughput ]]; then
+  scripts/otelcol.sh install
+  OTELCOL_BIN=$(scripts/otelcol.sh bin)
+  export OTELCOL_BIN
 fi
 cargo bench --locked --bench "${1:-throughput}"

@@ -494,7 +494,7 @@ fn decode_object(
     // the object, data included.
     let annotations = if secret {
         annotations(sc).and_then(|(len, members)| {
-            let dropped: Vec<std::borrow::Cow<'_, str>> = members
+            let dropped: Vec<Cow<'_, str>> = members
                 .iter()
                 .map(|m| m.key.text(src))
                 .filter(|k| !SECRET_ANNOTATIONS.contains(&k.as_ref()))
