@@ -3,9 +3,10 @@
 //!
 //! 1. A fresh membership topic is filled with the records of `BENCH_MEMBERS` tracked objects
 //!    (default 1,000,000, over `BENCH_STREAMS` streams, default 100), as streams joining their
-//!    objects write them, with history as a topic holds it between compactions (tansu never
-//!    compacts): `BENCH_HISTORY` superseded records per object (default 2), and a quarter as
-//!    many objects again that joined and left (a record, then its tombstone). Real-looking
+//!    objects write them, with history as a topic holds it between compactions (the worst
+//!    case: the cleaner has not run yet): `BENCH_HISTORY` superseded records per object
+//!    (default 2), and a quarter as many objects again that joined and left (a record, then its
+//!    tombstone). Real-looking
 //!    identities (random UUIDs, pod names as a ReplicaSet gives them). Not timed.
 //! 2. A child process (so its memory is its own) does what the relay does at the start of a term:
 //!    creates its Kafka client, makes sure the topic exists, reads it back to its end and

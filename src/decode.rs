@@ -652,6 +652,23 @@ mod tests {
     }
 
     #[test]
+    fn an_object_nested_as_deep_as_the_api_server_allows_is_relayed_whole() {
+        // A custom resource with free-form fields, 5,000 levels deep in its spec (and in a
+        // managedFields entry, which is dropped, not parsed).
+        let deep = "{\"a\":[".repeat(2_500) + "1" + &"]}".repeat(2_500);
+        let line = format!(
+            r#"{{"type":"ADDED","object":{{"kind":"Deep","apiVersion":"example.com/v1","metadata":{{"name":"d","namespace":"a","uid":"u","resourceVersion":"7","managedFields":[{{"fieldsV1":{deep}}}]}},"spec":{deep}}}}}"#
+        );
+        let ev = decode_line(line.as_bytes(), DROP).expect("decoded");
+        let text = String::from_utf8(ev.object).unwrap();
+        assert!(
+            text.ends_with(&format!(r#""spec":{deep}}}"#)),
+            "the spec is whole"
+        );
+        assert!(!text.contains("managedFields"));
+    }
+
+    #[test]
     fn an_event_type_the_api_does_not_define_is_an_error_not_a_new_label() {
         let line = br#"{"type":"INVENTED","object":{"kind":"Pod","metadata":{"name":"x","resourceVersion":"1"}}}"#;
         assert!(matches!(
