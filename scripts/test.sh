@@ -21,13 +21,24 @@ export PATH
 ensure_helm
 ensure_asyncapi_parser
 
-echo "== cargo fmt --check"
-cargo fmt --all -- --check
-echo "== cargo clippy"
-cargo clippy --workspace --all-targets --features e2e --locked -- -D warnings
+# Each step says how long it took.
+step() {
+  echo "== $1"
+  started=$SECONDS
+}
+took() {
+  echo "== took $((SECONDS - started)) s"
+}
 
-echo "== fast tier (no broker)"
+step "cargo fmt --check"
+cargo fmt --all -- --check
+step "cargo clippy"
+cargo clippy --workspace --all-targets --features e2e --locked -- -D warnings
+took
+
+step "fast tier (no broker, no cluster)"
 cargo test --workspace --locked
+took
 
 broker_dir=
 cluster_dir=$(mktemp -d)
@@ -42,25 +53,31 @@ if [[ -z ${KAFKA_BOOTSTRAP_SERVERS:-} ]]; then
   export KAFKA_BOOTSTRAP_SERVERS
   echo "== broker at $KAFKA_BOOTSTRAP_SERVERS"
 fi
-
 scripts/cluster.sh start "$cluster_dir" >/dev/null
 export WATCHRELAY_TEST_CLUSTER=$cluster_dir
 echo "== control plane at $(cat "$cluster_dir/apiserver.url")"
 
-echo "== end-to-end tests (broker at $KAFKA_BOOTSTRAP_SERVERS)"
-# Only the tests that need the broker (those requiring the e2e feature in Cargo.toml): the fast
-# tier already ran.
+# The tiers that need the broker (the tests requiring the e2e feature in Cargo.toml); those
+# that also need the control plane run as a tier of their own.
+real_cluster=(--test=cluster --test=fidelity)
 mapfile -t e2e < <(python3 - <<'PY'
 import tomllib
 with open("Cargo.toml", "rb") as f:
     tests = tomllib.load(f).get("test", [])
 for t in tests:
-    if "e2e" in t.get("required-features", []):
+    if "e2e" in t.get("required-features", []) and t["name"] not in ("cluster", "fidelity"):
         print(f"--test={t['name']}")
 PY
 )
+step "end-to-end tier (broker at $KAFKA_BOOTSTRAP_SERVERS)"
 cargo test --locked --features e2e "${e2e[@]}"
+took
 
-echo "== deploy checks (chart, manifests, alert rules, Dockerfile)"
+step "real-cluster tier (kube-apiserver and etcd, the broker)"
+cargo test --locked --features e2e "${real_cluster[@]}"
+took
+
+step "deploy checks (chart, manifests, alert rules, Dockerfile)"
 target=$(target_dir)
 WATCHRELAY_BIN=$target/debug/watchrelay scripts/check-deploy.sh
+took
