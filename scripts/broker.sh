@@ -19,6 +19,8 @@
 #   BROKER_EXTRA     more server.properties lines, appended last
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/lib.sh
+source "$root/scripts/lib.sh"
 testbed=$root/testbed/kafka
 version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$testbed/pom.xml")
 home=$root/.cache/kafka-$version
@@ -43,10 +45,6 @@ install() {
 java_opts() {
   echo "-Xms128m -Xmx512m -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true" \
     "-Dlog4j2.configurationFile=$testbed/log4j2.properties"
-}
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }
 
 # Runs one of Kafka's classes in the foreground.
@@ -123,17 +121,7 @@ start() {
 }
 
 stop() {
-  local dir=$1
-  [[ -f $dir/broker.pid ]] || return 0
-  local pid
-  pid=$(cat "$dir/broker.pid")
-  kill "$pid" 2>/dev/null || true
-  for _ in $(seq 1 150); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -9 "$pid" 2>/dev/null || true
-  rm -f "$dir/broker.pid"
+  stop_pid "$1/broker.pid" 15
 }
 
 cmd=${1:-}; shift || true

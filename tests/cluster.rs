@@ -62,6 +62,14 @@ fn manifest(resource: &str, ns: &str, name: &str) -> Value {
     }
 }
 
+/// Applies `resource` objects named `{prefix}{i}` in `ns`, for each `i` of `names`.
+fn make(cluster: &Cluster, resource: &str, ns: &str, prefix: &str, names: std::ops::Range<u32>) {
+    let items: Vec<Value> = names
+        .map(|i| manifest(resource, ns, &format!("{prefix}{i}")))
+        .collect();
+    cluster.apply(&json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string());
+}
+
 /// Every catalogue resource, by its resource name, once (the cluster-wide operations share the
 /// namespaced ones' resources).
 fn resources() -> Vec<String> {
@@ -375,12 +383,7 @@ async fn etcd_compaction_forces_a_410_and_the_resync_infers_the_deletes() {
     namespace(&cluster, &ns);
     namespace(&cluster, &home);
     let resource = "networkpolicies.networking.k8s.io";
-    let make = |names: std::ops::Range<u32>| {
-        let items: Vec<Value> = names
-            .map(|i| manifest(resource, &ns, &format!("np{i}")))
-            .collect();
-        cluster.apply(&json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string());
-    };
+    let make = |names| make(&cluster, resource, &ns, "np", names);
     make(0..10);
     let topic = kafka::unique("netpol");
     kafka::create_topics(&[&topic], 3).await;
@@ -457,10 +460,7 @@ async fn a_resync_requested_with_kubectl_annotate() {
     let home = format!("{ns}-relay");
     namespace(&cluster, &ns);
     namespace(&cluster, &home);
-    let items: Vec<Value> = (0..5)
-        .map(|i| manifest("services", &ns, &format!("s{i}")))
-        .collect();
-    cluster.apply(&json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string());
+    make(&cluster, "services", &ns, "s", 0..5);
     let topic = kafka::unique("svc");
     kafka::create_topics(&[&topic], 3).await;
     let channels = format!(
@@ -518,13 +518,8 @@ async fn without_the_watchlist_gate_paginated_lists_do_the_same() {
     let home = format!("{ns}-relay");
     namespace(&cluster, &ns);
     namespace(&cluster, &home);
-    let pods = |names: std::ops::Range<u32>| {
-        let items: Vec<Value> = names
-            .map(|i| manifest("pods", &ns, &format!("p{i}")))
-            .collect();
-        json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
-    };
-    cluster.apply(&pods(0..23));
+    let pods = |names| make(&cluster, "pods", &ns, "p", names);
+    pods(0..23);
     let topic = kafka::unique("pages");
     kafka::create_topics(&[&topic], 3).await;
     let channels = format!(
@@ -534,7 +529,7 @@ async fn without_the_watchlist_gate_paginated_lists_do_the_same() {
     let mut relay = RelayProcess::start(dir.path(), &config(&cluster, &home, &channels));
     relay.wait_log("sendInitialEvents refused").await;
     wait_streams(&cluster, &home, 1, &relay).await;
-    cluster.apply(&pods(23..30));
+    pods(23..30);
     cluster.kubectl(&["-n", &ns, "delete", "pod", "p3", "--wait=false"]);
     let want = cluster_view(&cluster, "pods", |o| {
         o["metadata"]["namespace"] == ns.as_str()
@@ -619,13 +614,8 @@ async fn the_charts_rbac_two_replicas_and_a_missing_permission() {
     cfg["leaderElection"]["retryPeriodSeconds"] = json!(1);
     let config = serde_json::to_string(&cfg).unwrap();
 
-    let pods = |names: std::ops::Range<u32>| {
-        let items: Vec<Value> = names
-            .map(|i| manifest("pods", &apps, &format!("p{i}")))
-            .collect();
-        json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string()
-    };
-    cluster.apply(&pods(0..10));
+    let pods = |names| make(&cluster, "pods", &apps, "p", names);
+    pods(0..10);
     let (da, db) = (dir.path().join("a"), dir.path().join("b"));
     std::fs::create_dir_all(&da).unwrap();
     std::fs::create_dir_all(&db).unwrap();
@@ -676,7 +666,7 @@ async fn the_charts_rbac_two_replicas_and_a_missing_permission() {
         (&mut b, &mut a)
     };
     leader.kill();
-    cluster.apply(&pods(10..15));
+    pods(10..15);
     cluster.kubectl(&["-n", &apps, "delete", "pod", "p0", "--wait=false"]);
     let mut second = None;
     for _ in 0..300 {
@@ -748,10 +738,7 @@ async fn a_selector_follows_labels_and_auto_crosses_its_threshold() {
     let nss: Vec<String> = (0..4).map(|i| format!("{prefix}-n{i}")).collect();
     for ns in &nss {
         namespace(&cluster, ns);
-        let items: Vec<Value> = (0..3)
-            .map(|i| manifest("services", ns, &format!("s{i}")))
-            .collect();
-        cluster.apply(&json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string());
+        make(&cluster, "services", ns, "s", 0..3);
     }
     let set_label = |ns: &str, on: bool| {
         let arg = if on {

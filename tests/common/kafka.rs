@@ -77,14 +77,9 @@ pub struct Msg {
     pub headers: HashMap<String, String>,
 }
 
-/// Reads `topic` from offset 0 of every partition until `done` holds for what was read (or the
-/// hang guard expires, returning what arrived so the caller's assertion shows it).
-pub fn read_until(
-    bootstrap: &str,
-    topic: &str,
-    guard: Duration,
-    done: impl Fn(&[Msg]) -> bool,
-) -> Vec<Msg> {
+/// A consumer assigned every partition of `topic` at `from` (no group membership: the same
+/// code works against any Kafka-protocol broker).
+fn reading(bootstrap: &str, topic: &str, from: Offset) -> BaseConsumer {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "watchrelay-tests")
@@ -99,15 +94,25 @@ pub fn read_until(
         .topics()
         .iter()
         .find(|t| t.name() == topic)
-        .map(|t| t.partitions().len())
-        .unwrap_or(0);
+        .map_or(0, |t| t.partitions().len());
     assert!(partitions > 0, "topic {topic} has no partitions");
     let mut tpl = TopicPartitionList::new();
     for p in 0..i32::try_from(partitions).expect("a partition count") {
-        tpl.add_partition_offset(topic, p, Offset::Offset(0))
-            .unwrap();
+        tpl.add_partition_offset(topic, p, from).unwrap();
     }
     consumer.assign(&tpl).expect("assign");
+    consumer
+}
+
+/// Reads `topic` from offset 0 of every partition until `done` holds for what was read (or the
+/// hang guard expires, returning what arrived so the caller's assertion shows it).
+pub fn read_until(
+    bootstrap: &str,
+    topic: &str,
+    guard: Duration,
+    done: impl Fn(&[Msg]) -> bool,
+) -> Vec<Msg> {
+    let consumer = reading(bootstrap, topic, Offset::Offset(0));
     let start = Instant::now();
     let mut out = Vec::new();
     while start.elapsed() < guard {
@@ -147,26 +152,7 @@ pub fn read_until(
 /// Every record of `topic` as stored, in partition order: its key and value (None for a
 /// tombstone). Reads until nothing arrived for `quiet`.
 pub fn read_raw(bootstrap: &str, topic: &str, quiet: Duration) -> Vec<(String, Option<Vec<u8>>)> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", "watchrelay-tests")
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
-    let md = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .expect("metadata");
-    let partitions = md
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic)
-        .map_or(0, |t| t.partitions().len());
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..i32::try_from(partitions).expect("a partition count") {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)
-            .unwrap();
-    }
-    consumer.assign(&tpl).expect("assign");
+    let consumer = reading(bootstrap, topic, Offset::Beginning);
     let mut out = Vec::new();
     let mut last = Instant::now();
     while last.elapsed() < quiet {
