@@ -23,6 +23,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# kubectl: the one on PATH, else the test bed's (built by scripts/cluster.sh).
+if ! command -v kubectl >/dev/null 2>&1; then
+  scripts/cluster.sh install
+  PATH=$(scripts/cluster.sh bin):$PATH
+fi
+
 echo "== building"
 cargo build --release --locked -q -p watchrelay -p watchrelay-sim --bins --examples
 release=$(target_dir)/release
