@@ -824,6 +824,14 @@ async fn asyncapi_from_the_real_openapi_passes_the_parser() {
             c.operation_id
         ));
     }
+    // The server publishes a new CRD's group in /openapi/v3 a little after it is established.
+    for _ in 0..600 {
+        let index = cluster.kubectl(&["get", "--raw", "/openapi/v3"]);
+        if index.contains("apis/gateway.networking.k8s.io/v1") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let path = dir.path().join("config.yaml");
     std::fs::write(&path, config(&cluster, "default", &channels)).unwrap();
     let out = std::process::Command::new(common::cluster::BIN)
