@@ -58,6 +58,9 @@ pub struct Metrics {
     /// Members whose retraction could not be addressed (written by an older version without a
     /// topic and key, of a channel that no longer exists).
     pub unretractable_members: IntCounter,
+    /// Times the checkpoint ConfigMap was found older than what the relay last wrote (an etcd
+    /// restore): every stream then resyncs whole.
+    pub history_rewinds: IntCounter,
     /// 1 while this replica relays (always, without leader election).
     pub leader: IntGauge,
     /// The configured bound on records awaiting acknowledgement per stream.
@@ -149,6 +152,14 @@ impl Metrics {
         registry
             .register(Box::new(unretractable_members.clone()))
             .expect("each metric is registered once");
+        let history_rewinds = IntCounter::new(
+            "history_rewinds_total",
+            "Times the checkpoint ConfigMap went back behind what the relay last wrote (an etcd restore), making every stream resync whole",
+        )
+        .expect("static metric definitions are valid");
+        registry
+            .register(Box::new(history_rewinds.clone()))
+            .expect("each metric is registered once");
         let checkpoint_written = single(
             "checkpoint_last_write_timestamp_seconds",
             "Unix time of the last successful checkpoint write",
@@ -228,6 +239,7 @@ impl Metrics {
             membership_restore_seconds,
             membership_topic_problem,
             unretractable_members,
+            history_rewinds,
             in_flight: gauge("in_flight", "Records awaiting acknowledgement"),
             stream_up: gauge("stream_up", "1 while the stream is synced and watching"),
             last_event: gauge(

@@ -132,8 +132,13 @@ pub struct Outbox {
     members: Members,
     /// Pending joins and the entries waiting behind them.
     gate: Gate<Held>,
-    /// Membership tombstones the producer could not take yet.
+    /// Membership tombstones the producer could not take yet, or that failed and are tried
+    /// again.
     leaving: Vec<String>,
+    /// Membership tombstones handed to the producer, by number, until reported.
+    leaves_out: std::collections::HashMap<u64, String>,
+    /// The number of the next membership tombstone.
+    next_leave: u64,
     /// Records still to be sent one at a time, each alone in its batch, after a batch was
     /// refused for size (see [`Outbox::settle`]).
     serial: usize,
@@ -187,6 +192,8 @@ impl Outbox {
             members,
             gate: Gate::new(),
             leaving: Vec::new(),
+            leaves_out: Default::default(),
+            next_leave: 0,
             serial: 0,
         }
     }
@@ -266,17 +273,22 @@ impl Outbox {
     }
 
     /// Produces the membership tombstones of objects that left. One the producer cannot take
-    /// now waits for the next call; one lost (a crash, a failure) leaves a member too many,
-    /// which costs a superfluous inferred DELETED at worst.
+    /// now waits for the next call, one that fails is produced again, and the final drain
+    /// waits for them; only a crash can lose one, which leaves a member too many (it costs a
+    /// superfluous inferred DELETED, published before anything live on its key).
     fn send_leaves(&mut self) {
         let Some(topic) = &self.limits.membership_topic else {
             return;
         };
         while let Some(uid) = self.leaving.pop() {
             let record = membership::record(topic, &self.limits.owner, &self.stream, &uid, None);
-            let receipt = Receipt::new(self.inbox.clone(), 0, Sent::Unordered);
+            let n = self.next_leave;
+            let receipt = Receipt::new(self.inbox.clone(), n, Sent::Unordered);
             match self.producer.send(&record, receipt) {
-                Ok(()) => {}
+                Ok(()) => {
+                    self.next_leave += 1;
+                    self.leaves_out.insert(n, uid);
+                }
                 Err(Refused::Full(_)) => {
                     self.leaving.push(uid);
                     return;
@@ -286,6 +298,21 @@ impl Outbox {
                 }
             }
         }
+    }
+
+    /// The report of membership tombstone `n`: one that failed is produced again.
+    fn settle_leave(&mut self, n: u64, result: Result<(), DeliveryError>) {
+        let uid = self.leaves_out.remove(&n);
+        if let (Err(e), Some(uid)) = (result, uid) {
+            tracing::warn!(stream = %self.stream, %uid, error = ?e, "membership tombstone not delivered; producing it again");
+            self.leaving.push(uid);
+            self.send_leaves();
+        }
+    }
+
+    /// Membership tombstones not yet delivered.
+    fn leaves_pending(&self) -> usize {
+        self.leaves_out.len() + self.leaving.len()
     }
 
     /// Makes `uid` a member before anything announcing it is sent. Returns whether what
@@ -360,17 +387,14 @@ impl Outbox {
         }
     }
 
-    /// The report of a membership record (`join`: the join's number; `None`: a tombstone): an
-    /// acknowledged join makes its object a member and lets go what waited for it.
-    async fn settle_membership(
+    /// The report of membership join `n`: an acknowledged join makes its object a member and
+    /// lets go what waited for it.
+    async fn settle_join(
         &mut self,
-        join: Option<u64>,
+        n: u64,
         result: Result<(), DeliveryError>,
     ) -> Result<(), OutboxError> {
-        let Some((uid, known)) = join.and_then(|n| self.gate.settled(n)) else {
-            if let Err(e) = result {
-                tracing::warn!(stream = %self.stream, error = ?e, "membership tombstone not delivered");
-            }
+        let Some((uid, known)) = self.gate.settled(n) else {
             return Ok(());
         };
         match result {
@@ -581,8 +605,11 @@ impl Outbox {
         let Report { receipt, result } = report;
         let (arrived, alone) = match &receipt.sent {
             Sent::Entry { arrived, alone, .. } => (*arrived, *alone),
-            Sent::Join => return self.settle_membership(Some(receipt.seq), result).await,
-            Sent::Unordered => return self.settle_membership(None, result).await,
+            Sent::Join => return self.settle_join(receipt.seq, result).await,
+            Sent::Unordered => {
+                self.settle_leave(receipt.seq, result);
+                return Ok(());
+            }
         };
         if !self.tracker.is_pending(receipt.seq) {
             // Forgotten by a rewind: its stream replays it anyway.
@@ -689,19 +716,32 @@ impl Outbox {
     }
 
     /// At stop: waits until `deadline` for outstanding acknowledgements, so the final checkpoint
-    /// covers them. Stops early at the first failed delivery (nothing after it can be
-    /// checkpointed). Returns the entries left unacknowledged; they will be replayed.
+    /// covers them, and for membership tombstones. Stops early at the first failed delivery
+    /// (nothing after it can be checkpointed). Returns the records left undelivered: entries
+    /// will be replayed; a tombstone left is a member too many.
     pub async fn drain(&mut self, deadline: tokio::time::Instant) -> usize {
-        while self.in_flight() > 0 {
-            let report = match tokio::time::timeout_at(deadline, self.report()).await {
-                Ok(r) => r,
-                Err(_) => break,
-            };
-            if self.settle(report).await.is_err() {
+        loop {
+            self.send_leaves();
+            if self.in_flight() == 0 && self.leaves_pending() == 0 {
                 break;
             }
+            // A tombstone the queue refused is offered again after a while.
+            let wake = if self.leaving.is_empty() {
+                deadline
+            } else {
+                deadline.min(tokio::time::Instant::now() + FULL_RETRY_MAX)
+            };
+            match tokio::time::timeout_at(wake, self.report()).await {
+                Ok(report) => {
+                    if self.settle(report).await.is_err() {
+                        break;
+                    }
+                }
+                Err(_) if tokio::time::Instant::now() >= deadline => break,
+                Err(_) => {}
+            }
         }
-        self.in_flight()
+        self.in_flight() + self.leaves_pending()
     }
 }
 

@@ -32,6 +32,7 @@ pub use churn::{ChurnHandle, ChurnSpec};
 pub(crate) type Body = http_body_util::combinators::BoxBody<bytes::Bytes, std::io::Error>;
 pub use requests::RequestCounts;
 pub use resources::Resource;
+pub use store::Snapshot;
 use store::Store;
 
 /// An API error, shaped like a Kubernetes `Status`.
@@ -335,6 +336,20 @@ impl Sim {
     /// Drops all history: every watch or list from an earlier resourceVersion gets 410 Expired.
     pub fn compact(&self) {
         self.store().compact();
+    }
+
+    /// The keyspace now, as etcd's `snapshot save` takes it.
+    pub fn snapshot(&self) -> Snapshot {
+        self.store().snapshot()
+    }
+
+    /// Restores `snapshot`, as `etcdutl snapshot restore` and an API server restart do: every
+    /// object, the revision and the kept history go back to the snapshot's (with `bump`, the
+    /// revision moves that far past it and all history is compacted), and every open watch
+    /// ends. Kafka, and whatever the relay keeps outside the cluster, are not rewound.
+    pub fn restore(&self, snapshot: &Snapshot, bump: Option<u64>) {
+        self.store().restore(snapshot, bump);
+        self.drop_watches();
     }
 
     /// Ends every open watch cleanly, as an API server restart or a load balancer would.

@@ -42,6 +42,15 @@ fn key(resource: &str, ns: Option<&str>, name: &str) -> Key {
     )
 }
 
+/// The keyspace at one revision (see [`Store::snapshot`]).
+#[derive(Clone)]
+pub struct Snapshot {
+    rv: u64,
+    objects: BTreeMap<Key, Arc<Value>>,
+    history: VecDeque<Arc<Change>>,
+    compacted: u64,
+}
+
 pub struct Store {
     pub rv: u64,
     objects: BTreeMap<Key, Arc<Value>>,
@@ -193,6 +202,32 @@ impl Store {
             self.compacted = old.rv;
         }
         let _ = self.tx.send(change);
+    }
+
+    /// A copy of the keyspace as etcd's `snapshot save` takes it: objects, revision and the
+    /// history still kept.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            rv: self.rv,
+            objects: self.objects.clone(),
+            history: self.history.clone(),
+            compacted: self.compacted,
+        }
+    }
+
+    /// Puts a snapshot back, as `etcdutl snapshot restore` does: every object, revision and
+    /// kept change as they were then. With `bump`, the revision moves `bump` past the
+    /// snapshot's and everything before it is marked compacted (`--bump-revision
+    /// --mark-compacted`), so no position of either history can be resumed.
+    pub fn restore(&mut self, snapshot: &Snapshot, bump: Option<u64>) {
+        self.objects = snapshot.objects.clone();
+        self.history = snapshot.history.clone();
+        self.compacted = snapshot.compacted;
+        self.rv = snapshot.rv;
+        if let Some(bump) = bump {
+            self.rv += bump;
+            self.compact();
+        }
     }
 
     /// Forgets all history: every earlier position is now expired.

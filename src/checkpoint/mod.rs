@@ -27,7 +27,7 @@ pub use crate::tracker::Known;
 mod store;
 pub mod writer;
 
-pub use store::Store;
+pub use store::{Store, Written};
 
 /// An annotation on the checkpoint ConfigMap that asks the running relay to relist and
 /// reconcile the streams of a channel (its name) or of every channel (`all`), re-announcing every
@@ -58,6 +58,22 @@ pub fn parse_resync_request(value: &str) -> (&str, bool) {
 /// The `data` key of the [`MembershipMark`]: no stream id starts with a dot.
 pub const MARK_KEY: &str = ".membership";
 
+/// The `data` key of the write counter: every write of the ConfigMap raises it by one, and the
+/// relay keeps a copy of it in the membership topic (see [`crate::membership::writes_record`]).
+/// An etcd restore rewinds the ConfigMap with the rest of the cluster, but not Kafka: a counter
+/// below what this relay last wrote, or below the membership topic's copy, says the cluster's
+/// history went back, and every stream resyncs whole.
+pub const WRITES_KEY: &str = ".writes";
+
+/// The write counter a ConfigMap holds (0 without one).
+pub fn read_writes(cm: &ConfigMap) -> u64 {
+    cm.data
+        .as_ref()
+        .and_then(|d| d.get(WRITES_KEY))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 /// What this relay recorded of its membership topic the last time it verified it: the topic,
 /// the id of the mark it wrote into it, and its partitions. A topic deleted and created again
 /// lacks the mark; one with other partitions spreads keys differently. Its presence also says
@@ -74,6 +90,8 @@ pub struct MembershipMark {
 pub struct Loaded {
     pub streams: HashMap<String, Saved>,
     pub mark: Option<MembershipMark>,
+    /// The write counter ([`WRITES_KEY`]).
+    pub writes: u64,
 }
 
 /// ConfigMaps are limited to 1 MiB; leave room for metadata.

@@ -1,15 +1,33 @@
 //! Reading and writing the checkpoint ConfigMap.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
 
-use super::{read, read_mark, size, CheckpointError, Loaded, BUDGET, RESYNC_ANNOTATION};
+use super::{
+    read, read_mark, read_writes, size, CheckpointError, Loaded, BUDGET, RESYNC_ANNOTATION,
+    WRITES_KEY,
+};
 
 pub struct Store {
     api: Api<ConfigMap>,
     name: String,
+    /// The write counter as this store last read or wrote it (see [`WRITES_KEY`]).
+    writes: AtomicU64,
+}
+
+/// What a write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    /// Bytes of ConfigMap written.
+    pub bytes: usize,
+    /// The write counter it wrote.
+    pub writes: u64,
+    /// The ConfigMap held a lower counter than this store last read or wrote: it went back in
+    /// time (an etcd restore, or someone deleted it).
+    pub rewound: bool,
 }
 
 impl Store {
@@ -17,7 +35,13 @@ impl Store {
         Self {
             api: Api::namespaced(client, namespace),
             name: name.to_string(),
+            writes: AtomicU64::new(0),
         }
+    }
+
+    /// The write counter as this store last read or wrote it.
+    pub fn writes(&self) -> u64 {
+        self.writes.load(Ordering::Relaxed)
     }
 
     fn err(&self, source: kube::Error) -> CheckpointError {
@@ -35,13 +59,16 @@ impl Store {
             .get_opt(&self.name)
             .await
             .map_err(|e| self.err(e))?;
-        Ok(cm
+        let loaded = cm
             .as_ref()
             .map(|cm| Loaded {
                 streams: read(cm),
                 mark: read_mark(cm),
+                writes: read_writes(cm),
             })
-            .unwrap_or_default())
+            .unwrap_or_default();
+        self.writes.store(loaded.writes, Ordering::Relaxed);
+        Ok(loaded)
     }
 
     /// A pending resync request (the [`RESYNC_ANNOTATION`] on the ConfigMap), taken: the
@@ -91,11 +118,11 @@ impl Store {
     }
 
     /// Applies `updates` (None deletes a stream's entry) on top of whatever the ConfigMap holds
-    /// now, and removes the known-object sets older versions kept. Returns the bytes written.
+    /// now, raises its write counter, and removes the known-object sets older versions kept.
     pub async fn write(
         &self,
         updates: &BTreeMap<String, Option<String>>,
-    ) -> Result<usize, CheckpointError> {
+    ) -> Result<Written, CheckpointError> {
         const ATTEMPTS: u32 = 5;
         for _ in 0..ATTEMPTS {
             let current = self
@@ -104,6 +131,9 @@ impl Store {
                 .await
                 .map_err(|e| self.err(e))?;
             let exists = current.is_some();
+            let found = current.as_ref().map_or(0, read_writes);
+            let expected = self.writes();
+            let writes = found.max(expected) + 1;
             // metadata.resourceVersion is kept: a concurrent writer makes the replace a 409.
             let mut cm = current.unwrap_or_else(|| ConfigMap {
                 metadata: ObjectMeta {
@@ -119,6 +149,7 @@ impl Store {
                     None => data.remove(k),
                 };
             }
+            data.insert(WRITES_KEY.to_string(), writes.to_string());
             let bytes = size(data);
             if bytes > BUDGET {
                 return Err(CheckpointError::TooLarge {
@@ -137,8 +168,12 @@ impl Store {
             };
             match result {
                 Ok(_) => {
-                    let written = serde_json::to_vec(&cm).map_or(0, |v| v.len());
-                    return Ok(written);
+                    self.writes.store(writes, Ordering::Relaxed);
+                    return Ok(Written {
+                        bytes: serde_json::to_vec(&cm).map_or(0, |v| v.len()),
+                        writes,
+                        rewound: found < expected,
+                    });
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 => continue,
                 Err(e) => return Err(self.err(e)),

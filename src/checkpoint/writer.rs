@@ -7,6 +7,11 @@
 //! saves the positions its streams drained to. Once fenced (the Lease was lost) it writes
 //! nothing more.
 //!
+//! Each write raises the ConfigMap's write counter and then copies it into the membership topic
+//! (see [`super::WRITES_KEY`]). A ConfigMap found with a lower counter than the writer last wrote
+//! went back in time (an etcd restore): every stream is asked to resync whole, since objects
+//! may be back at versions below the positions.
+//!
 //! It also takes resync requests left on the ConfigMap ([`super::RESYNC_ANNOTATION`]), looking
 //! at most every [`RESYNC_POLL`], and passes them to the registry.
 
@@ -18,8 +23,35 @@ use tokio_util::sync::CancellationToken;
 
 use super::{CheckpointError, Saved, Store};
 use crate::config::CHECKPOINT_RESERVE;
+use crate::membership::{self, Owner};
 use crate::metrics::Metrics;
+use crate::producer::Producer;
 use crate::registry::Registry;
+
+/// How long copying the write counter into the membership topic may take.
+const COPY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where the write counter is copied: the membership topic, as the owner's.
+pub struct Copy {
+    pub producer: Arc<dyn Producer>,
+    pub topic: String,
+    pub owner: Owner,
+}
+
+impl Copy {
+    /// Copies `writes`; a copy that fails only weakens the detection of a restore while the
+    /// relay is down (the next write copies again).
+    async fn send(&self, writes: u64) {
+        let record = membership::writes_record(&self.topic, &self.owner, writes);
+        let never = CancellationToken::new();
+        let sent = membership::send_all(self.producer.as_ref(), [record], &never);
+        match tokio::time::timeout(COPY_TIMEOUT, sent).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "copying the checkpoint write counter failed"),
+            Err(_) => tracing::warn!("copying the checkpoint write counter timed out"),
+        }
+    }
+}
 
 /// How long a checkpoint write may take before it is abandoned (and retried with the next).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
@@ -27,8 +59,13 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
 /// How often the writer looks for a resync request.
 pub const RESYNC_POLL: Duration = Duration::from_secs(2);
 
+#[allow(
+    clippy::too_many_arguments,
+    reason = "each is a different part of the wiring"
+)]
 pub async fn run(
     store: Store,
+    copy: Option<Copy>,
     registry: Registry,
     metrics: Arc<Metrics>,
     interval: Duration,
@@ -74,12 +111,20 @@ pub async fn run(
                 .await
                 .unwrap_or_else(|_| Err(CheckpointError::TimedOut(bound)));
             match written {
-                Ok(bytes) => {
+                Ok(w) => {
                     registry.mark_written(&unwritten);
                     unwritten.clear();
                     metrics.checkpoint_writes.with_label_values(&["ok"]).inc();
-                    metrics.checkpoint_bytes.inc_by(bytes as u64);
+                    metrics.checkpoint_bytes.inc_by(w.bytes as u64);
                     metrics.checkpoint_written.set(crate::metrics::unix_now());
+                    if w.rewound {
+                        metrics.history_rewinds.inc();
+                        let asked = registry.request_resync("all", false);
+                        tracing::error!(writes = w.writes, streams = asked, "the checkpoint ConfigMap went back behind what this relay wrote (an etcd restore?): every stream relists and re-announces every object");
+                    }
+                    if let Some(copy) = &copy {
+                        copy.send(w.writes).await;
+                    }
                 }
                 Err(e) => {
                     metrics

@@ -124,6 +124,20 @@ pub fn mark_record(topic: &str, owner: &Owner, id: &str) -> Record {
     }
 }
 
+/// The record that copies the checkpoint ConfigMap's write counter (see
+/// [`crate::checkpoint::WRITES_KEY`]) into the topic, after each write: a restore of the
+/// cluster rewinds the ConfigMap but not this copy.
+pub fn writes_record(topic: &str, owner: &Owner, writes: u64) -> Record {
+    Record {
+        topic: topic.to_string(),
+        key: format!("{owner}/{MARK}/writes"),
+        value: serde_json::to_vec(&serde_json::json!({ "writes": writes }))
+            .expect("a number serializes"),
+        headers: Default::default(),
+        tombstone: false,
+    }
+}
+
 /// Every stream's members, rebuilt from the membership topic: this owner's, and the ownerless
 /// records of older versions for the streams that may adopt them.
 #[derive(Debug)]
@@ -135,6 +149,8 @@ pub struct Restored {
     legacy: HashMap<String, Members>,
     /// The id of this owner's topic mark, as read.
     pub mark: Option<String>,
+    /// The checkpoint ConfigMap's write counter, as last copied here ([`writes_record`]).
+    pub writes: Option<u64>,
     /// Records read.
     pub records: u64,
     /// Records of other owners (skipped).
@@ -153,6 +169,7 @@ impl Restored {
             legacy_for,
             legacy: HashMap::new(),
             mark: None,
+            writes: None,
             records: 0,
             foreign: 0,
             malformed: 0,
@@ -182,9 +199,11 @@ impl Restored {
                     return;
                 }
                 if stream == MARK {
-                    self.mark = value
-                        .and_then(|v| serde_json::from_slice::<serde_json::Value>(v).ok())
-                        .and_then(|v| v["id"].as_str().map(str::to_string));
+                    let v = value.and_then(|v| serde_json::from_slice::<serde_json::Value>(v).ok());
+                    match uid {
+                        "writes" => self.writes = v.and_then(|v| v["writes"].as_u64()),
+                        _ => self.mark = v.and_then(|v| v["id"].as_str().map(str::to_string)),
+                    }
                     return;
                 }
                 (stream, uid, false)
@@ -373,6 +392,9 @@ mod tests {
             record("t", &me, "pods.a", u1, None),
             record("t", &me, "pods.c", u2, None),
             mark_record("t", &me, "id-1"),
+            writes_record("t", &me, 41),
+            writes_record("t", &other, 99),
+            writes_record("t", &me, 42),
         ] {
             r.apply(
                 rec.key.as_bytes(),
@@ -384,9 +406,10 @@ mod tests {
         r.apply(b"team-a/watchrelay/pods.a/x", Some(b"not json"));
         r.apply(b"pods.a/legacy", Some(br#"{"name":"old","rv":"1"}"#));
         r.finish();
-        assert_eq!((r.records, r.malformed, r.members()), (11, 2, 2));
+        assert_eq!((r.records, r.malformed, r.members()), (14, 2, 2));
+        assert_eq!(r.writes, Some(42), "the latest of its own copies");
         assert_eq!(
-            r.foreign, 2,
+            r.foreign, 3,
             "another owner's record and an ownerless one not asked for"
         );
         assert_eq!(r.mark.as_deref(), Some("id-1"));

@@ -43,6 +43,8 @@ struct MemoryState {
     /// Releases holding a record larger than this fail whole, as a broker refuses a batch.
     batch_limit: Option<usize>,
     fail_next: usize,
+    /// Fails the next deliveries to topics starting with the prefix, so many of them.
+    fail_topic: Option<(String, usize)>,
     fatal: Option<String>,
     /// What `ensure_compacted` reports of each topic (created compacted when first asked).
     topics: std::collections::HashMap<String, TopicState>,
@@ -108,6 +110,11 @@ impl Memory {
     /// Fails the next `n` deliveries.
     pub fn fail_next(&self, n: usize) {
         self.state().fail_next = n;
+    }
+
+    /// Fails the next `n` deliveries to topics whose name starts with `prefix`.
+    pub fn fail_next_to(&self, prefix: &str, n: usize) {
+        self.state().fail_topic = Some((prefix.to_string(), n));
     }
 
     /// Sets what the broker reports of `topic`.
@@ -178,8 +185,15 @@ impl Memory {
     fn settle(&self, n: u64, record: Record, receipt: Box<Receipt>) {
         let result = {
             let mut s = self.state();
-            if s.fail_next > 0 {
-                s.fail_next -= 1;
+            let to_topic = match &mut s.fail_topic {
+                Some((prefix, n)) if *n > 0 && record.topic.starts_with(prefix.as_str()) => {
+                    *n -= 1;
+                    true
+                }
+                _ => false,
+            };
+            if s.fail_next > 0 || to_topic {
+                s.fail_next = s.fail_next.saturating_sub(usize::from(!to_topic));
                 Err(DeliveryError::Failed(ProduceError::retriable(
                     "injected delivery failure",
                 )))

@@ -218,6 +218,15 @@ impl Relay {
                 return Ok(());
             };
             members = restored;
+            if let Some(copied) = members.writes.filter(|&w| w > store.writes()) {
+                // The ConfigMap is older than what was relayed from it: the cluster was
+                // restored while the relay was down. No position of it may be resumed.
+                self.metrics.history_rewinds.inc();
+                tracing::error!(configmap = store.writes(), copied, "the checkpoint ConfigMap is behind the copy of its write counter in the membership topic (an etcd restore?): every stream relists and re-announces every object");
+                for saved in loaded.streams.values_mut() {
+                    saved.rv = None;
+                }
+            }
         }
         let shapes = shapes::decide(
             &self.cfg,
@@ -257,8 +266,8 @@ impl Relay {
                 producer: producer.clone(),
                 metrics: self.metrics.clone(),
                 fenced: fenced.clone(),
-                membership_topic,
-                owner,
+                membership_topic: membership_topic.clone(),
+                owner: owner.clone(),
                 checkpoints: self.checkpoints,
                 syncs: Arc::new(tokio::sync::Semaphore::new(
                     self.cfg.kubernetes.max_concurrent_syncs as usize,
@@ -273,8 +282,16 @@ impl Relay {
         supervisor.start(&self.cfg.channels, &streams_cancel);
         let writer_cancel = CancellationToken::new();
         let writer = self.checkpoints.then(|| {
+            let copy = membership_topic
+                .clone()
+                .map(|topic| checkpoint::writer::Copy {
+                    producer: producer.clone(),
+                    topic,
+                    owner: owner.clone(),
+                });
             tokio::spawn(checkpoint::writer::run(
                 store,
+                copy,
                 self.registry.clone(),
                 self.metrics.clone(),
                 Duration::from_millis(self.cfg.checkpoint.interval_ms),

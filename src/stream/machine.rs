@@ -15,7 +15,7 @@
 //!                       │   ▲  └─ closed, cut, stalled: Watch{last position read}
 //!                       │   │     (closed having read nothing: through Backoff, like a failure)
 //!                       │   └──── synced at rv (a resync, like a start)
-//!   410 Gone, requested ▼
+//! 410 Gone, rewound, requested ▼
 //!                   Sync{Resync} ── reconciles: inferred DELETED for known objects it lacks
 //!
 //! Every failure passes through Backoff{then} first; Cancelled leads anywhere to Done.
@@ -38,8 +38,9 @@ use std::time::Duration;
 use crate::kubeapi::ApiError;
 
 /// Every `reason` label of the watch restarts a transition reports.
-pub const RESTART_REASONS: [&str; 6] = [
+pub const RESTART_REASONS: [&str; 7] = [
     "stalled",
+    "rewound",
     "sync_interrupted",
     "requested",
     "expired",
@@ -99,6 +100,9 @@ pub enum Stop {
     Closed,
     /// The position expired.
     Gone,
+    /// The server's history went back behind the position (an etcd restore): objects may
+    /// be back at versions the stream already passed, so the relist re-announces every one.
+    Rewound,
     /// The server refused a `sendInitialEvents` watch.
     Refused,
     /// A custom resource is not served (any more).
@@ -278,14 +282,19 @@ pub fn next<C>(state: State<C>, outcome: Outcome<C>, backoff: &mut Backoff) -> T
         (
             _,
             Outcome::Stopped {
-                why: Stop::Gone, ..
+                why: why @ (Stop::Gone | Stop::Rewound),
+                ..
             },
         ) => Transition {
             next: State::Sync {
                 reason: Reason::Resync,
                 via,
             },
-            restart: Some("expired"),
+            restart: Some(if matches!(why, Stop::Gone) {
+                "expired"
+            } else {
+                "rewound"
+            }),
         },
         (
             _,

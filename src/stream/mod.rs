@@ -403,6 +403,11 @@ impl Stream {
                     self.m.resyncs.inc();
                     tracing::info!(stream = %self.id, "resourceVersion expired; relisting");
                 }
+                Stop::Rewound => {
+                    self.m.resyncs.inc();
+                    self.full_resync = true;
+                    tracing::warn!(stream = %self.id, "the API server's history went back behind the stream's position (an etcd restore?); relisting and re-announcing every object");
+                }
                 Stop::Delivery { error, .. } => {
                     tracing::warn!(stream = %self.id, %error, "delivery failed; replaying from the checkpoint");
                     self.reporter
@@ -504,14 +509,14 @@ impl Stream {
         match e {
             ApiError::Gone(_) => Stop::Gone,
             // The position is ahead of the server (an etcd restore, a copied checkpoint):
-            // waiting cannot help; relist, like an expired position.
+            // waiting cannot help, and objects may be back at versions below the position.
             ApiError::Status {
                 code: 504,
                 ref message,
                 ..
             } if message.contains("Too large resource version") => {
-                tracing::warn!(stream = %self.id, %message, "position ahead of the server; relisting");
-                Stop::Gone
+                tracing::warn!(stream = %self.id, %message, "position ahead of the server");
+                Stop::Rewound
             }
             ApiError::Status { code: 404, .. } if !self.channel.builtin => Stop::NotServed,
             e => Stop::Api(e),

@@ -90,6 +90,8 @@ impl Stream {
             Ok(ev) => ev,
             Err(e) => {
                 self.m.malformed.inc();
+                // What the line said is lost: the next resync re-announces every object.
+                self.full_resync = true;
                 let position = match reading {
                     Reading::Live { at } => at.as_deref(),
                     Reading::Initial { .. } => None,
@@ -119,7 +121,7 @@ impl Stream {
         match (ev.event_type, reading) {
             (EventType::Error, _) => Err(match ev.status_code {
                 Some(410) => Stop::Gone,
-                code => Stop::Api(ApiError::Status {
+                code => self.api_stop(ApiError::Status {
                     code: code.unwrap_or(500),
                     reason: "WatchError".into(),
                     message: String::from_utf8_lossy(&ev.object).into_owned(),
@@ -128,6 +130,12 @@ impl Stream {
             }),
             // Not a position yet: the state before it is still arriving.
             (EventType::Bookmark, Reading::Initial { .. }) if !ev.initial_events_end => Ok(None),
+            (EventType::Bookmark, Reading::Initial { announced, .. }) if announced.rewound(&rv) => {
+                // The state is older than the position (an etcd restore): what the delta
+                // skipped as unchanged may be back at another version.
+                tracing::warn!(stream = %self.id, %rv, "the initial events ended below the stream's position");
+                Err(Stop::Rewound)
+            }
             (EventType::Bookmark, Reading::Initial { reason, announced }) => {
                 let (reason, announced) = (*reason, std::mem::take(announced));
                 let (objects, unchanged) = (announced.len(), announced.skipped());

@@ -11,6 +11,17 @@
 //! object's version is not a decimal integer, the object is re-announced (and the resync counted
 //! in `resync_full_fallbacks_total`). Without a position (a changed query, a first sync) and on
 //! a requested full resync, every object is re-announced.
+//!
+//! # When the history went back
+//! An etcd restore brings objects back at the versions they had at the snapshot, at or below
+//! positions the stream already passed: a delta would skip them as unchanged. Every sign of a
+//! rewind makes the next resync full:
+//! - a list, or the end of the initial events, older than the position (the delta is then
+//!   abandoned, or the sync started over whole);
+//! - a 504 "Too large resource version" (the position is ahead of the server);
+//! - the checkpoint ConfigMap found behind what the relay last wrote, or behind the copy of its
+//!   write counter in the membership topic (see [`crate::checkpoint::WRITES_KEY`]);
+//! - a watch line or list item skipped as malformed: what it said is lost.
 
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
@@ -50,6 +61,9 @@ pub struct Announced {
     floor: Option<u64>,
     /// Members not published again because they are unchanged since `floor`.
     skipped: usize,
+    /// The last object added took the name of a known one, whose inferred DELETED now goes
+    /// first on its key: that object is published whatever its version.
+    took_name: Option<Key>,
     /// A resourceVersion that is not a decimal integer was met: re-announced whole.
     incomparable: bool,
 }
@@ -103,6 +117,7 @@ impl Announced {
                 replaced.push((uid, known));
             }
         }
+        self.took_name = (!replaced.is_empty()).then_some(k);
         replaced
     }
 
@@ -138,12 +153,29 @@ impl Announced {
         self.incomparable = self.floor.is_none();
     }
 
+    /// Whether a state as of `list_rv` is older than the delta's position: the server's
+    /// history was rewound (an etcd restore), and objects the delta skipped may be back at
+    /// versions it never published.
+    pub fn rewound(&self, list_rv: &str) -> bool {
+        matches!((self.floor, comparable(list_rv)), (Some(floor), Some(rv)) if rv < floor)
+    }
+
+    /// Makes this a full resync: every object is re-announced.
+    pub fn full(&mut self) {
+        self.floor = None;
+    }
+
     /// Whether the object need not be published again: a delta resync, a member of the stream,
-    /// and a version not newer than the position. Call after [`Announced::add`].
+    /// a version not newer than the position, and nothing published on its key in this sync
+    /// (the inferred DELETED of an object whose name it took: a stale member, its membership
+    /// tombstone lost). Call after [`Announced::add`].
     pub fn unchanged(&mut self, meta: &ObjectMeta, members: &Members) -> bool {
         let Some(floor) = self.floor else {
             return false;
         };
+        if self.took_name == Some(Members::key(meta.uid())) {
+            return false;
+        }
         if !members.contains(meta.uid()) {
             return false;
         }
@@ -221,6 +253,7 @@ impl Stream {
             Ok(ev) => Ok(Some(ev)),
             Err(e) => {
                 self.m.malformed.inc();
+                self.full_resync = true;
                 tracing::warn!(stream = %self.id, error = %e, "skipping an undecodable list item");
                 Ok(None)
             }
@@ -365,6 +398,10 @@ impl Stream {
                 Err(e) => return Err(self.api_stop(e)),
             };
             self.learn_kind(&page);
+            if announced.rewound(&page.resource_version) {
+                tracing::warn!(stream = %self.id, rv = %page.resource_version, "the list is older than the stream's position (an etcd restore?); re-announcing every object");
+                announced.full();
+            }
             for item in &page.items {
                 let Some(mut ev) = self.listed(item).await? else {
                     continue;
@@ -524,6 +561,36 @@ mod tests {
             !a.vanished(&Members::key("old")),
             "a skipped object is still seen"
         );
+    }
+
+    #[test]
+    fn an_object_after_the_inferred_deleted_of_its_name_is_never_skipped() {
+        // A stale member (its tombstone lost) and its live successor under the same name, both
+        // unchanged since the position.
+        let mut m = members(&["stale"]);
+        let successor = Known {
+            name: "stale".into(),
+            namespace: Some("a".into()),
+            rv: "50".into(),
+            ..Known::default()
+        };
+        m.insert("successor", &successor);
+        let mut a = Announced::new(Some(&m));
+        a.since("100");
+        let live = meta("successor", "50").with(|id| id.name = "stale");
+        assert_eq!(
+            a.add(&live, &m).len(),
+            1,
+            "the stale member is deleted first"
+        );
+        assert!(
+            !a.unchanged(&live, &m),
+            "then the live one follows on its key"
+        );
+        let other = meta("other", "50");
+        a.add(&other, &m);
+        m.insert("other", &Known::default());
+        assert!(a.unchanged(&other, &m), "others are still skipped");
     }
 
     #[test]

@@ -24,6 +24,14 @@ pub fn json(r: &Record) -> serde_json::Value {
 
 /// What a consumer holds after applying every record key by key: key -> uid.
 pub fn consumer_view(log: &[Record]) -> BTreeMap<String, String> {
+    consumer_view_by(log, |md| md["uid"].as_str().unwrap().to_string())
+}
+
+/// What a consumer holds key by key, each object as `what` describes its metadata.
+pub fn consumer_view_by(
+    log: &[Record],
+    what: impl Fn(&serde_json::Value) -> String,
+) -> BTreeMap<String, String> {
     let mut view = BTreeMap::new();
     for r in log {
         if r.tombstone {
@@ -33,8 +41,7 @@ pub fn consumer_view(log: &[Record]) -> BTreeMap<String, String> {
         let v = json(r);
         match v["type"].as_str().unwrap() {
             "ADDED" | "MODIFIED" => {
-                let uid = v["object"]["metadata"]["uid"].as_str().unwrap();
-                view.insert(r.key.clone(), uid.to_string());
+                view.insert(r.key.clone(), what(&v["object"]["metadata"]));
             }
             "DELETED" => {
                 view.remove(&r.key);
@@ -45,11 +52,33 @@ pub fn consumer_view(log: &[Record]) -> BTreeMap<String, String> {
     view
 }
 
+/// An object's uid and resourceVersion: which version of which object.
+pub fn version(md: &serde_json::Value) -> String {
+    format!(
+        "{}@{}",
+        md["uid"].as_str().unwrap(),
+        md["resourceVersion"].as_str().unwrap()
+    )
+}
+
 /// The pods of `namespaces` that `keep` accepts, as the consumer would key them: key -> uid.
 pub fn pods(
     sim: &Sim,
     namespaces: &[&str],
     keep: impl Fn(&serde_json::Value) -> bool,
+) -> BTreeMap<String, String> {
+    pods_by(sim, namespaces, keep, |md| {
+        md["uid"].as_str().unwrap().to_string()
+    })
+}
+
+/// The pods of `namespaces` that `keep` accepts, keyed as the consumer would key them, each as
+/// `what` describes its metadata.
+pub fn pods_by(
+    sim: &Sim,
+    namespaces: &[&str],
+    keep: impl Fn(&serde_json::Value) -> bool,
+    what: impl Fn(&serde_json::Value) -> String,
 ) -> BTreeMap<String, String> {
     namespaces
         .iter()
@@ -63,7 +92,7 @@ pub fn pods(
                     md["namespace"].as_str().unwrap(),
                     md["name"].as_str().unwrap()
                 ),
-                md["uid"].as_str().unwrap().to_string(),
+                what(md),
             )
         })
         .collect()

@@ -175,6 +175,14 @@ fn transitions() {
             false,
             Some("expired"),
         ),
+        // A rewound history (an etcd restore): resync too, counted apart.
+        (
+            watch("10", InitialEvents),
+            stopped(Stop::Rewound, None),
+            sync(Resync, InitialEvents),
+            false,
+            Some("rewound"),
+        ),
         // A stalled watch is reopened from where it was, at once, and counted.
         (
             watch("10", Pages),

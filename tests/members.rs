@@ -1,0 +1,94 @@
+//! The fast tier: a stream's members (the objects it announced) through lost and failed
+//! membership records. A member too many costs an inferred DELETED; it must never cost a live
+//! object on the same key.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::bed::{Bed, Relay};
+use common::view::{consumer_view, events, pods};
+use watchrelay::producer::{Memory, Producer};
+use watchrelay_sim::{objects, SimConfig};
+
+const STREAM: &str = "watchNamespacedPods.a";
+
+async fn bed() -> Bed {
+    Bed::in_memory(SimConfig::default(), &["a"]).await
+}
+
+fn start(bed: &Bed, producer: &Arc<Memory>) -> Relay {
+    let cfg = bed.config(
+        "  - operationId: watchNamespacedPods\n    namespaces: [a]\n    topic: pods\n",
+        "",
+    );
+    Relay::start_with(bed, cfg, Some(producer.clone() as Arc<dyn Producer>))
+}
+
+fn uid(bed: &Bed, name: &str) -> String {
+    bed.sim.get("pods", Some("a"), name).unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// The latest membership record of `uid` in the stream: `Some(true)` a member, `Some(false)`
+/// a tombstone.
+fn membership(producer: &Memory, uid: &str) -> Option<bool> {
+    let suffix = format!("/{STREAM}/{uid}");
+    producer
+        .log()
+        .iter()
+        .rev()
+        .find(|r| r.topic.starts_with("membership-") && r.key.ends_with(&suffix))
+        .map(|r| !r.tombstone)
+}
+
+async fn wait_covered(bed: &Bed) {
+    let rv = bed.journal("pods", Some("a")).last().map(|e| e.rv).unwrap();
+    bed.wait_checkpoint(|c| {
+        c.get(STREAM)
+            .and_then(|s| s.rv.as_ref())
+            .is_some_and(|r| r.parse::<u64>().unwrap() >= rv)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_membership_tombstone_is_produced_again() {
+    let bed = bed().await;
+    let producer = Arc::new(Memory::new());
+    for n in ["p0", "p1"] {
+        bed.sim
+            .create("pods", Some("a"), objects::pod("a", n))
+            .unwrap();
+    }
+    let relay = start(&bed, &producer);
+    relay.wait_up(1).await;
+    wait_covered(&bed).await;
+    let old = uid(&bed, "p0");
+    assert_eq!(membership(&producer, &old), Some(true));
+    producer.fail_next_to("membership-", 1);
+    bed.sim.delete("pods", Some("a"), "p0").unwrap();
+    wait_covered(&bed).await;
+    // Recreated under its name: a resync after a restart must end the key on the live one.
+    bed.sim
+        .create("pods", Some("a"), objects::pod("a", "p0"))
+        .unwrap();
+    wait_covered(&bed).await;
+    relay.stop().await;
+    assert_eq!(
+        membership(&producer, &old),
+        Some(false),
+        "the failed tombstone was produced again before the stop"
+    );
+    bed.sim.compact();
+    let relay = start(&bed, &producer);
+    relay.wait_counter("resyncs_total", STREAM, 1).await;
+    wait_covered(&bed).await;
+    relay.stop().await;
+    assert_eq!(
+        consumer_view(&events(&producer)),
+        pods(&bed.sim, &["a"], |_| true)
+    );
+}

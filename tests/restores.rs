@@ -1,0 +1,146 @@
+//! The fast tier: etcd restores. A restore brings every object back to the version it had at
+//! the snapshot, below positions the relay already passed, and rewinds the checkpoint ConfigMap
+//! with the rest of the cluster, but not Kafka. Whether the relay runs through the restore or
+//! starts after it, with or without a bumped revision, a consumer ends holding the version of
+//! each object the cluster holds.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::bed::{eventually, Bed, Relay};
+use common::view::{consumer_view_by, events, pods_by, version};
+use watchrelay::producer::{Memory, Producer};
+use watchrelay_sim::{objects, SimConfig};
+
+const STREAM: &str = "watchNamespacedPods.a";
+
+async fn bed(watch_list: bool) -> Bed {
+    Bed::in_memory(
+        SimConfig {
+            watch_list,
+            ..SimConfig::default()
+        },
+        &["a"],
+    )
+    .await
+}
+
+fn start(bed: &Bed, producer: &Arc<Memory>) -> Relay {
+    let cfg = bed.config(
+        "  - operationId: watchNamespacedPods\n    namespaces: [a]\n    topic: pods\n",
+        "",
+    );
+    Relay::start_with(bed, cfg, Some(producer.clone() as Arc<dyn Producer>))
+}
+
+fn create(bed: &Bed, names: impl IntoIterator<Item = String>) {
+    for n in names {
+        bed.sim
+            .create("pods", Some("a"), objects::pod("a", &n))
+            .unwrap();
+    }
+}
+
+/// Waits until the stream's checkpoint covers every change made to its pods so far.
+async fn wait_covered(bed: &Bed) {
+    let rv = bed.journal("pods", Some("a")).last().map(|e| e.rv).unwrap();
+    bed.wait_checkpoint(|c| {
+        c.get(STREAM)
+            .and_then(|s| s.rv.as_ref())
+            .is_some_and(|r| r.parse::<u64>().unwrap() >= rv)
+    })
+    .await;
+}
+
+/// Changes after the snapshot, which the restore undoes: one pod edited, one deleted, one
+/// created.
+fn diverge(bed: &Bed) {
+    bed.sim
+        .merge_patch(
+            "pods",
+            Some("a"),
+            "p1",
+            serde_json::json!({"metadata": {"labels": {"edited": "after-the-snapshot"}}}),
+        )
+        .unwrap();
+    bed.sim.delete("pods", Some("a"), "p2").unwrap();
+    create(bed, ["late".to_string()]);
+}
+
+/// Waits until a consumer holds, key by key, the version of each pod the cluster holds.
+async fn converged(bed: &Bed, producer: &Memory) {
+    let cluster = || pods_by(&bed.sim, &["a"], |_| true, version);
+    eventually(
+        || consumer_view_by(&events(producer), version) == cluster(),
+        || {
+            format!(
+                "the consumer holds {:?}, the cluster {:?}",
+                consumer_view_by(&events(producer), version),
+                cluster()
+            )
+        },
+    )
+    .await;
+}
+
+async fn restored_while_running(watch_list: bool, bump: Option<u64>) {
+    let bed = bed(watch_list).await;
+    let producer = Arc::new(Memory::new());
+    create(&bed, (0..10).map(|i| format!("p{i}")));
+    let relay = start(&bed, &producer);
+    relay.wait_up(1).await;
+    wait_covered(&bed).await;
+    let snapshot = bed.sim.snapshot();
+    diverge(&bed);
+    wait_covered(&bed).await;
+    // Past the snapshot, the relay wrote its ConfigMap again: the restore takes that back.
+    bed.sim.restore(&snapshot, bump);
+    converged(&bed, &producer).await;
+    if bump.is_some() {
+        // A 410 after a bumped restore looks like any compaction: the ConfigMap that went back
+        // behind what the relay wrote is what tells.
+        eventually(
+            || relay.metrics.history_rewinds.get() >= 1,
+            || "the rewound ConfigMap was never noticed".into(),
+        )
+        .await;
+    }
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_with_a_bumped_revision_under_a_running_relay() {
+    restored_while_running(true, Some(1000)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_with_a_bumped_revision_under_paginated_lists() {
+    restored_while_running(false, Some(1000)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_without_a_bump_puts_the_position_ahead_of_the_server() {
+    restored_while_running(true, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_while_the_relay_is_down_is_told_by_the_copy_in_kafka() {
+    for bump in [Some(1000), None] {
+        let bed = bed(true).await;
+        let producer = Arc::new(Memory::new());
+        create(&bed, (0..10).map(|i| format!("p{i}")));
+        let relay = start(&bed, &producer);
+        relay.wait_up(1).await;
+        wait_covered(&bed).await;
+        let snapshot = bed.sim.snapshot();
+        diverge(&bed);
+        wait_covered(&bed).await;
+        relay.stop().await;
+        bed.sim.restore(&snapshot, bump);
+        let relay = start(&bed, &producer);
+        converged(&bed, &producer).await;
+        assert_eq!(relay.metrics.history_rewinds.get(), 1, "{bump:?}");
+        relay.stop().await;
+    }
+}
