@@ -92,3 +92,70 @@ async fn a_failed_membership_tombstone_is_produced_again() {
         pods(&bed.sim, &["a"], |_| true)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_while_retracting_a_changed_topic_retracts_the_rest_next_time() {
+    let bed = bed().await;
+    let producer = Arc::new(Memory::new());
+    for i in 0..10 {
+        bed.sim
+            .create("pods", Some("a"), objects::pod("a", &format!("p{i}")))
+            .unwrap();
+    }
+    let on = |topic: &str| {
+        bed.config(
+            &format!(
+                "  - operationId: watchNamespacedPods\n    namespaces: [a]\n    topic: {topic}\n"
+            ),
+            "",
+        )
+    };
+    let relay = Relay::start_with(
+        &bed,
+        on("pods"),
+        Some(producer.clone() as Arc<dyn Producer>),
+    );
+    relay.wait_up(1).await;
+    wait_covered(&bed).await;
+    relay.stop().await;
+    let view_of = |topic: &str| {
+        let log: Vec<_> = events(&producer)
+            .into_iter()
+            .filter(|r| r.topic == topic)
+            .collect();
+        consumer_view(&log)
+    };
+    // Moved to another topic: Kafka writes three retractions on the old one, then the relay
+    // dies.
+    producer.hold(true);
+    let relay = Relay::start_with(
+        &bed,
+        on("pods2"),
+        Some(producer.clone() as Arc<dyn Producer>),
+    );
+    common::bed::eventually(
+        || {
+            producer.release_first(1, watchrelay::producer::Order::Sent);
+            view_of("pods").len() <= 7
+        },
+        || "the retraction never began".into(),
+    )
+    .await;
+    relay.kill().await;
+    producer.purge();
+    producer.hold(false);
+    let relay = Relay::start_with(
+        &bed,
+        on("pods2"),
+        Some(producer.clone() as Arc<dyn Producer>),
+    );
+    relay.wait_up(1).await;
+    wait_covered(&bed).await;
+    common::bed::eventually(
+        || view_of("pods").is_empty(),
+        || format!("the old topic still holds {:?}", view_of("pods").keys()),
+    )
+    .await;
+    relay.stop().await;
+    assert_eq!(view_of("pods2"), pods(&bed.sim, &["a"], |_| true));
+}

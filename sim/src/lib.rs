@@ -8,7 +8,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -162,6 +162,8 @@ pub(crate) struct Faults {
     pub stall_watch: AtomicBool,
     pub malformed: AtomicBool,
     pub denied: Mutex<Vec<String>>,
+    /// List requests with a continue token still to fail (500).
+    pub fail_continued: AtomicUsize,
 }
 
 pub(crate) struct Inner {
@@ -357,6 +359,14 @@ impl Sim {
         let mut w = self.inner.watches.lock().expect("watches lock poisoned");
         w.cancel();
         *w = CancellationToken::new();
+    }
+
+    /// Fails the next `n` list requests that carry a continue token (a later page), with 500.
+    pub fn fail_next_pages(&self, n: usize) {
+        self.inner
+            .faults
+            .fail_continued
+            .store(n, Ordering::Relaxed);
     }
 
     /// Fails the next `n` resource requests (discovery and `/version` are spared).

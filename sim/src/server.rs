@@ -1,6 +1,7 @@
 //! HTTP: routing, discovery, CRUD and list; watches are in `watch`.
 
 use std::convert::Infallible;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -445,6 +446,19 @@ fn list(
     let limit = param("limit")
         .and_then(|l| l.parse::<usize>().ok())
         .filter(|l| *l > 0);
+    let later_page = param("continue").is_some_and(|c| !c.is_empty());
+    let fail = &inner.faults.fail_continued;
+    if later_page
+        && fail
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    {
+        return Err(SimError::new(
+            500,
+            "InternalError",
+            "Internal error occurred: a later page failed, injected by the simulator",
+        ));
+    }
     let store = inner.store.lock().expect("store lock poisoned");
     let (snapshot, after) = match param("continue").filter(|c| !c.is_empty()) {
         Some(token) => {

@@ -39,17 +39,26 @@ pub struct Copy {
 }
 
 impl Copy {
-    /// Copies `writes`; a copy that fails only weakens the detection of a restore while the
-    /// relay is down (the next write copies again).
-    async fn send(&self, writes: u64) {
-        let record = membership::writes_record(&self.topic, &self.owner, writes);
-        let never = CancellationToken::new();
-        let sent = membership::send_all(self.producer.as_ref(), [record], &never);
-        match tokio::time::timeout(COPY_TIMEOUT, sent).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "copying the checkpoint write counter failed"),
-            Err(_) => tracing::warn!("copying the checkpoint write counter timed out"),
+    /// Copies `writes` in the background, unless the last copy is still under way (a broker
+    /// outage): writes never wait for Kafka. A copy that fails or is skipped only weakens the
+    /// detection of a restore while the relay is down; the next write copies again.
+    fn send(self: &Arc<Self>, writes: u64, under_way: &mut Option<tokio::task::JoinHandle<()>>) {
+        if under_way.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
         }
+        let copy = self.clone();
+        *under_way = Some(tokio::spawn(async move {
+            let record = membership::writes_record(&copy.topic, &copy.owner, writes);
+            let never = CancellationToken::new();
+            let sent = membership::send_all(copy.producer.as_ref(), [record], &never);
+            match tokio::time::timeout(COPY_TIMEOUT, sent).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "copying the checkpoint write counter failed")
+                }
+                Err(_) => tracing::warn!("copying the checkpoint write counter timed out"),
+            }
+        }));
     }
 }
 
@@ -72,6 +81,8 @@ pub async fn run(
     cancel: CancellationToken,
     fenced: CancellationToken,
 ) {
+    let copy = copy.map(Arc::new);
+    let mut copying = None;
     let mut unwritten: BTreeMap<String, Option<Arc<Saved>>> = BTreeMap::new();
     let mut polled = Instant::now();
     loop {
@@ -123,7 +134,7 @@ pub async fn run(
                         tracing::error!(writes = w.writes, streams = asked, "the checkpoint ConfigMap went back behind what this relay wrote (an etcd restore?): every stream relists and re-announces every object");
                     }
                     if let Some(copy) = &copy {
-                        copy.send(w.writes).await;
+                        copy.send(w.writes, &mut copying);
                     }
                 }
                 Err(e) => {

@@ -124,13 +124,16 @@ pub fn mark_record(topic: &str, owner: &Owner, id: &str) -> Record {
     }
 }
 
+/// How the key of an owner's [`writes_record`] ends.
+pub const WRITES_SUFFIX: &str = "/~/writes";
+
 /// The record that copies the checkpoint ConfigMap's write counter (see
 /// [`crate::checkpoint::WRITES_KEY`]) into the topic, after each write: a restore of the
 /// cluster rewinds the ConfigMap but not this copy.
 pub fn writes_record(topic: &str, owner: &Owner, writes: u64) -> Record {
     Record {
         topic: topic.to_string(),
-        key: format!("{owner}/{MARK}/writes"),
+        key: format!("{owner}{WRITES_SUFFIX}"),
         value: serde_json::to_vec(&serde_json::json!({ "writes": writes }))
             .expect("a number serializes"),
         headers: Default::default(),

@@ -29,7 +29,7 @@ use crate::decode::{Identity, ObjectMeta, Trim};
 use crate::envelope::Route;
 use crate::event::EventType;
 use crate::kubeapi::{self, ApiError, Query, WatchFrom};
-use crate::membership::Members;
+use crate::membership::{Key, Members};
 use crate::metrics::Metrics;
 use crate::outbox::{Limits, Outbox, OutboxError};
 use crate::producer::Producer;
@@ -130,8 +130,10 @@ pub struct Stream {
     query_changed: bool,
     /// Where the stream publishes (see [`Route::id`]), stamped on every checkpoint.
     route_id: String,
-    /// It published elsewhere before: members announced elsewhere are retracted there first.
-    route_changed: bool,
+    /// It published elsewhere before (`route_id` is then that old route): members announced
+    /// elsewhere are retracted there first, and only then is this, the new route, stamped. A
+    /// crash midway leaves the old route stamped, so the next start retracts the rest.
+    new_route: Option<String>,
     /// A full resync was requested: the next resync re-announces every object, not only those
     /// changed since the position (see [`sync`]).
     full_resync: bool,
@@ -184,7 +186,7 @@ impl Stream {
         }
         let path = channel.path.collection_url(namespace.as_deref());
         let route = Route::for_stream(&channel, &cfg.cluster_name, namespace);
-        let route_id = route.id();
+        let mut route_id = route.id();
         // Published elsewhere before (a changed topic or key template): what it announced is
         // retracted there, and the stream reconciles, so the new place gets every object.
         let route_changed = saved
@@ -198,6 +200,10 @@ impl Stream {
             }
             query_changed = true;
         }
+        let new_route = match saved.as_ref().and_then(|s| s.route.clone()) {
+            Some(old) if route_changed => Some(std::mem::replace(&mut route_id, old)),
+            _ => None,
+        };
         let limits = Limits {
             max_in_flight: cfg.kafka.max_in_flight_per_stream,
             max_message_bytes: cfg.kafka.max_message_bytes,
@@ -250,7 +256,7 @@ impl Stream {
             query,
             query_changed,
             route_id,
-            route_changed,
+            new_route,
             full_resync: false,
             syncs: wiring.syncs.clone(),
             scope: filter.map(|f| scope::Scoped::new(f, base, saved_query)),
@@ -306,8 +312,11 @@ impl Stream {
         if self.query_changed && !self.forget_position().await {
             return self.stop().await;
         }
-        if self.route_changed && !self.retract_elsewhere().await {
-            return self.stop().await;
+        if let Some(route) = self.new_route.take() {
+            if !self.retract_elsewhere().await {
+                return self.stop().await;
+            }
+            self.route_id = route;
         }
         let checkpoint = self.outbox.checkpoint().map(str::to_string);
         let mut state = machine::start(self.channel.builtin, checkpoint, via);
@@ -603,20 +612,16 @@ impl Stream {
     /// Leaving scope is a deletion: every object the stream announced gets an inferred DELETED
     /// (flagged `synthetic`, so consumers can tell it from a real one). Should the relay stop
     /// meanwhile, the rest is abandoned: the stream's entry stays and it resumes next time.
-    async fn leave_scope(&mut self) {
+    /// `rv` is the position the inferred DELETEDs name, as it was before it was forgotten.
+    async fn leave_scope(&mut self, rv: &str) {
         self.ensure_kind().await;
-        // What is still joining is announced: it must be deleted too.
-        if self.outbox.settle_joins().await.is_err() {
-            return;
-        }
-        let rv = self.outbox.checkpoint().unwrap_or_default().to_string();
         let known: Vec<_> = self.outbox.members().keys().collect();
         tracing::info!(stream = %self.id, objects = known.len(), "left its scope: deleting what it announced");
         for k in known {
             let Some((uid, k)) = self.outbox.members().get_key(&k) else {
                 continue;
             };
-            if let Err(why) = self.infer_delete(uid, k, &rv).await {
+            if let Err(why) = self.infer_delete(uid, k, rv).await {
                 tracing::warn!(stream = %self.id, ?why, "leaving scope cut short");
                 return;
             }
@@ -677,13 +682,17 @@ impl Stream {
     async fn retract_elsewhere(&mut self) -> bool {
         self.ensure_kind().await;
         let route = self.outbox.route().clone();
-        let elsewhere: Vec<(String, Known)> = self
+        // Only the keys are kept (16 bytes a member), each member decoded again when retracted.
+        let elsewhere: Vec<Key> = self
             .outbox
             .members()
-            .iter()
-            .filter(|(uid, k)| {
+            .keys()
+            .filter(|key| {
+                let Some((uid, k)) = self.outbox.members().get_key(key) else {
+                    return false;
+                };
                 let meta = ObjectMeta::new(Identity {
-                    uid,
+                    uid: &uid,
                     name: &k.name,
                     namespace: k.namespace.as_deref(),
                     ..Identity::default()
@@ -695,7 +704,10 @@ impl Stream {
             })
             .collect();
         tracing::info!(stream = %self.id, objects = elsewhere.len(), "retracting what was announced under the old topic or key");
-        for (uid, k) in elsewhere {
+        for key in elsewhere {
+            let Some((uid, k)) = self.outbox.members().get_key(&key) else {
+                continue;
+            };
             let topic = k.topic.clone().unwrap_or_else(|| route.topic.clone());
             let meta = ObjectMeta::new(Identity {
                 uid: &uid,
@@ -727,11 +739,15 @@ impl Stream {
         self.set_phase(Phase::Stopped);
         // Fenced (the Lease is lost): nothing more is checkpointed; the new leader replays.
         if !self.fenced.is_cancelled() {
-            if self.leaving.is_cancelled()
-                && !self.outbox.members().is_empty()
-                && self.forget_position().await
-            {
-                self.leave_scope().await;
+            // Joins still pending are announcements too: settled first, so what they announce
+            // is deleted with the rest rather than published after the leave. Nothing in flight
+            // may bring a position back once it is forgotten.
+            let leaving = self.leaving.is_cancelled()
+                && self.outbox.settle_joins().await.is_ok()
+                && self.outbox.wait_until(0).await.is_ok();
+            let rv = self.outbox.checkpoint().unwrap_or_default().to_string();
+            if leaving && !self.outbox.members().is_empty() && self.forget_position().await {
+                self.leave_scope(&rv).await;
             }
             let left = self
                 .outbox

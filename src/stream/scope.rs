@@ -27,8 +27,9 @@ use tokio::sync::watch;
 
 use super::{sync::comparable, Stream};
 use crate::kubeapi::ApiError;
+use crate::membership::Key;
 use crate::stream::machine::{Reason, State, Stop};
-use crate::tracker::{Change, Known};
+use crate::tracker::Change;
 
 /// The namespaces in scope; `None` until they are known (a selector not listed yet).
 pub type Namespaces = Option<Arc<BTreeSet<String>>>;
@@ -185,18 +186,35 @@ impl Stream {
         };
         let left: Vec<String> = scoped.applied.difference(&desired).cloned().collect();
         let entered: Vec<String> = desired.difference(&scoped.applied).cloned().collect();
-        if !left.is_empty() {
-            // What is still joining is announced: it must be deleted too.
+        if left.is_empty() && entered.is_empty() {
+            return self.settle_scope().await;
+        }
+        {
+            // What is still joining is announced: it must be deleted too. And nothing in
+            // flight may bring a position back once it is forgotten.
             self.outbox
                 .settle_joins()
                 .await
                 .map_err(|e| self.outbox_stop(e))?;
+            self.outbox
+                .wait_until(0)
+                .await
+                .map_err(|e| self.outbox_stop(e))?;
+        }
+        // Before the first DELETED or ADDED, the position goes: a start resuming from it
+        // under the same fingerprint (the namespace back in scope, or the entering one out of
+        // it again) would never undo a leave cut short, nor delete what an entry cut short
+        // announced. Without it, that start reconciles its members with the scope it finds.
+        // The DELETEDs name the position as it was.
+        let rv = self.outbox.checkpoint().unwrap_or_default().to_string();
+        if !self.forget_position().await {
+            return Err(Stop::Cancelled);
         }
         for ns in left {
-            self.leave_namespace(&ns).await?;
+            self.leave_namespace(&ns, &rv).await?;
         }
         for ns in entered {
-            self.enter_namespace(&ns).await?;
+            self.enter_namespace(&ns, &rv).await?;
         }
         self.settle_scope().await
     }
@@ -217,26 +235,36 @@ impl Stream {
         Ok(())
     }
 
-    async fn leave_namespace(&mut self, ns: &str) -> Result<(), Stop> {
+    async fn leave_namespace(&mut self, ns: &str, rv: &str) -> Result<(), Stop> {
         if let Some(s) = self.scope.as_mut() {
             s.applied.remove(ns);
             s.fences.remove(ns);
         }
-        let gone: Vec<(String, Known)> = self
-            .outbox
-            .members()
-            .iter()
-            .filter(|(_, known)| known.namespace.as_deref() == Some(ns))
-            .collect();
-        tracing::info!(stream = %self.id, namespace = %ns, objects = gone.len(), "namespace left the scope: deleting what was announced of it");
-        let rv = self.outbox.checkpoint().unwrap_or_default().to_string();
-        for (uid, known) in gone {
-            self.infer_delete(uid, known, &rv).await?;
-        }
+        let n = self.delete_members_of(ns, rv).await?;
+        tracing::info!(stream = %self.id, namespace = %ns, objects = n, "namespace left the scope: deleted what was announced of it");
         Ok(())
     }
 
-    async fn enter_namespace(&mut self, ns: &str) -> Result<(), Stop> {
+    /// Publishes the inferred DELETED of every member of namespace `ns`; returns how many.
+    async fn delete_members_of(&mut self, ns: &str, rv: &str) -> Result<usize, Stop> {
+        let gone: Vec<Key> = self.outbox.members().keys_in(ns).collect();
+        for k in &gone {
+            let Some((uid, known)) = self.outbox.members().get_key(k) else {
+                continue;
+            };
+            self.infer_delete(uid, known, rv).await?;
+        }
+        Ok(gone.len())
+    }
+
+    /// Lists namespace `ns` and announces its objects. Members of it an earlier attempt
+    /// announced (one cut short by a failed page) are deleted first: any of them may have gone
+    /// while the namespace was not applied, its watch event dropped.
+    async fn enter_namespace(&mut self, ns: &str, rv: &str) -> Result<(), Stop> {
+        let stale = self.delete_members_of(ns, rv).await?;
+        if stale > 0 {
+            tracing::info!(stream = %self.id, namespace = %ns, objects = stale, "an earlier entry of the namespace was cut short: deleted what it announced before listing again");
+        }
         let path = self.channel.path.collection_url(Some(ns));
         let mut token: Option<String> = None;
         let mut objects = 0usize;

@@ -1,0 +1,166 @@
+//! The fast tier: namespaces entering and leaving a channel's scope around crashes, failed
+//! requests and pending joins. Whatever is interrupted, a consumer ends holding the objects of
+//! the namespaces in scope, and nothing else.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::bed::{eventually, Bed, Relay};
+use common::view::{consumer_view, events, json, pods};
+use watchrelay::producer::{Memory, Order, Producer};
+use watchrelay_sim::{objects, SimConfig};
+
+async fn bed() -> Bed {
+    let bed = Bed::in_memory(SimConfig::default(), &["a", "b"]).await;
+    for ns in ["a", "b"] {
+        for i in 0..10 {
+            bed.sim
+                .create("pods", Some(ns), objects::pod(ns, &format!("p{i}")))
+                .unwrap();
+        }
+    }
+    bed
+}
+
+/// Pods of the namespaces labelled `relay=yes`, by one cluster-wide stream (`wide`) or one
+/// stream per namespace.
+fn start(bed: &Bed, producer: &Arc<Memory>, wide: bool) -> Relay {
+    let strategy = if wide {
+        "    watchStrategy: clusterWide\n"
+    } else {
+        ""
+    };
+    let cfg = bed.config(
+        &format!("  - operationId: watchNamespacedPods\n    namespaceSelector: relay=yes\n    topic: pods\n{strategy}"),
+        "",
+    );
+    Relay::start_with(bed, cfg, Some(producer.clone() as Arc<dyn Producer>))
+}
+
+/// What the consumer must hold: the pods of the labelled namespaces.
+fn in_scope(bed: &Bed) -> std::collections::BTreeMap<String, String> {
+    let labelled: Vec<&str> = ["a", "b"]
+        .into_iter()
+        .filter(|ns| {
+            bed.sim
+                .get("namespaces", None, ns)
+                .is_some_and(|n| n["metadata"]["labels"]["relay"] == "yes")
+        })
+        .collect();
+    pods(&bed.sim, &labelled, |_| true)
+}
+
+async fn converged(bed: &Bed, producer: &Memory) {
+    eventually(
+        || consumer_view(&events(producer)) == in_scope(bed),
+        || {
+            format!(
+                "the consumer holds {:?}\nthe scope {:?}",
+                consumer_view(&events(producer)).keys(),
+                in_scope(bed).keys()
+            )
+        },
+    )
+    .await;
+}
+
+/// Inferred DELETEDs of namespace `ns` delivered so far.
+fn inferred_deletes(producer: &Memory, ns: &str) -> usize {
+    events(producer)
+        .iter()
+        .filter(|r| !r.tombstone && r.key.starts_with(&format!("{ns}/")))
+        .filter(|r| json(r)["watchrelay"]["synthetic"] == true)
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_while_a_namespace_leaves_a_cluster_wide_stream_is_reconciled() {
+    let bed = bed().await;
+    bed.label("a", true);
+    bed.label("b", true);
+    let producer = Arc::new(Memory::new());
+    let relay = start(&bed, &producer, true);
+    converged(&bed, &producer).await;
+    // Kafka writes some of the leave's DELETEDs, then the relay dies.
+    producer.hold(true);
+    bed.label("b", false);
+    eventually(
+        || {
+            producer.release_first(1, Order::Sent);
+            inferred_deletes(&producer, "b") >= 2
+        },
+        || "the leave never began".into(),
+    )
+    .await;
+    relay.kill().await;
+    producer.purge();
+    producer.hold(false);
+    // Back in scope at the next start, under the same namespaces as the last checkpoint.
+    bed.label("b", true);
+    let relay = start(&bed, &producer, true);
+    converged(&bed, &producer).await;
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_leaving_while_its_joins_are_pending_leaves_no_ghost() {
+    let bed = bed().await;
+    bed.label("a", true);
+    let producer = Arc::new(Memory::new());
+    let relay = start(&bed, &producer, false);
+    converged(&bed, &producer).await;
+    // Its stream announces b's pods; Kafka has not acknowledged one join yet.
+    producer.hold(true);
+    bed.label("b", true);
+    let stream = "watchNamespacedPods.b";
+    eventually(
+        || relay.stream_up(stream),
+        || "b's stream never synced".into(),
+    )
+    .await;
+    bed.label("b", false);
+    eventually(
+        || !relay.stream_up(stream),
+        || "b's stream never stopped".into(),
+    )
+    .await;
+    producer.hold(false);
+    producer.release(Order::Sent);
+    // What the joins announced is deleted, after it.
+    eventually(
+        || inferred_deletes(&producer, "b") == 10,
+        || {
+            format!(
+                "{} of b's 10 pods deleted",
+                inferred_deletes(&producer, "b")
+            )
+        },
+    )
+    .await;
+    converged(&bed, &producer).await;
+    relay.stop().await;
+    assert_eq!(consumer_view(&events(&producer)), in_scope(&bed));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_namespace_entry_deletes_what_went_meanwhile() {
+    let bed = bed().await;
+    bed.label("a", true);
+    let producer = Arc::new(Memory::new());
+    let relay = start(&bed, &producer, true);
+    converged(&bed, &producer).await;
+    // The entry list's second page fails, again and again: the first page is announced.
+    bed.sim.fail_next_pages(usize::MAX);
+    bed.label("b", true);
+    eventually(
+        || consumer_view(&events(&producer)).contains_key("b/p0"),
+        || "b's first page was never announced".into(),
+    )
+    .await;
+    // Deleted while the namespace is not yet applied: its watch event is dropped.
+    bed.sim.delete("pods", Some("b"), "p0").unwrap();
+    bed.sim.fail_next_pages(0);
+    converged(&bed, &producer).await;
+    relay.stop().await;
+}
