@@ -17,15 +17,11 @@
 
 mod common;
 
-use common::{env_or, identity, rss_kib};
+use common::{env_or, fill_membership, owner, rss_kib};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::config::ClientConfig;
-use rdkafka::producer::{BaseRecord, Producer as _, ThreadedProducer};
-use watchrelay::membership::{self, Known, Restored};
+use watchrelay::membership::Restored;
 use watchrelay::producer::Producer as _;
 
 fn main() {
@@ -49,7 +45,7 @@ fn main() {
             .as_millis()
     );
     let t = Instant::now();
-    let (records, bytes) = fill(&bootstrap, &topic, members, streams, history);
+    let (records, bytes) = fill_membership(&bootstrap, &topic, members, streams, history);
     println!(
         "filled {topic}: {members} members over {streams} streams, {records} records ({history} superseded per member, {} joined and left), {:.1} MB, in {:.1} s",
         members / 4,
@@ -66,77 +62,6 @@ fn main() {
         String::from_utf8_lossy(&out.stderr)
     );
     print!("{}", String::from_utf8_lossy(&out.stdout));
-}
-
-/// Writes the records of `members` objects over `streams` streams, each object `history` times
-/// more before its latest record, and `members / 4` objects that joined and left; returns the
-/// records and bytes written.
-fn fill(
-    bootstrap: &str,
-    topic: &str,
-    members: usize,
-    streams: usize,
-    history: usize,
-) -> (usize, usize) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .unwrap();
-    let new = NewTopic::new(topic, 1, TopicReplication::Fixed(1)).set("cleanup.policy", "compact");
-    futures::executor::block_on(admin.create_topics([&new], &AdminOptions::new())).unwrap();
-    let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("linger.ms", "20")
-        .set("compression.type", "lz4")
-        .set("queue.buffering.max.messages", "500000")
-        .create()
-        .unwrap();
-    let (mut records, mut bytes) = (0, 0);
-    let mut send = |i: usize, round: usize, live: bool| {
-        let (uid, name) = identity(i as u64);
-        let team = i % streams;
-        let stream = format!("watchNamespacedPods.team-{team}");
-        let known = Known {
-            key: Some(format!("team-{team}/{name}")),
-            name,
-            namespace: Some(format!("team-{team}")),
-            rv: (1_000_000 + round * members + i).to_string(),
-            topic: Some("prod.pods".into()),
-        };
-        let record = membership::record(topic, &owner(), &stream, &uid, live.then_some(&known));
-        records += 1;
-        bytes += record.key.len() + record.value.len();
-        let mut rec = BaseRecord::<str, [u8]>::to(topic).key(&record.key);
-        if live {
-            rec = rec.payload(&record.value);
-        }
-        loop {
-            match producer.send(rec) {
-                Ok(()) => break,
-                Err((_, back)) => {
-                    rec = back;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            }
-        }
-    };
-    let gone = members..members + members / 4;
-    for round in 0..=history {
-        for i in 0..members {
-            send(i, round, true);
-        }
-        if round == 0 {
-            gone.clone().for_each(|i| send(i, round, true));
-        }
-    }
-    gone.for_each(|i| send(i, history, false));
-    producer.flush(Duration::from_secs(600)).unwrap();
-    (records, bytes)
-}
-
-/// The relay whose members the topic holds.
-fn owner() -> membership::Owner {
-    membership::Owner::new("watchrelay", "watchrelay-checkpoints")
 }
 
 /// The child: what the relay does at the start of a term, timed.

@@ -7,6 +7,8 @@
 #   scripts/bench.sh restore   restoring the membership of BENCH_MEMBERS objects: time, peak RSS
 #   scripts/bench.sh relist    the whole relay over BENCH_MEMBERS pods: a full sync, then a restart
 #                              whose position expired (restore, 410, relist, delta): time, peak RSS
+#   scripts/bench.sh retire    retiring a stream of BENCH_MEMBERS members whose channel was
+#                              removed: time, peak RSS
 #   scripts/bench.sh api_bytes checkpoint bytes written to the API per minute under churn
 #                              (BENCH_OBJECTS, BENCH_RATE, BENCH_SECONDS; BENCH_RELAY_BIN for
 #                              another build)

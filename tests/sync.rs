@@ -163,3 +163,63 @@ async fn a_list_whose_continue_token_expires_is_read_whole_and_reconciled() {
     .await;
     relay.stop().await;
 }
+
+/// A sync waiting for Kafka lends its permit: with one permit, a stream whose partition stops
+/// acknowledging does not keep the other stream from syncing.
+async fn a_stuck_partition_leaves_other_syncs_running(watch_list: bool) {
+    let bed = Bed::in_memory(
+        SimConfig {
+            watch_list,
+            ..SimConfig::default()
+        },
+        &["a", "b"],
+    )
+    .await;
+    for ns in ["a", "b"] {
+        for i in 0..20 {
+            bed.sim
+                .create("pods", Some(ns), objects::pod(ns, &format!("p{i}")))
+                .unwrap();
+        }
+    }
+    let producer = Arc::new(Memory::new());
+    producer.hold_to(Some("stuck"));
+    let mut cfg = bed.config(
+        "  - operationId: watchNamespacedPods\n    name: stuck\n    namespaces: [a]\n    topic: stuck\n\
+         \x20 - operationId: watchNamespacedPods\n    name: fine\n    namespaces: [b]\n    topic: fine\n",
+        "  maxInFlightPerStream: 5\n",
+    );
+    cfg.kubernetes.max_concurrent_syncs = 1;
+    let relay = Relay::start_with(&bed, cfg, Some(producer.clone() as Arc<dyn Producer>));
+    let fine = || {
+        let log: Vec<_> = events(&producer)
+            .into_iter()
+            .filter(|r| r.topic == "fine")
+            .collect();
+        consumer_view(&log)
+    };
+    eventually(
+        || fine() == view::pods(&bed.sim, &["b"], |_| true),
+        || format!("the other stream announced {} of 20", fine().len()),
+    )
+    .await;
+    producer.hold_to(None);
+    producer.release(Order::Sent);
+    relay.wait_up(2).await;
+    relay.stop().await;
+    assert_eq!(
+        consumer_view(&events(&producer)).len(),
+        40,
+        "both namespaces, once Kafka took the stuck records"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_partition_leaves_other_syncs_running_with_initial_events() {
+    a_stuck_partition_leaves_other_syncs_running(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_partition_leaves_other_syncs_running_with_lists() {
+    a_stuck_partition_leaves_other_syncs_running(false).await;
+}

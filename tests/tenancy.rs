@@ -281,3 +281,44 @@ async fn a_retirements_inferred_deletes_validate_against_the_contract() {
         "the retired streams retracted both kinds"
     );
 }
+
+/// A retirement that fails partway is tried again whole: what it did not retract stays a
+/// member, in memory and in the topic, so no later start can retract it after the stream that
+/// replaced it announced the object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retirement_that_fails_partway_completes_before_anything_is_announced() {
+    let bed = bed(&["a", "b"]).await;
+    for ns in ["a", "b"] {
+        for i in 0..5 {
+            bed.sim
+                .create("pods", Some(ns), objects::pod(ns, &format!("x{i}")))
+                .unwrap();
+        }
+    }
+    let producer = Arc::new(Memory::new());
+    let channels = |scope: &str| {
+        bed.config(
+            &format!("  - operationId: watchNamespacedPods\n    {scope}\n    topic: pods\n"),
+            "",
+        )
+    };
+    let want = || view::pods(&bed.sim, &["a", "b"], |_| true);
+    let relay = start(&bed, channels("namespaces: [a, b]"), &producer);
+    relay.wait_up(2).await;
+    relay.stop().await;
+    // The retirement's first DELETED fails.
+    producer.fail_next_to("pods", 1);
+    let relay = start(&bed, channels("allNamespaces: true"), &producer);
+    relay.wait_up(1).await;
+    eventually(
+        || consumer_view(&events(&producer)) == want(),
+        || "the cluster-wide stream never converged".into(),
+    )
+    .await;
+    relay.stop().await;
+    // A later start finds nothing left to retire.
+    let relay = start(&bed, channels("allNamespaces: true"), &producer);
+    relay.wait_up(1).await;
+    relay.stop().await;
+    assert_eq!(consumer_view(&events(&producer)), want());
+}

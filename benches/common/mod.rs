@@ -127,3 +127,79 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// Writes the records of `members` objects over `streams` streams, each object `history` times
+/// more before its latest record, and `members / 4` objects that joined and left; returns the
+/// records and bytes written.
+pub fn fill_membership(
+    bootstrap: &str,
+    topic: &str,
+    members: usize,
+    streams: usize,
+    history: usize,
+) -> (usize, usize) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::config::ClientConfig;
+    use rdkafka::producer::{BaseRecord, Producer as _, ThreadedProducer};
+    use watchrelay::membership::{self, Known};
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    let new = NewTopic::new(topic, 1, TopicReplication::Fixed(1)).set("cleanup.policy", "compact");
+    futures::executor::block_on(admin.create_topics([&new], &AdminOptions::new())).unwrap();
+    let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "20")
+        .set("compression.type", "lz4")
+        .set("queue.buffering.max.messages", "500000")
+        .create()
+        .unwrap();
+    let (mut records, mut bytes) = (0, 0);
+    let mut send = |i: usize, round: usize, live: bool| {
+        let (uid, name) = identity(i as u64);
+        let team = i % streams;
+        let stream = format!("watchNamespacedPods.team-{team}");
+        let known = Known {
+            key: Some(format!("team-{team}/{name}")),
+            name,
+            namespace: Some(format!("team-{team}")),
+            rv: (1_000_000 + round * members + i).to_string(),
+            topic: Some("prod.pods".into()),
+        };
+        let record = membership::record(topic, &owner(), &stream, &uid, live.then_some(&known));
+        records += 1;
+        bytes += record.key.len() + record.value.len();
+        let mut rec = BaseRecord::<str, [u8]>::to(topic).key(&record.key);
+        if live {
+            rec = rec.payload(&record.value);
+        }
+        loop {
+            match producer.send(rec) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    rec = back;
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+        }
+    };
+    let gone = members..members + members / 4;
+    for round in 0..=history {
+        for i in 0..members {
+            send(i, round, true);
+        }
+        if round == 0 {
+            gone.clone().for_each(|i| send(i, round, true));
+        }
+    }
+    gone.for_each(|i| send(i, history, false));
+    producer.flush(std::time::Duration::from_secs(600)).unwrap();
+    (records, bytes)
+}
+
+/// The relay whose members the topic holds.
+pub fn owner() -> watchrelay::membership::Owner {
+    watchrelay::membership::Owner::new("watchrelay", "watchrelay-checkpoints")
+}

@@ -363,10 +363,7 @@ impl Sim {
 
     /// Fails the next `n` list requests that carry a continue token (a later page), with 500.
     pub fn fail_next_pages(&self, n: usize) {
-        self.inner
-            .faults
-            .fail_continued
-            .store(n, Ordering::Relaxed);
+        self.inner.faults.fail_continued.store(n, Ordering::Relaxed);
     }
 
     /// Fails the next `n` resource requests (discovery and `/version` are spared).

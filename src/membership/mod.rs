@@ -260,6 +260,11 @@ impl Restored {
         self.streams.insert(stream.to_string(), members);
     }
 
+    /// The members of `stream`, if it has any.
+    pub fn get(&self, stream: &str) -> Option<&Members> {
+        self.streams.get(stream)
+    }
+
     /// The members of `stream`, taken once.
     pub fn take(&mut self, stream: &str) -> Members {
         let mut m = self.streams.remove(stream).unwrap_or_default();
@@ -347,26 +352,34 @@ pub async fn send_all(
     Ok(())
 }
 
+/// Records written at a time when adopting members: only a batch of them is held.
+const ADOPT_BATCH: usize = 1000;
+
 /// Writes `members` as members of `owner`'s `stream` (an older version's ownerless records, or
-/// the sets it kept in the checkpoint ConfigMap) and waits until Kafka acknowledged them all.
+/// the sets it kept in the checkpoint ConfigMap) and waits until Kafka acknowledged them all,
+/// a batch at a time.
 pub async fn adopt(
     producer: &dyn Producer,
     topic: &str,
     owner: &Owner,
     stream: &str,
-    members: impl Iterator<Item = (String, Known)>,
+    mut members: impl Iterator<Item = (String, Known)>,
     stop: &tokio_util::sync::CancellationToken,
 ) -> Result<Members, String> {
     let mut adopted = Members::default();
-    let mut records = Vec::new();
-    for (uid, k) in members {
-        records.push(record(topic, owner, stream, &uid, Some(&k)));
-        adopted.insert(&uid, &k);
+    loop {
+        let mut records = Vec::with_capacity(ADOPT_BATCH);
+        for (uid, k) in members.by_ref().take(ADOPT_BATCH) {
+            records.push(record(topic, owner, stream, &uid, Some(&k)));
+            adopted.insert(&uid, &k);
+        }
+        if records.is_empty() {
+            return Ok(adopted);
+        }
+        send_all(producer, records, stop)
+            .await
+            .map_err(|e| format!("adopting {stream}'s members: {e}"))?;
     }
-    send_all(producer, records, stop)
-        .await
-        .map_err(|e| format!("adopting {stream}'s members: {e}"))?;
-    Ok(adopted)
 }
 
 #[cfg(test)]

@@ -38,6 +38,8 @@ struct MemoryState {
     sent: u64,
     held: VecDeque<(u64, Record, Box<Receipt>)>,
     hold: bool,
+    /// Holds only the records of topics starting with this.
+    hold_topic: Option<String>,
     capacity: Option<usize>,
     too_large: Option<(usize, bool)>,
     /// Releases holding a record larger than this fail whole, as a broker refuses a batch.
@@ -82,6 +84,12 @@ impl Memory {
     /// Holds records unacknowledged (`true`) or acknowledges them as they come (`false`).
     pub fn hold(&self, hold: bool) {
         self.state().hold = hold;
+    }
+
+    /// Holds the records of topics whose name starts with `prefix` (`None`: stops), as a
+    /// partition below its minimum in-sync replicas would; the others go through.
+    pub fn hold_to(&self, prefix: Option<&str>) {
+        self.state().hold_topic = prefix.map(str::to_string);
     }
 
     /// Records held, not yet acknowledged: the streams' and their membership records, not the
@@ -235,7 +243,11 @@ impl Producer for Memory {
                 return Err(Refused::Full(receipt));
             }
             s.sent += 1;
-            (s.hold, s.sent)
+            let to_held = s
+                .hold_topic
+                .as_ref()
+                .is_some_and(|p| record.topic.starts_with(p.as_str()));
+            (s.hold || to_held, s.sent)
         };
         if hold {
             self.state().held.push_back((n, record.clone(), receipt));

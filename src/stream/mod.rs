@@ -138,8 +138,21 @@ pub struct Stream {
     /// changed since the position (see [`sync`]).
     full_resync: bool,
     syncs: Arc<tokio::sync::Semaphore>,
+    /// The sync permit, while syncing.
+    permit: Permit,
     /// A cluster-wide stream filtered to some namespaces (see [`scope`]).
     scope: Option<scope::Scoped>,
+}
+
+/// A stream's share of `kubernetes.maxConcurrentSyncs`. A sync holds a permit while it reads
+/// from the API server, and lends it back while it waits for Kafka: one partition that stops
+/// acknowledging must not hold every permit and keep unrelated streams from syncing.
+enum Permit {
+    /// Not syncing.
+    None,
+    Held(#[expect(dead_code, reason = "held for its drop")] tokio::sync::OwnedSemaphorePermit),
+    /// Syncing, waiting for Kafka: taken again before the next read.
+    Lent,
 }
 
 /// What a stream resumes from: its saved position and the members it announced.
@@ -259,6 +272,7 @@ impl Stream {
             new_route,
             full_resync: false,
             syncs: wiring.syncs.clone(),
+            permit: Permit::None,
             scope: filter.map(|f| scope::Scoped::new(f, base, saved_query)),
             checkpoints: wiring.checkpoints,
             shutdown: shutdown.clone(),
@@ -361,7 +375,7 @@ impl Stream {
             Reason::Start if !self.outbox.members().is_empty() => Reason::Resync,
             reason => reason,
         };
-        let _permit = self.sync_permit().await?;
+        self.permit = Permit::Held(self.sync_permit().await?);
         if let Some(scoped) = self.scope.as_mut() {
             tokio::select! {
                 _ = self.cancel.cancelled() => return None,
@@ -372,6 +386,7 @@ impl Stream {
             Via::InitialEvents => self.sync_initial(reason).await,
             Via::Pages => self.sync_pages(reason).await,
         };
+        self.permit = Permit::None;
         let outcome = match outcome {
             Outcome::Synced { .. } => match self.settle_scope().await {
                 Ok(()) => outcome,
@@ -380,6 +395,51 @@ impl Stream {
             outcome => outcome,
         };
         Some((reason, outcome))
+    }
+
+    /// While a sync waits for Kafka, its permit goes back to the other streams.
+    fn lend_permit(&mut self) {
+        if let Permit::Held(_) = self.permit {
+            self.permit = Permit::Lent;
+        }
+    }
+
+    /// Before a sync reads on: its permit, taken again if it was lent.
+    async fn reclaim_permit(&mut self) -> Result<(), Stop> {
+        if let Permit::Lent = self.permit {
+            let permit = tokio::select! {
+                _ = self.cancel.cancelled() => return Err(Stop::Cancelled),
+                p = self.syncs.clone().acquire_owned() => p.map_err(|_| Stop::Cancelled)?,
+            };
+            self.permit = Permit::Held(permit);
+        }
+        Ok(())
+    }
+
+    /// Settles reports until the outbox has room, its sync permit lent meanwhile.
+    async fn room(&mut self) -> Result<(), Stop> {
+        if self.outbox.has_room() {
+            return Ok(());
+        }
+        self.lend_permit();
+        self.outbox
+            .wait_for_room()
+            .await
+            .map_err(|e| self.outbox_stop(e))?;
+        self.reclaim_permit().await
+    }
+
+    /// Settles reports until nothing is in flight, its sync permit lent meanwhile.
+    async fn drained(&mut self) -> Result<(), Stop> {
+        if self.outbox.in_flight() == 0 {
+            return Ok(());
+        }
+        self.lend_permit();
+        self.outbox
+            .wait_until(0)
+            .await
+            .map_err(|e| self.outbox_stop(e))?;
+        self.reclaim_permit().await
     }
 
     /// Waits a random delay below `syncJitterMs`, then for one of the relay's sync permits;

@@ -31,6 +31,12 @@ impl Stream {
         }
         loop {
             let room = self.outbox.has_room();
+            // A sync waiting for Kafka lends its permit meanwhile.
+            if room {
+                self.reclaim_permit().await?;
+            } else {
+                self.lend_permit();
+            }
             let moved = self.outbox.moved();
             tokio::select! {
                 biased;

@@ -244,10 +244,7 @@ impl Stream {
         &mut self,
         item: &serde_json::value::RawValue,
     ) -> Result<Option<WatchEvent>, Stop> {
-        self.outbox
-            .wait_for_room()
-            .await
-            .map_err(|e| self.outbox_stop(e))?;
+        self.room().await?;
         let type_meta = (self.api_version.as_str(), self.kind.as_str());
         match decode::decode_item(EventType::Added, item, self.trim, type_meta) {
             Ok(ev) => Ok(Some(ev)),
@@ -291,10 +288,7 @@ impl Stream {
         known: Known,
         rv: &str,
     ) -> Result<(), Stop> {
-        self.outbox
-            .wait_for_room()
-            .await
-            .map_err(|e| self.outbox_stop(e))?;
+        self.room().await?;
         self.m.synthetic_deletes.inc();
         let change = Some(Change::Leave { uid: uid.clone() });
         if !self.channel.forwards(EventType::Deleted) {
@@ -324,8 +318,8 @@ impl Stream {
     /// connection, handed on to the Watch state once the state has ended.
     pub(super) async fn sync_initial(&mut self, reason: Reason) -> Step {
         if reason == Reason::Resync {
-            if let Err(e) = self.outbox.wait_until(0).await {
-                return Self::stopped(self.outbox_stop(e));
+            if let Err(why) = self.drained().await {
+                return Self::stopped(why);
             }
         }
         let mut w = match self.open(WatchFrom::InitialEvents).await {
@@ -362,10 +356,7 @@ impl Stream {
 
     async fn list(&mut self, mut reason: Reason) -> Result<String, Stop> {
         if reason == Reason::Resync {
-            self.outbox
-                .wait_until(0)
-                .await
-                .map_err(|e| self.outbox_stop(e))?;
+            self.drained().await?;
         }
         let mut announced = self.announced(reason);
         let mut token: Option<String> = None;
@@ -387,10 +378,7 @@ impl Stream {
                     whole = true;
                     // What the earlier pages announced is reconciled with the whole list: an
                     // object they showed that has gone since gets its inferred DELETED.
-                    self.outbox
-                        .wait_until(0)
-                        .await
-                        .map_err(|e| self.outbox_stop(e))?;
+                    self.drained().await?;
                     reason = Reason::Resync;
                     announced = self.announced(reason);
                     continue;
@@ -470,10 +458,7 @@ impl Stream {
             self.infer_delete(uid, known, list_rv).await?;
         }
         // Everything the resync produced is in Kafka before its end is marked.
-        self.outbox
-            .wait_until(0)
-            .await
-            .map_err(|e| self.outbox_stop(e))?;
+        self.drained().await?;
         let object = envelope::bookmark_object(
             &self.api_version,
             &self.kind,
