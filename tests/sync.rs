@@ -103,7 +103,7 @@ async fn an_initial_state_streamed_for_longer_than_a_watch_timeout_completes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_list_whose_continue_token_expires_is_read_whole_and_reconciled() {
+async fn a_list_whose_continue_token_expires_is_fetched_page_by_page_and_reconciled() {
     let bed = bed_with(false, 0).await;
     let producer = Arc::new(Memory::new());
     let acks = slow_acks(&producer, Duration::from_millis(30));
@@ -128,6 +128,7 @@ async fn a_list_whose_continue_token_expires_is_read_whole_and_reconciled() {
         })
     };
     let relay = start(&bed, 290, &producer);
+    bed.sim.reset_requests();
     // A list completes while compaction goes on: its end is marked.
     eventually(
         || {
@@ -149,6 +150,11 @@ async fn a_list_whose_continue_token_expires_is_read_whole_and_reconciled() {
     assert!(
         (1..=resyncs + 1).contains(&expired),
         "{expired} expiries over {resyncs} resyncs"
+    );
+    assert_eq!(
+        bed.sim.requests().unpaged_lists,
+        0,
+        "no request asks for the whole collection at once, however slow the server"
     );
     let want = view::pods(&bed.sim, &["a"], |_| true);
     eventually(

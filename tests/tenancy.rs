@@ -322,3 +322,46 @@ async fn a_retirement_that_fails_partway_completes_before_anything_is_announced(
     relay.stop().await;
     assert_eq!(consumer_view(&events(&producer)), want());
 }
+
+/// Two releases whose scopes overlap on one topic would interleave on each key: the release
+/// that finds the other's live members on its topic, in its namespace, refuses that stream and
+/// says why; a release on another namespace of the same topic runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_refuses_a_topic_and_namespace_another_release_announced_on() {
+    let bed = bed(&["a", "b"]).await;
+    for ns in ["a", "b"] {
+        bed.sim
+            .create("pods", Some(ns), objects::pod(ns, "p0"))
+            .unwrap();
+    }
+    let producer = Arc::new(Memory::new());
+    let first = start(&bed, pods_in(&bed, "a"), &producer);
+    first.wait_up(1).await;
+    first.stop().await;
+    let other = |ns: &str| {
+        let mut cfg = pods_in(&bed, ns);
+        cfg.checkpoint.name = "relay-b".into();
+        cfg
+    };
+    let overlapping = start(&bed, other("a"), &producer);
+    eventually(
+        || {
+            overlapping
+                .registry
+                .readiness()
+                .problems
+                .get("watchNamespacedPods.a")
+                .is_some_and(|p| p.contains("another release"))
+        },
+        || format!("{:?}", overlapping.registry.readiness()),
+    )
+    .await;
+    overlapping.stop().await;
+    let disjoint = start(&bed, other("b"), &producer);
+    disjoint.wait_up(1).await;
+    disjoint.stop().await;
+    assert_eq!(
+        consumer_view(&events(&producer)),
+        view::pods(&bed.sim, &["a", "b"], |_| true)
+    );
+}

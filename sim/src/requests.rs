@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[derive(Default)]
 pub(crate) struct Requests {
     lists: AtomicU64,
+    unpaged_lists: AtomicU64,
     lists_in_flight: AtomicU64,
     peak_lists_in_flight: AtomicU64,
     watches_opened: AtomicU64,
@@ -19,6 +20,8 @@ pub(crate) struct Requests {
 pub struct RequestCounts {
     /// Collection list requests (each page counts).
     pub lists: u64,
+    /// Of those, requests for a whole collection at once (no `limit`).
+    pub unpaged_lists: u64,
     /// The most list requests in flight at once.
     pub peak_lists_in_flight: u64,
     /// Watch requests accepted, `sendInitialEvents` ones included.
@@ -39,9 +42,12 @@ impl Drop for InFlight<'_> {
 }
 
 impl Requests {
-    /// A list request begins; it ends when the guard is dropped.
-    pub fn list(&self) -> InFlight<'_> {
+    /// A list request begins (`paged`: with a limit); it ends when the guard is dropped.
+    pub fn list(&self, paged: bool) -> InFlight<'_> {
         self.lists.fetch_add(1, Ordering::SeqCst);
+        if !paged {
+            self.unpaged_lists.fetch_add(1, Ordering::SeqCst);
+        }
         let now = self.lists_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.peak_lists_in_flight.fetch_max(now, Ordering::SeqCst);
         InFlight(&self.lists_in_flight)
@@ -60,6 +66,7 @@ impl Requests {
     pub fn counts(&self) -> RequestCounts {
         RequestCounts {
             lists: self.lists.load(Ordering::SeqCst),
+            unpaged_lists: self.unpaged_lists.load(Ordering::SeqCst),
             peak_lists_in_flight: self.peak_lists_in_flight.load(Ordering::SeqCst),
             watches_opened: self.watches_opened.load(Ordering::SeqCst),
             initial_events_watches: self.initial_events_watches.load(Ordering::SeqCst),
@@ -71,6 +78,7 @@ impl Requests {
     pub fn reset(&self) {
         for c in [
             &self.lists,
+            &self.unpaged_lists,
             &self.watches_opened,
             &self.initial_events_watches,
         ] {

@@ -245,7 +245,7 @@ async fn handle(inner: &Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
             }
         }
         (Method::GET, None) => {
-            let _counted = inner.requests.list();
+            let _counted = inner.requests.list(query.get("limit").is_some());
             if !inner.cfg.list_delay.is_zero() {
                 tokio::time::sleep(inner.cfg.list_delay).await;
             }

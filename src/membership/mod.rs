@@ -141,6 +141,15 @@ pub fn writes_record(topic: &str, owner: &Owner, writes: u64) -> Record {
     }
 }
 
+/// What another owner's live member says: that owner announced objects of `namespace` on
+/// `topic`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Claim {
+    pub owner: String,
+    pub topic: String,
+    pub namespace: Option<String>,
+}
+
 /// Every stream's members, rebuilt from the membership topic: this owner's, and the ownerless
 /// records of older versions for the streams that may adopt them.
 #[derive(Debug)]
@@ -156,8 +165,15 @@ pub struct Restored {
     pub writes: Option<u64>,
     /// Records read.
     pub records: u64,
-    /// Records of other owners (skipped).
+    /// Records of other owners (skipped as members).
     pub foreign: u64,
+    /// Other owners' live members while reading: a hash of the key, and the claim it makes.
+    foreign_live: HashMap<u64, u32>,
+    /// Distinct claims of other owners: who announced on which topic in which namespace.
+    claim_list: Vec<Claim>,
+    claim_index: HashMap<Claim, u32>,
+    /// Once read: the claims other owners' live members make.
+    claims: HashSet<Claim>,
     /// Records that could not be read (and were skipped).
     pub malformed: u64,
 }
@@ -176,7 +192,45 @@ impl Restored {
             records: 0,
             foreign: 0,
             malformed: 0,
+            foreign_live: HashMap::new(),
+            claim_list: Vec::new(),
+            claim_index: HashMap::new(),
+            claims: HashSet::new(),
         }
+    }
+
+    /// Another owner's membership record: what it claims while its member lives.
+    fn apply_foreign(&mut self, owner: &str, key: &str, value: Option<&[u8]>) {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::hash::DefaultHasher::new();
+        key.hash(&mut h);
+        let h = h.finish();
+        let known = value
+            .filter(|v| !v.is_empty())
+            .and_then(|v| serde_json::from_slice::<Known>(v).ok());
+        let Some(known) = known else {
+            self.foreign_live.remove(&h);
+            return;
+        };
+        let Some(topic) = known.topic else { return };
+        let claim = Claim {
+            owner: owner.to_string(),
+            topic,
+            namespace: known.namespace,
+        };
+        let next = self.claim_list.len() as u32;
+        let i = *self.claim_index.entry(claim.clone()).or_insert(next);
+        if i == next {
+            self.claim_list.push(claim);
+        }
+        self.foreign_live.insert(h, i);
+    }
+
+    /// A claim of another owner's live members that `overlaps` accepts: the streams of two
+    /// releases on one key interleave, and one's inferred DELETED can land after the other's
+    /// live record.
+    pub fn claimed(&self, overlaps: impl Fn(&Claim) -> bool) -> Option<&Claim> {
+        self.claims.iter().find(|c| overlaps(c))
     }
 
     /// Applies one record of the topic, in its partition's order. Call [`Restored::finish`]
@@ -199,6 +253,9 @@ impl Restored {
                     && owner[ns.len() + 1..] == *name;
                 if !mine {
                     self.foreign += 1;
+                    if stream != MARK {
+                        self.apply_foreign(&format!("{ns}/{name}"), key, value);
+                    }
                     return;
                 }
                 if stream == MARK {
@@ -253,6 +310,13 @@ impl Restored {
         for m in self.streams.values_mut().chain(self.legacy.values_mut()) {
             m.finish_restore();
         }
+        let live: HashSet<u32> = self.foreign_live.drain().map(|(_, i)| i).collect();
+        self.claims = live
+            .into_iter()
+            .map(|i| self.claim_list[i as usize].clone())
+            .collect();
+        self.claim_list = Vec::new();
+        self.claim_index = HashMap::new();
     }
 
     /// Sets the members of `stream`.
@@ -405,6 +469,8 @@ mod tests {
             record("t", &me, "pods.a", u2, Some(&k("two"))),
             record("t", &me, "pods.b", u1, Some(&k("one"))),
             record("t", &other, "pods.d", u1, Some(&k("one"))),
+            record("t", &other, "pods.e", u2, Some(&k("gone"))),
+            record("t", &other, "pods.e", u2, None),
             record("t", &me, "pods.a", u1, None),
             record("t", &me, "pods.c", u2, None),
             mark_record("t", &me, "id-1"),
@@ -422,10 +488,20 @@ mod tests {
         r.apply(b"team-a/watchrelay/pods.a/x", Some(b"not json"));
         r.apply(b"pods.a/legacy", Some(br#"{"name":"old","rv":"1"}"#));
         r.finish();
-        assert_eq!((r.records, r.malformed, r.members()), (14, 2, 2));
+        assert_eq!((r.records, r.malformed, r.members()), (16, 2, 2));
         assert_eq!(r.writes, Some(42), "the latest of its own copies");
+        let claims: Vec<&Claim> = r.claims.iter().collect();
         assert_eq!(
-            r.foreign, 3,
+            claims,
+            [&Claim {
+                owner: "team-b/watchrelay".into(),
+                topic: "pods".into(),
+                namespace: Some("a".into()),
+            }],
+            "another owner's live member claims its topic and namespace; one that left, nothing"
+        );
+        assert_eq!(
+            r.foreign, 5,
             "another owner's record and an ownerless one not asked for"
         );
         assert_eq!(r.mark.as_deref(), Some("id-1"));

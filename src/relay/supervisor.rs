@@ -149,8 +149,17 @@ impl Supervisor {
                 leaving: leaving.clone(),
             },
         );
+        let claimed = self.claimed(&channel, namespace.as_deref(), filter.as_ref());
         tracing::info!(stream = %id, "starting stream");
         self.tasks.spawn(async move {
+            if let Some(owner) = claimed {
+                let message = format!("another release ({owner}) announced objects of this stream's scope on its topic: the two would interleave on each key. Give the channel a topic of its own (or retire the other release's streams)");
+                tracing::error!(stream = %id, %owner, "not relaying: {message}");
+                this.registry.register(&id).problem(message);
+                lifetime.stop.cancelled().await;
+                ended.cancel();
+                return;
+            }
             if let Some(previous) = previous {
                 previous.cancelled().await;
             }
@@ -176,6 +185,34 @@ impl Supervisor {
             ended.cancel();
         });
         Handle { stop, leaving }
+    }
+
+    /// The other owner, if any, whose live members (in the membership topic at the start of
+    /// the term) were announced on this stream's topic in a namespace of its scope. A
+    /// cluster-wide stream filtered by a selector is not checked: its namespaces are not known
+    /// yet.
+    fn claimed(
+        &self,
+        channel: &Channel,
+        namespace: Option<&str>,
+        filter: Option<&NamespaceFilter>,
+    ) -> Option<String> {
+        let cluster = &self.wiring.cfg.cluster_name;
+        let in_scope = |ns: Option<&str>| match (namespace, &channel.scope) {
+            (Some(mine), _) => ns == Some(mine),
+            (None, Scope::Namespaces(list)) if filter.is_some() => {
+                ns.is_some_and(|ns| list.iter().any(|n| n == ns))
+            }
+            (None, Scope::Selector(_)) => false,
+            (None, _) => true,
+        };
+        let members = self.members.lock().expect("members lock poisoned");
+        members
+            .claimed(|c| {
+                in_scope(c.namespace.as_deref())
+                    && channel.topic_for(cluster, c.namespace.as_deref().or(namespace)) == c.topic
+            })
+            .map(|c| c.owner.clone())
     }
 
     /// Builds stream `id`, with what the term loaded for it, once no other stream of its id

@@ -215,8 +215,8 @@ impl Stream {
         }
     }
 
-    /// One page of the collection at `path` under the channel's selectors (`size` `None`: the
-    /// whole list at once), unless the stream stops first.
+    /// One page of the collection at `path` under the channel's selectors, unless the stream
+    /// stops first.
     pub(super) async fn list_page(
         &self,
         path: &str,
@@ -229,6 +229,28 @@ impl Stream {
             _ = self.cancel.cancelled() => Err(Stop::Cancelled),
             p = page => Ok(p),
         }
+    }
+
+    /// Every page of the collection, fetched back to back before anything is announced, as one
+    /// page: with no wait for Kafka between pages, the snapshot's continue token outlives the
+    /// listing, and no request is larger or slower than a page (a whole list in one request
+    /// can take the server longer than the client's read timeout, and never finish).
+    async fn list_all(&self) -> Result<Result<kubeapi::ListPage, ApiError>, Stop> {
+        let size = Some(self.cfg.kubernetes.list_page_size);
+        let mut all = match self.list_page(&self.path, size, None).await? {
+            Ok(p) => p,
+            Err(e) => return Ok(Err(e)),
+        };
+        while let Some(token) = all.continue_token.take() {
+            match self.list_page(&self.path, size, Some(&token)).await? {
+                Ok(p) => {
+                    all.items.extend(p.items);
+                    all.continue_token = p.continue_token;
+                }
+                Err(e) => return Ok(Err(e)),
+            }
+        }
+        Ok(Ok(all))
     }
 
     /// Learns the kind of the channel's objects from a list page (`PodList`: `Pod`).
@@ -362,14 +384,19 @@ impl Stream {
         let mut token: Option<String> = None;
         // Paginated, unless a continue token expired: the snapshot it pinned outlived its
         // lifetime (a large state, a slow consumer), and starting over with pages could do the
-        // same forever. The list is then read whole, in one request, as client-go does.
+        // same forever. Every page is then fetched before any is announced (see `list_all`).
         let mut whole = false;
         let list_rv = loop {
-            let size = (!whole).then_some(self.cfg.kubernetes.list_page_size);
-            let page = match self.list_page(&self.path, size, token.as_deref()).await? {
+            let page = if whole {
+                self.list_all().await?
+            } else {
+                let size = Some(self.cfg.kubernetes.list_page_size);
+                self.list_page(&self.path, size, token.as_deref()).await?
+            };
+            let page = match page {
                 Ok(p) => p,
                 Err(ApiError::Gone(_)) if token.is_some() => {
-                    tracing::info!(stream = %self.id, "continue token expired; listing whole");
+                    tracing::info!(stream = %self.id, "continue token expired; fetching every page before announcing");
                     self.metrics
                         .watch_restarts
                         .with_label_values(&[&self.id, "continue_expired"])
