@@ -68,6 +68,10 @@ pub struct ChannelConfig {
     /// Forward Secret `data` and `stringData` (default false: they are removed).
     #[serde(default)]
     pub allow_secret_data: bool,
+    /// The resource is sensitive (Secrets always are): its `watchStrategy` must be chosen,
+    /// since `auto` would widen the relay's reads to every namespace by a count.
+    #[serde(default)]
+    pub sensitive: bool,
 }
 
 fn all_event_types() -> Vec<EventType> {
@@ -194,10 +198,11 @@ impl Channel {
     }
 
     /// What this channel runs this term when `namespaces` namespaces are in scope, and it ran
-    /// `previous` last time: `auto` goes cluster-wide above `threshold` namespaces and back to
-    /// per-namespace watches only at half of it, so a count that hovers around the threshold
-    /// does not switch at every restart. A topic that depends on the namespace needs one
-    /// stream per namespace. `None` for a channel over one collection already.
+    /// `previous` last time: `auto` keeps what it ran (a switch of shape retracts and
+    /// re-announces every object, so it is never made by a count at a routine restart), and
+    /// without a previous shape goes cluster-wide above `threshold` namespaces. A topic that
+    /// depends on the namespace needs one stream per namespace. `None` for a channel over one
+    /// collection already.
     pub fn shape(
         &self,
         namespaces: usize,
@@ -211,13 +216,11 @@ impl Channel {
             _ if self.topic.contains("{namespace}") => Shape::PerNamespace,
             WatchStrategy::PerNamespace => Shape::PerNamespace,
             WatchStrategy::ClusterWide => Shape::ClusterWide,
-            WatchStrategy::Auto if namespaces > threshold => Shape::ClusterWide,
-            WatchStrategy::Auto
-                if previous == Some(Shape::ClusterWide) && namespaces > threshold / 2 =>
-            {
-                Shape::ClusterWide
-            }
-            WatchStrategy::Auto => Shape::PerNamespace,
+            WatchStrategy::Auto => match previous {
+                Some(shape) => shape,
+                None if namespaces > threshold => Shape::ClusterWide,
+                None => Shape::PerNamespace,
+            },
         })
     }
 
@@ -376,6 +379,14 @@ impl ChannelConfig {
             }
             (Some(s), _) => s,
         };
+        let secrets = path.group.is_empty() && path.resource == "secrets";
+        if (self.sensitive || secrets) && strategy == WatchStrategy::Auto && scope != Scope::Cluster
+        {
+            return Err(invalid(
+                f("watchStrategy"),
+                "must be chosen for a sensitive resource (Secrets, or sensitive: true): perNamespace reads only the namespaces in scope, clusterWide reads every namespace; auto would decide by a count",
+            ));
+        }
         if let Some(j) = self.event_types.iter().position(|t| !t.is_object_change()) {
             return Err(invalid(
                 format!("channels[{i}].eventTypes[{j}]"),

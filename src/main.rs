@@ -154,11 +154,16 @@ fn dispatch(cli: Cli) -> Result<()> {
         Command::CheckConfig { file } => {
             let cfg = load(file)?;
             println!("{}: ok ({} channels)", file.display(), cfg.channels.len());
+            let reach = watchrelay::rbac::needs(&cfg).cluster_wide;
             for c in &cfg.channels {
                 println!(
                     "  {} {} -> {} ({:?})",
                     c.name, c.path.template, c.topic, c.scope
                 );
+                match reach.get(&c.name) {
+                    Some(why) => println!("    reads cluster-wide: {why}"),
+                    None => println!("    reads only the namespaces it lists"),
+                }
             }
             Ok(())
         }

@@ -61,6 +61,9 @@ pub struct Metrics {
     /// Times the checkpoint ConfigMap was found older than what the relay last wrote (an etcd
     /// restore): every stream then resyncs whole.
     pub history_rewinds: IntCounter,
+    /// 1 for a `watchStrategy: auto` channel whose namespace count calls for the other shape
+    /// than the one it keeps.
+    pub watch_strategy_switch_pending: IntGaugeVec,
     /// 1 while this replica relays (always, without leader election).
     pub leader: IntGauge,
     /// The configured bound on records awaiting acknowledgement per stream.
@@ -160,6 +163,17 @@ impl Metrics {
         registry
             .register(Box::new(history_rewinds.clone()))
             .expect("each metric is registered once");
+        let watch_strategy_switch_pending = IntGaugeVec::new(
+            Opts::new(
+                "watch_strategy_switch_pending",
+                "1 for a watchStrategy auto channel whose namespace count calls for the other shape than the one it keeps",
+            ),
+            &["channel"],
+        )
+        .expect("static metric definitions are valid");
+        registry
+            .register(Box::new(watch_strategy_switch_pending.clone()))
+            .expect("each metric is registered once");
         let checkpoint_written = single(
             "checkpoint_last_write_timestamp_seconds",
             "Unix time of the last successful checkpoint write",
@@ -240,6 +254,7 @@ impl Metrics {
             membership_topic_problem,
             unretractable_members,
             history_rewinds,
+            watch_strategy_switch_pending,
             in_flight: gauge("in_flight", "Records awaiting acknowledgement"),
             stream_up: gauge("stream_up", "1 while the stream is synced and watching"),
             last_event: gauge(

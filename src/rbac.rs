@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use crate::channel::{Scope, Shape};
+use crate::channel::{Scope, Shape, WatchStrategy};
 use crate::config::Config;
 
 /// One resource the relay lists and watches: `(apiGroup, resource)`.
@@ -26,22 +26,38 @@ pub struct Needs {
     /// Objects read and updated by name (`get`, `update`; `create` when missing), per
     /// namespace: the checkpoint ConfigMap and the Lease.
     pub own: BTreeMap<String, BTreeSet<(String, String, String)>>,
+    /// The channels that read their resource across the cluster, and why.
+    pub cluster_wide: BTreeMap<String, String>,
 }
 
 /// What `cfg` needs.
 pub fn needs(cfg: &Config) -> Needs {
     let mut n = Needs::default();
+    let threshold = cfg.kubernetes.cluster_wide_above as usize;
     for ch in &cfg.channels {
         let res = (ch.path.group.clone(), ch.path.resource.clone());
+        let why = |n: &mut Needs, why: String| {
+            n.cluster_wide.insert(ch.name.clone(), why);
+        };
         match &ch.scope {
             Scope::Cluster => {
                 n.cluster.insert(res);
+                let what = if ch.path.namespaced {
+                    "allNamespaces"
+                } else {
+                    "a cluster-scoped resource"
+                };
+                why(&mut n, what.into());
             }
             Scope::Namespaces(list)
-                if ch.shape(list.len(), None, cfg.kubernetes.cluster_wide_above as usize)
-                    == Some(Shape::ClusterWide) =>
+                if ch.shape(list.len(), None, threshold) == Some(Shape::ClusterWide) =>
             {
                 n.cluster.insert(res);
+                let what = match ch.strategy {
+                    WatchStrategy::ClusterWide => "watchStrategy: clusterWide".to_string(),
+                    _ => format!("watchStrategy: auto, {} namespaces listed, over kubernetes.clusterWideAbove ({threshold})", list.len()),
+                };
+                why(&mut n, what);
             }
             Scope::Namespaces(list) => {
                 for ns in list {
@@ -54,6 +70,12 @@ pub fn needs(cfg: &Config) -> Needs {
             Scope::Selector(_) => {
                 n.cluster.insert(res);
                 n.cluster.insert((String::new(), "namespaces".into()));
+                let what = match ch.strategy {
+                    WatchStrategy::PerNamespace => "namespaceSelector: matching namespaces come and go, so the permission is cluster-wide; watched per namespace".to_string(),
+                    WatchStrategy::ClusterWide => "namespaceSelector, watchStrategy: clusterWide".to_string(),
+                    WatchStrategy::Auto => format!("namespaceSelector, watchStrategy: auto (a first start watches cluster-wide above {threshold} matching namespaces; later starts keep their shape)"),
+                };
+                why(&mut n, what);
             }
         }
     }
@@ -100,6 +122,11 @@ mod tests {
         );
         assert_eq!(n.namespaced["b"], BTreeSet::from([r("", "pods")]));
         assert_eq!(n.own["relay"].len(), 2);
+        assert_eq!(
+            n.cluster_wide.keys().collect::<Vec<_>>(),
+            ["watchNamespacedDeployments", "watchNodes"],
+            "each channel that reads cluster-wide is named, with why"
+        );
     }
 
     #[test]
@@ -112,5 +139,10 @@ mod tests {
             BTreeSet::from([r("", "pods"), r("apps", "deployments")])
         );
         assert_eq!(n.namespaced["c"], BTreeSet::from([r("", "services")]));
+        assert!(
+            n.cluster_wide["watchNamespacedPods"].contains("3 namespaces listed"),
+            "{:?}",
+            n.cluster_wide
+        );
     }
 }

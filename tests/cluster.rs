@@ -726,8 +726,9 @@ async fn the_charts_rbac_two_replicas_and_a_missing_permission() {
 
 /// A `namespaceSelector` channel on a real server: namespaces labelled into scope are relayed,
 /// one unlabelled leaves with an inferred DELETED per object, and `auto` crossing
-/// `clusterWideAbove` turns the per-namespace streams into one filtered cluster-wide watch at
-/// the next start, the consumer's view unchanged.
+/// `clusterWideAbove` keeps its per-namespace streams at the next start, saying the count calls
+/// for the other shape; an explicit `watchStrategy: clusterWide` then turns them into one
+/// filtered cluster-wide watch, the consumer's view unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_selector_follows_labels_and_auto_crosses_its_threshold() {
     let cluster = Cluster::from_env();
@@ -786,8 +787,25 @@ async fn a_selector_follows_labels_and_auto_crosses_its_threshold() {
         "two namespaces: one stream each"
     );
 
-    // Three labelled namespaces, over a threshold of 2: the next start watches cluster-wide.
+    // Three labelled namespaces, over a threshold of 2: the next start keeps its shape (a
+    // switch retracts and re-announces every object) and says so.
     set_label(&nss[3], true);
+    relay.restart();
+    relay
+        .wait_log("watchStrategy auto keeps the shape it ran")
+        .await;
+    converge(&topic, labelled(&cluster), in_test.clone()).await;
+    relay.stop();
+    assert!(
+        !checkpoints(&cluster, &home).contains_key("watchNamespacedServices._all"),
+        "auto does not switch by a count at a restart"
+    );
+    // Told: cluster-wide.
+    let told = relay_config.replace(
+        &format!("    topic: {topic}\n"),
+        &format!("    topic: {topic}\n    watchStrategy: clusterWide\n"),
+    );
+    std::fs::write(&relay.config, told).unwrap();
     relay.restart();
     wait_streams(&cluster, &home, 1, &relay).await;
     for _ in 0..300 {
@@ -798,7 +816,7 @@ async fn a_selector_follows_labels_and_auto_crosses_its_threshold() {
     }
     assert!(
         checkpoints(&cluster, &home).contains_key("watchNamespacedServices._all"),
-        "auto over its threshold watches cluster-wide:\n{}",
+        "told, it watches cluster-wide:\n{}",
         relay.log()
     );
     converge(&topic, labelled(&cluster), in_test).await;

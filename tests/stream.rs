@@ -570,7 +570,7 @@ async fn secrets_applied_with_kubectl_leave_no_data_on_any_channel() {
     let producer = Arc::new(Memory::new());
     // A namespaced custom path and a cluster-wide one: Secrets are trimmed on every channel.
     let cfg = bed.config(
-        "  - path: /api/v1/namespaces/{namespace}/secrets\n    name: secrets\n    namespaces: [a]\n    topic: secrets\n  - path: /api/v1/secrets\n    name: allsecrets\n    topic: all-secrets\n",
+        "  - path: /api/v1/namespaces/{namespace}/secrets\n    name: secrets\n    namespaces: [a]\n    watchStrategy: perNamespace\n    topic: secrets\n  - path: /api/v1/secrets\n    name: allsecrets\n    topic: all-secrets\n",
         "",
     );
     let relay = start(&bed, cfg, &producer);

@@ -225,3 +225,48 @@ fn unknown_kafka_properties_are_refused_offline_without_their_value() {
         "the value is never shown: {shown}"
     );
 }
+
+#[test]
+fn a_sensitive_resource_needs_its_watch_strategy_chosen() {
+    let secrets = "  - path: /api/v1/namespaces/{namespace}/secrets\n    name: secrets\n";
+    let widgets =
+        "  - path: /apis/example.com/v1/namespaces/{namespace}/widgets\n    name: widgets\n    sensitive: true\n";
+    for channel in [secrets, widgets] {
+        for scope in ["    namespaces: [a]\n", "    namespaceSelector: team=a\n"] {
+            for strategy in ["", "    watchStrategy: auto\n"] {
+                assert_eq!(
+                    err_field(with_channels(&format!("{channel}{scope}{strategy}"))),
+                    "channels[0].watchStrategy",
+                    "{channel}{scope}{strategy}"
+                );
+            }
+            for strategy in ["perNamespace", "clusterWide"] {
+                with_channels(&format!("{channel}{scope}    watchStrategy: {strategy}\n")).unwrap();
+            }
+        }
+        // One collection across the cluster: nothing for a count to widen.
+        with_channels(&format!("{channel}    allNamespaces: true\n")).unwrap();
+    }
+    // Not sensitive: auto stays the default.
+    with_channels("  - operationId: watchNamespacedPods\n    namespaces: [a]\n").unwrap();
+}
+
+#[test]
+fn auto_decides_a_first_shape_by_the_count_then_keeps_it() {
+    use crate::channel::Shape;
+    let cfg =
+        with_channels("  - operationId: watchNamespacedPods\n    namespaceSelector: team=a\n")
+            .unwrap();
+    let ch = &cfg.channels[0];
+    assert_eq!(ch.shape(500, None, 100), Some(Shape::ClusterWide));
+    assert_eq!(ch.shape(5, None, 100), Some(Shape::PerNamespace));
+    assert_eq!(
+        ch.shape(500, Some(Shape::PerNamespace), 100),
+        Some(Shape::PerNamespace),
+        "no switch by a count at a restart"
+    );
+    assert_eq!(
+        ch.shape(5, Some(Shape::ClusterWide), 100),
+        Some(Shape::ClusterWide)
+    );
+}

@@ -231,6 +231,7 @@ impl Relay {
         let shapes = shapes::decide(
             &self.cfg,
             &self.client,
+            &self.metrics,
             loaded
                 .streams
                 .keys()

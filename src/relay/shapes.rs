@@ -10,14 +10,18 @@ use kube::Api;
 
 use crate::channel::{Scope, Shape, Shapes, StreamId};
 use crate::config::Config;
+use crate::metrics::Metrics;
 
 /// Each channel's shape this term. `known` are the stream ids the relay holds state of
 /// (positions, members): they say what each channel ran last time. A selector channel left to
-/// `auto` lists its namespaces once to count them; should that fail, it keeps what it ran last
-/// time (one stream per namespace when it never ran).
+/// `auto` keeps what it ran last time; it lists its namespaces once to count them, to decide its
+/// first shape, or to say (log and `watch_strategy_switch_pending`) that the count now calls for
+/// the other one: switching retracts and re-announces every object, so it takes an explicit
+/// `watchStrategy`. Should counting fail, a channel that never ran watches per namespace.
 pub(super) async fn decide<'a>(
     cfg: &Config,
     client: &kube::Client,
+    metrics: &Metrics,
     known: impl Iterator<Item = &'a str>,
 ) -> Shapes {
     let mut previous: HashMap<&str, Shape> = HashMap::new();
@@ -43,8 +47,8 @@ pub(super) async fn decide<'a>(
             }
             Scope::Selector(sel) => {
                 // Only `auto` needs the count.
-                let probe = channel.shape(0, before, threshold);
-                if channel.shape(usize::MAX, before, threshold) == probe {
+                let probe = channel.shape(0, None, threshold);
+                if channel.shape(usize::MAX, None, threshold) == probe {
                     0
                 } else {
                     match count_namespaces(client, sel).await {
@@ -63,6 +67,15 @@ pub(super) async fn decide<'a>(
         };
         if let Some(shape) = channel.shape(count, before, threshold) {
             tracing::info!(channel = %channel.name, namespaces = count, ?shape, "watch strategy");
+            let by_count = channel.shape(count, None, threshold);
+            let pending = before.is_some() && by_count != Some(shape);
+            if pending {
+                tracing::warn!(channel = %channel.name, namespaces = count, kept = ?shape, by_count = ?by_count, threshold, "watchStrategy auto keeps the shape it ran; the namespace count now calls for the other one. Switching retracts and re-announces every object: set watchStrategy explicitly to switch");
+            }
+            metrics
+                .watch_strategy_switch_pending
+                .with_label_values(&[&channel.name])
+                .set(i64::from(pending));
             shapes.insert(channel.name.clone(), shape);
         }
     }
