@@ -4,7 +4,9 @@
 //! recreate under the same name, moving a pod in and out of the label selector, moving a
 //! namespace in and out of the namespace selector, compacting history so positions expire (a
 //! delta resync follows), cutting watches and syncs, asking for a resync, full or delta, as
-//! `watchrelay resync` does), interleaved with relay runs. A run ends in a clean stop or in a
+//! `watchrelay resync` does, etcd snapshots and restores with and without a bumped revision),
+//! interleaved with relay runs, some of which begin with Kafka refusing records (a
+//! retirement's, a sync's). A run ends in a clean stop or in a
 //! crash at a random point, with Kafka having written a random prefix of what was sent: before
 //! or after acknowledgements, between a membership record and its event. Between runs the
 //! configuration may change: the label selector on or off, the scope's shape (a namespace
@@ -13,7 +15,8 @@
 //! second release (its own checkpoint ConfigMap, the same cluster name, the same membership
 //! topic and the same pods topic) relays namespace `c` and restarts in turn. After the history,
 //! one clean run of each: the view built by applying every delivered record key by key must
-//! equal what the cluster holds in the two releases' scopes.
+//! hold, key by key, the very version (uid and resourceVersion) the cluster holds in the two
+//! releases' scopes.
 //!
 //! `WATCHRELAY_MODEL_CASES` sets the cases per test (default 6); `WATCHRELAY_MODEL_SEED` runs one
 //! case. A failing case prints its seed and history.
@@ -27,7 +30,7 @@ use std::time::Duration;
 
 use common::bed::{Bed, Relay};
 use common::rng::Rng;
-use common::view::{self, consumer_view, events, json};
+use common::view::{self, consumer_view_by, events, json};
 use watchrelay::config::Config;
 use watchrelay::producer::{Memory, Order, Producer};
 use watchrelay_sim::{objects, SimConfig};
@@ -113,13 +116,14 @@ fn pod(ns: &str, name: &str, tier: &str) -> serde_json::Value {
     p
 }
 
-/// One random cluster operation; returns what it did.
-fn operate(bed: &Bed, rng: &mut Rng) -> String {
+/// One random cluster operation; returns what it did. `snapshot` is the etcd snapshot the
+/// history took last, if any.
+fn operate(bed: &Bed, rng: &mut Rng, snapshot: &mut Option<watchrelay_sim::Snapshot>) -> String {
     let ns = rng.pick(&[NAMESPACES[0], NAMESPACES[1], OTHER]);
     let name = format!("p{}", rng.below(NAMES));
     let tier = rng.pick(&["web", "db"]);
     let exists = bed.sim.get("pods", Some(ns), &name).is_some();
-    match rng.below(11) {
+    match rng.below(13) {
         0..=2 if exists => {
             bed.sim.delete("pods", Some(ns), &name).unwrap();
             bed.sim
@@ -170,6 +174,18 @@ fn operate(bed: &Bed, rng: &mut Rng) -> String {
                 Err(_) => "resync requested before the first checkpoint: none".into(),
             }
         }
+        11 => {
+            *snapshot = Some(bed.sim.snapshot());
+            "etcd snapshot".into()
+        }
+        12 => match snapshot {
+            Some(s) => {
+                let bump = rng.chance(50).then_some(1000);
+                bed.sim.restore(s, bump);
+                format!("etcd restored from the snapshot, bumped {bump:?}")
+            }
+            None => "nothing".into(),
+        },
         _ => "nothing".into(),
     }
 }
@@ -189,11 +205,14 @@ fn in_scope(bed: &Bed, run: Run, other: bool) -> BTreeMap<String, String> {
                     .is_some_and(|n| n["metadata"]["labels"]["relay"] == "yes")
         })
         .collect();
-    let mut want = view::pods(&bed.sim, &namespaces, |p| {
-        !run.selector || p["metadata"]["labels"]["tier"] == "web"
-    });
+    let mut want = view::pods_by(
+        &bed.sim,
+        &namespaces,
+        |p| !run.selector || p["metadata"]["labels"]["tier"] == "web",
+        view::version,
+    );
     if other {
-        want.extend(view::pods(&bed.sim, &[OTHER], |_| true));
+        want.extend(view::pods_by(&bed.sim, &[OTHER], |_| true, view::version));
     }
     want
 }
@@ -225,9 +244,16 @@ async fn case(seed: u64) {
         })
     };
     let mut run = Run::draw(&mut rng, other);
+    let mut snapshot = None;
     for _ in 0..2 + rng.below(3) {
         run = Run::draw(&mut rng, other);
         let _ = writeln!(history, "start {run:?}");
+        // Kafka refuses the first records of the run: a retirement's, a sync's.
+        if rng.chance(25) {
+            let n = 1 + rng.below(3) as usize;
+            producer.fail_next_to("pods", n);
+            let _ = writeln!(history, "  kafka fails the next {n} records on pods");
+        }
         let relay = Relay::start_with(
             &bed,
             config(&bed, run),
@@ -245,7 +271,7 @@ async fn case(seed: u64) {
                 producer.hold(true);
                 let _ = writeln!(history, "  kafka stops acknowledging");
             }
-            let _ = writeln!(history, "  {}", operate(&bed, &mut rng));
+            let _ = writeln!(history, "  {}", operate(&bed, &mut rng, &mut snapshot));
             tokio::time::sleep(Duration::from_millis(rng.below(40))).await;
         }
         if rng.chance(60) {
@@ -272,7 +298,11 @@ async fn case(seed: u64) {
         }
         producer.hold(false);
         for _ in 0..rng.below(4) {
-            let _ = writeln!(history, "  down: {}", operate(&bed, &mut rng));
+            let _ = writeln!(
+                history,
+                "  down: {}",
+                operate(&bed, &mut rng, &mut snapshot)
+            );
         }
     }
     if rng.chance(50) {
@@ -285,10 +315,11 @@ async fn case(seed: u64) {
         Some(producer.clone() as Arc<dyn Producer>),
     );
     let b = start_other(&bed);
+    producer.fail_next_to("pods", 0);
     let want = in_scope(&bed, run, other);
     let mut converged = false;
     for _ in 0..300 {
-        if consumer_view(&events(&producer)) == want {
+        if consumer_view_by(&events(&producer), view::version) == want {
             converged = true;
             break;
         }
@@ -317,7 +348,7 @@ async fn case(seed: u64) {
         }
         panic!(
             "the consumer's view is not the cluster's\n{history}records:\n{records}consumer {:?}\ncluster  {want:?}\nreproduce: WATCHRELAY_MODEL_SEED={seed} cargo test --test model",
-            consumer_view(&events(&producer))
+            consumer_view_by(&events(&producer), view::version)
         );
     }
 }

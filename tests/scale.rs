@@ -207,7 +207,7 @@ async fn a_failed_delivery_while_a_namespace_enters_a_cluster_wide_stream_loses_
     converged(&bed, &producer).await;
     // The entering namespace's objects come from a list, not the watch: a failed delivery
     // among them must not be replayed from the watch alone.
-    producer.fail_next(2);
+    producer.fail_next_to("pods", 2);
     bed.label("ns4", true);
     relay
         .wait_counter("watch_restarts_total", "watchNamespacedPods._all", 1)

@@ -382,6 +382,17 @@ impl Stream {
                 _ = scoped.take_all() => {}
             }
         }
+        // A full resync (asked for, or the history went back) forgets the position first: a
+        // crash midway must not leave a later start to resume from it, or to take a delta
+        // from it, when that is exactly what this resync is for.
+        if reason == Reason::Resync && self.full_resync && self.outbox.checkpoint().is_some() {
+            if let Err(why) = self.drained().await {
+                return Some((reason, Self::stopped(why)));
+            }
+            if !self.forget_position().await {
+                return None;
+            }
+        }
         let outcome = match via {
             Via::InitialEvents => self.sync_initial(reason).await,
             Via::Pages => self.sync_pages(reason).await,

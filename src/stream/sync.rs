@@ -416,6 +416,10 @@ impl Stream {
             if announced.rewound(&page.resource_version) {
                 tracing::warn!(stream = %self.id, rv = %page.resource_version, "the list is older than the stream's position (an etcd restore?); re-announcing every object");
                 announced.full();
+                // As for any full resync: a crash midway must not resume from the position.
+                if !self.forget_position().await {
+                    return Err(Stop::Cancelled);
+                }
             }
             for item in &page.items {
                 let Some(mut ev) = self.listed(item).await? else {
