@@ -72,108 +72,91 @@ pub struct Metrics {
     pub checkpoint_written: IntGauge,
 }
 
+/// `metric`, registered with `registry`.
+fn registered<M: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    metric: prometheus::Result<M>,
+) -> M {
+    let metric = metric.expect("static metric definitions are valid");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("each metric is registered once");
+    metric
+}
+
 impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new_custom(Some("watchrelay".into()), None)
             .expect("a static prefix is valid");
         let counter = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels)
-                .expect("static metric definitions are valid");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("each metric is registered once");
-            c
+            registered(&registry, IntCounterVec::new(Opts::new(name, help), labels))
         };
         let gauge = |name: &str, help: &str| {
-            let g = IntGaugeVec::new(Opts::new(name, help), &["stream"])
-                .expect("static metric definitions are valid");
-            registry
-                .register(Box::new(g.clone()))
-                .expect("each metric is registered once");
-            g
-        };
-        let publish_latency = HistogramVec::new(
-            HistogramOpts::new(
-                "publish_latency_seconds",
-                "Seconds from watch arrival to Kafka acknowledgement",
+            registered(
+                &registry,
+                IntGaugeVec::new(Opts::new(name, help), &["stream"]),
             )
-            .buckets(exponential_buckets(0.00025, 1.5, 24).expect("valid buckets")),
-            &["stream"],
-        )
-        .expect("static metric definitions are valid");
-        registry
-            .register(Box::new(publish_latency.clone()))
-            .expect("each metric is registered once");
-        let single = |name: &str, help: &str| {
-            let g = IntGauge::new(name, help).expect("static metric definitions are valid");
-            registry
-                .register(Box::new(g.clone()))
-                .expect("each metric is registered once");
-            g
         };
+        let publish_latency = registered(
+            &registry,
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "publish_latency_seconds",
+                    "Seconds from watch arrival to Kafka acknowledgement",
+                )
+                .buckets(exponential_buckets(0.00025, 1.5, 24).expect("valid buckets")),
+                &["stream"],
+            ),
+        );
+        let single = |name: &str, help: &str| registered(&registry, IntGauge::new(name, help));
         let leader = single("leader", "1 while this replica holds the lease and relays");
         let in_flight_limit = single(
             "in_flight_limit",
             "Records that may await acknowledgement per stream (kafka.maxInFlightPerStream)",
         );
-        let checkpoint_bytes = IntCounter::new(
-            "checkpoint_bytes_written_total",
-            "Bytes of ConfigMap written to the API by checkpoint writes",
-        )
-        .expect("static metric definitions are valid");
-        registry
-            .register(Box::new(checkpoint_bytes.clone()))
-            .expect("each metric is registered once");
+        let checkpoint_bytes = registered(
+            &registry,
+            IntCounter::new(
+                "checkpoint_bytes_written_total",
+                "Bytes of ConfigMap written to the API by checkpoint writes",
+            ),
+        );
         let membership_restored = single(
             "membership_records_restored",
             "Membership records read at the start of the last term",
         );
-        let membership_restore_seconds = prometheus::Gauge::new(
-            "membership_restore_seconds",
-            "Seconds the last read of the membership topic took",
-        )
-        .expect("static metric definitions are valid");
-        registry
-            .register(Box::new(membership_restore_seconds.clone()))
-            .expect("each metric is registered once");
-        let membership_topic_problem = IntGaugeVec::new(
-            Opts::new(
-                "membership_topic_problem",
-                "1 while the membership topic cannot be used, by reason",
+        let membership_restore_seconds = registered(
+            &registry,
+            prometheus::Gauge::new(
+                "membership_restore_seconds",
+                "Seconds the last read of the membership topic took",
             ),
-            &["reason"],
-        )
-        .expect("static metric definitions are valid");
-        registry
-            .register(Box::new(membership_topic_problem.clone()))
-            .expect("each metric is registered once");
-        let unretractable_members = IntCounter::new(
+        );
+        let membership_topic_problem = registered(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "membership_topic_problem",
+                    "1 while the membership topic cannot be used, by reason",
+                ),
+                &["reason"],
+            ),
+        );
+        let unretractable_members = registered(&registry, IntCounter::new(
             "unretractable_members_total",
             "Members of a removed channel whose topic and key were never recorded (older versions), dropped without a DELETED",
-        )
-        .expect("static metric definitions are valid");
-        registry
-            .register(Box::new(unretractable_members.clone()))
-            .expect("each metric is registered once");
-        let history_rewinds = IntCounter::new(
+        ));
+        let history_rewinds = registered(&registry, IntCounter::new(
             "history_rewinds_total",
             "Times the checkpoint ConfigMap went back behind what the relay last wrote (an etcd restore), making every stream resync whole",
-        )
-        .expect("static metric definitions are valid");
-        registry
-            .register(Box::new(history_rewinds.clone()))
-            .expect("each metric is registered once");
-        let watch_strategy_switch_pending = IntGaugeVec::new(
+        ));
+        let watch_strategy_switch_pending = registered(&registry, IntGaugeVec::new(
             Opts::new(
                 "watch_strategy_switch_pending",
                 "1 for a watchStrategy auto channel whose namespace count calls for the other shape than the one it keeps",
             ),
             &["channel"],
-        )
-        .expect("static metric definitions are valid");
-        registry
-            .register(Box::new(watch_strategy_switch_pending.clone()))
-            .expect("each metric is registered once");
+        ));
         let checkpoint_written = single(
             "checkpoint_last_write_timestamp_seconds",
             "Unix time of the last successful checkpoint write",

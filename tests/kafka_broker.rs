@@ -199,10 +199,9 @@ async fn the_membership_topic_compacts_and_restores_the_same_sets() {
         || format!("the cleaner never compacted the membership topic: {written:?}"),
     )
     .await;
-    assert!(
-        compacted.len() < written.len(),
-        "compaction removed records"
-    );
+    // The records appended to roll segments are not the relay's.
+    let kept = compacted.iter().filter(|(k, _)| k != "roll").count();
+    assert!(kept < written.len(), "compaction removed records");
     assert_eq!(
         sets(bed.members().await),
         before,

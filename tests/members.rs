@@ -45,13 +45,7 @@ fn membership(producer: &Memory, uid: &str) -> Option<bool> {
 }
 
 async fn wait_covered(bed: &Bed) {
-    let rv = bed.journal("pods", Some("a")).last().map(|e| e.rv).unwrap();
-    bed.wait_checkpoint(|c| {
-        c.get(STREAM)
-            .and_then(|s| s.rv.as_ref())
-            .is_some_and(|r| r.parse::<u64>().unwrap() >= rv)
-    })
-    .await;
+    bed.wait_pods_covered(STREAM, "a").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use common::bed::{eventually, Bed, Relay};
 use common::view::{consumer_view_by, events, pods_by, version};
 use watchrelay::producer::{Memory, Producer};
-use watchrelay_sim::{objects, SimConfig};
+use watchrelay_sim::{objects, SimConfig, Snapshot};
 
 const STREAM: &str = "watchNamespacedPods.a";
 
@@ -44,13 +44,20 @@ fn create(bed: &Bed, names: impl IntoIterator<Item = String>) {
 
 /// Waits until the stream's checkpoint covers every change made to its pods so far.
 async fn wait_covered(bed: &Bed) {
-    let rv = bed.journal("pods", Some("a")).last().map(|e| e.rv).unwrap();
-    bed.wait_checkpoint(|c| {
-        c.get(STREAM)
-            .and_then(|s| s.rv.as_ref())
-            .is_some_and(|r| r.parse::<u64>().unwrap() >= rv)
-    })
-    .await;
+    bed.wait_pods_covered(STREAM, "a").await;
+}
+
+/// A relay over ten pods, covered; then an etcd snapshot, and changes after it that a restore
+/// undoes, covered too (the relay wrote its ConfigMap again past the snapshot).
+async fn relayed_past_a_snapshot(bed: &Bed, producer: &Arc<Memory>) -> (Relay, Snapshot) {
+    create(bed, (0..10).map(|i| format!("p{i}")));
+    let relay = start(bed, producer);
+    relay.wait_up(1).await;
+    wait_covered(bed).await;
+    let snapshot = bed.sim.snapshot();
+    diverge(bed);
+    wait_covered(bed).await;
+    (relay, snapshot)
 }
 
 /// Changes after the snapshot, which the restore undoes: one pod edited, one deleted, one
@@ -87,14 +94,7 @@ async fn converged(bed: &Bed, producer: &Memory) {
 async fn restored_while_running(watch_list: bool, bump: Option<u64>) {
     let bed = bed(watch_list).await;
     let producer = Arc::new(Memory::new());
-    create(&bed, (0..10).map(|i| format!("p{i}")));
-    let relay = start(&bed, &producer);
-    relay.wait_up(1).await;
-    wait_covered(&bed).await;
-    let snapshot = bed.sim.snapshot();
-    diverge(&bed);
-    wait_covered(&bed).await;
-    // Past the snapshot, the relay wrote its ConfigMap again: the restore takes that back.
+    let (relay, snapshot) = relayed_past_a_snapshot(&bed, &producer).await;
     bed.sim.restore(&snapshot, bump);
     converged(&bed, &producer).await;
     if bump.is_some() {
@@ -129,13 +129,7 @@ async fn a_restore_while_the_relay_is_down_is_told_by_the_copy_in_kafka() {
     for bump in [Some(1000), None] {
         let bed = bed(true).await;
         let producer = Arc::new(Memory::new());
-        create(&bed, (0..10).map(|i| format!("p{i}")));
-        let relay = start(&bed, &producer);
-        relay.wait_up(1).await;
-        wait_covered(&bed).await;
-        let snapshot = bed.sim.snapshot();
-        diverge(&bed);
-        wait_covered(&bed).await;
+        let (relay, snapshot) = relayed_past_a_snapshot(&bed, &producer).await;
         relay.stop().await;
         bed.sim.restore(&snapshot, bump);
         let relay = start(&bed, &producer);

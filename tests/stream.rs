@@ -60,13 +60,7 @@ fn last_pod_rv(bed: &Bed) -> u64 {
 
 /// Waits until the stream's checkpoint covers every change made to its pods so far.
 async fn wait_covered(bed: &Bed) {
-    let rv = last_pod_rv(bed);
-    bed.wait_checkpoint(|c| {
-        c.get(STREAM)
-            .and_then(|s| s.rv.as_ref())
-            .is_some_and(|r| r.parse::<u64>().unwrap() >= rv)
-    })
-    .await;
+    bed.wait_pods_covered(STREAM, "a").await;
 }
 
 async fn list_watch_gone_resync(watch_list: bool) {

@@ -4,7 +4,8 @@
 //! pump), not on a polling thread of their own: a report then reaches its stream's inbox
 //! without waking another thread, and librdkafka frees each delivered record on the thread that
 //! allocated it, not on another thread while this one allocates. The pump serves every
-//! millisecond while records are in flight and otherwise sleeps until the next send (or
+//! millisecond while records are in flight and reports come, every [`QUIET_TICK`] at the most
+//! while none come (a broker outage), and otherwise sleeps until the next send (or
 //! [`IDLE_TICK`], for librdkafka's error events).
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,6 +32,13 @@ use crate::envelope::Record;
 const BUSY_TICK: Duration = Duration::from_millis(1);
 /// How often the pump serves librdkafka's events while nothing is in flight.
 const IDLE_TICK: Duration = Duration::from_millis(100);
+/// Busy ticks without a report before the pump slows down: far past a broker's usual
+/// acknowledgement, so only an outage or a stalled partition stretches the tick.
+const QUIET_AFTER: u32 = 32;
+/// The slowest busy tick, reached by doubling while no report comes: an outage costs the pump
+/// about a hundred wake-ups a second, not a thousand, and a report that comes after it waits
+/// at most this long. Any report or send makes the tick [`BUSY_TICK`] again.
+const QUIET_TICK: Duration = Duration::from_millis(10);
 /// The most events one serving takes, so a flood of reports cannot hold the runtime's thread.
 const EVENTS_PER_SERVE: usize = 64;
 
@@ -249,9 +257,10 @@ impl Kafka {
     }
 
     /// Hands every delivery report librdkafka has ready to its stream's inbox, without waiting.
-    /// Returns whether records are still in flight.
-    fn serve(&self) -> bool {
+    /// Returns whether records are still in flight, and whether any report was handed on.
+    fn serve(&self) -> (bool, bool) {
         let reported = &self.producer.context().reported;
+        let start = reported.load(Ordering::Relaxed);
         for _ in 0..EVENTS_PER_SERVE {
             let before = reported.load(Ordering::Relaxed);
             self.producer.poll(Duration::ZERO);
@@ -259,26 +268,39 @@ impl Kafka {
                 break;
             }
         }
-        self.producer.in_flight_count() > 0
+        let served = reported.load(Ordering::Relaxed) != start;
+        (self.producer.in_flight_count() > 0, served)
     }
 }
 
 /// Serves `kafka`'s delivery reports until it is dropped; `sent` is its send notification.
 ///
-/// States: *busy* while records are in flight (serve, sleep [`BUSY_TICK`], serve again), *idle*
+/// States: *busy* while records are in flight (serve, sleep [`BUSY_TICK`], serve again);
+/// *quiet* while records are in flight but no report came for [`QUIET_AFTER`] ticks (an outage:
+/// the tick doubles up to [`QUIET_TICK`], and a send or a report makes it busy again); *idle*
 /// otherwise (sleep until a send or [`IDLE_TICK`]). A send while busy leaves a wake-up stored,
-/// so the first idle wait after it returns at once and serves again: no report is left
+/// so the first idle or quiet wait after it returns at once and serves again: no report is left
 /// waiting for the idle tick. The pump holds the producer only while serving, so dropping the
 /// last other reference drops the producer where it is dropped, and the pump ends within a tick.
 async fn pump(kafka: Weak<Kafka>, sent: Arc<tokio::sync::Notify>) {
+    let (mut empty, mut tick) = (0u32, BUSY_TICK);
     loop {
-        let Some(busy) = kafka.upgrade().map(|k| k.serve()) else {
+        let Some((busy, served)) = kafka.upgrade().map(|k| k.serve()) else {
             return;
         };
-        if busy {
-            tokio::time::sleep(BUSY_TICK).await;
+        if !busy || served {
+            (empty, tick) = (0, BUSY_TICK);
+        } else if empty < QUIET_AFTER {
+            empty += 1;
         } else {
+            tick = (tick * 2).min(QUIET_TICK);
+        }
+        if !busy {
             let _ = tokio::time::timeout(IDLE_TICK, sent.notified()).await;
+        } else if tick == BUSY_TICK {
+            tokio::time::sleep(BUSY_TICK).await;
+        } else if tokio::time::timeout(tick, sent.notified()).await.is_ok() {
+            (empty, tick) = (0, BUSY_TICK);
         }
     }
 }

@@ -205,6 +205,22 @@ impl Bed {
         .await;
     }
 
+    /// Waits until `stream`'s checkpoint covers every change made so far to the pods of
+    /// `namespace`.
+    pub async fn wait_pods_covered(&self, stream: &str, namespace: &str) {
+        let rv = self
+            .journal("pods", Some(namespace))
+            .last()
+            .map(|e| e.rv)
+            .expect("a pod changed");
+        self.wait_checkpoint(|c| {
+            c.get(stream)
+                .and_then(|s| s.rv.as_ref())
+                .is_some_and(|r| r.parse::<u64>().unwrap() >= rv)
+        })
+        .await;
+    }
+
     /// Waits until `cond` holds on the checkpoints (hang guard: 60 s).
     pub async fn wait_checkpoint(&self, cond: impl Fn(&HashMap<String, Saved>) -> bool) {
         eventually(
