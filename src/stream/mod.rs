@@ -387,6 +387,8 @@ impl Stream {
         // from it, when that is exactly what this resync is for.
         if reason == Reason::Resync && self.full_resync && self.outbox.checkpoint().is_some() {
             if let Err(why) = self.drained().await {
+                // Not held through the backoff that follows.
+                self.permit = Permit::None;
                 return Some((reason, Self::stopped(why)));
             }
             if !self.forget_position().await {
