@@ -11,19 +11,12 @@ use std::sync::Arc;
 use common::bed::{eventually, Bed, Relay};
 use common::view::{consumer_view_by, events, pods_by, version};
 use watchrelay::producer::{Memory, Producer};
-use watchrelay_sim::{objects, SimConfig, Snapshot};
+use watchrelay_sim::{objects, Snapshot};
 
 const STREAM: &str = "watchNamespacedPods.a";
 
 async fn bed(watch_list: bool) -> Bed {
-    Bed::in_memory(
-        SimConfig {
-            watch_list,
-            ..SimConfig::default()
-        },
-        &["a"],
-    )
-    .await
+    Bed::in_memory_serving(watch_list, &["a"]).await
 }
 
 fn start(bed: &Bed, producer: &Arc<Memory>) -> Relay {

@@ -15,7 +15,7 @@ use common::view::{self, consumer_view, events, json};
 use watchrelay::config::Config;
 use watchrelay::envelope::Record;
 use watchrelay::producer::{Memory, Order, Producer};
-use watchrelay_sim::{objects, SimConfig};
+use watchrelay_sim::objects;
 
 const STREAM: &str = "watchNamespacedPods.a";
 
@@ -27,14 +27,7 @@ fn config(bed: &Bed, kafka_extra: &str) -> Config {
 }
 
 async fn bed(watch_list: bool) -> Bed {
-    Bed::in_memory(
-        SimConfig {
-            watch_list,
-            ..SimConfig::default()
-        },
-        &["a"],
-    )
-    .await
+    Bed::in_memory_serving(watch_list, &["a"]).await
 }
 
 fn start(bed: &Bed, cfg: Config, producer: &Arc<Memory>) -> Relay {

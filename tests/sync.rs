@@ -173,14 +173,7 @@ async fn a_list_whose_continue_token_expires_is_fetched_page_by_page_and_reconci
 /// A sync waiting for Kafka lends its permit: with one permit, a stream whose partition stops
 /// acknowledging does not keep the other stream from syncing.
 async fn a_stuck_partition_leaves_other_syncs_running(watch_list: bool) {
-    let bed = Bed::in_memory(
-        SimConfig {
-            watch_list,
-            ..SimConfig::default()
-        },
-        &["a", "b"],
-    )
-    .await;
+    let bed = Bed::in_memory_serving(watch_list, &["a", "b"]).await;
     for ns in ["a", "b"] {
         for i in 0..20 {
             bed.sim

@@ -172,8 +172,9 @@ pub struct Restored {
     /// Distinct claims of other owners: who announced on which topic in which namespace.
     claim_list: Vec<Claim>,
     claim_index: HashMap<Claim, u32>,
-    /// Once read: the claims other owners' live members make.
-    claims: HashSet<Claim>,
+    /// Once read: the claims other owners' live members make, by namespace (each stream of
+    /// thousands looks up its own namespace's, not every claim).
+    claims: HashMap<Option<String>, Vec<Claim>>,
     /// Records that could not be read (and were skipped).
     pub malformed: u64,
 }
@@ -195,7 +196,7 @@ impl Restored {
             foreign_live: HashMap::new(),
             claim_list: Vec::new(),
             claim_index: HashMap::new(),
-            claims: HashSet::new(),
+            claims: HashMap::new(),
         }
     }
 
@@ -226,11 +227,18 @@ impl Restored {
         self.foreign_live.insert(h, i);
     }
 
-    /// A claim of another owner's live members that `overlaps` accepts: the streams of two
-    /// releases on one key interleave, and one's inferred DELETED can land after the other's
-    /// live record.
-    pub fn claimed(&self, overlaps: impl Fn(&Claim) -> bool) -> Option<&Claim> {
-        self.claims.iter().find(|c| overlaps(c))
+    /// The claims of other owners' live members on objects of `namespace` (`None`:
+    /// cluster-scoped objects): the streams of two releases on one key interleave, and one's
+    /// inferred DELETED can land after the other's live record.
+    pub fn claims_in(&self, namespace: Option<&str>) -> &[Claim] {
+        self.claims
+            .get(&namespace.map(str::to_string))
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// Every claim of other owners' live members.
+    pub fn claims(&self) -> impl Iterator<Item = &Claim> {
+        self.claims.values().flatten()
     }
 
     /// Applies one record of the topic, in its partition's order. Call [`Restored::finish`]
@@ -311,10 +319,14 @@ impl Restored {
             m.finish_restore();
         }
         let live: HashSet<u32> = self.foreign_live.drain().map(|(_, i)| i).collect();
-        self.claims = live
-            .into_iter()
-            .map(|i| self.claim_list[i as usize].clone())
-            .collect();
+        self.claims.clear();
+        for i in live {
+            let claim = self.claim_list[i as usize].clone();
+            self.claims
+                .entry(claim.namespace.clone())
+                .or_default()
+                .push(claim);
+        }
         self.claim_list = Vec::new();
         self.claim_index = HashMap::new();
     }
@@ -490,7 +502,7 @@ mod tests {
         r.finish();
         assert_eq!((r.records, r.malformed, r.members()), (16, 2, 2));
         assert_eq!(r.writes, Some(42), "the latest of its own copies");
-        let claims: Vec<&Claim> = r.claims.iter().collect();
+        let claims: Vec<&Claim> = r.claims().collect();
         assert_eq!(
             claims,
             [&Claim {

@@ -21,7 +21,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::channel::{Channel, Scope, Shape, Shapes, StreamId};
 use crate::checkpoint::Saved;
-use crate::membership::Restored;
+use crate::membership::{Claim, Restored};
 use crate::registry::Registry;
 use crate::stream::{Lifetime, NamespaceFilter, Namespaces, Resumed, Stream, Wiring};
 
@@ -198,21 +198,19 @@ impl Supervisor {
         filter: Option<&NamespaceFilter>,
     ) -> Option<String> {
         let cluster = &self.wiring.cfg.cluster_name;
-        let in_scope = |ns: Option<&str>| match (namespace, &channel.scope) {
-            (Some(mine), _) => ns == Some(mine),
-            (None, Scope::Namespaces(list)) if filter.is_some() => {
-                ns.is_some_and(|ns| list.iter().any(|n| n == ns))
-            }
-            (None, Scope::Selector(_)) => false,
-            (None, _) => true,
-        };
+        let ours = |c: &&Claim| channel.topic_for(cluster, c.namespace.as_deref()) == c.topic;
         let members = self.members.lock().expect("members lock poisoned");
-        members
-            .claimed(|c| {
-                in_scope(c.namespace.as_deref())
-                    && channel.topic_for(cluster, c.namespace.as_deref().or(namespace)) == c.topic
-            })
-            .map(|c| c.owner.clone())
+        let found = match (namespace, &channel.scope) {
+            (Some(_), _) => members.claims_in(namespace).iter().find(ours),
+            (None, Scope::Namespaces(list)) if filter.is_some() => list
+                .iter()
+                .flat_map(|ns| members.claims_in(Some(ns)))
+                .find(ours),
+            (None, Scope::Selector(_)) => None,
+            // One collection: every namespace (or the cluster-scoped objects).
+            (None, _) => members.claims().find(ours),
+        };
+        found.map(|c| c.owner.clone())
     }
 
     /// Builds stream `id`, with what the term loaded for it, once no other stream of its id

@@ -189,18 +189,13 @@ impl Stream {
         if left.is_empty() && entered.is_empty() {
             return self.settle_scope().await;
         }
-        {
-            // What is still joining is announced: it must be deleted too. And nothing in
-            // flight may bring a position back once it is forgotten.
-            self.outbox
-                .settle_joins()
-                .await
-                .map_err(|e| self.outbox_stop(e))?;
-            self.outbox
-                .wait_until(0)
-                .await
-                .map_err(|e| self.outbox_stop(e))?;
-        }
+        // What is still joining is announced: it must be deleted too. And nothing in flight
+        // may bring a position back once it is forgotten.
+        self.outbox
+            .settle_joins()
+            .await
+            .map_err(|e| self.outbox_stop(e))?;
+        self.drained().await?;
         // Before the first DELETED or ADDED, the position goes: a start resuming from it
         // under the same fingerprint (the namespace back in scope, or the entering one out of
         // it again) would never undo a leave cut short, nor delete what an entry cut short
@@ -226,10 +221,7 @@ impl Stream {
             return Ok(());
         };
         if query != self.query {
-            self.outbox
-                .wait_until(0)
-                .await
-                .map_err(|e| self.outbox_stop(e))?;
+            self.drained().await?;
             self.query = query;
         }
         Ok(())

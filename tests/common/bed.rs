@@ -41,6 +41,15 @@ impl Bed {
         Self::start(cfg, namespaces, "in-memory:9092".into()).await
     }
 
+    /// [`Bed::in_memory`] whose simulator serves `sendInitialEvents` watches, or not.
+    pub async fn in_memory_serving(watch_list: bool, namespaces: &[&str]) -> Self {
+        let cfg = SimConfig {
+            watch_list,
+            ..SimConfig::default()
+        };
+        Self::in_memory(cfg, namespaces).await
+    }
+
     async fn start(cfg: SimConfig, namespaces: &[&str], bootstrap: String) -> Self {
         let sim = Sim::start(cfg).await.expect("simulator starts");
         for ns in namespaces.iter().chain(std::iter::once(&CHECKPOINT_NS)) {
