@@ -1,4 +1,4 @@
-//! Objects, the resourceVersion counter and the history log.
+//! Objects, the resourceVersion counter, the history log and the journal.
 //!
 //! One counter orders every change of every resource, as etcd's revision does. The history keeps
 //! each change with the object after it and the object before it, so the store can answer a
@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
 use crate::resources::Resource;
-use crate::{JournalEntry, SimError};
+use crate::SimError;
 
 /// One change, serialized once as a watch line and shared by every watcher.
 #[derive(Debug)]
@@ -49,6 +49,20 @@ pub struct Snapshot {
     objects: BTreeMap<Key, Arc<Value>>,
     history: VecDeque<Arc<Change>>,
     compacted: u64,
+}
+
+/// One change as it happened: the ground truth tests compare against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JournalEntry {
+    pub rv: u64,
+    /// ADDED, MODIFIED or DELETED.
+    pub event_type: String,
+    pub uid: String,
+    pub kind: String,
+    pub namespace: Option<String>,
+    pub name: String,
+    /// `plural[.group]`.
+    pub resource: String,
 }
 
 pub struct Store {

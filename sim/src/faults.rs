@@ -1,0 +1,96 @@
+//! Fault injection: the faults tests arm on a [`Sim`] (failed requests, failed later pages,
+//! broken, stalled or dropped watches, denied resources) and the state the server consumes them
+//! from.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::Sim;
+
+/// A fault for the next requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// 500 Internal Server Error.
+    ServerError,
+    /// 429 Too Many Requests with a Retry-After header.
+    TooManyRequests { retry_after_secs: u32 },
+}
+
+/// Faults armed by tests, consumed by the server.
+#[derive(Default)]
+pub(crate) struct Faults {
+    pub fail: Mutex<Option<(usize, Fault)>>,
+    pub cut_line: AtomicBool,
+    pub stall_watch: AtomicBool,
+    pub malformed: AtomicBool,
+    pub denied: Mutex<Vec<String>>,
+    /// List requests with a continue token still to fail (500).
+    pub fail_continued: AtomicUsize,
+}
+
+impl Sim {
+    /// Ends every open watch cleanly, as an API server restart or a load balancer would.
+    pub fn drop_watches(&self) {
+        let mut w = self.inner.watches.lock().expect("watches lock poisoned");
+        w.cancel();
+        *w = CancellationToken::new();
+    }
+
+    /// Fails the next `n` list requests that carry a continue token (a later page), with 500.
+    pub fn fail_next_pages(&self, n: usize) {
+        self.inner.faults.fail_continued.store(n, Ordering::Relaxed);
+    }
+
+    /// Fails the next `n` resource requests (discovery and `/version` are spared).
+    pub fn fail_next(&self, n: usize, fault: Fault) {
+        *self.inner.faults.fail.lock().expect("faults lock poisoned") = Some((n, fault));
+    }
+
+    /// How many of the failures armed by [`Sim::fail_next`] are still to be served.
+    pub fn pending_failures(&self) -> usize {
+        self.inner
+            .faults
+            .fail
+            .lock()
+            .expect("faults lock poisoned")
+            .map_or(0, |(n, _)| n)
+    }
+
+    /// The next event line written on any watch is cut in half and the connection aborted.
+    pub fn cut_next_watch_line(&self) {
+        self.inner.faults.cut_line.store(true, Ordering::SeqCst);
+    }
+
+    /// The next watch is accepted and then sends nothing at all, no event and no bookmark, as
+    /// over a half-open connection, until the client gives up on it.
+    pub fn stall_next_watch(&self) {
+        self.inner.faults.stall_watch.store(true, Ordering::SeqCst);
+    }
+
+    /// The next event written on any watch is preceded by a line that is not JSON.
+    pub fn inject_malformed_line(&self) {
+        self.inner.faults.malformed.store(true, Ordering::SeqCst);
+    }
+
+    /// Requests for `resource` (`plural[.group]`) get 403 Forbidden from now on.
+    pub fn deny(&self, resource: &str) {
+        self.inner
+            .faults
+            .denied
+            .lock()
+            .expect("faults lock poisoned")
+            .push(resource.to_string());
+    }
+
+    /// Lifts [`Sim::deny`] for `resource`.
+    pub fn allow(&self, resource: &str) {
+        self.inner
+            .faults
+            .denied
+            .lock()
+            .expect("faults lock poisoned")
+            .retain(|r| r != resource);
+    }
+}
