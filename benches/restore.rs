@@ -21,8 +21,8 @@ use common::{env_or, fill_membership, owner, rss_kib};
 use std::process::Command;
 use std::time::Instant;
 
+use watchrelay::membership::Log as _;
 use watchrelay::membership::Restored;
-use watchrelay::producer::Producer as _;
 
 fn main() {
     let args: Vec<String> = std::env::args()
@@ -75,7 +75,7 @@ fn restore(bootstrap: &str, topic: &str) {
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    let kafka = watchrelay::producer::Kafka::new(&watchrelay::config::KafkaConfig {
+    let kafka = watchrelay::membership::log::Kafka::new(&watchrelay::config::KafkaConfig {
         bootstrap_servers: bootstrap.to_string(),
         properties,
         max_in_flight_per_stream: 10_000,
@@ -83,8 +83,7 @@ fn restore(bootstrap: &str, topic: &str) {
         oversize: watchrelay::config::OversizePolicy::Trim,
         dead_letter_topic: None,
         unsafe_producer_overrides: false,
-    })
-    .unwrap();
+    });
     kafka.ensure_compacted(topic, 1, None).unwrap();
     let mut restored = Restored::new(owner(), None);
     // BENCH_READ_ONLY=1: records read and dropped, the reader's own share of the peak.

@@ -41,8 +41,9 @@ use rdkafka::message::{Header, OwnedHeaders, ToBytes};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::ClientContext;
 use serde_json::json;
+use watchrelay::config::KeyTemplate;
 use watchrelay::decode;
-use watchrelay::envelope::{self, Announcement, KeyTemplate, Route};
+use watchrelay::envelope::{self, Announcement, Route};
 use watchrelay_sim::{objects, SimConfig};
 
 const NS: &str = "bench";
@@ -506,7 +507,8 @@ fn sim_replay_secs(url: &str, rv: u64, n: usize) -> f64 {
 /// each line to a producer configured like the relay's, as is (no decoding, envelope, headers
 /// or acknowledgement tracking). Timed like the other sides, after a warm-up.
 fn passthrough(bootstrap: &str, topic: &str, url: &str, rv: u64, warmup: u64, n: u64) {
-    let producer: BaseProducer<Ctx> = watchrelay::producer::client_config(&kafka_config(bootstrap))
+    let producer: BaseProducer<Ctx> = kafka_config(bootstrap)
+        .client_config()
         .create_with_context(Ctx::default())
         .unwrap();
     let addr = url.trim_start_matches("http://");
@@ -665,7 +667,8 @@ fn baseline(bootstrap: &str, topic: &str, input: &Path, warmup: usize) {
             (key.to_string(), value, headers)
         })
         .collect();
-    let producer: BaseProducer<Ctx> = watchrelay::producer::client_config(&cfg)
+    let producer: BaseProducer<Ctx> = cfg
+        .client_config()
         .create_with_context(Ctx::default())
         .unwrap();
     let send_all = |records: Records| {

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use watchrelay::config::Config;
-use watchrelay::producer::{Memory, Producer};
 use watchrelay::registry::Phase;
+use watchrelay::testing::Memory;
 use watchrelay_sim::{objects, RequestCounts, Sim, SimConfig};
 
 const CHECKPOINT_NS: &str = "watchrelay";
@@ -87,9 +87,9 @@ async fn run(sim: &Sim, strategy: &str, initial_events: bool) {
     let mut kube = kube::Config::new(sim.url().parse().unwrap());
     kube.default_retry = false;
     let client = kube::Client::try_from(kube).unwrap();
-    let producer: Arc<dyn Producer> = Arc::new(Memory::new());
+    let producer = Arc::new(Memory::new());
     let relay = watchrelay::Relay::new(config(sim, strategy, initial_events), client)
-        .with_producer(producer);
+        .with_producer(producer.clone(), producer);
     let (shutdown, registry, metrics) = (relay.shutdown(), relay.registry(), relay.metrics());
     // What an earlier run left open is closed first.
     sim.drop_watches();

@@ -11,36 +11,18 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{json, Map, Value};
 
-use crate::channel::{Channel, Scope};
-use crate::config::Config;
+use crate::config::{Channel, Config, Scope};
+use crate::envelope::envelope_schema;
+pub use crate::envelope::{document_id as id, payload_uri};
 use crate::event::EventType;
 
 /// The AsyncAPI version of the document.
 pub const VERSION: &str = "3.0.0";
 const KAFKA_BINDING: &str = "0.5.0";
 
-/// The document's id.
-pub fn id(cluster: &str) -> String {
-    format!("urn:watchrelay:{cluster}:asyncapi")
-}
-
-/// Name of a channel's envelope schema under `components.schemas`.
-fn envelope_schema(channel: &str) -> String {
-    format!("{channel}.envelope")
-}
-
 /// Name of a channel's tombstone message under `components.messages`.
 fn tombstone_message(channel: &str) -> String {
     format!("{channel}.tombstone")
-}
-
-/// Where a channel's envelope schema is: the `ce_dataschema` of its records.
-pub fn payload_uri(cluster: &str, channel: &str) -> String {
-    format!(
-        "{}#/components/schemas/{}",
-        id(cluster),
-        envelope_schema(channel)
-    )
 }
 
 /// Object schemas read from a cluster: per channel name, the schema of its objects (usually a

@@ -20,115 +20,28 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
-use crate::channel::Channel;
+use crate::config::{Channel, KeyTemplate};
 use crate::decode::{ObjectMeta, Trim};
 use crate::event::EventType;
+use crate::producer::{Headers, Record};
 
-/// How a record's Kafka key is made from its object: `{namespace}`, `{name}`, `{uid}` and
-/// `{kind}` are replaced. For a cluster-scoped object `{namespace}/` is left out, so the default
-/// `{namespace}/{name}` keys it by name alone.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KeyTemplate {
-    template: String,
-    pieces: Vec<KeyPiece>,
+/// The id of the AsyncAPI document a configuration publishes for `cluster`.
+pub fn document_id(cluster: &str) -> String {
+    format!("urn:watchrelay:{cluster}:asyncapi")
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum KeyPiece {
-    Text(String),
-    /// `{namespace}` and the `/` after it, if any.
-    Namespace {
-        slash: bool,
-    },
-    Name,
-    Uid,
-    Kind,
+/// Name of a channel's envelope schema under the document's `components.schemas`.
+pub(crate) fn envelope_schema(channel: &str) -> String {
+    format!("{channel}.envelope")
 }
 
-impl Default for KeyTemplate {
-    fn default() -> Self {
-        Self::parse("{namespace}/{name}").expect("the default key template is valid")
-    }
-}
-
-impl KeyTemplate {
-    /// Parses a template; it must name the object (`{name}` or `{uid}`) so keys do not collide.
-    pub fn parse(template: &str) -> Result<Self, String> {
-        let mut pieces = Vec::new();
-        let mut rest = template;
-        while !rest.is_empty() {
-            if let Some(after) = rest.strip_prefix('{') {
-                let end = after.find('}').ok_or("unterminated {")?;
-                let piece = match &after[..end] {
-                    "namespace" => {
-                        let slash = after[end + 1..].starts_with('/');
-                        rest = &after[end + 1 + usize::from(slash)..];
-                        pieces.push(KeyPiece::Namespace { slash });
-                        continue;
-                    }
-                    "name" => KeyPiece::Name,
-                    "uid" => KeyPiece::Uid,
-                    "kind" => KeyPiece::Kind,
-                    other => {
-                        return Err(format!(
-                            "unknown variable {{{other}}}; use {{namespace}}, {{name}}, {{uid}} or {{kind}}"
-                        ))
-                    }
-                };
-                pieces.push(piece);
-                rest = &after[end + 1..];
-            } else {
-                let end = rest.find('{').unwrap_or(rest.len());
-                pieces.push(KeyPiece::Text(rest[..end].to_string()));
-                rest = &rest[end..];
-            }
-        }
-        if !pieces
-            .iter()
-            .any(|p| matches!(p, KeyPiece::Name | KeyPiece::Uid))
-        {
-            return Err("must contain {name} or {uid}, or objects would share keys".into());
-        }
-        Ok(Self {
-            template: template.to_string(),
-            pieces,
-        })
-    }
-
-    /// A template that renders `key` whatever the object: where a retraction goes, once the
-    /// key an object was announced under is recorded.
-    pub fn fixed(key: &str) -> Self {
-        Self {
-            template: key.replace('{', "{{"),
-            pieces: vec![KeyPiece::Text(key.to_string())],
-        }
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.template
-    }
-
-    /// The key of `meta`.
-    pub fn render(&self, meta: &ObjectMeta) -> String {
-        let mut key = String::with_capacity(64);
-        for p in &self.pieces {
-            match p {
-                KeyPiece::Text(t) => key.push_str(t),
-                KeyPiece::Namespace { slash } => {
-                    if let Some(ns) = &meta.namespace() {
-                        key.push_str(ns);
-                        if *slash {
-                            key.push('/');
-                        }
-                    }
-                }
-                KeyPiece::Name => key.push_str(meta.name()),
-                KeyPiece::Uid => key.push_str(meta.uid()),
-                KeyPiece::Kind => key.push_str(meta.kind()),
-            }
-        }
-        key
-    }
+/// Where a channel's envelope schema is in the document: the `ce_dataschema` of its records.
+pub fn payload_uri(cluster: &str, channel: &str) -> String {
+    format!(
+        "{}#/components/schemas/{}",
+        document_id(cluster),
+        envelope_schema(channel)
+    )
 }
 
 /// What every record of one stream shares.
@@ -165,7 +78,7 @@ impl Route {
         Self {
             topic: channel.topic_for(cluster, namespace.as_deref()),
             key: channel.key.clone(),
-            dataschema: crate::asyncapi::payload_uri(cluster, &channel.name),
+            dataschema: payload_uri(cluster, &channel.name),
             source: format!("/clusters/{cluster}{path}"),
             channel: channel.path.template.clone(),
             operation_id: channel.operation_id.clone(),
@@ -328,74 +241,6 @@ impl Announcement {
             }),
         }
     }
-}
-
-/// The most headers a record carries.
-const MAX_HEADERS: usize = 16;
-
-/// A record's headers, in order: their values end to end in one buffer, so a record's dozen
-/// headers cost one allocation instead of one each (the producer copies them anyway).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Headers {
-    values: String,
-    /// Each header's name and where its value ends in `values`.
-    ends: [(&'static str, u32); MAX_HEADERS],
-    len: usize,
-}
-
-impl Headers {
-    /// Headers with room for `bytes` of values.
-    fn with_capacity(bytes: usize) -> Self {
-        Self {
-            values: String::with_capacity(bytes),
-            ..Self::default()
-        }
-    }
-
-    /// Appends `name` with the value `parts` make, end to end.
-    pub fn push(&mut self, name: &'static str, parts: &[&str]) {
-        assert!(self.len < MAX_HEADERS, "at most {MAX_HEADERS} headers");
-        for part in parts {
-            self.values.push_str(part);
-        }
-        let end = u32::try_from(self.values.len()).expect("headers under 4 GiB");
-        self.ends[self.len] = (name, end);
-        self.len += 1;
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Each header's name and value, in order.
-    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &str)> + '_ {
-        let mut start = 0;
-        self.ends[..self.len].iter().map(move |&(name, end)| {
-            let value = &self.values[start..end as usize];
-            start = end as usize;
-            (name, value)
-        })
-    }
-
-    /// The value of `name`.
-    pub fn get(&self, name: &str) -> Option<&str> {
-        self.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
-    }
-}
-
-/// A Kafka record, ready to produce.
-#[derive(Debug, Clone)]
-pub struct Record {
-    pub topic: String,
-    pub key: String,
-    pub value: Vec<u8>,
-    pub headers: Headers,
-    /// A tombstone: the key with a null value (`value` is empty and not sent).
-    pub tombstone: bool,
 }
 
 /// The record announcing `a` with `object` (the object's JSON as it leaves the cluster),

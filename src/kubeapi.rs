@@ -58,17 +58,6 @@ impl ApiError {
     }
 
     /// A short label for metrics.
-    /// Every value [`ApiError::kind`] returns.
-    pub const KINDS: [&'static str; 7] = [
-        "gone",
-        "unauthorized",
-        "not_found",
-        "throttled",
-        "status",
-        "transport",
-        "decode",
-    ];
-
     pub fn kind(&self) -> &'static str {
         match self {
             ApiError::Gone(_) => "gone",

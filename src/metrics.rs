@@ -274,28 +274,12 @@ impl Metrics {
         ] {
             let _ = v.remove_label_values(&[stream]);
         }
-        let _ = self.publish_latency.remove_label_values(&[stream]);
-        for t in crate::event::EventType::ALL {
-            let _ = self
-                .events_received
-                .remove_label_values(&[stream, t.as_str()]);
-        }
-        for action in ["dead_letter", "trim"] {
-            let _ = self.oversize.remove_label_values(&[stream, action]);
-        }
-        for kind in crate::producer::ERROR_KINDS {
-            for class in crate::producer::ErrorClass::ALL {
-                let _ = self
-                    .delivery_errors
-                    .remove_label_values(&[stream, kind, class.label()]);
-            }
-        }
-        for reason in crate::stream::machine::RESTART_REASONS {
-            let _ = self.watch_restarts.remove_label_values(&[stream, reason]);
-        }
-        for kind in crate::kubeapi::ApiError::KINDS {
-            let _ = self.api_errors.remove_label_values(&[stream, kind]);
-        }
+        forget(&self.publish_latency, stream);
+        forget(&self.events_received, stream);
+        forget(&self.oversize, stream);
+        forget(&self.delivery_errors, stream);
+        forget(&self.watch_restarts, stream);
+        forget(&self.api_errors, stream);
     }
 
     pub fn render(&self) -> Vec<u8> {
@@ -307,6 +291,28 @@ impl Metrics {
     }
 }
 
+/// Removes every series of `vec` whose `stream` label is `stream`, whatever its other labels:
+/// prometheus removes a series only by its whole label set, so the sets are read off the vector
+/// itself (a copy of each series, fine for a stream that leaves).
+fn forget<T: prometheus::core::MetricVecBuilder>(
+    vec: &prometheus::core::MetricVec<T>,
+    stream: &str,
+) {
+    use prometheus::core::Collector;
+    for family in vec.collect() {
+        for series in family.get_metric() {
+            let labels: std::collections::HashMap<&str, &str> = series
+                .get_label()
+                .iter()
+                .map(|l| (l.name(), l.value()))
+                .collect();
+            if labels.get("stream") == Some(&stream) {
+                let _ = vec.remove(&labels);
+            }
+        }
+    }
+}
+
 /// The current Unix time in seconds, for timestamp gauges.
 pub fn unix_now() -> i64 {
     jiff::Timestamp::now().as_second()
@@ -315,5 +321,28 @@ pub fn unix_now() -> i64 {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forgetting_a_stream_removes_its_series_whatever_their_other_labels() {
+        let m = Metrics::new();
+        for stream in ["a", "b"] {
+            m.watch_restarts
+                .with_label_values(&[stream, "stalled"])
+                .inc();
+            m.watch_restarts
+                .with_label_values(&[stream, "expired"])
+                .inc();
+            m.events_published.with_label_values(&[stream]).inc();
+        }
+        m.forget_stream("a");
+        let text = String::from_utf8(m.render()).unwrap();
+        assert!(!text.contains("stream=\"a\""), "{text}");
+        assert_eq!(text.matches("stream=\"b\"").count(), 3, "{text}");
     }
 }

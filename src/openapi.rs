@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use thiserror::Error;
 
 use crate::asyncapi::ClusterSchemas;
-use crate::channel::Channel;
+use crate::config::Channel;
 
 #[derive(Debug, Error)]
 pub enum OpenApiError {

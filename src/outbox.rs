@@ -21,8 +21,6 @@
 //!   and its membership tombstone is produced then (see [`crate::membership`] for why this
 //!   leaves no hole after a crash).
 
-mod gate;
-
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,16 +32,18 @@ use tokio_util::sync::CancellationToken;
 use crate::checkpoint::Saved;
 use crate::config::OversizePolicy;
 use crate::decode::ObjectMeta;
-use crate::envelope::{self, Announcement, Record, Route};
+use crate::envelope::{self, Announcement, Route};
 use crate::event::EventType;
-use crate::membership::{self, Members, Owner};
+use crate::membership::ledger::{Admission, Settled};
+use crate::membership::Change;
+use crate::membership::{Ledger, Members, Owner};
 use crate::metrics::Metrics;
+use crate::producer::Record;
 use crate::producer::{
     DeliveryError, ErrorClass, Inbox, ProduceError, Producer, Receipt, Refused, Report, Sent,
     ERROR_KINDS,
 };
-use crate::tracker::{Change, Known, Tracker};
-use gate::Gate;
+use crate::tracker::Tracker;
 
 /// How long a send first waits before offering a record again to a full producer queue; each
 /// further refusal doubles it, up to [`FULL_RETRY_MAX`] (a queue that stays full is an outage,
@@ -128,17 +128,9 @@ pub struct Outbox {
     spare: Vec<u8>,
     /// The checkpoint moved since [`Outbox::take_saved`] last ran.
     moved: bool,
-    /// The objects this stream announced (see [`crate::membership`]).
-    members: Members,
-    /// Pending joins and the entries waiting behind them.
-    gate: Gate<Held>,
-    /// Membership tombstones the producer could not take yet, or that failed and are tried
-    /// again.
-    leaving: Vec<String>,
-    /// Membership tombstones handed to the producer, by number, until reported.
-    leaves_out: std::collections::HashMap<u64, String>,
-    /// The number of the next membership tombstone.
-    next_leave: u64,
+    /// The objects this stream announced, the joins pending with the entries waiting behind
+    /// them, and the tombstones owed (see [`crate::membership`]).
+    ledger: Ledger<Held>,
     /// Records still to be sent one at a time, each alone in its batch, after a batch was
     /// refused for size (see [`Outbox::settle`]).
     serial: usize,
@@ -161,6 +153,8 @@ impl Outbox {
         cancel: CancellationToken,
     ) -> Self {
         let rv = saved.and_then(|s| s.rv);
+        let topic = limits.membership_topic.clone();
+        let ledger = Ledger::new(stream, limits.owner.clone(), topic, members);
         let oversize = |action| metrics.oversize.with_label_values(&[stream, action]);
         let errors = |kind| {
             ErrorClass::ALL.map(|class| {
@@ -189,11 +183,7 @@ impl Outbox {
             cancel,
             spare: Vec::new(),
             moved: false,
-            members,
-            gate: Gate::new(),
-            leaving: Vec::new(),
-            leaves_out: Default::default(),
-            next_leave: 0,
+            ledger,
             serial: 0,
         }
     }
@@ -229,7 +219,7 @@ impl Outbox {
 
     /// The objects the stream announced and has not seen leave.
     pub fn members(&self) -> &Members {
-        &self.members
+        self.ledger.members()
     }
 
     /// The checkpoint, if it moved since the last call.
@@ -262,14 +252,9 @@ impl Outbox {
     fn note(&mut self, moved: bool) {
         self.moved |= moved;
         self.m.in_flight.set(gauge(self.tracker.in_flight()));
-        let left = self.tracker.take_left();
-        for uid in left {
-            if self.members.remove(&uid) && self.limits.membership_topic.is_some() {
-                self.leaving.push(uid);
-            }
-        }
+        self.ledger.left(self.tracker.take_left());
         self.send_leaves();
-        self.m.members.set(gauge(self.members.len()));
+        self.m.members.set(gauge(self.ledger.members().len()));
     }
 
     /// Produces the membership tombstones of objects that left. One the producer cannot take
@@ -277,24 +262,16 @@ impl Outbox {
     /// waits for them; only a crash can lose one, which leaves a member too many (it costs a
     /// superfluous inferred DELETED, published before anything live on its key).
     fn send_leaves(&mut self) {
-        let Some(topic) = &self.limits.membership_topic else {
-            return;
-        };
-        while let Some(uid) = self.leaving.pop() {
-            let record = membership::record(topic, &self.limits.owner, &self.stream, &uid, None);
-            let n = self.next_leave;
-            let receipt = Receipt::new(self.inbox.clone(), n, Sent::Unordered);
-            match self.producer.send(&record, receipt) {
-                Ok(()) => {
-                    self.next_leave += 1;
-                    self.leaves_out.insert(n, uid);
-                }
+        while let Some(t) = self.ledger.next_tombstone() {
+            let receipt = Receipt::new(self.inbox.clone(), t.n, Sent::Unordered);
+            match self.producer.send(&t.record, receipt) {
+                Ok(()) => self.ledger.tombstone_taken(t),
                 Err(Refused::Full(_)) => {
-                    self.leaving.push(uid);
+                    self.ledger.tombstone_refused(t);
                     return;
                 }
                 Err(e) => {
-                    tracing::warn!(stream = %self.stream, %uid, error = ?e, "membership tombstone not produced")
+                    tracing::warn!(stream = %self.stream, uid = %t.uid, error = ?e, "membership tombstone not produced")
                 }
             }
         }
@@ -302,51 +279,38 @@ impl Outbox {
 
     /// The report of membership tombstone `n`: one that failed is produced again.
     fn settle_leave(&mut self, n: u64, result: Result<(), DeliveryError>) {
-        let uid = self.leaves_out.remove(&n);
-        if let (Err(e), Some(uid)) = (result, uid) {
-            tracing::warn!(stream = %self.stream, %uid, error = ?e, "membership tombstone not delivered; producing it again");
-            self.leaving.push(uid);
+        let delivered = result.is_ok();
+        if let Some(uid) = self.ledger.settle_leave(n, delivered) {
+            tracing::warn!(stream = %self.stream, %uid, error = ?result.err(), "membership tombstone not delivered; producing it again");
             self.send_leaves();
         }
     }
 
-    /// Membership tombstones not yet delivered.
-    fn leaves_pending(&self) -> usize {
-        self.leaves_out.len() + self.leaving.len()
-    }
-
-    /// Makes `uid` a member before anything announcing it is sent. Returns whether what
-    /// announces it must wait for a pending join.
-    async fn join(&mut self, uid: String, mut known: Known) -> Result<bool, OutboxError> {
-        if self.members.contains(&uid) {
-            return Ok(false);
-        }
-        if self.gate.joining(&uid) {
-            return Ok(true);
-        }
-        known.topic = Some(self.route.topic.clone());
-        let Some(topic) = &self.limits.membership_topic else {
-            self.members.insert(&uid, &known);
-            self.m.members.set(gauge(self.members.len()));
-            return Ok(false);
+    /// Produces what `admission` asks before an entry. Returns whether the entry must wait
+    /// for a pending join.
+    async fn admit(&mut self, admission: Admission) -> Result<bool, OutboxError> {
+        let join = match admission {
+            Admission::Free => {
+                self.m.members.set(gauge(self.ledger.members().len()));
+                return Ok(false);
+            }
+            Admission::Waits => return Ok(true),
+            Admission::Join(join) => join,
         };
-        let n = self.gate.next_number();
-        let record =
-            membership::record(topic, &self.limits.owner, &self.stream, &uid, Some(&known));
-        let receipt = Receipt::new(self.inbox.clone(), n, Sent::Join);
-        if self.offer(&record, receipt).await?.is_some() {
+        let receipt = Receipt::new(self.inbox.clone(), join.n, Sent::Join);
+        if self.offer(&join.record, receipt).await?.is_some() {
             return Err(OutboxError::Failed(
                 "a membership record was refused for size".into(),
             ));
         }
-        self.gate.joined(uid, known);
+        self.ledger.joined(join);
         Ok(true)
     }
 
     /// Holds `entry` behind pending joins when it (`wait`) or anything before it must wait;
     /// otherwise lets it go at once.
     async fn hand(&mut self, entry: Held, wait: bool) -> Result<(), OutboxError> {
-        match self.gate.admit(entry, wait) {
+        match self.ledger.admit(entry, wait) {
             Some(entry) => self.dispatch(entry).await,
             None => Ok(()),
         }
@@ -354,7 +318,7 @@ impl Outbox {
 
     /// Lets go, in order, the held entries whose joins are all acknowledged.
     async fn release(&mut self) -> Result<(), OutboxError> {
-        while let Some(entry) = self.gate.next_released() {
+        while let Some(entry) = self.ledger.next_released() {
             self.dispatch(entry).await?;
         }
         Ok(())
@@ -394,16 +358,14 @@ impl Outbox {
         n: u64,
         result: Result<(), DeliveryError>,
     ) -> Result<(), OutboxError> {
-        let Some((uid, known)) = self.gate.settled(n) else {
-            return Ok(());
-        };
-        match result {
-            Ok(()) => {
-                self.members.insert(&uid, &known);
-                self.m.members.set(gauge(self.members.len()));
+        match self.ledger.settle_join(n, result.is_ok()) {
+            Settled::Unknown => Ok(()),
+            Settled::Member => {
+                self.m.members.set(gauge(self.ledger.members().len()));
                 self.release().await
             }
-            Err(e) => {
+            Settled::Failed => {
+                let e = result.expect_err("a failed join has an error");
                 self.m.error(IN_REPORT, e.class());
                 Err(OutboxError::Failed(format!("membership record: {e:?}")))
             }
@@ -411,32 +373,16 @@ impl Outbox {
     }
 
     /// What `change` means for the entry it comes with: the object that leaves once the entry
-    /// is delivered, and whether the entry must wait for a join.
-    ///
-    /// [`Change::Announced`] takes its object from `meta`, the announcement's.
+    /// is delivered, and whether the entry must wait for a join (produced here when needed).
     async fn membership_change(
         &mut self,
         change: Option<Change>,
         meta: Option<&ObjectMeta>,
     ) -> Result<(Option<String>, bool), OutboxError> {
-        Ok(match change {
-            Some(Change::Join { uid, known }) => (None, self.join(uid, known).await?),
-            Some(Change::Announced) => match meta {
-                Some(m) if !self.members.contains(m.uid()) => {
-                    let known = Known {
-                        name: m.name().to_string(),
-                        namespace: m.namespace().map(str::to_string),
-                        rv: m.resource_version().to_string(),
-                        topic: None,
-                        key: Some(self.route.key.render(m)),
-                    };
-                    (None, self.join(m.uid().to_string(), known).await?)
-                }
-                _ => (None, false),
-            },
-            Some(Change::Leave { uid }) => (Some(uid), false),
-            None => (None, false),
-        })
+        let (leaves, admission) =
+            self.ledger
+                .change(change, meta, &self.route.topic, &self.route.key);
+        Ok((leaves, self.admit(admission).await?))
     }
 
     /// Records a position (and membership change) that needs no delivery: it becomes the
@@ -452,7 +398,7 @@ impl Outbox {
             "a pass announces nothing"
         );
         let (leaves, wait) = self.membership_change(change, None).await?;
-        if !wait && !self.gate.holding() {
+        if !wait && !self.ledger.holding() {
             let moved = self.tracker.push_done(position, leaves);
             self.note(moved);
             return Ok(());
@@ -678,7 +624,7 @@ impl Outbox {
     /// member (or its join failed, and nothing announcing it was sent). A decision that reads
     /// the members (reconcile, leave scope) comes after this.
     pub async fn settle_joins(&mut self) -> Result<(), OutboxError> {
-        while self.gate.pending() {
+        while self.ledger.joins_pending() {
             let report = tokio::select! {
                 biased;
                 _ = self.cancel.cancelled() => return Err(OutboxError::Cancelled),
@@ -710,7 +656,7 @@ impl Outbox {
     /// replay from. Late reports of the forgotten entries are ignored.
     pub fn rewind(&mut self) -> Option<String> {
         self.tracker.reset();
-        self.gate.clear_held();
+        self.ledger.clear_held();
         self.note(false);
         self.tracker.checkpoint().map(str::to_string)
     }
@@ -722,11 +668,11 @@ impl Outbox {
     pub async fn drain(&mut self, deadline: tokio::time::Instant) -> usize {
         loop {
             self.send_leaves();
-            if self.in_flight() == 0 && self.leaves_pending() == 0 {
+            if self.in_flight() == 0 && self.ledger.leaves_pending() == 0 {
                 break;
             }
             // A tombstone the queue refused is offered again after a while.
-            let wake = if self.leaving.is_empty() {
+            let wake = if !self.ledger.tombstones_owed() {
                 deadline
             } else {
                 deadline.min(tokio::time::Instant::now() + FULL_RETRY_MAX)
@@ -741,7 +687,7 @@ impl Outbox {
                 Err(_) => {}
             }
         }
-        self.in_flight() + self.leaves_pending()
+        self.in_flight() + self.ledger.leaves_pending()
     }
 }
 

@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use crate::channel::{Scope, Shape, WatchStrategy};
 use crate::config::Config;
+use crate::config::{Scope, Shape, WatchStrategy};
 
 /// One resource the relay lists and watches: `(apiGroup, resource)`.
 pub type Resource = (String, String);

@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use prometheus::IntGauge;
 use tokio::sync::{watch, Notify};
 
-use crate::channel::StreamId;
 use crate::checkpoint::Saved;
+use crate::config::StreamId;
 
 /// What a stream is doing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -1,12 +1,12 @@
 //! The decoder against serde_json on random lines: realistic watch lines, then each mutated
 //! at random (bytes changed, inserted, deleted, repeated, the line cut short), every one checked
-//! by the contract the fuzz target checks (`watchrelay::conformance`). A failure names its line.
+//! by the contract the fuzz target checks (`watchrelay::testing::conformance`). A failure names its line.
 
 mod common;
 
 use common::rng::Rng;
 use serde_json::json;
-use watchrelay::conformance;
+use watchrelay::testing::conformance;
 use watchrelay_sim::objects;
 
 /// Watch lines as the API server writes them, with what makes decoding interesting: escapes,

@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use common::bed::{Bed, Relay};
 use common::view::{consumer_view, events, pods};
-use watchrelay::producer::{Memory, Producer};
+use watchrelay::producer::Producer;
+use watchrelay::testing::Memory;
 use watchrelay_sim::{objects, SimConfig};
 
 const STREAM: &str = "watchNamespacedPods.a";
@@ -22,7 +23,7 @@ fn start(bed: &Bed, producer: &Arc<Memory>) -> Relay {
         "  - operationId: watchNamespacedPods\n    namespaces: [a]\n    topic: pods\n",
         "",
     );
-    Relay::start_with(bed, cfg, Some(producer.clone() as Arc<dyn Producer>))
+    Relay::start_with(bed, cfg, Some(producer.clone()))
 }
 
 fn uid(bed: &Bed, name: &str) -> String {
@@ -104,11 +105,7 @@ async fn a_crash_while_retracting_a_changed_topic_retracts_the_rest_next_time() 
             "",
         )
     };
-    let relay = Relay::start_with(
-        &bed,
-        on("pods"),
-        Some(producer.clone() as Arc<dyn Producer>),
-    );
+    let relay = Relay::start_with(&bed, on("pods"), Some(producer.clone()));
     relay.wait_up(1).await;
     wait_covered(&bed).await;
     relay.stop().await;
@@ -122,14 +119,10 @@ async fn a_crash_while_retracting_a_changed_topic_retracts_the_rest_next_time() 
     // Moved to another topic: Kafka writes three retractions on the old one, then the relay
     // dies.
     producer.hold(true);
-    let relay = Relay::start_with(
-        &bed,
-        on("pods2"),
-        Some(producer.clone() as Arc<dyn Producer>),
-    );
+    let relay = Relay::start_with(&bed, on("pods2"), Some(producer.clone()));
     common::bed::eventually(
         || {
-            producer.release_first(1, watchrelay::producer::Order::Sent);
+            producer.release_first(1, watchrelay::testing::Order::Sent);
             view_of("pods").len() <= 7
         },
         || "the retraction never began".into(),
@@ -138,11 +131,7 @@ async fn a_crash_while_retracting_a_changed_topic_retracts_the_rest_next_time() 
     relay.kill().await;
     producer.purge();
     producer.hold(false);
-    let relay = Relay::start_with(
-        &bed,
-        on("pods2"),
-        Some(producer.clone() as Arc<dyn Producer>),
-    );
+    let relay = Relay::start_with(&bed, on("pods2"), Some(producer.clone()));
     relay.wait_up(1).await;
     wait_covered(&bed).await;
     common::bed::eventually(

@@ -32,7 +32,8 @@ use common::bed::{Bed, Relay};
 use common::rng::Rng;
 use common::view::{self, consumer_view_by, events, json};
 use watchrelay::config::Config;
-use watchrelay::producer::{Memory, Order, Producer};
+use watchrelay::producer::Producer;
+use watchrelay::testing::{Memory, Order};
 use watchrelay_sim::{objects, SimConfig};
 
 const NAMESPACES: [&str; 2] = ["a", "b"];
@@ -235,13 +236,7 @@ async fn case(seed: u64) {
     let producer = Arc::new(Memory::new());
     let mut history = format!("seed {seed}: initial events {watch_list}, second release {other}\n");
     let start_other = |bed: &Bed| {
-        other.then(|| {
-            Relay::start_with(
-                bed,
-                other_config(bed),
-                Some(producer.clone() as Arc<dyn Producer>),
-            )
-        })
+        other.then(|| Relay::start_with(bed, other_config(bed), Some(producer.clone())))
     };
     let mut run = Run::draw(&mut rng, other);
     let mut snapshot = None;
@@ -254,11 +249,7 @@ async fn case(seed: u64) {
             producer.fail_next_to("pods", n);
             let _ = writeln!(history, "  kafka fails the next {n} records on pods");
         }
-        let relay = Relay::start_with(
-            &bed,
-            config(&bed, run),
-            Some(producer.clone() as Arc<dyn Producer>),
-        );
+        let relay = Relay::start_with(&bed, config(&bed, run), Some(producer.clone()));
         // The second release restarts in turn with the first, or keeps running.
         let b = if rng.chance(50) {
             start_other(&bed)
@@ -309,11 +300,7 @@ async fn case(seed: u64) {
         run = Run::draw(&mut rng, other);
     }
     let _ = writeln!(history, "final run {run:?}");
-    let relay = Relay::start_with(
-        &bed,
-        config(&bed, run),
-        Some(producer.clone() as Arc<dyn Producer>),
-    );
+    let relay = Relay::start_with(&bed, config(&bed, run), Some(producer.clone()));
     let b = start_other(&bed);
     producer.fail_next_to("pods", 0);
     let want = in_scope(&bed, run, other);

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use common::bed::{eventually, Bed, Relay};
 use common::view::{consumer_view_by, events, pods_by, version};
-use watchrelay::producer::{Memory, Producer};
+use watchrelay::testing::Memory;
 use watchrelay_sim::{objects, Snapshot};
 
 const STREAM: &str = "watchNamespacedPods.a";
@@ -24,7 +24,7 @@ fn start(bed: &Bed, producer: &Arc<Memory>) -> Relay {
         "  - operationId: watchNamespacedPods\n    namespaces: [a]\n    topic: pods\n",
         "",
     );
-    Relay::start_with(bed, cfg, Some(producer.clone() as Arc<dyn Producer>))
+    Relay::start_with(bed, cfg, Some(producer.clone()))
 }
 
 fn create(bed: &Bed, names: impl IntoIterator<Item = String>) {

@@ -8,14 +8,14 @@ use std::time::Duration;
 
 use common::bed::{Bed, Relay};
 use common::view::{self, consumer_view, events};
-use watchrelay::producer::{Memory, Producer};
+use watchrelay::testing::Memory;
 use watchrelay_sim::{objects, SimConfig};
 
 const SELECTED: &str =
     "  - operationId: watchNamespacedPods\n    namespaceSelector: relay=yes\n    topic: pods\n";
 
 fn start(bed: &Bed, cfg: watchrelay::config::Config, producer: &Arc<Memory>) -> Relay {
-    Relay::start_with(bed, cfg, Some(producer.clone() as Arc<dyn Producer>))
+    Relay::start_with(bed, cfg, Some(producer.clone()))
 }
 
 fn names(n: usize) -> Vec<String> {

@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use common::bed::{eventually, Bed, Relay};
 use common::view::{consumer_view, events, json, pods};
-use watchrelay::producer::{Memory, Order, Producer};
+use watchrelay::producer::Producer;
+use watchrelay::testing::{Memory, Order};
 use watchrelay_sim::{objects, SimConfig};
 
 async fn bed() -> Bed {
@@ -35,7 +36,7 @@ fn start(bed: &Bed, producer: &Arc<Memory>, wide: bool) -> Relay {
         &format!("  - operationId: watchNamespacedPods\n    namespaceSelector: relay=yes\n    topic: pods\n{strategy}"),
         "",
     );
-    Relay::start_with(bed, cfg, Some(producer.clone() as Arc<dyn Producer>))
+    Relay::start_with(bed, cfg, Some(producer.clone()))
 }
 
 /// What the consumer must hold: the pods of the labelled namespaces.

@@ -13,8 +13,9 @@ use std::sync::Arc;
 use common::bed::{eventually, Bed, Relay};
 use common::view::{self, consumer_view, events, json};
 use watchrelay::config::Config;
-use watchrelay::envelope::Record;
-use watchrelay::producer::{Memory, Order, Producer};
+use watchrelay::producer::Producer;
+use watchrelay::producer::Record;
+use watchrelay::testing::{Memory, Order};
 use watchrelay_sim::objects;
 
 const STREAM: &str = "watchNamespacedPods.a";
@@ -31,7 +32,7 @@ async fn bed(watch_list: bool) -> Bed {
 }
 
 fn start(bed: &Bed, cfg: Config, producer: &Arc<Memory>) -> Relay {
-    Relay::start_with(bed, cfg, Some(producer.clone() as Arc<dyn Producer>))
+    Relay::start_with(bed, cfg, Some(producer.clone()))
 }
 
 /// What the cluster holds: key -> uid.

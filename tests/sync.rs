@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::bed::{eventually, Bed, Relay};
 use common::view::{self, consumer_view, events, json};
 use tokio_util::sync::CancellationToken;
-use watchrelay::producer::{Memory, Order, Producer};
+use watchrelay::testing::{Memory, Order};
 use watchrelay_sim::{objects, SimConfig};
 
 const PODS: usize = 150;
@@ -55,7 +55,7 @@ fn start(bed: &Bed, watch_timeout: u32, producer: &Arc<Memory>) -> Relay {
         "  maxInFlightPerStream: 8\n",
     );
     cfg.kubernetes.watch_timeout_seconds = watch_timeout;
-    Relay::start_with(bed, cfg, Some(producer.clone() as Arc<dyn Producer>))
+    Relay::start_with(bed, cfg, Some(producer.clone()))
 }
 
 /// `watch_restarts_total` of the stream for `reason`.
@@ -189,7 +189,7 @@ async fn a_stuck_partition_leaves_other_syncs_running(watch_list: bool) {
         "  maxInFlightPerStream: 5\n",
     );
     cfg.kubernetes.max_concurrent_syncs = 1;
-    let relay = Relay::start_with(&bed, cfg, Some(producer.clone() as Arc<dyn Producer>));
+    let relay = Relay::start_with(&bed, cfg, Some(producer.clone()));
     let fine = || {
         let log: Vec<_> = events(&producer)
             .into_iter()

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use common::bed::{eventually, Bed, Relay};
 use common::view::{self, consumer_view, events};
 use watchrelay::config::Config;
-use watchrelay::producer::{Memory, Order, Producer, TopicState};
+use watchrelay::membership::TopicState;
+use watchrelay::testing::{Memory, Order};
 use watchrelay_sim::{objects, SimConfig};
 
 async fn bed(namespaces: &[&str]) -> Bed {
@@ -19,7 +20,7 @@ async fn bed(namespaces: &[&str]) -> Bed {
 }
 
 fn start(bed: &Bed, cfg: Config, producer: &Arc<Memory>) -> Relay {
-    Relay::start_with(bed, cfg, Some(producer.clone() as Arc<dyn Producer>))
+    Relay::start_with(bed, cfg, Some(producer.clone()))
 }
 
 fn pods_in(bed: &Bed, ns: &str) -> Config {

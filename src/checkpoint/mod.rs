@@ -13,8 +13,8 @@
 //! `binaryData`). They are still read, once, so the relay can move them to the membership
 //! topic; the first write removes them.
 //!
-//! This module is the format; [`Store`] reads and writes the ConfigMap and [`writer`] is the loop
-//! that writes what the streams publish.
+//! This module is the format; [`Store`] reads and writes the ConfigMap. The loop that writes what
+//! the streams publish is the relay's checkpoint writer.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -22,10 +22,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-pub use crate::tracker::Known;
-
 mod store;
-pub mod writer;
 
 pub use store::{Store, Written};
 
@@ -137,10 +134,10 @@ pub struct Saved {
     /// retired once its channel is gone. Absent for built-in resources.
     #[serde(default)]
     pub kind: Option<String>,
-    /// A known-object set an older version kept here, to be moved to the membership topic.
-    /// Never written.
+    /// A known-object set an older version kept here, to be moved to the membership topic
+    /// (which reads it as its members, by uid). Never written.
     #[serde(default)]
-    pub known: Option<HashMap<String, Known>>,
+    pub known: Option<serde_json::Value>,
 }
 
 /// The `data` entry of a stream's checkpoint.
@@ -173,7 +170,7 @@ pub fn encode(saved: &Saved) -> String {
 #[derive(Deserialize)]
 struct KnownAt {
     rv: Option<String>,
-    known: HashMap<String, Known>,
+    known: serde_json::Value,
 }
 
 fn decode_known(bytes: &[u8]) -> Result<KnownAt, String> {
@@ -267,7 +264,7 @@ mod tests {
             query: Some("q1".into()),
             route: None,
             kind: None,
-            known: Some(HashMap::from([("u".into(), Known::default())])),
+            known: Some(serde_json::json!({"u": {"name": "n", "rv": "1"}})),
         };
         let entry = encode(&saved);
         assert_eq!(
@@ -337,8 +334,8 @@ mod tests {
             ..Default::default()
         };
         let saved = read(&cm);
-        assert_eq!(saved["inline"].known.as_ref().unwrap()["u"].name, "n");
-        assert_eq!(saved["packed"].known.as_ref().unwrap()["b"].name, "m");
+        assert_eq!(saved["inline"].known.as_ref().unwrap()["u"]["name"], "n");
+        assert_eq!(saved["packed"].known.as_ref().unwrap()["b"]["name"], "m");
         assert!(
             saved["stale"].known.is_none(),
             "a set of another position is not used"

@@ -6,9 +6,9 @@
 
 use serde::Deserialize;
 
+use super::key::KeyTemplate;
+use super::{invalid, is_dns_label, ConfigError};
 use crate::catalogue::{self, ChannelPath};
-use crate::config::{invalid, is_dns_label, ConfigError};
-use crate::envelope::KeyTemplate;
 use crate::event::{EventType, EventTypes};
 
 /// One channel: a watch path and what to do with its events.

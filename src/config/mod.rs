@@ -11,7 +11,14 @@ use std::time::Duration;
 use serde::Deserialize;
 use thiserror::Error;
 
-use crate::channel::{is_topic, topic_rule, Channel, ChannelConfig};
+mod channel;
+mod kafka;
+pub(crate) use kafka::redact;
+mod key;
+
+pub(crate) use channel::{is_topic, topic_rule};
+pub use channel::{Channel, ChannelConfig, Scope, Shape, Shapes, StreamId, WatchStrategy};
+pub use key::KeyTemplate;
 
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -421,7 +428,7 @@ impl File {
             return Err(invalid("kafka.bootstrapServers", "must not be empty"));
         }
         for (key, value) in &self.kafka.properties {
-            crate::producer::check_property(key, value)
+            kafka::check_property(key, value)
                 .map_err(|m| invalid(format!("kafka.properties.{key}"), m))?;
         }
         if !self.kafka.unsafe_producer_overrides {

@@ -1,6 +1,6 @@
 //! Parsing and validation: every error names its field.
 use super::*;
-use crate::channel::Scope;
+use crate::config::Scope;
 
 const BASE: &str = "clusterName: prod\nkafka:\n  bootstrapServers: 127.0.0.1:9092\n  oversize: trim\ncheckpoint:\n  namespace: watchrelay\n";
 
@@ -253,7 +253,7 @@ fn a_sensitive_resource_needs_its_watch_strategy_chosen() {
 
 #[test]
 fn auto_decides_a_first_shape_by_the_count_then_keeps_it() {
-    use crate::channel::Shape;
+    use crate::config::Shape;
     let cfg =
         with_channels("  - operationId: watchNamespacedPods\n    namespaceSelector: team=a\n")
             .unwrap();

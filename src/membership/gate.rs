@@ -4,14 +4,14 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use crate::tracker::Known;
+use super::Known;
 
 /// Joins in flight and the entries waiting behind them.
 ///
 /// Joins are numbered in the order they are produced. An entry held while the next join's
 /// number is `g` waits for every join numbered below `g`; entries leave in the order they came,
 /// so one that need not wait still goes after those held before it.
-pub(super) struct Gate<T> {
+pub(crate) struct Gate<T> {
     /// Joins produced and not yet acknowledged, by number: the object and its identity.
     joins: BTreeMap<u64, (String, Known)>,
     /// The number of each object's pending join.

@@ -19,17 +19,18 @@
 //! then to the ConfigMap. A crash midway repeats the adoption; nothing is lost, at worst a
 //! member too many, which costs a superfluous inferred DELETED.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use super::{Log, TopicError, TopicState};
 use crate::checkpoint::{Loaded, MembershipMark, Store, MARK_KEY};
-use crate::membership::{self, Owner, Restored};
+use crate::membership::{self, Known, Owner, Restored};
 use crate::metrics::Metrics;
-use crate::producer::{Producer, TopicError, TopicState};
+use crate::producer::Producer;
 use crate::registry::Registry;
 
 /// How long to wait before trying again after a failure.
@@ -133,8 +134,9 @@ impl From<TopicError> for Halt {
 }
 
 /// Everything a restore needs.
-pub(super) struct Restore<'a> {
+pub struct Restore<'a> {
     pub producer: &'a Arc<dyn Producer>,
+    pub log: &'a Arc<dyn Log>,
     pub store: &'a Store,
     pub metrics: &'a Metrics,
     pub registry: &'a Registry,
@@ -205,7 +207,7 @@ impl Restore<'_> {
     ) -> Result<Restored, Halt> {
         let started = Instant::now();
         let (p, t, partitions, replication) = (
-            self.producer.clone(),
+            self.log.clone(),
             self.topic.to_string(),
             self.partitions,
             self.replication,
@@ -220,11 +222,7 @@ impl Restore<'_> {
             .mark
             .is_none()
             .then(|| loaded.streams.keys().cloned().collect());
-        let (p, t, owner) = (
-            self.producer.clone(),
-            self.topic.to_string(),
-            self.owner.clone(),
-        );
+        let (p, t, owner) = (self.log.clone(), self.topic.to_string(), self.owner.clone());
         let mut restored = Self::blocking(stop, move |stopped| {
             let mut restored = Restored::new(owner, legacy_for);
             p.replay(&t, &mut |k, v| restored.apply(k, v), &|| {
@@ -296,12 +294,19 @@ impl Restore<'_> {
             if restored.streams().any(|s| s == id.as_str()) {
                 continue;
             }
+            let known: HashMap<String, Known> = match serde_json::from_value(known.clone()) {
+                Ok(known) => known,
+                Err(e) => {
+                    tracing::warn!(stream = %id, error = %e, "ignoring an unreadable legacy known-object set");
+                    continue;
+                }
+            };
             let members = membership::adopt(
                 self.producer.as_ref(),
                 self.topic,
                 self.owner,
                 id,
-                known.iter().map(|(u, k)| (u.clone(), k.clone())),
+                known.into_iter(),
                 stop,
             )
             .await

@@ -34,9 +34,9 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::channel::{Scope, Shape, Shapes, StreamId};
 use crate::checkpoint::{self, Saved, Store};
 use crate::config::Config;
+use crate::config::{Scope, Shape, Shapes, StreamId};
 use crate::decode::{Identity, ObjectMeta};
 use crate::envelope::{self, Route};
 use crate::membership::{self, Known, Members, Owner, Restored};
@@ -70,7 +70,7 @@ pub fn still_runs(cfg: &Config, shapes: &Shapes, id: &str) -> Option<bool> {
 pub const BATCH: usize = 10_000;
 
 /// Everything a retirement needs.
-pub(super) struct Retire<'a> {
+pub struct Retire<'a> {
     pub cfg: &'a Config,
     pub shapes: &'a Shapes,
     pub producer: &'a Arc<dyn Producer>,
@@ -211,7 +211,7 @@ impl Retire<'_> {
                         let rv = if rv.is_empty() { known.rv.as_str() } else { rv };
                         let delete = envelope::retraction(&route, meta, rv, &topic, &key);
                         if channel.is_some_and(|c| c.tombstones) {
-                            tombstones.push(envelope::Record {
+                            tombstones.push(crate::producer::Record {
                                 value: Vec::new(),
                                 headers: Default::default(),
                                 tombstone: true,

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::arena::Arena;
-use crate::tracker::Known;
+use super::Known;
 
 /// A uid as the set indexes it: a canonical UUID's 16 bytes, or a 128-bit hash of any other uid
 /// (see [`Members::key`]).

@@ -7,14 +7,16 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::{Limits, Outbox, OutboxError};
+use crate::config::KeyTemplate;
 use crate::config::OversizePolicy;
 use crate::decode::{Identity, ObjectMeta};
-use crate::envelope::{Announcement, KeyTemplate, Route};
+use crate::envelope::{Announcement, Route};
 use crate::event::EventType;
+use crate::membership::Change;
 use crate::membership::{Members, Owner};
 use crate::metrics::Metrics;
-use crate::producer::{Memory, Order, Producer};
-use crate::tracker::Change;
+use crate::producer::Producer;
+use crate::testing::{Memory, Order};
 
 const MEMBERSHIP: &str = "watchrelay.test.membership";
 

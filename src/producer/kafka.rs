@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{
@@ -20,12 +19,9 @@ use rdkafka::producer::{
 };
 use rdkafka::{ClientContext, Message as _};
 
-use super::{
-    replay, topics, Apply, DeliveryError, ErrorClass, ProduceError, Producer, Receipt, Refused,
-    TopicError, TopicState,
-};
-use crate::config::KafkaConfig;
-use crate::envelope::Record;
+use super::Record;
+use super::{DeliveryError, ErrorClass, ProduceError, Producer, Receipt, Refused};
+use crate::config::{redact, KafkaConfig};
 
 /// How often the pump serves reports while records are in flight: the most a report waits
 /// after librdkafka has it.
@@ -42,7 +38,7 @@ const QUIET_TICK: Duration = Duration::from_millis(10);
 /// The most events one serving takes, so a flood of reports cannot hold the runtime's thread.
 const EVENTS_PER_SERVE: usize = 64;
 
-/// librdkafka's context: turns its delivery callback into a [`Report`].
+/// librdkafka's context: turns its delivery callback into a [`Report`](super::Report).
 #[derive(Default)]
 pub struct Reporting {
     /// Delivery reports handed on so far: tells the pump whether a poll found any.
@@ -122,73 +118,6 @@ fn is_too_large(e: &KafkaError) -> bool {
     )
 }
 
-/// Whether the Kafka client knows `key` and accepts `value` for it, offline. The error names
-/// what is wrong and never contains the value (it may be a secret from the environment).
-pub fn check_property(key: &str, value: &str) -> Result<(), String> {
-    let mut c = ClientConfig::new();
-    c.set(key, value);
-    match c.create_native_config() {
-        Ok(_) => Ok(()),
-        Err(KafkaError::ClientConfig(_, message, _, _)) => Err(redact(&message, value)),
-        Err(e) => Err(redact(&e.to_string(), value)),
-    }
-}
-
-/// `message` with every occurrence of `secret` masked.
-fn redact(message: &str, secret: &str) -> String {
-    if secret.is_empty() {
-        message.to_string()
-    } else {
-        message.replace(secret, "<redacted>")
-    }
-}
-
-/// The producer settings the relay relies on; `kafka.properties` may override any of them.
-pub fn client_config(cfg: &KafkaConfig) -> ClientConfig {
-    config_of(settings(cfg))
-}
-
-/// The connection settings (`bootstrap.servers`, security) without the producer's own: for the
-/// admin client and the consumer reading the membership topic. Built from the settings, not
-/// copied from a producer's [`ClientConfig`], whose `config_map` masks secrets such as
-/// `sasl.password`.
-fn connection_config(cfg: &KafkaConfig) -> ClientConfig {
-    config_of(settings(cfg).filter(|(k, _)| !PRODUCER_ONLY.contains(k)))
-}
-
-fn config_of<'a>(settings: impl Iterator<Item = (&'a str, &'a str)>) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    for (k, v) in settings {
-        c.set(k, v);
-    }
-    c
-}
-
-/// The relay's defaults, then `kafka.properties` (a later setting wins).
-fn settings(cfg: &KafkaConfig) -> impl Iterator<Item = (&str, &str)> {
-    [
-        ("bootstrap.servers", cfg.bootstrap_servers.as_str()),
-        ("enable.idempotence", "true"),
-        ("acks", "all"),
-        ("compression.type", "lz4"),
-        ("linger.ms", "5"),
-        // A record is retried until delivered; outages become backpressure, not loss. Shutdown
-        // bounds the wait separately with shutdownTimeoutSeconds.
-        ("message.timeout.ms", "0"),
-        ("queue.buffering.max.messages", "200000"),
-        ("queue.buffering.max.kbytes", "262144"),
-        ("client.id", "watchrelay"),
-        // A metadata request for a missing topic must never create it with the broker's
-        // defaults (`auto.create.topics.enable`, on in a stock Kafka): the membership topic
-        // would not be compacted, a channel topic would get the default partition count. The
-        // relay creates what it needs itself; this holds for the admin and consumer clients
-        // too, which share these settings.
-        ("allow.auto.create.topics", "false"),
-    ]
-    .into_iter()
-    .chain(cfg.properties.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-}
-
 /// The idempotent Kafka producer every stream of a process shares.
 ///
 /// Its delivery reports are served on the runtime by the pump [`Kafka::start`] spawns, and by
@@ -197,32 +126,7 @@ pub struct Kafka {
     producer: BaseProducer<Reporting>,
     /// Told of every send, so an idle pump wakes for its report.
     sent: Arc<tokio::sync::Notify>,
-    /// The connection settings (`bootstrap.servers`, security), for the admin client and the
-    /// consumer reading the membership topic.
-    connection: ClientConfig,
 }
-
-/// Producer-only settings left out of the admin and consumer clients.
-const PRODUCER_ONLY: &[&str] = &[
-    "enable.idempotence",
-    "acks",
-    "request.required.acks",
-    "compression.type",
-    "compression.codec",
-    "linger.ms",
-    "queue.buffering.max.ms",
-    "message.timeout.ms",
-    "delivery.timeout.ms",
-    "queue.buffering.max.messages",
-    "queue.buffering.max.kbytes",
-    "max.in.flight.requests.per.connection",
-    "max.in.flight",
-    "message.send.max.retries",
-    "retries",
-    "batch.num.messages",
-    "batch.size",
-    "partitioner",
-];
 
 impl Kafka {
     /// A producer with `cfg`, and the task on the current tokio runtime that serves its delivery
@@ -250,9 +154,10 @@ impl Kafka {
 
     fn create(cfg: &KafkaConfig) -> Result<Self, KafkaError> {
         Ok(Self {
-            producer: client_config(cfg).create_with_context(Reporting::default())?,
+            producer: cfg
+                .client_config()
+                .create_with_context(Reporting::default())?,
             sent: Arc::default(),
-            connection: connection_config(cfg),
         })
     }
 
@@ -347,45 +252,11 @@ impl Producer for Kafka {
             .fatal_error()
             .map(|(code, reason)| format!("{code:?}: {reason}"))
     }
-
-    fn ensure_compacted(
-        &self,
-        topic: &str,
-        partitions: i32,
-        replication: Option<i32>,
-    ) -> Result<TopicState, TopicError> {
-        topics::ensure_compacted(&self.connection, topic, partitions, replication)
-    }
-
-    fn replay(
-        &self,
-        topic: &str,
-        apply: &mut Apply<'_>,
-        stopped: &(dyn Fn() -> bool + Sync),
-    ) -> Result<(), TopicError> {
-        replay::replay(&self.connection, topic, apply, stopped)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_connection_keeps_secrets_and_leaves_the_producers_settings_out() {
-        let cfg = crate::config::Config::parse(
-            "clusterName: t\nkafka:\n  bootstrapServers: b:9092\n  oversize: trim\n  properties:\n    sasl.password: s3cret\n    linger.ms: \"20\"\ncheckpoint:\n  namespace: w\nchannels:\n  - operationId: watchNodes\n",
-        )
-        .unwrap();
-        let connection = connection_config(&cfg.kafka);
-        assert_eq!(connection.get("sasl.password"), Some("s3cret"));
-        assert_eq!(connection.get("bootstrap.servers"), Some("b:9092"));
-        assert_eq!(connection.get("allow.auto.create.topics"), Some("false"));
-        assert_eq!(connection.get("linger.ms"), None);
-        let producer = client_config(&cfg.kafka);
-        assert_eq!(producer.get("linger.ms"), Some("20"));
-        assert_eq!(producer.get("sasl.password"), Some("s3cret"));
-    }
 
     #[test]
     fn kafka_errors_are_classed_by_what_it_takes_to_get_past_them() {

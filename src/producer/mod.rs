@@ -1,30 +1,24 @@
 //! Producers: where the outbox hands its records, and how their delivery reports come back.
 //!
-//! [`Producer`] is the small seam under the [`Outbox`](crate::outbox::Outbox): [`Kafka`] is the
-//! idempotent librdkafka producer every stream shares (`kafka.rs`, with the topic admin in
-//! `topics.rs` and the membership topic's reader in `replay.rs`); [`Memory`] keeps records in
-//! memory and can acknowledge out of order, refuse for size, fail and stall, so stream
-//! behaviour can be tested in-process without a broker (`memory.rs`).
+//! [`Producer`] is the small seam under the outbox: it sends, flushes,
+//! purges and reports a fatal error, and owns its input, the [`Record`]. [`Kafka`] is the
+//! idempotent librdkafka producer every stream shares (`kafka.rs`); [`Stdout`] writes JSON
+//! lines for a dry run. The test double that keeps records in memory is in `testing`, behind
+//! the `testing` feature.
 //!
 //! Sends never wait for their delivery: each record carries a [`Receipt`] (its stream's
 //! [`Inbox`], its place in the stream's order and what it is), and the producer reports back
 //! through it.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-
-use crate::envelope::Record;
-
 mod kafka;
-mod memory;
-mod replay;
-mod topics;
+mod record;
 
-pub use kafka::{check_property, client_config, Kafka, Reporting};
-pub use memory::{Memory, Order};
+pub use kafka::{Kafka, Reporting};
+pub use record::{Headers, Record};
 
 /// The `kind` labels of delivery errors: where the record failed.
 pub const ERROR_KINDS: [&str; 2] = ["enqueue", "delivery"];
@@ -223,17 +217,6 @@ pub enum Refused {
     Failed(ProduceError),
 }
 
-/// How many partitions `topic` has in `md` (0 when it is not there).
-fn partitions(md: &rdkafka::metadata::Metadata, topic: &str) -> usize {
-    md.topics()
-        .iter()
-        .find(|t| t.name() == topic)
-        .map_or(0, |t| t.partitions().len())
-}
-
-/// What reading a topic hands each record to: its key, and its value (`None` for a tombstone).
-pub type Apply<'a> = dyn FnMut(&[u8], Option<&[u8]>) + 'a;
-
 /// Takes records and reports each one's delivery through its receipt.
 pub trait Producer: Send + Sync {
     /// Hands `record` over; its report arrives later through `receipt`.
@@ -250,87 +233,6 @@ pub trait Producer: Send + Sync {
     /// sequence broke, say). Only a new process recovers.
     fn fatal(&self) -> Option<String> {
         None
-    }
-
-    /// Creates `topic` compacted (`cleanup.policy=compact`) unless it exists, and says what the
-    /// broker reports of it. Blocks.
-    fn ensure_compacted(
-        &self,
-        _topic: &str,
-        _partitions: i32,
-        _replication: Option<i32>,
-    ) -> Result<TopicState, TopicError> {
-        Ok(TopicState::compacted(1))
-    }
-
-    /// Reads `topic` from its beginning to its end as of the call, handing each record's key
-    /// and value (`None` for a tombstone) to `apply`, in partition order, until `stopped` says
-    /// to give up. Blocks.
-    fn replay(
-        &self,
-        _topic: &str,
-        _apply: &mut Apply<'_>,
-        _stopped: &(dyn Fn() -> bool + Sync),
-    ) -> Result<(), TopicError> {
-        Ok(())
-    }
-}
-
-/// What the broker reports of a topic the relay keeps its state in.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TopicState {
-    pub partitions: usize,
-    /// The topic's configuration entries, as the broker describes them.
-    pub configs: BTreeMap<String, String>,
-    /// Whether this call created it.
-    pub created: bool,
-}
-
-impl TopicState {
-    /// A compacted topic of `partitions`, as the relay creates it.
-    pub fn compacted(partitions: usize) -> Self {
-        Self {
-            partitions,
-            configs: BTreeMap::from([("cleanup.policy".to_string(), "compact".to_string())]),
-            created: false,
-        }
-    }
-}
-
-/// Why a topic could not be created, described or read.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum TopicError {
-    /// The broker refused for lack of permission: retrying does not help until an ACL changes.
-    #[error("not authorized: {0}")]
-    Unauthorized(String),
-    #[error("stopped")]
-    Stopped,
-    #[error("{0}")]
-    Other(String),
-}
-
-impl TopicError {
-    /// `code` from doing `what`; `acl` names the ACL the relay's principal needs for it (an
-    /// operation and a resource, e.g. `Create on topic T`), said when the broker refused.
-    fn of(code: RDKafkaErrorCode, what: String, acl: &str) -> Self {
-        match code {
-            RDKafkaErrorCode::TopicAuthorizationFailed
-            | RDKafkaErrorCode::ClusterAuthorizationFailed
-            | RDKafkaErrorCode::GroupAuthorizationFailed => Self::Unauthorized(format!(
-                "{what}: {code}; grant the relay's principal the ACL {acl}"
-            )),
-            RDKafkaErrorCode::SaslAuthenticationFailed => {
-                Self::Unauthorized(format!("{what}: {code}; check the SASL credentials"))
-            }
-            _ => Self::Other(format!("{what}: {code}")),
-        }
-    }
-
-    fn kafka(e: KafkaError, what: &str, acl: &str) -> Self {
-        match e.rdkafka_error_code() {
-            Some(code) => Self::of(code, what.to_string(), acl),
-            None => Self::Other(format!("{what}: {e}")),
-        }
     }
 }
 

@@ -2,9 +2,10 @@
 //!
 //! [`Relay`] starts the whole relay — for `main` and for tests alike: leader election when
 //! configured, then per leadership term: the membership topic verified and read back
-//! ([`restore`]), the streams the configuration no longer runs retired ([`retire`]), then the
-//! [`supervisor`], which spawns one stream per (channel, namespace) and follows namespace
-//! selectors, and the checkpoint writer; at the end everything shuts down in order.
+//! ([`membership::Restore`]), the streams the configuration no longer runs retired
+//! ([`membership::Retire`]), then the supervisor (`supervisor.rs`), which spawns one stream per
+//! (channel, namespace) and follows namespace selectors, and the checkpoint writer
+//! (`writer.rs`); at the end everything shuts down in order.
 //!
 //! Shutdown order: streams stop reading and drain their outstanding deliveries, the producer is
 //! flushed, and the checkpoint is written one last time, so a clean stop replays nothing.
@@ -15,10 +16,10 @@ use std::time::Duration;
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
-use crate::checkpoint::{self, CheckpointError, Loaded, Store};
+use crate::checkpoint::{CheckpointError, Loaded, Store};
 use crate::config::{Config, RELEASE_RESERVE};
 use crate::leader::Elector;
-use crate::membership::{Owner, Restored};
+use crate::membership::{self, Log, Owner, Restored};
 use crate::metrics::Metrics;
 use crate::producer::{self, Producer};
 use crate::registry::{Registry, Role};
@@ -28,13 +29,9 @@ use supervisor::Supervisor;
 /// How often the producer is checked for a fatal error.
 const FATAL_POLL: Duration = Duration::from_secs(1);
 
-mod restore;
-mod retire;
 mod shapes;
 mod supervisor;
-
-pub use restore::{verify as verify_membership_topic, Problem as MembershipProblem};
-pub use retire::still_runs;
+mod writer;
 
 #[derive(Debug, Error)]
 pub enum RelayError {
@@ -44,10 +41,11 @@ pub enum RelayError {
     Checkpoint(#[from] CheckpointError),
 }
 
-/// Where records go: a new Kafka producer per leadership term, or one given producer.
+/// Where records go: a new Kafka producer per leadership term, or one given producer with the
+/// membership log it writes to.
 enum Sink {
     Kafka,
-    Given(Arc<dyn Producer>),
+    Given(Arc<dyn Producer>, Arc<dyn Log>),
 }
 
 /// The whole relay. Take the handles you need ([`Relay::metrics`], [`Relay::registry`],
@@ -84,14 +82,15 @@ impl Relay {
     /// A trial run: envelopes go to standard output as JSON lines, every stream starts with a
     /// list (no checkpoint is read or written), no Lease is taken.
     pub fn dry_run(mut self) -> Self {
-        self.sink = Sink::Given(Arc::new(producer::Stdout));
+        self.sink = Sink::Given(Arc::new(producer::Stdout), Arc::new(membership::log::Empty));
         self.checkpoints = false;
         self
     }
 
-    /// Sends records to `producer` instead of Kafka.
-    pub fn with_producer(mut self, producer: Arc<dyn Producer>) -> Self {
-        self.sink = Sink::Given(producer);
+    /// Sends records to `producer` instead of Kafka, and reads the membership topic from
+    /// `log`.
+    pub fn with_producer(mut self, producer: Arc<dyn Producer>, log: Arc<dyn Log>) -> Self {
+        self.sink = Sink::Given(producer, log);
         self
     }
 
@@ -181,9 +180,12 @@ impl Relay {
         stop: CancellationToken,
         fenced: CancellationToken,
     ) -> Result<(), RelayError> {
-        let producer: Arc<dyn Producer> = match &self.sink {
-            Sink::Kafka => producer::Kafka::start(&self.cfg.kafka).map_err(RelayError::Producer)?,
-            Sink::Given(p) => p.clone(),
+        let (producer, log): (Arc<dyn Producer>, Arc<dyn Log>) = match &self.sink {
+            Sink::Kafka => (
+                producer::Kafka::start(&self.cfg.kafka).map_err(RelayError::Producer)?,
+                Arc::new(membership::log::Kafka::new(&self.cfg.kafka)),
+            ),
+            Sink::Given(p, log) => (p.clone(), log.clone()),
         };
         let store = Store::new(
             self.client.clone(),
@@ -204,8 +206,9 @@ impl Relay {
         let mut members = Restored::new(owner.clone(), None);
         if let Some(topic) = &membership_topic {
             let membership = &self.cfg.checkpoint.membership;
-            let restore = restore::Restore {
+            let restore = membership::Restore {
                 producer: &producer,
+                log: &log,
                 store: &store,
                 metrics: &self.metrics,
                 registry: &self.registry,
@@ -243,7 +246,7 @@ impl Relay {
             shapes = shapes => shapes,
         };
         if let Some(topic) = &membership_topic {
-            let retire = retire::Retire {
+            let retire = membership::Retire {
                 cfg: &self.cfg,
                 shapes: &shapes,
                 producer: &producer,
@@ -283,14 +286,12 @@ impl Relay {
         supervisor.start(&self.cfg.channels, &streams_cancel);
         let writer_cancel = CancellationToken::new();
         let writer = self.checkpoints.then(|| {
-            let copy = membership_topic
-                .clone()
-                .map(|topic| checkpoint::writer::Copy {
-                    producer: producer.clone(),
-                    topic,
-                    owner: owner.clone(),
-                });
-            tokio::spawn(checkpoint::writer::run(
+            let copy = membership_topic.clone().map(|topic| writer::Copy {
+                producer: producer.clone(),
+                topic,
+                owner: owner.clone(),
+            });
+            tokio::spawn(writer::run(
                 store,
                 copy,
                 self.registry.clone(),

@@ -8,8 +8,8 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::ListParams;
 use kube::Api;
 
-use crate::channel::{Scope, Shape, Shapes, StreamId};
 use crate::config::Config;
+use crate::config::{Scope, Shape, Shapes, StreamId};
 use crate::metrics::Metrics;
 
 /// Each channel's shape this term. `known` are the stream ids the relay holds state of

@@ -19,8 +19,8 @@ use kube::Api;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::channel::{Channel, Scope, Shape, Shapes, StreamId};
 use crate::checkpoint::Saved;
+use crate::config::{Channel, Scope, Shape, Shapes, StreamId};
 use crate::membership::{Claim, Restored};
 use crate::registry::Registry;
 use crate::stream::{Lifetime, NamespaceFilter, Namespaces, Resumed, Stream, Wiring};

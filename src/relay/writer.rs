@@ -8,11 +8,11 @@
 //! nothing more.
 //!
 //! Each write raises the ConfigMap's write counter and then copies it into the membership topic
-//! (see [`super::WRITES_KEY`]). A ConfigMap found with a lower counter than the writer last wrote
+//! (see [`crate::checkpoint::WRITES_KEY`]). A ConfigMap found with a lower counter than the writer last wrote
 //! went back in time (an etcd restore): every stream is asked to resync whole, since objects
 //! may be back at versions below the positions.
 //!
-//! It also takes resync requests left on the ConfigMap ([`super::RESYNC_ANNOTATION`]), looking
+//! It also takes resync requests left on the ConfigMap ([`crate::checkpoint::RESYNC_ANNOTATION`]), looking
 //! at most every [`RESYNC_POLL`], and passes them to the registry.
 
 use std::collections::BTreeMap;
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{CheckpointError, Saved, Store};
+use crate::checkpoint::{CheckpointError, Saved, Store};
 use crate::config::CHECKPOINT_RESERVE;
 use crate::membership::{self, Owner};
 use crate::metrics::Metrics;
@@ -98,7 +98,7 @@ pub async fn run(
             polled = Instant::now();
             match store.take_resync_request().await {
                 Ok(Some(request)) => {
-                    let (what, delta) = super::parse_resync_request(&request);
+                    let (what, delta) = crate::checkpoint::parse_resync_request(&request);
                     let asked = registry.request_resync(what, delta);
                     tracing::info!(%what, delta, streams = asked, "resync requested");
                 }
@@ -110,7 +110,7 @@ pub async fn run(
         if !unwritten.is_empty() {
             let updates: BTreeMap<String, Option<String>> = unwritten
                 .iter()
-                .map(|(id, saved)| (id.clone(), saved.as_deref().map(super::encode)))
+                .map(|(id, saved)| (id.clone(), saved.as_deref().map(crate::checkpoint::encode)))
                 .collect();
             // The final write has its reserve of the shutdown budget; others a bound of their own.
             let bound = if last {

@@ -37,17 +37,6 @@ use std::time::Duration;
 
 use crate::kubeapi::ApiError;
 
-/// Every `reason` label of the watch restarts a transition reports.
-pub const RESTART_REASONS: [&str; 7] = [
-    "stalled",
-    "rewound",
-    "sync_interrupted",
-    "requested",
-    "expired",
-    "delivery_failed",
-    "connection",
-];
-
 /// How a stream gets the whole current state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Via {

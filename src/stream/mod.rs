@@ -22,19 +22,19 @@ use std::time::Duration;
 use prometheus::{IntCounter, IntGauge};
 use tokio_util::sync::CancellationToken;
 
-use crate::channel::Channel;
 use crate::checkpoint::Saved;
+use crate::config::Channel;
 use crate::config::Config;
 use crate::decode::{Identity, ObjectMeta, Trim};
 use crate::envelope::Route;
 use crate::event::EventType;
 use crate::kubeapi::{self, ApiError, Query, WatchFrom};
+use crate::membership::{Change, Known};
 use crate::membership::{Key, Members};
 use crate::metrics::Metrics;
 use crate::outbox::{Limits, Outbox, OutboxError};
 use crate::producer::Producer;
 use crate::registry::{Phase, Reporter};
-use crate::tracker::{Change, Known};
 use machine::{Backoff, Cursor, Outcome, Reason, State, Stop, Via};
 
 type Step = Outcome<kubeapi::Watch>;

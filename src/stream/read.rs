@@ -8,8 +8,8 @@ use crate::decode::{self, WatchEvent};
 use crate::envelope::Announcement;
 use crate::event::EventType;
 use crate::kubeapi::{self, ApiError};
+use crate::membership::Change;
 use crate::stream::machine::{Reason, Stop};
-use crate::tracker::Change;
 
 impl Stream {
     /// Reads `w` until it ends, fails, or (while reading an initial state) the state has ended:

@@ -27,9 +27,9 @@ use tokio::sync::watch;
 
 use super::{sync::comparable, Stream};
 use crate::kubeapi::ApiError;
+use crate::membership::Change;
 use crate::membership::Key;
 use crate::stream::machine::{Reason, State, Stop};
-use crate::tracker::Change;
 
 /// The namespaces in scope; `None` until they are known (a selector not listed yet).
 pub type Namespaces = Option<Arc<BTreeSet<String>>>;

@@ -32,9 +32,9 @@ use crate::decode::{self, Identity, ObjectMeta, WatchEvent};
 use crate::envelope::{self, Announcement};
 use crate::event::EventType;
 use crate::kubeapi::{self, ApiError, WatchFrom};
+use crate::membership::{Change, Known};
 use crate::membership::{Key, Members};
 use crate::stream::machine::{Outcome, Reason, Stop};
-use crate::tracker::{Change, Known};
 
 /// What a Sync has announced so far, against what the stream knew before it.
 ///

@@ -1,13 +1,11 @@
-//! A producer in memory, for tests.
+//! A producer and a membership log in memory, for tests.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::{
-    Apply, DeliveryError, ProduceError, Producer, Receipt, Refused, TopicError, TopicState,
-};
-use crate::envelope::Record;
+use crate::membership::log::{Apply, Log, TopicError, TopicState};
+use crate::producer::{DeliveryError, ProduceError, Producer, Receipt, Record, Refused};
 
 /// In what order [`Memory::release`] acknowledges the records it holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -264,6 +262,21 @@ impl Producer for Memory {
         }
     }
 
+    fn purge(&self) {
+        let held: Vec<_> = self.state().held.drain(..).collect();
+        for (_, _, receipt) in held {
+            receipt.report(Err(DeliveryError::Failed(ProduceError::retriable(
+                "purged from the queue",
+            ))));
+        }
+    }
+
+    fn fatal(&self) -> Option<String> {
+        self.state().fatal.clone()
+    }
+}
+
+impl Log for Memory {
     fn ensure_compacted(
         &self,
         topic: &str,
@@ -299,18 +312,5 @@ impl Producer for Memory {
             self.state().replayed += 1;
         }
         Ok(())
-    }
-
-    fn purge(&self) {
-        let held: Vec<_> = self.state().held.drain(..).collect();
-        for (_, _, receipt) in held {
-            receipt.report(Err(DeliveryError::Failed(ProduceError::retriable(
-                "purged from the queue",
-            ))));
-        }
-    }
-
-    fn fatal(&self) -> Option<String> {
-        self.state().fatal.clone()
     }
 }

@@ -8,9 +8,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use watchrelay::checkpoint::{self, Saved};
 use watchrelay::config::Config;
+use watchrelay::membership::Log;
 use watchrelay::metrics::Metrics;
-use watchrelay::producer::Producer;
 use watchrelay::registry::{Phase, Registry};
+use watchrelay::testing::Memory;
 use watchrelay::RelayError;
 use watchrelay_sim::{JournalEntry, Sim, SimConfig};
 
@@ -123,7 +124,7 @@ impl Bed {
         let cfg = self.config("  - operationId: watchNodes\n", "");
         let topic = self.membership.clone();
         tokio::task::spawn_blocking(move || {
-            let kafka = watchrelay::producer::Kafka::new(&cfg.kafka).expect("a Kafka client");
+            let kafka = watchrelay::membership::log::Kafka::new(&cfg.kafka);
             let owner = watchrelay::membership::Owner::new(CHECKPOINT_NS, CHECKPOINT_NAME);
             let mut restored = watchrelay::membership::Restored::new(owner, None);
             kafka
@@ -322,7 +323,7 @@ impl Relay {
     }
 
     /// Starts the relay; with `producer`, its records go there instead of Kafka.
-    pub fn start_with(bed: &Bed, cfg: Config, producer: Option<Arc<dyn Producer>>) -> Self {
+    pub fn start_with(bed: &Bed, cfg: Config, producer: Option<Arc<Memory>>) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -333,7 +334,7 @@ impl Relay {
         let client = bed.client(&cfg.kubernetes);
         let mut relay = watchrelay::Relay::new(cfg, client);
         if let Some(p) = producer {
-            relay = relay.with_producer(p);
+            relay = relay.with_producer(p.clone(), p);
         }
         let (shutdown, metrics, registry) = (relay.shutdown(), relay.metrics(), relay.registry());
         let task = runtime.spawn(relay.run());

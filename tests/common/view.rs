@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 
-use watchrelay::envelope::Record;
-use watchrelay::producer::Memory;
+use watchrelay::producer::Record;
+use watchrelay::testing::Memory;
 
 use watchrelay_sim::Sim;
 

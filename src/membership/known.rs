@@ -1,0 +1,29 @@
+//! One member's record, and how an event changes a stream's membership.
+
+/// The compact identity the relay keeps per object to infer deletions after a 410.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Known {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub rv: String,
+    /// The topic the object was announced on: where its retraction goes, whatever the
+    /// configuration says by then. Absent in records of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+    /// The Kafka key it was announced under. Absent in records of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+/// How an event changes the stream's membership.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// The object is alive: it becomes a member before its event is sent.
+    Join { uid: String, known: Known },
+    /// The same, for the object of the announcement it is sent with, whose identity is taken
+    /// from it only when the object is not a member yet (most events are of members).
+    Announced,
+    /// The object is gone: it leaves once its DELETED is acknowledged.
+    Leave { uid: String },
+}

@@ -1,0 +1,69 @@
+//! What the producer produces: a record's topic, key, value and headers.
+
+/// The most headers a record carries.
+const MAX_HEADERS: usize = 16;
+
+/// A record's headers, in order: their values end to end in one buffer, so a record's dozen
+/// headers cost one allocation instead of one each (the producer copies them anyway).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Headers {
+    values: String,
+    /// Each header's name and where its value ends in `values`.
+    ends: [(&'static str, u32); MAX_HEADERS],
+    len: usize,
+}
+
+impl Headers {
+    /// Headers with room for `bytes` of values.
+    pub fn with_capacity(bytes: usize) -> Self {
+        Self {
+            values: String::with_capacity(bytes),
+            ..Self::default()
+        }
+    }
+
+    /// Appends `name` with the value `parts` make, end to end.
+    pub fn push(&mut self, name: &'static str, parts: &[&str]) {
+        assert!(self.len < MAX_HEADERS, "at most {MAX_HEADERS} headers");
+        for part in parts {
+            self.values.push_str(part);
+        }
+        let end = u32::try_from(self.values.len()).expect("headers under 4 GiB");
+        self.ends[self.len] = (name, end);
+        self.len += 1;
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Each header's name and value, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &str)> + '_ {
+        let mut start = 0;
+        self.ends[..self.len].iter().map(move |&(name, end)| {
+            let value = &self.values[start..end as usize];
+            start = end as usize;
+            (name, value)
+        })
+    }
+
+    /// The value of `name`.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
+    }
+}
+
+/// A Kafka record, ready to produce.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub topic: String,
+    pub key: String,
+    pub value: Vec<u8>,
+    pub headers: Headers,
+    /// A tombstone: the key with a null value (`value` is empty and not sent).
+    pub tombstone: bool,
+}
