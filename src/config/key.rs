@@ -1,6 +1,6 @@
 //! A channel's key template: how a record's Kafka key is made from its object.
 
-use crate::decode::ObjectMeta;
+use crate::event::Meta;
 
 /// How a record's Kafka key is made from its object: `{namespace}`, `{name}`, `{uid}` and
 /// `{kind}` are replaced. For a cluster-scoped object `{namespace}/` is left out, so the default
@@ -87,7 +87,7 @@ impl KeyTemplate {
     }
 
     /// The key of `meta`.
-    pub fn render(&self, meta: &ObjectMeta) -> String {
+    pub fn render(&self, meta: &Meta) -> String {
         let mut key = String::with_capacity(64);
         for p in &self.pieces {
             match p {

@@ -1,4 +1,8 @@
-//! One member's record, and how an event changes a stream's membership.
+//! One member's record, where its retraction goes, and how an event changes a stream's
+//! membership.
+
+use crate::envelope::Route;
+use crate::event::{Identity, Meta};
 
 /// The compact identity the relay keeps per object to infer deletions after a 410.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -14,6 +18,30 @@ pub struct Known {
     /// The Kafka key it was announced under. Absent in records of older versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+}
+
+impl Known {
+    /// Member `uid` as its inferred DELETED names it: an object of `kind` in `api_version`,
+    /// at the version it joined at.
+    pub fn meta(&self, uid: &str, kind: &str, api_version: &str) -> Meta {
+        Meta::new(Identity {
+            uid,
+            name: &self.name,
+            namespace: self.namespace.as_deref(),
+            resource_version: &self.rv,
+            api_version,
+            kind,
+        })
+    }
+
+    /// Where member `meta`'s inferred DELETED goes: the topic and key it was announced under,
+    /// or where `route` puts it for a record of an older version that did not say.
+    pub fn place(&self, meta: &Meta, route: &Route) -> (String, String) {
+        (
+            self.topic.clone().unwrap_or_else(|| route.topic.clone()),
+            self.key.clone().unwrap_or_else(|| route.key.render(meta)),
+        )
+    }
 }
 
 /// How an event changes the stream's membership.

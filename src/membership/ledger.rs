@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use super::gate::Gate;
 use super::{record, Change, Known, Members, Owner};
 use crate::config::KeyTemplate;
-use crate::decode::ObjectMeta;
+use crate::event::Meta;
 use crate::producer::Record;
 
 /// What an entry needs before it may go.
@@ -105,7 +105,7 @@ impl<T> Ledger<T> {
     pub fn change(
         &mut self,
         change: Option<Change>,
-        meta: Option<&ObjectMeta>,
+        meta: Option<&Meta>,
         topic: &str,
         key: &KeyTemplate,
     ) -> (Option<String>, Admission) {
@@ -248,7 +248,7 @@ impl<T> Ledger<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::Identity;
+    use crate::event::Identity;
 
     fn known(name: &str) -> Known {
         Known {
@@ -275,11 +275,7 @@ mod tests {
     }
 
     /// The decision for `change` as a short word: what the entry needs, and who leaves.
-    fn decide(
-        l: &mut Ledger<&'static str>,
-        change: Option<Change>,
-        meta: Option<&ObjectMeta>,
-    ) -> String {
+    fn decide(l: &mut Ledger<&'static str>, change: Option<Change>, meta: Option<&Meta>) -> String {
         let key = KeyTemplate::default();
         let (leaves, admission) = l.change(change, meta, "pods", &key);
         let what = match admission {
@@ -299,7 +295,7 @@ mod tests {
 
     #[test]
     fn each_change_needs_what_the_table_says() {
-        let meta = ObjectMeta::new(Identity {
+        let meta = Meta::new(Identity {
             kind: "Pod",
             api_version: "v1",
             name: "x",
@@ -308,13 +304,7 @@ mod tests {
             resource_version: "5",
         });
         // (what, with a membership topic, the change, the announced object, the decision)
-        type Case<'a> = (
-            &'a str,
-            bool,
-            Option<Change>,
-            Option<&'a ObjectMeta>,
-            &'a str,
-        );
+        type Case<'a> = (&'a str, bool, Option<Change>, Option<&'a Meta>, &'a str);
         let cases: [Case<'_>; 8] = [
             ("a member joins again", true, join("m"), None, "free"),
             (

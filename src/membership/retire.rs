@@ -37,7 +37,6 @@ use tokio_util::sync::CancellationToken;
 use crate::checkpoint::{self, Saved, Store};
 use crate::config::Config;
 use crate::config::{Scope, Shape, Shapes, StreamId};
-use crate::decode::{Identity, ObjectMeta};
 use crate::envelope::{self, Route};
 use crate::membership::{self, Known, Members, Owner, Restored};
 use crate::metrics::Metrics;
@@ -200,23 +199,17 @@ impl Retire<'_> {
             let mut deletes = Vec::with_capacity(batch.len());
             let mut tombstones = Vec::new();
             for (uid, known) in &batch {
-                let meta = identity(uid, known, &api_version, kind);
-                let place = match (&known.topic, &known.key) {
-                    (Some(t), Some(k)) => Some((t.clone(), k.clone())),
-                    // Written by an older version: where the channel would put it, if it exists.
-                    _ => channel.map(|_| (route.topic.clone(), route.key.render(&meta))),
-                };
+                let meta = known.meta(uid, kind, &api_version);
+                // A record of an older version says neither: it goes where the channel would
+                // put it, if the channel still exists.
+                let addressed = known.topic.is_some() && known.key.is_some() || channel.is_some();
+                let place = addressed.then(|| known.place(&meta, &route));
                 match place {
                     Some((topic, key)) => {
                         let rv = if rv.is_empty() { known.rv.as_str() } else { rv };
                         let delete = envelope::retraction(&route, meta, rv, &topic, &key);
                         if channel.is_some_and(|c| c.tombstones) {
-                            tombstones.push(crate::producer::Record {
-                                value: Vec::new(),
-                                headers: Default::default(),
-                                tombstone: true,
-                                ..delete.clone()
-                            });
+                            tombstones.push(delete.tombstone());
                         }
                         deletes.push(delete);
                     }
@@ -246,17 +239,6 @@ impl Retire<'_> {
 }
 
 /// The identity of a member, for its inferred DELETED.
-fn identity(uid: &str, known: &Known, api_version: &str, kind: &str) -> ObjectMeta {
-    ObjectMeta::new(Identity {
-        uid,
-        name: &known.name,
-        namespace: known.namespace.as_deref(),
-        resource_version: &known.rv,
-        api_version,
-        kind,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -354,7 +354,7 @@ impl Members {
             Some(k) if is_default_key(k, namespace, &known.name) => flags |= DEFAULT_KEY,
             Some(_) => flags |= OWN_KEY,
         }
-        let numeric_rv = crate::tracker::comparable(&known.rv);
+        let numeric_rv = crate::event::comparable(&known.rv);
         if numeric_rv.is_some() {
             flags |= NUMERIC_RV;
         }

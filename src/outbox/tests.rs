@@ -6,12 +6,12 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Limits, Outbox, OutboxError};
+use super::{Failure, Limits, Outbox, OutboxError};
 use crate::config::KeyTemplate;
 use crate::config::OversizePolicy;
-use crate::decode::{Identity, ObjectMeta};
 use crate::envelope::{Announcement, Route};
 use crate::event::EventType;
+use crate::event::{Identity, Meta};
 use crate::membership::Change;
 use crate::membership::{Members, Owner};
 use crate::metrics::Metrics;
@@ -74,12 +74,12 @@ fn bed(tweak: impl FnOnce(&mut Limits)) -> Bed {
     }
 }
 
-fn meta(name: &str, rv: u64) -> ObjectMeta {
+fn meta(name: &str, rv: u64) -> Meta {
     let uid = format!(
         "00000000-0000-4000-8000-{:012x}",
         name.bytes().fold(0u64, |h, b| h * 131 + u64::from(b))
     );
-    ObjectMeta::new(Identity {
+    Meta::new(Identity {
         kind: "Pod",
         api_version: "v1",
         name,
@@ -89,7 +89,7 @@ fn meta(name: &str, rv: u64) -> ObjectMeta {
     })
 }
 
-fn object(m: &ObjectMeta, padding: usize) -> Vec<u8> {
+fn object(m: &Meta, padding: usize) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": m.name(), "namespace": m.namespace(), "uid": m.uid(), "resourceVersion": m.resource_version()},
@@ -103,7 +103,7 @@ impl Bed {
     async fn send(
         &mut self,
         event_type: EventType,
-        m: ObjectMeta,
+        m: Meta,
         padding: usize,
     ) -> Result<(), OutboxError> {
         let change = match event_type {
@@ -255,8 +255,13 @@ async fn a_batch_refused_for_size_replays_one_record_at_a_time_from_the_checkpoi
     // The first is in; the second comes back refused, and may have been only the victim of
     // its batch: replay from the checkpoint, one at a time.
     let failed = b.settle_ready().await;
-    assert!(matches!(failed, Err(OutboxError::Failed(_))), "{failed:?}");
-    assert_eq!(b.outbox.rewind().as_deref(), Some("40"));
+    assert_eq!(
+        failed,
+        Err(OutboxError::Failed {
+            failure: Failure::BatchTooLarge,
+            checkpoint: Some("40".into())
+        })
+    );
     b.send(EventType::Modified, meta("a", 41), 10_000)
         .await
         .unwrap();
@@ -282,10 +287,11 @@ async fn a_failed_delivery_rewinds_and_late_reports_of_what_was_forgotten_are_ig
     b.send(EventType::Added, meta("c", 52), 0).await.unwrap();
     b.producer.fail_next(1);
     b.producer.release_first(1, Order::Sent);
-    assert!(matches!(
-        b.settle_ready().await,
-        Err(OutboxError::Failed(_))
-    ));
+    let failed = b.settle_ready().await;
+    assert!(
+        matches!(&failed, Err(OutboxError::Failed { failure: Failure::Produce(_), checkpoint }) if checkpoint.as_deref() == Some("50")),
+        "{failed:?}"
+    );
     let errors = |class: &str| {
         b.metrics
             .delivery_errors
@@ -293,7 +299,6 @@ async fn a_failed_delivery_rewinds_and_late_reports_of_what_was_forgotten_are_ig
             .get()
     };
     assert_eq!((errors("retriable"), errors("permanent")), (1, 0));
-    assert_eq!(b.outbox.rewind().as_deref(), Some("50"));
     assert_eq!(b.outbox.in_flight(), 0);
     // The third's report arrives after the rewind: it moves nothing.
     b.producer.release(Order::Sent);

@@ -67,3 +67,17 @@ pub struct Record {
     /// A tombstone: the key with a null value (`value` is empty and not sent).
     pub tombstone: bool,
 }
+
+impl Record {
+    /// The tombstone following this record: its topic and key with a null value, so a
+    /// compacted topic forgets the key.
+    pub fn tombstone(&self) -> Record {
+        Record {
+            topic: self.topic.clone(),
+            key: self.key.clone(),
+            value: Vec::new(),
+            headers: Headers::default(),
+            tombstone: true,
+        }
+    }
+}

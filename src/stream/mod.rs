@@ -9,6 +9,7 @@
 
 pub mod machine;
 mod read;
+mod resume;
 mod scope;
 mod sync;
 
@@ -25,9 +26,10 @@ use tokio_util::sync::CancellationToken;
 use crate::checkpoint::Saved;
 use crate::config::Channel;
 use crate::config::Config;
-use crate::decode::{Identity, ObjectMeta, Trim};
+use crate::decode::Trim;
 use crate::envelope::Route;
 use crate::event::EventType;
+use crate::event::{Identity, Meta};
 use crate::kubeapi::{self, ApiError, Query, WatchFrom};
 use crate::membership::{Change, Known};
 use crate::membership::{Key, Members};
@@ -35,7 +37,7 @@ use crate::metrics::Metrics;
 use crate::outbox::{Limits, Outbox, OutboxError};
 use crate::producer::Producer;
 use crate::registry::{Phase, Reporter};
-use machine::{Backoff, Cursor, Outcome, Reason, State, Stop, Via};
+use machine::{Backoff, Cursor, Outcome, Profile, Reason, State, Stop, Via};
 
 type Step = Outcome<kubeapi::Watch>;
 
@@ -100,48 +102,79 @@ pub struct Stream {
     client: kube::Client,
     metrics: Arc<Metrics>,
     m: StreamMetrics,
+    /// What it reads and how it decodes it.
+    source: Source,
+    outbox: Outbox,
+    reporter: Reporter,
+    /// When it stops, and how.
+    life: Life,
+    backoff: Backoff,
+    timers: Timers,
+    /// What it stamps on its checkpoints, and how its next resync goes.
+    position: Position,
+    checkpoints: bool,
+    /// Its share of the relay's syncs.
+    syncs: Syncs,
+    /// A cluster-wide stream filtered to some namespaces (see [`scope`]).
+    scope: Option<scope::Scoped>,
+}
+
+/// What a stream reads and how it decodes it.
+struct Source {
     /// The collection URL.
     path: String,
     api_version: String,
     trim: Trim,
     /// Kind of the channel's objects, learned from lists and events (for inferred events).
     kind: String,
-    outbox: Outbox,
-    reporter: Reporter,
-    cancel: CancellationToken,
-    leaving: CancellationToken,
-    fenced: CancellationToken,
-    backoff: Backoff,
     /// The object buffer reused for every event.
     object_buf: Vec<u8>,
+}
+
+/// The tokens that stop a stream: [`Lifetime`]'s, and the lost Lease's.
+struct Life {
+    /// Stops reading: the relay stops, or the stream leaves its scope.
+    stop: CancellationToken,
+    /// The stream leaves its scope for good.
+    leaving: CancellationToken,
+    /// The Lease was lost: nothing more is checkpointed.
+    fenced: CancellationToken,
+    /// The relay stops: waiting for a checkpoint write, or for deliveries, is abandoned.
+    shutdown: CancellationToken,
+}
+
+/// A stream's two clocks.
+struct Timers {
     /// Fires when the next checkpoint may be published.
     publish: Pin<Box<tokio::time::Sleep>>,
     publish_every: Duration,
-    /// The fingerprint of this stream's query, stamped on every checkpoint it publishes.
-    query: String,
     /// Fires when an open watch has delivered nothing for `watchIdleTimeoutSeconds`.
     idle: Pin<Box<tokio::time::Sleep>>,
     idle_after: Duration,
-    checkpoints: bool,
-    /// The relay stops: waiting for a checkpoint write is abandoned.
-    shutdown: CancellationToken,
+}
+
+/// What a stream stamps on its checkpoints (see [`resume`]), and how its next resync goes.
+struct Position {
+    /// The fingerprint of this stream's query, stamped on every checkpoint it publishes.
+    query: String,
     /// The saved position belongs to another query: it is forgotten in the ConfigMap before the
     /// stream publishes anything (see [`Stream::forget_position`]).
     query_changed: bool,
     /// Where the stream publishes (see [`Route::id`]), stamped on every checkpoint.
     route_id: String,
     /// It published elsewhere before (`route_id` is then that old route): members announced
-    /// elsewhere are retracted there first, and only then is this, the new route, stamped. A
-    /// crash midway leaves the old route stamped, so the next start retracts the rest.
+    /// elsewhere are retracted there first, and only then is this, the new route, stamped.
     new_route: Option<String>,
     /// A full resync was requested: the next resync re-announces every object, not only those
     /// changed since the position (see [`sync`]).
     full_resync: bool,
-    syncs: Arc<tokio::sync::Semaphore>,
+}
+
+/// A stream's share of `kubernetes.maxConcurrentSyncs` (see [`Permit`]).
+struct Syncs {
+    permits: Arc<tokio::sync::Semaphore>,
     /// The sync permit, while syncing.
-    permit: Permit,
-    /// A cluster-wide stream filtered to some namespaces (see [`scope`]).
-    scope: Option<scope::Scoped>,
+    held: Permit,
 }
 
 /// A stream's share of `kubernetes.maxConcurrentSyncs`. A sync holds a permit while it reads
@@ -183,40 +216,24 @@ impl Stream {
         let query = channel.query_fingerprint(namespace.as_deref(), filter.is_some());
         let saved_query = saved.as_ref().and_then(|s| s.query.clone());
         let base = query.clone();
-        // A position belongs to the query it was read under: under another one (a changed
-        // path, namespace or selector) it is dropped, and the stream reconciles its known
-        // objects with the new query's state instead (see `run`). A filtered stream's query
-        // includes its namespaces, known once the stream runs: it decides there.
-        let mut query_changed = false;
-        if let Some(s) = saved
-            .as_mut()
-            .filter(|_| filter.is_none())
-            .filter(|s| s.query.as_ref().is_some_and(|q| *q != query))
-        {
-            tracing::warn!(stream = %id, "the stream's query changed since its checkpoint; reconciling with the new one");
-            s.rv = None;
-            query_changed = true;
-        }
         let path = channel.path.collection_url(namespace.as_deref());
         let route = Route::for_stream(&channel, &cfg.cluster_name, namespace);
-        let mut route_id = route.id();
-        // Published elsewhere before (a changed topic or key template): what it announced is
-        // retracted there, and the stream reconciles, so the new place gets every object.
-        let route_changed = saved
-            .as_ref()
-            .and_then(|s| s.route.as_ref())
-            .is_some_and(|r| *r != route_id);
-        if route_changed {
-            tracing::warn!(stream = %id, "the stream's topic or key changed since its checkpoint; retracting what it announced there and reconciling");
-            if let Some(s) = saved.as_mut() {
-                s.rv = None;
-            }
-            query_changed = true;
+        let plan = resume::plan(
+            saved_query.as_deref(),
+            saved.as_ref().and_then(|s| s.route.as_deref()),
+            &query,
+            &route.id(),
+            filter.is_some(),
+        );
+        if plan.query_moved {
+            tracing::warn!(stream = %id, "the stream's query changed since its checkpoint; reconciling with the new one");
         }
-        let new_route = match saved.as_ref().and_then(|s| s.route.clone()) {
-            Some(old) if route_changed => Some(std::mem::replace(&mut route_id, old)),
-            _ => None,
-        };
+        if plan.new_route.is_some() {
+            tracing::warn!(stream = %id, "the stream's topic or key changed since its checkpoint; retracting what it announced there and reconciling");
+        }
+        if let Some(s) = saved.as_mut().filter(|_| plan.drop_position) {
+            s.rv = None;
+        }
         let limits = Limits {
             max_in_flight: cfg.kafka.max_in_flight_per_stream,
             max_message_bytes: cfg.kafka.max_message_bytes,
@@ -265,41 +282,51 @@ impl Stream {
                 Duration::from_millis(k.backoff_max_ms),
                 seed,
             ),
-            publish_every: Duration::from_millis(cfg.checkpoint.interval_ms),
-            query,
-            query_changed,
-            route_id,
-            new_route,
-            full_resync: false,
-            syncs: wiring.syncs.clone(),
-            permit: Permit::None,
+            timers: Timers {
+                publish: Box::pin(tokio::time::sleep(Duration::ZERO)),
+                publish_every: Duration::from_millis(cfg.checkpoint.interval_ms),
+                idle: Box::pin(tokio::time::sleep(Duration::ZERO)),
+                idle_after: Duration::from_secs(u64::from(k.watch_idle_timeout_seconds)),
+            },
+            position: Position {
+                query,
+                query_changed: plan.query_changed,
+                route_id: plan.route_id,
+                new_route: plan.new_route,
+                full_resync: false,
+            },
+            syncs: Syncs {
+                permits: wiring.syncs.clone(),
+                held: Permit::None,
+            },
             scope: filter.map(|f| scope::Scoped::new(f, base, saved_query)),
             checkpoints: wiring.checkpoints,
-            shutdown: shutdown.clone(),
-            publish: Box::pin(tokio::time::sleep(Duration::ZERO)),
-            idle_after: Duration::from_secs(u64::from(k.watch_idle_timeout_seconds)),
-            idle: Box::pin(tokio::time::sleep(Duration::ZERO)),
-            api_version: channel.path.api_version(),
-            trim: Trim {
-                drop_managed_fields: channel.drop_managed_fields,
-                allow_secret_data: channel.allow_secret_data,
+            source: Source {
+                path,
+                api_version: channel.path.api_version(),
+                trim: Trim {
+                    drop_managed_fields: channel.drop_managed_fields,
+                    allow_secret_data: channel.allow_secret_data,
+                },
+                kind: crate::catalogue::kind_of(&channel.path.resource_name())
+                    .unwrap_or_default()
+                    .to_string(),
+                object_buf: Vec::new(),
             },
-            kind: crate::catalogue::kind_of(&channel.path.resource_name())
-                .unwrap_or_default()
-                .to_string(),
-            object_buf: Vec::new(),
+            life: Life {
+                stop: cancel,
+                leaving,
+                fenced: wiring.fenced.clone(),
+                shutdown: shutdown.clone(),
+            },
             id,
             channel,
             cfg,
             client: wiring.client.clone(),
-            fenced: wiring.fenced.clone(),
-            leaving,
             metrics,
             m,
-            path,
             outbox,
             reporter,
-            cancel,
         }
     }
 
@@ -313,24 +340,24 @@ impl Stream {
         };
         if let Some(scoped) = self.scope.as_mut() {
             tokio::select! {
-                _ = self.cancel.cancelled() => return self.stop().await,
+                _ = self.life.stop.cancelled() => return self.stop().await,
                 _ = scoped.take_all() => {}
             }
             let query = scoped.fingerprint();
             if scoped.saved_query().is_some_and(|q| *q != query) {
                 tracing::info!(stream = %self.id, "the stream's namespaces changed since its checkpoint; reconciling with them");
-                self.query_changed = true;
+                self.position.query_changed = true;
             }
-            self.query = query;
+            self.position.query = query;
         }
-        if self.query_changed && !self.forget_position().await {
+        if self.position.query_changed && !self.forget_position().await {
             return self.stop().await;
         }
-        if let Some(route) = self.new_route.take() {
+        if let Some(route) = self.position.new_route.take() {
             if !self.retract_elsewhere().await {
                 return self.stop().await;
             }
-            self.route_id = route;
+            self.position.route_id = route;
         }
         let checkpoint = self.outbox.checkpoint().map(str::to_string);
         let mut state = machine::start(self.channel.builtin, checkpoint, via);
@@ -369,26 +396,26 @@ impl Stream {
         match self.outbox.settle_joins().await {
             Ok(()) => {}
             Err(OutboxError::Cancelled) => return None,
-            Err(e) => return Some((reason, Self::stopped(self.outbox_stop(e)))),
+            Err(e) => return Some((reason, Self::stopped(e.into()))),
         }
-        let reason = match reason {
-            Reason::Start if !self.outbox.members().is_empty() => Reason::Resync,
-            reason => reason,
-        };
-        self.permit = Permit::Held(self.sync_permit().await?);
+        let reason = machine::sync_reason(reason, !self.outbox.members().is_empty());
+        self.syncs.held = Permit::Held(self.sync_permit().await?);
         if let Some(scoped) = self.scope.as_mut() {
             tokio::select! {
-                _ = self.cancel.cancelled() => return None,
+                _ = self.life.stop.cancelled() => return None,
                 _ = scoped.take_all() => {}
             }
         }
         // A full resync (asked for, or the history went back) forgets the position first: a
         // crash midway must not leave a later start to resume from it, or to take a delta
         // from it, when that is exactly what this resync is for.
-        if reason == Reason::Resync && self.full_resync && self.outbox.checkpoint().is_some() {
+        if reason == Reason::Resync
+            && self.position.full_resync
+            && self.outbox.checkpoint().is_some()
+        {
             if let Err(why) = self.drained().await {
                 // Not held through the backoff that follows.
-                self.permit = Permit::None;
+                self.syncs.held = Permit::None;
                 return Some((reason, Self::stopped(why)));
             }
             if !self.forget_position().await {
@@ -399,7 +426,7 @@ impl Stream {
             Via::InitialEvents => self.sync_initial(reason).await,
             Via::Pages => self.sync_pages(reason).await,
         };
-        self.permit = Permit::None;
+        self.syncs.held = Permit::None;
         let outcome = match outcome {
             Outcome::Synced { .. } => match self.settle_scope().await {
                 Ok(()) => outcome,
@@ -412,19 +439,19 @@ impl Stream {
 
     /// While a sync waits for Kafka, its permit goes back to the other streams.
     fn lend_permit(&mut self) {
-        if let Permit::Held(_) = self.permit {
-            self.permit = Permit::Lent;
+        if let Permit::Held(_) = self.syncs.held {
+            self.syncs.held = Permit::Lent;
         }
     }
 
     /// Before a sync reads on: its permit, taken again if it was lent.
     async fn reclaim_permit(&mut self) -> Result<(), Stop> {
-        if let Permit::Lent = self.permit {
+        if let Permit::Lent = self.syncs.held {
             let permit = tokio::select! {
-                _ = self.cancel.cancelled() => return Err(Stop::Cancelled),
-                p = self.syncs.clone().acquire_owned() => p.map_err(|_| Stop::Cancelled)?,
+                _ = self.life.stop.cancelled() => return Err(Stop::Cancelled),
+                p = self.syncs.permits.clone().acquire_owned() => p.map_err(|_| Stop::Cancelled)?,
             };
-            self.permit = Permit::Held(permit);
+            self.syncs.held = Permit::Held(permit);
         }
         Ok(())
     }
@@ -435,10 +462,7 @@ impl Stream {
             return Ok(());
         }
         self.lend_permit();
-        self.outbox
-            .wait_for_room()
-            .await
-            .map_err(|e| self.outbox_stop(e))?;
+        self.outbox.wait_for_room().await?;
         self.reclaim_permit().await
     }
 
@@ -448,10 +472,7 @@ impl Stream {
             return Ok(());
         }
         self.lend_permit();
-        self.outbox
-            .wait_until(0)
-            .await
-            .map_err(|e| self.outbox_stop(e))?;
+        self.outbox.wait_until(0).await?;
         self.reclaim_permit().await
     }
 
@@ -466,10 +487,10 @@ impl Stream {
         });
         self.set_phase(Phase::Waiting);
         tokio::select! {
-            _ = self.cancel.cancelled() => None,
+            _ = self.life.stop.cancelled() => None,
             permit = async {
                 tokio::time::sleep(delay).await;
-                self.syncs.clone().acquire_owned().await
+                self.syncs.permits.clone().acquire_owned().await
             } => {
                 self.set_phase(Phase::Syncing);
                 permit.ok()
@@ -487,13 +508,12 @@ impl Stream {
                 }
                 Stop::Rewound => {
                     self.m.resyncs.inc();
-                    self.full_resync = true;
                     tracing::warn!(stream = %self.id, "the API server's history went back behind the stream's position (an etcd restore?); relisting and re-announcing every object");
                 }
-                Stop::Delivery { error, .. } => {
-                    tracing::warn!(stream = %self.id, %error, "delivery failed; replaying from the checkpoint");
+                Stop::Delivery { failure, .. } => {
+                    tracing::warn!(stream = %self.id, %failure, "delivery failed; replaying from the checkpoint");
                     self.reporter
-                        .problem(format!("Kafka did not take its records: {error}"));
+                        .problem(format!("Kafka did not take its records: {failure}"));
                 }
                 Stop::NotServed => {
                     tracing::info!(stream = %self.id, resource = %self.channel.path.resource_name(), "resource not served; waiting for it")
@@ -525,25 +545,16 @@ impl Stream {
                     tracing::info!(stream = %self.id, "resync requested; relisting");
                 }
                 Stop::Stalled => {
-                    tracing::warn!(stream = %self.id, idle = ?self.idle_after, "watch delivered nothing, not even a bookmark; reopening it")
+                    tracing::warn!(stream = %self.id, idle = ?self.timers.idle_after, "watch delivered nothing, not even a bookmark; reopening it")
                 }
                 Stop::Cancelled | Stop::Closed | Stop::Refused => {}
             }
         }
-        let failed = matches!(
-            &outcome,
-            Outcome::Stopped {
-                why: Stop::Delivery { .. },
-                ..
-            }
-        );
-        let mut t = machine::next(state, outcome, &mut self.backoff);
-        if failed && self.scope.is_some() {
-            // What a filtered stream announced of namespaces entering its scope is not on its
-            // watch: replaying the watch would not announce it again. It resyncs whole.
-            self.full_resync = true;
-            t.next = scope::resync_instead(t.next);
-        }
+        let profile = Profile {
+            filtered: self.scope.is_some(),
+        };
+        let t = machine::next(state, outcome, &mut self.backoff, profile);
+        self.position.full_resync |= t.full;
         if let Some(reason) = t.restart {
             self.metrics
                 .watch_restarts
@@ -566,43 +577,18 @@ impl Stream {
     /// Publishes the checkpoint if it moved since it was last published.
     fn publish_checkpoint(&mut self) {
         if let Some(mut saved) = self.outbox.take_saved() {
-            saved.query = Some(self.query.clone());
-            saved.route = Some(self.route_id.clone());
+            saved.query = Some(self.position.query.clone());
+            saved.route = Some(self.position.route_id.clone());
             saved.kind = self.learned_kind();
             self.reporter.checkpoint(saved);
         }
-        let next = tokio::time::Instant::now() + self.publish_every;
-        self.publish.as_mut().reset(next);
+        let next = tokio::time::Instant::now() + self.timers.publish_every;
+        self.timers.publish.as_mut().reset(next);
     }
 
-    /// What a failed hand-over means for the machine. A failed delivery rewinds the outbox to
-    /// its checkpoint here, so the transition knows where the replay starts.
-    fn outbox_stop(&mut self, e: OutboxError) -> Stop {
-        match e {
-            OutboxError::Cancelled => Stop::Cancelled,
-            OutboxError::Failed(error) => Stop::Delivery {
-                error,
-                checkpoint: self.outbox.rewind(),
-            },
-        }
-    }
-
-    fn api_stop(&self, e: ApiError) -> Stop {
-        match e {
-            ApiError::Gone(_) => Stop::Gone,
-            // The position is ahead of the server (an etcd restore, a copied checkpoint):
-            // waiting cannot help, and objects may be back at versions below the position.
-            ApiError::Status {
-                code: 504,
-                ref message,
-                ..
-            } if message.contains("Too large resource version") => {
-                tracing::warn!(stream = %self.id, %message, "position ahead of the server");
-                Stop::Rewound
-            }
-            ApiError::Status { code: 404, .. } if !self.channel.builtin => Stop::NotServed,
-            e => Stop::Api(e),
-        }
+    /// What an API error means for the machine (see [`machine::api_stop`]).
+    fn api_stopped(&self, e: ApiError) -> Stop {
+        machine::api_stop(e, self.channel.builtin)
     }
 
     fn stopped(why: Stop) -> Step {
@@ -620,7 +606,7 @@ impl Stream {
         // Nothing is read while waiting: what was acknowledged so far is published now.
         self.publish_checkpoint();
         tokio::select! {
-            _ = self.cancel.cancelled() => Self::stopped(Stop::Cancelled),
+            _ = self.life.stop.cancelled() => Self::stopped(Stop::Cancelled),
             _ = tokio::time::sleep(delay) => Outcome::Waited,
         }
     }
@@ -630,7 +616,7 @@ impl Stream {
         let api_version = p.api_version();
         let exists = kubeapi::resource_exists(&self.client, &api_version, &p.resource);
         let exists = tokio::select! {
-            _ = self.cancel.cancelled() => return Self::stopped(Stop::Cancelled),
+            _ = self.life.stop.cancelled() => return Self::stopped(Stop::Cancelled),
             r = exists => r,
         };
         match exists {
@@ -647,14 +633,14 @@ impl Stream {
         let query = self.query();
         let opened = kubeapi::watch(
             &self.client,
-            &self.path,
+            &self.source.path,
             &query,
             from,
             self.cfg.kubernetes.watch_timeout_seconds,
         );
         tokio::select! {
-            _ = self.cancel.cancelled() => Err(Stop::Cancelled),
-            w = opened => w.map_err(|e| self.api_stop(e)),
+            _ = self.life.stop.cancelled() => Err(Stop::Cancelled),
+            w = opened => w.map_err(|e| self.api_stopped(e)),
         }
     }
 
@@ -705,9 +691,9 @@ impl Stream {
     /// line (an inferred DELETED): a built-in resource's comes from the catalogue; another's,
     /// unless a list of this run named it, from one short list.
     async fn ensure_kind(&mut self) {
-        if self.kind.is_empty() {
+        if self.source.kind.is_empty() {
             let query = self.query();
-            let page = kubeapi::list_page(&self.client, &self.path, &query, Some(1), None);
+            let page = kubeapi::list_page(&self.client, &self.source.path, &query, Some(1), None);
             if let Ok(Ok(page)) = tokio::time::timeout(Duration::from_secs(10), page).await {
                 self.learn_kind(&page);
             }
@@ -718,7 +704,7 @@ impl Stream {
     /// a resource outside the catalogue.
     fn learned_kind(&self) -> Option<String> {
         let builtin = crate::catalogue::kind_of(&self.channel.path.resource_name()).is_some();
-        (!builtin && !self.kind.is_empty()).then(|| self.kind.clone())
+        (!builtin && !self.source.kind.is_empty()).then(|| self.source.kind.clone())
     }
 
     /// Writes the stream's entry without a position, and waits until it is written; false when
@@ -735,15 +721,15 @@ impl Stream {
             .outbox
             .take_saved()
             .expect("forgetting the position moves it");
-        saved.query = Some(self.query.clone());
-        saved.route = Some(self.route_id.clone());
+        saved.query = Some(self.position.query.clone());
+        saved.route = Some(self.position.route_id.clone());
         saved.kind = self.learned_kind();
         let saved = self.reporter.checkpoint(saved);
         if !self.checkpoints {
             return true;
         }
         tokio::select! {
-            _ = self.shutdown.cancelled() => false,
+            _ = self.life.shutdown.cancelled() => false,
             _ = self.reporter.written(&saved) => true,
         }
     }
@@ -764,7 +750,7 @@ impl Stream {
                 let Some((uid, k)) = self.outbox.members().get_key(key) else {
                     return false;
                 };
-                let meta = ObjectMeta::new(Identity {
+                let meta = Meta::new(Identity {
                     uid: &uid,
                     name: &k.name,
                     namespace: k.namespace.as_deref(),
@@ -781,16 +767,8 @@ impl Stream {
             let Some((uid, k)) = self.outbox.members().get_key(&key) else {
                 continue;
             };
-            let topic = k.topic.clone().unwrap_or_else(|| route.topic.clone());
-            let meta = ObjectMeta::new(Identity {
-                uid: &uid,
-                name: &k.name,
-                namespace: k.namespace.as_deref(),
-                resource_version: &k.rv,
-                api_version: &self.api_version,
-                kind: &self.kind,
-            });
-            let key = k.key.clone().unwrap_or_else(|| route.key.render(&meta));
+            let meta = k.meta(&uid, &self.source.kind, &self.source.api_version);
+            let (topic, key) = k.place(&meta, &route);
             if self.outbox.wait_for_room().await.is_err() {
                 return false;
             }
@@ -811,11 +789,11 @@ impl Stream {
     async fn stop(mut self) -> Reporter {
         self.set_phase(Phase::Stopped);
         // Fenced (the Lease is lost): nothing more is checkpointed; the new leader replays.
-        if !self.fenced.is_cancelled() {
+        if !self.life.fenced.is_cancelled() {
             // Joins still pending are announcements too: settled first, so what they announce
             // is deleted with the rest rather than published after the leave. Nothing in flight
             // may bring a position back once it is forgotten.
-            let leaving = self.leaving.is_cancelled()
+            let leaving = self.life.leaving.is_cancelled()
                 && self.outbox.settle_joins().await.is_ok()
                 && self.outbox.wait_until(0).await.is_ok();
             let rv = self.outbox.checkpoint().unwrap_or_default().to_string();
@@ -845,7 +823,7 @@ impl Stream {
 
 /// An object that is alive joins the membership, with the identity `meta` gives and the key
 /// `route` announces it under.
-fn join(meta: &ObjectMeta, route: &Route) -> Option<Change> {
+fn join(meta: &Meta, route: &Route) -> Option<Change> {
     Some(Change::Join {
         uid: meta.uid().to_string(),
         known: Known {

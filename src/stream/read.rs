@@ -4,9 +4,10 @@
 use std::time::Instant;
 
 use super::{join, Reading, Stream};
-use crate::decode::{self, WatchEvent};
+use crate::decode;
 use crate::envelope::Announcement;
 use crate::event::EventType;
+use crate::event::WatchEvent;
 use crate::kubeapi::{self, ApiError};
 use crate::membership::Change;
 use crate::stream::machine::{Reason, Stop};
@@ -19,12 +20,12 @@ impl Stream {
         w: &mut kubeapi::Watch,
         reading: &mut Reading,
     ) -> Result<Option<String>, Stop> {
-        let idle_after = self.idle_after;
+        let idle_after = self.timers.idle_after;
         let rearm = |idle: &mut std::pin::Pin<Box<tokio::time::Sleep>>| {
             idle.as_mut()
                 .reset(tokio::time::Instant::now() + idle_after)
         };
-        rearm(&mut self.idle);
+        rearm(&mut self.timers.idle);
         let live = matches!(reading, Reading::Live { .. });
         if live && self.scope.as_ref().is_some_and(|s| s.moved()) {
             self.rescope().await?;
@@ -40,32 +41,32 @@ impl Stream {
             let moved = self.outbox.moved();
             tokio::select! {
                 biased;
-                _ = self.cancel.cancelled() => return Err(Stop::Cancelled),
+                _ = self.life.stop.cancelled() => return Err(Stop::Cancelled),
                 report = self.outbox.report() => {
                     // Every report taken with it is settled in the same pass.
                     let mut next = Some(report);
                     while let Some(report) = next {
                         if let Err(e) = self.outbox.settle(report).await {
-                            return Err(self.outbox_stop(e));
+                            return Err(e.into());
                         }
                         next = self.outbox.ready_report();
                     }
                     // Idle time counts only while the stream reads: not while Kafka holds it.
                     if !room {
-                        rearm(&mut self.idle);
+                        rearm(&mut self.timers.idle);
                     }
                 }
-                _ = &mut self.publish, if moved => self.publish_checkpoint(),
+                _ = &mut self.timers.publish, if moved => self.publish_checkpoint(),
                 delta = self.reporter.resync_requested() => {
-                    self.full_resync = !delta;
+                    self.position.full_resync = !delta;
                     return Err(Stop::Requested);
                 }
                 _ = super::scope::changed(&mut self.scope), if live => self.rescope().await?,
-                _ = &mut self.idle, if room => return Err(Stop::Stalled),
+                _ = &mut self.timers.idle, if room => return Err(Stop::Stalled),
                 line = w.next_line(), if room => match line {
                     Ok(Some(line)) => {
                         self.m.last_event.set(crate::metrics::unix_now());
-                        rearm(&mut self.idle);
+                        rearm(&mut self.timers.idle);
                         if let Some(rv) = self.on_line(&line, reading).await? {
                             return Ok(Some(rv));
                         }
@@ -79,7 +80,7 @@ impl Stream {
                         }
                     }
                     Ok(None) => return Ok(None),
-                    Err(e) => return Err(self.api_stop(e)),
+                    Err(e) => return Err(self.api_stopped(e)),
                 }
             }
         }
@@ -91,13 +92,13 @@ impl Stream {
         reading: &mut Reading,
     ) -> Result<Option<String>, Stop> {
         let arrived = Instant::now();
-        let buf = std::mem::take(&mut self.object_buf);
-        let mut ev = match decode::decode_line_into(line, self.trim, buf) {
+        let buf = std::mem::take(&mut self.source.object_buf);
+        let mut ev = match decode::decode_line_into(line, self.source.trim, buf) {
             Ok(ev) => ev,
             Err(e) => {
                 self.m.malformed.inc();
                 // What the line said is lost: the next resync re-announces every object.
-                self.full_resync = true;
+                self.position.full_resync = true;
                 let position = match reading {
                     Reading::Live { at } => at.as_deref(),
                     Reading::Initial { .. } => None,
@@ -107,13 +108,13 @@ impl Stream {
                 // Secret's: it is logged at debug level only.
                 tracing::warn!(stream = %self.id, ?position, bytes = line.len(), error = %e, "skipping a watch line that cannot be processed");
                 tracing::debug!(stream = %self.id, content = %String::from_utf8_lossy(line), "the skipped line");
-                self.object_buf = Vec::new();
+                self.source.object_buf = Vec::new();
                 return Ok(None);
             }
         };
         self.m.received[ev.event_type.index()].inc();
         let result = self.on_event(&mut ev, arrived, reading).await;
-        self.object_buf = ev.object;
+        self.source.object_buf = ev.object;
         result
     }
 
@@ -127,7 +128,7 @@ impl Stream {
         match (ev.event_type, reading) {
             (EventType::Error, _) => Err(match ev.status_code {
                 Some(410) => Stop::Gone,
-                code => self.api_stop(ApiError::Status {
+                code => self.api_stopped(ApiError::Status {
                     code: code.unwrap_or(500),
                     reason: "WatchError".into(),
                     message: String::from_utf8_lossy(&ev.object).into_owned(),
@@ -156,19 +157,15 @@ impl Stream {
                     let a = Announcement::marker("bookmark", &self.id, meta, &rv, false);
                     self.outbox
                         .send(a, &ev.object, arrived, Some(rv), None)
-                        .await
-                        .map_err(|e| self.outbox_stop(e))?;
+                        .await?;
                 } else {
-                    self.outbox
-                        .pass(Some(rv), None)
-                        .await
-                        .map_err(|e| self.outbox_stop(e))?;
+                    self.outbox.pass(Some(rv), None).await?;
                 }
                 Ok(None)
             }
             (t, reading) => {
-                if self.kind.is_empty() {
-                    self.kind = ev.meta.kind().to_string();
+                if self.source.kind.is_empty() {
+                    self.source.kind = ev.meta.kind().to_string();
                 }
                 let change = if t == EventType::Deleted {
                     Some(Change::Leave {
@@ -203,10 +200,7 @@ impl Stream {
                         } else {
                             // Out of scope (or already covered by its namespace's entry list):
                             // only the position moves.
-                            self.outbox
-                                .pass(Some(rv), None)
-                                .await
-                                .map_err(|e| self.outbox_stop(e))?;
+                            self.outbox.pass(Some(rv), None).await?;
                         }
                     }
                 }
@@ -236,16 +230,12 @@ impl Stream {
                 Some(Change::Announced) => None,
                 change => change,
             };
-            return self
-                .outbox
-                .pass(position, change)
-                .await
-                .map_err(|e| self.outbox_stop(e));
+            return self.outbox.pass(position, change).await.map_err(Stop::from);
         }
         let a = Announcement::change(ev.event_type, std::mem::take(&mut ev.meta), resync);
         self.outbox
             .send(a, &ev.object, arrived, position, change)
             .await
-            .map_err(|e| self.outbox_stop(e))
+            .map_err(Stop::from)
     }
 }

@@ -29,7 +29,7 @@ use super::{sync::comparable, Stream};
 use crate::kubeapi::ApiError;
 use crate::membership::Change;
 use crate::membership::Key;
-use crate::stream::machine::{Reason, State, Stop};
+use crate::stream::machine::Stop;
 
 /// The namespaces in scope; `None` until they are known (a selector not listed yet).
 pub type Namespaces = Option<Arc<BTreeSet<String>>>;
@@ -150,21 +150,6 @@ impl Scoped {
     }
 }
 
-/// After a failed delivery: `next`, with a resync where it would resume a watch.
-pub(super) fn resync_instead<C>(next: State<C>) -> State<C> {
-    match next {
-        State::Watch { at, .. } => State::Sync {
-            reason: Reason::Resync,
-            via: at.via,
-        },
-        State::Backoff { then, delay } => State::Backoff {
-            then: Box::new(resync_instead(*then)),
-            delay,
-        },
-        state => state,
-    }
-}
-
 /// Waits for a filtered stream's scope to move (never for another stream).
 pub(super) async fn changed(scoped: &mut Option<Scoped>) {
     match scoped {
@@ -191,10 +176,7 @@ impl Stream {
         }
         // What is still joining is announced: it must be deleted too. And nothing in flight
         // may bring a position back once it is forgotten.
-        self.outbox
-            .settle_joins()
-            .await
-            .map_err(|e| self.outbox_stop(e))?;
+        self.outbox.settle_joins().await?;
         self.drained().await?;
         // Before the first DELETED or ADDED, the position goes: a start resuming from it
         // under the same fingerprint (the namespace back in scope, or the entering one out of
@@ -220,9 +202,9 @@ impl Stream {
         let Some(query) = self.scope.as_ref().map(Scoped::fingerprint) else {
             return Ok(());
         };
-        if query != self.query {
+        if query != self.position.query {
             self.drained().await?;
-            self.query = query;
+            self.position.query = query;
         }
         Ok(())
     }
@@ -266,7 +248,7 @@ impl Stream {
                 Ok(p) => p,
                 // The namespace's listing cannot go on: a resync takes the whole scope anew.
                 Err(ApiError::Gone(_)) => return Err(Stop::Requested),
-                Err(e) => return Err(self.api_stop(e)),
+                Err(e) => return Err(self.api_stopped(e)),
             };
             self.learn_kind(&page);
             for item in &page.items {

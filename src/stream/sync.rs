@@ -28,13 +28,14 @@ use std::hash::{Hash, Hasher};
 use std::time::Instant;
 
 use super::{Reading, Step, Stream};
-use crate::decode::{self, Identity, ObjectMeta, WatchEvent};
+use crate::decode;
 use crate::envelope::{self, Announcement};
 use crate::event::EventType;
+use crate::event::{Identity, Meta, WatchEvent};
 use crate::kubeapi::{self, ApiError, WatchFrom};
 use crate::membership::{Change, Known};
 use crate::membership::{Key, Members};
-use crate::stream::machine::{Outcome, Reason, Stop};
+use crate::stream::machine::{self, Outcome, PageFailure, Reason, Stop};
 
 /// What a Sync has announced so far, against what the stream knew before it.
 ///
@@ -68,7 +69,7 @@ pub struct Announced {
     incomparable: bool,
 }
 
-pub(super) use crate::tracker::comparable;
+pub(super) use crate::event::comparable;
 
 fn name_hash(namespace: Option<&str>, name: &str) -> u64 {
     let mut h = std::hash::DefaultHasher::new();
@@ -99,7 +100,7 @@ impl Announced {
 
     /// Records an object of the new state; returns the members it replaces (same name, another
     /// uid), each once.
-    pub fn add(&mut self, meta: &ObjectMeta, members: &Members) -> Vec<(String, Known)> {
+    pub fn add(&mut self, meta: &Meta, members: &Members) -> Vec<(String, Known)> {
         let k = Members::key(meta.uid());
         self.seen.push(k);
         let h = name_hash(meta.namespace(), meta.name());
@@ -169,7 +170,7 @@ impl Announced {
     /// a version not newer than the position, and nothing published on its key in this sync
     /// (the inferred DELETED of an object whose name it took: a stale member, its membership
     /// tombstone lost). Call after [`Announced::add`].
-    pub fn unchanged(&mut self, meta: &ObjectMeta, members: &Members) -> bool {
+    pub fn unchanged(&mut self, meta: &Meta, members: &Members) -> bool {
         let Some(floor) = self.floor else {
             return false;
         };
@@ -206,7 +207,11 @@ impl Stream {
         match reason {
             Reason::Resync => {
                 let mut a = Announced::new(Some(self.outbox.members()));
-                if let Some(position) = self.outbox.checkpoint().filter(|_| !self.full_resync) {
+                if let Some(position) = self
+                    .outbox
+                    .checkpoint()
+                    .filter(|_| !self.position.full_resync)
+                {
                     a.since(position);
                 }
                 a
@@ -226,7 +231,7 @@ impl Stream {
         let query = self.query();
         let page = kubeapi::list_page(&self.client, path, &query, size, token);
         tokio::select! {
-            _ = self.cancel.cancelled() => Err(Stop::Cancelled),
+            _ = self.life.stop.cancelled() => Err(Stop::Cancelled),
             p = page => Ok(p),
         }
     }
@@ -237,12 +242,15 @@ impl Stream {
     /// can take the server longer than the client's read timeout, and never finish).
     async fn list_all(&self) -> Result<Result<kubeapi::ListPage, ApiError>, Stop> {
         let size = Some(self.cfg.kubernetes.list_page_size);
-        let mut all = match self.list_page(&self.path, size, None).await? {
+        let mut all = match self.list_page(&self.source.path, size, None).await? {
             Ok(p) => p,
             Err(e) => return Ok(Err(e)),
         };
         while let Some(token) = all.continue_token.take() {
-            match self.list_page(&self.path, size, Some(&token)).await? {
+            match self
+                .list_page(&self.source.path, size, Some(&token))
+                .await?
+            {
                 Ok(p) => {
                     all.items.extend(p.items);
                     all.continue_token = p.continue_token;
@@ -256,7 +264,7 @@ impl Stream {
     /// Learns the kind of the channel's objects from a list page (`PodList`: `Pod`).
     pub(super) fn learn_kind(&mut self, page: &kubeapi::ListPage) {
         if let Some(k) = page.kind.strip_suffix("List") {
-            self.kind = k.to_string();
+            self.source.kind = k.to_string();
         }
     }
 
@@ -267,12 +275,12 @@ impl Stream {
         item: &serde_json::value::RawValue,
     ) -> Result<Option<WatchEvent>, Stop> {
         self.room().await?;
-        let type_meta = (self.api_version.as_str(), self.kind.as_str());
-        match decode::decode_item(EventType::Added, item, self.trim, type_meta) {
+        let type_meta = (self.source.api_version.as_str(), self.source.kind.as_str());
+        match decode::decode_item(EventType::Added, item, self.source.trim, type_meta) {
             Ok(ev) => Ok(Some(ev)),
             Err(e) => {
                 self.m.malformed.inc();
-                self.full_resync = true;
+                self.position.full_resync = true;
                 tracing::warn!(stream = %self.id, error = %e, "skipping an undecodable list item");
                 Ok(None)
             }
@@ -281,7 +289,7 @@ impl Stream {
 
     /// Whether an object belongs to the state a sync announces: always, but for a filtered
     /// stream's objects of namespaces out of its scope.
-    pub(super) fn holds(&self, meta: &ObjectMeta) -> bool {
+    pub(super) fn holds(&self, meta: &Meta) -> bool {
         self.scope
             .as_ref()
             .is_none_or(|s| s.holds(meta.namespace()))
@@ -292,7 +300,7 @@ impl Stream {
     pub(super) async fn announce_replacement(
         &mut self,
         announced: &mut Announced,
-        meta: &ObjectMeta,
+        meta: &Meta,
     ) -> Result<(), Stop> {
         for (old, known) in announced.add(meta, self.outbox.members()) {
             tracing::info!(stream = %self.id, name = %meta.name(), old = %old, new = %meta.uid(), "object recreated under its name while unseen; deleting the old one first");
@@ -314,26 +322,14 @@ impl Stream {
         self.m.synthetic_deletes.inc();
         let change = Some(Change::Leave { uid: uid.clone() });
         if !self.channel.forwards(EventType::Deleted) {
-            return self
-                .outbox
-                .pass(None, change)
-                .await
-                .map_err(|e| self.outbox_stop(e));
+            return self.outbox.pass(None, change).await.map_err(Stop::from);
         }
-        let meta = ObjectMeta::new(Identity {
-            kind: &self.kind,
-            api_version: &self.api_version,
-            name: &known.name,
-            namespace: known.namespace.as_deref(),
-            uid: &uid,
-            resource_version: &known.rv,
-        });
-        let object = envelope::reference_object(&meta);
-        let a = Announcement::inferred_delete(meta, rv);
+        let meta = known.meta(&uid, &self.source.kind, &self.source.api_version);
+        let (topic, key) = known.place(&meta, self.outbox.route());
         self.outbox
-            .send(a, &object, Instant::now(), None, change)
+            .retract(meta, rv, &topic, &key)
             .await
-            .map_err(|e| self.outbox_stop(e))
+            .map_err(Stop::from)
     }
 
     /// Sync through a `sendInitialEvents` watch: the current state, then changes, on one
@@ -391,11 +387,14 @@ impl Stream {
                 self.list_all().await?
             } else {
                 let size = Some(self.cfg.kubernetes.list_page_size);
-                self.list_page(&self.path, size, token.as_deref()).await?
+                self.list_page(&self.source.path, size, token.as_deref())
+                    .await?
             };
-            let page = match page {
+            let page = match page
+                .map_err(|e| machine::page_failed(e, token.is_some(), self.channel.builtin))
+            {
                 Ok(p) => p,
-                Err(ApiError::Gone(_)) if token.is_some() => {
+                Err(PageFailure::Refetch) => {
                     tracing::info!(stream = %self.id, "continue token expired; fetching every page before announcing");
                     self.metrics
                         .watch_restarts
@@ -410,7 +409,7 @@ impl Stream {
                     announced = self.announced(reason);
                     continue;
                 }
-                Err(e) => return Err(self.api_stop(e)),
+                Err(PageFailure::Stop(why)) => return Err(why),
             };
             self.learn_kind(&page);
             if announced.rewound(&page.resource_version) {
@@ -462,7 +461,7 @@ impl Stream {
         reason: Reason,
         list_rv: &str,
     ) -> Result<(), Stop> {
-        self.full_resync = false;
+        self.position.full_resync = false;
         self.m.unchanged.inc_by(announced.skipped() as u64);
         if announced.incomparable {
             self.m.full_fallbacks.inc();
@@ -472,7 +471,7 @@ impl Stream {
                 .outbox
                 .pass(Some(list_rv.to_string()), None)
                 .await
-                .map_err(|e| self.outbox_stop(e));
+                .map_err(Stop::from);
         }
         announced.end();
         let vanished: Vec<Key> = self
@@ -491,23 +490,23 @@ impl Stream {
         // Everything the resync produced is in Kafka before its end is marked.
         self.drained().await?;
         let object = envelope::bookmark_object(
-            &self.api_version,
-            &self.kind,
+            &self.source.api_version,
+            &self.source.kind,
             list_rv,
             Some(("watchrelay.io/resync-end", "true")),
         );
         // The marker's identity is its object's (apiVersion and kind), so a reference to it
         // says the same.
-        let meta = ObjectMeta::new(Identity {
-            api_version: &self.api_version,
-            kind: &self.kind,
+        let meta = Meta::new(Identity {
+            api_version: &self.source.api_version,
+            kind: &self.source.kind,
             ..Identity::default()
         });
         let a = Announcement::marker("resync-end", &self.id, meta, list_rv, true);
         self.outbox
             .send(a, &object, Instant::now(), Some(list_rv.to_string()), None)
             .await
-            .map_err(|e| self.outbox_stop(e))
+            .map_err(Stop::from)
     }
 }
 
@@ -515,8 +514,8 @@ impl Stream {
 mod tests {
     use super::*;
 
-    fn meta(uid: &str, rv: &str) -> ObjectMeta {
-        ObjectMeta::new(Identity {
+    fn meta(uid: &str, rv: &str) -> Meta {
+        Meta::new(Identity {
             uid,
             name: uid,
             namespace: Some("a"),

@@ -30,29 +30,29 @@ const DROP: Trim = Trim {
 };
 
 /// An object's members in order, duplicates kept.
-struct Members(Vec<(String, Box<RawValue>)>);
+struct Fields(Vec<(String, Box<RawValue>)>);
 
-impl<'de> serde::Deserialize<'de> for Members {
+impl<'de> serde::Deserialize<'de> for Fields {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
-            type Value = Members;
+            type Value = Fields;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("an object")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Members, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields, A::Error> {
                 let mut out = Vec::new();
                 while let Some(member) = map.next_entry()? {
                     out.push(member);
                 }
-                Ok(Members(out))
+                Ok(Fields(out))
             }
         }
         d.deserialize_map(V)
     }
 }
 
-impl Members {
+impl Fields {
     /// The value of `key` when it occurs exactly once.
     fn single(&self, key: &str) -> Option<&RawValue> {
         let mut found = self.0.iter().filter(|(k, _)| k == key);
@@ -112,7 +112,7 @@ pub fn check(data: &[u8]) {
         return;
     };
     // The line's first `object` (the one decoded), compared when it is the only one.
-    let Ok(line) = serde_json::from_str::<Members>(text) else {
+    let Ok(line) = serde_json::from_str::<Fields>(text) else {
         return;
     };
     let Some(object) = line.single("object") else {
@@ -126,7 +126,7 @@ pub fn check(data: &[u8]) {
     assert_eq!(got, expected, "untrimmed object of {text:?}");
     let mut expected = expected;
     let single_metadata =
-        serde_json::from_str::<Members>(object.get()).is_ok_and(|o| o.single("metadata").is_some());
+        serde_json::from_str::<Fields>(object.get()).is_ok_and(|o| o.single("metadata").is_some());
     if let (true, Some(Value::Object(md))) = (single_metadata, expected.get_mut("metadata")) {
         md.remove("managedFields");
     }

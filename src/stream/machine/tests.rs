@@ -204,7 +204,7 @@ fn transitions() {
             watch("10", Pages),
             stopped(
                 Stop::Delivery {
-                    error: "x".into(),
+                    failure: Failure::BatchTooLarge,
                     checkpoint: Some("8".into()),
                 },
                 Some("12"),
@@ -217,7 +217,7 @@ fn transitions() {
             sync(Resync, InitialEvents),
             stopped(
                 Stop::Delivery {
-                    error: "x".into(),
+                    failure: Failure::BatchTooLarge,
                     checkpoint: None,
                 },
                 None,
@@ -266,7 +266,7 @@ fn transitions() {
     for (i, (state, outcome, want, through_backoff, restart)) in table.into_iter().enumerate() {
         let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1), 7);
         let row = format!("row {i}: {state:?} + {outcome:?}");
-        let t = next(state, outcome, &mut backoff);
+        let t = next(state, outcome, &mut backoff, Profile::default());
         assert_eq!(t.restart, restart, "{row}");
         let (got, backed_off) = settle(t.next);
         assert_eq!(got, want, "{row}");
@@ -281,6 +281,7 @@ fn retry_after_sets_the_delay_and_successes_reset_the_backoff() {
         watch("1", Via::Pages),
         stopped(api(429, Some(3)), None),
         &mut backoff,
+        Profile::default(),
     );
     assert!(matches!(t.next, State::Backoff { delay, .. } if delay == Duration::from_secs(3)));
     for _ in 0..5 {
@@ -293,6 +294,7 @@ fn retry_after_sets_the_delay_and_successes_reset_the_backoff() {
             open: None,
         },
         &mut backoff,
+        Profile::default(),
     );
     assert!(backoff.next() <= Duration::from_millis(100));
 }
@@ -323,4 +325,115 @@ fn backoff_grows_with_jitter_and_resets() {
     }
     b.reset();
     assert!(b.next() <= Duration::from_millis(100));
+}
+
+#[test]
+fn a_filtered_stream_resyncs_whole_after_a_failed_delivery_and_a_rewind_asks_for_a_full_one() {
+    let failed = |checkpoint: Option<&str>| {
+        stopped(
+            Stop::Delivery {
+                failure: Failure::BatchTooLarge,
+                checkpoint: checkpoint.map(str::to_string),
+            },
+            None,
+        )
+    };
+    let filtered = Profile { filtered: true };
+    // (profile, state, outcome, next state once waited, a full resync)
+    let table: Vec<(Profile, S, O, S, bool)> = vec![
+        (
+            filtered,
+            watch("10", Via::Pages),
+            failed(Some("8")),
+            sync(Reason::Resync, Via::Pages),
+            true,
+        ),
+        (
+            filtered,
+            watch("10", Via::Pages),
+            failed(None),
+            sync(Reason::Start, Via::Pages),
+            true,
+        ),
+        (
+            Profile::default(),
+            watch("10", Via::Pages),
+            failed(Some("8")),
+            watch("8", Via::Pages),
+            false,
+        ),
+        (
+            Profile::default(),
+            watch("10", Via::InitialEvents),
+            stopped(Stop::Rewound, None),
+            sync(Reason::Resync, Via::InitialEvents),
+            true,
+        ),
+        (
+            Profile::default(),
+            watch("10", Via::InitialEvents),
+            stopped(Stop::Gone, None),
+            sync(Reason::Resync, Via::InitialEvents),
+            false,
+        ),
+    ];
+    for (i, (profile, state, outcome, want, full)) in table.into_iter().enumerate() {
+        let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1), 7);
+        let t = next(state, outcome, &mut backoff, profile);
+        assert_eq!((settle(t.next).0, t.full), (want, full), "row {i}");
+    }
+}
+
+#[test]
+fn a_sync_with_members_reconciles_like_a_resync() {
+    use Reason::*;
+    let cases = [
+        (Start, false, Start),
+        (Start, true, Resync),
+        (Resync, false, Resync),
+        (Resync, true, Resync),
+    ];
+    for (reason, has_members, want) in cases {
+        assert_eq!(
+            sync_reason(reason, has_members),
+            want,
+            "{reason:?} {has_members}"
+        );
+    }
+}
+
+#[test]
+fn api_errors_are_classified_into_stops() {
+    let status = |code: u16, message: &str| ApiError::Status {
+        code,
+        reason: "R".into(),
+        message: message.into(),
+        retry_after: None,
+    };
+    let gone = || ApiError::Gone("expired".into());
+    // (error, built-in resource, the stop's name)
+    let cases = [
+        (gone(), true, "Gone"),
+        (
+            status(504, "Too large resource version: 99"),
+            true,
+            "Rewound",
+        ),
+        (status(504, "Timeout"), true, "Api"),
+        (status(404, "not found"), false, "NotServed"),
+        (status(404, "not found"), true, "Api"),
+        (status(403, "forbidden"), true, "Api"),
+    ];
+    for (e, builtin, want) in cases {
+        let got = format!("{:?}", api_stop(e, builtin));
+        assert!(got.starts_with(want), "{got} is not {want}");
+    }
+    assert!(matches!(
+        page_failed(gone(), true, true),
+        PageFailure::Refetch
+    ));
+    assert!(matches!(
+        page_failed(gone(), false, true),
+        PageFailure::Stop(Stop::Gone)
+    ));
 }

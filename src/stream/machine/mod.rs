@@ -36,6 +36,7 @@
 use std::time::Duration;
 
 use crate::kubeapi::ApiError;
+use crate::outbox::{Failure, OutboxError};
 
 /// How a stream gets the whole current state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,9 +104,26 @@ pub enum Stop {
     Api(ApiError),
     /// Kafka gave up on a record; `checkpoint` is where the stream replays from.
     Delivery {
-        error: String,
+        failure: Failure,
         checkpoint: Option<String>,
     },
+}
+
+impl From<OutboxError> for Stop {
+    /// What a failed hand-over means for the machine: the outbox rewound to its checkpoint, so
+    /// the transition knows where the replay starts.
+    fn from(e: OutboxError) -> Self {
+        match e {
+            OutboxError::Cancelled => Stop::Cancelled,
+            OutboxError::Failed {
+                failure,
+                checkpoint,
+            } => Stop::Delivery {
+                failure,
+                checkpoint,
+            },
+        }
+    }
 }
 
 /// What a step reports.
@@ -127,6 +145,74 @@ pub struct Transition<C> {
     pub next: State<C>,
     /// The `reason` label of `watch_restarts_total`, when a watch restarts.
     pub restart: Option<&'static str>,
+    /// The next resync must re-announce every object, not only those changed since the
+    /// position: the server's history went back, or a filtered stream's watch cannot replay
+    /// what it announced.
+    pub full: bool,
+}
+
+/// What the machine must know of the stream it drives.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Profile {
+    /// A cluster-wide watch filtered to some namespaces: what it announced of namespaces
+    /// entering its scope is not on its watch, so replaying the watch after a failed delivery
+    /// would not announce it again. It resyncs instead.
+    pub filtered: bool,
+}
+
+impl<C> State<C> {
+    /// How a live state gets the whole state; `None` for a backoff or the end.
+    fn via(&self) -> Option<Via> {
+        match self {
+            State::AwaitResource { via } | State::Sync { via, .. } => Some(*via),
+            State::Watch { at, .. } => Some(at.via),
+            State::Backoff { .. } | State::Done => None,
+        }
+    }
+}
+
+/// Why a sync runs, given whether the stream has members: without a position but with known
+/// objects (a changed query, a failure before the first position), a sync reconciles like a
+/// resync, inferring a DELETED for every known object the new state lacks.
+pub fn sync_reason(reason: Reason, has_members: bool) -> Reason {
+    match reason {
+        Reason::Start if has_members => Reason::Resync,
+        reason => reason,
+    }
+}
+
+/// What an API error means for a stream whose resource is `builtin` (or a custom one).
+pub fn api_stop(e: ApiError, builtin: bool) -> Stop {
+    match e {
+        ApiError::Gone(_) => Stop::Gone,
+        // The position is ahead of the server (an etcd restore, a copied checkpoint): waiting
+        // cannot help, and objects may be back at versions below the position.
+        ApiError::Status {
+            code: 504,
+            ref message,
+            ..
+        } if message.contains("Too large resource version") => Stop::Rewound,
+        ApiError::Status { code: 404, .. } if !builtin => Stop::NotServed,
+        e => Stop::Api(e),
+    }
+}
+
+/// What a list page's failure means while paging through a snapshot.
+#[derive(Debug)]
+pub enum PageFailure {
+    /// The continue token expired (the snapshot it pinned outlived its compaction window):
+    /// fetch every page again, back to back, before announcing any.
+    Refetch,
+    Stop(Stop),
+}
+
+/// What the failure `e` of a list page means; `continuing` when the page was asked with a
+/// continue token.
+pub fn page_failed(e: ApiError, continuing: bool, builtin: bool) -> PageFailure {
+    match e {
+        ApiError::Gone(_) if continuing => PageFailure::Refetch,
+        e => PageFailure::Stop(api_stop(e, builtin)),
+    }
 }
 
 /// The first state of a stream.
@@ -151,15 +237,32 @@ fn resume<C>(checkpoint: Option<String>, via: Via) -> State<C> {
 }
 
 /// The one transition function: where a stream in `state` goes once its step reported `outcome`.
-pub fn next<C>(state: State<C>, outcome: Outcome<C>, backoff: &mut Backoff) -> Transition<C> {
+pub fn next<C>(
+    state: State<C>,
+    outcome: Outcome<C>,
+    backoff: &mut Backoff,
+    profile: Profile,
+) -> Transition<C> {
     let go = |next| Transition {
         next,
         restart: None,
+        full: false,
     };
-    let via = match &state {
-        State::AwaitResource { via } | State::Sync { via, .. } => *via,
-        State::Watch { at, .. } => at.via,
-        State::Backoff { .. } | State::Done => Via::Pages,
+    let Some(via) = state.via() else {
+        // A backoff goes on to its state once waited; the end stays the end.
+        return match (state, outcome) {
+            (State::Done, _)
+            | (
+                _,
+                Outcome::Stopped {
+                    why: Stop::Cancelled,
+                    ..
+                },
+            ) => go(State::Done),
+            (State::Backoff { then, .. }, _) => go(*then),
+            // A live state has a way to sync: not here.
+            (state, _) => go(state),
+        };
     };
     // Where to go back to after a failure: the state itself, or the position read so far.
     let retry = |state: State<C>, at: Option<String>| match (state, at) {
@@ -173,7 +276,6 @@ pub fn next<C>(state: State<C>, outcome: Outcome<C>, backoff: &mut Backoff) -> T
         (state, _) => state,
     };
     match (state, outcome) {
-        (State::Done, _) => go(State::Done),
         (
             _,
             Outcome::Stopped {
@@ -181,7 +283,6 @@ pub fn next<C>(state: State<C>, outcome: Outcome<C>, backoff: &mut Backoff) -> T
                 ..
             },
         ) => go(State::Done),
-        (State::Backoff { then, .. }, _) => go(*then),
         (State::AwaitResource { via }, Outcome::Served { checkpoint }) => {
             backoff.reset();
             go(resume(checkpoint, via))
@@ -214,6 +315,7 @@ pub fn next<C>(state: State<C>, outcome: Outcome<C>, backoff: &mut Backoff) -> T
                 delay: backoff.next(),
             },
             restart: None,
+            full: false,
         },
         (
             state,
@@ -224,6 +326,7 @@ pub fn next<C>(state: State<C>, outcome: Outcome<C>, backoff: &mut Backoff) -> T
         ) => Transition {
             next: retry(state, at),
             restart: Some("stalled"),
+            full: false,
         },
         (
             state,
@@ -244,7 +347,11 @@ pub fn next<C>(state: State<C>, outcome: Outcome<C>, backoff: &mut Backoff) -> T
             let next = retry(state, at);
             if progressed {
                 backoff.reset();
-                Transition { next, restart }
+                Transition {
+                    next,
+                    restart,
+                    full: false,
+                }
             } else {
                 Transition {
                     next: State::Backoff {
@@ -252,6 +359,7 @@ pub fn next<C>(state: State<C>, outcome: Outcome<C>, backoff: &mut Backoff) -> T
                         delay: backoff.next(),
                     },
                     restart,
+                    full: false,
                 }
             }
         }
@@ -267,6 +375,7 @@ pub fn next<C>(state: State<C>, outcome: Outcome<C>, backoff: &mut Backoff) -> T
                 via,
             },
             restart: Some("requested"),
+            full: false,
         },
         (
             _,
@@ -284,6 +393,7 @@ pub fn next<C>(state: State<C>, outcome: Outcome<C>, backoff: &mut Backoff) -> T
             } else {
                 "rewound"
             }),
+            full: matches!(why, Stop::Rewound),
         },
         (
             _,
@@ -293,10 +403,18 @@ pub fn next<C>(state: State<C>, outcome: Outcome<C>, backoff: &mut Backoff) -> T
             },
         ) => Transition {
             next: State::Backoff {
-                then: Box::new(resume(checkpoint, via)),
+                // A filtered stream's watch cannot replay what it announced (see [`Profile`]).
+                then: Box::new(match checkpoint {
+                    Some(_) if profile.filtered => State::Sync {
+                        reason: Reason::Resync,
+                        via,
+                    },
+                    checkpoint => resume(checkpoint, via),
+                }),
                 delay: backoff.next(),
             },
             restart: Some("delivery_failed"),
+            full: profile.filtered,
         },
         (
             state,
@@ -312,6 +430,7 @@ pub fn next<C>(state: State<C>, outcome: Outcome<C>, backoff: &mut Backoff) -> T
                     delay: e.retry_after().unwrap_or_else(|| backoff.next()),
                 },
                 restart,
+                full: false,
             }
         }
         // A step reported something its state cannot produce: start that state over.

@@ -12,9 +12,9 @@
 //! - An entry whose record is too large for Kafka is delivered as a reference (the object reduced
 //!   to its identity), to the dead-letter topic or the channel's own; it keeps its place in the
 //!   order.
-//! - A delivery that fails for good ends in [`OutboxError::Failed`]; [`Outbox::rewind`] then
-//!   forgets everything unacknowledged (late reports of it are ignored) so the stream replays
-//!   from the checkpoint.
+//! - A delivery that fails for good ends in [`OutboxError::Failed`] with its typed [`Failure`];
+//!   the outbox has then rewound, forgetting everything unacknowledged (late reports of it are
+//!   ignored), and the error carries the checkpoint the stream replays from.
 //! - An object joins the members before anything announcing it is sent: with a membership topic,
 //!   its membership record is acknowledged first, and the stream's records wait in order behind
 //!   pending joins (the [`gate`]). It leaves once its DELETED is in the acknowledged prefix,
@@ -31,9 +31,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::Saved;
 use crate::config::OversizePolicy;
-use crate::decode::ObjectMeta;
 use crate::envelope::{self, Announcement, Route};
 use crate::event::EventType;
+use crate::event::Meta;
 use crate::membership::ledger::{Admission, Settled};
 use crate::membership::Change;
 use crate::membership::{Ledger, Members, Owner};
@@ -55,9 +55,34 @@ const FULL_RETRY_MAX: Duration = Duration::from_millis(100);
 pub enum OutboxError {
     #[error("cancelled")]
     Cancelled,
-    /// A record could not be delivered; replay from the checkpoint.
+    /// A record could not be delivered. The outbox rewound: everything unacknowledged is
+    /// forgotten, and the stream replays from `checkpoint`.
+    #[error("{failure}")]
+    Failed {
+        failure: Failure,
+        checkpoint: Option<String>,
+    },
+}
+
+/// Why a delivery failed for good.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum Failure {
+    /// The producer refused the record, or Kafka did not deliver it.
     #[error("{0}")]
-    Failed(String),
+    Produce(ProduceError),
+    /// A membership join was not delivered: nothing announcing its object may be sent.
+    #[error("membership record: {0:?}")]
+    Membership(DeliveryError),
+    #[error("a membership record was refused for size")]
+    MembershipTooLarge,
+    /// Its batch was refused for size: everything from the checkpoint is replayed one record
+    /// at a time.
+    #[error("a batch was refused for size; replaying one record at a time")]
+    BatchTooLarge,
+    #[error("a record refused for size is not an envelope the relay wrote")]
+    NotAnEnvelope,
+    #[error("even the reference envelope is too large")]
+    ReferenceTooLarge,
 }
 
 /// The outbox's limits and oversize route, from the configuration.
@@ -299,9 +324,7 @@ impl Outbox {
         };
         let receipt = Receipt::new(self.inbox.clone(), join.n, Sent::Join);
         if self.offer(&join.record, receipt).await?.is_some() {
-            return Err(OutboxError::Failed(
-                "a membership record was refused for size".into(),
-            ));
+            return Err(self.fail(Failure::MembershipTooLarge));
         }
         self.ledger.joined(join);
         Ok(true)
@@ -367,7 +390,7 @@ impl Outbox {
             Settled::Failed => {
                 let e = result.expect_err("a failed join has an error");
                 self.m.error(IN_REPORT, e.class());
-                Err(OutboxError::Failed(format!("membership record: {e:?}")))
+                Err(self.fail(Failure::Membership(e)))
             }
         }
     }
@@ -377,7 +400,7 @@ impl Outbox {
     async fn membership_change(
         &mut self,
         change: Option<Change>,
-        meta: Option<&ObjectMeta>,
+        meta: Option<&Meta>,
     ) -> Result<(Option<String>, bool), OutboxError> {
         let (leaves, admission) =
             self.ledger
@@ -485,7 +508,7 @@ impl Outbox {
                 Err(Refused::Failed(e)) => {
                     self.m.error(AT_ENQUEUE, e.class);
                     self.warn_permanent(&e);
-                    return Err(OutboxError::Failed(e.to_string()));
+                    return Err(self.fail(Failure::Produce(e)));
                 }
             }
         }
@@ -499,18 +522,14 @@ impl Outbox {
         key: &[u8],
         value: &[u8],
     ) -> Result<(), OutboxError> {
-        let Sent::Entry { bytes, .. } = &receipt.sent else {
-            return Err(OutboxError::Failed(
-                "a membership record was refused for size".into(),
-            ));
+        let Sent::Entry { bytes, .. } = receipt.sent else {
+            return Err(self.fail(Failure::MembershipTooLarge));
         };
         let announced = std::str::from_utf8(key)
             .ok()
             .and_then(|key| envelope::announced(value, key));
         let Some(announcement) = announced else {
-            return Err(OutboxError::Failed(
-                "a record refused for size is not an envelope the relay wrote".into(),
-            ));
+            return Err(self.fail(Failure::NotAnEnvelope));
         };
         let (action, topic) = match (&self.limits.oversize, &self.limits.dead_letter_topic) {
             (OversizePolicy::DeadLetter, Some(dlq)) if *dlq != self.route.topic => {
@@ -522,13 +541,11 @@ impl Outbox {
                 ("trim", self.route.topic.clone())
             }
         };
-        let record = envelope::reference(&self.route, &announcement, *bytes, &topic);
+        let record = envelope::reference(&self.route, &announcement, bytes, &topic);
         tracing::warn!(stream = %self.stream, bytes, key = %record.key, action, "event too large for Kafka; sending a reference");
         match self.offer(&record, receipt).await? {
             None => Ok(()),
-            Some(_) => Err(OutboxError::Failed(
-                "even the reference envelope is too large".into(),
-            )),
+            Some(_) => Err(self.fail(Failure::ReferenceTooLarge)),
         }
     }
 
@@ -578,9 +595,7 @@ impl Outbox {
                 // each is judged alone) until past what was in flight.
                 self.serial = self.tracker.in_flight().max(1);
                 self.m.error(IN_REPORT, ErrorClass::TooLarge);
-                Err(OutboxError::Failed(
-                    "a batch was refused for size; replaying one record at a time".into(),
-                ))
+                Err(self.fail(Failure::BatchTooLarge))
             }
             Err(DeliveryError::TooLarge { key, value }) => {
                 let (key, value) = (key.unwrap_or_default(), value.unwrap_or_default());
@@ -589,7 +604,7 @@ impl Outbox {
             Err(DeliveryError::Failed(e)) => {
                 self.m.error(IN_REPORT, e.class);
                 self.warn_permanent(&e);
-                Err(OutboxError::Failed(e.to_string()))
+                Err(self.fail(Failure::Produce(e)))
             }
         }
     }
@@ -635,26 +650,47 @@ impl Outbox {
         Ok(())
     }
 
-    /// Sends the inferred DELETED of member `uid` to `topic` under `key`, where it was
-    /// announced; it leaves once that is acknowledged.
+    /// Sends the inferred DELETED of member `meta` at `list_rv` to `topic` under `key`, where
+    /// it was announced (followed by its tombstone, with tombstones on); it leaves once that is
+    /// acknowledged. Every inferred DELETED a stream publishes goes through here.
     pub async fn retract(
         &mut self,
-        meta: ObjectMeta,
+        meta: Meta,
         list_rv: &str,
         topic: &str,
         key: &str,
     ) -> Result<(), OutboxError> {
         let uid = meta.uid().to_string();
         let record = envelope::retraction(&self.route, meta, list_rv, topic, key);
-        let seq = self.tracker.push(None, Some(uid));
+        let tombstone = self.limits.tombstones.then(|| record.tombstone());
+        let (position, leaves) = match tombstone {
+            Some(_) => (None, None),
+            None => (None, Some(uid.clone())),
+        };
+        let seq = self.tracker.push(position, leaves);
         self.note(false);
         let receipt = self.receipt(seq, Instant::now(), record.value.len());
-        self.hand(Held::Send(record, receipt), false).await
+        self.hand(Held::Send(record, receipt), false).await?;
+        if let Some(tombstone) = tombstone {
+            let seq = self.tracker.push(None, Some(uid));
+            self.note(false);
+            let receipt = self.receipt(seq, Instant::now(), 0);
+            self.hand(Held::Send(tombstone, receipt), false).await?;
+        }
+        Ok(())
+    }
+
+    /// A delivery failed for good: the outbox rewinds and says where the replay starts.
+    fn fail(&mut self, failure: Failure) -> OutboxError {
+        OutboxError::Failed {
+            failure,
+            checkpoint: self.rewind(),
+        }
     }
 
     /// Forgets every unacknowledged entry after a failed delivery and returns the checkpoint to
     /// replay from. Late reports of the forgotten entries are ignored.
-    pub fn rewind(&mut self) -> Option<String> {
+    fn rewind(&mut self) -> Option<String> {
         self.tracker.reset();
         self.ledger.clear_held();
         self.note(false);
@@ -679,8 +715,10 @@ impl Outbox {
             };
             match tokio::time::timeout_at(wake, self.report()).await {
                 Ok(report) => {
+                    let in_flight = self.in_flight();
                     if self.settle(report).await.is_err() {
-                        break;
+                        // What was in flight, the failed record among it, will be replayed.
+                        return in_flight + self.ledger.leaves_pending();
                     }
                 }
                 Err(_) if tokio::time::Instant::now() >= deadline => break,

@@ -1,0 +1,120 @@
+//! What every record of one stream shares: its topic, key template, CloudEvents source and
+//! schema (the payload URI in the AsyncAPI document), and the envelope metadata rendered once.
+
+use serde::Serialize;
+
+use crate::config::{Channel, KeyTemplate};
+
+/// The id of the AsyncAPI document a configuration publishes for `cluster`.
+pub fn document_id(cluster: &str) -> String {
+    format!("urn:watchrelay:{cluster}:asyncapi")
+}
+
+/// Name of a channel's envelope schema under the document's `components.schemas`.
+pub(crate) fn envelope_schema(channel: &str) -> String {
+    format!("{channel}.envelope")
+}
+
+/// Where a channel's envelope schema is in the document: the `ce_dataschema` of its records.
+pub fn payload_uri(cluster: &str, channel: &str) -> String {
+    format!(
+        "{}#/components/schemas/{}",
+        document_id(cluster),
+        envelope_schema(channel)
+    )
+}
+
+/// What every record of one stream shares.
+#[derive(Clone, Debug, Default)]
+pub struct Route {
+    pub topic: String,
+    /// How records are keyed.
+    pub key: KeyTemplate,
+    /// CloudEvents `dataschema`: the envelope's schema in the stream's AsyncAPI document.
+    pub dataschema: String,
+    /// CloudEvents `source`: `/clusters/{cluster}` and the collection path.
+    pub source: String,
+    /// The channel's path template.
+    pub channel: String,
+    pub operation_id: String,
+    pub message: String,
+    pub cluster: String,
+    /// The stream's namespace, absent for cluster-wide streams.
+    pub namespace: Option<String>,
+    /// The envelope metadata made of the fields above, rendered on first use.
+    pub rendered: Rendered,
+}
+
+/// The part of a route's `watchrelay` envelope metadata that is the same in every record:
+/// `"channel":..,"operationId":..,"message":..,"cluster":..(,"namespace":..)`, rendered as JSON
+/// once. A route's fields do not change once it carries records.
+#[derive(Clone, Debug, Default)]
+pub struct Rendered(std::sync::OnceLock<Box<[u8]>>);
+
+impl Route {
+    /// The route of `channel`'s stream over `namespace` in `cluster`.
+    pub fn for_stream(channel: &Channel, cluster: &str, namespace: Option<String>) -> Self {
+        let path = channel.path.collection_url(namespace.as_deref());
+        Self {
+            topic: channel.topic_for(cluster, namespace.as_deref()),
+            key: channel.key.clone(),
+            dataschema: payload_uri(cluster, &channel.name),
+            source: format!("/clusters/{cluster}{path}"),
+            channel: channel.path.template.clone(),
+            operation_id: channel.operation_id.clone(),
+            message: channel.message.clone(),
+            cluster: cluster.to_string(),
+            namespace,
+            rendered: Rendered::default(),
+        }
+    }
+
+    /// See [`Rendered`].
+    pub(super) fn rendered(&self) -> &[u8] {
+        self.rendered.0.get_or_init(|| {
+            #[derive(Serialize)]
+            #[serde(rename_all = "camelCase")]
+            struct Constant<'a> {
+                channel: &'a str,
+                operation_id: &'a str,
+                message: &'a str,
+                cluster: &'a str,
+                #[serde(skip_serializing_if = "Option::is_none")]
+                namespace: Option<&'a str>,
+            }
+            let json = serde_json::to_vec(&Constant {
+                channel: &self.channel,
+                operation_id: &self.operation_id,
+                message: &self.message,
+                cluster: &self.cluster,
+                namespace: self.namespace.as_deref(),
+            })
+            .expect("serializing plain strings cannot fail");
+            // Without the braces: members to write among others.
+            json[1..json.len() - 1].into()
+        })
+    }
+
+    /// What identifies where this route publishes (`<topic> <key template>`), saved with a
+    /// stream's position: under another one its members are retracted where they were.
+    pub fn id(&self) -> String {
+        format!("{} {}", self.topic, self.key.as_str())
+    }
+
+    /// The route of a channel that no longer exists (its name from the stream id): enough for
+    /// the inferred DELETED of what its stream announced.
+    pub fn vanished(channel: &str, cluster: &str, namespace: Option<String>) -> Self {
+        Self {
+            topic: String::new(),
+            key: KeyTemplate::default(),
+            dataschema: String::new(),
+            source: format!("/clusters/{cluster}"),
+            channel: String::new(),
+            operation_id: channel.to_string(),
+            message: "WatchEvent".into(),
+            cluster: cluster.to_string(),
+            namespace,
+            rendered: Rendered::default(),
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! Writing records: the envelope around the object's bytes (copied, never re-encoded), its
+//! CloudEvents headers, and the records standing in for others (references, retractions,
+//! tombstones).
+
+use crate::config::KeyTemplate;
+use crate::event::{EventType, Meta};
+use crate::producer::{Headers, Record};
+
+use super::objects::reference_object;
+use super::{Announcement, Route};
+
+/// The record announcing `a` with `object` (the object's JSON as it leaves the cluster),
+/// written into `value` (cleared first) so a caller can reuse one buffer.
+pub fn record(route: &Route, a: &Announcement, object: &[u8], mut value: Vec<u8>) -> Record {
+    write_envelope(&mut value, route, a, object, None);
+    record_of_value(route, a, value)
+}
+
+/// The record announcing `a` whose envelope is `value` (as [`record`] wrote it).
+pub fn record_of_value(route: &Route, a: &Announcement, value: Vec<u8>) -> Record {
+    let key = key(route, a);
+    Record {
+        topic: route.topic.clone(),
+        headers: cloudevents_headers(route, a, &key),
+        key,
+        value,
+        tombstone: false,
+    }
+}
+
+/// The Kafka key of `a`: by the route's template, or the stream for bookmarks.
+fn key(route: &Route, a: &Announcement) -> String {
+    match a.event_type {
+        EventType::Bookmark => a.meta.name().to_string(),
+        _ => route.key.render(&a.meta),
+    }
+}
+
+/// The record standing in for `a` when its whole record (`original_bytes` long) is too large:
+/// the object reduced to its identity, `truncatedBytes` set, sent to `topic`.
+pub fn reference(route: &Route, a: &Announcement, original_bytes: usize, topic: &str) -> Record {
+    let mut value = Vec::new();
+    let object = reference_object(&a.meta);
+    write_envelope(&mut value, route, a, &object, Some(original_bytes));
+    let key = key(route, a);
+    let mut headers = cloudevents_headers(route, a, &key);
+    headers.push("ce_truncatedbytes", &[&original_bytes.to_string()]);
+    Record {
+        topic: topic.to_string(),
+        key,
+        value,
+        headers,
+        tombstone: false,
+    }
+}
+
+/// The inferred DELETED of `meta` retracting it from `topic` under `key`, where it was
+/// announced, whatever `route` would key it by now.
+pub fn retraction(route: &Route, meta: Meta, rv: &str, topic: &str, key: &str) -> Record {
+    let route = Route {
+        topic: topic.to_string(),
+        key: KeyTemplate::fixed(key),
+        ..route.clone()
+    };
+    let object = reference_object(&meta);
+    let a = Announcement::inferred_delete(meta, rv);
+    record(&route, &a, &object, Vec::new())
+}
+
+/// The tombstone following the DELETED `a` on a channel with `tombstones`: the same key, a null
+/// value, so a compacted topic holds exactly the live objects.
+pub fn tombstone(route: &Route, a: &Announcement) -> Record {
+    Record {
+        topic: route.topic.clone(),
+        key: key(route, a),
+        value: Vec::new(),
+        headers: Headers::default(),
+        tombstone: true,
+    }
+}
+
+/// Appends `s` as the inside of a JSON string, escaped exactly as serde_json escapes it.
+fn push_escaped(out: &mut Vec<u8>, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.extend_from_slice(s.as_bytes());
+    } else {
+        let quoted = serde_json::to_vec(s).expect("serializing a string cannot fail");
+        out.extend_from_slice(&quoted[1..quoted.len() - 1]);
+    }
+}
+
+/// Writes the envelope `{"type":..,"object":..,"watchrelay":{..}}` of `a` into `out` (cleared
+/// first). The `watchrelay` metadata, in this order: `id`, the route's constant members
+/// ([`Rendered`]), `resourceVersion`, `observedAt`, `resync`, `synthetic` and, for a reference,
+/// `truncatedBytes`.
+fn write_envelope(
+    out: &mut Vec<u8>,
+    route: &Route,
+    a: &Announcement,
+    object: &[u8],
+    truncated_bytes: Option<usize>,
+) {
+    let flag = |b: bool| -> &'static [u8] {
+        if b {
+            b"true"
+        } else {
+            b"false"
+        }
+    };
+    out.clear();
+    out.reserve(object.len() + 400);
+    out.extend_from_slice(b"{\"type\":\"");
+    out.extend_from_slice(a.event_type.as_str().as_bytes());
+    out.extend_from_slice(b"\",\"object\":");
+    out.extend_from_slice(object);
+    out.extend_from_slice(b",\"watchrelay\":{\"id\":\"");
+    for part in a.id_parts() {
+        push_escaped(out, part);
+    }
+    out.extend_from_slice(b"\",");
+    out.extend_from_slice(route.rendered());
+    out.extend_from_slice(b",\"resourceVersion\":\"");
+    push_escaped(out, a.resource_version());
+    out.extend_from_slice(b"\",\"observedAt\":\"");
+    push_escaped(out, a.observed_at.as_str());
+    out.extend_from_slice(b"\",\"resync\":");
+    out.extend_from_slice(flag(a.resync));
+    out.extend_from_slice(b",\"synthetic\":");
+    out.extend_from_slice(flag(a.synthetic));
+    if let Some(n) = truncated_bytes {
+        out.extend_from_slice(b",\"truncatedBytes\":");
+        out.extend_from_slice(n.to_string().as_bytes());
+    }
+    out.extend_from_slice(b"}}");
+}
+
+/// CloudEvents Kafka protocol binding headers, binary mode: the value is the event data, its
+/// `datacontenttype` is the `content-type` header, and the partitioning extension's
+/// `partitionkey` is the Kafka key. Written from borrowed parts into one buffer.
+fn cloudevents_headers(route: &Route, a: &Announcement, key: &str) -> Headers {
+    let mut h =
+        Headers::with_capacity(route.source.len() + route.dataschema.len() + 2 * key.len() + 200);
+    h.push("ce_specversion", &["1.0"]);
+    h.push("ce_id", &a.id_parts());
+    h.push("ce_source", &[&route.source]);
+    h.push(
+        "ce_type",
+        &["io.watchrelay.", &route.message, ".", a.event_type.as_str()],
+    );
+    h.push("ce_time", &[a.observed_at.as_str()]);
+    h.push("content-type", &["application/json"]);
+    h.push("ce_dataschema", &[&route.dataschema]);
+    h.push("ce_partitionkey", &[key]);
+    h.push("ce_resourceversion", &[a.resource_version()]);
+    h.push("ce_operationid", &[&route.operation_id]);
+    h.push("ce_cluster", &[&route.cluster]);
+    // `namespace/name`, or `name` (`Meta::key`), when not empty.
+    match a.meta.namespace() {
+        Some(ns) => h.push("ce_subject", &[ns, "/", a.meta.name()]),
+        None if !a.meta.name().is_empty() => h.push("ce_subject", &[a.meta.name()]),
+        None => {}
+    }
+    if a.resync {
+        h.push("ce_resync", &["true"]);
+    }
+    if a.synthetic {
+        h.push("ce_synthetic", &["true"]);
+    }
+    h
+}
