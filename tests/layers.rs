@@ -159,6 +159,30 @@ fn modules_import_only_modules_below_them() {
     assert!(left.is_empty(), "modules in an import circle:{circle}");
 }
 
+/// The end-to-end tests are selected by name (`--test 'kafka_*'`, `--test 'cluster_*'`), and
+/// each needs the `e2e` feature, so plain `cargo test` never runs one without its broker.
+#[test]
+fn end_to_end_tests_are_named_by_tier_and_need_the_feature() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("Cargo.toml");
+    let mut e2e = 0;
+    for entry in std::fs::read_dir(root.join("tests")).expect("tests/") {
+        let name = entry.expect("entry").file_name().to_string_lossy().to_string();
+        let Some(stem) = name.strip_suffix(".rs") else {
+            continue;
+        };
+        let declared = format!("name = \"{stem}\"\nrequired-features = [\"e2e\"]");
+        let tier = stem.starts_with("kafka_") || stem.starts_with("cluster_");
+        assert_eq!(
+            manifest.contains(&declared),
+            tier,
+            "tests/{name}: an end-to-end test is named kafka_* or cluster_* and declared in Cargo.toml with required-features = [\"e2e\"]; no other test is"
+        );
+        e2e += usize::from(tier);
+    }
+    assert!(e2e > 10, "the end-to-end tests were found");
+}
+
 #[test]
 fn the_reader_sees_paths_and_skips_tests_and_comments() {
     let text = "use crate::a::B;\n// crate::c\nfn f() { crate::d::e(); } // crate::f\n\

@@ -263,6 +263,8 @@ async fn case(seed: u64) {
                 let _ = writeln!(history, "  kafka stops acknowledging");
             }
             let _ = writeln!(history, "  {}", operate(&bed, &mut rng, &mut snapshot));
+            // Not a wait: a random pause between operations, so that crashes and stops land
+            // at random points of the relay's work.
             tokio::time::sleep(Duration::from_millis(rng.below(40))).await;
         }
         if rng.chance(60) {

@@ -155,7 +155,18 @@ async fn runtime_watcher_syncs_follows_and_relists_after_410() {
     // reconnects when polled, so all of this happens before its next request.
     sim.fail_next(1, Fault::ServerError);
     sim.drop_watches();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The changes come once the dropped watch has ended on the server's side.
+    for _ in 0..600 {
+        if sim.requests().watches_open == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        sim.requests().watches_open,
+        0,
+        "the dropped watch never ended"
+    );
     sim.delete("pods", Some("shop"), "p1").unwrap();
     sim.create("pods", Some("shop"), objects::pod("shop", "p9"))
         .unwrap();

@@ -231,6 +231,31 @@ impl Bed {
         .await;
     }
 
+    /// Waits until `stream`'s checkpoint is past `rv`: the relay acknowledged a change made
+    /// after `rv` was read (hang guard: 60 s).
+    pub async fn wait_checkpoint_past(&self, stream: &str, rv: u64) {
+        self.wait_checkpoint(|c| {
+            c.get(stream)
+                .and_then(|s| s.rv.as_ref())
+                .is_some_and(|r| r.parse::<u64>().unwrap() > rv)
+        })
+        .await;
+    }
+
+    /// Waits until `n` more changes were made to the pods of `namespace` than `before` (a count
+    /// of their journal entries), then until `stream`'s checkpoint covers them: churn under way
+    /// that the relay keeps up with.
+    pub async fn wait_pods_relayed(&self, stream: &str, namespace: &str, before: usize, n: usize) {
+        let changes = || self.journal("pods", Some(namespace)).len();
+        wait_for(
+            &format!("{n} changes to the pods of {namespace}"),
+            Duration::from_secs(60),
+            || changes() >= before + n,
+        )
+        .await;
+        self.wait_pods_covered(stream, namespace).await;
+    }
+
     /// Waits until `cond` holds on the checkpoints (hang guard: 60 s).
     pub async fn wait_checkpoint(&self, cond: impl Fn(&HashMap<String, Saved>) -> bool) {
         eventually(
@@ -256,6 +281,21 @@ pub async fn eventually(mut cond: impl FnMut() -> bool, failure: impl FnOnce() -
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("{}", failure());
+}
+
+/// Polls `cond` every 100 ms until it holds; after `timeout` (a hang guard, not a timing
+/// assertion) panics saying what never happened.
+pub async fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if cond() {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("waited {timeout:?} for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The envelope id the relay gives a journal entry's change.

@@ -11,4 +11,5 @@ pub mod kafka;
 pub mod proxy;
 pub mod rng;
 pub mod schema;
+pub mod stream;
 pub mod view;

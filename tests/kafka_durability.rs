@@ -37,6 +37,8 @@ async fn crashes_during_churn_lose_nothing_and_duplicate_only_the_unacknowledged
     let mut resumed_from: Vec<HashMap<String, u64>> = Vec::new();
     let mut relay = Some(relay);
     for round in 0..4u64 {
+        // Not a wait: the crash instants are the test's, a different one each round, wherever the
+        // relay is then (starting, restoring, relaying).
         tokio::time::sleep(Duration::from_millis(600 + 250 * round)).await;
         relay.take().unwrap().kill().await;
         let cps = bed.checkpoints();
@@ -47,7 +49,11 @@ async fn crashes_during_churn_lose_nothing_and_duplicate_only_the_unacknowledged
         );
         relay = Some(Relay::start(&bed, cfg.clone()));
     }
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Churn goes on until the last start relays, on both streams, changes made since it began.
+    let restarted = bed.sim.current_rv();
+    for stream in ["watchNamespacedPods.a", "watchNamespacedPods.b"] {
+        bed.wait_checkpoint_past(stream, restarted).await;
+    }
     churn.stop().await;
 
     let expected = bed.journal("pods", None);

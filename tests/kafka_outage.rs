@@ -12,6 +12,8 @@ use common::kafka;
 use common::proxy::Proxy;
 use watchrelay_sim::ChurnSpec;
 
+const STREAM: &str = "watchNamespacedPods.a";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_outage_loses_nothing_and_never_checkpoints_ahead() {
     let (mut proxy, listener) = Proxy::bind().await;
@@ -27,6 +29,7 @@ async fn broker_outage_loses_nothing_and_never_checkpoints_ahead() {
     );
     let relay = Relay::start(&bed, cfg);
     relay.wait_up(1).await;
+    let before = bed.journal("pods", Some("a")).len();
     let churn = bed.sim.start_churn(ChurnSpec {
         rate_per_sec: 200.0,
         namespaces: vec!["a".into()],
@@ -34,21 +37,23 @@ async fn broker_outage_loses_nothing_and_never_checkpoints_ahead() {
         max_objects_per_kind: 30,
         total_events: None,
     });
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The cut comes during churn the relay keeps up with.
+    bed.wait_pods_relayed(STREAM, "a", before, 200).await;
 
     proxy.cut();
+    // From the cut on the checkpoint may not pass this: Kafka can acknowledge only what was sent
+    // before the cut, changes older than this read. So it is checked at once, with no pause.
     let rv_at_kill = bed.sim.current_rv();
-    // Give the checkpoint writer time to write whatever was acknowledged before the cut.
-    tokio::time::sleep(Duration::from_millis(500)).await;
     let mut max_in_flight = 0;
-    // 20 s without a network path to the broker.
-    for _ in 0..195 {
-        let cp = bed.checkpoint_rv("watchNamespacedPods.a").unwrap_or(0);
+    // 20 s without a network path to the broker: the outage's length is the test's, so this
+    // loop lets that time pass, checking every 100 ms.
+    for _ in 0..200 {
+        let cp = bed.checkpoint_rv(STREAM).unwrap_or(0);
         assert!(
             cp <= rv_at_kill,
             "checkpoint {cp} moved past {rv_at_kill}, the last change before the network was cut"
         );
-        max_in_flight = max_in_flight.max(relay.counter("in_flight", "watchNamespacedPods.a"));
+        max_in_flight = max_in_flight.max(relay.counter("in_flight", STREAM));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(
@@ -62,11 +67,12 @@ async fn broker_outage_loses_nothing_and_never_checkpoints_ahead() {
     assert!(max_in_flight > 0, "nothing was waiting for the broker");
 
     proxy.restore();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Churn goes on until the relay delivers again: its checkpoint moves past the cut.
+    bed.wait_checkpoint_past(STREAM, rv_at_kill).await;
     churn.stop().await;
     let expected = bed.journal("pods", Some("a"));
     let msgs = bed.read_covering(&topic, &expected).await;
     assert_covers(&msgs, &expected);
-    bed.wait_checkpoint_current("watchNamespacedPods.a").await;
+    bed.wait_checkpoint_current(STREAM).await;
     relay.stop().await;
 }

@@ -66,7 +66,8 @@ async fn one_replica_relays_and_handovers_lose_nothing() {
         total_events: None,
     });
     let a_name = holder(&bed).expect("a holds the lease");
-    // Longer than the lease duration: the leader's renewals keep the standby out.
+    // Longer than the lease duration: the leader's renewals keep the standby out. Not a wait: that
+    // the standby stays out is seen only once a Lease left unrenewed would have expired.
     tokio::time::sleep(Duration::from_millis(5500)).await;
     assert_eq!(b.metrics.leader.get(), 0, "the standby relays too");
     assert!(b.registry.phases().is_empty());
@@ -90,6 +91,8 @@ async fn one_replica_relays_and_handovers_lose_nothing() {
 
     // A clean stop releases the Lease for the next standby.
     let c = Relay::start(&bed, replica(&cfg, "other"));
+    // Not a wait: that c stands by while b leads is seen only once c had time (more than its
+    // retry period) to try for the Lease.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(c.metrics.leader.get(), 0);
     b.stop().await;
@@ -108,7 +111,9 @@ async fn one_replica_relays_and_handovers_lose_nothing() {
     .await;
     bed.sim.allow(LEASES);
     wait_leader(&c).await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Churn goes on until c relays changes made since it leads again.
+    bed.wait_checkpoint_past("watchNamespacedPods.a", bed.sim.current_rv())
+        .await;
     churn.stop().await;
 
     let expected = bed.journal("pods", Some("a"));

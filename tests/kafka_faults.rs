@@ -2,8 +2,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::bed::{assert_covers, eventually, Bed, Relay};
 use common::kafka;
 use watchrelay_sim::{objects, Fault};
@@ -178,7 +176,11 @@ async fn a_crd_channel_waits_for_its_crd_and_a_denied_channel_does_not_block_oth
         .iter()
         .all(|m| m.value["watchrelay"]["message"] == "WidgetWatchEvent"
             && m.value["object"]["kind"] == "Widget"));
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Still refused when it tries again: the denied channel is still not watching.
+    let refused = relay.counter("api_errors_total", "watchNamespacedServices.a");
+    relay
+        .wait_counter("api_errors_total", "watchNamespacedServices.a", refused + 1)
+        .await;
     assert!(!relay.stream_up("watchNamespacedServices.a"));
     relay.stop().await;
 }

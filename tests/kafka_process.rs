@@ -12,6 +12,7 @@ use common::view;
 use watchrelay_sim::ChurnSpec;
 
 const BIN: &str = env!("CARGO_BIN_EXE_watchrelay");
+const STREAM: &str = "watchNamespacedPods.a";
 
 fn spawn(config: &std::path::Path, log: &std::path::Path) -> Child {
     let log = std::fs::OpenOptions::new()
@@ -64,8 +65,7 @@ async fn started(
     kafka::create_topics(&[&topic], 3).await;
     let (config, log) = write_config(bed, dir, &topic);
     let child = spawn(&config, &log);
-    bed.wait_checkpoint(|c| c.contains_key("watchNamespacedPods.a"))
-        .await;
+    bed.wait_checkpoint(|c| c.contains_key(STREAM)).await;
     (topic, config, log, child)
 }
 
@@ -87,12 +87,15 @@ async fn sigkill_and_restart_lose_nothing_and_sigterm_drains() {
     let (topic, config, log, mut child) = started(&bed, dir.path()).await;
     let churn = churn(&bed, 30);
     for round in 0..3u64 {
+        // Not a wait: the crash instants are the test's, a different one each round, wherever the
+        // relay is then (starting, restoring, relaying).
         tokio::time::sleep(Duration::from_millis(1200 + 300 * round)).await;
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         child = spawn(&config, &log);
     }
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Churn goes on until the last start relays changes made since it began.
+    bed.wait_checkpoint_past(STREAM, bed.sim.current_rv()).await;
     churn.stop().await;
     let expected = bed.journal("pods", Some("a"));
     let msgs = bed.read_covering(&topic, &expected).await;
@@ -123,8 +126,10 @@ async fn sigkill_during_churn_then_deletions_and_compaction_while_down_converge(
     let bed = Bed::new(&["a"]).await;
     let dir = tempfile::tempdir().unwrap();
     let (topic, config, log, mut child) = started(&bed, dir.path()).await;
+    let before = bed.journal("pods", Some("a")).len();
     let churn = churn(&bed, 60);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Killed once it announced a good many pods, churn going on.
+    bed.wait_pods_relayed(STREAM, "a", before, 300).await;
     child.kill().unwrap(); // SIGKILL, mid-churn
     child.wait().unwrap();
     churn.stop().await;

@@ -1,0 +1,286 @@
+//! The stream tests, positions and resyncs: a watch whose position expired (410) resyncs and
+//! infers what was deleted meanwhile, re-announcing only what changed; a requested resync (delta
+//! or full) is done and its request cleared; a position ahead of the server (an etcd restore)
+//! leads to a relist; a stalled watch is reopened. The relay runs in-process against the
+//! simulator with a producer in memory; no broker needed.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::bed::{eventually, Bed, Relay};
+use common::stream::{
+    assert_converged, bed, cluster_view, config, create, start, wait_covered, STREAM,
+};
+use common::view::{consumer_view, events, json};
+use watchrelay::producer::Record;
+use watchrelay::testing::Memory;
+use watchrelay_sim::objects;
+
+async fn list_watch_gone_resync(watch_list: bool) {
+    let bed = bed(watch_list).await;
+    let producer = Arc::new(Memory::new());
+    create(&bed, (0..12).map(|i| format!("p{i}")));
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay.wait_up(1).await;
+    // Live changes on the watch.
+    create(&bed, ["live".to_string()]);
+    bed.sim.delete("pods", Some("a"), "p0").unwrap();
+    wait_covered(&bed).await;
+    assert_eq!(consumer_view(&events(&producer)), cluster_view(&bed));
+    relay.stop().await;
+
+    // While the relay is down: deletions, a change, a creation; then the history is compacted,
+    // so the restarted stream's position has expired (410) and it resyncs.
+    for n in ["p1", "p2", "p3"] {
+        bed.sim.delete("pods", Some("a"), n).unwrap();
+    }
+    bed.sim
+        .merge_patch(
+            "pods",
+            Some("a"),
+            "p4",
+            serde_json::json!({"metadata": {"labels": {"changed": "yes"}}}),
+        )
+        .unwrap();
+    create(&bed, ["late".to_string()]);
+    bed.sim.compact();
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay
+        .wait_counter("synthetic_deletes_total", STREAM, 3)
+        .await;
+    wait_covered(&bed).await;
+    relay.stop().await;
+
+    let log = events(&producer);
+    assert_eq!(consumer_view(&log), cluster_view(&bed));
+    let mut inferred: Vec<String> = log
+        .iter()
+        .filter(|r| json(r)["watchrelay"]["synthetic"] == true)
+        .map(|r| r.key.clone())
+        .collect();
+    inferred.sort();
+    assert_eq!(inferred, ["a/p1", "a/p2", "a/p3"]);
+    let ends = log
+        .iter()
+        .filter(|r| {
+            json(r)["object"]["metadata"]["annotations"]["watchrelay.io/resync-end"] == "true"
+        })
+        .count();
+    assert_eq!(ends, 1, "one resync, marked once");
+    let reannounced = log
+        .iter()
+        .filter(|r| json(r)["watchrelay"]["resync"] == true && json(r)["type"] == "ADDED")
+        .count();
+    assert_eq!(
+        reannounced, 2,
+        "the resync re-announces only what changed since the position: p4 and late"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_watch_expiry_and_resync_converge_with_initial_events() {
+    list_watch_gone_resync(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_watch_expiry_and_resync_converge_with_paginated_lists() {
+    list_watch_gone_resync(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requested_resync_reannounces_and_the_request_is_cleared() {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    create(&bed, (0..5).map(|i| format!("p{i}")));
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay.wait_up(1).await;
+    wait_covered(&bed).await;
+    bed.sim
+        .merge_patch(
+            "configmaps",
+            Some(common::bed::CHECKPOINT_NS),
+            common::bed::CHECKPOINT_NAME,
+            serde_json::json!({"metadata": {"annotations": {"watchrelay.io/resync": "watchNamespacedPods"}}}),
+        )
+        .unwrap();
+    relay.wait_counter("resyncs_total", STREAM, 1).await;
+    let marked = || {
+        events(&producer).iter().any(|r| {
+            json(r)["object"]["metadata"]["annotations"]["watchrelay.io/resync-end"] == "true"
+        })
+    };
+    eventually(marked, || "the resync never ended".into()).await;
+    let cm = bed.checkpoint_configmap();
+    assert!(cm["metadata"]["annotations"]["watchrelay.io/resync"].is_null());
+    relay.stop().await;
+    let log = events(&producer);
+    let reannounced = log
+        .iter()
+        .filter(|r| json(r)["watchrelay"]["resync"] == true && json(r)["type"] == "ADDED")
+        .count();
+    assert_eq!(reannounced, 5);
+    assert_eq!(consumer_view(&log), cluster_view(&bed));
+}
+
+/// Records a resync published as re-announcements (ADDED flagged `resync`) and inferred
+/// DELETEDs, in `log`.
+fn resync_records(log: &[Record]) -> (usize, usize) {
+    let added = log
+        .iter()
+        .filter(|r| json(r)["watchrelay"]["resync"] == true && json(r)["type"] == "ADDED")
+        .count();
+    let inferred = log
+        .iter()
+        .filter(|r| json(r)["watchrelay"]["synthetic"] == true)
+        .count();
+    (added, inferred)
+}
+
+async fn request_resync(bed: &Bed, relay: &Relay, value: &str, resyncs: u64) {
+    bed.sim
+        .merge_patch(
+            "configmaps",
+            Some(common::bed::CHECKPOINT_NS),
+            common::bed::CHECKPOINT_NAME,
+            serde_json::json!({"metadata": {"annotations": {"watchrelay.io/resync": value}}}),
+        )
+        .unwrap();
+    relay.wait_counter("resyncs_total", STREAM, resyncs).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_410_over_thousands_of_objects_republishes_only_what_changed() {
+    let bed = bed(false).await;
+    let producer = Arc::new(Memory::new());
+    create(&bed, (0..3000).map(|i| format!("p{i}")));
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay.wait_up(1).await;
+    wait_covered(&bed).await;
+    relay.stop().await;
+    let before = events(&producer).len();
+
+    // While the relay is down: 40 changed, 10 deleted, 5 created; the history is compacted.
+    for i in 0..40 {
+        bed.sim
+            .merge_patch(
+                "pods",
+                Some("a"),
+                &format!("p{i}"),
+                serde_json::json!({"metadata": {"labels": {"changed": "yes"}}}),
+            )
+            .unwrap();
+    }
+    for i in 100..110 {
+        bed.sim.delete("pods", Some("a"), &format!("p{i}")).unwrap();
+    }
+    create(&bed, (0..5).map(|i| format!("late{i}")));
+    bed.sim.compact();
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay
+        .wait_counter("resync_unchanged_total", STREAM, 1)
+        .await;
+    wait_covered(&bed).await;
+    let unchanged = relay.counter("resync_unchanged_total", STREAM);
+    relay.stop().await;
+
+    let log = events(&producer);
+    assert_eq!(consumer_view(&log), cluster_view(&bed));
+    let after = &log[before..];
+    assert_eq!(
+        resync_records(after),
+        (45, 10),
+        "the changed and the new; the deleted"
+    );
+    let ends = after
+        .iter()
+        .filter(|r| {
+            json(r)["object"]["metadata"]["annotations"]["watchrelay.io/resync-end"] == "true"
+        })
+        .count();
+    assert_eq!(ends, 1, "the end is marked");
+    assert_eq!(after.len(), 45 + 10 + 1, "nothing else is published");
+    assert_eq!(unchanged, 3000 - 40 - 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requested_delta_resync_reannounces_only_what_changed_and_a_full_one_everything() {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    create(&bed, (0..20).map(|i| format!("p{i}")));
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay.wait_up(1).await;
+    wait_covered(&bed).await;
+    let before = events(&producer).len();
+    request_resync(&bed, &relay, "watchNamespacedPods;delta", 1).await;
+    eventually(
+        || events(&producer).len() > before,
+        || "the delta resync never ended".into(),
+    )
+    .await;
+    wait_covered(&bed).await;
+    let log = events(&producer);
+    assert_eq!(resync_records(&log[before..]), (0, 0), "nothing changed");
+    assert_eq!(log.len(), before + 1, "only the resync-end marker");
+
+    let before = log.len();
+    request_resync(&bed, &relay, "all", 2).await;
+    eventually(
+        || events(&producer).len() > before + 20,
+        || "the full resync never ended".into(),
+    )
+    .await;
+    relay.stop().await;
+    let log = events(&producer);
+    assert_eq!(resync_records(&log[before..]), (20, 0), "every object");
+    assert_eq!(consumer_view(&log), cluster_view(&bed));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_position_ahead_of_the_server_leads_to_a_relist_not_endless_retries() {
+    let bed = bed(true).await;
+    create(&bed, (0..5).map(|i| format!("p{i}")));
+    // A checkpoint from before an etcd restore: ahead of everything the server has.
+    let mut cm = objects::configmap(common::bed::CHECKPOINT_NS, common::bed::CHECKPOINT_NAME);
+    cm["data"] = serde_json::json!({ (STREAM): "{\"rv\":\"999999\"}" });
+    bed.sim
+        .create("configmaps", Some(common::bed::CHECKPOINT_NS), cm)
+        .unwrap();
+    let producer = Arc::new(Memory::new());
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay.wait_counter("resyncs_total", STREAM, 1).await;
+    // The position from before the restore is replaced by the relist's.
+    bed.wait_checkpoint(|c| {
+        c.get(STREAM)
+            .and_then(|s| s.rv.as_ref())
+            .is_some_and(|r| r.parse::<u64>().unwrap() < 999_999)
+    })
+    .await;
+    relay.stop().await;
+    assert!(bed.checkpoint_rv(STREAM).unwrap() <= bed.sim.current_rv());
+    assert_eq!(consumer_view(&events(&producer)), cluster_view(&bed));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_watch_is_reopened_and_nothing_is_lost() {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    let mut cfg = config(&bed, "");
+    cfg.kubernetes.watch_idle_timeout_seconds = 2;
+    let relay = start(&bed, cfg, &producer);
+    relay.wait_up(1).await;
+    // The next watch is accepted and then silent, as over a half-open connection.
+    bed.sim.stall_next_watch();
+    bed.sim.drop_watches();
+    create(&bed, (0..10).map(|i| format!("p{i}")));
+    relay.wait_counter("watch_restarts_total", STREAM, 1).await;
+    wait_covered(&bed).await;
+    let stalled = relay
+        .metrics
+        .watch_restarts
+        .with_label_values(&[STREAM, "stalled"])
+        .get();
+    assert_eq!(stalled, 1);
+    relay.stop().await;
+    assert_converged(&bed, &producer);
+}
