@@ -29,7 +29,9 @@ fn tombstone_message(channel: &str) -> String {
 /// `$ref`), and every component schema those refer to.
 #[derive(Debug, Default, Clone)]
 pub struct ClusterSchemas {
+    /// Each channel's object schema, by channel name (usually a `$ref` into `components`).
     pub objects: BTreeMap<String, Value>,
+    /// The component schemas those refer to, by name, as `/openapi/v3` serves them.
     pub components: BTreeMap<String, Value>,
 }
 

@@ -14,6 +14,7 @@ pub struct ChannelPath {
     pub template: String,
     /// Empty for the core group.
     pub group: String,
+    /// The API version, e.g. `v1` or `v1beta1`.
     pub version: String,
     /// Plural resource name, e.g. `pods`.
     pub resource: String,
@@ -21,13 +22,16 @@ pub struct ChannelPath {
     pub namespaced: bool,
 }
 
+/// A watch path template that is neither a core nor a group collection path.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum PathError {
+    /// The template, as written, does not have one of the two shapes.
     #[error("path {0:?} must look like /api/v1/[namespaces/{{namespace}}/]RESOURCE or /apis/GROUP/VERSION/[namespaces/{{namespace}}/]RESOURCE")]
     Shape(String),
 }
 
 impl ChannelPath {
+    /// Splits `template` into its parts; `{namespace}` is the only placeholder it may hold.
     pub fn parse(template: &str) -> Result<Self, PathError> {
         let bad = || PathError::Shape(template.to_string());
         let parts: Vec<&str> = template.trim_end_matches('/').split('/').collect();
@@ -95,7 +99,9 @@ impl ChannelPath {
 /// One catalogue entry.
 #[derive(Clone, Copy, Debug)]
 pub struct CatalogueEntry {
+    /// The AsyncAPI operationId a configuration names the channel by, e.g. `watchAllPods`.
     pub operation_id: &'static str,
+    /// The watch path template, as [`ChannelPath::parse`] reads it.
     pub path: &'static str,
     /// The AsyncAPI message name the channel publishes.
     pub message: &'static str,
@@ -191,6 +197,7 @@ const fn e(
     }
 }
 
+/// The built-in channel with that operationId, or None for one outside the catalogue.
 pub fn lookup(operation_id: &str) -> Option<&'static CatalogueEntry> {
     CATALOGUE.iter().find(|c| c.operation_id == operation_id)
 }

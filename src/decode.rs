@@ -13,14 +13,19 @@ use thiserror::Error;
 use crate::event::{EventType, Identity, Meta, WatchEvent};
 use crate::json::{ScanError, Scanner, Str};
 
+/// Why a watch line or list item could not be decoded; the stream counts it and skips it.
 #[derive(Debug, Error)]
 pub enum DecodeError {
+    /// Not well-formed JSON, or not an object where one is needed.
     #[error("malformed watch line: {0}")]
     Json(#[from] ScanError),
+    /// Bytes that are not UTF-8.
     #[error("malformed watch line: not UTF-8")]
     Utf8,
+    /// A member the relay needs is absent: `type`, `object`, `metadata` or its resourceVersion.
     #[error("watch event without {0}")]
     Missing(&'static str),
+    /// A `type` other than the five the API defines.
     #[error("unknown watch event type {0:?}")]
     UnknownType(String),
 }
@@ -206,7 +211,9 @@ impl<'a> Object<'a> {
 /// How objects are trimmed before they leave the cluster.
 #[derive(Clone, Copy, Debug)]
 pub struct Trim {
+    /// Leave out `metadata.managedFields`.
     pub drop_managed_fields: bool,
+    /// Keep a Secret's `data`, `stringData` and every annotation (otherwise they are dropped).
     pub allow_secret_data: bool,
 }
 

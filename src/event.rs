@@ -10,14 +10,20 @@ use serde::Deserialize;
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, Hash)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum EventType {
+    /// An object was created, or is part of a list or a watch's initial state.
     Added,
+    /// An object changed; the event carries its new state.
     Modified,
+    /// An object was deleted; the event carries its last state.
     Deleted,
+    /// No object change: the watch's position moved on to the event's resourceVersion.
     Bookmark,
+    /// The watch failed; the object is a Status (410 Expired when the position is too old).
     Error,
 }
 
 impl EventType {
+    /// Every type, in the order of [`EventType::index`].
     pub const ALL: [EventType; 5] = [
         EventType::Added,
         EventType::Modified,
@@ -26,6 +32,7 @@ impl EventType {
         EventType::Error,
     ];
 
+    /// The type as the API server spells it (`ADDED`, …), as envelopes and their headers carry it.
     pub fn as_str(self) -> &'static str {
         match self {
             EventType::Added => "ADDED",
@@ -66,14 +73,17 @@ impl fmt::Display for EventType {
 pub struct EventTypes(u8);
 
 impl EventTypes {
+    /// Adds `t` to the set.
     pub fn insert(&mut self, t: EventType) {
         self.0 |= 1 << t.index();
     }
 
+    /// Whether `t` is in the set: whether the channel publishes events of that type.
     pub fn contains(self, t: EventType) -> bool {
         self.0 & (1 << t.index()) != 0
     }
 
+    /// Whether the set holds no type at all.
     pub fn is_empty(self) -> bool {
         self.0 == 0
     }
@@ -102,18 +112,25 @@ pub struct Meta {
     namespaced: bool,
 }
 
-/// An object's identity as borrowed text: what an [`Meta`] is made from and read as.
+/// An object's identity as borrowed text: what a [`Meta`] is made from and read as.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Identity<'a> {
+    /// The object's `kind`, e.g. `Deployment`.
     pub kind: &'a str,
+    /// The object's `apiVersion`, e.g. `apps/v1`.
     pub api_version: &'a str,
+    /// `metadata.name`, unique within the namespace.
     pub name: &'a str,
+    /// `metadata.namespace`; `None` for a cluster-scoped object.
     pub namespace: Option<&'a str>,
+    /// `metadata.uid`: tells apart two objects that had the same name one after the other.
     pub uid: &'a str,
+    /// `metadata.resourceVersion`: opaque, ordered only when [`comparable`].
     pub resource_version: &'a str,
 }
 
 impl Meta {
+    /// Packs `id` into one buffer; an empty namespace counts as none (cluster-scoped).
     pub fn new(id: Identity<'_>) -> Self {
         let namespace = id.namespace.filter(|ns| !ns.is_empty());
         let fields = [
@@ -142,26 +159,32 @@ impl Meta {
         &self.text[start..self.ends[i] as usize]
     }
 
+    /// The object's `kind`; empty when the line had none.
     pub fn kind(&self) -> &str {
         self.field(0)
     }
 
+    /// The object's `apiVersion`, e.g. `v1`.
     pub fn api_version(&self) -> &str {
         self.field(1)
     }
 
+    /// `metadata.name`; with the namespace, the object's Kafka [`key`](Meta::key).
     pub fn name(&self) -> &str {
         self.field(2)
     }
 
+    /// `metadata.namespace`; `None` for a cluster-scoped object.
     pub fn namespace(&self) -> Option<&str> {
         self.namespaced.then(|| self.field(3))
     }
 
+    /// `metadata.uid`, new when an object is deleted and created again under its name.
     pub fn uid(&self) -> &str {
         self.field(4)
     }
 
+    /// `metadata.resourceVersion`, as the API server wrote it.
     pub fn resource_version(&self) -> &str {
         self.field(5)
     }
@@ -203,7 +226,9 @@ impl fmt::Debug for Meta {
 /// A decoded watch line, object already trimmed and re-assembled as JSON bytes.
 #[derive(Debug)]
 pub struct WatchEvent {
+    /// The line's `type`.
     pub event_type: EventType,
+    /// The object's identity and resourceVersion (an ERROR's Status has no name or version).
     pub meta: Meta,
     /// The object as it goes into the envelope.
     pub object: Vec<u8>,

@@ -19,7 +19,9 @@ use crate::registry::{Readiness, Registry};
 /// What the endpoint serves.
 #[derive(Clone)]
 pub struct Served {
+    /// Rendered at `/metrics`.
     pub metrics: Arc<Metrics>,
+    /// Asked by `/healthz` and `/readyz`.
     pub registry: Registry,
     /// The AsyncAPI document of what this relay publishes.
     pub asyncapi: Bytes,

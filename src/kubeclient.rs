@@ -8,17 +8,24 @@ use thiserror::Error;
 
 use crate::config::KubernetesConfig;
 
+/// Why no Kubernetes client could be built.
 #[derive(Debug, Error)]
 pub enum ClientError {
+    /// The kubeconfig file `kubernetes.kubeconfig` names cannot be read or parsed.
     #[error("reading kubernetes.kubeconfig {path}: {source}")]
     Kubeconfig {
+        /// The file, as configured.
         path: std::path::PathBuf,
+        /// Why it cannot be read.
         source: KubeconfigError,
     },
+    /// The kubeconfig, or the context `kubernetes.context` names in it, cannot be used.
     #[error("loading the kubeconfig: {0}")]
     Config(#[from] KubeconfigError),
+    /// Neither an in-cluster service account nor a kubeconfig was found or usable.
     #[error("finding the cluster (in-cluster service account, $KUBECONFIG, ~/.kube/config): {0}")]
     Infer(#[from] kube::config::InferConfigError),
+    /// The configuration was found, but the client could not be built from it (TLS, say).
     #[error("building the client: {0}")]
     Client(#[from] kube::Error),
 }

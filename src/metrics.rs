@@ -5,7 +5,9 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+/// Every metric of the relay, shared by its streams, the checkpoint writer and `/metrics`.
 pub struct Metrics {
+    /// The Prometheus registry they are all registered with, under the `watchrelay_` prefix.
     pub registry: Registry,
     /// Watch events read, by stream and event type.
     pub events_received: IntCounterVec,
@@ -18,7 +20,8 @@ pub struct Metrics {
     /// Events larger than kafka.maxMessageBytes (or refused by the broker for size), by stream and
     /// action (dead_letter, trim).
     pub oversize: IntCounterVec,
-    /// Delivery failures, by stream and kind.
+    /// Delivery failures, by stream, kind (enqueue, delivery) and class (retriable,
+    /// permanent, too_large).
     pub delivery_errors: IntCounterVec,
     /// Watch restarts, by stream and reason.
     pub watch_restarts: IntCounterVec,
@@ -49,8 +52,9 @@ pub struct Metrics {
     pub checkpoint_bytes: IntCounter,
     /// Objects each stream announced and has not seen leave (its membership).
     pub members: IntGaugeVec,
-    /// Membership records read at the start of the last term, and how long that took.
+    /// Membership records read at the start of the last term.
     pub membership_restored: IntGauge,
+    /// Seconds the last term's read of the membership topic took.
     pub membership_restore_seconds: prometheus::Gauge,
     /// 1 while the membership topic cannot be used, by reason (`not_compacted`, `retention`,
     /// `recreated`, `partitions`, `unauthorized`, `unavailable`).
@@ -85,6 +89,7 @@ fn registered<M: prometheus::core::Collector + Clone + 'static>(
 }
 
 impl Metrics {
+    /// Every metric registered with a fresh registry, counters at zero.
     pub fn new() -> Self {
         let registry = Registry::new_custom(Some("watchrelay".into()), None)
             .expect("a static prefix is valid");
@@ -282,6 +287,7 @@ impl Metrics {
         forget(&self.api_errors, stream);
     }
 
+    /// Every metric in the Prometheus text format, as `/metrics` serves it.
     pub fn render(&self) -> Vec<u8> {
         let mut out = Vec::new();
         TextEncoder::new()

@@ -10,10 +10,18 @@ use thiserror::Error;
 use crate::asyncapi::ClusterSchemas;
 use crate::config::Channel;
 
+/// Why a channel's object schema could not be read from the API server.
 #[derive(Debug, Error)]
 pub enum OpenApiError {
+    /// A discovery or `/openapi/v3` request failed.
     #[error("reading {what}: {source}")]
-    Api { what: String, source: kube::Error },
+    Api {
+        /// What was being read: a path, or the discovery of a group-version.
+        what: String,
+        /// What the client reported.
+        source: kube::Error,
+    },
+    /// The server does not serve the resource, or its document lacks the kind's schema.
     #[error("{0}")]
     Missing(String),
 }

@@ -16,6 +16,7 @@ use crate::config::{Scope, Shape, WatchStrategy};
 /// One resource the relay lists and watches: `(apiGroup, resource)`.
 pub type Resource = (String, String);
 
+/// The permissions a configuration needs, as `watchrelay rbac` prints them.
 #[derive(Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Needs {

@@ -39,6 +39,7 @@ pub enum Phase {
 /// What a stream publishes.
 #[derive(Clone, Debug, Default)]
 pub struct Status {
+    /// What the stream is doing now.
     pub phase: Phase,
     /// The latest checkpoint the stream may save (everything before it acknowledged).
     pub checkpoint: Option<Arc<Saved>>,
@@ -50,6 +51,7 @@ pub struct Status {
 /// Whether this replica relays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
+    /// Holds the leader Lease, or runs without election: runs the streams.
     Leader,
     /// Waiting for the leader Lease; runs no streams.
     Standby,
@@ -98,6 +100,7 @@ impl Default for Registry {
 /// What `/readyz` reports.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Readiness {
+    /// Whether `/readyz` passes: a standby, or every stream (one at least) watching, unblocked.
     pub ready: bool,
     /// Streams not watching.
     pub down: Vec<String>,
@@ -108,6 +111,7 @@ pub struct Readiness {
 }
 
 impl Registry {
+    /// A registry with a 120 s stall bound, the default `watchIdleTimeoutSeconds`.
     pub fn new() -> Self {
         Self::with_stall_bound(std::time::Duration::from_secs(120))
     }
@@ -199,6 +203,7 @@ impl Registry {
         }
     }
 
+    /// Whether this replica leads or stands by in its current term.
     pub fn role(&self) -> Role {
         self.lock().role
     }
@@ -320,6 +325,7 @@ pub struct Reporter {
 }
 
 impl Reporter {
+    /// The stream's id, `<channel>.<namespace>`.
     pub fn id(&self) -> &str {
         &self.id
     }

@@ -10,11 +10,13 @@ use serde::Serialize;
 use crate::checkpoint::{self, RESYNC_ANNOTATION};
 use crate::config::Config;
 
+/// What `watchrelay status` reports, as a table ([`text`]) or as JSON.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Status {
     /// `namespace/name` of the checkpoint ConfigMap.
     pub checkpoint: String,
+    /// Every stream with a saved position, ordered by id.
     pub streams: Vec<StreamStatus>,
     /// A resync requested and not yet taken by the relay.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -24,24 +26,31 @@ pub struct Status {
     pub leader: Option<Leader>,
 }
 
+/// One stream's saved position.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StreamStatus {
+    /// The stream's id, `<channel>.<namespace>`.
     pub stream: String,
     /// The resourceVersion up to which Kafka acknowledged everything.
     pub position: Option<String>,
     /// When it was acknowledged.
     pub acknowledged_at: Option<String>,
+    /// Seconds since `acknowledgedAt`: how far behind a restart would resume.
     pub age_seconds: Option<i64>,
 }
 
+/// Who holds the leader Lease.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Leader {
     /// `namespace/name` of the Lease.
     pub lease: String,
+    /// The holder's identity; `None` when the Lease is free.
     pub holder: Option<String>,
+    /// When the holder last renewed the Lease (RFC 3339).
     pub renewed_at: Option<String>,
+    /// Seconds since that renewal: a leader that stopped renewing shows here.
     pub age_seconds: Option<i64>,
 }
 

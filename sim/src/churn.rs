@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{objects, Sim};
 
+/// What background churn changes, and how fast ([`Sim::start_churn`]).
 #[derive(Clone, Debug)]
 pub struct ChurnSpec {
     /// Changes per second across everything.

@@ -15,7 +15,10 @@ pub enum Fault {
     /// 500 Internal Server Error.
     ServerError,
     /// 429 Too Many Requests with a Retry-After header.
-    TooManyRequests { retry_after_secs: u32 },
+    TooManyRequests {
+        /// Seconds the Retry-After header asks the client to wait.
+        retry_after_secs: u32,
+    },
 }
 
 /// Faults armed by tests, consumed by the server.

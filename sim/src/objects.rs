@@ -22,10 +22,12 @@ fn managed_fields(manager: &str) -> Value {
     ])
 }
 
+/// An active Namespace `name`, with no labels yet.
 pub fn namespace(name: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {}}, "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}})
 }
 
+/// A running Pod of a Deployment's ReplicaSet, managedFields included: about 4 KB.
 pub fn pod(ns: &str, name: &str) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -73,6 +75,7 @@ pub fn pod(ns: &str, name: &str) -> Value {
     })
 }
 
+/// A Deployment of three ready replicas, as `kubectl apply` left it.
 pub fn deployment(ns: &str, name: &str) -> Value {
     json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
@@ -84,6 +87,7 @@ pub fn deployment(ns: &str, name: &str) -> Value {
     })
 }
 
+/// An `events.k8s.io/v1` Event: the scheduler assigning a Pod to a node.
 pub fn event(ns: &str, name: &str) -> Value {
     json!({
         "apiVersion": "events.k8s.io/v1", "kind": "Event",
@@ -94,6 +98,7 @@ pub fn event(ns: &str, name: &str) -> Value {
     })
 }
 
+/// An EndpointSlice of Service `web` with two ready endpoints.
 pub fn endpointslice(ns: &str, name: &str) -> Value {
     json!({
         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
@@ -105,6 +110,7 @@ pub fn endpointslice(ns: &str, name: &str) -> Value {
     })
 }
 
+/// A ready Linux Node of four CPUs and 16 GiB; cluster-scoped.
 pub fn node(name: &str) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Node",
@@ -117,6 +123,7 @@ pub fn node(name: &str) -> Value {
     })
 }
 
+/// A ClusterIP Service on port 80, selecting the pods labelled `app: <name>`.
 pub fn service(ns: &str, name: &str) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Service",
@@ -127,6 +134,7 @@ pub fn service(ns: &str, name: &str) -> Value {
     })
 }
 
+/// An Ingress for host `<name>.example.com` with TLS, routing to Service `name`.
 pub fn ingress(ns: &str, name: &str) -> Value {
     json!({
         "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
@@ -137,6 +145,7 @@ pub fn ingress(ns: &str, name: &str) -> Value {
     })
 }
 
+/// A NetworkPolicy admitting the ingress controller's namespace to the `web` pods.
 pub fn networkpolicy(ns: &str, name: &str) -> Value {
     json!({
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
@@ -146,6 +155,7 @@ pub fn networkpolicy(ns: &str, name: &str) -> Value {
     })
 }
 
+/// A Gateway API Gateway with one HTTP listener on port 80.
 pub fn gateway(ns: &str, name: &str) -> Value {
     json!({
         "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
@@ -155,6 +165,7 @@ pub fn gateway(ns: &str, name: &str) -> Value {
     })
 }
 
+/// A Gateway API HTTPRoute for `<name>.example.com`, to Service `name`.
 pub fn httproute(ns: &str, name: &str) -> Value {
     json!({
         "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
@@ -164,6 +175,7 @@ pub fn httproute(ns: &str, name: &str) -> Value {
     })
 }
 
+/// A ConfigMap with a single entry.
 pub fn configmap(ns: &str, name: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns}, "data": {"key": "value"}})
 }

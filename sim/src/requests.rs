@@ -15,7 +15,7 @@ pub(crate) struct Requests {
     watches_open: AtomicU64,
 }
 
-/// A snapshot of [`Requests`].
+/// A snapshot of the requests the simulator counted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RequestCounts {
     /// Collection list requests (each page counts).

@@ -5,17 +5,24 @@
 pub struct Resource {
     /// Empty for the core group.
     pub group: String,
+    /// The API version within the group, e.g. `v1`.
     pub version: String,
+    /// The plural name in URLs, e.g. `deployments`.
     pub plural: String,
+    /// The singular name `kubectl` accepts, e.g. `deployment`.
     pub singular: String,
+    /// The objects' `kind`, e.g. `Deployment`.
     pub kind: String,
+    /// Whether its objects live in namespaces (served under `/namespaces/{namespace}/`).
     pub namespaced: bool,
+    /// Abbreviations discovery lists for `kubectl`, e.g. `deploy`.
     pub short_names: Vec<String>,
     /// The object schema a CRD declares (`openAPIV3Schema`); built-in kinds get a generic one.
     pub schema: Option<serde_json::Value>,
 }
 
 impl Resource {
+    /// A resource without a schema of its own; its singular is `kind` in lower case.
     pub fn new(
         group: &str,
         version: &str,
@@ -74,6 +81,7 @@ impl Resource {
         format!("{group}.{}.{}", self.version, self.kind)
     }
 
+    /// `v1` or `apps/v1`, as its objects' `apiVersion`.
     pub fn api_version(&self) -> String {
         if self.group.is_empty() {
             self.version.clone()
@@ -83,6 +91,7 @@ impl Resource {
     }
 }
 
+/// The built-in resources every simulator serves from the start.
 pub fn builtin() -> Vec<Resource> {
     let r = Resource::new;
     vec![

@@ -52,6 +52,7 @@ fn set(s: &str) -> Result<Vec<String>, String> {
 }
 
 impl Selector {
+    /// Parses `a=b,c!=d`, `k in (x,y)`, `k notin (x)`, `k` and `!k`; the error names the bad part.
     pub fn parse(s: &str) -> Result<Self, String> {
         let mut reqs = Vec::new();
         for part in split_top(s) {
@@ -80,6 +81,7 @@ impl Selector {
         Ok(Self(reqs))
     }
 
+    /// Whether it has no requirement, so matches every object.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
@@ -96,6 +98,7 @@ impl Selector {
         })
     }
 
+    /// Whether `obj`'s `metadata.labels` satisfy it, as a label selector.
     pub fn matches_labels(&self, obj: &Value) -> bool {
         let labels = &obj["metadata"]["labels"];
         self.matches(|k| labels.get(k).and_then(Value::as_str))

@@ -37,6 +37,7 @@ pub struct Sim {
 }
 
 impl Sim {
+    /// Starts a simulator serving `cfg` on loopback (or `cfg.addr`), with the built-in resources.
     pub async fn start(cfg: SimConfig) -> Result<Sim, SimError> {
         let listener = tokio::net::TcpListener::bind(
             cfg.addr
@@ -69,6 +70,7 @@ impl Sim {
         Ok(Sim { inner, addr })
     }
 
+    /// The server's base URL, `http://` or `https://` with the bound address.
     pub fn url(&self) -> String {
         let scheme = if self.inner.tls.is_some() {
             "https"
@@ -78,10 +80,12 @@ impl Sim {
         format!("{scheme}://{}", self.addr)
     }
 
+    /// The self-signed certificate clients must trust, in PEM; `None` without TLS.
     pub fn ca_pem(&self) -> Option<String> {
         self.inner.tls.as_ref().map(|t| t.cert_pem.clone())
     }
 
+    /// A kubeconfig for `kubectl` and the `kube` crate: this server, its CA and its token.
     pub fn kubeconfig_yaml(&self) -> String {
         let ca = match self.ca_pem() {
             Some(pem) => format!(
@@ -105,6 +109,7 @@ impl Sim {
         )
     }
 
+    /// Writes [`Sim::kubeconfig_yaml`] to `path`.
     pub fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
         std::fs::write(path, self.kubeconfig_yaml())
     }
@@ -113,6 +118,7 @@ impl Sim {
         self.inner.store.lock().expect("store lock poisoned")
     }
 
+    /// Creates `obj` as the API server does (uid, resourceVersion, `generateName`); 409 if taken.
     pub fn create(
         &self,
         resource: &str,
@@ -124,6 +130,7 @@ impl Sim {
             .map(|v| (*v).clone())
     }
 
+    /// Replaces an object; a `metadata.resourceVersion` in `obj` must match the current one (409).
     pub fn update(
         &self,
         resource: &str,
@@ -135,6 +142,7 @@ impl Sim {
             .map(|v| (*v).clone())
     }
 
+    /// Applies an RFC 7386 merge patch to object `name`, as `kubectl patch --type merge` does.
     pub fn merge_patch(
         &self,
         resource: &str,
@@ -147,6 +155,7 @@ impl Sim {
             .map(|v| (*v).clone())
     }
 
+    /// Deletes object `name`, returning its last state at the deletion's resourceVersion.
     pub fn delete(
         &self,
         resource: &str,
@@ -158,12 +167,14 @@ impl Sim {
             .map(|v| (*v).clone())
     }
 
+    /// The current state of object `name`; `None` when it does not exist.
     pub fn get(&self, resource: &str, namespace: Option<&str>, name: &str) -> Option<Value> {
         self.store()
             .get(resource, namespace, name)
             .map(|v| (*v).clone())
     }
 
+    /// Every current object of `resource` (in `namespace`, or all), by namespace and name.
     pub fn list(&self, resource: &str, namespace: Option<&str>) -> Vec<Value> {
         self.store()
             .state_at(resource, namespace, None)
@@ -183,6 +194,7 @@ impl Sim {
         self.inner.requests.reset();
     }
 
+    /// The latest resourceVersion: the revision of the last change.
     pub fn current_rv(&self) -> u64 {
         self.store().rv
     }
@@ -224,14 +236,17 @@ impl Sim {
         self.store().register(res);
     }
 
+    /// Every change so far, oldest first (only the newest `journal_limit` when one is set).
     pub fn journal(&self) -> Vec<JournalEntry> {
         self.store().journal.iter().cloned().collect()
     }
 
+    /// Starts background churn as `spec` describes, until the handle is stopped or dropped.
     pub fn start_churn(&self, spec: ChurnSpec) -> ChurnHandle {
         churn::start(self.clone(), spec)
     }
 
+    /// Stops serving: every open watch ends and the server accepts no more requests.
     pub fn shutdown(&self) {
         self.inner.shutdown.cancel();
         self.drop_watches();

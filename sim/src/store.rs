@@ -42,7 +42,7 @@ fn key(resource: &str, ns: Option<&str>, name: &str) -> Key {
     )
 }
 
-/// The keyspace at one revision (see [`Store::snapshot`]).
+/// The keyspace at one revision, as an etcd snapshot holds it ([`crate::Sim::snapshot`]).
 #[derive(Clone)]
 pub struct Snapshot {
     rv: u64,
@@ -54,12 +54,17 @@ pub struct Snapshot {
 /// One change as it happened: the ground truth tests compare against.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JournalEntry {
+    /// The resourceVersion the change got: the store's revision after it.
     pub rv: u64,
     /// ADDED, MODIFIED or DELETED.
     pub event_type: String,
+    /// The object's `metadata.uid`; a name deleted and created again gets a new one.
     pub uid: String,
+    /// The object's `kind`, e.g. `Pod`.
     pub kind: String,
+    /// The object's namespace; `None` for a cluster-scoped one.
     pub namespace: Option<String>,
+    /// The object's `metadata.name`, unique within its resource and namespace.
     pub name: String,
     /// `plural[.group]`.
     pub resource: String,

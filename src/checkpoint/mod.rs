@@ -77,15 +77,20 @@ pub fn read_writes(cm: &ConfigMap) -> u64 {
 /// the ownerless records of older versions were adopted.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MembershipMark {
+    /// The membership topic's name.
     pub topic: String,
+    /// The id in the mark this relay wrote into the topic ([`crate::membership::mark_record`]).
     pub id: String,
+    /// How many partitions the topic had: another count spreads keys differently.
     pub partitions: usize,
 }
 
 /// What the checkpoint ConfigMap holds.
 #[derive(Debug, Default)]
 pub struct Loaded {
+    /// Each stream's position, by stream id (`<channel>.<namespace>`).
     pub streams: HashMap<String, Saved>,
+    /// What the relay last verified of its membership topic; `None` before the first run.
     pub mark: Option<MembershipMark>,
     /// The write counter ([`WRITES_KEY`]).
     pub writes: u64,
@@ -97,25 +102,44 @@ pub(crate) const BUDGET: usize = 900 * 1024;
 /// Decompressed legacy sets larger than this are refused rather than allocated.
 const MAX_KNOWN_BYTES: u64 = 64 << 20;
 
+/// Why the checkpoint ConfigMap could not be read or written.
 #[derive(Debug, Error)]
 pub enum CheckpointError {
+    /// The API server refused the request, or could not be reached.
     #[error("checkpoint ConfigMap {name}: {source}")]
-    Api { name: String, source: kube::Error },
+    Api {
+        /// The ConfigMap's name.
+        name: String,
+        /// What the client reported.
+        source: kube::Error,
+    },
+    /// The streams' positions do not fit in one ConfigMap.
     #[error("checkpoint ConfigMap {name}: the positions take {bytes} bytes, over the {budget}-byte budget; use fewer streams per ConfigMap")]
     TooLarge {
+        /// The ConfigMap's name.
         name: String,
+        /// Bytes the streams' entries would take.
         bytes: usize,
+        /// Bytes a ConfigMap's `data` may take, leaving room for its metadata.
         budget: usize,
     },
+    /// A write outlasted its bound; the positions it carried go with the next write.
     #[error("checkpoint write timed out after {0:?}")]
     TimedOut(std::time::Duration),
+    /// Every attempt lost to a concurrent writer: the ConfigMap changed between read and write.
     #[error("checkpoint ConfigMap {name} kept changing under us (409 Conflict {attempts} times)")]
-    Conflict { name: String, attempts: u32 },
+    Conflict {
+        /// The ConfigMap's name.
+        name: String,
+        /// How many writes were tried.
+        attempts: u32,
+    },
 }
 
 /// What one stream persisted: its acknowledged position.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 pub struct Saved {
+    /// The resourceVersion the stream resumes its watch from; `None` makes it start with a list.
     pub rv: Option<String>,
     /// When Kafka had acknowledged everything up to `rv` (RFC 3339); absent in older entries.
     #[serde(default)]

@@ -11,6 +11,7 @@ use super::{
     WRITES_KEY,
 };
 
+/// The checkpoint ConfigMap of one relay, read and written through the API server.
 pub struct Store {
     api: Api<ConfigMap>,
     name: String,
@@ -31,6 +32,7 @@ pub struct Written {
 }
 
 impl Store {
+    /// The store of ConfigMap `name` in `namespace`; nothing is read until [`Store::load`].
     pub fn new(client: kube::Client, namespace: &str, name: &str) -> Self {
         Self {
             api: Api::namespaced(client, namespace),

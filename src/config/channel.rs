@@ -88,8 +88,11 @@ fn yes() -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum WatchStrategy {
+    /// A watch per namespace in scope (`perNamespace`): reads only those namespaces.
     PerNamespace,
+    /// One watch of the cluster-wide collection (`clusterWide`), objects out of scope dropped.
     ClusterWide,
+    /// Cluster-wide above `kubernetes.clusterWideAbove` namespaces, per namespace up to it.
     Auto,
 }
 
@@ -113,21 +116,30 @@ pub enum Scope {
     /// One stream over the collection without a namespace: cluster-scoped resources, or a
     /// namespaced resource across all namespaces.
     Cluster,
+    /// The namespaces listed in `namespaces`.
     Namespaces(Vec<String>),
+    /// The namespaces whose labels match this selector (`namespaceSelector`), as they come and go.
     Selector(String),
 }
 
 /// A validated channel, ready to spawn streams from.
 #[derive(Debug, Clone)]
 pub struct Channel {
+    /// Its name in stream ids, metrics and checkpoints (the operationId unless set); no dot.
     pub name: String,
+    /// The catalogue's operationId, or `watch<resource>` for a custom path.
     pub operation_id: String,
+    /// The AsyncAPI message name its envelopes carry.
     pub message: String,
+    /// The watch path template, parsed.
     pub path: ChannelPath,
+    /// Which namespaces it covers.
     pub scope: Scope,
     /// How a `Namespaces` or `Selector` scope is watched.
     pub strategy: WatchStrategy,
+    /// Only objects matching this label selector, passed to the API server.
     pub label_selector: Option<String>,
+    /// Only objects matching this field selector, passed to the API server.
     pub field_selector: Option<String>,
     /// How records are keyed.
     pub key: KeyTemplate,
@@ -135,8 +147,11 @@ pub struct Channel {
     pub tombstones: bool,
     /// The event types published (BOOKMARK with `forwardBookmarks`).
     pub forwarded: EventTypes,
+    /// Leave `metadata.managedFields` out of the objects it publishes.
     pub drop_managed_fields: bool,
+    /// Publish a Secret's `data` and `stringData` (off: they are removed).
     pub allow_secret_data: bool,
+    /// The topic template, as written; [`Channel::topic_for`] renders it for one stream.
     pub topic: String,
     /// Whether this channel is in the built-in catalogue (custom ones are resolved through
     /// discovery and may not exist yet).
@@ -154,6 +169,7 @@ impl StreamId {
     /// The namespace part of a cluster-wide stream's id.
     const ALL: &'static str = "_all";
 
+    /// The id of `channel`'s stream over `namespace` (`None`: cluster-wide, `<channel>._all`).
     pub fn new(channel: &str, namespace: Option<&str>) -> Self {
         Self(format!("{channel}.{}", namespace.unwrap_or(Self::ALL)))
     }
@@ -188,6 +204,7 @@ impl std::borrow::Borrow<str> for StreamId {
 }
 
 impl Channel {
+    /// Whether this channel publishes events of `event_type`.
     pub fn forwards(&self, event_type: EventType) -> bool {
         self.forwarded.contains(event_type)
     }

@@ -82,6 +82,7 @@ impl KeyTemplate {
         }
     }
 
+    /// The template as written, e.g. `{namespace}/{name}`.
     pub fn as_str(&self) -> &str {
         &self.template
     }

@@ -20,17 +20,28 @@ pub(crate) use channel::{is_topic, topic_rule};
 pub use channel::{Channel, ChannelConfig, Scope, Shape, Shapes, StreamId, WatchStrategy};
 pub use key::KeyTemplate;
 
+/// Why the configuration cannot be used.
 #[derive(Debug, Error)]
 pub enum ConfigError {
+    /// The file could not be read.
     #[error("cannot read {path}: {source}")]
     Read {
+        /// The configuration file's path.
         path: PathBuf,
+        /// Why reading it failed.
         source: std::io::Error,
     },
+    /// Not YAML, or not the file's shape (an unknown field, a wrong type, a missing field).
     #[error("{0}")]
     Parse(String),
+    /// A value the relay does not accept.
     #[error("{field}: {message}")]
-    Invalid { field: String, message: String },
+    Invalid {
+        /// The field's path, e.g. `channels[2].namespaces`.
+        field: String,
+        /// What is wrong with its value.
+        message: String,
+    },
 }
 
 pub(crate) fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
@@ -77,6 +88,7 @@ fn one() -> usize {
     1
 }
 
+/// How the relay reaches the Kubernetes API and paces its lists and watches (`kubernetes`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct KubernetesConfig {
@@ -101,6 +113,7 @@ pub struct KubernetesConfig {
     pub send_initial_events: bool,
     /// First retry delay after an API error; doubles up to `backoffMaxMs`, with jitter.
     pub backoff_initial_ms: u64,
+    /// The longest retry delay after repeated API errors.
     pub backoff_max_ms: u64,
     /// Syncs (initial lists or `sendInitialEvents` watches, at start and after a 410) that may
     /// run at once across all streams: a start with thousands of streams never fires thousands
@@ -132,6 +145,7 @@ impl Default for KubernetesConfig {
     }
 }
 
+/// The Kafka producer (`kafka`): brokers, librdkafka properties and the relay's limits.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct KafkaConfig {
@@ -179,6 +193,7 @@ pub const CHECKPOINT_RESERVE: Duration = Duration::from_secs(5);
 /// Of the shutdown budget, what releasing the Lease may take.
 pub const RELEASE_RESERVE: Duration = Duration::from_secs(3);
 
+/// What happens to an event larger than `maxMessageBytes` (`kafka.oversize`).
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub enum OversizePolicy {
@@ -189,6 +204,7 @@ pub enum OversizePolicy {
     Trim,
 }
 
+/// Where stream positions (a ConfigMap) and memberships (a Kafka topic) are kept (`checkpoint`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CheckpointConfig {
@@ -218,6 +234,7 @@ pub struct MembershipConfig {
 }
 
 impl MembershipConfig {
+    /// The topic's name: the configured one, or `watchrelay.{cluster}.membership`.
     pub fn topic(&self, cluster: &str) -> String {
         self.topic
             .clone()
@@ -236,6 +253,7 @@ fn default_checkpoint_interval() -> u64 {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct LeaderElectionConfig {
+    /// Off (the default): the relay relays at once, without a Lease.
     pub enabled: bool,
     /// Namespace of the Lease; `checkpoint.namespace` when absent.
     pub namespace: Option<String>,
@@ -306,6 +324,7 @@ impl LeaderElectionConfig {
     }
 }
 
+/// The HTTP endpoint for metrics and probes (`http`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct HttpConfig {
@@ -324,14 +343,23 @@ impl Default for HttpConfig {
 /// The validated configuration: the file with its channels resolved once, at load.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Name of this cluster (`clusterName`), carried in every envelope and topic template.
     pub cluster_name: String,
+    /// How to reach the Kubernetes API, and how streams list and watch.
     pub kubernetes: KubernetesConfig,
+    /// The Kafka producer.
     pub kafka: KafkaConfig,
+    /// Where stream positions and memberships are kept.
     pub checkpoint: CheckpointConfig,
+    /// The endpoint for metrics and probes.
     pub http: HttpConfig,
+    /// Several replicas, one relaying at a time.
     pub leader_election: LeaderElectionConfig,
+    /// The channels, resolved and validated, in the file's order.
     pub channels: Vec<Arc<Channel>>,
+    /// Threads running the streams (`workerThreads`, 1 by default).
     pub worker_threads: usize,
+    /// The whole stop's budget, from the first signal (see [`Config::drain_time`]).
     pub shutdown_timeout_seconds: u64,
 }
 
@@ -346,6 +374,7 @@ impl Config {
 }
 
 impl Config {
+    /// Reads and validates the file at `path`; `${NAME}` in Kafka properties reads the environment.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
@@ -354,6 +383,7 @@ impl Config {
         Self::parse(&text)
     }
 
+    /// Parses and validates `text`; `${NAME}` in Kafka properties reads the process environment.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         Self::parse_with_env(text, |name| std::env::var(name).ok())
     }

@@ -17,8 +17,9 @@ pub enum Id {
 /// One event as the relay announces it: which change of which object, and how it came about.
 #[derive(Clone, Debug)]
 pub struct Announcement {
+    /// The envelope's `type`, and the last part of its `ce_type` header.
     pub event_type: EventType,
-    /// The object's identity; its `namespace/name` is the Kafka key.
+    /// The object's identity; the channel's key template makes the Kafka key of it.
     pub meta: Meta,
     /// `watchrelay.id`.
     pub id: Id,
@@ -27,7 +28,9 @@ pub struct Announcement {
     pub list_version: Option<String>,
     /// When the relay read the event.
     pub observed_at: Stamp,
+    /// `watchrelay.resync`: produced by a relist rather than a watch.
     pub resync: bool,
+    /// `watchrelay.synthetic`: a DELETED the relay inferred, not one the API server sent.
     pub synthetic: bool,
 }
 
@@ -137,6 +140,7 @@ impl Stamp {
         stamp
     }
 
+    /// The timestamp's text, as `watchrelay.observedAt` and the `ce_time` header carry it.
     pub fn as_str(&self) -> &str {
         std::str::from_utf8(&self.text[..usize::from(self.len)]).expect("made from a str")
     }

@@ -10,7 +10,7 @@ use crate::event::EventType;
 
 /// The announcement a record was written from, read back from its envelope `value` and its
 /// `key`: what a reference needs when Kafka refuses a record for its size after it was sent.
-/// Nothing else of an announcement outlives its record. `None` for what [`record`] did not
+/// Nothing else of an announcement outlives its record. `None` for what [`record`](super::record) did not
 /// write.
 pub fn announced(value: &[u8], key: &str) -> Option<Announcement> {
     #[derive(Deserialize)]

@@ -27,6 +27,7 @@ pub fn payload_uri(cluster: &str, channel: &str) -> String {
 /// What every record of one stream shares.
 #[derive(Clone, Debug, Default)]
 pub struct Route {
+    /// The topic the stream's records go to, rendered for its namespace.
     pub topic: String,
     /// How records are keyed.
     pub key: KeyTemplate,
@@ -36,8 +37,11 @@ pub struct Route {
     pub source: String,
     /// The channel's path template.
     pub channel: String,
+    /// `watchrelay.operationId`: the channel's operationId.
     pub operation_id: String,
+    /// `watchrelay.message`: the AsyncAPI message name.
     pub message: String,
+    /// `watchrelay.cluster`: the configured `clusterName`.
     pub cluster: String,
     /// The stream's namespace, absent for cluster-wide streams.
     pub namespace: Option<String>,

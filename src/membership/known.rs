@@ -7,9 +7,12 @@ use crate::event::{Identity, Meta};
 /// The compact identity the relay keeps per object to infer deletions after a 410.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Known {
+    /// The object's `metadata.name`, for the DELETED the relay infers when it is gone.
     pub name: String,
+    /// The object's namespace; `None` for a cluster-scoped object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
+    /// The resourceVersion it was last announced at.
     pub rv: String,
     /// The topic the object was announced on: where its retraction goes, whatever the
     /// configuration says by then. Absent in records of older versions.
@@ -48,10 +51,18 @@ impl Known {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
     /// The object is alive: it becomes a member before its event is sent.
-    Join { uid: String, known: Known },
+    Join {
+        /// The object's `metadata.uid`, the member's key in the stream.
+        uid: String,
+        /// What the membership record keeps of it.
+        known: Known,
+    },
     /// The same, for the object of the announcement it is sent with, whose identity is taken
     /// from it only when the object is not a member yet (most events are of members).
     Announced,
     /// The object is gone: it leaves once its DELETED is acknowledged.
-    Leave { uid: String },
+    Leave {
+        /// The `metadata.uid` of the member that leaves.
+        uid: String,
+    },
 }

@@ -15,10 +15,12 @@ pub(super) const MARK: &str = "~";
 pub struct Owner(String);
 
 impl Owner {
+    /// The owner of the checkpoint ConfigMap `name` in `namespace`.
     pub fn new(namespace: &str, name: &str) -> Self {
         Self(format!("{namespace}/{name}"))
     }
 
+    /// `<namespace>/<name>`, the first part of each of its membership keys.
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -135,14 +135,23 @@ impl From<TopicError> for Halt {
 
 /// Everything a restore needs.
 pub struct Restore<'a> {
+    /// Writes the adopted members and the topic mark.
     pub producer: &'a Arc<dyn Producer>,
+    /// Creates, describes and reads the membership topic.
     pub log: &'a Arc<dyn Log>,
+    /// The checkpoint ConfigMap, where the verified mark is recorded.
     pub store: &'a Store,
+    /// Where the restore's duration, size and problems are published.
     pub metrics: &'a Metrics,
+    /// Held not ready, with the reason, while the topic cannot be restored.
     pub registry: &'a Registry,
+    /// Whose records are this relay's: the checkpoint ConfigMap.
     pub owner: &'a Owner,
+    /// The membership topic's name.
     pub topic: &'a str,
+    /// Partitions the topic is created with, when missing.
     pub partitions: i32,
+    /// Replication factor the topic is created with; `None`: the broker's default.
     pub replication: Option<i32>,
 }
 

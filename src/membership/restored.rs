@@ -9,8 +9,11 @@ use super::{Known, Members, Owner};
 /// `topic`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Claim {
+    /// The other owner: its checkpoint ConfigMap, `<namespace>/<name>`.
     pub owner: String,
+    /// The topic its member was announced on.
     pub topic: String,
+    /// The member's namespace; `None` for a cluster-scoped object.
     pub namespace: Option<String>,
 }
 

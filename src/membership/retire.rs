@@ -70,12 +70,19 @@ pub const BATCH: usize = 10_000;
 
 /// Everything a retirement needs.
 pub struct Retire<'a> {
+    /// The configuration this term runs: what it no longer runs is retired.
     pub cfg: &'a Config,
+    /// Each channel's shape this term, which decides whether a stream id still runs.
     pub shapes: &'a Shapes,
+    /// Sends the retired members' DELETEDs, then their membership tombstones.
     pub producer: &'a Arc<dyn Producer>,
+    /// The checkpoint ConfigMap, whose retired entries are removed.
     pub store: &'a Store,
+    /// Counts what is retracted; a retired stream's series are dropped.
     pub metrics: &'a Metrics,
+    /// Whose membership records are retired: the checkpoint ConfigMap.
     pub owner: &'a Owner,
+    /// The membership topic's name.
     pub topic: &'a str,
 }
 

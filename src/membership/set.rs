@@ -85,10 +85,12 @@ impl std::fmt::Debug for Members {
 }
 
 impl Members {
+    /// How many objects are members.
     pub fn len(&self) -> usize {
         self.base.len() - self.removed + self.delta.len()
     }
 
+    /// Whether no object is a member.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -102,10 +104,12 @@ impl Members {
             + self.scratch.capacity()
     }
 
+    /// Whether the object with `uid` is a member.
     pub fn contains(&self, uid: &str) -> bool {
         self.offset(&key(uid)).is_some()
     }
 
+    /// What the set keeps of member `uid`; `None` when it is not one.
     pub fn get(&self, uid: &str) -> Option<Known> {
         let k = key(uid);
         self.offset(&k).map(|at| self.decode(k, at).1)

@@ -40,6 +40,7 @@ impl ErrorClass {
     /// Every class, in declaration order (`class as usize` indexes it).
     pub const ALL: [ErrorClass; 3] = [Self::Retriable, Self::Permanent, Self::TooLarge];
 
+    /// The `class` label's value, e.g. `too_large`.
     pub fn label(self) -> &'static str {
         match self {
             Self::Retriable => "retriable",
@@ -53,11 +54,14 @@ impl ErrorClass {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct ProduceError {
+    /// What it takes to get past the error.
     pub class: ErrorClass,
+    /// What the client said, for the log.
     pub message: String,
 }
 
 impl ProduceError {
+    /// An error that may pass by itself.
     pub fn retriable(message: impl Into<String>) -> Self {
         Self {
             class: ErrorClass::Retriable,
@@ -65,6 +69,7 @@ impl ProduceError {
         }
     }
 
+    /// An error that fails again until an operator acts.
     pub fn permanent(message: impl Into<String>) -> Self {
         Self {
             class: ErrorClass::Permanent,
@@ -81,7 +86,9 @@ pub enum DeliveryError {
     /// taken for too large (one oversize record fails every record batched with it), and its
     /// reference is made from them.
     TooLarge {
+        /// The record's key, as the client handed it back (`None`: a null key).
         key: Option<Vec<u8>>,
+        /// The record's value, as the client handed it back (`None`: a null value).
         value: Option<Vec<u8>>,
     },
     /// Anything else the producer gave up on after its own retries.
@@ -89,6 +96,7 @@ pub enum DeliveryError {
 }
 
 impl DeliveryError {
+    /// The error's class, for `delivery_errors_total` and the stream's decision.
     pub fn class(&self) -> ErrorClass {
         match self {
             Self::TooLarge { .. } => ErrorClass::TooLarge,
@@ -107,6 +115,7 @@ pub struct Inbox {
 }
 
 impl Inbox {
+    /// An empty inbox, shared between a stream and the receipts of its records.
     pub fn new() -> Arc<Self> {
         Arc::default()
     }
@@ -180,10 +189,12 @@ pub struct Receipt {
     /// The record's place in its stream's order ([`Sent::Entry`]) or the join's number
     /// ([`Sent::Join`]).
     pub seq: u64,
+    /// What the record is, so the outbox knows what its report settles.
     pub sent: Sent,
 }
 
 impl Receipt {
+    /// A receipt that reports into `to`, boxed to travel with the record through the producer.
     pub fn new(to: Arc<Inbox>, seq: u64, sent: Sent) -> Box<Self> {
         Box::new(Self { to, seq, sent })
     }
@@ -202,7 +213,9 @@ impl Receipt {
 /// The delivery report of one record.
 #[derive(Debug)]
 pub struct Report {
+    /// The receipt the record was sent with.
     pub receipt: Box<Receipt>,
+    /// Delivered (acknowledged by the broker), or why not.
     pub result: Result<(), DeliveryError>,
 }
 

@@ -33,10 +33,12 @@ impl Headers {
         self.len += 1;
     }
 
+    /// How many headers there are (at most 16).
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether there are no headers (a tombstone's, a membership record's).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -60,9 +62,13 @@ impl Headers {
 /// A Kafka record, ready to produce.
 #[derive(Debug, Clone)]
 pub struct Record {
+    /// The topic, already rendered for the stream.
     pub topic: String,
+    /// The Kafka key: the object's, rendered by its channel's key template, or a membership key.
     pub key: String,
+    /// The envelope's (or membership entry's) JSON; empty for a tombstone.
     pub value: Vec<u8>,
+    /// The record's headers (the envelope's CloudEvents `ce_*` attributes among them).
     pub headers: Headers,
     /// A tombstone: the key with a null value (`value` is empty and not sent).
     pub tombstone: bool,

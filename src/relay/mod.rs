@@ -33,10 +33,13 @@ mod shapes;
 mod supervisor;
 mod writer;
 
+/// Why the relay stopped before its shutdown was asked for.
 #[derive(Debug, Error)]
 pub enum RelayError {
+    /// The Kafka producer could not be created: librdkafka refused its configuration.
     #[error("cannot create the Kafka producer: {0}")]
     Producer(String),
+    /// The checkpoint ConfigMap could not be read at the start of a term.
     #[error("loading checkpoints: {0}")]
     Checkpoint(#[from] CheckpointError),
 }
@@ -62,6 +65,7 @@ pub struct Relay {
 }
 
 impl Relay {
+    /// A relay of `cfg` through `client`, to Kafka; nothing runs until [`Relay::run`].
     pub fn new(cfg: Config, client: kube::Client) -> Self {
         let stall_bound = Duration::from_secs(u64::from(cfg.kubernetes.watch_idle_timeout_seconds));
         let metrics = Arc::new(Metrics::new());
@@ -94,10 +98,12 @@ impl Relay {
         self
     }
 
+    /// The relay's metrics, as `/metrics` serves them.
     pub fn metrics(&self) -> Arc<Metrics> {
         self.metrics.clone()
     }
 
+    /// The live streams and their phases, behind `/readyz` and the tests' waits.
     pub fn registry(&self) -> Registry {
         self.registry.clone()
     }

@@ -7,14 +7,17 @@
 //! first, so memory stays bounded: once `maxInFlightPerStream` entries await Kafka it stops
 //! reading.
 
+mod announced;
 pub mod machine;
+mod permits;
+mod position;
 mod read;
 mod resume;
 mod scope;
 mod sync;
 
+pub use announced::Announced;
 pub use scope::{NamespaceFilter, Namespaces};
-pub use sync::Announced;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -29,15 +32,16 @@ use crate::config::Config;
 use crate::decode::Trim;
 use crate::envelope::Route;
 use crate::event::EventType;
-use crate::event::{Identity, Meta};
+use crate::event::Meta;
 use crate::kubeapi::{self, ApiError, Query, WatchFrom};
+use crate::membership::Members;
 use crate::membership::{Change, Known};
-use crate::membership::{Key, Members};
 use crate::metrics::Metrics;
 use crate::outbox::{Limits, Outbox, OutboxError};
 use crate::producer::Producer;
 use crate::registry::{Phase, Reporter};
 use machine::{Backoff, Cursor, Outcome, Profile, Reason, State, Stop, Via};
+use permits::{Permit, Syncs};
 
 type Step = Outcome<kubeapi::Watch>;
 
@@ -168,24 +172,6 @@ struct Position {
     /// A full resync was requested: the next resync re-announces every object, not only those
     /// changed since the position (see [`sync`]).
     full_resync: bool,
-}
-
-/// A stream's share of `kubernetes.maxConcurrentSyncs` (see [`Permit`]).
-struct Syncs {
-    permits: Arc<tokio::sync::Semaphore>,
-    /// The sync permit, while syncing.
-    held: Permit,
-}
-
-/// A stream's share of `kubernetes.maxConcurrentSyncs`. A sync holds a permit while it reads
-/// from the API server, and lends it back while it waits for Kafka: one partition that stops
-/// acknowledging must not hold every permit and keep unrelated streams from syncing.
-enum Permit {
-    /// Not syncing.
-    None,
-    Held(#[expect(dead_code, reason = "held for its drop")] tokio::sync::OwnedSemaphorePermit),
-    /// Syncing, waiting for Kafka: taken again before the next read.
-    Lent,
 }
 
 /// What a stream resumes from: its saved position and the members it announced.
@@ -437,67 +423,6 @@ impl Stream {
         Some((reason, outcome))
     }
 
-    /// While a sync waits for Kafka, its permit goes back to the other streams.
-    fn lend_permit(&mut self) {
-        if let Permit::Held(_) = self.syncs.held {
-            self.syncs.held = Permit::Lent;
-        }
-    }
-
-    /// Before a sync reads on: its permit, taken again if it was lent.
-    async fn reclaim_permit(&mut self) -> Result<(), Stop> {
-        if let Permit::Lent = self.syncs.held {
-            let permit = tokio::select! {
-                _ = self.life.stop.cancelled() => return Err(Stop::Cancelled),
-                p = self.syncs.permits.clone().acquire_owned() => p.map_err(|_| Stop::Cancelled)?,
-            };
-            self.syncs.held = Permit::Held(permit);
-        }
-        Ok(())
-    }
-
-    /// Settles reports until the outbox has room, its sync permit lent meanwhile.
-    async fn room(&mut self) -> Result<(), Stop> {
-        if self.outbox.has_room() {
-            return Ok(());
-        }
-        self.lend_permit();
-        self.outbox.wait_for_room().await?;
-        self.reclaim_permit().await
-    }
-
-    /// Settles reports until nothing is in flight, its sync permit lent meanwhile.
-    async fn drained(&mut self) -> Result<(), Stop> {
-        if self.outbox.in_flight() == 0 {
-            return Ok(());
-        }
-        self.lend_permit();
-        self.outbox.wait_until(0).await?;
-        self.reclaim_permit().await
-    }
-
-    /// Waits a random delay below `syncJitterMs`, then for one of the relay's sync permits;
-    /// `None` when cancelled first.
-    async fn sync_permit(&mut self) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        let jitter = self.cfg.kubernetes.sync_jitter_ms;
-        let delay = Duration::from_millis(if jitter == 0 {
-            0
-        } else {
-            self.backoff.random() % jitter
-        });
-        self.set_phase(Phase::Waiting);
-        tokio::select! {
-            _ = self.life.stop.cancelled() => None,
-            permit = async {
-                tokio::time::sleep(delay).await;
-                self.syncs.permits.clone().acquire_owned().await
-            } => {
-                self.set_phase(Phase::Syncing);
-                permit.ok()
-            }
-        }
-    }
-
     /// Logs and counts what a step reported, then moves the machine.
     fn transition(&mut self, state: State<kubeapi::Watch>, outcome: Step) -> State<kubeapi::Watch> {
         if let Outcome::Stopped { why, .. } = &outcome {
@@ -705,119 +630,6 @@ impl Stream {
     fn learned_kind(&self) -> Option<String> {
         let builtin = crate::catalogue::kind_of(&self.channel.path.resource_name()).is_some();
         (!builtin && !self.source.kind.is_empty()).then(|| self.source.kind.clone())
-    }
-
-    /// Writes the stream's entry without a position, and waits until it is written; false when
-    /// stopped first.
-    ///
-    /// Before a stream publishes what is not a replay of its watch from the saved position —
-    /// the reconciliation of a changed query, the inferred DELETEDs of leaving its scope — that
-    /// position must go: were the relay to die midway, a later run resuming from it (under the
-    /// old query, or back in scope) would replay only changes after it and never undo what was
-    /// published since. Without a position, that run reconciles with its members instead.
-    async fn forget_position(&mut self) -> bool {
-        self.outbox.forget_position();
-        let mut saved = self
-            .outbox
-            .take_saved()
-            .expect("forgetting the position moves it");
-        saved.query = Some(self.position.query.clone());
-        saved.route = Some(self.position.route_id.clone());
-        saved.kind = self.learned_kind();
-        let saved = self.reporter.checkpoint(saved);
-        if !self.checkpoints {
-            return true;
-        }
-        tokio::select! {
-            _ = self.life.shutdown.cancelled() => false,
-            _ = self.reporter.written(&saved) => true,
-        }
-    }
-
-    /// After a change of topic or key template (its position already forgotten): every member
-    /// announced elsewhere than the stream's route now puts it gets its inferred DELETED there,
-    /// acknowledged before the stream reconciles (which announces the live ones anew). False
-    /// when stopped first.
-    async fn retract_elsewhere(&mut self) -> bool {
-        self.ensure_kind().await;
-        let route = self.outbox.route().clone();
-        // Only the keys are kept (16 bytes a member), each member decoded again when retracted.
-        let elsewhere: Vec<Key> = self
-            .outbox
-            .members()
-            .keys()
-            .filter(|key| {
-                let Some((uid, k)) = self.outbox.members().get_key(key) else {
-                    return false;
-                };
-                let meta = Meta::new(Identity {
-                    uid: &uid,
-                    name: &k.name,
-                    namespace: k.namespace.as_deref(),
-                    ..Identity::default()
-                });
-                k.topic.as_ref().is_some_and(|t| *t != route.topic)
-                    || k.key
-                        .as_ref()
-                        .is_some_and(|key| *key != route.key.render(&meta))
-            })
-            .collect();
-        tracing::info!(stream = %self.id, objects = elsewhere.len(), "retracting what was announced under the old topic or key");
-        for key in elsewhere {
-            let Some((uid, k)) = self.outbox.members().get_key(&key) else {
-                continue;
-            };
-            let meta = k.meta(&uid, &self.source.kind, &self.source.api_version);
-            let (topic, key) = k.place(&meta, &route);
-            if self.outbox.wait_for_room().await.is_err() {
-                return false;
-            }
-            self.m.synthetic_deletes.inc();
-            if self
-                .outbox
-                .retract(meta, &k.rv, &topic, &key)
-                .await
-                .is_err()
-            {
-                return false;
-            }
-        }
-        self.outbox.wait_until(0).await.is_ok()
-    }
-
-    /// Drains the outbox, publishes the final checkpoint and removes the stream's gauges.
-    async fn stop(mut self) -> Reporter {
-        self.set_phase(Phase::Stopped);
-        // Fenced (the Lease is lost): nothing more is checkpointed; the new leader replays.
-        if !self.life.fenced.is_cancelled() {
-            // Joins still pending are announcements too: settled first, so what they announce
-            // is deleted with the rest rather than published after the leave. Nothing in flight
-            // may bring a position back once it is forgotten.
-            let leaving = self.life.leaving.is_cancelled()
-                && self.outbox.settle_joins().await.is_ok()
-                && self.outbox.wait_until(0).await.is_ok();
-            let rv = self.outbox.checkpoint().unwrap_or_default().to_string();
-            if leaving && !self.outbox.members().is_empty() && self.forget_position().await {
-                self.leave_scope(&rv).await;
-            }
-            let left = self
-                .outbox
-                .drain(tokio::time::Instant::now() + self.cfg.drain_time())
-                .await;
-            if left > 0 {
-                tracing::warn!(stream = %self.id, in_flight = left, "stopping with undelivered records; they will be replayed");
-            }
-            self.publish_checkpoint();
-        }
-        for gauge in [
-            &self.metrics.stream_up,
-            &self.metrics.in_flight,
-            &self.metrics.last_event,
-            &self.metrics.members,
-        ] {
-            let _ = gauge.remove_label_values(&[&self.id]);
-        }
-        self.reporter
     }
 }
 

@@ -25,7 +25,8 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 
-use super::{sync::comparable, Stream};
+use super::Stream;
+use crate::event::comparable;
 use crate::kubeapi::ApiError;
 use crate::membership::Change;
 use crate::membership::Key;

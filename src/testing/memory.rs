@@ -10,7 +10,9 @@ use crate::producer::{DeliveryError, ProduceError, Producer, Receipt, Record, Re
 /// In what order [`Memory::release`] acknowledges the records it holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Order {
+    /// In the order they were sent, as one partition acknowledges them.
     Sent,
+    /// Last sent first.
     Reversed,
     /// A permutation drawn from the seed.
     Shuffled(u64),
@@ -59,6 +61,7 @@ struct MemoryState {
 }
 
 impl Memory {
+    /// A producer that acknowledges every record as it is sent.
     pub fn new() -> Self {
         Self::default()
     }

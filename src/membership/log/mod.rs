@@ -111,6 +111,7 @@ impl Log for Kafka {
 /// What the broker reports of a topic the relay keeps its state in.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TopicState {
+    /// How many partitions the topic has: the count the membership mark records.
     pub partitions: usize,
     /// The topic's configuration entries, as the broker describes them.
     pub configs: BTreeMap<String, String>,
@@ -135,8 +136,10 @@ pub enum TopicError {
     /// The broker refused for lack of permission: retrying does not help until an ACL changes.
     #[error("not authorized: {0}")]
     Unauthorized(String),
+    /// The relay began to stop while the topic was being read.
     #[error("stopped")]
     Stopped,
+    /// Anything else the broker or the client reported; the message says what was being done.
     #[error("{0}")]
     Other(String),
 }

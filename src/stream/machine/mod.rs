@@ -18,8 +18,9 @@
 //! 410 Gone, rewound, requested ▼
 //!                   Sync{Resync} ── reconciles: inferred DELETED for known objects it lacks
 //!
-//! Every failure passes through Backoff{then} first; Cancelled leads anywhere to Done.
-//! A failed delivery goes back to the checkpoint: Watch{checkpoint}, or Sync{Start} without one.
+//! Every failure but a stall passes through Backoff{then} first; Cancelled leads anywhere to
+//! Done. A failed delivery goes back to the checkpoint: Watch{checkpoint}, or Sync{Start}
+//! without one; a filtered stream (Profile) resyncs whole instead of replaying its watch.
 //! Sync uses a `sendInitialEvents` watch (Via::InitialEvents), which goes on as the Watch on the
 //! same connection once the initial state has ended; a server that refuses it is synced with
 //! paginated lists (Via::Pages) from then on.

@@ -1,0 +1,123 @@
+//! What a stream does with its position when it changes course, and at its end: forgetting the
+//! position before publishing what is not a replay of its watch, retracting what it announced
+//! under an old topic or key, and the final drain and checkpoint.
+
+use super::Stream;
+use crate::event::{Identity, Meta};
+use crate::membership::Key;
+use crate::registry::{Phase, Reporter};
+
+impl Stream {
+    /// Writes the stream's entry without a position, and waits until it is written; false when
+    /// stopped first.
+    ///
+    /// Before a stream publishes what is not a replay of its watch from the saved position —
+    /// the reconciliation of a changed query, the inferred DELETEDs of leaving its scope — that
+    /// position must go: were the relay to die midway, a later run resuming from it (under the
+    /// old query, or back in scope) would replay only changes after it and never undo what was
+    /// published since. Without a position, that run reconciles with its members instead.
+    pub(super) async fn forget_position(&mut self) -> bool {
+        self.outbox.forget_position();
+        let mut saved = self
+            .outbox
+            .take_saved()
+            .expect("forgetting the position moves it");
+        saved.query = Some(self.position.query.clone());
+        saved.route = Some(self.position.route_id.clone());
+        saved.kind = self.learned_kind();
+        let saved = self.reporter.checkpoint(saved);
+        if !self.checkpoints {
+            return true;
+        }
+        tokio::select! {
+            _ = self.life.shutdown.cancelled() => false,
+            _ = self.reporter.written(&saved) => true,
+        }
+    }
+
+    /// After a change of topic or key template (its position already forgotten): every member
+    /// announced elsewhere than the stream's route now puts it gets its inferred DELETED there,
+    /// acknowledged before the stream reconciles (which announces the live ones anew). False
+    /// when stopped first.
+    pub(super) async fn retract_elsewhere(&mut self) -> bool {
+        self.ensure_kind().await;
+        let route = self.outbox.route().clone();
+        // Only the keys are kept (16 bytes a member), each member decoded again when retracted.
+        let elsewhere: Vec<Key> = self
+            .outbox
+            .members()
+            .keys()
+            .filter(|key| {
+                let Some((uid, k)) = self.outbox.members().get_key(key) else {
+                    return false;
+                };
+                let meta = Meta::new(Identity {
+                    uid: &uid,
+                    name: &k.name,
+                    namespace: k.namespace.as_deref(),
+                    ..Identity::default()
+                });
+                k.topic.as_ref().is_some_and(|t| *t != route.topic)
+                    || k.key
+                        .as_ref()
+                        .is_some_and(|key| *key != route.key.render(&meta))
+            })
+            .collect();
+        tracing::info!(stream = %self.id, objects = elsewhere.len(), "retracting what was announced under the old topic or key");
+        for key in elsewhere {
+            let Some((uid, k)) = self.outbox.members().get_key(&key) else {
+                continue;
+            };
+            let meta = k.meta(&uid, &self.source.kind, &self.source.api_version);
+            let (topic, key) = k.place(&meta, &route);
+            if self.outbox.wait_for_room().await.is_err() {
+                return false;
+            }
+            self.m.synthetic_deletes.inc();
+            if self
+                .outbox
+                .retract(meta, &k.rv, &topic, &key)
+                .await
+                .is_err()
+            {
+                return false;
+            }
+        }
+        self.outbox.wait_until(0).await.is_ok()
+    }
+
+    /// Drains the outbox, publishes the final checkpoint and removes the stream's gauges.
+    pub(super) async fn stop(mut self) -> Reporter {
+        self.set_phase(Phase::Stopped);
+        // Fenced (the Lease is lost): nothing more is checkpointed; the new leader replays.
+        if !self.life.fenced.is_cancelled() {
+            // Joins still pending are announcements too: settled first, so what they announce
+            // is deleted with the rest rather than published after the leave. Nothing in flight
+            // may bring a position back once it is forgotten.
+            let leaving = self.life.leaving.is_cancelled()
+                && self.outbox.settle_joins().await.is_ok()
+                && self.outbox.wait_until(0).await.is_ok();
+            let rv = self.outbox.checkpoint().unwrap_or_default().to_string();
+            if leaving && !self.outbox.members().is_empty() && self.forget_position().await {
+                self.leave_scope(&rv).await;
+            }
+            let left = self
+                .outbox
+                .drain(tokio::time::Instant::now() + self.cfg.drain_time())
+                .await;
+            if left > 0 {
+                tracing::warn!(stream = %self.id, in_flight = left, "stopping with undelivered records; they will be replayed");
+            }
+            self.publish_checkpoint();
+        }
+        for gauge in [
+            &self.metrics.stream_up,
+            &self.metrics.in_flight,
+            &self.metrics.last_event,
+            &self.metrics.members,
+        ] {
+            let _ = gauge.remove_label_values(&[&self.id]);
+        }
+        self.reporter
+    }
+}
