@@ -167,7 +167,11 @@ fn end_to_end_tests_are_named_by_tier_and_need_the_feature() {
     let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("Cargo.toml");
     let mut e2e = 0;
     for entry in std::fs::read_dir(root.join("tests")).expect("tests/") {
-        let name = entry.expect("entry").file_name().to_string_lossy().to_string();
+        let name = entry
+            .expect("entry")
+            .file_name()
+            .to_string_lossy()
+            .to_string();
         let Some(stem) = name.strip_suffix(".rs") else {
             continue;
         };

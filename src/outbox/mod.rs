@@ -26,7 +26,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prometheus::{Histogram, IntCounter, IntGauge};
-use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::Saved;
@@ -49,40 +48,6 @@ use crate::tracker::Tracker;
 /// not worth a wake-up every few milliseconds).
 const FULL_RETRY: Duration = Duration::from_millis(5);
 const FULL_RETRY_MAX: Duration = Duration::from_millis(100);
-
-#[derive(Debug, Error, PartialEq, Eq)]
-pub enum OutboxError {
-    #[error("cancelled")]
-    Cancelled,
-    /// A record could not be delivered. The outbox rewound: everything unacknowledged is
-    /// forgotten, and the stream replays from `checkpoint`.
-    #[error("{failure}")]
-    Failed {
-        failure: Failure,
-        checkpoint: Option<String>,
-    },
-}
-
-/// Why a delivery failed for good.
-#[derive(Clone, Debug, Error, PartialEq, Eq)]
-pub enum Failure {
-    /// The producer refused the record, or Kafka did not deliver it.
-    #[error("{0}")]
-    Produce(ProduceError),
-    /// A membership join was not delivered: nothing announcing its object may be sent.
-    #[error("membership record: {0:?}")]
-    Membership(DeliveryError),
-    #[error("a membership record was refused for size")]
-    MembershipTooLarge,
-    /// Its batch was refused for size: everything from the checkpoint is replayed one record
-    /// at a time.
-    #[error("a batch was refused for size; replaying one record at a time")]
-    BatchTooLarge,
-    #[error("a record refused for size is not an envelope the relay wrote")]
-    NotAnEnvelope,
-    #[error("even the reference envelope is too large")]
-    ReferenceTooLarge,
-}
 
 /// The outbox's limits and oversize route, from the configuration.
 #[derive(Clone, Debug)]
@@ -423,41 +388,6 @@ impl Outbox {
         }
     }
 
-    /// Sends the reference standing in for a record too large for Kafka (its `key` and
-    /// envelope `value`), in its place.
-    async fn send_reference(
-        &mut self,
-        receipt: Box<Receipt>,
-        key: &[u8],
-        value: &[u8],
-    ) -> Result<(), OutboxError> {
-        let Sent::Entry { bytes, .. } = receipt.sent else {
-            return Err(self.fail(Failure::MembershipTooLarge));
-        };
-        let announced = std::str::from_utf8(key)
-            .ok()
-            .and_then(|key| envelope::announced(value, key));
-        let Some(announcement) = announced else {
-            return Err(self.fail(Failure::NotAnEnvelope));
-        };
-        let (action, topic) = match (&self.limits.oversize, &self.limits.dead_letter_topic) {
-            (OversizePolicy::DeadLetter, Some(dlq)) if *dlq != self.route.topic => {
-                self.m.oversize_dead_letter.inc();
-                ("dead_letter", dlq.clone())
-            }
-            _ => {
-                self.m.oversize_trim.inc();
-                ("trim", self.route.topic.clone())
-            }
-        };
-        let record = envelope::reference(&self.route, &announcement, bytes, &topic);
-        tracing::warn!(stream = %self.stream, bytes, key = %record.key, action, "event too large for Kafka; sending a reference");
-        match self.offer(&record, receipt).await? {
-            None => Ok(()),
-            Some(_) => Err(self.fail(Failure::ReferenceTooLarge)),
-        }
-    }
-
     /// The next delivery report (cancel-safe, for `select!`). Reports come from the producer
     /// in batches: one wake-up takes every report ready then, and [`Outbox::ready_report`]
     /// hands out the rest without waiting.
@@ -659,6 +589,10 @@ fn bytes(receipt: &Receipt) -> usize {
     }
 }
 
+mod failure;
 mod members;
+mod oversize;
+
+pub use failure::{Failure, OutboxError};
 #[cfg(test)]
 mod tests;

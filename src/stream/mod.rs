@@ -33,14 +33,14 @@ use crate::decode::Trim;
 use crate::envelope::Route;
 use crate::event::EventType;
 use crate::event::Meta;
-use crate::kubeapi::{self, ApiError, Query, WatchFrom};
+use crate::kubeapi::{self, ApiError, Query};
 use crate::membership::Members;
 use crate::membership::{Change, Known};
 use crate::metrics::Metrics;
 use crate::outbox::{Limits, Outbox, OutboxError};
 use crate::producer::Producer;
 use crate::registry::{Phase, Reporter};
-use machine::{Backoff, Cursor, Outcome, Profile, Reason, State, Stop, Via};
+use machine::{Backoff, Outcome, Profile, Reason, State, Stop, Via};
 use permits::{Permit, Syncs};
 
 type Step = Outcome<kubeapi::Watch>;
@@ -525,72 +525,6 @@ impl Stream {
             label_selector: self.channel.label_selector.as_deref(),
             field_selector: self.channel.field_selector.as_deref(),
         }
-    }
-
-    async fn wait(&mut self, delay: Duration) -> Step {
-        // Nothing is read while waiting: what was acknowledged so far is published now.
-        self.publish_checkpoint();
-        tokio::select! {
-            _ = self.life.stop.cancelled() => Self::stopped(Stop::Cancelled),
-            _ = tokio::time::sleep(delay) => Outcome::Waited,
-        }
-    }
-
-    async fn await_resource(&mut self) -> Step {
-        let p = &self.channel.path;
-        let api_version = p.api_version();
-        let exists = kubeapi::resource_exists(&self.client, &api_version, &p.resource);
-        let exists = tokio::select! {
-            _ = self.life.stop.cancelled() => return Self::stopped(Stop::Cancelled),
-            r = exists => r,
-        };
-        match exists {
-            Ok(true) => Outcome::Served {
-                checkpoint: self.outbox.checkpoint().map(str::to_string),
-            },
-            Ok(false) => Self::stopped(Stop::NotServed),
-            Err(e) => Self::stopped(Stop::Api(e)),
-        }
-    }
-
-    /// Opens a watch, unless cancelled first.
-    async fn open(&self, from: WatchFrom<'_>) -> Result<kubeapi::Watch, Stop> {
-        let query = self.query();
-        let opened = kubeapi::watch(
-            &self.client,
-            &self.source.path,
-            &query,
-            from,
-            self.cfg.kubernetes.watch_timeout_seconds,
-        );
-        tokio::select! {
-            _ = self.life.stop.cancelled() => Err(Stop::Cancelled),
-            w = opened => w.map_err(|e| self.api_stopped(e)),
-        }
-    }
-
-    async fn watch(&mut self, at: &Cursor, open: Option<kubeapi::Watch>) -> Step {
-        let mut w = match open {
-            Some(w) => w,
-            None => match self.open(WatchFrom::Version(&at.rv)).await {
-                Ok(w) => w,
-                Err(why) => return Self::stopped(why),
-            },
-        };
-        self.set_phase(Phase::Watching);
-        // Staleness counts from the first watch; reopening a stalled one does not reset it.
-        if self.m.last_event.get() == 0 {
-            self.m.last_event.set(crate::metrics::unix_now());
-        }
-        let mut reading = Reading::Live { at: None };
-        let why = match self.read(&mut w, &mut reading).await {
-            Ok(_) => Stop::Closed,
-            Err(why) => why,
-        };
-        let Reading::Live { at } = reading else {
-            unreachable!("a live watch stays live")
-        };
-        Outcome::Stopped { why, at }
     }
 
     /// Leaving scope is a deletion: every object the stream announced gets an inferred DELETED

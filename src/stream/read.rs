@@ -1,16 +1,19 @@
-//! Reading an open watch: lines to events, events to announcements handed to the outbox, with
-//! delivery reports settled first and the checkpoint published as it moves.
+//! The Watch step, and reading an open watch: lines to events, events to announcements handed
+//! to the outbox, with delivery reports settled first and the checkpoint published as it moves.
+//! Also the other steps that read without syncing: a backoff's wait, and waiting for a custom
+//! resource to be served.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use super::{join, Reading, Stream};
+use super::{join, Reading, Step, Stream};
 use crate::decode;
 use crate::envelope::Announcement;
 use crate::event::EventType;
 use crate::event::WatchEvent;
-use crate::kubeapi::{self, ApiError};
+use crate::kubeapi::{self, ApiError, WatchFrom};
 use crate::membership::Change;
-use crate::stream::machine::{Reason, Stop};
+use crate::registry::Phase;
+use crate::stream::machine::{Cursor, Outcome, Reason, Stop};
 
 impl Stream {
     /// Reads `w` until it ends, fails, or (while reading an initial state) the state has ended:
@@ -237,5 +240,75 @@ impl Stream {
             .send(a, &ev.object, arrived, position, change)
             .await
             .map_err(Stop::from)
+    }
+}
+
+/// The steps that read without syncing: a backoff's wait, waiting for a custom resource to be
+/// served, and the Watch.
+impl Stream {
+    pub(super) async fn wait(&mut self, delay: Duration) -> Step {
+        // Nothing is read while waiting: what was acknowledged so far is published now.
+        self.publish_checkpoint();
+        tokio::select! {
+            _ = self.life.stop.cancelled() => Self::stopped(Stop::Cancelled),
+            _ = tokio::time::sleep(delay) => Outcome::Waited,
+        }
+    }
+
+    pub(super) async fn await_resource(&mut self) -> Step {
+        let p = &self.channel.path;
+        let api_version = p.api_version();
+        let exists = kubeapi::resource_exists(&self.client, &api_version, &p.resource);
+        let exists = tokio::select! {
+            _ = self.life.stop.cancelled() => return Self::stopped(Stop::Cancelled),
+            r = exists => r,
+        };
+        match exists {
+            Ok(true) => Outcome::Served {
+                checkpoint: self.outbox.checkpoint().map(str::to_string),
+            },
+            Ok(false) => Self::stopped(Stop::NotServed),
+            Err(e) => Self::stopped(Stop::Api(e)),
+        }
+    }
+
+    /// Opens a watch, unless cancelled first.
+    pub(super) async fn open(&self, from: WatchFrom<'_>) -> Result<kubeapi::Watch, Stop> {
+        let query = self.query();
+        let opened = kubeapi::watch(
+            &self.client,
+            &self.source.path,
+            &query,
+            from,
+            self.cfg.kubernetes.watch_timeout_seconds,
+        );
+        tokio::select! {
+            _ = self.life.stop.cancelled() => Err(Stop::Cancelled),
+            w = opened => w.map_err(|e| self.api_stopped(e)),
+        }
+    }
+
+    pub(super) async fn watch(&mut self, at: &Cursor, open: Option<kubeapi::Watch>) -> Step {
+        let mut w = match open {
+            Some(w) => w,
+            None => match self.open(WatchFrom::Version(&at.rv)).await {
+                Ok(w) => w,
+                Err(why) => return Self::stopped(why),
+            },
+        };
+        self.set_phase(Phase::Watching);
+        // Staleness counts from the first watch; reopening a stalled one does not reset it.
+        if self.m.last_event.get() == 0 {
+            self.m.last_event.set(crate::metrics::unix_now());
+        }
+        let mut reading = Reading::Live { at: None };
+        let why = match self.read(&mut w, &mut reading).await {
+            Ok(_) => Stop::Closed,
+            Err(why) => why,
+        };
+        let Reading::Live { at } = reading else {
+            unreachable!("a live watch stays live")
+        };
+        Outcome::Stopped { why, at }
     }
 }

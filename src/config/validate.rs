@@ -1,0 +1,218 @@
+//! Validation of the settings beyond their types: names Kubernetes and Kafka accept, the
+//! producer properties that would weaken delivery, `${VAR}` expansion in properties. Every error
+//! names the field.
+
+use super::{
+    invalid, is_topic, kafka, topic_rule, ConfigError, File, OversizePolicy, CHECKPOINT_RESERVE,
+    RELEASE_RESERVE,
+};
+
+impl File {
+    /// Checks everything but the channels, which are validated as they are resolved.
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if !is_dns_label(&self.cluster_name) {
+            return Err(invalid(
+                "clusterName",
+                "must be a non-empty DNS label (a-z, 0-9, '-')",
+            ));
+        }
+        if self.worker_threads == 0 {
+            return Err(invalid("workerThreads", "must be at least 1"));
+        }
+        if self.kafka.bootstrap_servers.trim().is_empty() {
+            return Err(invalid("kafka.bootstrapServers", "must not be empty"));
+        }
+        for (key, value) in &self.kafka.properties {
+            kafka::check_property(key, value)
+                .map_err(|m| invalid(format!("kafka.properties.{key}"), m))?;
+        }
+        if !self.kafka.unsafe_producer_overrides {
+            for (key, value) in &self.kafka.properties {
+                if let Some(why) = weakens_delivery(key, value) {
+                    return Err(invalid(
+                        format!("kafka.properties.{key}"),
+                        format!("{why}; set kafka.unsafeProducerOverrides: true to allow it"),
+                    ));
+                }
+            }
+        }
+        let minimum = (CHECKPOINT_RESERVE + RELEASE_RESERVE).as_secs() + 1;
+        if self.shutdown_timeout_seconds < minimum {
+            return Err(invalid(
+                "shutdownTimeoutSeconds",
+                format!(
+                    "must be at least {minimum}: the final checkpoint write and the Lease release take up to {} of it",
+                    minimum - 1
+                ),
+            ));
+        }
+        let zero = [
+            ("checkpoint.intervalMs", self.checkpoint.interval_ms),
+            (
+                "kubernetes.watchTimeoutSeconds",
+                u64::from(self.kubernetes.watch_timeout_seconds),
+            ),
+            (
+                "kubernetes.backoffInitialMs",
+                self.kubernetes.backoff_initial_ms,
+            ),
+            (
+                "kubernetes.watchIdleTimeoutSeconds",
+                u64::from(self.kubernetes.watch_idle_timeout_seconds),
+            ),
+        ];
+        if let Some((field, _)) = zero.iter().find(|(_, v)| *v == 0) {
+            return Err(invalid(*field, "must be at least 1"));
+        }
+        if self.kubernetes.backoff_max_ms < self.kubernetes.backoff_initial_ms {
+            return Err(invalid(
+                "kubernetes.backoffMaxMs",
+                "must be at least backoffInitialMs",
+            ));
+        }
+        if self.kafka.max_in_flight_per_stream == 0 {
+            return Err(invalid("kafka.maxInFlightPerStream", "must be at least 1"));
+        }
+        if self.kafka.max_message_bytes < 4096 {
+            return Err(invalid("kafka.maxMessageBytes", "must be at least 4096"));
+        }
+        if self.kafka.oversize == OversizePolicy::DeadLetter {
+            match &self.kafka.dead_letter_topic {
+                None => {
+                    return Err(invalid(
+                        "kafka.deadLetterTopic",
+                        "required when kafka.oversize is deadLetter (or set oversize: trim)",
+                    ))
+                }
+                Some(t) if !is_topic(t) => {
+                    return Err(invalid("kafka.deadLetterTopic", topic_rule()))
+                }
+                _ => {}
+            }
+        }
+        if !is_dns_label(&self.checkpoint.namespace) {
+            return Err(invalid("checkpoint.namespace", "must be a namespace name"));
+        }
+        if !is_dns_subdomain(&self.checkpoint.name) {
+            return Err(invalid("checkpoint.name", "must be a ConfigMap name"));
+        }
+        let membership = &self.checkpoint.membership;
+        if !is_topic(&membership.topic(&self.cluster_name)) {
+            return Err(invalid("checkpoint.membership.topic", topic_rule()));
+        }
+        if membership.partitions.is_some_and(|p| p < 1) {
+            return Err(invalid(
+                "checkpoint.membership.partitions",
+                "must be at least 1",
+            ));
+        }
+        if membership.replication_factor.is_some_and(|r| r < 1) {
+            return Err(invalid(
+                "checkpoint.membership.replicationFactor",
+                "must be at least 1",
+            ));
+        }
+        self.leader_election.validate()?;
+        if self.kubernetes.list_page_size == 0 {
+            return Err(invalid("kubernetes.listPageSize", "must be at least 1"));
+        }
+        if self.kubernetes.max_concurrent_syncs == 0 {
+            return Err(invalid(
+                "kubernetes.maxConcurrentSyncs",
+                "must be at least 1",
+            ));
+        }
+        if self.channels.is_empty() {
+            return Err(invalid("channels", "at least one channel is required"));
+        }
+        Ok(())
+    }
+}
+
+/// Why a producer property would break the delivery guarantee, if it would: the relay needs
+/// every record acknowledged by all in-sync replicas, written once and in order per partition,
+/// retried until delivered, and the same key always in the same partition.
+fn weakens_delivery(key: &str, value: &str) -> Option<String> {
+    let v = value.trim().to_ascii_lowercase();
+    match key {
+        "acks" | "request.required.acks" if v != "all" && v != "-1" => {
+            Some("the relay needs acks=all".into())
+        }
+        "enable.idempotence" if v != "true" => {
+            Some("the relay needs the idempotent producer".into())
+        }
+        "message.timeout.ms" | "delivery.timeout.ms" if v != "0" => Some(
+            "a delivery timeout drops records in an outage; the relay retries until delivered (0)"
+                .into(),
+        ),
+        "max.in.flight.requests.per.connection" | "max.in.flight"
+            if v.parse::<u32>().map_or(true, |n| n > 5) =>
+        {
+            Some("more than 5 requests in flight can reorder records".into())
+        }
+        "message.send.max.retries" | "retries" if v == "0" => {
+            Some("without retries a transient error loses records".into())
+        }
+        "partitioner" | "partitioner_cb" => Some(
+            "another partitioner moves keys to other partitions, breaking per-key order".into(),
+        ),
+        "bootstrap.servers" | "metadata.broker.list" => {
+            Some("set kafka.bootstrapServers instead".into())
+        }
+        "transactional.id" => Some("transactions are not used by the relay".into()),
+        "allow.auto.create.topics" if v != "false" => Some(
+            "a topic the broker creates on demand gets its defaults (a membership topic that is not compacted); the relay creates the topics it needs"
+                .into(),
+        ),
+        _ => None,
+    }
+}
+
+/// Replaces `${NAME}` with the variable's value; `$${` stands for a literal `${`.
+pub(super) fn expand_env(
+    value: &str,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<String, String> {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        rest = &rest[i..];
+        if let Some(after) = rest.strip_prefix("$${") {
+            out.push_str("${");
+            rest = after;
+        } else if let Some(after) = rest.strip_prefix("${") {
+            let end = after
+                .find('}')
+                .ok_or("unterminated ${ (write $${ for a literal ${)")?;
+            let name = &after[..end];
+            let valid = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid {
+                return Err(format!("${{{name}}} is not an environment variable name"));
+            }
+            out.push_str(
+                &env(name).ok_or_else(|| format!("environment variable {name} is not set"))?,
+            );
+            rest = &after[end + 1..];
+        } else {
+            out.push('$');
+            rest = &rest[1..];
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+pub(crate) fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+pub(crate) fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
+}
