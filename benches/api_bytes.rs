@@ -49,7 +49,7 @@ fn main() {
         &config,
         format!(
             "clusterName: bench\nkubernetes:\n  kubeconfig: {}\nkafka:\n  bootstrapServers: {bootstrap}\n  oversize: trim\n\
-             checkpoint:\n  namespace: watchrelay\nhttp:\n  listen: \"\"\n\
+             checkpoint:\n  namespace: watchrelay\n  membership:\n    topic: {topic}.membership\nhttp:\n  listen: \"\"\n\
              channels:\n  - operationId: watchNamespacedPods\n    namespaces: [{NS}]\n    topic: {topic}\n",
             kubeconfig.display()
         ),

@@ -166,7 +166,7 @@ fn main() {
         &config,
         format!(
             "clusterName: bench\nkubernetes:\n  kubeconfig: {}\nkafka:\n  bootstrapServers: {bootstrap}\n  oversize: trim\n  maxInFlightPerStream: {in_flight}\n\
-             checkpoint:\n  namespace: watchrelay\nhttp:\n  listen: 127.0.0.1:{port}\n\
+             checkpoint:\n  namespace: watchrelay\n  membership:\n    topic: {topic_relay}.membership\nhttp:\n  listen: 127.0.0.1:{port}\n\
              channels:\n  - operationId: watchNamespacedPods\n    namespaces: [{NS}]\n    topic: {topic_relay}\n",
             kubeconfig.display()
         ),

@@ -5,15 +5,14 @@
 //!
 //! | layer | module | owns |
 //! |---|---|---|
-//! | 1 | [`event`], `json`, [`catalogue`], `kubeapi`, `tracker`, [`checkpoint`], [`metrics`] | the watch event types; the JSON scanner; the channel catalogue; raw list and watch; ordered acknowledgements; the checkpoint ConfigMap (format, store); the metrics |
-//! | 1 | [`decode`] | watch line / list item to [`event::WatchEvent`] (pure) |
-//! | 2 | [`config`] | the configuration file, parsed once into resolved channels, and every setting's validation |
-//! | 3 | [`producer`], [`registry`], `leader`, [`rbac`], [`status`], [`kubeclient`] | the Kafka producer and its input; live streams, their phases and checkpoints; Lease election; the permissions a configuration needs; `watchrelay status` |
-//! | 4 | [`envelope`], [`http`] | announcement to Kafka record (pure); `/metrics`, `/healthz`, `/readyz` |
-//! | 5 | [`membership`], [`asyncapi`] | which objects each stream announced, in a compacted Kafka topic; the AsyncAPI 3.0 document |
-//! | 6 | `outbox`, [`openapi`], `testing` | one stream's delivery; object schemas; the test doubles (feature `testing`) |
-//! | 7 | `stream` | one stream's state machine and its driver |
-//! | 8 | [`relay`] | the facade, the supervisor and the checkpoint writer |
+//! | 0 | [`event`], `json`, [`catalogue`], `kubeapi`, `tracker`, [`checkpoint`], [`metrics`] | the watch event's domain types; the JSON scanner; the channel catalogue; raw list and watch; ordered acknowledgements; the checkpoint ConfigMap (format, store); the metrics |
+//! | 1 | [`config`], [`decode`] | the configuration file, parsed once into resolved channels, and every setting's validation; watch line / list item to [`event::WatchEvent`] (pure) |
+//! | 2 | [`producer`], [`registry`], `leader`, [`rbac`], [`status`], [`kubeclient`] | the Kafka producer and its input; live streams, their phases and checkpoints; Lease election; the permissions a configuration needs; `watchrelay status` |
+//! | 3 | [`envelope`], [`http`] | announcement to Kafka record (pure); `/metrics`, `/healthz`, `/readyz` |
+//! | 4 | [`membership`], [`asyncapi`] | which objects each stream announced, in a compacted Kafka topic; the AsyncAPI 3.0 document |
+//! | 5 | `outbox`, [`openapi`], `testing` | one stream's delivery; object schemas; the test doubles (feature `testing`) |
+//! | 6 | `stream` | one stream's state machine and its driver |
+//! | 7 | [`relay`] | the facade, the supervisor and the checkpoint writer |
 
 pub mod asyncapi;
 pub mod catalogue;

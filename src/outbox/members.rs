@@ -51,10 +51,8 @@ impl Outbox {
     /// for a pending join.
     async fn admit(&mut self, admission: Admission) -> Result<bool, OutboxError> {
         let join = match admission {
-            Admission::Free => {
-                self.m.members.set(gauge(self.ledger.members().len()));
-                return Ok(false);
-            }
+            // The members gauge follows in `note`, after the entry is pushed.
+            Admission::Free => return Ok(false),
             Admission::Waits => return Ok(true),
             Admission::Join(join) => join,
         };
