@@ -7,23 +7,18 @@ mod common;
 use std::sync::Arc;
 
 use common::bed::{Bed, Relay};
+use common::stream::{config, wait_covered, STREAM};
 use common::view::{consumer_view, events, pods};
 use watchrelay::producer::Producer;
 use watchrelay::testing::Memory;
 use watchrelay_sim::{objects, SimConfig};
-
-const STREAM: &str = "watchNamespacedPods.a";
 
 async fn bed() -> Bed {
     Bed::in_memory(SimConfig::default(), &["a"]).await
 }
 
 fn start(bed: &Bed, producer: &Arc<Memory>) -> Relay {
-    let cfg = bed.config(
-        "  - operationId: watchNamespacedPods\n    namespaces: [a]\n    topic: pods\n",
-        "",
-    );
-    Relay::start_with(bed, cfg, Some(producer.clone()))
+    common::stream::start(bed, config(bed, ""), producer)
 }
 
 fn uid(bed: &Bed, name: &str) -> String {
@@ -43,10 +38,6 @@ fn membership(producer: &Memory, uid: &str) -> Option<bool> {
         .rev()
         .find(|r| r.topic.starts_with("membership-") && r.key.ends_with(&suffix))
         .map(|r| !r.tombstone)
-}
-
-async fn wait_covered(bed: &Bed) {
-    bed.wait_pods_covered(STREAM, "a").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

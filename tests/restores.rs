@@ -9,35 +9,13 @@ mod common;
 use std::sync::Arc;
 
 use common::bed::{eventually, Bed, Relay};
+use common::stream::{bed, config, create, wait_covered};
 use common::view::{consumer_view_by, events, pods_by, version};
 use watchrelay::testing::Memory;
-use watchrelay_sim::{objects, Snapshot};
-
-const STREAM: &str = "watchNamespacedPods.a";
-
-async fn bed(watch_list: bool) -> Bed {
-    Bed::in_memory_serving(watch_list, &["a"]).await
-}
+use watchrelay_sim::Snapshot;
 
 fn start(bed: &Bed, producer: &Arc<Memory>) -> Relay {
-    let cfg = bed.config(
-        "  - operationId: watchNamespacedPods\n    namespaces: [a]\n    topic: pods\n",
-        "",
-    );
-    Relay::start_with(bed, cfg, Some(producer.clone()))
-}
-
-fn create(bed: &Bed, names: impl IntoIterator<Item = String>) {
-    for n in names {
-        bed.sim
-            .create("pods", Some("a"), objects::pod("a", &n))
-            .unwrap();
-    }
-}
-
-/// Waits until the stream's checkpoint covers every change made to its pods so far.
-async fn wait_covered(bed: &Bed) {
-    bed.wait_pods_covered(STREAM, "a").await;
+    common::stream::start(bed, config(bed, ""), producer)
 }
 
 /// A relay over ten pods, covered; then an etcd snapshot, and changes after it that a restore

@@ -456,14 +456,19 @@ impl Outbox {
         }
     }
 
+    /// The next delivery report, unless cancelled first.
+    async fn next_report(&mut self) -> Result<Report, OutboxError> {
+        tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => Err(OutboxError::Cancelled),
+            r = self.inbox.next(&mut self.ready) => Ok(r),
+        }
+    }
+
     /// Settles reports until at most `limit` entries are in flight.
     pub async fn wait_until(&mut self, limit: usize) -> Result<(), OutboxError> {
         while self.in_flight() > limit {
-            let report = tokio::select! {
-                biased;
-                _ = self.cancel.cancelled() => return Err(OutboxError::Cancelled),
-                r = self.inbox.next(&mut self.ready) => r,
-            };
+            let report = self.next_report().await?;
             self.settle(report).await?;
         }
         Ok(())
@@ -479,11 +484,7 @@ impl Outbox {
     /// the members (reconcile, leave scope) comes after this.
     pub async fn settle_joins(&mut self) -> Result<(), OutboxError> {
         while self.ledger.joins_pending() {
-            let report = tokio::select! {
-                biased;
-                _ = self.cancel.cancelled() => return Err(OutboxError::Cancelled),
-                r = self.inbox.next(&mut self.ready) => r,
-            };
+            let report = self.next_report().await?;
             self.settle(report).await?;
         }
         Ok(())
