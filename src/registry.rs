@@ -257,6 +257,11 @@ impl Registry {
             .collect()
     }
 
+    /// The ids of every stream it holds, running or stopped.
+    pub fn ids(&self) -> Vec<String> {
+        self.lock().streams.keys().cloned().collect()
+    }
+
     /// Asks the streams of channel `what` (or every stream, for `all`) to relist and reconcile:
     /// re-announcing every object, or with `delta` only those changed since their position.
     /// Returns how many were asked.

@@ -109,3 +109,36 @@ async fn a_restore_while_the_relay_is_down_is_told_by_the_copy_in_kafka() {
         relay.stop().await;
     }
 }
+
+/// A term that announces objects and stops without writing its ConfigMap in between, restored
+/// to a snapshot taken before it started: the counter the term raised as it started is what
+/// tells, and the positions the stop writes are dropped, so the next start reconciles instead
+/// of resuming past objects that no longer exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_to_before_a_term_that_never_wrote_is_told_at_its_stop() {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    // Writes only when a term starts, when a position is forgotten, and at the stop.
+    let quiet = || {
+        let mut cfg = config(&bed, "");
+        cfg.checkpoint.interval_ms = 600_000;
+        common::stream::start(&bed, cfg, &producer)
+    };
+    create(&bed, (0..4).map(|i| format!("p{i}")));
+    let relay = quiet();
+    relay.wait_up(1).await;
+    converged(&bed, &producer).await;
+    relay.stop().await;
+    let snapshot = bed.sim.snapshot();
+    let relay = quiet();
+    relay.wait_up(1).await;
+    create(&bed, (4..8).map(|i| format!("p{i}")));
+    converged(&bed, &producer).await;
+    bed.sim.restore(&snapshot, None);
+    relay.stop().await;
+    // Revisions after the restore reach the stale positions again.
+    create(&bed, (10..14).map(|i| format!("q{i}")));
+    let relay = quiet();
+    converged(&bed, &producer).await;
+    relay.stop().await;
+}

@@ -7,8 +7,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
 
 use super::{
-    read, read_mark, read_writes, size, CheckpointError, Loaded, BUDGET, RESYNC_ANNOTATION,
-    WRITES_KEY,
+    encode, read, read_mark, read_writes, size, CheckpointError, Loaded, Saved, BUDGET,
+    RESYNC_ANNOTATION, WRITES_KEY,
 };
 
 /// The checkpoint ConfigMap of one relay, read and written through the API server.
@@ -19,6 +19,21 @@ pub struct Store {
     writes: AtomicU64,
 }
 
+/// Drops the position of every stream entry in `data`, keeping the rest of each entry (its
+/// query, route and kind).
+fn forget_positions(data: &mut BTreeMap<String, String>) {
+    for (_, value) in data.iter_mut().filter(|(k, _)| !k.starts_with('.')) {
+        match serde_json::from_str::<Saved>(value) {
+            Ok(saved) if saved.rv.is_some() => {
+                *value = encode(&Saved { rv: None, ..saved });
+            }
+            Ok(_) => {}
+            // Unreadable: read as no position anyway (see `read`); dropped to be sure.
+            Err(_) => *value = encode(&Saved::default()),
+        }
+    }
+}
+
 /// What a write did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Written {
@@ -27,7 +42,9 @@ pub struct Written {
     /// The write counter it wrote.
     pub writes: u64,
     /// The ConfigMap held a lower counter than this store last read or wrote: it went back in
-    /// time (an etcd restore, or someone deleted it).
+    /// time (an etcd restore, or someone deleted it). The write then dropped every stream's
+    /// position: none, restored or from before the restore, is a position in the cluster's
+    /// history now.
     pub rewound: bool,
 }
 
@@ -121,6 +138,8 @@ impl Store {
 
     /// Applies `updates` (None deletes a stream's entry) on top of whatever the ConfigMap holds
     /// now, raises its write counter, and removes the known-object sets older versions kept.
+    /// A ConfigMap found behind this store's counter went back in time: every stream's position
+    /// is dropped in the same write (see [`Written::rewound`]).
     pub async fn write(
         &self,
         updates: &BTreeMap<String, Option<String>>,
@@ -150,6 +169,9 @@ impl Store {
                     Some(position) => data.insert(k.clone(), position.clone()),
                     None => data.remove(k),
                 };
+            }
+            if found < expected {
+                forget_positions(data);
             }
             data.insert(WRITES_KEY.to_string(), writes.to_string());
             let bytes = size(data);

@@ -17,7 +17,7 @@
 //!   ignored), and the error carries the checkpoint the stream replays from.
 //! - An object joins the members before anything announcing it is sent: with a membership topic,
 //!   its membership record is acknowledged first, and the stream's records wait in order behind
-//!   pending joins (the [`gate`]). It leaves once its DELETED is in the acknowledged prefix,
+//!   pending joins (the ledger's join gate). It leaves once its DELETED is in the acknowledged prefix,
 //!   and its membership tombstone is produced then (see [`crate::membership`] for why this
 //!   leaves no hole after a crash).
 

@@ -269,6 +269,9 @@ impl Relay {
                 }
             }
         }
+        if let Some(topic) = &membership_topic {
+            writer::open_term(&store, producer.as_ref(), topic, &owner, &stop).await;
+        }
         let supervisor = Supervisor::new(
             Arc::new(Wiring {
                 cfg: self.cfg.clone(),

@@ -8,14 +8,17 @@
 //! nothing more.
 //!
 //! Each write raises the ConfigMap's write counter and then copies it into the membership topic
-//! (see [`crate::checkpoint::WRITES_KEY`]). A ConfigMap found with a lower counter than the writer last wrote
-//! went back in time (an etcd restore): every stream is asked to resync whole, since objects
-//! may be back at versions below the positions.
+//! (see [`crate::checkpoint::WRITES_KEY`]). A ConfigMap found with a lower counter than the
+//! writer last wrote went back in time (an etcd restore): that write drops every position, and
+//! every stream is asked to resync whole, since objects may be back at versions below the
+//! positions. Until a stream has forgotten its position itself (the first step of that resync),
+//! a position it publishes is from the old history: it is written without it, so a stop before
+//! the resync leaves the next start to reconcile, not to resume.
 //!
 //! It also takes resync requests left on the ConfigMap ([`crate::checkpoint::RESYNC_ANNOTATION`]), looking
 //! at most every [`RESYNC_POLL`], and passes them to the registry.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -62,6 +65,41 @@ impl Copy {
     }
 }
 
+/// Before a term announces anything: raises the ConfigMap's write counter and copies it into
+/// the membership topic, waiting for both (bounded). A restore of the cluster to any snapshot
+/// taken before now then finds the ConfigMap behind: while this term runs, at its next write;
+/// after it, at the next start, against the copy. Without this, a term that announced objects
+/// and stopped before it wrote again would leave the snapshot's counter current, and a restore
+/// to it would pass unseen. Best effort: a failure is logged, and the writes to come raise the
+/// counter anyway.
+pub async fn open_term(
+    store: &Store,
+    producer: &dyn Producer,
+    topic: &str,
+    owner: &Owner,
+    stop: &CancellationToken,
+) {
+    let written = tokio::time::timeout(WRITE_TIMEOUT, store.write(&BTreeMap::new())).await;
+    let writes = match written {
+        Ok(Ok(w)) => w.writes,
+        Ok(Err(e)) => {
+            return tracing::warn!(error = %e, "raising the checkpoint write counter at the start of the term failed")
+        }
+        Err(_) => {
+            return tracing::warn!(
+                "raising the checkpoint write counter at the start of the term timed out"
+            )
+        }
+    };
+    let record = membership::writes_record(topic, owner, writes);
+    let sent = membership::send_all(producer, [record], stop);
+    match tokio::time::timeout(COPY_TIMEOUT, sent).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "copying the checkpoint write counter failed"),
+        Err(_) => tracing::warn!("copying the checkpoint write counter timed out"),
+    }
+}
+
 /// How long a checkpoint write may take before it is abandoned (and retried with the next).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -84,6 +122,8 @@ pub async fn run(
     let copy = copy.map(Arc::new);
     let mut copying = None;
     let mut unwritten: BTreeMap<String, Option<Arc<Saved>>> = BTreeMap::new();
+    // Streams asked to resync whole after a rewind that have not forgotten their position yet.
+    let mut suspect: HashSet<String> = HashSet::new();
     let mut polled = Instant::now();
     loop {
         let last = tokio::select! {
@@ -107,6 +147,23 @@ pub async fn run(
             }
         }
         unwritten.extend(registry.take_checkpoints());
+        for (id, saved) in unwritten.iter_mut() {
+            if !suspect.contains(id) {
+                continue;
+            }
+            match saved {
+                Some(s) if s.rv.is_some() => {
+                    *saved = Some(Arc::new(Saved {
+                        rv: None,
+                        ..(**s).clone()
+                    }));
+                }
+                // It forgot its position (its resync began), or it was retired.
+                _ => {
+                    suspect.remove(id);
+                }
+            }
+        }
         if !unwritten.is_empty() {
             let updates: BTreeMap<String, Option<String>> = unwritten
                 .iter()
@@ -130,6 +187,7 @@ pub async fn run(
                     metrics.checkpoint_written.set(crate::metrics::unix_now());
                     if w.rewound {
                         metrics.history_rewinds.inc();
+                        suspect = registry.ids().into_iter().collect();
                         let asked = registry.request_resync("all", false);
                         tracing::error!(writes = w.writes, streams = asked, "the checkpoint ConfigMap went back behind what this relay wrote (an etcd restore?): every stream relists and re-announces every object");
                     }

@@ -394,11 +394,10 @@ impl Stream {
         }
         // A full resync (asked for, or the history went back) forgets the position first: a
         // crash midway must not leave a later start to resume from it, or to take a delta
-        // from it, when that is exactly what this resync is for.
-        if reason == Reason::Resync
-            && self.position.full_resync
-            && self.outbox.checkpoint().is_some()
-        {
+        // from it, when that is exactly what this resync is for. It does so even without a
+        // position: after a rewind the checkpoint writer drops this stream's positions until
+        // it sees that its resync began.
+        if reason == Reason::Resync && self.position.full_resync {
             if let Err(why) = self.drained().await {
                 // Not held through the backoff that follows.
                 self.syncs.held = Permit::None;

@@ -58,7 +58,7 @@ const GROUP: &str = "watchrelay-membership";
 /// How long the membership topic may go without a record before its reading is given up.
 const REPLAY_IDLE: Duration = Duration::from_secs(60);
 
-/// Reads `topic` from its beginning to its end as of the call (see [`super::Producer::replay`]),
+/// Reads `topic` from its beginning to its end as of the call (see [`super::Log::replay`]),
 /// with a consumer of its own on `connection`.
 pub(super) fn replay(
     connection: &ClientConfig,
