@@ -51,17 +51,34 @@ impl Copy {
         }
         let copy = self.clone();
         *under_way = Some(tokio::spawn(async move {
-            let record = membership::writes_record(&copy.topic, &copy.owner, writes);
             let never = CancellationToken::new();
-            let sent = membership::send_all(copy.producer.as_ref(), [record], &never);
-            match tokio::time::timeout(COPY_TIMEOUT, sent).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "copying the checkpoint write counter failed")
-                }
-                Err(_) => tracing::warn!("copying the checkpoint write counter timed out"),
-            }
+            copy_counter(
+                copy.producer.as_ref(),
+                &copy.topic,
+                &copy.owner,
+                writes,
+                &never,
+            )
+            .await;
         }));
+    }
+}
+
+/// Copies the write counter `writes` into the membership topic and waits for Kafka (at most
+/// [`COPY_TIMEOUT`], or until `stop`); a failure is logged, the next write copies again.
+async fn copy_counter(
+    producer: &dyn Producer,
+    topic: &str,
+    owner: &Owner,
+    writes: u64,
+    stop: &CancellationToken,
+) {
+    let record = membership::writes_record(topic, owner, writes);
+    let sent = membership::send_all(producer, [record], stop);
+    match tokio::time::timeout(COPY_TIMEOUT, sent).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "copying the checkpoint write counter failed"),
+        Err(_) => tracing::warn!("copying the checkpoint write counter timed out"),
     }
 }
 
@@ -91,13 +108,7 @@ pub async fn open_term(
             )
         }
     };
-    let record = membership::writes_record(topic, owner, writes);
-    let sent = membership::send_all(producer, [record], stop);
-    match tokio::time::timeout(COPY_TIMEOUT, sent).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "copying the checkpoint write counter failed"),
-        Err(_) => tracing::warn!("copying the checkpoint write counter timed out"),
-    }
+    copy_counter(producer, topic, owner, writes, stop).await;
 }
 
 /// How long a checkpoint write may take before it is abandoned (and retried with the next).
