@@ -503,11 +503,10 @@ impl Outbox {
         let uid = meta.uid().to_string();
         let record = envelope::retraction(&self.route, meta, list_rv, topic, key);
         let tombstone = self.limits.tombstones.then(|| record.tombstone());
-        let (position, leaves) = match tombstone {
-            Some(_) => (None, None),
-            None => (None, Some(uid.clone())),
-        };
-        let seq = self.tracker.push(position, leaves);
+        // With a tombstone, the object leaves once the tombstone is delivered.
+        let seq = self
+            .tracker
+            .push(None, tombstone.is_none().then(|| uid.clone()));
         self.note(false);
         let receipt = self.receipt(seq, Instant::now(), record.value.len());
         self.hand(Held::Send(record, receipt), false).await?;
