@@ -244,15 +244,33 @@ fn dispatch(cli: Cli) -> Result<()> {
                     names.join(", ")
                 );
             }
-            block_on(async {
+            // A sharded release takes requests on each shard's ConfigMap.
+            let names = if cfg.sharding.enabled {
+                cfg.sharding.configmaps(&cfg.checkpoint.name)
+            } else {
+                vec![cfg.checkpoint.name.clone()]
+            };
+            let request = watchrelay::checkpoint::resync_request(channel, *delta);
+            let asked = block_on(async {
                 let client = kube_client(&cfg.kubernetes).await?;
-                Store::new(client, &cfg.checkpoint.namespace, &cfg.checkpoint.name)
-                    .request_resync(&watchrelay::checkpoint::resync_request(channel, *delta))
-                    .await
-                    .context("the relay has not written its checkpoint ConfigMap yet, or it cannot be patched")
+                let mut asked = 0;
+                let mut last = None;
+                for name in &names {
+                    let store = Store::new(client.clone(), &cfg.checkpoint.namespace, name);
+                    match store.request_resync(&request).await {
+                        Ok(()) => asked += 1,
+                        Err(e) => last = Some(e),
+                    }
+                }
+                match last {
+                    Some(e) if asked == 0 => Err(anyhow::Error::new(e).context(
+                        "the relay has not written its checkpoint ConfigMap yet, or it cannot be patched",
+                    )),
+                    _ => Ok(asked),
+                }
             })?;
             println!(
-                "resync of {channel} requested on ConfigMap {}/{}; the running relay takes it within seconds",
+                "resync of {channel} requested on {asked} ConfigMap(s) in {} ({}); the running relay takes it within seconds",
                 cfg.checkpoint.namespace, cfg.checkpoint.name
             );
             Ok(())

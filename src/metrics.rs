@@ -74,6 +74,19 @@ pub struct Metrics {
     pub in_flight_limit: IntGauge,
     /// Unix time of the last successful checkpoint write.
     pub checkpoint_written: IntGauge,
+    /// Shards this replica owns (with sharding on).
+    pub shards_owned: IntGauge,
+    /// The configured number of shards (`sharding.shards`; 0 with sharding off).
+    pub shards: IntGauge,
+    /// Shard moves seen by this replica, by kind: `claimed`, `revoked` (handed over) or `lost`.
+    pub shard_rebalances: IntCounterVec,
+    /// Times this replica stopped producing for its shards because it could not prove it still
+    /// owned them (the ownership deadline passed).
+    pub shard_fences: IntCounter,
+    /// Seconds from a shard's claim to all of its streams watching.
+    pub shard_takeover_seconds: prometheus::Histogram,
+    /// Records produced per shard (hot shards show here).
+    pub shard_records: IntCounterVec,
 }
 
 /// `metric`, registered with `registry`.
@@ -162,6 +175,38 @@ impl Metrics {
             ),
             &["channel"],
         ));
+        let shards_owned = single("shards_owned", "Shards this replica owns");
+        let shards = single(
+            "shards",
+            "The configured number of shards (sharding.shards)",
+        );
+        let shard_rebalances = counter(
+            "shard_rebalances_total",
+            "Shard moves seen by this replica, by kind (claimed, revoked, lost)",
+            &["kind"],
+        );
+        let shard_fences = registered(
+            &registry,
+            IntCounter::new(
+                "shard_fences_total",
+                "Times this replica stopped producing because its ownership deadline passed",
+            ),
+        );
+        let shard_takeover_seconds = registered(
+            &registry,
+            prometheus::Histogram::with_opts(
+                HistogramOpts::new(
+                    "shard_takeover_seconds",
+                    "Seconds from a shard's claim to all of its streams watching",
+                )
+                .buckets(exponential_buckets(0.05, 2.0, 12).expect("valid buckets")),
+            ),
+        );
+        let shard_records = counter(
+            "shard_records_total",
+            "Records produced for each shard",
+            &["shard"],
+        );
         let checkpoint_written = single(
             "checkpoint_last_write_timestamp_seconds",
             "Unix time of the last successful checkpoint write",
@@ -253,6 +298,12 @@ impl Metrics {
             leader,
             in_flight_limit,
             checkpoint_written,
+            shards_owned,
+            shards,
+            shard_rebalances,
+            shard_fences,
+            shard_takeover_seconds,
+            shard_records,
             registry,
         }
     }

@@ -88,6 +88,13 @@ pub fn needs(cfg: &Config) -> Needs {
             "configmaps".into(),
             cfg.checkpoint.name.clone(),
         ));
+    // Each shard's positions are in a ConfigMap of its own.
+    if cfg.sharding.enabled {
+        let own = n.own.entry(cfg.checkpoint.namespace.clone()).or_default();
+        for name in cfg.sharding.configmaps(&cfg.checkpoint.name) {
+            own.insert((String::new(), "configmaps".into(), name));
+        }
+    }
     let le = &cfg.leader_election;
     if le.enabled {
         let ns = le.namespace.as_ref().unwrap_or(&cfg.checkpoint.namespace);

@@ -55,6 +55,8 @@ pub enum Role {
     Leader,
     /// Waiting for the leader Lease; runs no streams.
     Standby,
+    /// A member of a sharded release: runs the streams of the shards it owns, perhaps none.
+    Member,
 }
 
 struct Entry {
@@ -81,6 +83,14 @@ struct Inner {
     next_generation: u64,
     /// The checkpoint of each stream the writer last wrote.
     written: HashMap<String, Arc<Saved>>,
+}
+
+/// Which streams a part of the relay deals with (a shard's), by stream id.
+pub type Part = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// Every stream: the part of a relay that is not sharded.
+pub fn whole() -> Part {
+    Arc::new(|_| true)
 }
 
 /// Shared handle to the registry.
@@ -240,8 +250,9 @@ impl Registry {
                 Some((id.clone(), problem))
             })
             .collect();
+        let some = !inner.streams.is_empty() || inner.role == Role::Member;
         Readiness {
-            ready: down.is_empty() && !inner.streams.is_empty() && inner.blocked.is_none(),
+            ready: down.is_empty() && some && inner.blocked.is_none(),
             down,
             problems,
             blocked: inner.blocked.clone(),
@@ -259,16 +270,40 @@ impl Registry {
 
     /// The ids of every stream it holds, running or stopped.
     pub fn ids(&self) -> Vec<String> {
-        self.lock().streams.keys().cloned().collect()
+        self.ids_of(&|_| true)
+    }
+
+    /// The ids of the streams in `part` it holds, running or stopped.
+    pub fn ids_of(&self, part: &dyn Fn(&str) -> bool) -> Vec<String> {
+        self.lock()
+            .streams
+            .keys()
+            .filter(|id| part(id))
+            .cloned()
+            .collect()
+    }
+
+    /// Forgets the streams in `part` (a shard that moved to another replica): their last
+    /// checkpoints were written when they stopped.
+    pub fn forget(&self, part: &dyn Fn(&str) -> bool) {
+        let mut inner = self.lock();
+        inner.streams.retain(|id, _| !part(id));
+        inner.retired.retain(|id| !part(id));
+        inner.written.retain(|id, _| !part(id));
     }
 
     /// Asks the streams of channel `what` (or every stream, for `all`) to relist and reconcile:
     /// re-announcing every object, or with `delta` only those changed since their position.
     /// Returns how many were asked.
     pub fn request_resync(&self, what: &str, delta: bool) -> usize {
+        self.request_resync_of(what, delta, &|_| true)
+    }
+
+    /// [`Registry::request_resync`] of the streams in `part` alone.
+    pub fn request_resync_of(&self, what: &str, delta: bool, part: &dyn Fn(&str) -> bool) -> usize {
         let inner = self.lock();
         let mut asked = 0;
-        for (id, e) in &inner.streams {
+        for (id, e) in inner.streams.iter().filter(|(id, _)| part(id)) {
             let channel = StreamId::parts(id).map_or(id.as_str(), |(c, _)| c);
             if what == "all" || what == channel {
                 if !delta {
@@ -296,10 +331,21 @@ impl Registry {
 
     /// The checkpoints published since the last call, and `None` for each stream retired since.
     pub fn take_checkpoints(&self) -> BTreeMap<String, Option<Arc<Saved>>> {
+        self.take_checkpoints_of(&|_| true)
+    }
+
+    /// [`Registry::take_checkpoints`] of the streams in `part` alone.
+    pub fn take_checkpoints_of(
+        &self,
+        part: &dyn Fn(&str) -> bool,
+    ) -> BTreeMap<String, Option<Arc<Saved>>> {
         let mut inner = self.lock();
+        let (taken, kept): (Vec<String>, Vec<String>) =
+            inner.retired.drain(..).partition(|id| part(id));
+        inner.retired = kept;
         let mut out: BTreeMap<String, Option<Arc<Saved>>> =
-            inner.retired.drain(..).map(|id| (id, None)).collect();
-        for (id, e) in inner.streams.iter_mut() {
+            taken.into_iter().map(|id| (id, None)).collect();
+        for (id, e) in inner.streams.iter_mut().filter(|(id, _)| part(id)) {
             // Read whether or not the stream is still running: a stopped stream's last
             // checkpoint is the one its final write needs.
             let status = e.status.borrow_and_update();

@@ -24,7 +24,7 @@ use thiserror::Error;
 
 mod store;
 
-pub use store::{Store, Written};
+pub use store::{Ownership, Store, Written};
 
 /// An annotation on the checkpoint ConfigMap that asks the running relay to relist and
 /// reconcile the streams of a channel (its name) or of every channel (`all`), re-announcing every
@@ -33,6 +33,13 @@ pub use store::{Store, Written};
 pub const RESYNC_ANNOTATION: &str = "watchrelay.io/resync";
 
 const DELTA_SUFFIX: &str = ";delta";
+
+/// An annotation on a shard's checkpoint ConfigMap: the owner epoch of the replica that last
+/// wrote it. A write finding a higher epoch than its own fails ([`CheckpointError::Deposed`]).
+pub const EPOCH_ANNOTATION: &str = "watchrelay.io/owner-epoch";
+
+/// An annotation on a shard's checkpoint ConfigMap: the replica that owns it, for people.
+pub const OWNER_ANNOTATION: &str = "watchrelay.io/owner";
 
 /// The [`RESYNC_ANNOTATION`] value asking for a resync of `what`.
 pub fn resync_request(what: &str, delta: bool) -> String {
@@ -133,6 +140,16 @@ pub enum CheckpointError {
         name: String,
         /// How many writes were tried.
         attempts: u32,
+    },
+    /// A newer owner of the shard wrote the ConfigMap: this replica no longer owns it.
+    #[error("checkpoint ConfigMap {name} belongs to owner epoch {found} now, not {ours}: the shard moved to another replica")]
+    Deposed {
+        /// The ConfigMap's name.
+        name: String,
+        /// The epoch found on the ConfigMap.
+        found: u64,
+        /// This writer's epoch.
+        ours: u64,
     },
 }
 

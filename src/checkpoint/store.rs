@@ -8,8 +8,17 @@ use kube::api::{Api, ObjectMeta, PostParams};
 
 use super::{
     encode, read, read_mark, read_writes, size, CheckpointError, Loaded, Saved, BUDGET,
-    RESYNC_ANNOTATION, WRITES_KEY,
+    EPOCH_ANNOTATION, OWNER_ANNOTATION, RESYNC_ANNOTATION, WRITES_KEY,
 };
+
+/// Who writes a shard's ConfigMap: the replica, and its owner epoch of the shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ownership {
+    /// The replica's identity, shown on the ConfigMap.
+    pub replica: String,
+    /// The owner epoch: it grows with each claim of the shard.
+    pub epoch: u64,
+}
 
 /// The checkpoint ConfigMap of one relay, read and written through the API server.
 pub struct Store {
@@ -17,6 +26,8 @@ pub struct Store {
     name: String,
     /// The write counter as this store last read or wrote it (see [`WRITES_KEY`]).
     writes: AtomicU64,
+    /// A shard's owner: writes stamp its epoch and fail once a higher one is found.
+    ownership: Option<Ownership>,
 }
 
 /// Drops the position of every stream entry in `data`, keeping the rest of each entry (its
@@ -55,7 +66,15 @@ impl Store {
             api: Api::namespaced(client, namespace),
             name: name.to_string(),
             writes: AtomicU64::new(0),
+            ownership: None,
         }
+    }
+
+    /// The store of a shard's ConfigMap, written as `ownership` says: optimistic concurrency
+    /// and the epoch make a deposed owner's write fail.
+    pub fn owned(mut self, ownership: Ownership) -> Self {
+        self.ownership = Some(ownership);
+        self
     }
 
     /// The write counter as this store last read or wrote it.
@@ -163,6 +182,22 @@ impl Store {
                 },
                 ..Default::default()
             });
+            if let Some(own) = &self.ownership {
+                let annotations = cm.metadata.annotations.get_or_insert_with(Default::default);
+                let found = annotations
+                    .get(EPOCH_ANNOTATION)
+                    .and_then(|e| e.parse::<u64>().ok())
+                    .unwrap_or(0);
+                if found > own.epoch {
+                    return Err(CheckpointError::Deposed {
+                        name: self.name.clone(),
+                        found,
+                        ours: own.epoch,
+                    });
+                }
+                annotations.insert(EPOCH_ANNOTATION.into(), own.epoch.to_string());
+                annotations.insert(OWNER_ANNOTATION.into(), own.replica.clone());
+            }
             let data = cm.data.get_or_insert_with(Default::default);
             for (k, u) in updates {
                 match u {

@@ -252,10 +252,7 @@ impl Channel {
             self.label_selector.as_deref().unwrap_or_default(),
             self.field_selector.as_deref().unwrap_or_default()
         );
-        let hash = what.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        });
-        format!("{hash:016x}")
+        format!("{:016x}", super::fnv1a64(&what))
     }
 
     /// Whether this channel and `other` may publish the same object under the same topic: the

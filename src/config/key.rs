@@ -82,6 +82,13 @@ impl KeyTemplate {
         }
     }
 
+    /// Whether keys name the namespace or the uid: objects of two namespaces never share one.
+    pub fn names_namespace_or_uid(&self) -> bool {
+        self.pieces
+            .iter()
+            .any(|p| matches!(p, KeyPiece::Namespace { .. } | KeyPiece::Uid))
+    }
+
     /// The template as written, e.g. `{namespace}/{name}`.
     pub fn as_str(&self) -> &str {
         &self.template

@@ -16,10 +16,12 @@ mod kafka;
 mod validate;
 pub(crate) use kafka::redact;
 mod key;
+mod sharding;
 
 pub(crate) use channel::{is_topic, topic_rule};
 pub use channel::{Channel, ChannelConfig, Scope, Shape, Shapes, StreamId, WatchStrategy};
 pub use key::KeyTemplate;
+pub use sharding::{fnv1a64, GroupProtocol, ShardingConfig};
 use validate::expand_env;
 pub(crate) use validate::{is_dns_label, is_dns_subdomain};
 
@@ -73,6 +75,9 @@ struct File {
     /// Several replicas, one relaying at a time.
     #[serde(default)]
     leader_election: LeaderElectionConfig,
+    /// Several replicas, each relaying the streams of the shards it owns.
+    #[serde(default)]
+    sharding: ShardingConfig,
     /// What to watch.
     channels: Vec<ChannelConfig>,
     /// Threads running the streams. One (the default) runs every stream, the HTTP endpoint and
@@ -358,6 +363,8 @@ pub struct Config {
     pub http: HttpConfig,
     /// Several replicas, one relaying at a time.
     pub leader_election: LeaderElectionConfig,
+    /// Several replicas, each relaying the streams of the shards it owns.
+    pub sharding: ShardingConfig,
     /// The channels, resolved and validated, in the file's order.
     pub channels: Vec<Arc<Channel>>,
     /// Threads running the streams (`workerThreads`, 1 by default).
@@ -411,6 +418,7 @@ impl Config {
             .collect::<Result<Vec<_>, _>>()?;
         let mut names = std::collections::HashSet::new();
         for (i, c) in channels.iter().enumerate() {
+            file.sharding.check_channel(i, c)?;
             if !names.insert(c.name.clone()) {
                 return Err(invalid(
                     format!("channels[{i}].name"),
@@ -438,6 +446,7 @@ impl Config {
             checkpoint: file.checkpoint,
             http: file.http,
             leader_election: file.leader_election,
+            sharding: file.sharding,
             channels,
             worker_threads: file.worker_threads,
             shutdown_timeout_seconds: file.shutdown_timeout_seconds,

@@ -270,3 +270,38 @@ fn auto_decides_a_first_shape_by_the_count_then_keeps_it() {
         Some(Shape::ClusterWide)
     );
 }
+
+#[test]
+fn sharding_is_checked_where_it_cannot_keep_one_writer_per_key() {
+    let sharded = |extra: &str, channels: &str| {
+        Config::parse(&format!(
+            "{BASE}sharding:\n  enabled: true\n{extra}channels:\n{channels}"
+        ))
+    };
+    let pods = "  - operationId: watchNamespacedPods\n    namespaces: [a, b]\n";
+    let cfg = sharded("", pods).unwrap();
+    assert_eq!(cfg.sharding.shards, 64);
+    assert_eq!(cfg.sharding.topic("prod"), "watchrelay.prod.shards");
+    // Two namespaces in two shards would write one key.
+    assert_eq!(
+        err_field(sharded("", &format!("{pods}    key: \"{{name}}\"\n"))),
+        "channels[0].key"
+    );
+    sharded("", &format!("{pods}    key: \"{{uid}}\"\n")).unwrap();
+    // One collection: one stream, one shard.
+    sharded(
+        "",
+        "  - operationId: watchNamespacedPods\n    allNamespaces: true\n    key: \"{name}\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        err_field(sharded("  shards: 12\n", pods)),
+        "sharding.shards"
+    );
+    assert_eq!(
+        err_field(Config::parse(&format!(
+            "{BASE}leaderElection:\n  enabled: true\nsharding:\n  enabled: true\nchannels:\n{pods}"
+        ))),
+        "sharding.enabled"
+    );
+}

@@ -113,6 +113,13 @@ impl File {
             ));
         }
         self.leader_election.validate()?;
+        self.sharding.validate(&self.cluster_name)?;
+        if self.sharding.enabled && self.leader_election.enabled {
+            return Err(invalid(
+                "sharding.enabled",
+                "sharding replaces leader election: replicas share the streams instead of one relaying them all; set leaderElection.enabled: false",
+            ));
+        }
         if self.kubernetes.list_page_size == 0 {
             return Err(invalid("kubernetes.listPageSize", "must be at least 1"));
         }

@@ -25,6 +25,7 @@ pub fn record_of_value(route: &Route, a: &Announcement, value: Vec<u8>) -> Recor
         key,
         value,
         tombstone: false,
+        partition: None,
     }
 }
 
@@ -51,6 +52,7 @@ pub fn reference(route: &Route, a: &Announcement, original_bytes: usize, topic: 
         value,
         headers,
         tombstone: false,
+        partition: None,
     }
 }
 
@@ -76,6 +78,7 @@ pub fn tombstone(route: &Route, a: &Announcement) -> Record {
         value: Vec::new(),
         headers: Headers::default(),
         tombstone: true,
+        partition: None,
     }
 }
 

@@ -54,6 +54,7 @@ pub fn record(
             .unwrap_or_default(),
         headers: Default::default(),
         tombstone: known.is_none(),
+        partition: None,
     }
 }
 
@@ -67,6 +68,7 @@ pub fn mark_record(topic: &str, owner: &Owner, id: &str) -> Record {
         value: serde_json::to_vec(&serde_json::json!({ "id": id })).expect("a string serializes"),
         headers: Default::default(),
         tombstone: false,
+        partition: None,
     }
 }
 
@@ -84,5 +86,6 @@ pub fn writes_record(topic: &str, owner: &Owner, writes: u64) -> Record {
             .expect("a number serializes"),
         headers: Default::default(),
         tombstone: false,
+        partition: None,
     }
 }

@@ -222,6 +222,9 @@ impl Producer for Kafka {
         let mut record = BaseRecord::<[u8], [u8], _>::with_opaque_to(&rec.topic, receipt)
             .key(rec.key.as_bytes())
             .headers(headers);
+        if let Some(p) = rec.partition {
+            record = record.partition(p);
+        }
         if !rec.tombstone {
             record = record.payload(&rec.value);
         }
@@ -243,7 +246,8 @@ impl Producer for Kafka {
     }
 
     fn purge(&self) {
-        self.producer.purge(PurgeConfig::default().queue());
+        self.producer
+            .purge(PurgeConfig::default().queue().inflight());
     }
 
     fn fatal(&self) -> Option<String> {

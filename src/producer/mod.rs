@@ -238,8 +238,9 @@ pub trait Producer: Send + Sync {
     /// Waits up to `timeout` for every record handed over to be reported.
     fn flush(&self, timeout: Duration) -> Result<(), String>;
 
-    /// Drops every record not yet sent to a broker (their reports say so): a deposed leader's
-    /// queue must not land after the new leader's records.
+    /// Drops every record not yet delivered, queued or in flight (their reports say so): a
+    /// deposed owner's records must not land after the new owner's. A request already on the
+    /// wire may still be written by its broker.
     fn purge(&self) {}
 
     /// A fatal error: the producer can deliver nothing more (the idempotent producer's

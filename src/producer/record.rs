@@ -72,6 +72,8 @@ pub struct Record {
     pub headers: Headers,
     /// A tombstone: the key with a null value (`value` is empty and not sent).
     pub tombstone: bool,
+    /// The partition it must go to; `None`: the key's (the partitioner hashes it).
+    pub partition: Option<i32>,
 }
 
 impl Record {
@@ -84,6 +86,7 @@ impl Record {
             value: Vec::new(),
             headers: Headers::default(),
             tombstone: true,
+            partition: None,
         }
     }
 }

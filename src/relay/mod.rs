@@ -22,16 +22,36 @@ use crate::leader::Elector;
 use crate::membership::{self, Log, Owner, Restored};
 use crate::metrics::Metrics;
 use crate::producer::{self, Producer};
-use crate::registry::{Registry, Role};
+use crate::registry::{self, Part, Registry, Role};
 use crate::stream::Wiring;
 use supervisor::Supervisor;
 
 /// How often the producer is checked for a fatal error.
 const FATAL_POLL: Duration = Duration::from_secs(1);
 
+mod group;
 mod shapes;
+mod shards;
 mod supervisor;
 mod writer;
+
+/// A producer and the membership log it writes to.
+type Outlet = (Arc<dyn Producer>, Arc<dyn Log>);
+
+/// What one term runs: the whole relay's streams, or one shard's.
+struct Term {
+    producer: Arc<dyn Producer>,
+    log: Arc<dyn Log>,
+    /// The checkpoint ConfigMap.
+    store: Store,
+    /// Whose membership records these are.
+    owner: Owner,
+    membership_topic: String,
+    /// Partitions the membership topic is created with (and must have).
+    partitions: i32,
+    /// Which streams it runs.
+    part: Part,
+}
 
 /// Why the relay stopped before its shutdown was asked for.
 #[derive(Debug, Error)]
@@ -118,6 +138,9 @@ impl Relay {
     /// Kafka acknowledged) and stands by again; a clean stop releases the Lease so a standby
     /// takes over at once.
     pub async fn run(self) -> Result<(), RelayError> {
+        if self.cfg.sharding.enabled && self.checkpoints {
+            return self.run_sharded().await;
+        }
         if !self.cfg.leader_election.enabled || !self.checkpoints {
             self.metrics.leader.set(1);
             return self
@@ -186,19 +209,50 @@ impl Relay {
         stop: CancellationToken,
         fenced: CancellationToken,
     ) -> Result<(), RelayError> {
-        let (producer, log): (Arc<dyn Producer>, Arc<dyn Log>) = match &self.sink {
+        let (producer, log) = self.sink()?;
+        let plan = Term {
+            producer,
+            log,
+            store: Store::new(
+                self.client.clone(),
+                &self.cfg.checkpoint.namespace,
+                &self.cfg.checkpoint.name,
+            ),
+            owner: Owner::new(&self.cfg.checkpoint.namespace, &self.cfg.checkpoint.name),
+            membership_topic: self.cfg.checkpoint.membership.topic(&self.cfg.cluster_name),
+            partitions: self.cfg.checkpoint.membership.partitions.unwrap_or(1),
+            part: registry::whole(),
+        };
+        self.run_term(plan, stop, fenced).await
+    }
+
+    /// Where this relay's records go, and its membership log.
+    fn sink(&self) -> Result<Outlet, RelayError> {
+        Ok(match &self.sink {
             Sink::Kafka => (
                 producer::Kafka::start(&self.cfg.kafka).map_err(RelayError::Producer)?,
                 Arc::new(membership::log::Kafka::new(&self.cfg.kafka)),
             ),
             Sink::Given(p, log) => (p.clone(), log.clone()),
-        };
-        let store = Store::new(
-            self.client.clone(),
-            &self.cfg.checkpoint.namespace,
-            &self.cfg.checkpoint.name,
-        );
-        let owner = Owner::new(&self.cfg.checkpoint.namespace, &self.cfg.checkpoint.name);
+        })
+    }
+
+    /// Runs the term `plan` describes until `stop` (see [`Relay::term`]).
+    async fn run_term(
+        &self,
+        plan: Term,
+        stop: CancellationToken,
+        fenced: CancellationToken,
+    ) -> Result<(), RelayError> {
+        let Term {
+            producer,
+            log,
+            store,
+            owner,
+            membership_topic,
+            partitions,
+            part,
+        } = plan;
         let mut loaded = if self.checkpoints {
             let loaded = store.load().await?;
             tracing::info!(streams = loaded.streams.len(), %owner, "loaded checkpoints");
@@ -206,9 +260,7 @@ impl Relay {
         } else {
             Loaded::default()
         };
-        let membership_topic = self
-            .checkpoints
-            .then(|| self.cfg.checkpoint.membership.topic(&self.cfg.cluster_name));
+        let membership_topic = self.checkpoints.then_some(membership_topic);
         let mut members = Restored::new(owner.clone(), None);
         if let Some(topic) = &membership_topic {
             let membership = &self.cfg.checkpoint.membership;
@@ -220,7 +272,7 @@ impl Relay {
                 registry: &self.registry,
                 owner: &owner,
                 topic,
-                partitions: membership.partitions.unwrap_or(1),
+                partitions,
                 replication: membership.replication_factor,
             };
             let Some(restored) = restore.run(&mut loaded, &stop).await else {
@@ -290,6 +342,7 @@ impl Relay {
             loaded.streams,
             members,
             shapes,
+            part.clone(),
         );
         let streams_cancel = CancellationToken::new();
         supervisor.start(&self.cfg.channels, &streams_cancel);
@@ -304,6 +357,7 @@ impl Relay {
                 store,
                 copy,
                 self.registry.clone(),
+                part,
                 self.metrics.clone(),
                 Duration::from_millis(self.cfg.checkpoint.interval_ms),
                 writer_cancel.clone(),

@@ -45,6 +45,13 @@ pub(super) async fn decide<'a>(
                 before = None;
                 list.len()
             }
+            // Every replica must decide alike, whatever it counts: `auto` is per namespace.
+            Scope::Selector(_) if cfg.sharding.enabled => {
+                if let Some(shape) = channel.shape(0, None, usize::MAX) {
+                    shapes.insert(channel.name.clone(), shape);
+                }
+                continue;
+            }
             Scope::Selector(sel) => {
                 // Only `auto` needs the count.
                 let probe = channel.shape(0, None, threshold);

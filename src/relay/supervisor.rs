@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 use crate::checkpoint::Saved;
 use crate::config::{Channel, Scope, Shape, Shapes, StreamId};
 use crate::membership::{Claim, Restored};
-use crate::registry::Registry;
+use crate::registry::{Part, Registry};
 use crate::stream::{Lifetime, NamespaceFilter, Namespaces, Resumed, Stream, Wiring};
 
 /// Spawns streams and follows namespace selectors, within one term.
@@ -39,6 +39,8 @@ pub(super) struct Supervisor {
     ends: Arc<Mutex<HashMap<StreamId, CancellationToken>>>,
     /// How each channel over several namespaces watches them this term.
     shapes: Arc<Shapes>,
+    /// The streams this term runs (a shard's, or all).
+    part: Part,
     tasks: TaskTracker,
 }
 
@@ -64,6 +66,7 @@ impl Supervisor {
         saved: HashMap<String, Saved>,
         members: Restored,
         shapes: Shapes,
+        part: Part,
     ) -> Self {
         Self {
             wiring,
@@ -72,6 +75,7 @@ impl Supervisor {
             members: Arc::new(Mutex::new(members)),
             ends: Arc::default(),
             shapes: Arc::new(shapes),
+            part,
             tasks: TaskTracker::new(),
         }
     }
@@ -80,6 +84,10 @@ impl Supervisor {
     pub fn start(&self, channels: &[Arc<Channel>], cancel: &CancellationToken) {
         for channel in channels {
             let wide = self.shapes.get(&channel.name) == Some(&Shape::ClusterWide);
+            // A stream over one collection goes whole to the term whose part holds it.
+            if (wide || channel.scope == Scope::Cluster) && !self.ours(channel, None) {
+                continue;
+            }
             match &channel.scope {
                 Scope::Cluster => {
                     self.spawn(channel, None, cancel, None);
@@ -89,7 +97,7 @@ impl Supervisor {
                     self.spawn(channel, None, cancel, Some(filter));
                 }
                 Scope::Namespaces(list) => {
-                    for ns in list {
+                    for ns in list.iter().filter(|ns| self.ours(channel, Some(ns))) {
                         self.spawn(channel, Some(ns.clone()), cancel, None);
                     }
                 }
@@ -114,6 +122,11 @@ impl Supervisor {
                 }
             }
         }
+    }
+
+    /// Whether this term runs `channel`'s stream over `namespace`.
+    fn ours(&self, channel: &Channel, namespace: Option<&str>) -> bool {
+        (self.part)(&channel.stream_id(namespace))
     }
 
     /// Waits for every stream and follower to end (cancel them first).
@@ -293,6 +306,9 @@ impl Supervisor {
                 Ok(Event::InitApply(ns)) | Ok(Event::Apply(ns)) => {
                     let name = ns.metadata.name.unwrap_or_default();
                     listed.insert(name.clone());
+                    if !self.ours(&channel, Some(&name)) {
+                        continue;
+                    }
                     if let std::collections::hash_map::Entry::Vacant(slot) = running.entry(name) {
                         let h = self.spawn(&channel, Some(slot.key().clone()), &cancel, None);
                         slot.insert(h);

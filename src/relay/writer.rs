@@ -4,8 +4,8 @@
 //! retired since) from the [`Registry`], encodes them and applies them to the ConfigMap in one
 //! write. A failed write is kept and retried with the next one; newer checkpoints of the same
 //! streams replace what it kept. After `cancel` it writes once more and stops, so a clean stop
-//! saves the positions its streams drained to. Once fenced (the Lease was lost) it writes
-//! nothing more.
+//! saves the positions its streams drained to. Once fenced (the Lease or the shard was lost) it
+//! writes nothing more; neither does it once a newer owner of its shard wrote the ConfigMap.
 //!
 //! Each write raises the ConfigMap's write counter and then copies it into the membership topic
 //! (see [`crate::checkpoint::WRITES_KEY`]). A ConfigMap found with a lower counter than the
@@ -29,7 +29,7 @@ use crate::config::CHECKPOINT_RESERVE;
 use crate::membership::{self, Owner};
 use crate::metrics::Metrics;
 use crate::producer::Producer;
-use crate::registry::Registry;
+use crate::registry::{Part, Registry};
 
 /// How long copying the write counter into the membership topic may take.
 const COPY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -125,6 +125,7 @@ pub async fn run(
     store: Store,
     copy: Option<Copy>,
     registry: Registry,
+    part: Part,
     metrics: Arc<Metrics>,
     interval: Duration,
     cancel: CancellationToken,
@@ -150,14 +151,14 @@ pub async fn run(
             match store.take_resync_request().await {
                 Ok(Some(request)) => {
                     let (what, delta) = crate::checkpoint::parse_resync_request(&request);
-                    let asked = registry.request_resync(what, delta);
+                    let asked = registry.request_resync_of(what, delta, &*part);
                     tracing::info!(%what, delta, streams = asked, "resync requested");
                 }
                 Ok(None) => {}
                 Err(e) => tracing::warn!(error = %e, "reading resync requests failed"),
             }
         }
-        unwritten.extend(registry.take_checkpoints());
+        unwritten.extend(registry.take_checkpoints_of(&*part));
         for (id, saved) in unwritten.iter_mut() {
             if !suspect.contains(id) {
                 continue;
@@ -198,8 +199,8 @@ pub async fn run(
                     metrics.checkpoint_written.set(crate::metrics::unix_now());
                     if w.rewound {
                         metrics.history_rewinds.inc();
-                        suspect = registry.ids().into_iter().collect();
-                        let asked = registry.request_resync("all", false);
+                        suspect = registry.ids_of(&*part).into_iter().collect();
+                        let asked = registry.request_resync_of("all", false, &*part);
                         tracing::error!(writes = w.writes, streams = asked, "the checkpoint ConfigMap went back behind what this relay wrote (an etcd restore?): every stream relists and re-announces every object");
                     }
                     if let Some(copy) = &copy {
@@ -211,6 +212,10 @@ pub async fn run(
                         .checkpoint_writes
                         .with_label_values(&["error"])
                         .inc();
+                    if let CheckpointError::Deposed { .. } = e {
+                        tracing::error!(error = %e, "deposed: no checkpoint of this shard is written any more");
+                        return;
+                    }
                     tracing::warn!(error = %e, "checkpoint write failed; will retry");
                 }
             }

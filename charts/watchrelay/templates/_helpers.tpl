@@ -47,7 +47,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $_ := set $cp "namespace" .Release.Namespace -}}
 {{- $_ := set $cp "name" (include "watchrelay.checkpointName" .) -}}
 {{- $_ := set $cfg "checkpoint" $cp -}}
-{{- if ($cfg.leaderElection).enabled -}}
+{{- if ($cfg.sharding).enabled -}}
+{{- /* Sharding replaces leader election: every replica relays its shards. */ -}}
+{{- $_ := set $cfg "leaderElection" (dict "enabled" false) -}}
+{{- else if ($cfg.leaderElection).enabled -}}
 {{- $_ := set $cfg.leaderElection "name" (include "watchrelay.leaseName" .) -}}
 {{- end -}}
 {{- $_ := set $cfg "http" (dict "listen" (printf "0.0.0.0:%v" .Values.metrics.port)) -}}

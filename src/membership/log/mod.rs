@@ -77,6 +77,8 @@ impl Log for Empty {
 pub struct Kafka {
     /// The connection settings (`bootstrap.servers`, security), without the producer's own.
     connection: ClientConfig,
+    /// The one partition read back (a shard's), or all of them.
+    only: Option<i32>,
 }
 
 impl Kafka {
@@ -84,7 +86,15 @@ impl Kafka {
     pub fn new(cfg: &KafkaConfig) -> Self {
         Self {
             connection: cfg.connection_config(),
+            only: None,
         }
+    }
+
+    /// The log of one shard: [`Log::replay`] reads partition `partition` alone, where the
+    /// shard's records are written.
+    pub fn partition(mut self, partition: i32) -> Self {
+        self.only = Some(partition);
+        self
     }
 }
 
@@ -104,7 +114,7 @@ impl Log for Kafka {
         apply: &mut Apply<'_>,
         stopped: &(dyn Fn() -> bool + Sync),
     ) -> Result<(), TopicError> {
-        replay::replay(&self.connection, topic, apply, stopped)
+        replay::replay(&self.connection, topic, self.only, apply, stopped)
     }
 }
 

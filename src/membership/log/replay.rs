@@ -58,11 +58,12 @@ const GROUP: &str = "watchrelay-membership";
 /// How long the membership topic may go without a record before its reading is given up.
 const REPLAY_IDLE: Duration = Duration::from_secs(60);
 
-/// Reads `topic` from its beginning to its end as of the call (see [`super::Log::replay`]),
-/// with a consumer of its own on `connection`.
+/// Reads `topic` (only its partition `only`, when given) from its beginning to its end as of
+/// the call (see [`super::Log::replay`]), with a consumer of its own on `connection`.
 pub(super) fn replay(
     connection: &ClientConfig,
     topic: &str,
+    only: Option<i32>,
     apply: &mut Apply<'_>,
     stopped: &(dyn Fn() -> bool + Sync),
 ) -> Result<(), TopicError> {
@@ -90,7 +91,14 @@ pub(super) fn replay(
         .map_err(|e| TopicError::kafka(e, "creating a producer", ""))?;
     let mut ends = std::collections::HashMap::new();
     let mut tpl = TopicPartitionList::new();
-    for p in 0..i32::try_from(partitions).map_err(|e| other(e.to_string()))? {
+    let all = 0..i32::try_from(partitions).map_err(|e| other(e.to_string()))?;
+    if only.is_some_and(|p| !all.contains(&p)) {
+        return Err(other(format!(
+            "{topic} has {partitions} partitions, none numbered {}",
+            only.unwrap_or_default()
+        )));
+    }
+    for p in all.filter(|p| only.is_none_or(|o| o == *p)) {
         let record = rdkafka::producer::FutureRecord::<str, [u8]>::to(topic)
             .partition(p)
             .key(crate::membership::END_MARKER);

@@ -1,0 +1,232 @@
+//! Scale-out (`sharding`): replicas share the streams through a Kafka consumer group.
+//!
+//! Every stream belongs to one of `shards` virtual shards, a pure function of its id (see
+//! [`ShardingConfig::shard_of_stream`]): a per-namespace stream to the shard of its namespace,
+//! a stream over one collection (`<channel>._all`) to the shard of its channel's name. The shard
+//! is the top bits of FNV-1a 64 passed through MurmurHash3's 64-bit finalizer: FNV-1a's top bits
+//! alone barely depend on a name's last characters, and namespaces named `team-0` to
+//! `team-4999` left some of 64 shards empty and put 390 namespaces in one.
+
+use serde::Deserialize;
+
+use super::{invalid, is_topic, topic_rule, Channel, ConfigError, Scope, StreamId};
+
+/// Which group protocol the replicas' consumer group speaks (`sharding.groupProtocol`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum GroupProtocol {
+    /// The classic protocol with the `cooperative-sticky` assignor (KIP-429): only moving
+    /// shards stop. The default.
+    #[default]
+    Classic,
+    /// The KIP-848 protocol, assignments computed by the broker (Kafka 4.0 and later).
+    Consumer,
+}
+
+/// Scale-out: replicas own shards of the streams through a consumer group (`sharding`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct ShardingConfig {
+    /// Off (the default): one process relays every stream.
+    pub enabled: bool,
+    /// How many virtual shards the streams are spread over: a power of two, fixed once the
+    /// topics exist (each has one partition per shard).
+    pub shards: u32,
+    /// The compacted topic of the shards' memberships, one partition per shard;
+    /// `watchrelay.{cluster}.shards` when absent. The group's own (empty) topic is its name
+    /// with `.owners` appended.
+    pub topic: Option<String>,
+    /// The consumer group's protocol.
+    pub group_protocol: GroupProtocol,
+    /// The classic protocol's session: a replica that stops heartbeating for this long loses
+    /// its shards (under the `consumer` protocol the broker's group configuration decides).
+    pub session_timeout_ms: u32,
+    /// A replica that has not proven it still owns its shards for this long (a commit the
+    /// group coordinator accepted) stops producing for them; below the session timeout, so it
+    /// stops before another replica may own them.
+    pub ownership_deadline_ms: u32,
+}
+
+impl Default for ShardingConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            shards: 64,
+            topic: None,
+            group_protocol: GroupProtocol::Classic,
+            session_timeout_ms: 10_000,
+            ownership_deadline_ms: 5_000,
+        }
+    }
+}
+
+/// FNV-1a 64 of `text`.
+pub fn fnv1a64(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// MurmurHash3's 64-bit finalizer: every input bit moves every output bit.
+fn fmix64(mut k: u64) -> u64 {
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    k ^ (k >> 33)
+}
+
+impl ShardingConfig {
+    /// The shards' membership topic.
+    pub fn topic(&self, cluster: &str) -> String {
+        self.topic
+            .clone()
+            .unwrap_or_else(|| format!("watchrelay.{cluster}.shards"))
+    }
+
+    /// The group's topic: empty, one partition per shard; partition `k` is shard `k`.
+    pub fn owners_topic(&self, cluster: &str) -> String {
+        format!("{}.owners", self.topic(cluster))
+    }
+
+    /// The checkpoint ConfigMap of shard `shard` of the release whose ConfigMap is `checkpoint`.
+    pub fn configmap(checkpoint: &str, shard: u32) -> String {
+        format!("{checkpoint}-s{shard}")
+    }
+
+    /// The checkpoint ConfigMaps of every shard.
+    pub fn configmaps(&self, checkpoint: &str) -> Vec<String> {
+        (0..self.shards)
+            .map(|k| Self::configmap(checkpoint, k))
+            .collect()
+    }
+
+    /// The shard of `key`: the top bits of its mixed FNV-1a 64 hash.
+    pub fn shard_of(&self, key: &str) -> u32 {
+        let bits = self.shards.trailing_zeros();
+        if bits == 0 {
+            return 0;
+        }
+        u32::try_from(fmix64(fnv1a64(key)) >> (64 - bits)).expect("at most 10 bits")
+    }
+
+    /// The shard of stream `id`: its namespace's, or for a stream over one collection its
+    /// channel's.
+    pub fn shard_of_stream(&self, id: &str) -> u32 {
+        match StreamId::parts(id) {
+            Some((_, Some(namespace))) => self.shard_of(namespace),
+            Some((channel, None)) => self.shard_of(channel),
+            None => self.shard_of(id),
+        }
+    }
+
+    pub(super) fn validate(&self, cluster: &str) -> Result<(), ConfigError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if !self.shards.is_power_of_two() || self.shards > 1024 {
+            return Err(invalid(
+                "sharding.shards",
+                "must be a power of two from 1 to 1024",
+            ));
+        }
+        for topic in [self.topic(cluster), self.owners_topic(cluster)] {
+            if !is_topic(&topic) {
+                return Err(invalid("sharding.topic", topic_rule()));
+            }
+        }
+        if self.session_timeout_ms < 6_000 {
+            return Err(invalid(
+                "sharding.sessionTimeoutMs",
+                "must be at least 6000 (the broker's default group.min.session.timeout.ms)",
+            ));
+        }
+        if self.ownership_deadline_ms < 2_000
+            || self.ownership_deadline_ms + 3_000 > self.session_timeout_ms
+        {
+            return Err(invalid(
+                "sharding.ownershipDeadlineMs",
+                "must be at least 2000 and at least 3000 below sessionTimeoutMs, so a replica stops producing before another may own its shards",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks channel `i` can be sharded: every key must have one writer, so a channel
+    /// relayed per namespace needs `{namespace}` or `{uid}` in its key.
+    pub(super) fn check_channel(&self, i: usize, channel: &Channel) -> Result<(), ConfigError> {
+        if !self.enabled || !channel.path.namespaced || channel.scope == Scope::Cluster {
+            return Ok(());
+        }
+        if !channel.key.names_namespace_or_uid() {
+            return Err(invalid(
+                format!("channels[{i}].key"),
+                "with sharding on, a channel over several namespaces needs {namespace} or {uid} in its key: namespaces in different shards would otherwise write the same key",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sharding(shards: u32) -> ShardingConfig {
+        ShardingConfig {
+            enabled: true,
+            shards,
+            ..ShardingConfig::default()
+        }
+    }
+
+    #[test]
+    fn the_shard_is_the_top_bits_of_the_hash() {
+        // FNV-1a 64 test vectors.
+        assert_eq!(fnv1a64(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64("a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fmix64(0), 0);
+        let s = sharding(64);
+        assert_eq!(
+            u64::from(s.shard_of("a")),
+            fmix64(0xaf63_dc4c_8601_ec8c) >> 58
+        );
+        assert_eq!(sharding(1).shard_of("a"), 0);
+        assert!((0..1000).all(|i| s.shard_of(&format!("ns-{i}")) < 64));
+    }
+
+    #[test]
+    fn a_stream_goes_with_its_namespace_or_its_channel() {
+        let s = sharding(64);
+        assert_eq!(s.shard_of_stream("pods.team-a"), s.shard_of("team-a"));
+        assert_eq!(s.shard_of_stream("services.team-a"), s.shard_of("team-a"));
+        assert_eq!(s.shard_of_stream("nodes._all"), s.shard_of("nodes"));
+    }
+
+    #[test]
+    fn sixty_four_shards_spread_namespaces_evenly() {
+        let s = sharding(64);
+        // Names that differ in their last characters only: FNV-1a's top bits alone left shards
+        // empty here.
+        for pattern in ["team-", "ns", "prod-app-"] {
+            let mut counts = [0u32; 64];
+            for i in 0..5000 {
+                counts[s.shard_of(&format!("{pattern}{i}")) as usize] += 1;
+            }
+            let (min, max) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+            // 78 a shard on average.
+            assert!(*min > 45 && *max < 115, "{pattern}: {min}..{max}");
+        }
+    }
+
+    #[test]
+    fn settings_are_checked() {
+        assert!(sharding(48).validate("c").is_err());
+        assert!(sharding(64).validate("c").is_ok());
+        let tight = ShardingConfig {
+            ownership_deadline_ms: 9_000,
+            ..sharding(64)
+        };
+        assert!(tight.validate("c").is_err());
+    }
+}

@@ -1,0 +1,337 @@
+//! Scale-out: this replica relays the shards the consumer group assigns it, each as a term of
+//! its own.
+//!
+//! A shard's term is today's term cut to the shard: its streams (see
+//! [`crate::config::ShardingConfig::shard_of_stream`]), its own checkpoint ConfigMap
+//! (`<checkpoint.name>-s<k>`, stamped with the owner epoch so a deposed owner's write fails),
+//! its own membership owner and its own partition `k` of the shards' membership topic, which
+//! its restore alone reads, to an end marker it wrote. Every record it produces carries
+//! `ce_shard` and `ce_ownerepoch` headers.
+//!
+//! # A shard's states, as this replica sees it
+//! - **Claimed** ([`Event::Claimed`]): its term starts: restore, then its streams.
+//! - **Handing over** (revoked, not lost): its term stops as at a shutdown (streams drain, the
+//!   producer flushes, the final positions are written), then the group is answered and the
+//!   rebalance goes on: the next owner resumes exactly there.
+//! - **Fenced** (the assignment was lost, or the ownership deadline passed): its term stops
+//!   without draining, the producer's queued and in-flight records are purged and nothing more
+//!   is written. A shard fenced by the deadline is claimed again, under a new epoch, if the
+//!   group still assigns it here.
+//! - A shard claimed again while its previous term still stops starts once that one ended.
+//!
+//! A stop of the process leaves the group: every shard is handed over first.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use prometheus::IntCounter;
+use tokio_util::sync::CancellationToken;
+
+use super::group::{Deadline, Event, Group};
+use super::{Relay, RelayError, Sink, Term};
+use crate::checkpoint::{Ownership, Store};
+use crate::config::{ShardingConfig, CHECKPOINT_RESERVE};
+use crate::membership::{self, Log, Owner};
+use crate::producer::{ProduceError, Producer, Receipt, Record, Refused};
+use crate::registry::{Phase, Role};
+
+/// How often the ownership deadline and the takeovers are looked at.
+const TICK: Duration = Duration::from_millis(200);
+
+/// How long to wait before trying again to set the group's topic up.
+const RETRY: Duration = Duration::from_secs(5);
+
+/// A shard's term, as the loop keeps it.
+struct Running {
+    stop: CancellationToken,
+    fenced: CancellationToken,
+    /// When it was claimed, until all its streams watch.
+    claimed: Option<Instant>,
+}
+
+/// The producer of one shard's term: its membership records go to the shard's partition, every
+/// record carries the shard and the owner epoch, and nothing is taken once the ownership
+/// deadline passed.
+struct ShardProducer {
+    inner: Arc<dyn Producer>,
+    membership_topic: String,
+    shard: u32,
+    epoch: String,
+    deadline: Arc<Deadline>,
+    records: IntCounter,
+}
+
+impl Producer for ShardProducer {
+    fn send(&self, record: &Record, receipt: Box<Receipt>) -> Result<(), Refused> {
+        if self.deadline.passed() {
+            return Err(Refused::Failed(ProduceError::retriable(format!(
+                "this replica cannot prove it still owns shard {}: not producing for it",
+                self.shard
+            ))));
+        }
+        let mut record = record.clone();
+        if record.topic == self.membership_topic {
+            record.partition = Some(self.shard.cast_signed());
+        }
+        record.headers.push("ce_shard", &[&self.shard.to_string()]);
+        record.headers.push("ce_ownerepoch", &[&self.epoch]);
+        self.records.inc();
+        self.inner.send(&record, receipt)
+    }
+
+    fn flush(&self, timeout: Duration) -> Result<(), String> {
+        self.inner.flush(timeout)
+    }
+
+    fn purge(&self) {
+        self.inner.purge()
+    }
+
+    fn fatal(&self) -> Option<String> {
+        self.inner.fatal()
+    }
+}
+
+impl Relay {
+    /// Relays the shards this replica owns until shut down, then hands them over and leaves
+    /// the group.
+    pub(super) async fn run_sharded(&self) -> Result<(), RelayError> {
+        let cfg = &self.cfg;
+        self.registry.begin_term(Role::Member);
+        let (producer, log) = self.sink()?;
+        if !self.ensure_owners_topic(&log).await {
+            return Ok(());
+        }
+        let identity = crate::leader::identity(&cfg.leader_election);
+        let handover = cfg.drain_time() + CHECKPOINT_RESERVE;
+        let joined = {
+            let (cfg, identity) = (cfg.clone(), identity.clone());
+            tokio::task::spawn_blocking(move || Group::join(&cfg, &identity, handover))
+                .await
+                .map_err(|e| RelayError::Producer(e.to_string()))?
+        };
+        let (group, mut events) = joined.map_err(RelayError::Producer)?;
+        tracing::info!(%identity, shards = cfg.sharding.shards, "joined the shard group");
+        self.metrics.shards.set(i64::from(cfg.sharding.shards));
+        // A member relays: the leader gauge says so, as without election.
+        self.metrics.leader.set(1);
+        let deadline = group.deadline.clone();
+        let mut group = Some(group);
+        let mut leaving: Option<tokio::task::JoinHandle<()>> = None;
+        let mut terms = FuturesUnordered::new();
+        let mut running: HashMap<u32, Running> = HashMap::new();
+        // Claims waiting for their shard's previous term to end.
+        let mut queued: BTreeMap<u32, u64> = BTreeMap::new();
+        // Revocations waiting for their shards' terms to end.
+        let mut handovers: Vec<(Vec<u32>, std::sync::mpsc::SyncSender<()>)> = Vec::new();
+        let mut tick = tokio::time::interval(TICK);
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled(), if leaving.is_none() => {
+                    tracing::info!("leaving the shard group: handing every shard over");
+                    let g = group.take().expect("the group is left once");
+                    leaving = Some(tokio::task::spawn_blocking(move || g.leave()));
+                }
+                _ = async { leaving.as_mut().expect("guarded").await }, if leaving.is_some() => break,
+                Some(event) = events.recv() => match event {
+                    Event::Claimed(claims) => {
+                        for (shard, epoch) in claims {
+                            self.metrics.shard_rebalances.with_label_values(&["claimed"]).inc();
+                            tracing::info!(shard, epoch, "claimed shard");
+                            if running.contains_key(&shard) {
+                                queued.insert(shard, epoch);
+                                continue;
+                            }
+                            let (run, term) = self.start_shard(shard, epoch, &producer, &log, &identity, &deadline);
+                            running.insert(shard, run);
+                            terms.push(term);
+                        }
+                    }
+                    Event::Revoked { shards, lost, done } => {
+                        let kind = if lost { "lost" } else { "revoked" };
+                        tracing::info!(?shards, kind, "shards revoked");
+                        for shard in &shards {
+                            self.metrics.shard_rebalances.with_label_values(&[kind]).inc();
+                            queued.remove(shard);
+                            if let Some(run) = running.get(shard) {
+                                if lost {
+                                    run.fenced.cancel();
+                                }
+                                run.stop.cancel();
+                            }
+                        }
+                        handovers.push((shards, done));
+                    }
+                },
+                Some((shard, result)) = terms.next(), if !terms.is_empty() => {
+                    running.remove(&shard);
+                    let part = self.cfg.sharding.clone();
+                    self.registry.forget(&move |id| part.shard_of_stream(id) == shard);
+                    if let Err(e) = result {
+                        tracing::error!(shard, error = %e, "shard term failed");
+                    }
+                    if let Some(epoch) = queued.remove(&shard) {
+                        let (run, term) = self.start_shard(shard, epoch, &producer, &log, &identity, &deadline);
+                        running.insert(shard, run);
+                        terms.push(term);
+                    }
+                    handovers.retain(|(shards, done)| {
+                        let pending = shards.iter().any(|s| running.contains_key(s));
+                        if !pending {
+                            let _ = done.send(());
+                        }
+                        pending
+                    });
+                }
+                _ = tick.tick() => {
+                    self.metrics
+                        .shards_owned
+                        .set(i64::try_from(running.len()).unwrap_or(i64::MAX));
+                    let fence: Vec<u32> = running
+                        .iter()
+                        .filter(|(_, r)| !r.fenced.is_cancelled())
+                        .map(|(s, _)| *s)
+                        .collect();
+                    if !fence.is_empty() && deadline.passed() {
+                        self.metrics.shard_fences.inc();
+                        tracing::error!(shards = ?fence, "could not prove ownership of the shards in time: fenced, purging the producer; claiming them again if still assigned");
+                        for shard in &fence {
+                            let run = &running[shard];
+                            run.fenced.cancel();
+                            run.stop.cancel();
+                        }
+                        if let Some(g) = &group {
+                            g.reclaim(&fence);
+                        }
+                    }
+                    self.observe_takeovers(&mut running);
+                }
+            }
+        }
+        // A handover the group stopped waiting for: stop what still runs.
+        for run in running.values() {
+            run.stop.cancel();
+        }
+        while terms.next().await.is_some() {}
+        self.metrics.shards_owned.set(0);
+        self.metrics.leader.set(0);
+        tracing::info!("left the shard group");
+        Ok(())
+    }
+
+    /// Creates the group's topic unless it exists, and checks it has one partition per shard;
+    /// retried until it does. `false` when shut down first.
+    async fn ensure_owners_topic(&self, log: &Arc<dyn Log>) -> bool {
+        let sharding = &self.cfg.sharding;
+        let topic = sharding.owners_topic(&self.cfg.cluster_name);
+        let shards = sharding.shards.cast_signed();
+        let replication = self.cfg.checkpoint.membership.replication_factor;
+        loop {
+            let (log, t) = (log.clone(), topic.clone());
+            let state =
+                tokio::task::spawn_blocking(move || log.ensure_compacted(&t, shards, replication))
+                    .await;
+            let problem = match state {
+                Ok(Ok(s)) if s.partitions == shards as usize => {
+                    self.registry.block(None);
+                    return true;
+                }
+                Ok(Ok(s)) => format!(
+                    "the shard group's topic {topic} has {} partitions, not sharding.shards ({shards}): shards cannot change once their topics exist",
+                    s.partitions
+                ),
+                Ok(Err(e)) => format!("the shard group's topic {topic}: {e}"),
+                Err(e) => e.to_string(),
+            };
+            self.registry.block(Some(problem));
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return false,
+                _ = tokio::time::sleep(RETRY) => {}
+            }
+        }
+    }
+
+    /// Starts shard `shard`'s term under owner epoch `epoch`.
+    fn start_shard<'a>(
+        &'a self,
+        shard: u32,
+        epoch: u64,
+        producer: &Arc<dyn Producer>,
+        log: &Arc<dyn Log>,
+        identity: &str,
+        deadline: &Arc<Deadline>,
+    ) -> (
+        Running,
+        impl std::future::Future<Output = (u32, Result<(), RelayError>)> + 'a,
+    ) {
+        let cfg = &self.cfg;
+        let sharding = cfg.sharding.clone();
+        let name = ShardingConfig::configmap(&cfg.checkpoint.name, shard);
+        let membership_topic = sharding.topic(&cfg.cluster_name);
+        let log: Arc<dyn Log> = match &self.sink {
+            Sink::Kafka => {
+                Arc::new(membership::log::Kafka::new(&cfg.kafka).partition(shard.cast_signed()))
+            }
+            Sink::Given(..) => log.clone(),
+        };
+        let producer = Arc::new(ShardProducer {
+            inner: producer.clone(),
+            membership_topic: membership_topic.clone(),
+            shard,
+            epoch: epoch.to_string(),
+            deadline: deadline.clone(),
+            records: self
+                .metrics
+                .shard_records
+                .with_label_values(&[&shard.to_string()]),
+        });
+        let plan = Term {
+            producer,
+            log,
+            store: Store::new(self.client.clone(), &cfg.checkpoint.namespace, &name).owned(
+                Ownership {
+                    replica: identity.to_string(),
+                    epoch,
+                },
+            ),
+            owner: Owner::new(&cfg.checkpoint.namespace, &name),
+            membership_topic,
+            partitions: sharding.shards.cast_signed(),
+            part: Arc::new(move |id| sharding.shard_of_stream(id) == shard),
+        };
+        let run = Running {
+            stop: CancellationToken::new(),
+            fenced: CancellationToken::new(),
+            claimed: Some(Instant::now()),
+        };
+        let (stop, fenced) = (run.stop.clone(), run.fenced.clone());
+        let term = async move { (shard, self.run_term(plan, stop, fenced).await) };
+        (run, term)
+    }
+
+    /// Records the takeover time of each shard whose streams all watch since its claim.
+    fn observe_takeovers(&self, running: &mut HashMap<u32, Running>) {
+        if running.values().all(|r| r.claimed.is_none()) {
+            return;
+        }
+        let phases = self.registry.phases();
+        for (shard, run) in running.iter_mut() {
+            let Some(claimed) = run.claimed else { continue };
+            let mut ours = phases
+                .iter()
+                .filter(|(id, _)| self.cfg.sharding.shard_of_stream(id) == *shard)
+                .peekable();
+            // A shard of no stream is taken over once claimed.
+            let up = ours.peek().is_none() || ours.all(|(_, p)| *p == Phase::Watching);
+            if up {
+                self.metrics
+                    .shard_takeover_seconds
+                    .observe(claimed.elapsed().as_secs_f64());
+                run.claimed = None;
+            }
+        }
+    }
+}
