@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::bed::{eventually, Bed, Relay};
+use common::bed::{eventually, Bed, Relay, CHECKPOINT_NS};
 use common::kafka::{self, Msg};
 use common::view::{kafka_view, pods};
 use watchrelay::config::{Config, GroupProtocol, ShardingConfig};
@@ -172,4 +172,248 @@ async fn replicas_share_the_shards_and_handovers_lose_nothing(protocol: GroupPro
 
     a.stop().await;
     d.stop().await;
+}
+
+/// The binary as one replica of a sharded release: its configuration and log in a directory of
+/// its own, `POD_NAME` its identity.
+struct Replica {
+    child: std::process::Child,
+    pod: String,
+    config: std::path::PathBuf,
+    log: std::path::PathBuf,
+}
+
+const BIN: &str = env!("CARGO_BIN_EXE_watchrelay");
+
+impl Replica {
+    fn start(dir: &std::path::Path, config: &str, pod: &str) -> Self {
+        let dir = dir.join(pod);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("config.yaml");
+        std::fs::write(&path, config).unwrap();
+        let mut r = Self {
+            child: std::process::Command::new("true").spawn().unwrap(),
+            pod: pod.into(),
+            config: path,
+            log: dir.join("relay.log"),
+        };
+        r.spawn();
+        r
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        self.child = std::process::Command::new(BIN)
+            .env("POD_NAME", &self.pod)
+            .args(["run", "--config"])
+            .arg(&self.config)
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.id().to_string();
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, and the drained exit.
+    fn stop(&mut self) {
+        self.signal("-TERM");
+        let exit = self.child.wait().unwrap();
+        assert!(
+            exit.success(),
+            "{} exited {exit:?}:\n{}",
+            self.pod,
+            self.log()
+        );
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Which replica (its pod name) last claimed each shard, from the shards' ConfigMaps.
+fn owners(bed: &Bed, checkpoint: &str) -> Vec<Option<String>> {
+    (0..SHARDS)
+        .map(|k| {
+            let name = ShardingConfig::configmap(checkpoint, k);
+            let cm = bed.sim.get("configmaps", Some(CHECKPOINT_NS), &name)?;
+            let owner = cm["metadata"]["annotations"]["watchrelay.io/owner"].as_str()?;
+            Some(owner.split('_').next().unwrap_or(owner).to_string())
+        })
+        .collect()
+}
+
+/// Waits until every shard was last claimed by one of `pods`, and returns how long it took.
+async fn wait_owned_by(bed: &Bed, checkpoint: &str, pods: &[&str]) -> Duration {
+    let start = Instant::now();
+    eventually(
+        || {
+            owners(bed, checkpoint)
+                .iter()
+                .all(|o| o.as_deref().is_some_and(|o| pods.contains(&o)))
+        },
+        || {
+            format!(
+                "shards never all owned by {pods:?}: {:?}",
+                owners(bed, checkpoint)
+            )
+        },
+    )
+    .await;
+    start.elapsed()
+}
+
+/// What a consumer holds that applies, per key, only records whose owner epoch is at least the
+/// highest it saw on the key (the README's rule against a deposed owner's late record): key ->
+/// uid. Also how many records the rule dropped.
+fn epoch_view(msgs: &[Msg]) -> (BTreeMap<String, String>, usize) {
+    let mut sorted: Vec<&Msg> = msgs.iter().collect();
+    sorted.sort_by_key(|m| (m.partition, m.offset));
+    let mut highest: BTreeMap<String, u64> = BTreeMap::new();
+    let mut kept = Vec::new();
+    let mut dropped = 0;
+    for m in sorted {
+        let Some(key) = &m.key else { continue };
+        let epoch: u64 = m.headers["ce_ownerepoch"].parse().unwrap();
+        let top = highest.entry(key.clone()).or_insert(0);
+        if epoch < *top {
+            dropped += 1;
+            continue;
+        }
+        *top = epoch;
+        kept.push(m.clone());
+    }
+    (kafka_view(&kept), dropped)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replica_and_a_frozen_one_lose_nothing() {
+    let namespaces: Vec<String> = (0..12).map(|i| format!("team-{i}")).collect();
+    let names: Vec<&str> = namespaces.iter().map(String::as_str).collect();
+    let bed = Bed::new(&names).await;
+    let dir = tempfile::tempdir().unwrap();
+    let topic = kafka::unique("sharded-proc");
+    kafka::create_topics(&[&topic], 3).await;
+    let kubeconfig = dir.path().join("kubeconfig");
+    bed.sim.write_kubeconfig(&kubeconfig).unwrap();
+    let checkpoint = kafka::unique("relay");
+    let config = format!(
+        "clusterName: test\nkubernetes:\n  kubeconfig: {}\n  backoffInitialMs: 20\n  backoffMaxMs: 300\n\
+         kafka:\n  bootstrapServers: {}\n  oversize: trim\n  properties:\n    linger.ms: \"5\"\n\
+         checkpoint:\n  namespace: {CHECKPOINT_NS}\n  name: {checkpoint}\n  intervalMs: 200\n\
+         sharding:\n  enabled: true\n  shards: {SHARDS}\n  topic: {}\n  sessionTimeoutMs: 6000\n  ownershipDeadlineMs: 3000\n\
+         http:\n  listen: \"\"\n\
+         channels:\n  - operationId: watchNamespacedPods\n    namespaces: [{}]\n    topic: {topic}\n",
+        kubeconfig.display(),
+        bed.bootstrap,
+        kafka::unique("shards"),
+        names.join(", ")
+    );
+    let mut r0 = Replica::start(dir.path(), &config, "r0");
+    let mut r1 = Replica::start(dir.path(), &config, "r1");
+    let mut r2 = Replica::start(dir.path(), &config, "r2");
+    eventually(
+        || {
+            let o = owners(&bed, &checkpoint);
+            ["r0", "r1", "r2"]
+                .iter()
+                .all(|p| o.iter().any(|x| x.as_deref() == Some(*p)))
+                && o.iter().all(Option::is_some)
+        },
+        || format!("the shards never spread: {:?}", owners(&bed, &checkpoint)),
+    )
+    .await;
+    let churn = bed.sim.start_churn(ChurnSpec {
+        rate_per_sec: 200.0,
+        namespaces: namespaces.clone(),
+        resources: vec!["pods".into()],
+        max_objects_per_kind: 8,
+        total_events: None,
+    });
+    // Not a wait: churn runs a while through all three.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // kill -9: its shards move once its session expires.
+    r1.child.kill().unwrap();
+    r1.child.wait().unwrap();
+    let killed = wait_owned_by(&bed, &checkpoint, &["r0", "r2"]).await;
+
+    // Frozen past the session: its shards move while it sleeps; resumed, it fences itself.
+    r2.signal("-STOP");
+    let frozen = wait_owned_by(&bed, &checkpoint, &["r0"]).await;
+    r2.signal("-CONT");
+    eventually(
+        || r2.log().contains("fenced: purging"),
+        || format!("the resumed replica never fenced itself:\n{}", r2.log()),
+    )
+    .await;
+    // Both back: they share the shards again.
+    r1.spawn();
+    eventually(
+        || {
+            let o = owners(&bed, &checkpoint);
+            o.iter().any(|x| x.as_deref() == Some("r1"))
+                && o.iter().any(|x| x.as_deref() == Some("r2"))
+        },
+        || {
+            format!(
+                "the returning replicas never got shards: {:?}",
+                owners(&bed, &checkpoint)
+            )
+        },
+    )
+    .await;
+    churn.stop().await;
+    eprintln!("takeover after kill -9: {killed:?}; after a freeze: {frozen:?}");
+
+    let expected = pods(&bed.sim, &names, |_| true);
+    let bootstrap = kafka::bootstrap();
+    let read_topic = topic.clone();
+    let msgs: Vec<Msg> = tokio::task::spawn_blocking(move || {
+        kafka::read_until(&bootstrap, &read_topic, Duration::from_secs(90), |m| {
+            epoch_view(m).0 == expected
+        })
+    })
+    .await
+    .unwrap();
+    let expected = pods(&bed.sim, &names, |_| true);
+    let (view, late) = epoch_view(&msgs);
+    let plain = kafka_view(&msgs);
+    let differ = expected
+        .iter()
+        .filter(|(k, v)| plain.get(*k) != Some(*v))
+        .count();
+    let changes = bed.journal("pods", None).len();
+    eprintln!(
+        "records {} for {changes} changes ({:.2} per change); late records of a deposed owner: {late}; keys whose plain last record is wrong: {differ}",
+        msgs.len(),
+        msgs.len() as f64 / changes.max(1) as f64
+    );
+    assert_eq!(
+        view, expected,
+        "the consumer's view differs from the cluster"
+    );
+    for r in [&mut r0, &mut r1, &mut r2] {
+        r.stop();
+    }
 }
