@@ -264,4 +264,56 @@ impl Elector {
     pub fn name(&self) -> &str {
         &self.name
     }
+
+    /// Parks the Lease for good, for a release that moved to sharding: once any live leader's
+    /// term is over (its Lease taken over as a standby would), the holder becomes [`PARKED`]
+    /// with the longest duration a Lease can say, and is never renewed. Replicas of a version
+    /// before sharding then stand by forever; a missing Lease is created parked. True once
+    /// parked (by this replica or another); false when `cancel` came first.
+    pub async fn park(&mut self, cancel: &CancellationToken) -> bool {
+        let mut said = false;
+        loop {
+            let attempt = tokio::select! {
+                _ = cancel.cancelled() => return false,
+                a = self.attempt() => a,
+            };
+            match attempt {
+                Attempt::Following(holder) if holder == PARKED => return true,
+                Attempt::Leading => match self.write_parked().await {
+                    Ok(()) => {
+                        tracing::info!(lease = %self.name, "parked the leader Lease: no replica of a version before sharding can lead again");
+                        return true;
+                    }
+                    Err(e) => {
+                        tracing::warn!(lease = %self.name, error = %e, "parking the lease failed; retrying")
+                    }
+                },
+                Attempt::Following(holder) if !said => {
+                    said = true;
+                    tracing::info!(lease = %self.name, %holder, "waiting for the single leader to stop before sharding starts");
+                }
+                _ => {}
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return false,
+                _ = tokio::time::sleep(self.retry_period) => {}
+            }
+        }
+    }
+
+    /// Writes the Lease this replica holds as parked (compare-and-swap on what it read).
+    async fn write_parked(&self) -> Result<(), kube::Error> {
+        let mut lease = self.api.get(&self.name).await?;
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        spec.holder_identity = Some(PARKED.into());
+        spec.lease_duration_seconds = Some(i32::MAX);
+        spec.renew_time = Some(now());
+        self.api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+            .map(drop)
+    }
 }
+
+/// The holder of a Lease parked by a sharded release: it never expires.
+pub const PARKED: &str = "sharded";

@@ -96,7 +96,8 @@ pub fn needs(cfg: &Config) -> Needs {
         }
     }
     let le = &cfg.leader_election;
-    if le.enabled {
+    // A sharded release parks the Lease of the single leader it may have been.
+    if le.enabled || cfg.sharding.enabled {
         let ns = le.namespace.as_ref().unwrap_or(&cfg.checkpoint.namespace);
         n.own.entry(ns.clone()).or_default().insert((
             "coordination.k8s.io".into(),

@@ -174,6 +174,109 @@ async fn replicas_share_the_shards_and_handovers_lose_nothing(protocol: GroupPro
     d.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_leader_release_moves_to_sharding_under_churn() {
+    let namespaces: Vec<String> = (0..8).map(|i| format!("team-{i}")).collect();
+    let names: Vec<&str> = namespaces.iter().map(String::as_str).collect();
+    let bed = Bed::new(&names).await;
+    let topic = kafka::unique("migrated");
+    kafka::create_topics(&[&topic], 3).await;
+    let mut old = bed.config(
+        &format!(
+            "  - operationId: watchNamespacedPods\n    namespaces: [{}]\n    topic: {topic}\n",
+            names.join(", ")
+        ),
+        "",
+    );
+    old.checkpoint.name = kafka::unique("relay");
+    let le = &mut old.leader_election;
+    le.enabled = true;
+    le.name = kafka::unique("lease");
+    le.lease_duration_seconds = 4;
+    le.renew_deadline_seconds = 3;
+    le.retry_period_seconds = 1;
+    let single = Relay::start(&bed, old.clone());
+    eventually(
+        || single.metrics.leader.get() == 1,
+        || "the single leader never led".into(),
+    )
+    .await;
+    single.wait_up(names.len()).await;
+    let churn = bed.sim.start_churn(ChurnSpec {
+        rate_per_sec: 150.0,
+        namespaces: namespaces.clone(),
+        resources: vec!["pods".into()],
+        max_objects_per_kind: 8,
+        total_events: None,
+    });
+
+    // The new version: the same release, sharded.
+    let mut new = sharded(&old, GroupProtocol::Classic);
+    new.checkpoint.name = old.checkpoint.name.clone();
+    new.leader_election.enabled = false;
+    let a = Relay::start(&bed, new.clone());
+    let b = Relay::start(&bed, new.clone());
+    // Not a wait: that no shard runs while the single leader does is seen only after a while.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        owned(&[&a, &b]),
+        [0, 0],
+        "shards ran beside the single leader"
+    );
+    single.stop().await;
+    let moved = takeover(&[&a, &b]).await;
+
+    // A replica of the old version never leads again.
+    let again = Relay::start(&bed, old.clone());
+    // Not a wait: that it stands by is seen only once an unrenewed Lease would have expired.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        again.metrics.leader.get(),
+        0,
+        "an old-version replica led again"
+    );
+    churn.stop().await;
+    eprintln!("shards running {moved:?} after the single leader stopped");
+
+    let expected = pods(&bed.sim, &names, |_| true);
+    let bootstrap = kafka::bootstrap();
+    let read_topic = topic.clone();
+    let msgs: Vec<Msg> = tokio::task::spawn_blocking(move || {
+        kafka::read_until(&bootstrap, &read_topic, Duration::from_secs(90), |m| {
+            kafka_view(m) == expected
+        })
+    })
+    .await
+    .unwrap();
+    let expected = pods(&bed.sim, &names, |_| true);
+    assert_eq!(
+        kafka_view(&msgs),
+        expected,
+        "the consumer's view differs from the cluster"
+    );
+    let changes = bed.journal("pods", None).len();
+    eprintln!(
+        "records {} for {changes} changes ({:.2} per change)",
+        msgs.len(),
+        msgs.len() as f64 / changes.max(1) as f64
+    );
+    // Each shard copied the single leader's positions: no stream started over with a list.
+    let resynced: u64 = names
+        .iter()
+        .map(|ns| {
+            let id = format!("watchNamespacedPods.{ns}");
+            a.counter("resyncs_total", &id) + b.counter("resyncs_total", &id)
+        })
+        .sum();
+    assert_eq!(
+        resynced, 0,
+        "streams relisted instead of resuming the migrated positions"
+    );
+    again.stop().await;
+    a.stop().await;
+    b.stop().await;
+}
+
 /// The binary as one replica of a sharded release: its configuration and log in a directory of
 /// its own, `POD_NAME` its identity.
 struct Replica {

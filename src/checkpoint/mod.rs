@@ -78,6 +78,10 @@ pub fn read_writes(cm: &ConfigMap) -> u64 {
         .unwrap_or(0)
 }
 
+/// The `data` key of a shard's ConfigMap saying its share of the single-leader release's state
+/// (positions and members) was copied in: the value names where from. Copied once.
+pub const MIGRATED_KEY: &str = ".migrated";
+
 /// What this relay recorded of its membership topic the last time it verified it: the topic,
 /// the id of the mark it wrote into it, and its partitions. A topic deleted and created again
 /// lacks the mark; one with other partitions spreads keys differently. Its presence also says
@@ -101,6 +105,9 @@ pub struct Loaded {
     pub mark: Option<MembershipMark>,
     /// The write counter ([`WRITES_KEY`]).
     pub writes: u64,
+    /// A shard's ConfigMap: what its share of a single-leader release's state was copied from
+    /// ([`MIGRATED_KEY`]), once it was.
+    pub migrated: Option<String>,
 }
 
 /// ConfigMaps are limited to 1 MiB; leave room for metadata.

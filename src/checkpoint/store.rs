@@ -8,7 +8,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 
 use super::{
     encode, read, read_mark, read_writes, size, CheckpointError, Loaded, Saved, BUDGET,
-    EPOCH_ANNOTATION, OWNER_ANNOTATION, RESYNC_ANNOTATION, WRITES_KEY,
+    EPOCH_ANNOTATION, MIGRATED_KEY, OWNER_ANNOTATION, RESYNC_ANNOTATION, WRITES_KEY,
 };
 
 /// Who writes a shard's ConfigMap: the replica, and its owner epoch of the shard.
@@ -103,6 +103,7 @@ impl Store {
                 streams: read(cm),
                 mark: read_mark(cm),
                 writes: read_writes(cm),
+                migrated: cm.data.as_ref().and_then(|d| d.get(MIGRATED_KEY)).cloned(),
             })
             .unwrap_or_default();
         self.writes.store(loaded.writes, Ordering::Relaxed);

@@ -30,6 +30,7 @@ use supervisor::Supervisor;
 const FATAL_POLL: Duration = Duration::from_secs(1);
 
 mod group;
+mod migrate;
 mod shapes;
 mod shards;
 mod supervisor;

@@ -31,6 +31,7 @@ use prometheus::IntCounter;
 use tokio_util::sync::CancellationToken;
 
 use super::group::{Deadline, Event, Group};
+use super::migrate::{LegacyCell, Target};
 use super::{Relay, RelayError, Sink, Term};
 use crate::checkpoint::{Ownership, Store};
 use crate::config::{ShardingConfig, CHECKPOINT_RESERVE};
@@ -43,6 +44,12 @@ const TICK: Duration = Duration::from_millis(200);
 
 /// How long to wait before trying again to set the group's topic up.
 const RETRY: Duration = Duration::from_secs(5);
+
+/// A shard the group assigned this replica, with its owner epoch.
+struct Claim {
+    shard: u32,
+    epoch: u64,
+}
 
 /// A shard's term, as the loop keeps it.
 struct Running {
@@ -102,9 +109,17 @@ impl Relay {
         let cfg = &self.cfg;
         self.registry.begin_term(Role::Member);
         let (producer, log) = self.sink()?;
-        if !self.ensure_owners_topic(&log).await {
+        if !self.ensure_topics(&log).await {
             return Ok(());
         }
+        // No replica of the single-leader version may lead once shards run.
+        let le = &cfg.leader_election;
+        let lease_ns = le.namespace.as_ref().unwrap_or(&cfg.checkpoint.namespace);
+        let mut elector = crate::leader::Elector::new(self.client.clone(), lease_ns, le);
+        if !elector.park(&self.shutdown).await {
+            return Ok(());
+        }
+        let legacy = LegacyCell::default();
         let identity = crate::leader::identity(&cfg.leader_election);
         let handover = cfg.drain_time() + CHECKPOINT_RESERVE;
         let joined = {
@@ -145,7 +160,7 @@ impl Relay {
                                 queued.insert(shard, epoch);
                                 continue;
                             }
-                            let (run, term) = self.start_shard(shard, epoch, &producer, &log, &identity, &deadline);
+                            let (run, term) = self.start_shard(Claim { shard, epoch }, &producer, &log, &identity, &deadline, &legacy);
                             running.insert(shard, run);
                             terms.push(term);
                         }
@@ -174,7 +189,7 @@ impl Relay {
                         tracing::error!(shard, error = %e, "shard term failed");
                     }
                     if let Some(epoch) = queued.remove(&shard) {
-                        let (run, term) = self.start_shard(shard, epoch, &producer, &log, &identity, &deadline);
+                        let (run, term) = self.start_shard(Claim { shard, epoch }, &producer, &log, &identity, &deadline, &legacy);
                         running.insert(shard, run);
                         terms.push(term);
                     }
@@ -222,62 +237,68 @@ impl Relay {
         Ok(())
     }
 
-    /// Creates the group's topic unless it exists, and checks it has one partition per shard;
-    /// retried until it does. `false` when shut down first.
-    async fn ensure_owners_topic(&self, log: &Arc<dyn Log>) -> bool {
+    /// Creates the group's topic and the shards' membership topic unless they exist, and
+    /// checks each has one partition per shard; retried until they do. `false` when shut down
+    /// first.
+    async fn ensure_topics(&self, log: &Arc<dyn Log>) -> bool {
         let sharding = &self.cfg.sharding;
-        let topic = sharding.owners_topic(&self.cfg.cluster_name);
+        let cluster = &self.cfg.cluster_name;
         let shards = sharding.shards.cast_signed();
         let replication = self.cfg.checkpoint.membership.replication_factor;
-        loop {
-            let (log, t) = (log.clone(), topic.clone());
-            let state =
-                tokio::task::spawn_blocking(move || log.ensure_compacted(&t, shards, replication))
-                    .await;
-            let problem = match state {
-                Ok(Ok(s)) if s.partitions == shards as usize => {
-                    self.registry.block(None);
-                    return true;
+        'retry: loop {
+            for topic in [sharding.owners_topic(cluster), sharding.topic(cluster)] {
+                let (log, t) = (log.clone(), topic.clone());
+                let state = tokio::task::spawn_blocking(move || {
+                    log.ensure_compacted(&t, shards, replication)
+                })
+                .await;
+                let problem = match state {
+                    Ok(Ok(s)) if s.partitions == shards as usize => continue,
+                    Ok(Ok(s)) => format!(
+                        "topic {topic} has {} partitions, not sharding.shards ({shards}): shards cannot change once their topics exist",
+                        s.partitions
+                    ),
+                    Ok(Err(e)) => format!("topic {topic}: {e}"),
+                    Err(e) => e.to_string(),
+                };
+                self.registry.block(Some(problem));
+                tokio::select! {
+                    _ = self.shutdown.cancelled() => return false,
+                    _ = tokio::time::sleep(RETRY) => continue 'retry,
                 }
-                Ok(Ok(s)) => format!(
-                    "the shard group's topic {topic} has {} partitions, not sharding.shards ({shards}): shards cannot change once their topics exist",
-                    s.partitions
-                ),
-                Ok(Err(e)) => format!("the shard group's topic {topic}: {e}"),
-                Err(e) => e.to_string(),
-            };
-            self.registry.block(Some(problem));
-            tokio::select! {
-                _ = self.shutdown.cancelled() => return false,
-                _ = tokio::time::sleep(RETRY) => {}
             }
+            self.registry.block(None);
+            return true;
         }
     }
 
-    /// Starts shard `shard`'s term under owner epoch `epoch`.
+    /// Starts the term of a claimed shard: its share of a single-leader release's state copied
+    /// first, if that was not done yet.
     fn start_shard<'a>(
         &'a self,
-        shard: u32,
-        epoch: u64,
+        claim: Claim,
         producer: &Arc<dyn Producer>,
         log: &Arc<dyn Log>,
         identity: &str,
         deadline: &Arc<Deadline>,
+        legacy: &LegacyCell,
     ) -> (
         Running,
         impl std::future::Future<Output = (u32, Result<(), RelayError>)> + 'a,
     ) {
+        let Claim { shard, epoch } = claim;
         let cfg = &self.cfg;
         let sharding = cfg.sharding.clone();
         let name = ShardingConfig::configmap(&cfg.checkpoint.name, shard);
         let membership_topic = sharding.topic(&cfg.cluster_name);
-        let log: Arc<dyn Log> = match &self.sink {
-            Sink::Kafka => {
-                Arc::new(membership::log::Kafka::new(&cfg.kafka).partition(shard.cast_signed()))
-            }
-            Sink::Given(..) => log.clone(),
+        let (shard_log, old_log): (Arc<dyn Log>, Arc<dyn Log>) = match &self.sink {
+            Sink::Kafka => (
+                Arc::new(membership::log::Kafka::new(&cfg.kafka).partition(shard.cast_signed())),
+                Arc::new(membership::log::Kafka::new(&cfg.kafka)),
+            ),
+            Sink::Given(..) => (log.clone(), log.clone()),
         };
-        let producer = Arc::new(ShardProducer {
+        let producer: Arc<dyn Producer> = Arc::new(ShardProducer {
             inner: producer.clone(),
             membership_topic: membership_topic.clone(),
             shard,
@@ -290,7 +311,7 @@ impl Relay {
         });
         let plan = Term {
             producer,
-            log,
+            log: shard_log,
             store: Store::new(self.client.clone(), &cfg.checkpoint.namespace, &name).owned(
                 Ownership {
                     replica: identity.to_string(),
@@ -307,8 +328,27 @@ impl Relay {
             fenced: CancellationToken::new(),
             claimed: Some(Instant::now()),
         };
-        let (stop, fenced) = (run.stop.clone(), run.fenced.clone());
-        let term = async move { (shard, self.run_term(plan, stop, fenced).await) };
+        let (stop, fenced, legacy) = (run.stop.clone(), run.fenced.clone(), legacy.clone());
+        let term = async move {
+            loop {
+                let to = Target {
+                    shard,
+                    producer: &plan.producer,
+                    store: &plan.store,
+                    owner: &plan.owner,
+                    topic: &plan.membership_topic,
+                };
+                let Err(e) = self.migrate(to, &legacy, &old_log, &stop).await else {
+                    break;
+                };
+                tracing::warn!(shard, error = %e, "copying the single-leader state failed; retrying");
+                tokio::select! {
+                    _ = stop.cancelled() => return (shard, Ok(())),
+                    _ = tokio::time::sleep(RETRY) => {}
+                }
+            }
+            (shard, self.run_term(plan, stop, fenced).await)
+        };
         (run, term)
     }
 

@@ -48,8 +48,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $_ := set $cp "name" (include "watchrelay.checkpointName" .) -}}
 {{- $_ := set $cfg "checkpoint" $cp -}}
 {{- if ($cfg.sharding).enabled -}}
-{{- /* Sharding replaces leader election: every replica relays its shards. */ -}}
-{{- $_ := set $cfg "leaderElection" (dict "enabled" false) -}}
+{{- /* Sharding replaces leader election: every replica relays its shards, and the Lease is
+only parked, so no replica of an older version leads again. */ -}}
+{{- $_ := set $cfg "leaderElection" (dict "enabled" false "name" (include "watchrelay.leaseName" .)) -}}
 {{- else if ($cfg.leaderElection).enabled -}}
 {{- $_ := set $cfg.leaderElection "name" (include "watchrelay.leaseName" .) -}}
 {{- end -}}

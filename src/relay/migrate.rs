@@ -1,0 +1,135 @@
+//! Moving a single-leader release to sharding: each shard's first owner copies its share of the
+//! release's state, once.
+//!
+//! The single leader kept every position in the checkpoint ConfigMap and every member in the
+//! membership topic under its own owner. Before any shard runs, the leader Lease is parked (see
+//! [`crate::leader::Elector::park`]): the last single leader has stopped, and no replica of an
+//! older version can lead again, so that state no longer moves. A shard's first owner then copies
+//! the members of its streams into its partition, under its own owner, waits for Kafka, and only
+//! then writes its streams' positions into its ConfigMap with [`MIGRATED_KEY`], in one write.
+//! A crash midway repeats the copy: at worst a member too many, which costs a superfluous
+//! inferred DELETED, as with any adoption. A shard whose ConfigMap has the key is never copied
+//! again, so the old state is read at most once per replica, and only while some shard it
+//! claims has not been copied.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use tokio::sync::OnceCell;
+use tokio_util::sync::CancellationToken;
+
+use super::Relay;
+use crate::checkpoint::{encode, Saved, Store, MIGRATED_KEY};
+use crate::membership::{self, Log, Owner, Restored};
+use crate::producer::Producer;
+
+/// The single-leader release's state, as its last leader left it.
+pub(super) struct Legacy {
+    positions: HashMap<String, Saved>,
+    members: Restored,
+    /// What it was read from, for the marker.
+    from: String,
+}
+
+/// The legacy state, read on first need and shared by the replica's shards.
+pub(super) type LegacyCell = Arc<OnceCell<Arc<Legacy>>>;
+
+/// Where one shard's share goes.
+pub(super) struct Target<'a> {
+    pub shard: u32,
+    pub producer: &'a Arc<dyn Producer>,
+    pub store: &'a Store,
+    pub owner: &'a Owner,
+    pub topic: &'a str,
+}
+
+impl Relay {
+    /// Reads the single-leader release's ConfigMap and membership topic.
+    async fn read_legacy(&self, log: Arc<dyn Log>) -> Result<Legacy, String> {
+        let cfg = &self.cfg;
+        let store = Store::new(
+            self.client.clone(),
+            &cfg.checkpoint.namespace,
+            &cfg.checkpoint.name,
+        );
+        let loaded = store.load().await.map_err(|e| e.to_string())?;
+        let topic = cfg.checkpoint.membership.topic(&cfg.cluster_name);
+        let owner = Owner::new(&cfg.checkpoint.namespace, &cfg.checkpoint.name);
+        let from = format!(
+            "{}/{} and {topic}",
+            cfg.checkpoint.namespace, cfg.checkpoint.name
+        );
+        let members = tokio::task::spawn_blocking(move || {
+            let mut restored = Restored::new(owner, None);
+            log.replay(&topic, &mut |k, v| restored.apply(k, v), &|| false)
+                .map_err(|e| e.to_string())?;
+            restored.finish();
+            Ok::<_, String>(restored)
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        tracing::info!(
+            positions = loaded.streams.len(),
+            members = members.members(),
+            %from,
+            "read the single-leader release's state to share out"
+        );
+        Ok(Legacy {
+            positions: loaded.streams,
+            members,
+            from,
+        })
+    }
+
+    /// Copies shard `to.shard`'s share of the single-leader state, unless its ConfigMap says it
+    /// was. `log` reads the old membership topic (every partition).
+    pub(super) async fn migrate(
+        &self,
+        to: Target<'_>,
+        legacy: &LegacyCell,
+        log: &Arc<dyn Log>,
+        stop: &CancellationToken,
+    ) -> Result<(), String> {
+        let loaded = to.store.load().await.map_err(|e| e.to_string())?;
+        if loaded.migrated.is_some() {
+            return Ok(());
+        }
+        let legacy = legacy
+            .get_or_try_init(|| async { self.read_legacy(log.clone()).await.map(Arc::new) })
+            .await?;
+        let sharding = &self.cfg.sharding;
+        let ours = |id: &str| sharding.shard_of_stream(id) == to.shard;
+        let mut members = 0;
+        for stream in legacy.members.streams().filter(|s| ours(s)) {
+            let Some(set) = legacy.members.get(stream) else {
+                continue;
+            };
+            members += set.len();
+            membership::adopt(
+                to.producer.as_ref(),
+                to.topic,
+                to.owner,
+                stream,
+                set.iter(),
+                stop,
+            )
+            .await?;
+        }
+        let mut updates: BTreeMap<String, Option<String>> = legacy
+            .positions
+            .iter()
+            .filter(|(id, _)| ours(id))
+            .map(|(id, saved)| (id.clone(), Some(encode(saved))))
+            .collect();
+        let positions = updates.len();
+        updates.insert(MIGRATED_KEY.into(), Some(legacy.from.clone()));
+        to.store.write(&updates).await.map_err(|e| e.to_string())?;
+        tracing::info!(
+            shard = to.shard,
+            positions,
+            members,
+            "copied the shard's share of the single-leader state"
+        );
+        Ok(())
+    }
+}
