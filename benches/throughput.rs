@@ -653,6 +653,7 @@ fn baseline(bootstrap: &str, topic: &str, input: &Path, warmup: usize) {
                 message: "WatchEvent".into(),
                 cluster: "bench".into(),
                 namespace: Some(NS.into()),
+                owner: None,
                 rendered: Default::default(),
             };
             let a = Announcement::change(ev.event_type, ev.meta, false);

@@ -12,6 +12,8 @@
 #   scripts/bench.sh api_bytes checkpoint bytes written to the API per minute under churn
 #                              (BENCH_OBJECTS, BENCH_RATE, BENCH_SECONDS; BENCH_RELAY_BIN for
 #                              another build)
+#   scripts/bench.sh sharding  one vs three sharded replicas on the same replay: events/s, CPU per
+#                              event; the takeover after one of three is killed
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ -z ${KAFKA_BOOTSTRAP_SERVERS:-} ]]; then

@@ -144,6 +144,8 @@ fn headers_schema() -> Value {
             "ce_resync": {"type": "string", "const": "true", "description": "Present on events a relist produced"},
             "ce_synthetic": {"type": "string", "const": "true", "description": "Present on DELETED events the relay inferred"},
             "ce_truncatedbytes": s("Present when the object was too large and replaced by a reference: its original size"),
+            "ce_shard": s("With sharding on: watchrelay.shard"),
+            "ce_ownerepoch": s("With sharding on: watchrelay.ownerEpoch"),
         },
     })
 }
@@ -167,6 +169,8 @@ fn metadata_schema() -> Value {
             "resync": {"type": "boolean", "description": "Produced by a relist"},
             "synthetic": {"type": "boolean", "description": "A DELETED the relay inferred"},
             "truncatedBytes": {"type": "integer", "minimum": 0, "description": "The object was too large: its original size; the object carries its identity only"},
+            "shard": {"type": "integer", "minimum": 0, "description": "With sharding on: the shard of the stream (a key's records all come from one)"},
+            "ownerEpoch": {"type": "integer", "minimum": 1, "description": "With sharding on: the epoch of the replica that relayed it; a record below the highest epoch seen on its key is a deposed owner's, landed late"},
         },
     })
 }

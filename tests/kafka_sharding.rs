@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::bed::{eventually, Bed, Relay, CHECKPOINT_NS};
 use common::kafka::{self, Msg};
+use common::proxy::Proxy;
 use common::view::{kafka_view, pods};
 use watchrelay::config::{Config, GroupProtocol, ShardingConfig};
 use watchrelay_sim::ChurnSpec;
@@ -51,6 +52,7 @@ fn sharded(cfg: &Config, protocol: GroupProtocol) -> Config {
         session_timeout_ms: 6000,
         ownership_deadline_ms: 3000,
         group_protocol: protocol,
+        ..ShardingConfig::default()
     };
     cfg
 }
@@ -143,7 +145,11 @@ async fn replicas_share_the_shards_and_handovers_lose_nothing(protocol: GroupPro
             cfg.sharding.shard_of(ns),
             "record of {ns} in the wrong shard"
         );
-        assert!(m.headers["ce_ownerepoch"].parse::<u64>().unwrap() >= 1);
+        let epoch: u64 = m.headers["ce_ownerepoch"].parse().unwrap();
+        assert!(epoch >= 1);
+        // The envelope says the same.
+        assert_eq!(m.value["watchrelay"]["shard"], shard);
+        assert_eq!(m.value["watchrelay"]["ownerEpoch"], epoch);
     }
     // Per key, owner epochs never go down in partition order.
     let mut epochs: BTreeMap<(i32, String), u64> = BTreeMap::new();
@@ -275,6 +281,79 @@ async fn a_single_leader_release_moves_to_sharding_under_churn() {
     again.stop().await;
     a.stop().await;
     b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_cut_from_the_api_server_gives_its_shards_up() {
+    let namespaces: Vec<String> = (0..8).map(|i| format!("team-{i}")).collect();
+    let names: Vec<&str> = namespaces.iter().map(String::as_str).collect();
+    let bed = Bed::new(&names).await;
+    let topic = kafka::unique("sharded-cut");
+    kafka::create_topics(&[&topic], 3).await;
+    let mut cfg = sharded(
+        &bed.config(
+            &format!(
+                "  - operationId: watchNamespacedPods\n    namespaces: [{}]\n    topic: {topic}\n",
+                names.join(", ")
+            ),
+            "",
+        ),
+        GroupProtocol::Classic,
+    );
+    cfg.sharding.api_unreachable_seconds = 3;
+    let (mut proxy, listener) = Proxy::bind().await;
+    let sim_port: u16 = bed
+        .sim
+        .url()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    proxy.forward_to(listener, sim_port);
+    let url = bed
+        .sim
+        .url()
+        .replace(&format!(":{sim_port}"), &format!(":{}", proxy.port));
+    let cut = Relay::start_at(&bed, cfg.clone(), &url);
+    let direct = Relay::start(&bed, cfg.clone());
+    wait_spread(&[&cut, &direct]).await;
+    let churn = bed.sim.start_churn(ChurnSpec {
+        rate_per_sec: 150.0,
+        namespaces: namespaces.clone(),
+        resources: vec!["pods".into()],
+        max_objects_per_kind: 8,
+        total_events: None,
+    });
+    proxy.cut();
+    let gave_up = takeover(&[&direct]).await;
+    assert_eq!(cut.metrics.shards_owned.get(), 0);
+    proxy.restore();
+    let back = takeover(&[&cut, &direct]).await;
+    churn.stop().await;
+    eprintln!(
+        "shards relayed elsewhere {gave_up:?} after the cut; shared again {back:?} after it healed"
+    );
+
+    let expected = pods(&bed.sim, &names, |_| true);
+    let bootstrap = kafka::bootstrap();
+    let read_topic = topic.clone();
+    let msgs: Vec<Msg> = tokio::task::spawn_blocking(move || {
+        kafka::read_until(&bootstrap, &read_topic, Duration::from_secs(90), |m| {
+            kafka_view(m) == expected
+        })
+    })
+    .await
+    .unwrap();
+    let expected = pods(&bed.sim, &names, |_| true);
+    assert_eq!(
+        kafka_view(&msgs),
+        expected,
+        "the consumer's view differs from the cluster"
+    );
+    cut.stop().await;
+    direct.stop().await;
 }
 
 /// The binary as one replica of a sharded release: its configuration and log in a directory of

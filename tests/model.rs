@@ -18,6 +18,11 @@
 //! hold, key by key, the very version (uid and resourceVersion) the cluster holds in the two
 //! releases' scopes.
 //!
+//! A third test runs a sharded release instead: up to three replicas join, leave cleanly and
+//! crash (Kafka having written a random prefix of what was sent) between the same cluster
+//! operations, meeting in an in-memory group that hands shards over as Kafka's cooperative
+//! protocol does; the consumer's view must end as the cluster's all the same.
+//!
 //! `WATCHRELAY_MODEL_CASES` sets the cases per test (default 6); `WATCHRELAY_MODEL_SEED` runs one
 //! case. A failing case prints its seed and history.
 
@@ -31,9 +36,9 @@ use std::time::Duration;
 use common::bed::{Bed, Relay};
 use common::rng::Rng;
 use common::view::{self, consumer_view_by, events, json};
-use watchrelay::config::Config;
+use watchrelay::config::{Config, ShardingConfig};
 use watchrelay::producer::Producer;
-use watchrelay::testing::{Memory, Order};
+use watchrelay::testing::{Memory, MemoryGroup, Order};
 use watchrelay_sim::{objects, SimConfig};
 
 const NAMESPACES: [&str; 2] = ["a", "b"];
@@ -306,40 +311,146 @@ async fn case(seed: u64) {
     let b = start_other(&bed);
     producer.fail_next_to("pods", 0);
     let want = in_scope(&bed, run, other);
-    let mut converged = false;
-    for _ in 0..300 {
-        if consumer_view_by(&events(&producer), view::version) == want {
-            converged = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let converged = converges(&producer, &want).await;
     relay.stop().await;
     if let Some(b) = b {
         b.stop().await;
     }
     if !converged {
-        let mut records = String::new();
-        for r in events(&producer) {
-            let v = json(&r);
-            let _ = writeln!(
-                records,
-                "  {} {} {}{}",
-                r.key,
-                v["type"].as_str().unwrap_or("null"),
-                v["object"]["metadata"]["uid"].as_str().unwrap_or(""),
-                if v["watchrelay"]["synthetic"] == true {
-                    " inferred"
-                } else {
-                    ""
-                }
-            );
+        fail(seed, &history, &producer, &want);
+    }
+}
+
+/// Whether the consumer's view reaches `want` (within 30 s).
+async fn converges(producer: &Memory, want: &BTreeMap<String, String>) -> bool {
+    for _ in 0..300 {
+        if consumer_view_by(&events(producer), view::version) == *want {
+            return true;
         }
-        panic!(
-            "the consumer's view is not the cluster's\n{history}records:\n{records}consumer {:?}\ncluster  {want:?}\nreproduce: WATCHRELAY_MODEL_SEED={seed} cargo test --test model",
-            consumer_view_by(&events(&producer), view::version)
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+/// Fails the case `seed` with its history and every record the consumer read.
+fn fail(seed: u64, history: &str, producer: &Memory, want: &BTreeMap<String, String>) {
+    let mut records = String::new();
+    for r in events(producer) {
+        let v = json(&r);
+        let _ = writeln!(
+            records,
+            "  {} {} {}{}{}",
+            r.key,
+            v["type"].as_str().unwrap_or("null"),
+            v["object"]["metadata"]["uid"].as_str().unwrap_or(""),
+            if v["watchrelay"]["synthetic"] == true {
+                " inferred"
+            } else {
+                ""
+            },
+            match r.headers.get("ce_shard") {
+                Some(shard) => format!(
+                    " shard {shard} epoch {}",
+                    r.headers.get("ce_ownerepoch").unwrap_or("")
+                ),
+                None => String::new(),
+            }
         );
     }
+    panic!(
+        "the consumer's view is not the cluster's\n{history}records:\n{records}consumer {:?}\ncluster  {want:?}\nreproduce: WATCHRELAY_MODEL_SEED={seed} cargo test --test model",
+        consumer_view_by(&events(producer), view::version)
+    );
+}
+
+/// A case of a sharded release: replicas join, leave cleanly and crash (Kafka having written a
+/// random prefix of what was sent) between cluster operations, over the in-memory group. At the
+/// end the consumer's view must be the cluster's, as with one process.
+async fn replicas_case(seed: u64) {
+    let mut rng = Rng(seed | 1);
+    let watch_list = rng.chance(50);
+    let bed = Bed::in_memory(
+        SimConfig {
+            watch_list,
+            ..SimConfig::default()
+        },
+        &[NAMESPACES[0], NAMESPACES[1], OTHER],
+    )
+    .await;
+    for ns in NAMESPACES {
+        bed.label(ns, true);
+    }
+    let producer = Arc::new(Memory::new());
+    let group = MemoryGroup::default();
+    let run = Run::draw(&mut rng, false);
+    let mut cfg = config(&bed, run);
+    cfg.sharding = ShardingConfig {
+        enabled: true,
+        shards: 4,
+        // Beside the membership topic, which the consumer does not read.
+        topic: Some(format!(
+            "{}.shards",
+            cfg.checkpoint.membership.topic("test")
+        )),
+        ..ShardingConfig::default()
+    };
+    let start = || Relay::start_in(&bed, cfg.clone(), producer.clone(), &group);
+    let mut history = format!("seed {seed}: initial events {watch_list}, sharded {run:?}\n");
+    let mut snapshot = None;
+    let mut live = vec![start()];
+    for _ in 0..6 + rng.below(8) {
+        match rng.below(8) {
+            0 | 1 if live.len() < 3 => {
+                live.push(start());
+                let _ = writeln!(history, "replica joins: {}", live.len());
+            }
+            2 if live.len() > 1 => {
+                let r = live.remove(rng.below(live.len() as u64) as usize);
+                r.stop().await;
+                let _ = writeln!(history, "replica leaves: {}", live.len());
+            }
+            3 if !live.is_empty() => {
+                producer.hold(true);
+                // Not a wait: a random stretch of work Kafka does not acknowledge.
+                tokio::time::sleep(Duration::from_millis(rng.below(60))).await;
+                let written = rng.below(producer.held() as u64 + 1) as usize;
+                let _ = writeln!(
+                    history,
+                    "replica crashes: kafka wrote {written} of {} held",
+                    producer.held()
+                );
+                producer.release_first(written, Order::Shuffled(rng.next()));
+                let r = live.remove(rng.below(live.len() as u64) as usize);
+                r.kill().await;
+                producer.purge();
+                producer.hold(false);
+            }
+            _ => {
+                let _ = writeln!(history, "  {}", operate(&bed, &mut rng, &mut snapshot));
+            }
+        }
+        // Not a wait: a random pause, so that joins, leaves and crashes land at random points.
+        tokio::time::sleep(Duration::from_millis(rng.below(80))).await;
+    }
+    if live.is_empty() {
+        live.push(start());
+    }
+    let _ = writeln!(history, "final: {} replicas", live.len());
+    let want = in_scope(&bed, run, false);
+    let converged = converges(&producer, &want).await;
+    for r in live {
+        r.stop().await;
+    }
+    if !converged {
+        fail(seed, &history, &producer, &want);
+    }
+    // Every record came from a shard's owner.
+    assert!(
+        events(&producer)
+            .iter()
+            .all(|r| r.headers.get("ce_ownerepoch").is_some()),
+        "a record without its owner epoch\n{history}"
+    );
 }
 
 fn seeds(salt: u64) -> Vec<u64> {
@@ -370,5 +481,12 @@ async fn random_histories_with_crashes_converge() {
 async fn more_random_histories_with_crashes_converge() {
     for seed in seeds(2) {
         case(seed).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_histories_with_replicas_converge() {
+    for seed in seeds(3) {
+        replicas_case(seed).await;
     }
 }

@@ -45,6 +45,9 @@ pub struct ShardingConfig {
     /// group coordinator accepted) stops producing for them; below the session timeout, so it
     /// stops before another replica may own them.
     pub ownership_deadline_ms: u32,
+    /// A replica whose API server has not answered for this long gives its shards up (leaves
+    /// the group) until it answers again; 0 keeps them.
+    pub api_unreachable_seconds: u32,
 }
 
 impl Default for ShardingConfig {
@@ -56,6 +59,7 @@ impl Default for ShardingConfig {
             group_protocol: GroupProtocol::Classic,
             session_timeout_ms: 10_000,
             ownership_deadline_ms: 5_000,
+            api_unreachable_seconds: 30,
         }
     }
 }

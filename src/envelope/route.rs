@@ -24,6 +24,18 @@ pub fn payload_uri(cluster: &str, channel: &str) -> String {
     )
 }
 
+/// The shard a stream belongs to and the owner epoch of the replica relaying it: in every
+/// record's envelope metadata (`shard`, `ownerEpoch`) and headers (`ce_shard`, `ce_ownerepoch`).
+/// A key's records come from one shard; a record whose epoch is below the highest seen on its key
+/// is a deposed owner's, landed late.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShardOwner {
+    /// The shard.
+    pub shard: u32,
+    /// Its owner's epoch: higher for each new owner.
+    pub epoch: u64,
+}
+
 /// What every record of one stream shares.
 #[derive(Clone, Debug, Default)]
 pub struct Route {
@@ -45,6 +57,8 @@ pub struct Route {
     pub cluster: String,
     /// The stream's namespace, absent for cluster-wide streams.
     pub namespace: Option<String>,
+    /// With sharding on: the shard the stream belongs to and its owner's epoch.
+    pub owner: Option<ShardOwner>,
     /// The envelope metadata made of the fields above, rendered on first use.
     pub rendered: Rendered,
 }
@@ -69,8 +83,15 @@ impl Route {
             message: channel.message.clone(),
             cluster: cluster.to_string(),
             namespace,
+            owner: None,
             rendered: Rendered::default(),
         }
+    }
+
+    /// This route, relayed by `owner` (with sharding on).
+    pub fn owned_by(mut self, owner: Option<ShardOwner>) -> Self {
+        self.owner = owner;
+        self
     }
 
     /// See [`Rendered`].
@@ -85,6 +106,10 @@ impl Route {
                 cluster: &'a str,
                 #[serde(skip_serializing_if = "Option::is_none")]
                 namespace: Option<&'a str>,
+                #[serde(skip_serializing_if = "Option::is_none")]
+                shard: Option<u32>,
+                #[serde(skip_serializing_if = "Option::is_none")]
+                owner_epoch: Option<u64>,
             }
             let json = serde_json::to_vec(&Constant {
                 channel: &self.channel,
@@ -92,6 +117,8 @@ impl Route {
                 message: &self.message,
                 cluster: &self.cluster,
                 namespace: self.namespace.as_deref(),
+                shard: self.owner.map(|o| o.shard),
+                owner_epoch: self.owner.map(|o| o.epoch),
             })
             .expect("serializing plain strings cannot fail");
             // Without the braces: members to write among others.
@@ -118,6 +145,7 @@ impl Route {
             message: "WatchEvent".into(),
             cluster: cluster.to_string(),
             namespace,
+            owner: None,
             rendered: Rendered::default(),
         }
     }

@@ -19,6 +19,7 @@ fn route() -> Route {
         message: "WatchEvent".into(),
         cluster: "prod".into(),
         namespace: Some("shop".into()),
+        owner: None,
         rendered: Default::default(),
     }
 }

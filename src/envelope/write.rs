@@ -166,6 +166,10 @@ fn cloudevents_headers(route: &Route, a: &Announcement, key: &str) -> Headers {
     if a.resync {
         h.push("ce_resync", &["true"]);
     }
+    if let Some(owner) = route.owner {
+        h.push("ce_shard", &[&owner.shard.to_string()]);
+        h.push("ce_ownerepoch", &[&owner.epoch.to_string()]);
+    }
     if a.synthetic {
         h.push("ce_synthetic", &["true"]);
     }

@@ -31,6 +31,7 @@ fn route() -> Arc<Route> {
         message: "WatchEvent".into(),
         cluster: "test".into(),
         namespace: Some("shop".into()),
+        owner: None,
         rendered: Default::default(),
     })
 }

@@ -18,6 +18,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::{CheckpointError, Loaded, Store};
 use crate::config::{Config, RELEASE_RESERVE};
+use crate::envelope::ShardOwner;
+use crate::group::{self, Coordinator};
 use crate::leader::Elector;
 use crate::membership::{self, Log, Owner, Restored};
 use crate::metrics::Metrics;
@@ -29,7 +31,6 @@ use supervisor::Supervisor;
 /// How often the producer is checked for a fatal error.
 const FATAL_POLL: Duration = Duration::from_secs(1);
 
-mod group;
 mod migrate;
 mod shapes;
 mod shards;
@@ -52,6 +53,8 @@ struct Term {
     partitions: i32,
     /// Which streams it runs.
     part: Part,
+    /// The shard, and its owner epoch, it runs (with sharding on).
+    shard: Option<ShardOwner>,
 }
 
 /// Why the relay stopped before its shutdown was asked for.
@@ -83,6 +86,8 @@ pub struct Relay {
     shutdown: CancellationToken,
     /// Load and write checkpoints (off for a dry run).
     checkpoints: bool,
+    /// Where replicas meet, with sharding on.
+    coordinator: Arc<dyn Coordinator>,
 }
 
 impl Relay {
@@ -101,6 +106,7 @@ impl Relay {
             registry: Registry::with_stall_bound(stall_bound),
             shutdown: CancellationToken::new(),
             checkpoints: true,
+            coordinator: Arc::new(group::Kafka),
         }
     }
 
@@ -116,6 +122,13 @@ impl Relay {
     /// `log`.
     pub fn with_producer(mut self, producer: Arc<dyn Producer>, log: Arc<dyn Log>) -> Self {
         self.sink = Sink::Given(producer, log);
+        self
+    }
+
+    /// Meets the other replicas through `coordinator` instead of Kafka's group coordinator
+    /// (with sharding on).
+    pub fn with_coordinator(mut self, coordinator: Arc<dyn Coordinator>) -> Self {
+        self.coordinator = coordinator;
         self
     }
 
@@ -223,6 +236,7 @@ impl Relay {
             membership_topic: self.cfg.checkpoint.membership.topic(&self.cfg.cluster_name),
             partitions: self.cfg.checkpoint.membership.partitions.unwrap_or(1),
             part: registry::whole(),
+            shard: None,
         };
         self.run_term(plan, stop, fenced).await
     }
@@ -253,6 +267,7 @@ impl Relay {
             membership_topic,
             partitions,
             part,
+            shard,
         } = plan;
         let mut loaded = if self.checkpoints {
             let loaded = store.load().await?;
@@ -338,6 +353,7 @@ impl Relay {
                 syncs: Arc::new(tokio::sync::Semaphore::new(
                     self.cfg.kubernetes.max_concurrent_syncs as usize,
                 )),
+                shard,
             }),
             self.registry.clone(),
             loaded.streams,

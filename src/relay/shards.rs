@@ -22,6 +22,7 @@
 //! A stop of the process leaves the group: every shard is handed over first.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,11 +31,12 @@ use futures::StreamExt;
 use prometheus::IntCounter;
 use tokio_util::sync::CancellationToken;
 
-use super::group::{Deadline, Event, Group};
 use super::migrate::{LegacyCell, Target};
 use super::{Relay, RelayError, Sink, Term};
 use crate::checkpoint::{Ownership, Store};
 use crate::config::{ShardingConfig, CHECKPOINT_RESERVE};
+use crate::envelope::ShardOwner;
+use crate::group::{Deadline, Event, Membership};
 use crate::membership::{self, Log, Owner};
 use crate::producer::{ProduceError, Producer, Receipt, Record, Refused};
 use crate::registry::{Phase, Role};
@@ -60,8 +62,9 @@ struct Running {
 }
 
 /// The producer of one shard's term: its membership records go to the shard's partition, every
-/// record carries the shard and the owner epoch, and nothing is taken once the ownership
-/// deadline passed.
+/// record carries the shard and the owner epoch (a stream's records have them from its route;
+/// the others, such as retractions at a start, get them here), and nothing is taken once the
+/// ownership deadline passed.
 struct ShardProducer {
     inner: Arc<dyn Producer>,
     membership_topic: String,
@@ -79,13 +82,18 @@ impl Producer for ShardProducer {
                 self.shard
             ))));
         }
+        self.records.inc();
+        // A stream's records carry the headers already (its route says its shard).
+        let pinned = record.topic == self.membership_topic;
+        if !pinned && record.headers.get("ce_shard").is_some() {
+            return self.inner.send(record, receipt);
+        }
         let mut record = record.clone();
-        if record.topic == self.membership_topic {
+        if pinned {
             record.partition = Some(self.shard.cast_signed());
         }
         record.headers.push("ce_shard", &[&self.shard.to_string()]);
         record.headers.push("ce_ownerepoch", &[&self.epoch]);
-        self.records.inc();
         self.inner.send(&record, receipt)
     }
 
@@ -102,9 +110,68 @@ impl Producer for ShardProducer {
     }
 }
 
+/// Why a membership in the group ended.
+enum Left {
+    /// The relay was shut down.
+    Shutdown,
+    /// The API server was out of reach: the shards were given up until it is back.
+    Unreachable,
+}
+
+/// What every membership of this replica shares.
+struct Member {
+    producer: Arc<dyn Producer>,
+    log: Arc<dyn Log>,
+    identity: String,
+    legacy: LegacyCell,
+}
+
+/// When the API server last answered, as a probe every [`PROBE`] sees it.
+struct Reach {
+    base: Instant,
+    /// Milliseconds past `base`.
+    answered: AtomicU64,
+}
+
+/// How often the API server is probed, and how long a probe may take.
+const PROBE: Duration = Duration::from_secs(2);
+
+impl Reach {
+    /// Probes through `client` until `stop`.
+    fn start(client: kube::Client, stop: CancellationToken) -> Arc<Self> {
+        let reach = Arc::new(Self {
+            base: Instant::now(),
+            answered: AtomicU64::new(0),
+        });
+        let r = reach.clone();
+        tokio::spawn(async move {
+            loop {
+                let probe = tokio::time::timeout(PROBE, client.apiserver_version());
+                if let Ok(Ok(_)) = probe.await {
+                    let now = u64::try_from(r.base.elapsed().as_millis()).unwrap_or(u64::MAX);
+                    r.answered.store(now, Ordering::Relaxed);
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(PROBE) => {}
+                }
+            }
+        });
+        reach
+    }
+
+    /// How long the API server has not answered.
+    fn silent(&self) -> Duration {
+        let answered = Duration::from_millis(self.answered.load(Ordering::Relaxed));
+        self.base.elapsed().saturating_sub(answered)
+    }
+}
+
 impl Relay {
     /// Relays the shards this replica owns until shut down, then hands them over and leaves
-    /// the group.
+    /// the group. A replica that cannot reach the API server for
+    /// `sharding.apiUnreachableSeconds` leaves the group too (its shards go to replicas that
+    /// can relay them) and joins again once it answers.
     pub(super) async fn run_sharded(&self) -> Result<(), RelayError> {
         let cfg = &self.cfg;
         self.registry.begin_term(Role::Member);
@@ -119,12 +186,48 @@ impl Relay {
         if !elector.park(&self.shutdown).await {
             return Ok(());
         }
-        let legacy = LegacyCell::default();
-        let identity = crate::leader::identity(&cfg.leader_election);
+        let member = Member {
+            producer,
+            log,
+            identity: crate::leader::identity(&cfg.leader_election),
+            legacy: LegacyCell::default(),
+        };
+        let probing = CancellationToken::new();
+        let _probing = probing.clone().drop_guard();
+        let reach = Reach::start(self.client.clone(), probing);
+        let grace = Duration::from_secs(u64::from(cfg.sharding.api_unreachable_seconds));
+        loop {
+            match self.membership(&member, &reach).await? {
+                Left::Shutdown => return Ok(()),
+                Left::Unreachable => {
+                    tracing::warn!("gave the shards up: the API server is out of reach; joining again once it answers");
+                    while reach.silent() >= grace.min(PROBE * 2) {
+                        tokio::select! {
+                            _ = self.shutdown.cancelled() => return Ok(()),
+                            _ = tokio::time::sleep(PROBE) => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// One membership in the group: joins, relays the shards it is given, and leaves (handing
+    /// every shard over) when shut down or cut from the API server.
+    async fn membership(&self, member: &Member, reach: &Reach) -> Result<Left, RelayError> {
+        let cfg = &self.cfg;
+        let Member {
+            producer,
+            log,
+            identity,
+            legacy,
+        } = member;
         let handover = cfg.drain_time() + CHECKPOINT_RESERVE;
+        let grace = Duration::from_secs(u64::from(cfg.sharding.api_unreachable_seconds));
         let joined = {
-            let (cfg, identity) = (cfg.clone(), identity.clone());
-            tokio::task::spawn_blocking(move || Group::join(&cfg, &identity, handover))
+            let (cfg, identity, coordinator) =
+                (cfg.clone(), identity.clone(), self.coordinator.clone());
+            tokio::task::spawn_blocking(move || coordinator.join(&cfg, &identity, handover))
                 .await
                 .map_err(|e| RelayError::Producer(e.to_string()))?
         };
@@ -133,9 +236,13 @@ impl Relay {
         self.metrics.shards.set(i64::from(cfg.sharding.shards));
         // A member relays: the leader gauge says so, as without election.
         self.metrics.leader.set(1);
-        let deadline = group.deadline.clone();
+        let deadline = group.deadline();
         let mut group = Some(group);
-        let mut leaving: Option<tokio::task::JoinHandle<()>> = None;
+        let mut leaving: Option<(Left, tokio::task::JoinHandle<()>)> = None;
+        let leave = |why: Left, group: &mut Option<Box<dyn Membership>>| {
+            let g = group.take().expect("the group is left once");
+            Some((why, tokio::task::spawn_blocking(move || g.leave())))
+        };
         let mut terms = FuturesUnordered::new();
         let mut running: HashMap<u32, Running> = HashMap::new();
         // Claims waiting for their shard's previous term to end.
@@ -143,14 +250,15 @@ impl Relay {
         // Revocations waiting for their shards' terms to end.
         let mut handovers: Vec<(Vec<u32>, std::sync::mpsc::SyncSender<()>)> = Vec::new();
         let mut tick = tokio::time::interval(TICK);
-        loop {
+        let left = loop {
             tokio::select! {
                 _ = self.shutdown.cancelled(), if leaving.is_none() => {
                     tracing::info!("leaving the shard group: handing every shard over");
-                    let g = group.take().expect("the group is left once");
-                    leaving = Some(tokio::task::spawn_blocking(move || g.leave()));
+                    leaving = leave(Left::Shutdown, &mut group);
                 }
-                _ = async { leaving.as_mut().expect("guarded").await }, if leaving.is_some() => break,
+                _ = async { (&mut leaving.as_mut().expect("guarded").1).await }, if leaving.is_some() => {
+                    break leaving.take().expect("guarded").0;
+                }
                 Some(event) = events.recv() => match event {
                     Event::Claimed(claims) => {
                         for (shard, epoch) in claims {
@@ -160,7 +268,7 @@ impl Relay {
                                 queued.insert(shard, epoch);
                                 continue;
                             }
-                            let (run, term) = self.start_shard(Claim { shard, epoch }, &producer, &log, &identity, &deadline, &legacy);
+                            let (run, term) = self.start_shard(Claim { shard, epoch }, producer, log, identity, &deadline, legacy);
                             running.insert(shard, run);
                             terms.push(term);
                         }
@@ -189,7 +297,7 @@ impl Relay {
                         tracing::error!(shard, error = %e, "shard term failed");
                     }
                     if let Some(epoch) = queued.remove(&shard) {
-                        let (run, term) = self.start_shard(Claim { shard, epoch }, &producer, &log, &identity, &deadline, &legacy);
+                        let (run, term) = self.start_shard(Claim { shard, epoch }, producer, log, identity, &deadline, legacy);
                         running.insert(shard, run);
                         terms.push(term);
                     }
@@ -222,10 +330,14 @@ impl Relay {
                             g.reclaim(&fence);
                         }
                     }
+                    if leaving.is_none() && !grace.is_zero() && !running.is_empty() && reach.silent() >= grace {
+                        tracing::error!(silent_seconds = reach.silent().as_secs(), "the API server has not answered for sharding.apiUnreachableSeconds: leaving the shard group so other replicas relay these shards");
+                        leaving = leave(Left::Unreachable, &mut group);
+                    }
                     self.observe_takeovers(&mut running);
                 }
             }
-        }
+        };
         // A handover the group stopped waiting for: stop what still runs.
         for run in running.values() {
             run.stop.cancel();
@@ -234,7 +346,7 @@ impl Relay {
         self.metrics.shards_owned.set(0);
         self.metrics.leader.set(0);
         tracing::info!("left the shard group");
-        Ok(())
+        Ok(left)
     }
 
     /// Creates the group's topic and the shards' membership topic unless they exist, and
@@ -322,6 +434,7 @@ impl Relay {
             membership_topic,
             partitions: sharding.shards.cast_signed(),
             part: Arc::new(move |id| sharding.shard_of_stream(id) == shard),
+            shard: Some(ShardOwner { shard, epoch }),
         };
         let run = Running {
             stop: CancellationToken::new(),

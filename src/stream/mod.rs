@@ -97,6 +97,8 @@ pub struct Wiring {
     pub owner: crate::membership::Owner,
     /// Permits to sync (`kubernetes.maxConcurrentSyncs`), shared by every stream.
     pub syncs: Arc<tokio::sync::Semaphore>,
+    /// With sharding on: the shard these streams belong to, and its owner epoch.
+    pub shard: Option<crate::envelope::ShardOwner>,
 }
 
 pub struct Stream {
@@ -203,7 +205,8 @@ impl Stream {
         let saved_query = saved.as_ref().and_then(|s| s.query.clone());
         let base = query.clone();
         let path = channel.path.collection_url(namespace.as_deref());
-        let route = Route::for_stream(&channel, &cfg.cluster_name, namespace);
+        let route =
+            Route::for_stream(&channel, &cfg.cluster_name, namespace).owned_by(wiring.shard);
         let plan = resume::plan(
             saved_query.as_deref(),
             saved.as_ref().and_then(|s| s.route.as_deref()),

@@ -11,7 +11,7 @@ use watchrelay::config::Config;
 use watchrelay::membership::Log;
 use watchrelay::metrics::Metrics;
 use watchrelay::registry::{Phase, Registry};
-use watchrelay::testing::Memory;
+use watchrelay::testing::{Memory, MemoryGroup};
 use watchrelay::RelayError;
 use watchrelay_sim::{JournalEntry, Sim, SimConfig};
 
@@ -362,8 +362,29 @@ impl Relay {
         Self::start_with(bed, cfg, None)
     }
 
+    /// Starts the relay reaching the API server at `url` (a proxy the test controls).
+    pub fn start_at(bed: &Bed, cfg: Config, url: &str) -> Self {
+        Self::start_on(bed, cfg, None, Some(url), None)
+    }
+
     /// Starts the relay; with `producer`, its records go there instead of Kafka.
     pub fn start_with(bed: &Bed, cfg: Config, producer: Option<Arc<Memory>>) -> Self {
+        Self::start_on(bed, cfg, producer, None, None)
+    }
+
+    /// Starts a replica of a sharded release whose records go to `producer` and which meets
+    /// the other replicas in `group`.
+    pub fn start_in(bed: &Bed, cfg: Config, producer: Arc<Memory>, group: &MemoryGroup) -> Self {
+        Self::start_on(bed, cfg, Some(producer), None, Some(group))
+    }
+
+    fn start_on(
+        bed: &Bed,
+        cfg: Config,
+        producer: Option<Arc<Memory>>,
+        url: Option<&str>,
+        group: Option<&MemoryGroup>,
+    ) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -371,10 +392,17 @@ impl Relay {
             .unwrap();
         // Entered so the client's background tasks belong to the relay's runtime.
         let guard = runtime.enter();
-        let client = bed.client(&cfg.kubernetes);
+        let client = match url {
+            Some(url) => watchrelay::kubeclient::at(url.parse().expect("a url"), &cfg.kubernetes)
+                .expect("client"),
+            None => bed.client(&cfg.kubernetes),
+        };
         let mut relay = watchrelay::Relay::new(cfg, client);
         if let Some(p) = producer {
             relay = relay.with_producer(p.clone(), p);
+        }
+        if let Some(g) = group {
+            relay = relay.with_coordinator(Arc::new(g.clone()));
         }
         let (shutdown, metrics, registry) = (relay.shutdown(), relay.metrics(), relay.registry());
         let task = runtime.spawn(relay.run());

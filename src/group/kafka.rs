@@ -1,28 +1,7 @@
-//! The replicas' consumer group: which shards this replica owns, as Kafka's group coordinator
-//! assigns them.
-//!
-//! The group subscribes to an empty topic with one partition per shard: partition `k` assigned
-//! is shard `k` owned. Assignment is the coordinator's (cooperative: only moving shards stop);
-//! nothing here allocates. Two threads of their own serve it, never the runtime's: the rebalance
-//! callbacks block while shards hand over, and a runtime of one worker thread would deadlock.
-//!
-//! # Claims, epochs and the ownership deadline
-//! A shard assigned is first claimed: its committed offset on the group's topic, plus one, is
-//! committed as its new owner epoch. Commits are checked against the member's generation (its
-//! epoch under KIP-848), so a successful one proves ownership when it was sent; every owner of a
-//! shard has a higher epoch than the one before. The claimed shards are committed again every
-//! [`RENEW`]; each success pushes the [`Deadline`] to `ownershipDeadlineMs` past when it was
-//! sent. A replica whose deadline passes (cut from the coordinator, or frozen) must stop
-//! producing for every shard it holds: it is the relay's to fence them.
-//!
-//! # Handover
-//! A shard revoked is reported as [`Event::Revoked`] and the callback blocks until the relay says
-//! its streams stopped, drained and wrote their final positions (bounded by the drain budget),
-//! so the next owner starts from them. A lost assignment (the session expired) is reported the
-//! same way with `lost`: nothing may be drained any more.
+//! The group on Kafka: a consumer group over the shards' owners topic.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,64 +10,14 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Reb
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
+use super::{Coordinator, Deadline, Event, Membership};
 use crate::config::{Config, GroupProtocol};
 
 /// How often the claimed shards are committed again, renewing the ownership deadline.
-pub const RENEW: Duration = Duration::from_secs(1);
+const RENEW: Duration = Duration::from_secs(1);
 
 /// How long a commit may take.
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// What the group tells the relay.
-#[derive(Debug)]
-pub enum Event {
-    /// Shards now owned, each with its owner epoch.
-    Claimed(Vec<(u32, u64)>),
-    /// Shards taken away. The rebalance waits for `done` (or the drain budget): hand them over
-    /// first. `lost`: the assignment was lost (the session expired); nothing may be written.
-    Revoked {
-        shards: Vec<u32>,
-        lost: bool,
-        done: std::sync::mpsc::SyncSender<()>,
-    },
-}
-
-/// Until when this replica may act as the owner of its shards: pushed forward by every commit
-/// the coordinator accepts.
-#[derive(Debug)]
-pub struct Deadline {
-    base: Instant,
-    /// Milliseconds past `base`.
-    until: AtomicU64,
-    span: Duration,
-}
-
-impl Deadline {
-    fn new(span: Duration) -> Self {
-        Self {
-            base: Instant::now(),
-            until: AtomicU64::new(0),
-            span,
-        }
-    }
-
-    /// A commit sent at `sent` succeeded.
-    fn renew(&self, sent: Instant) {
-        let until = (sent + self.span).duration_since(self.base).as_millis() as u64;
-        self.until.fetch_max(until, Ordering::Relaxed);
-    }
-
-    /// Whether ownership can no longer be assumed.
-    pub fn passed(&self) -> bool {
-        self.base.elapsed().as_millis() as u64 >= self.until.load(Ordering::Relaxed)
-    }
-
-    /// How long until it passes (zero once it has).
-    pub fn left(&self) -> Duration {
-        let until = Duration::from_millis(self.until.load(Ordering::Relaxed));
-        until.saturating_sub(self.base.elapsed())
-    }
-}
 
 struct Context {
     topic: String,
@@ -158,10 +87,12 @@ impl ConsumerContext for Context {
     }
 }
 
-/// This replica's membership in the group; [`Group::leave`] hands everything over and leaves.
-pub struct Group {
-    /// Until when this replica may act as the owner of what it claimed.
-    pub deadline: Arc<Deadline>,
+/// Kafka's group coordinator: a consumer group over the shards' owners topic.
+pub struct Kafka;
+
+/// This replica's membership in the Kafka group.
+struct Group {
+    deadline: Arc<Deadline>,
     consumer: Arc<BaseConsumer<Context>>,
     stop: Arc<AtomicBool>,
     threads: Vec<std::thread::JoinHandle<()>>,
@@ -203,15 +134,14 @@ fn settings(cfg: &Config, identity: &str) -> ClientConfig {
     c
 }
 
-impl Group {
-    /// Joins the group of `cfg`'s release as `identity`, subscribed to its shards' topic; what
-    /// the group tells the relay comes in order on the receiver. `handover` bounds how long a
-    /// revoke waits for the relay.
-    pub fn join(
+impl Coordinator for Kafka {
+    /// Joins as a consumer subscribed to the release's shards' owners topic.
+    fn join(
+        &self,
         cfg: &Config,
         identity: &str,
         handover: Duration,
-    ) -> Result<(Self, mpsc::UnboundedReceiver<Event>), String> {
+    ) -> Result<(Box<dyn Membership>, mpsc::UnboundedReceiver<Event>), String> {
         let topic = cfg.sharding.owners_topic(&cfg.cluster_name);
         let (tx, events) = mpsc::unbounded_channel();
         let context = Context {
@@ -246,18 +176,22 @@ impl Group {
                 .spawn(move || renew(&consumer, &deadline, &stop))
                 .map_err(|e| e.to_string())?
         };
-        let group = Self {
+        let group = Group {
             deadline,
             consumer,
             stop,
             threads: vec![poller, renewer],
         };
-        Ok((group, events))
+        Ok((Box::new(group), events))
+    }
+}
+
+impl Membership for Group {
+    fn deadline(&self) -> Arc<Deadline> {
+        self.deadline.clone()
     }
 
-    /// Claims `shards` again, under new epochs, if the group still assigns them to this
-    /// replica: after they were fenced while it may still own them.
-    pub fn reclaim(&self, shards: &[u32]) {
+    fn reclaim(&self, shards: &[u32]) {
         let cx = self.consumer.context();
         let mut assigned = cx.assigned.lock().expect("assigned lock poisoned");
         let mut owned = cx.owned.lock().expect("owned lock poisoned");
@@ -268,9 +202,7 @@ impl Group {
         }
     }
 
-    /// Leaves the group: every owned shard is revoked (and handed over, while the relay still
-    /// answers [`Event::Revoked`]) before this returns. Blocks.
-    pub fn leave(mut self) {
+    fn leave(mut self: Box<Self>) {
         self.stop.store(true, Ordering::Relaxed);
         for t in self.threads.drain(..) {
             let _ = t.join();

@@ -1,0 +1,116 @@
+//! The replicas' group: which shards this replica owns, as Kafka's group coordinator assigns
+//! them ([`Kafka`]; [`Coordinator`] is the seam a test double takes).
+//!
+//! The group subscribes to an empty topic with one partition per shard: partition `k` assigned
+//! is shard `k` owned. Assignment is the coordinator's (cooperative: only moving shards stop);
+//! nothing here allocates. Two threads of their own serve it, never the runtime's: the rebalance
+//! callbacks block while shards hand over, and a runtime of one worker thread would deadlock.
+//!
+//! # Claims, epochs and the ownership deadline
+//! A shard assigned is first claimed: its committed offset on the group's topic, plus one, is
+//! committed as its new owner epoch. Commits are checked against the member's generation (its
+//! epoch under KIP-848), so a successful one proves ownership when it was sent; every owner of a
+//! shard has a higher epoch than the one before. The claimed shards are committed again every
+//! second; each success pushes the [`Deadline`] to `ownershipDeadlineMs` past when it was sent.
+//! A replica whose deadline passes (cut from the coordinator, or frozen) must stop
+//! producing for every shard it holds: it is the relay's to fence them.
+//!
+//! # Handover
+//! A shard revoked is reported as [`Event::Revoked`] and the callback blocks until the relay says
+//! its streams stopped, drained and wrote their final positions (bounded by the drain budget),
+//! so the next owner starts from them. A lost assignment (the session expired) is reported the
+//! same way with `lost`: nothing may be drained any more.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use crate::config::Config;
+
+mod kafka;
+
+pub use kafka::Kafka;
+
+/// What the group tells the relay.
+#[derive(Debug)]
+pub enum Event {
+    /// Shards now owned, each with its owner epoch.
+    Claimed(Vec<(u32, u64)>),
+    /// Shards taken away. The rebalance waits for `done` (or the drain budget): hand them over
+    /// first. `lost`: the assignment was lost (the session expired); nothing may be written.
+    Revoked {
+        /// The shards.
+        shards: Vec<u32>,
+        /// The assignment was lost: fence them, nothing may be written.
+        lost: bool,
+        /// Answered once they are handed over.
+        done: std::sync::mpsc::SyncSender<()>,
+    },
+}
+
+/// Until when this replica may act as the owner of its shards: pushed forward by every commit
+/// the coordinator accepts.
+#[derive(Debug)]
+pub struct Deadline {
+    base: Instant,
+    /// Milliseconds past `base`.
+    until: AtomicU64,
+    span: Duration,
+}
+
+impl Deadline {
+    /// A deadline `span` past each renewal, passed until the first.
+    pub fn new(span: Duration) -> Self {
+        Self {
+            base: Instant::now(),
+            until: AtomicU64::new(0),
+            span,
+        }
+    }
+
+    /// Ownership was proven at `sent` (a commit sent then succeeded).
+    pub fn renew(&self, sent: Instant) {
+        let until = (sent + self.span).duration_since(self.base).as_millis() as u64;
+        self.until.fetch_max(until, Ordering::Relaxed);
+    }
+
+    /// Whether ownership can no longer be assumed.
+    pub fn passed(&self) -> bool {
+        self.base.elapsed().as_millis() as u64 >= self.until.load(Ordering::Relaxed)
+    }
+
+    /// How long until it passes (zero once it has).
+    pub fn left(&self) -> Duration {
+        let until = Duration::from_millis(self.until.load(Ordering::Relaxed));
+        until.saturating_sub(self.base.elapsed())
+    }
+}
+
+/// Where replicas meet to share the shards: Kafka's group coordinator ([`Kafka`]), or a test
+/// double.
+pub trait Coordinator: Send + Sync {
+    /// Joins the group of `cfg`'s release as `identity`; what the group tells the relay comes in
+    /// order on the receiver. `handover` bounds how long a revoke waits for the relay. Blocks.
+    fn join(
+        &self,
+        cfg: &Config,
+        identity: &str,
+        handover: Duration,
+    ) -> Result<(Box<dyn Membership>, mpsc::UnboundedReceiver<Event>), String>;
+}
+
+/// One replica's membership in the group.
+pub trait Membership: Send + Sync {
+    /// Until when this replica may act as the owner of what it claimed.
+    fn deadline(&self) -> Arc<Deadline>;
+
+    /// Claims `shards` again, under new epochs, if the group still assigns them to this
+    /// replica: after they were fenced while it may still own them.
+    fn reclaim(&self, shards: &[u32]);
+
+    /// Leaves the group: every owned shard is revoked (and handed over, while the relay still
+    /// answers [`Event::Revoked`]) before this returns. Blocks.
+    fn leave(self: Box<Self>);
+}

@@ -1,0 +1,256 @@
+//! A group of replicas in memory: shards dealt round-robin over the members, handed over as
+//! Kafka's cooperative protocol does (revoked from their owner, answered, then assigned), with
+//! epochs that grow with each claim. A member dropped without leaving crashed: its shards move
+//! at once, never revoked. Its deadline is renewed every 100 ms until then.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use crate::config::Config;
+use crate::group::{Coordinator, Deadline, Event, Membership};
+
+/// The in-memory group. Clone it into every replica's relay.
+#[derive(Clone, Default)]
+pub struct MemoryGroup {
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    state: Mutex<State>,
+    /// One rebalance at a time.
+    rebalancing: Mutex<()>,
+}
+
+#[derive(Default)]
+struct State {
+    shards: u32,
+    next_id: u64,
+    /// Members in the group, by id (join order).
+    members: BTreeMap<u64, Member>,
+    /// Each shard's last epoch.
+    epochs: BTreeMap<u32, u64>,
+}
+
+#[derive(Clone)]
+struct Member {
+    id: u64,
+    events: mpsc::UnboundedSender<Event>,
+    owned: BTreeSet<u32>,
+    handover: Duration,
+}
+
+impl MemoryGroup {
+    /// Deals the shards round-robin over the members: revokes what moves (waiting for each
+    /// handover), then assigns it under new epochs.
+    fn rebalance(&self) {
+        let _one = self
+            .inner
+            .rebalancing
+            .lock()
+            .expect("rebalance lock poisoned");
+        let (revokes, shards) = {
+            let st = self.inner.state.lock().expect("group lock poisoned");
+            let target = st.target();
+            let revokes: Vec<(Member, Vec<u32>)> = st
+                .members
+                .values()
+                .map(|m| {
+                    let keep = target.get(&m.id).cloned().unwrap_or_default();
+                    (m.clone(), m.owned.difference(&keep).copied().collect())
+                })
+                .filter(|(_, r): &(Member, Vec<u32>)| !r.is_empty())
+                .collect();
+            (revokes, st.shards)
+        };
+        for (member, shards) in revokes {
+            let (done, wait) = std::sync::mpsc::sync_channel(1);
+            let event = Event::Revoked {
+                shards: shards.clone(),
+                lost: false,
+                done,
+            };
+            if member.events.send(event).is_ok() {
+                let _ = wait.recv_timeout(member.handover);
+            }
+            let mut st = self.inner.state.lock().expect("group lock poisoned");
+            if let Some(m) = st.members.get_mut(&member.id) {
+                for s in &shards {
+                    m.owned.remove(s);
+                }
+            }
+        }
+        let mut st = self.inner.state.lock().expect("group lock poisoned");
+        let target = st.target();
+        let owned: BTreeSet<u32> = st.members.values().flat_map(|m| m.owned.clone()).collect();
+        for (id, want) in target {
+            let fresh: Vec<u32> = want
+                .iter()
+                .filter(|s| !owned.contains(s) && **s < shards)
+                .copied()
+                .collect();
+            if fresh.is_empty() {
+                continue;
+            }
+            let claims: Vec<(u32, u64)> = fresh
+                .iter()
+                .map(|s| {
+                    let e = st.epochs.entry(*s).or_insert(0);
+                    *e += 1;
+                    (*s, *e)
+                })
+                .collect();
+            let m = st.members.get_mut(&id).expect("a member");
+            m.owned.extend(fresh);
+            let _ = m.events.send(Event::Claimed(claims));
+        }
+    }
+}
+
+impl State {
+    /// Which shards each member should own: round-robin in join order.
+    fn target(&self) -> BTreeMap<u64, BTreeSet<u32>> {
+        let ids: Vec<u64> = self.members.keys().copied().collect();
+        let mut target: BTreeMap<u64, BTreeSet<u32>> = BTreeMap::new();
+        if ids.is_empty() {
+            return target;
+        }
+        for s in 0..self.shards {
+            target
+                .entry(ids[s as usize % ids.len()])
+                .or_default()
+                .insert(s);
+        }
+        target
+    }
+}
+
+/// One member's side.
+struct Joined {
+    group: MemoryGroup,
+    id: u64,
+    deadline: Arc<Deadline>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Coordinator for MemoryGroup {
+    fn join(
+        &self,
+        cfg: &Config,
+        _identity: &str,
+        handover: Duration,
+    ) -> Result<(Box<dyn Membership>, mpsc::UnboundedReceiver<Event>), String> {
+        let (events, rx) = mpsc::unbounded_channel();
+        let deadline = Arc::new(Deadline::new(Duration::from_millis(u64::from(
+            cfg.sharding.ownership_deadline_ms,
+        ))));
+        let stop = Arc::new(AtomicBool::new(false));
+        {
+            // Proves ownership every 100 ms while in the group.
+            let (deadline, stop) = (deadline.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    deadline.renew(Instant::now());
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            });
+        }
+        let id = {
+            let mut st = self.inner.state.lock().expect("group lock poisoned");
+            st.shards = cfg.sharding.shards;
+            st.next_id += 1;
+            let id = st.next_id;
+            st.members.insert(
+                id,
+                Member {
+                    id,
+                    events,
+                    owned: BTreeSet::new(),
+                    handover,
+                },
+            );
+            id
+        };
+        self.rebalance();
+        let joined = Joined {
+            group: self.clone(),
+            id,
+            deadline,
+            stop,
+        };
+        Ok((Box::new(joined), rx))
+    }
+}
+
+impl Membership for Joined {
+    fn deadline(&self) -> Arc<Deadline> {
+        self.deadline.clone()
+    }
+
+    fn reclaim(&self, shards: &[u32]) {
+        let mut st = self.group.inner.state.lock().expect("group lock poisoned");
+        let Some(m) = st.members.get(&self.id).cloned() else {
+            return;
+        };
+        let claims: Vec<(u32, u64)> = shards
+            .iter()
+            .filter(|s| m.owned.contains(s))
+            .map(|s| {
+                let e = st.epochs.entry(*s).or_insert(0);
+                *e += 1;
+                (*s, *e)
+            })
+            .collect();
+        if !claims.is_empty() {
+            let _ = m.events.send(Event::Claimed(claims));
+        }
+    }
+
+    fn leave(self: Box<Self>) {
+        // Hands everything over first: the member stays until its shards are revoked.
+        let member = {
+            let st = self.group.inner.state.lock().expect("group lock poisoned");
+            st.members.get(&self.id).cloned()
+        };
+        if let Some(member) = member {
+            let shards: Vec<u32> = member.owned.iter().copied().collect();
+            if !shards.is_empty() {
+                let (done, wait) = std::sync::mpsc::sync_channel(1);
+                let event = Event::Revoked {
+                    shards,
+                    lost: false,
+                    done,
+                };
+                if member.events.send(event).is_ok() {
+                    let _ = wait.recv_timeout(member.handover);
+                }
+            }
+        }
+        self.crash();
+    }
+}
+
+impl Joined {
+    /// Out of the group without a handover; the others take its shards.
+    fn crash(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let gone = {
+            let mut st = self.group.inner.state.lock().expect("group lock poisoned");
+            st.members.remove(&self.id).is_some()
+        };
+        if gone {
+            self.group.rebalance();
+        }
+    }
+}
+
+impl Drop for Joined {
+    /// A member dropped without leaving crashed: its shards move at once.
+    fn drop(&mut self) {
+        self.crash();
+    }
+}
