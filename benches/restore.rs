@@ -13,11 +13,15 @@
 //!    rebuilds the members. It reports the time from creating the client to the last member, its
 //!    peak RSS, and its RSS before reading (the process's own floor).
 //!
+//! With `BENCH_SHARDS` (e.g. 64) the topic has one partition per shard, each stream's records in
+//! its shard's partition as a sharded release writes them, and the child restores one shard
+//! (the one of the first stream): reading its partition alone, to an end marker it wrote.
+//!
 //! Run with scripts/bench.sh restore (it starts a broker) or set KAFKA_BOOTSTRAP_SERVERS.
 
 mod common;
 
-use common::{env_or, fill_membership, owner, rss_kib};
+use common::{env_or, fill_membership_sharded, owner, rss_kib};
 use std::process::Command;
 use std::time::Instant;
 
@@ -31,8 +35,14 @@ fn main() {
         .collect();
     let bootstrap = std::env::var("KAFKA_BOOTSTRAP_SERVERS")
         .expect("KAFKA_BOOTSTRAP_SERVERS is not set: run scripts/bench.sh restore");
+    let shards = env_or("BENCH_SHARDS", 0);
+    let sharding = (shards > 0).then(|| watchrelay::config::ShardingConfig {
+        enabled: true,
+        shards: u32::try_from(shards).expect("a shard count"),
+        ..Default::default()
+    });
     if args.first().map(String::as_str) == Some("restore") {
-        return restore(&bootstrap, &args[1]);
+        return restore(&bootstrap, &args[1], sharding.as_ref());
     }
     let members = env_or("BENCH_MEMBERS", 1_000_000);
     let streams = env_or("BENCH_STREAMS", 100).max(1);
@@ -45,7 +55,14 @@ fn main() {
             .as_millis()
     );
     let t = Instant::now();
-    let (records, bytes) = fill_membership(&bootstrap, &topic, members, streams, history);
+    let (records, bytes) = fill_membership_sharded(
+        &bootstrap,
+        &topic,
+        members,
+        streams,
+        history,
+        sharding.as_ref(),
+    );
     println!(
         "filled {topic}: {members} members over {streams} streams, {records} records ({history} superseded per member, {} joined and left), {:.1} MB, in {:.1} s",
         members / 4,
@@ -64,8 +81,9 @@ fn main() {
     print!("{}", String::from_utf8_lossy(&out.stdout));
 }
 
-/// The child: what the relay does at the start of a term, timed.
-fn restore(bootstrap: &str, topic: &str) {
+/// The child: what the relay does at the start of a term (of one shard's, with `sharding`),
+/// timed.
+fn restore(bootstrap: &str, topic: &str, sharding: Option<&watchrelay::config::ShardingConfig>) {
     let floor = rss_kib("VmRSS");
     let t = Instant::now();
     // BENCH_KAFKA_PROPERTIES="k=v,k=v": consumer settings to try, as kafka.properties would.
@@ -84,7 +102,15 @@ fn restore(bootstrap: &str, topic: &str) {
         dead_letter_topic: None,
         unsafe_producer_overrides: false,
     });
-    kafka.ensure_compacted(topic, 1, None).unwrap();
+    let (kafka, partitions) = match sharding {
+        Some(s) => {
+            let shard = s.shard_of_stream("watchNamespacedPods.team-0");
+            println!("restoring shard {shard} of {}", s.shards);
+            (kafka.partition(shard.cast_signed()), s.shards.cast_signed())
+        }
+        None => (kafka, 1),
+    };
+    kafka.ensure_compacted(topic, partitions, None).unwrap();
     let mut restored = Restored::new(owner(), None);
     // BENCH_READ_ONLY=1: records read and dropped, the reader's own share of the peak.
     let read_only = std::env::var_os("BENCH_READ_ONLY").is_some();

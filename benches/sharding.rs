@@ -5,10 +5,11 @@
 //!    `BENCH_NAMESPACES` namespaces (default 24), before the clock starts.
 //! 2. For 1 and 3 replicas, alternating for BENCH_ROUNDS rounds (default 3): a fresh release
 //!    (its own topics and group) whose shard ConfigMaps hold every stream's position just
-//!    before those events; that many replicas of the real binary start, claim the shards and
-//!    replay. The clock and the CPU (summed over the replicas, read from /proc) run from the
-//!    publication of the first W events to that of the N after them, so joining and claiming are
-//!    not counted. Each side is reported by its median round.
+//!    before those events; that many replicas of the real binary start and share the shards
+//!    while the simulator refuses pods (403: the streams retry), so that the replay begins once
+//!    every replica owns its share. The clock and the CPU (summed over the replicas, read from
+//!    /proc) run from the publication of the first W events to that of the N after them. Each
+//!    side is reported by its median round.
 //! 3. Takeover: in the last round of three replicas, one is killed (SIGKILL); the time until the
 //!    two others own every shard is reported (the group's session timeout, 10 s by default,
 //!    plus the claim and restore of its shards).
@@ -17,7 +18,7 @@
 
 mod common;
 
-use common::{cpu_seconds, env_or, free_port, scrape, start_sim, stop, KillOnDrop};
+use common::{cpu_seconds, create_topics, env_or, free_port, scrape, start_sim, stop, KillOnDrop};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -39,6 +40,36 @@ fn total(ports: &[u16], name: &str) -> f64 {
                 .collect::<Vec<_>>()
         })
         .sum()
+}
+
+/// Waits until the replicas behind `ports` share every shard, each owning some, and the
+/// split has held for a second.
+fn wait_shared(ports: &[u16]) {
+    let shares = || -> Vec<u32> {
+        ports
+            .iter()
+            .map(|p| total(&[*p], "watchrelay_shards_owned ") as u32)
+            .collect()
+    };
+    let began = Instant::now();
+    let mut stable_since: Option<(Instant, Vec<u32>)> = None;
+    loop {
+        let now = shares();
+        let shared = now.iter().sum::<u32>() == SHARDS && now.iter().all(|&n| n > 0);
+        match &stable_since {
+            Some((since, was)) if shared && *was == now => {
+                if since.elapsed() >= Duration::from_secs(1) {
+                    return;
+                }
+            }
+            _ => stable_since = shared.then(|| (Instant::now(), now)),
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(120),
+            "the replicas never shared the shards"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// One round's figures.
@@ -106,6 +137,7 @@ fn main() {
     let mut start = |replicas: usize| -> (Vec<KillOnDrop>, Vec<u16>) {
         release += 1;
         let name = format!("bench-{}-{release}", std::process::id());
+        rt.block_on(create_topics(&bootstrap, &[&name]));
         let saved = json!({ "rv": start_rv.to_string() }).to_string();
         for k in 0..SHARDS {
             let data: serde_json::Map<String, serde_json::Value> = names
@@ -122,6 +154,7 @@ fn main() {
             )
             .unwrap();
         }
+        sim.deny("pods");
         let mut children = Vec::new();
         let mut ports = Vec::new();
         for r in 0..replicas {
@@ -130,7 +163,7 @@ fn main() {
             std::fs::write(
                 &config,
                 format!(
-                    "clusterName: bench\nkubernetes:\n  kubeconfig: {}\nkafka:\n  bootstrapServers: {bootstrap}\n  oversize: trim\n\
+                    "clusterName: bench\nkubernetes:\n  kubeconfig: {}\n  backoffInitialMs: 20\n  backoffMaxMs: 100\nkafka:\n  bootstrapServers: {bootstrap}\n  oversize: trim\n\
                      checkpoint:\n  namespace: watchrelay\n  name: {name}\nsharding:\n  enabled: true\n  shards: {SHARDS}\n  topic: {name}.shards\nhttp:\n  listen: 127.0.0.1:{port}\n\
                      channels:\n  - operationId: watchNamespacedPods\n    namespaces: [{}]\n    topic: {name}\n",
                     kubeconfig.display(),
@@ -149,6 +182,8 @@ fn main() {
             children.push(KillOnDrop(child));
             ports.push(port);
         }
+        wait_shared(&ports);
+        sim.allow("pods");
         (children, ports)
     };
 
@@ -189,9 +224,6 @@ fn main() {
             let mut children = children;
             if replicas == 3 && round == rounds {
                 let owned = |ports: &[u16]| total(ports, "watchrelay_shards_owned ") as u32;
-                while owned(&ports) < SHARDS {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
                 let killed = children.remove(0);
                 let killed_at = Instant::now();
                 drop(killed);

@@ -31,7 +31,10 @@
 
 mod common;
 
-use common::{cpu_seconds, free_port, metric, peak_rss_kib, scrape, start_sim, stop, KillOnDrop};
+use common::{
+    cpu_seconds, create_topics, free_port, metric, peak_rss_kib, scrape, start_sim, stop,
+    KillOnDrop,
+};
 use std::io::{BufRead, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -829,22 +832,6 @@ fn otel_published(bootstrap: &str, topic: &str, changes: usize) -> String {
         "{:.2} records per change ({total} for {changes}); {keyed} of {sampled} sampled records keyed; a value's keys: {value}",
         total as f64 / changes as f64
     )
-}
-
-async fn create_topics(bootstrap: &str, names: &[&str]) {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .unwrap();
-    let topics: Vec<NewTopic<'_>> = names
-        .iter()
-        .map(|n| NewTopic::new(n, 3, TopicReplication::Fixed(1)))
-        .collect();
-    admin
-        .create_topics(&topics, &AdminOptions::new())
-        .await
-        .unwrap();
 }
 
 /// Cumulative (le, count) pairs of the stream's publish latency histogram.

@@ -138,6 +138,20 @@ pub fn fill_membership(
     streams: usize,
     history: usize,
 ) -> (usize, usize) {
+    fill_membership_sharded(bootstrap, topic, members, streams, history, None)
+}
+
+/// [`fill_membership`] into a topic of one partition per shard of `sharding`, each stream's
+/// records in its shard's partition, as a sharded release writes them (`None`: one partition,
+/// records placed by key).
+pub fn fill_membership_sharded(
+    bootstrap: &str,
+    topic: &str,
+    members: usize,
+    streams: usize,
+    history: usize,
+    sharding: Option<&watchrelay::config::ShardingConfig>,
+) -> (usize, usize) {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     use rdkafka::client::DefaultClientContext;
     use rdkafka::config::ClientConfig;
@@ -147,7 +161,9 @@ pub fn fill_membership(
         .set("bootstrap.servers", bootstrap)
         .create()
         .unwrap();
-    let new = NewTopic::new(topic, 1, TopicReplication::Fixed(1)).set("cleanup.policy", "compact");
+    let partitions = sharding.map_or(1, |s| s.shards.cast_signed());
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1))
+        .set("cleanup.policy", "compact");
     futures::executor::block_on(admin.create_topics([&new], &AdminOptions::new())).unwrap();
     let producer: ThreadedProducer<rdkafka::producer::DefaultProducerContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
@@ -172,6 +188,9 @@ pub fn fill_membership(
         records += 1;
         bytes += record.key.len() + record.value.len();
         let mut rec = BaseRecord::<str, [u8]>::to(topic).key(&record.key);
+        if let Some(s) = sharding {
+            rec = rec.partition(s.shard_of_stream(&stream).cast_signed());
+        }
         if live {
             rec = rec.payload(&record.value);
         }
@@ -202,4 +221,21 @@ pub fn fill_membership(
 /// The relay whose members the topic holds.
 pub fn owner() -> watchrelay::membership::Owner {
     watchrelay::membership::Owner::new("watchrelay", "watchrelay-checkpoints")
+}
+
+/// Creates `names` with 3 partitions each.
+pub async fn create_topics(bootstrap: &str, names: &[&str]) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    let topics: Vec<NewTopic<'_>> = names
+        .iter()
+        .map(|n| NewTopic::new(n, 3, TopicReplication::Fixed(1)))
+        .collect();
+    admin
+        .create_topics(&topics, &AdminOptions::new())
+        .await
+        .unwrap();
 }
