@@ -1,6 +1,7 @@
 //! Scale-out: replicas share the shards through Kafka's consumer group. Replicas join, leave
-//! cleanly and crash under churn; every shard keeps one owner at a time, and the consumer's view
-//! of every key ends equal to the cluster.
+//! cleanly, crash, are killed, frozen, cut from the API server, restarted in turn, scaled down to
+//! one, moved from a single leader, and the broker restarts, all under churn; every shard keeps
+//! one owner at a time, and the consumer's view of every key ends equal to the cluster.
 
 mod common;
 
@@ -8,6 +9,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::bed::{eventually, Bed, Relay, CHECKPOINT_NS};
+use common::broker::{Options, OwnBroker};
 use common::kafka::{self, Msg};
 use common::proxy::Proxy;
 use common::view::{kafka_view, pods};
@@ -113,8 +115,21 @@ async fn replicas_share_the_shards_and_handovers_lose_nothing(protocol: GroupPro
     // And one joins again.
     let d = Relay::start(&bed, cfg.clone());
     let rejoin = takeover(&[&a, &d]).await;
+
+    // A rolling restart: each replica in turn replaced by a new one, which joins first.
+    let e = Relay::start(&bed, cfg.clone());
+    wait_spread(&[&a, &d, &e]).await;
+    a.stop().await;
+    let f = Relay::start(&bed, cfg.clone());
+    wait_spread(&[&d, &e, &f]).await;
+    d.stop().await;
+    let rolled = takeover(&[&e, &f]).await;
+
+    // Scale down to one.
+    f.stop().await;
+    let down = takeover(&[&e]).await;
     churn.stop().await;
-    eprintln!("{protocol:?} takeovers: scale 1->3 {scale_up:?}, clean stop {clean:?}, crash {crash:?}, join {rejoin:?}");
+    eprintln!("{protocol:?} takeovers: scale 1->3 {scale_up:?}, clean stop {clean:?}, crash {crash:?}, join {rejoin:?}, rolling restart {rolled:?}, scale to 1 {down:?}");
 
     // Every key's last record is the cluster's.
     let expected = pods(&bed.sim, &names, |_| true);
@@ -176,8 +191,7 @@ async fn replicas_share_the_shards_and_handovers_lose_nothing(protocol: GroupPro
         "a deposed owner's record landed after its successor's"
     );
 
-    a.stop().await;
-    d.stop().await;
+    e.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -354,6 +368,67 @@ async fn a_replica_cut_from_the_api_server_gives_its_shards_up() {
     );
     cut.stop().await;
     direct.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_restart_loses_nothing() {
+    let mut broker = OwnBroker::start(Options::default());
+    let namespaces: Vec<String> = (0..8).map(|i| format!("team-{i}")).collect();
+    let names: Vec<&str> = namespaces.iter().map(String::as_str).collect();
+    let mut bed = Bed::new(&names).await;
+    bed.bootstrap = broker.bootstrap.clone();
+    let topic = kafka::unique("sharded-restart");
+    kafka::create_topics_at(&bed.bootstrap, &[&topic], 3).await;
+    let cfg = sharded(
+        &bed.config(
+            &format!(
+                "  - operationId: watchNamespacedPods\n    namespaces: [{}]\n    topic: {topic}\n",
+                names.join(", ")
+            ),
+            "",
+        ),
+        GroupProtocol::Classic,
+    );
+    let a = Relay::start(&bed, cfg.clone());
+    let b = Relay::start(&bed, cfg.clone());
+    wait_spread(&[&a, &b]).await;
+    let churn = bed.sim.start_churn(ChurnSpec {
+        rate_per_sec: 100.0,
+        namespaces: namespaces.clone(),
+        resources: vec!["pods".into()],
+        max_objects_per_kind: 8,
+        total_events: None,
+    });
+    let down = Instant::now();
+    tokio::task::block_in_place(|| broker.restart());
+    let restart = down.elapsed();
+    // Not a wait: whatever the restart sets off (fences, lost sessions, claims again) plays out
+    // within the session timeout after the broker is back.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let back = takeover(&[&a, &b]).await;
+    churn.stop().await;
+    // Fenced while the broker was away (if it was away past the ownership deadline), then
+    // claimed again.
+    let fences = a.metrics.shard_fences.get() + b.metrics.shard_fences.get();
+    eprintln!("the broker restarted in {restart:?}; shared again {back:?} after 7 s more; fences: {fences}");
+    let expected = pods(&bed.sim, &names, |_| true);
+    let bootstrap = bed.bootstrap.clone();
+    let read_topic = topic.clone();
+    let msgs: Vec<Msg> = tokio::task::spawn_blocking(move || {
+        kafka::read_until(&bootstrap, &read_topic, Duration::from_secs(90), |m| {
+            kafka_view(m) == expected
+        })
+    })
+    .await
+    .unwrap();
+    let expected = pods(&bed.sim, &names, |_| true);
+    assert_eq!(
+        kafka_view(&msgs),
+        expected,
+        "the consumer's view differs from the cluster"
+    );
+    a.stop().await;
+    b.stop().await;
 }
 
 /// The binary as one replica of a sharded release: its configuration and log in a directory of

@@ -10,10 +10,12 @@ pub struct OwnBroker {
     /// The address clients are told to use.
     pub bootstrap: String,
     dir: tempfile::TempDir,
+    /// How it was started, to start it again.
+    options: Options,
 }
 
 /// How a test's own broker differs from the suite's.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Options {
     /// A port to advertise instead of the listener's (a proxy the test controls).
     pub advertised: Option<u16>,
@@ -45,9 +47,27 @@ impl OwnBroker {
             .local_addr()
             .unwrap()
             .port();
+        let bootstrap = Self::launch(dir.path(), port, &options);
+        Self {
+            port,
+            bootstrap,
+            dir,
+            options,
+        }
+    }
+
+    /// Stops the broker and starts it again on its data and port: a broker restart.
+    pub fn restart(&mut self) {
+        self.stop();
+        Self::launch(self.dir.path(), self.port, &self.options);
+    }
+
+    /// Runs `scripts/broker.sh start` in `dir` (formatting it the first time); returns the
+    /// bootstrap address.
+    fn launch(dir: &std::path::Path, port: u16, options: &Options) -> String {
         let mut cmd = Command::new(script());
         cmd.arg("start")
-            .arg(dir.path())
+            .arg(dir)
             .env("BROKER_PORT", port.to_string())
             .env("BROKER_EXTRA", options.extra.join("\n"));
         if let Some(a) = options.advertised {
@@ -62,12 +82,7 @@ impl OwnBroker {
             "broker did not start: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let bootstrap = String::from_utf8(out.stdout).unwrap().trim().to_string();
-        Self {
-            port,
-            bootstrap,
-            dir,
-        }
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
     }
 
     /// Runs one of Kafka's tools against this broker as its super user, e.g.
