@@ -98,7 +98,24 @@ channels:
     name: widgets
     namespaces: [shop]
 YAML
-python3 scripts/check-rbac.py "$bin" deploy/config.example.yaml deploy/config.try.yaml "$work/mixed.yaml"
+cat >"$work/sharded.yaml" <<'YAML'
+clusterName: sharded
+kafka:
+  bootstrapServers: k1:9092
+  oversize: trim
+checkpoint:
+  namespace: watchrelay
+sharding:
+  enabled: true
+  shards: 4
+channels:
+  - operationId: watchNamespacedPods
+    allNamespaces: true
+  - operationId: watchNamespacedServices
+    namespaceSelector: team=web
+  - operationId: watchNodes
+YAML
+python3 scripts/check-rbac.py "$bin" deploy/config.example.yaml deploy/config.try.yaml "$work/mixed.yaml" "$work/sharded.yaml"
 helm template watchrelay charts/watchrelay --namespace watchrelay --set networkPolicy.enabled=true >"$work/netpol.yaml"
 kubernetes-validate --quiet --strict --kubernetes-version 1.30.0 "$work/netpol.yaml"
 grep -q '^kind: NetworkPolicy' "$work/netpol.yaml" || { echo "networkPolicy.enabled rendered no NetworkPolicy" >&2; exit 1; }

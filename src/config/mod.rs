@@ -415,6 +415,7 @@ impl Config {
             .iter()
             .enumerate()
             .map(|(i, c)| c.resolve(i, &file.cluster_name).map(Arc::new))
+            .map(|c| c.map(|c| file.sharding.spread(c)))
             .collect::<Result<Vec<_>, _>>()?;
         let mut names = std::collections::HashSet::new();
         for (i, c) in channels.iter().enumerate() {

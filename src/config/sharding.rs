@@ -9,7 +9,9 @@
 
 use serde::Deserialize;
 
-use super::{invalid, is_topic, topic_rule, Channel, ConfigError, Scope, StreamId};
+use std::sync::Arc;
+
+use super::{invalid, is_topic, topic_rule, Channel, ConfigError, Scope, StreamId, WatchStrategy};
 
 /// Which group protocol the replicas' consumer group speaks (`sharding.groupProtocol`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -154,6 +156,19 @@ impl ShardingConfig {
             ));
         }
         Ok(())
+    }
+
+    /// With sharding on, a namespaced channel over every namespace (`allNamespaces`) is relayed
+    /// per namespace, as a namespace selector matching every namespace would be: its namespaces
+    /// spread over the shards instead of one stream loading one replica.
+    pub(super) fn spread(&self, channel: Arc<Channel>) -> Arc<Channel> {
+        if !self.enabled || !channel.path.namespaced || channel.scope != Scope::Cluster {
+            return channel;
+        }
+        let mut spread = (*channel).clone();
+        spread.scope = Scope::Selector(String::new());
+        spread.strategy = WatchStrategy::PerNamespace;
+        Arc::new(spread)
     }
 
     /// Checks channel `i` can be sharded: every key must have one writer, so a channel

@@ -288,12 +288,19 @@ fn sharding_is_checked_where_it_cannot_keep_one_writer_per_key() {
         "channels[0].key"
     );
     sharded("", &format!("{pods}    key: \"{{uid}}\"\n")).unwrap();
-    // One collection: one stream, one shard.
-    sharded(
-        "",
-        "  - operationId: watchNamespacedPods\n    allNamespaces: true\n    key: \"{name}\"\n",
-    )
-    .unwrap();
+    // Every namespace: relayed per namespace, spread over the shards, so the key too must
+    // name the namespace.
+    let all = "  - operationId: watchNamespacedPods\n    allNamespaces: true\n";
+    let cfg = sharded("", all).unwrap();
+    assert_eq!(cfg.channels[0].scope, Scope::Selector(String::new()));
+    assert_eq!(cfg.channels[0].strategy, WatchStrategy::PerNamespace);
+    assert_eq!(
+        err_field(sharded("", &format!("{all}    key: \"{{name}}\"\n"))),
+        "channels[0].key"
+    );
+    // A cluster-scoped resource: one stream, on one shard.
+    let nodes = sharded("", "  - operationId: watchNodes\n    key: \"{name}\"\n").unwrap();
+    assert_eq!(nodes.channels[0].scope, Scope::Cluster);
     assert_eq!(
         err_field(sharded("  shards: 12\n", pods)),
         "sharding.shards"

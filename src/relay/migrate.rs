@@ -7,6 +7,9 @@
 //! older version can lead again, so that state no longer moves. A shard's first owner then copies
 //! the members of its streams into its partition, under its own owner, waits for Kafka, and only
 //! then writes its streams' positions into its ConfigMap with [`MIGRATED_KEY`], in one write.
+//! A stream that went over every namespace and is now relayed per namespace is split by its
+//! members' namespaces, each part copied by its namespace's shard, with the stream's position:
+//! no shard ever retracts what another announces.
 //! A crash midway repeats the copy: at worst a member too many, which costs a superfluous
 //! inferred DELETED, as with any adoption. A shard whose ConfigMap has the key is never copied
 //! again, so the old state is read at most once per replica, and only while some shard it
@@ -18,9 +21,10 @@ use std::sync::Arc;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
-use super::Relay;
+use super::{shapes, Relay};
 use crate::checkpoint::{encode, Saved, Store, MIGRATED_KEY};
-use crate::membership::{self, Log, Owner, Restored};
+use crate::config::{Shape, StreamId};
+use crate::membership::{self, Known, Log, Owner, Restored};
 use crate::producer::Producer;
 
 /// The single-leader release's state, as its last leader left it.
@@ -44,6 +48,17 @@ pub(super) struct Target<'a> {
 }
 
 impl Relay {
+    /// The channel whose stream `id` went over every namespace and is now relayed per
+    /// namespace (an `allNamespaces` channel, or a selector that was watched cluster-wide).
+    fn split<'a>(&self, id: &'a str) -> Option<&'a str> {
+        let (name, None) = StreamId::parts(id)? else {
+            return None;
+        };
+        let channel = self.cfg.channels.iter().find(|c| c.name == name)?;
+        let per_namespace = shapes::sharded(&self.cfg, channel) == Some(Shape::PerNamespace);
+        (channel.path.namespaced && per_namespace).then_some(name)
+    }
+
     /// Reads the single-leader release's ConfigMap and membership topic.
     async fn read_legacy(&self, log: Arc<dyn Log>) -> Result<Legacy, String> {
         let cfg = &self.cfg;
@@ -100,27 +115,52 @@ impl Relay {
         let sharding = &self.cfg.sharding;
         let ours = |id: &str| sharding.shard_of_stream(id) == to.shard;
         let mut members = 0;
-        for stream in legacy.members.streams().filter(|s| ours(s)) {
+        let mut updates: BTreeMap<String, Option<String>> = BTreeMap::new();
+        for stream in legacy.members.streams() {
             let Some(set) = legacy.members.get(stream) else {
                 continue;
             };
-            members += set.len();
-            membership::adopt(
-                to.producer.as_ref(),
-                to.topic,
-                to.owner,
-                stream,
-                set.iter(),
-                stop,
-            )
-            .await?;
+            let saved = legacy.positions.get(stream).map(encode);
+            // A stream over every namespace that is now relayed per namespace: its members
+            // split by namespace, each part under its namespace's stream, with the position
+            // (a resourceVersion is global: a narrower watch from it misses nothing).
+            let parts: Vec<(String, Vec<(String, Known)>)> = match self.split(stream) {
+                Some(channel) => {
+                    let mut by: BTreeMap<String, Vec<(String, Known)>> = BTreeMap::new();
+                    for (uid, known) in set.iter() {
+                        let Some(ns) = known.namespace.clone() else {
+                            continue;
+                        };
+                        by.entry(StreamId::new(channel, Some(&ns)).to_string())
+                            .or_default()
+                            .push((uid, known));
+                    }
+                    by.into_iter().filter(|(id, _)| ours(id)).collect()
+                }
+                None if ours(stream) => vec![(stream.to_string(), set.iter().collect())],
+                None => Vec::new(),
+            };
+            for (id, part) in parts {
+                members += part.len();
+                membership::adopt(
+                    to.producer.as_ref(),
+                    to.topic,
+                    to.owner,
+                    &id,
+                    part.into_iter(),
+                    stop,
+                )
+                .await?;
+                if let Some(saved) = &saved {
+                    updates.insert(id, Some(saved.clone()));
+                }
+            }
         }
-        let mut updates: BTreeMap<String, Option<String>> = legacy
-            .positions
-            .iter()
-            .filter(|(id, _)| ours(id))
-            .map(|(id, saved)| (id.clone(), Some(encode(saved))))
-            .collect();
+        for (id, saved) in &legacy.positions {
+            if self.split(id).is_none() && ours(id) {
+                updates.insert(id.clone(), Some(encode(saved)));
+            }
+        }
         let positions = updates.len();
         updates.insert(MIGRATED_KEY.into(), Some(legacy.from.clone()));
         to.store.write(&updates).await.map_err(|e| e.to_string())?;

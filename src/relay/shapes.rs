@@ -9,7 +9,7 @@ use kube::api::ListParams;
 use kube::Api;
 
 use crate::config::Config;
-use crate::config::{Scope, Shape, Shapes, StreamId};
+use crate::config::{Channel, Scope, Shape, Shapes, StreamId};
 use crate::metrics::Metrics;
 
 /// Each channel's shape this term. `known` are the stream ids the relay holds state of
@@ -45,9 +45,8 @@ pub(super) async fn decide<'a>(
                 before = None;
                 list.len()
             }
-            // Every replica must decide alike, whatever it counts: `auto` is per namespace.
             Scope::Selector(_) if cfg.sharding.enabled => {
-                if let Some(shape) = channel.shape(0, None, usize::MAX) {
+                if let Some(shape) = sharded(cfg, channel) {
                     shapes.insert(channel.name.clone(), shape);
                 }
                 continue;
@@ -87,6 +86,17 @@ pub(super) async fn decide<'a>(
         }
     }
     shapes
+}
+
+/// A channel's shape in a sharded release: every replica must decide alike, whatever it
+/// counts, so a selector's `auto` is per namespace and a list's is decided by its length.
+pub(super) fn sharded(cfg: &Config, channel: &Channel) -> Option<Shape> {
+    let threshold = cfg.kubernetes.cluster_wide_above as usize;
+    match &channel.scope {
+        Scope::Cluster => None,
+        Scope::Namespaces(list) => channel.shape(list.len(), None, threshold),
+        Scope::Selector(_) => channel.shape(0, None, usize::MAX),
+    }
 }
 
 async fn count_namespaces(client: &kube::Client, selector: &str) -> Result<usize, kube::Error> {

@@ -90,6 +90,11 @@ impl Bed {
     /// A relay configuration for this bed; `channels` is the YAML list body and `kafka_extra`
     /// extra lines under `kafka:` (both indented by two spaces).
     pub fn config(&self, channels: &str, kafka_extra: &str) -> Config {
+        self.config_with(channels, kafka_extra, "")
+    }
+
+    /// [`Bed::config`] with `top` (top-level sections, unindented) added.
+    pub fn config_with(&self, channels: &str, kafka_extra: &str, top: &str) -> Config {
         let oversize = if kafka_extra.contains("oversize:") {
             ""
         } else {
@@ -102,7 +107,7 @@ impl Bed {
              checkpoint:\n  namespace: {CHECKPOINT_NS}\n  intervalMs: 100\n  membership:\n    topic: {}\n\
              kubernetes:\n  backoffInitialMs: 20\n  backoffMaxMs: 300\n  listPageSize: 7\n  syncJitterMs: 20\n\
              http:\n  listen: \"\"\n\
-             channels:\n{channels}",
+             {top}channels:\n{channels}",
             self.bootstrap, self.membership
         );
         Config::parse(&yaml).unwrap_or_else(|e| panic!("test config invalid: {e}\n{yaml}"))
