@@ -18,13 +18,13 @@
 
 mod common;
 
-use common::{cpu_seconds, create_topics, env_or, free_port, scrape, start_sim, stop, KillOnDrop};
+use common::{bench_bed, cpu_seconds, create_topics, env_or, free_port, scrape, stop, KillOnDrop};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use watchrelay::config::ShardingConfig;
-use watchrelay_sim::{objects, SimConfig};
+use watchrelay_sim::objects;
 
 const SHARDS: u32 = 8;
 
@@ -90,14 +90,8 @@ fn main() {
     let namespaces = env_or("BENCH_NAMESPACES", 24).max(1);
     let rounds = env_or("BENCH_ROUNDS", 3).max(1);
     let warmup = (n / 10).clamp(1, 5_000);
-    let bootstrap = std::env::var("KAFKA_BOOTSTRAP_SERVERS")
-        .expect("KAFKA_BOOTSTRAP_SERVERS (scripts/bench.sh sets it)");
-    let (rt, sim) = start_sim(SimConfig {
-        history_limit: n + 500_000,
-        ..Default::default()
-    });
+    let (bootstrap, rt, sim, dir) = bench_bed(n + 500_000);
     let _runtime = rt.enter();
-    let dir = tempfile::tempdir().unwrap();
     let names: Vec<String> = (0..namespaces).map(|i| format!("team-{i}")).collect();
     for ns in names.iter().map(String::as_str).chain(["watchrelay"]) {
         sim.create("namespaces", None, objects::namespace(ns))

@@ -32,7 +32,7 @@
 mod common;
 
 use common::{
-    cpu_seconds, create_topics, free_port, metric, peak_rss_kib, scrape, start_sim, stop,
+    bench_bed, cpu_seconds, create_topics, free_port, metric, peak_rss_kib, scrape, stop,
     KillOnDrop,
 };
 use std::io::{BufRead, Write};
@@ -47,7 +47,7 @@ use serde_json::json;
 use watchrelay::config::KeyTemplate;
 use watchrelay::decode;
 use watchrelay::envelope::{self, Announcement, Route};
-use watchrelay_sim::{objects, SimConfig};
+use watchrelay_sim::objects;
 
 const NS: &str = "bench";
 const STREAM: &str = "watchNamespacedPods.bench";
@@ -96,14 +96,8 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000.0);
-    let bootstrap = std::env::var("KAFKA_BOOTSTRAP_SERVERS")
-        .expect("KAFKA_BOOTSTRAP_SERVERS (scripts/bench.sh sets it)");
-    let (rt, sim) = start_sim(SimConfig {
-        history_limit: n + 500_000,
-        ..Default::default()
-    });
+    let (bootstrap, rt, sim, dir) = bench_bed(n + 500_000);
     let _runtime = rt.enter();
-    let dir = tempfile::tempdir().unwrap();
     sim.create("namespaces", None, objects::namespace(NS))
         .unwrap();
     sim.create("namespaces", None, objects::namespace("watchrelay"))

@@ -14,7 +14,7 @@ use common::kafka::{self, Msg};
 use common::proxy::Proxy;
 use common::view::{kafka_view, pods};
 use watchrelay::config::{Config, GroupProtocol, ShardingConfig};
-use watchrelay_sim::ChurnSpec;
+use watchrelay_sim::{ChurnHandle, ChurnSpec};
 
 const SHARDS: u32 = 8;
 
@@ -59,6 +59,93 @@ fn sharded(cfg: &Config, protocol: GroupProtocol) -> Config {
     cfg
 }
 
+/// Pods in namespaces `team-0`… relayed into a topic of the test's own, on `bed`'s broker.
+struct Scene {
+    bed: Bed,
+    namespaces: Vec<String>,
+    topic: String,
+}
+
+impl Scene {
+    /// `n` namespaces, on the suite's broker or on `bootstrap`.
+    async fn new(n: usize, prefix: &str, bootstrap: Option<&str>) -> Self {
+        let namespaces: Vec<String> = (0..n).map(|i| format!("team-{i}")).collect();
+        let names: Vec<&str> = namespaces.iter().map(String::as_str).collect();
+        let mut bed = Bed::new(&names).await;
+        if let Some(b) = bootstrap {
+            bed.bootstrap = b.to_string();
+        }
+        let topic = kafka::unique(prefix);
+        kafka::create_topics_at(&bed.bootstrap, &[&topic], 3).await;
+        Self {
+            bed,
+            namespaces,
+            topic,
+        }
+    }
+
+    fn names(&self) -> Vec<&str> {
+        self.namespaces.iter().map(String::as_str).collect()
+    }
+
+    /// The channel of pods over `scope` (`None`: the namespaces, listed).
+    fn channel(&self, scope: Option<&str>) -> String {
+        let listed = format!("namespaces: [{}]", self.namespaces.join(", "));
+        format!(
+            "  - operationId: watchNamespacedPods\n    {}\n    topic: {}\n",
+            scope.unwrap_or(&listed),
+            self.topic
+        )
+    }
+
+    /// A sharded release of the listed namespaces.
+    fn sharded(&self, protocol: GroupProtocol) -> Config {
+        sharded(&self.bed.config(&self.channel(None), ""), protocol)
+    }
+
+    /// Changes to the pods, `rate` a second.
+    fn churn(&self, rate: f64) -> ChurnHandle {
+        self.bed.sim.start_churn(ChurnSpec {
+            rate_per_sec: rate,
+            namespaces: self.namespaces.clone(),
+            resources: vec!["pods".into()],
+            max_objects_per_kind: 8,
+            total_events: None,
+        })
+    }
+
+    /// Reads the topic until `view` of it is the cluster's pods (hang guard: 90 s), asserts so,
+    /// and returns what was read.
+    async fn converged(&self, view: fn(&[Msg]) -> BTreeMap<String, String>) -> Vec<Msg> {
+        let expected = pods(&self.bed.sim, &self.names(), |_| true);
+        let (bootstrap, topic) = (self.bed.bootstrap.clone(), self.topic.clone());
+        let msgs: Vec<Msg> = tokio::task::spawn_blocking(move || {
+            kafka::read_until(&bootstrap, &topic, Duration::from_secs(90), |m| {
+                view(m) == expected
+            })
+        })
+        .await
+        .unwrap();
+        let expected = pods(&self.bed.sim, &self.names(), |_| true);
+        assert_eq!(
+            view(&msgs),
+            expected,
+            "the consumer's view differs from the cluster"
+        );
+        msgs
+    }
+
+    /// How many records each change took, for the log.
+    fn per_change(&self, msgs: &[Msg]) -> String {
+        let changes = self.bed.journal("pods", None).len();
+        format!(
+            "records {} for {changes} changes ({:.2} per change)",
+            msgs.len(),
+            msgs.len() as f64 / changes.max(1) as f64
+        )
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_the_shards_over_the_classic_protocol() {
     replicas_share_the_shards_and_handovers_lose_nothing(GroupProtocol::Classic).await;
@@ -70,36 +157,18 @@ async fn replicas_share_the_shards_over_the_consumer_protocol() {
 }
 
 async fn replicas_share_the_shards_and_handovers_lose_nothing(protocol: GroupProtocol) {
-    let namespaces: Vec<String> = (0..12).map(|i| format!("team-{i}")).collect();
-    let names: Vec<&str> = namespaces.iter().map(String::as_str).collect();
-    let bed = Bed::new(&names).await;
-    let topic = kafka::unique("sharded");
-    kafka::create_topics(&[&topic], 3).await;
-    let cfg = sharded(
-        &bed.config(
-            &format!(
-                "  - operationId: watchNamespacedPods\n    namespaces: [{}]\n    topic: {topic}\n",
-                names.join(", ")
-            ),
-            "",
-        ),
-        protocol,
-    );
+    let scene = Scene::new(12, "sharded", None).await;
+    let (bed, names) = (&scene.bed, scene.names());
+    let cfg = scene.sharded(protocol);
 
-    let a = Relay::start(&bed, cfg.clone());
+    let a = Relay::start(bed, cfg.clone());
     wait_spread(&[&a]).await;
     a.wait_up(names.len()).await;
-    let churn = bed.sim.start_churn(ChurnSpec {
-        rate_per_sec: 150.0,
-        namespaces: namespaces.clone(),
-        resources: vec!["pods".into()],
-        max_objects_per_kind: 8,
-        total_events: None,
-    });
+    let churn = scene.churn(150.0);
 
     // Scale 1 -> 3: the shards spread, each moving one handed over.
-    let b = Relay::start(&bed, cfg.clone());
-    let c = Relay::start(&bed, cfg.clone());
+    let b = Relay::start(bed, cfg.clone());
+    let c = Relay::start(bed, cfg.clone());
     let scale_up = takeover(&[&a, &b, &c]).await;
 
     // A clean stop hands its shards over.
@@ -113,14 +182,14 @@ async fn replicas_share_the_shards_and_handovers_lose_nothing(protocol: GroupPro
     let crash = takeover(&[&a]).await;
 
     // And one joins again.
-    let d = Relay::start(&bed, cfg.clone());
+    let d = Relay::start(bed, cfg.clone());
     let rejoin = takeover(&[&a, &d]).await;
 
     // A rolling restart: each replica in turn replaced by a new one, which joins first.
-    let e = Relay::start(&bed, cfg.clone());
+    let e = Relay::start(bed, cfg.clone());
     wait_spread(&[&a, &d, &e]).await;
     a.stop().await;
-    let f = Relay::start(&bed, cfg.clone());
+    let f = Relay::start(bed, cfg.clone());
     wait_spread(&[&d, &e, &f]).await;
     d.stop().await;
     let rolled = takeover(&[&e, &f]).await;
@@ -132,22 +201,7 @@ async fn replicas_share_the_shards_and_handovers_lose_nothing(protocol: GroupPro
     eprintln!("{protocol:?} takeovers: scale 1->3 {scale_up:?}, clean stop {clean:?}, crash {crash:?}, join {rejoin:?}, rolling restart {rolled:?}, scale to 1 {down:?}");
 
     // Every key's last record is the cluster's.
-    let expected = pods(&bed.sim, &names, |_| true);
-    let bootstrap = kafka::bootstrap();
-    let read_topic = topic.clone();
-    let msgs: Vec<Msg> = tokio::task::spawn_blocking(move || {
-        kafka::read_until(&bootstrap, &read_topic, Duration::from_secs(90), |m| {
-            kafka_view(m) == expected
-        })
-    })
-    .await
-    .unwrap();
-    let expected = pods(&bed.sim, &names, |_| true);
-    assert_eq!(
-        kafka_view(&msgs),
-        expected,
-        "the consumer's view differs from the cluster"
-    );
+    let msgs = scene.converged(kafka_view).await;
 
     // Every record names its shard and owner epoch, and its shard is its namespace's.
     for m in &msgs {
@@ -180,11 +234,9 @@ async fn replicas_share_the_shards_and_handovers_lose_nothing(protocol: GroupPro
         }
         *last = (*last).max(epoch);
     }
-    let changes = bed.journal("pods", None).len();
     eprintln!(
-        "records {} for {changes} changes ({:.2} per change); records behind a newer epoch on their key: {late}",
-        msgs.len(),
-        msgs.len() as f64 / changes.max(1) as f64
+        "{}; records behind a newer epoch on their key: {late}",
+        scene.per_change(&msgs)
     );
     assert_eq!(
         late, 0,
@@ -209,18 +261,9 @@ async fn a_single_leader_over_every_namespace_moves_to_sharding() {
 /// A single-leader release of pods in eight namespaces (listed, or `allNamespaces`) moves to
 /// sharding under churn.
 async fn moves_to_sharding(all: bool) {
-    let namespaces: Vec<String> = (0..8).map(|i| format!("team-{i}")).collect();
-    let names: Vec<&str> = namespaces.iter().map(String::as_str).collect();
-    let bed = Bed::new(&names).await;
-    let topic = kafka::unique("migrated");
-    kafka::create_topics(&[&topic], 3).await;
-    let scope = if all {
-        "allNamespaces: true".to_string()
-    } else {
-        format!("namespaces: [{}]", names.join(", "))
-    };
-    let channels =
-        format!("  - operationId: watchNamespacedPods\n    {scope}\n    topic: {topic}\n");
+    let scene = Scene::new(8, "migrated", None).await;
+    let (bed, names) = (&scene.bed, scene.names());
+    let channels = scene.channel(all.then_some("allNamespaces: true"));
     let mut old = bed.config(&channels, "");
     old.checkpoint.name = kafka::unique("relay");
     let le = &mut old.leader_election;
@@ -229,20 +272,14 @@ async fn moves_to_sharding(all: bool) {
     le.lease_duration_seconds = 4;
     le.renew_deadline_seconds = 3;
     le.retry_period_seconds = 1;
-    let single = Relay::start(&bed, old.clone());
+    let single = Relay::start(bed, old.clone());
     eventually(
         || single.metrics.leader.get() == 1,
         || "the single leader never led".into(),
     )
     .await;
     single.wait_up(if all { 1 } else { names.len() }).await;
-    let churn = bed.sim.start_churn(ChurnSpec {
-        rate_per_sec: 150.0,
-        namespaces: namespaces.clone(),
-        resources: vec!["pods".into()],
-        max_objects_per_kind: 8,
-        total_events: None,
-    });
+    let churn = scene.churn(150.0);
 
     // The new version: the same release, sharded.
     // The same file with sharding on (an `allNamespaces` channel is then relayed per namespace).
@@ -251,8 +288,8 @@ async fn moves_to_sharding(all: bool) {
     new.checkpoint = old.checkpoint.clone();
     new.leader_election = old.leader_election.clone();
     new.leader_election.enabled = false;
-    let a = Relay::start(&bed, new.clone());
-    let b = Relay::start(&bed, new.clone());
+    let a = Relay::start(bed, new.clone());
+    let b = Relay::start(bed, new.clone());
     // Not a wait: that no shard runs while the single leader does is seen only after a while.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(
@@ -264,7 +301,7 @@ async fn moves_to_sharding(all: bool) {
     let moved = takeover(&[&a, &b]).await;
 
     // A replica of the old version never leads again.
-    let again = Relay::start(&bed, old.clone());
+    let again = Relay::start(bed, old.clone());
     // Not a wait: that it stands by is seen only once an unrenewed Lease would have expired.
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(
@@ -275,28 +312,8 @@ async fn moves_to_sharding(all: bool) {
     churn.stop().await;
     eprintln!("shards running {moved:?} after the single leader stopped");
 
-    let expected = pods(&bed.sim, &names, |_| true);
-    let bootstrap = kafka::bootstrap();
-    let read_topic = topic.clone();
-    let msgs: Vec<Msg> = tokio::task::spawn_blocking(move || {
-        kafka::read_until(&bootstrap, &read_topic, Duration::from_secs(90), |m| {
-            kafka_view(m) == expected
-        })
-    })
-    .await
-    .unwrap();
-    let expected = pods(&bed.sim, &names, |_| true);
-    assert_eq!(
-        kafka_view(&msgs),
-        expected,
-        "the consumer's view differs from the cluster"
-    );
-    let changes = bed.journal("pods", None).len();
-    eprintln!(
-        "records {} for {changes} changes ({:.2} per change)",
-        msgs.len(),
-        msgs.len() as f64 / changes.max(1) as f64
-    );
+    let msgs = scene.converged(kafka_view).await;
+    eprintln!("{}", scene.per_change(&msgs));
     // Each shard copied the single leader's positions: no stream started over with a list. A
     // stream split out of one over every namespace watches another collection than its
     // position's: it relists once, against the members it was given.
@@ -321,21 +338,9 @@ async fn moves_to_sharding(all: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_cut_from_the_api_server_gives_its_shards_up() {
-    let namespaces: Vec<String> = (0..8).map(|i| format!("team-{i}")).collect();
-    let names: Vec<&str> = namespaces.iter().map(String::as_str).collect();
-    let bed = Bed::new(&names).await;
-    let topic = kafka::unique("sharded-cut");
-    kafka::create_topics(&[&topic], 3).await;
-    let mut cfg = sharded(
-        &bed.config(
-            &format!(
-                "  - operationId: watchNamespacedPods\n    namespaces: [{}]\n    topic: {topic}\n",
-                names.join(", ")
-            ),
-            "",
-        ),
-        GroupProtocol::Classic,
-    );
+    let scene = Scene::new(8, "sharded-cut", None).await;
+    let bed = &scene.bed;
+    let mut cfg = scene.sharded(GroupProtocol::Classic);
     cfg.sharding.api_unreachable_seconds = 3;
     let (mut proxy, listener) = Proxy::bind().await;
     let sim_port: u16 = bed
@@ -352,16 +357,10 @@ async fn a_replica_cut_from_the_api_server_gives_its_shards_up() {
         .sim
         .url()
         .replace(&format!(":{sim_port}"), &format!(":{}", proxy.port));
-    let cut = Relay::start_at(&bed, cfg.clone(), &url);
-    let direct = Relay::start(&bed, cfg.clone());
+    let cut = Relay::start_at(bed, cfg.clone(), &url);
+    let direct = Relay::start(bed, cfg.clone());
     wait_spread(&[&cut, &direct]).await;
-    let churn = bed.sim.start_churn(ChurnSpec {
-        rate_per_sec: 150.0,
-        namespaces: namespaces.clone(),
-        resources: vec!["pods".into()],
-        max_objects_per_kind: 8,
-        total_events: None,
-    });
+    let churn = scene.churn(150.0);
     proxy.cut();
     let gave_up = takeover(&[&direct]).await;
     assert_eq!(cut.metrics.shards_owned.get(), 0);
@@ -372,22 +371,7 @@ async fn a_replica_cut_from_the_api_server_gives_its_shards_up() {
         "shards relayed elsewhere {gave_up:?} after the cut; shared again {back:?} after it healed"
     );
 
-    let expected = pods(&bed.sim, &names, |_| true);
-    let bootstrap = kafka::bootstrap();
-    let read_topic = topic.clone();
-    let msgs: Vec<Msg> = tokio::task::spawn_blocking(move || {
-        kafka::read_until(&bootstrap, &read_topic, Duration::from_secs(90), |m| {
-            kafka_view(m) == expected
-        })
-    })
-    .await
-    .unwrap();
-    let expected = pods(&bed.sim, &names, |_| true);
-    assert_eq!(
-        kafka_view(&msgs),
-        expected,
-        "the consumer's view differs from the cluster"
-    );
+    scene.converged(kafka_view).await;
     cut.stop().await;
     direct.stop().await;
 }
@@ -395,32 +379,13 @@ async fn a_replica_cut_from_the_api_server_gives_its_shards_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_restart_loses_nothing() {
     let mut broker = OwnBroker::start(Options::default());
-    let namespaces: Vec<String> = (0..8).map(|i| format!("team-{i}")).collect();
-    let names: Vec<&str> = namespaces.iter().map(String::as_str).collect();
-    let mut bed = Bed::new(&names).await;
-    bed.bootstrap = broker.bootstrap.clone();
-    let topic = kafka::unique("sharded-restart");
-    kafka::create_topics_at(&bed.bootstrap, &[&topic], 3).await;
-    let cfg = sharded(
-        &bed.config(
-            &format!(
-                "  - operationId: watchNamespacedPods\n    namespaces: [{}]\n    topic: {topic}\n",
-                names.join(", ")
-            ),
-            "",
-        ),
-        GroupProtocol::Classic,
-    );
-    let a = Relay::start(&bed, cfg.clone());
-    let b = Relay::start(&bed, cfg.clone());
+    let scene = Scene::new(8, "sharded-restart", Some(&broker.bootstrap)).await;
+    let bed = &scene.bed;
+    let cfg = scene.sharded(GroupProtocol::Classic);
+    let a = Relay::start(bed, cfg.clone());
+    let b = Relay::start(bed, cfg.clone());
     wait_spread(&[&a, &b]).await;
-    let churn = bed.sim.start_churn(ChurnSpec {
-        rate_per_sec: 100.0,
-        namespaces: namespaces.clone(),
-        resources: vec!["pods".into()],
-        max_objects_per_kind: 8,
-        total_events: None,
-    });
+    let churn = scene.churn(100.0);
     let down = Instant::now();
     tokio::task::block_in_place(|| broker.restart());
     let restart = down.elapsed();
@@ -433,22 +398,7 @@ async fn a_broker_restart_loses_nothing() {
     // claimed again.
     let fences = a.metrics.shard_fences.get() + b.metrics.shard_fences.get();
     eprintln!("the broker restarted in {restart:?}; shared again {back:?} after 7 s more; fences: {fences}");
-    let expected = pods(&bed.sim, &names, |_| true);
-    let bootstrap = bed.bootstrap.clone();
-    let read_topic = topic.clone();
-    let msgs: Vec<Msg> = tokio::task::spawn_blocking(move || {
-        kafka::read_until(&bootstrap, &read_topic, Duration::from_secs(90), |m| {
-            kafka_view(m) == expected
-        })
-    })
-    .await
-    .unwrap();
-    let expected = pods(&bed.sim, &names, |_| true);
-    assert_eq!(
-        kafka_view(&msgs),
-        expected,
-        "the consumer's view differs from the cluster"
-    );
+    scene.converged(kafka_view).await;
     a.stop().await;
     b.stop().await;
 }
@@ -587,12 +537,9 @@ fn epoch_view(msgs: &[Msg]) -> (BTreeMap<String, String>, usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_replica_and_a_frozen_one_lose_nothing() {
-    let namespaces: Vec<String> = (0..12).map(|i| format!("team-{i}")).collect();
-    let names: Vec<&str> = namespaces.iter().map(String::as_str).collect();
-    let bed = Bed::new(&names).await;
+    let scene = Scene::new(12, "sharded-proc", None).await;
+    let (bed, names, topic) = (&scene.bed, scene.names(), &scene.topic);
     let dir = tempfile::tempdir().unwrap();
-    let topic = kafka::unique("sharded-proc");
-    kafka::create_topics(&[&topic], 3).await;
     let kubeconfig = dir.path().join("kubeconfig");
     bed.sim.write_kubeconfig(&kubeconfig).unwrap();
     let checkpoint = kafka::unique("relay");
@@ -613,33 +560,27 @@ async fn a_killed_replica_and_a_frozen_one_lose_nothing() {
     let mut r2 = Replica::start(dir.path(), &config, "r2");
     eventually(
         || {
-            let o = owners(&bed, &checkpoint);
+            let o = owners(bed, &checkpoint);
             ["r0", "r1", "r2"]
                 .iter()
                 .all(|p| o.iter().any(|x| x.as_deref() == Some(*p)))
                 && o.iter().all(Option::is_some)
         },
-        || format!("the shards never spread: {:?}", owners(&bed, &checkpoint)),
+        || format!("the shards never spread: {:?}", owners(bed, &checkpoint)),
     )
     .await;
-    let churn = bed.sim.start_churn(ChurnSpec {
-        rate_per_sec: 200.0,
-        namespaces: namespaces.clone(),
-        resources: vec!["pods".into()],
-        max_objects_per_kind: 8,
-        total_events: None,
-    });
+    let churn = scene.churn(200.0);
     // Not a wait: churn runs a while through all three.
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // kill -9: its shards move once its session expires.
     r1.child.kill().unwrap();
     r1.child.wait().unwrap();
-    let killed = wait_owned_by(&bed, &checkpoint, &["r0", "r2"]).await;
+    let killed = wait_owned_by(bed, &checkpoint, &["r0", "r2"]).await;
 
     // Frozen past the session: its shards move while it sleeps; resumed, it fences itself.
     r2.signal("-STOP");
-    let frozen = wait_owned_by(&bed, &checkpoint, &["r0"]).await;
+    let frozen = wait_owned_by(bed, &checkpoint, &["r0"]).await;
     r2.signal("-CONT");
     eventually(
         || r2.log().contains("fenced: purging"),
@@ -650,14 +591,14 @@ async fn a_killed_replica_and_a_frozen_one_lose_nothing() {
     r1.spawn();
     eventually(
         || {
-            let o = owners(&bed, &checkpoint);
+            let o = owners(bed, &checkpoint);
             o.iter().any(|x| x.as_deref() == Some("r1"))
                 && o.iter().any(|x| x.as_deref() == Some("r2"))
         },
         || {
             format!(
                 "the returning replicas never got shards: {:?}",
-                owners(&bed, &checkpoint)
+                owners(bed, &checkpoint)
             )
         },
     )
@@ -665,32 +606,17 @@ async fn a_killed_replica_and_a_frozen_one_lose_nothing() {
     churn.stop().await;
     eprintln!("takeover after kill -9: {killed:?}; after a freeze: {frozen:?}");
 
+    let msgs = scene.converged(|m| epoch_view(m).0).await;
     let expected = pods(&bed.sim, &names, |_| true);
-    let bootstrap = kafka::bootstrap();
-    let read_topic = topic.clone();
-    let msgs: Vec<Msg> = tokio::task::spawn_blocking(move || {
-        kafka::read_until(&bootstrap, &read_topic, Duration::from_secs(90), |m| {
-            epoch_view(m).0 == expected
-        })
-    })
-    .await
-    .unwrap();
-    let expected = pods(&bed.sim, &names, |_| true);
-    let (view, late) = epoch_view(&msgs);
+    let late = epoch_view(&msgs).1;
     let plain = kafka_view(&msgs);
     let differ = expected
         .iter()
         .filter(|(k, v)| plain.get(*k) != Some(*v))
         .count();
-    let changes = bed.journal("pods", None).len();
     eprintln!(
-        "records {} for {changes} changes ({:.2} per change); late records of a deposed owner: {late}; keys whose plain last record is wrong: {differ}",
-        msgs.len(),
-        msgs.len() as f64 / changes.max(1) as f64
-    );
-    assert_eq!(
-        view, expected,
-        "the consumer's view differs from the cluster"
+        "{}; late records of a deposed owner: {late}; keys whose plain last record is wrong: {differ}",
+        scene.per_change(&msgs)
     );
     for r in [&mut r0, &mut r1, &mut r2] {
         r.stop();

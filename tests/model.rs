@@ -223,10 +223,22 @@ fn in_scope(bed: &Bed, run: Run, other: bool) -> BTreeMap<String, String> {
     want
 }
 
-async fn case(seed: u64) {
-    let mut rng = Rng(seed | 1);
+/// What Kafka wrote of what it held when a process crashed: a random prefix, in a random
+/// order across partitions. Told in `history` as `what`.
+fn crash_writes(producer: &Memory, rng: &mut Rng, history: &mut String, what: &str) {
+    let written = rng.below(producer.held() as u64 + 1) as usize;
+    let _ = writeln!(
+        history,
+        "{what}: kafka wrote {written} of {} held",
+        producer.held()
+    );
+    producer.release_first(written, Order::Shuffled(rng.next()));
+}
+
+/// The cluster of a case: namespaces `a` and `b` in the selector's scope, `c` for the second
+/// release; initial events served or not, as drawn (returned).
+async fn model_bed(rng: &mut Rng) -> (Bed, bool) {
     let watch_list = rng.chance(50);
-    let other = rng.chance(50);
     let bed = Bed::in_memory(
         SimConfig {
             watch_list,
@@ -238,6 +250,14 @@ async fn case(seed: u64) {
     for ns in NAMESPACES {
         bed.label(ns, true);
     }
+    (bed, watch_list)
+}
+
+async fn case(seed: u64) {
+    let mut rng = Rng(seed | 1);
+    // Drawn in the order they always were, so a seed replays the same history.
+    let (bed, watch_list) = model_bed(&mut rng).await;
+    let other = rng.chance(50);
     let producer = Arc::new(Memory::new());
     let mut history = format!("seed {seed}: initial events {watch_list}, second release {other}\n");
     let start_other = |bed: &Bed| {
@@ -273,13 +293,7 @@ async fn case(seed: u64) {
             tokio::time::sleep(Duration::from_millis(rng.below(40))).await;
         }
         if rng.chance(60) {
-            let written = rng.below(producer.held() as u64 + 1) as usize;
-            let _ = writeln!(
-                history,
-                "crash: kafka wrote {written} of {} held",
-                producer.held()
-            );
-            producer.release_first(written, Order::Shuffled(rng.next()));
+            crash_writes(&producer, &mut rng, &mut history, "crash");
             relay.kill().await;
             if let Some(b) = b {
                 b.kill().await;
@@ -368,18 +382,7 @@ fn fail(seed: u64, history: &str, producer: &Memory, want: &BTreeMap<String, Str
 /// end the consumer's view must be the cluster's, as with one process.
 async fn replicas_case(seed: u64) {
     let mut rng = Rng(seed | 1);
-    let watch_list = rng.chance(50);
-    let bed = Bed::in_memory(
-        SimConfig {
-            watch_list,
-            ..SimConfig::default()
-        },
-        &[NAMESPACES[0], NAMESPACES[1], OTHER],
-    )
-    .await;
-    for ns in NAMESPACES {
-        bed.label(ns, true);
-    }
+    let (bed, watch_list) = model_bed(&mut rng).await;
     let producer = Arc::new(Memory::new());
     let group = MemoryGroup::default();
     let run = Run::draw(&mut rng, false);
@@ -413,13 +416,7 @@ async fn replicas_case(seed: u64) {
                 producer.hold(true);
                 // Not a wait: a random stretch of work Kafka does not acknowledge.
                 tokio::time::sleep(Duration::from_millis(rng.below(60))).await;
-                let written = rng.below(producer.held() as u64 + 1) as usize;
-                let _ = writeln!(
-                    history,
-                    "replica crashes: kafka wrote {written} of {} held",
-                    producer.held()
-                );
-                producer.release_first(written, Order::Shuffled(rng.next()));
+                crash_writes(&producer, &mut rng, &mut history, "replica crashes");
                 let r = live.remove(rng.below(live.len() as u64) as usize);
                 r.kill().await;
                 producer.purge();

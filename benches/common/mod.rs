@@ -239,3 +239,22 @@ pub async fn create_topics(bootstrap: &str, names: &[&str]) {
         .await
         .unwrap();
 }
+
+/// What a benchmark over the simulator starts with: the broker's address, the simulator
+/// (keeping `history` changes) on its runtime, and a directory of its own.
+pub fn bench_bed(
+    history: usize,
+) -> (
+    String,
+    tokio::runtime::Runtime,
+    watchrelay_sim::Sim,
+    tempfile::TempDir,
+) {
+    let bootstrap = std::env::var("KAFKA_BOOTSTRAP_SERVERS")
+        .expect("KAFKA_BOOTSTRAP_SERVERS (scripts/bench.sh sets it)");
+    let (rt, sim) = start_sim(watchrelay_sim::SimConfig {
+        history_limit: history,
+        ..Default::default()
+    });
+    (bootstrap, rt, sim, tempfile::tempdir().unwrap())
+}

@@ -12,13 +12,13 @@
 //! no shard ever retracts what another announces.
 //! A crash midway repeats the copy: at worst a member too many, which costs a superfluous
 //! inferred DELETED, as with any adoption. A shard whose ConfigMap has the key is never copied
-//! again, so the old state is read at most once per replica, and only while some shard it
-//! claims has not been copied.
+//! again: the old state is read when a replica claims shards not copied yet, once for all the
+//! shards it copies at the same time.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
-use tokio::sync::OnceCell;
+use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::{shapes, Relay};
@@ -35,8 +35,10 @@ pub(super) struct Legacy {
     from: String,
 }
 
-/// The legacy state, read on first need and shared by the replica's shards.
-pub(super) type LegacyCell = Arc<OnceCell<Arc<Legacy>>>;
+/// The legacy state, read on first need and shared by the shards migrating at the same time:
+/// it is dropped once none is (a shard claimed later reads it again), so a replica does not
+/// hold a single leader's whole membership for its lifetime.
+pub(super) type LegacyCell = Arc<Mutex<Weak<Legacy>>>;
 
 /// Where one shard's share goes.
 pub(super) struct Target<'a> {
@@ -109,9 +111,17 @@ impl Relay {
         if loaded.migrated.is_some() {
             return Ok(());
         }
-        let legacy = legacy
-            .get_or_try_init(|| async { self.read_legacy(log.clone()).await.map(Arc::new) })
-            .await?;
+        let legacy = {
+            let mut cell = legacy.lock().await;
+            match cell.upgrade() {
+                Some(read) => read,
+                None => {
+                    let read = Arc::new(self.read_legacy(log.clone()).await?);
+                    *cell = Arc::downgrade(&read);
+                    read
+                }
+            }
+        };
         let sharding = &self.cfg.sharding;
         let ours = |id: &str| sharding.shard_of_stream(id) == to.shard;
         let mut members = 0;
