@@ -212,9 +212,10 @@ impl Relay {
 
     /// One term of relaying, until `stop`; then drains and writes the final checkpoint.
     ///
-    /// With `fenced` (the Lease was lost) the stop is a fence instead: streams stop reading and
-    /// do not drain, the producer's unsent queue is purged so nothing queued can land after the
-    /// new leader's records, and no checkpoint is written after the loss. What remains possible
+    /// With `fenced` (the Lease or the shard was lost) the stop is a fence instead: streams stop
+    /// reading and do not drain, the producer's queued and in-flight records are purged so
+    /// nothing queued (or retried) can land after the new owner's records, and no checkpoint is
+    /// written after the loss. What remains possible
     /// is a request already on the wire when the loss was noticed (at most
     /// `max.in.flight.requests.per.connection` batches per broker), landing within the
     /// producer's request timeout, and a checkpoint write already under way.
@@ -403,7 +404,7 @@ impl Relay {
         stop.cancelled().await;
         watchdog.abort();
         if fenced.is_cancelled() {
-            tracing::warn!("fenced: purging the producer's unsent queue");
+            tracing::warn!("fenced: purging the producer's queued and in-flight records");
             producer.purge();
         }
         // The shutdown budget: drain and flush by `drained`, the final write within its reserve.

@@ -451,7 +451,13 @@ impl Relay {
                     owner: &plan.owner,
                     topic: &plan.membership_topic,
                 };
-                let Err(e) = self.migrate(to, &legacy, &old_log, &stop).await else {
+                // A shard revoked while it copies stops at once: the copy is repeated by whoever
+                // owns it next.
+                let copied = tokio::select! {
+                    _ = stop.cancelled() => return (shard, Ok(())),
+                    copied = self.migrate(to, &legacy, &old_log, &stop) => copied,
+                };
+                let Err(e) = copied else {
                     break;
                 };
                 tracing::warn!(shard, error = %e, "copying the single-leader state failed; retrying");
@@ -486,5 +492,82 @@ impl Relay {
                 run.claimed = None;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::producer::{Headers, Inbox, Sent};
+    use crate::testing::Memory;
+
+    fn record(topic: &str, headers: Headers) -> Record {
+        Record {
+            topic: topic.into(),
+            key: "k".into(),
+            value: b"{}".to_vec(),
+            headers,
+            tombstone: false,
+            partition: None,
+        }
+    }
+
+    fn receipt() -> Box<Receipt> {
+        Receipt::new(Inbox::new(), 0, Sent::Join)
+    }
+
+    fn producer(memory: &Arc<Memory>, deadline: &Arc<Deadline>) -> ShardProducer {
+        ShardProducer {
+            inner: memory.clone(),
+            membership_topic: "m".into(),
+            shard: 5,
+            epoch: "7".into(),
+            deadline: deadline.clone(),
+            records: IntCounter::new("records", "records").unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_shards_records_carry_it_and_its_members_go_to_its_partition() {
+        let memory = Arc::new(Memory::new());
+        let deadline = Arc::new(Deadline::new(Duration::from_secs(60)));
+        deadline.renew(Instant::now());
+        let p = producer(&memory, &deadline);
+        p.send(&record("m", Headers::default()), receipt()).unwrap();
+        p.send(&record("pods", Headers::default()), receipt())
+            .unwrap();
+        // A stream's record has them from its route already: passed as it is.
+        let mut h = Headers::default();
+        h.push("ce_shard", &["5"]);
+        p.send(&record("pods", h), receipt()).unwrap();
+        let log = memory.log();
+        assert_eq!(
+            log[0].partition,
+            Some(5),
+            "a member goes to its shard's partition"
+        );
+        assert_eq!(log[1].partition, None, "an event is placed by its key");
+        for r in &log[..2] {
+            assert_eq!(r.headers.get("ce_shard"), Some("5"));
+            assert_eq!(r.headers.get("ce_ownerepoch"), Some("7"));
+        }
+        assert_eq!(log[2].headers.iter().count(), 1);
+    }
+
+    #[test]
+    fn nothing_is_taken_once_ownership_cannot_be_proven() {
+        let memory = Arc::new(Memory::new());
+        // Never renewed: passed.
+        let deadline = Arc::new(Deadline::new(Duration::from_secs(60)));
+        let p = producer(&memory, &deadline);
+        assert!(matches!(
+            p.send(&record("pods", Headers::default()), receipt()),
+            Err(Refused::Failed(_))
+        ));
+        assert!(memory.log().is_empty());
+        deadline.renew(Instant::now());
+        p.send(&record("pods", Headers::default()), receipt())
+            .unwrap();
+        assert_eq!(memory.log().len(), 1);
     }
 }
