@@ -5,8 +5,9 @@
 //! [`crate::config::ShardingConfig::shard_of_stream`]), its own checkpoint ConfigMap
 //! (`<checkpoint.name>-s<k>`, stamped with the owner epoch so a deposed owner's write fails),
 //! its own membership owner and its own partition `k` of the shards' membership topic, which
-//! its restore alone reads, to an end marker it wrote. Every record it produces carries
-//! `ce_shard` and `ce_ownerepoch` headers.
+//! its restore alone reads, to an end marker it wrote. Every record it produces carries the shard
+//! and the owner epoch (envelope metadata and `ce_shard`, `ce_ownerepoch` headers). Before its
+//! first term, a shard copies its share of a single leader's state (`migrate.rs`).
 //!
 //! # A shard's states, as this replica sees it
 //! - **Claimed** ([`Event::Claimed`]): its term starts: restore, then its streams.
@@ -19,7 +20,9 @@
 //!   group still assigns it here.
 //! - A shard claimed again while its previous term still stops starts once that one ended.
 //!
-//! A stop of the process leaves the group: every shard is handed over first.
+//! A stop of the process leaves the group: every shard is handed over first. So does a replica
+//! whose API server has not answered for `sharding.apiUnreachableSeconds`, which joins again
+//! once it answers.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
