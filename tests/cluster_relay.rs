@@ -285,11 +285,7 @@ async fn every_channel(strategy: &str) {
     for ns in [&shop, &infra, &other, &home] {
         namespace(&cluster, ns);
     }
-    let topics: Vec<String> = CATALOGUE
-        .iter()
-        .map(|c| format!("{prefix}.{}", c.operation_id))
-        .collect();
-    kafka::create_topics(&topics.iter().map(String::as_str).collect::<Vec<_>>(), 3).await;
+    kafka::create_catalogue_topics(&prefix).await;
     let mut channels = String::new();
     for c in CATALOGUE {
         let scope = if ChannelPath::parse(c.path).unwrap().namespaced {

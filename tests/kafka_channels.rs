@@ -100,11 +100,7 @@ fn churn_every_kind(bed: &Bed, round: &str) {
 async fn every_channel_delivers_every_change_with_its_envelope() {
     let bed = Bed::new(&["shop", "infra", "other"]).await;
     let prefix = kafka::unique("ch");
-    let topics: Vec<String> = CATALOGUE
-        .iter()
-        .map(|c| format!("{prefix}.{}", c.operation_id))
-        .collect();
-    kafka::create_topics(&topics.iter().map(String::as_str).collect::<Vec<_>>(), 3).await;
+    kafka::create_catalogue_topics(&prefix).await;
     let mut channels = String::new();
     for c in CATALOGUE {
         let scope = if !ChannelPath::parse(c.path).unwrap().namespaced {

@@ -130,37 +130,35 @@ impl Relay {
             let Some(set) = legacy.members.get(stream) else {
                 continue;
             };
-            let saved = legacy.positions.get(stream).map(encode);
-            // A stream over every namespace that is now relayed per namespace: its members
-            // split by namespace, each part under its namespace's stream, with the position
-            // (a resourceVersion is global: a narrower watch from it misses nothing).
-            let parts: Vec<(String, Vec<(String, Known)>)> = match self.split(stream) {
-                Some(channel) => {
-                    let mut by: BTreeMap<String, Vec<(String, Known)>> = BTreeMap::new();
-                    for (uid, known) in set.iter() {
-                        let Some(ns) = known.namespace.clone() else {
-                            continue;
-                        };
-                        by.entry(StreamId::new(channel, Some(&ns)).to_string())
-                            .or_default()
-                            .push((uid, known));
-                    }
-                    by.into_iter().filter(|(id, _)| ours(id)).collect()
+            let Some(channel) = self.split(stream) else {
+                // A stream that runs as it did: its members as they are (its position below).
+                if ours(stream) {
+                    members += set.len();
+                    let all = set.iter();
+                    membership::adopt(to.producer.as_ref(), to.topic, to.owner, stream, all, stop)
+                        .await?;
                 }
-                None if ours(stream) => vec![(stream.to_string(), set.iter().collect())],
-                None => Vec::new(),
+                continue;
             };
+            // A stream over every namespace, now relayed per namespace: the members of this
+            // shard's namespaces, each part under its namespace's stream, with the position (a
+            // resourceVersion is global: a narrower watch from it misses nothing).
+            let mut parts: BTreeMap<String, Vec<(String, Known)>> = BTreeMap::new();
+            for (uid, known) in set.iter() {
+                let Some(ns) = known.namespace.as_deref() else {
+                    continue;
+                };
+                if sharding.shard_of(ns) == to.shard {
+                    let id = StreamId::new(channel, Some(ns)).to_string();
+                    parts.entry(id).or_default().push((uid, known));
+                }
+            }
+            let saved = legacy.positions.get(stream).map(encode);
             for (id, part) in parts {
                 members += part.len();
-                membership::adopt(
-                    to.producer.as_ref(),
-                    to.topic,
-                    to.owner,
-                    &id,
-                    part.into_iter(),
-                    stop,
-                )
-                .await?;
+                let part = part.into_iter();
+                membership::adopt(to.producer.as_ref(), to.topic, to.owner, &id, part, stop)
+                    .await?;
                 if let Some(saved) = &saved {
                     updates.insert(id, Some(saved.clone()));
                 }

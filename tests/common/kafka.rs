@@ -35,6 +35,15 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
+/// Creates `<prefix>.<operationId>` for every channel of the catalogue, 3 partitions each.
+pub async fn create_catalogue_topics(prefix: &str) {
+    let topics: Vec<String> = watchrelay::catalogue::CATALOGUE
+        .iter()
+        .map(|c| format!("{prefix}.{}", c.operation_id))
+        .collect();
+    create_topics(&topics.iter().map(String::as_str).collect::<Vec<_>>(), 3).await;
+}
+
 pub async fn create_topics(names: &[&str], partitions: i32) {
     create_topics_at(&bootstrap(), names, partitions).await
 }
