@@ -1,8 +1,9 @@
 //! The stream tests, positions and resyncs: a watch whose position expired (410) resyncs and
 //! infers what was deleted meanwhile, re-announcing only what changed; a requested resync (delta
 //! or full) is done and its request cleared; a position ahead of the server (an etcd restore)
-//! leads to a relist; a stalled watch is reopened. The relay runs in-process against the
-//! simulator with a producer in memory; no broker needed.
+//! leads to a relist; a stalled watch is reopened; positions the API server will not serve at
+//! start are read again until it does. The relay runs in-process against the simulator with a
+//! producer in memory; no broker needed.
 
 mod common;
 
@@ -281,6 +282,28 @@ async fn a_stalled_watch_is_reopened_and_nothing_is_lost() {
         .with_label_values(&[STREAM, "stalled"])
         .get();
     assert_eq!(stalled, 1);
+    relay.stop().await;
+    assert_converged(&bed, &producer);
+}
+
+/// The API server fails the relay's first reads of its checkpoints (500): the relay neither ends
+/// nor starts a stream without its position; it reads them again until it gets them, and the
+/// consumer ends holding what the cluster holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_the_api_server_fails_to_serve_at_start_are_read_again() {
+    let bed = bed(false).await;
+    let producer = Arc::new(Memory::new());
+    create(&bed, (0..5).map(|i| format!("p{i}")));
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay.wait_up(1).await;
+    wait_covered(&bed).await;
+    relay.stop().await;
+    create(&bed, ["later".to_string()]);
+    bed.sim.fail_next(3, watchrelay_sim::Fault::ServerError);
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay.wait_up(1).await;
+    assert_eq!(bed.sim.pending_failures(), 0, "the failures were served");
+    wait_covered(&bed).await;
     relay.stop().await;
     assert_converged(&bed, &producer);
 }

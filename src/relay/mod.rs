@@ -16,7 +16,7 @@ use std::time::Duration;
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
-use crate::checkpoint::{CheckpointError, Loaded, Store};
+use crate::checkpoint::{Loaded, Store};
 use crate::config::{Config, RELEASE_RESERVE};
 use crate::envelope::ShardOwner;
 use crate::group::{self, Coordinator};
@@ -30,6 +30,32 @@ use supervisor::Supervisor;
 
 /// How often the producer is checked for a fatal error.
 const FATAL_POLL: Duration = Duration::from_secs(1);
+
+/// The first and the longest wait between two attempts to read the checkpoints.
+const LOAD_RETRY: (Duration, Duration) = (Duration::from_millis(500), Duration::from_secs(30));
+
+/// The checkpoints of a term, read until the API server answers, or `None` once `stop` fires:
+/// a read that fails (the API server unreachable or overloaded, or the ConfigMap forbidden) is
+/// logged and tried again with a doubling wait, never the end of the relay; nothing starts
+/// before the positions are known.
+async fn load(store: &Store, stop: &CancellationToken) -> Option<Loaded> {
+    let mut wait = LOAD_RETRY.0;
+    loop {
+        let error = tokio::select! {
+            _ = stop.cancelled() => return None,
+            loaded = store.load() => match loaded {
+                Ok(loaded) => return Some(loaded),
+                Err(e) => e,
+            },
+        };
+        tracing::warn!(%error, retry_in = ?wait, "reading the checkpoints failed; nothing starts before they are read");
+        tokio::select! {
+            _ = stop.cancelled() => return None,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(LOAD_RETRY.1);
+    }
+}
 
 mod migrate;
 mod shapes;
@@ -63,9 +89,6 @@ pub enum RelayError {
     /// The Kafka producer could not be created: librdkafka refused its configuration.
     #[error("cannot create the Kafka producer: {0}")]
     Producer(String),
-    /// The checkpoint ConfigMap could not be read at the start of a term.
-    #[error("loading checkpoints: {0}")]
-    Checkpoint(#[from] CheckpointError),
 }
 
 /// Where records go: a new Kafka producer per leadership term, or one given producer with the
@@ -271,7 +294,9 @@ impl Relay {
             shard,
         } = plan;
         let mut loaded = if self.checkpoints {
-            let loaded = store.load().await?;
+            let Some(loaded) = load(&store, &stop).await else {
+                return Ok(());
+            };
             tracing::info!(streams = loaded.streams.len(), %owner, "loaded checkpoints");
             loaded
         } else {

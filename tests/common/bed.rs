@@ -52,6 +52,7 @@ impl Bed {
     }
 
     async fn start(cfg: SimConfig, namespaces: &[&str], bootstrap: String) -> Self {
+        super::logs();
         let sim = Sim::start(cfg).await.expect("simulator starts");
         for ns in namespaces.iter().chain(std::iter::once(&CHECKPOINT_NS)) {
             sim.create("namespaces", None, watchrelay_sim::objects::namespace(ns))
@@ -465,10 +466,15 @@ impl Relay {
         .await;
     }
 
-    /// Waits until `n` streams exist and every one is watching (hang guard: 60 s).
+    /// Waits until `n` streams exist and every one is watching (hang guard: 60 s); panics at
+    /// once if the relay ended instead.
     pub async fn wait_up(&self, n: usize) {
         eventually(
             || {
+                assert!(
+                    !self.task.is_finished(),
+                    "the relay ended before its streams were up"
+                );
                 let phases = self.registry.phases();
                 phases.len() >= n && phases.values().all(|p| *p == Phase::Watching)
             },
@@ -479,8 +485,9 @@ impl Relay {
                     .filter(|(_, p)| **p != Phase::Watching)
                     .collect();
                 format!(
-                    "streams never all up: {} live, down: {down:?}",
-                    phases.len()
+                    "streams never all up: {} live, down: {down:?}, blocked: {:?}",
+                    phases.len(),
+                    self.registry.readiness().blocked
                 )
             },
         )
