@@ -126,6 +126,28 @@ bare = [f"{d['kind']}/{d['metadata']['name']}" for d in yaml.safe_load_all(open(
         if d and d["kind"] not in cluster and not d["metadata"].get("namespace")]
 assert not bare, f"namespaced objects without metadata.namespace: {bare}"
 PY
+# Releases of one name in two namespaces (one per team): no object of one is an object of the
+# other, cluster-scoped ones and Roles in a namespace both list included.
+for team in team-a team-b; do
+  helm template watchrelay charts/watchrelay --namespace "$team" --set networkPolicy.enabled=true \
+    -f - >"$work/$team.yaml" <<'YAML'
+config:
+  channels:
+    - operationId: watchNamespacedPods
+      allNamespaces: true
+    - operationId: watchNamespacedServices
+      namespaces: [shared]
+    - operationId: watchNodes
+YAML
+done
+python3 - "$work/team-a.yaml" "$work/team-b.yaml" <<'PY'
+import sys, yaml
+def names(path):
+    return {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"])
+            for d in yaml.safe_load_all(open(path)) if d}
+shared = names(sys.argv[1]) & names(sys.argv[2])
+assert not shared, f"two releases of one name in two namespaces share {sorted(shared)}"
+PY
 if helm template watchrelay charts/watchrelay --namespace watchrelay --set config.checkpoint.namespace=elsewhere >/dev/null 2>&1; then
   echo "the chart rendered a checkpoint ConfigMap outside the namespace its Role covers" >&2
   exit 1
