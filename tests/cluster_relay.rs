@@ -540,83 +540,118 @@ async fn without_the_watchlist_gate_paginated_lists_do_the_same() {
 /// ServiceAccount (a token from the TokenRequest API), under exactly the RBAC the chart
 /// rendered. One replica holds the Lease and relays; killed, the other takes the Lease over and
 /// relays on. With one permission taken from the rendered ClusterRole, the relay says which.
+/// A release of the chart, rendered with `sets` (`--set` values) into a namespace of its own and
+/// applied: its RBAC and ServiceAccount exist, and its configuration is pointed at this cluster
+/// through the ServiceAccount's token, so the relay may do what the chart grants and no more.
+struct Release {
+    ns: String,
+    /// `config.clusterName`: the namespace's name without dashes, so its topics are its own.
+    cluster_name: String,
+    /// The chart's configuration, with short intervals and a membership topic of its own.
+    cfg: Value,
+    /// Holds the ServiceAccount's kubeconfig and the replicas' files.
+    dir: tempfile::TempDir,
+}
+
+impl Release {
+    async fn install(cluster: &Cluster, prefix: &str, sets: &[&str]) -> Self {
+        let ns = unique(prefix);
+        namespace(cluster, &ns);
+        let cluster_name = ns.replace('-', "");
+        let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/watchrelay");
+        let mut helm = std::process::Command::new("helm");
+        helm.args(["template", "wr"])
+            .arg(&chart)
+            .args(["--namespace", &ns])
+            .args(["--set", &format!("config.clusterName={cluster_name}")])
+            .args([
+                "--set",
+                &format!("config.kafka.bootstrapServers={}", kafka::bootstrap()),
+            ]);
+        for set in sets {
+            helm.args(["--set", set]);
+        }
+        let rendered = helm
+            .output()
+            .expect("helm runs (the test command installs it)");
+        assert!(rendered.status.success(), "{rendered:?}");
+        let rendered = String::from_utf8(rendered.stdout).unwrap();
+        cluster.apply(&rendered);
+        let topics: Vec<String> = ["pods", "deployments.apps", "nodes"]
+            .iter()
+            .map(|r| format!("{cluster_name}.{r}"))
+            .collect();
+        kafka::create_topics(&topics.iter().map(String::as_str).collect::<Vec<_>>(), 3).await;
+
+        let cm: Value = serde_json::from_str(&cluster.kubectl(&[
+            "-n",
+            &ns,
+            "get",
+            "configmap",
+            "wr-watchrelay-config",
+            "-o",
+            "json",
+        ]))
+        .unwrap();
+        let mut cfg: Value =
+            serde_saphyr::from_str(cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
+        let sa = rendered
+            .split("\n---")
+            .find(|d| d.contains("kind: ServiceAccount"))
+            .and_then(|d| d.lines().find_map(|l| l.trim().strip_prefix("name: ")))
+            .expect("the chart renders a ServiceAccount")
+            .trim()
+            .to_string();
+        let token = cluster.kubectl(&["-n", &ns, "create", "token", &sa, "--duration=1h"]);
+        let admin: Value =
+            serde_saphyr::from_str(&std::fs::read_to_string(cluster.kubeconfig()).unwrap())
+                .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("sa.kubeconfig");
+        let sa_config = json!({"apiVersion": "v1", "kind": "Config",
+            "clusters": admin["clusters"],
+            "users": [{"name": "sa", "user": {"token": token.trim()}}],
+            "contexts": [{"name": "sa", "context": {"cluster": "local", "user": "sa"}}],
+            "current-context": "sa"});
+        std::fs::write(&kubeconfig, sa_config.to_string()).unwrap();
+        cfg["kubernetes"] =
+            json!({"kubeconfig": kubeconfig, "backoffInitialMs": 50, "backoffMaxMs": 1000});
+        cfg["checkpoint"]["intervalMs"] = json!(200);
+        cfg["checkpoint"]["membership"] = json!({"topic": kafka::unique("membership")});
+        cfg["http"] = json!({"listen": "127.0.0.1:0"});
+        Self {
+            ns,
+            cluster_name,
+            cfg,
+            dir,
+        }
+    }
+
+    /// Starts the binary as replica `pod` of the release, on `config`.
+    fn replica(&self, config: &str, pod: &str) -> RelayProcess {
+        let dir = self.dir.path().join(pod);
+        std::fs::create_dir_all(&dir).unwrap();
+        RelayProcess::replica(&dir, config, pod)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_charts_rbac_two_replicas_and_a_missing_permission() {
     let cluster = Cluster::from_env();
-    let ns = unique("chart");
+    let mut release = Release::install(&cluster, "chart", &["replicaCount=2"]).await;
+    let (ns, cluster_name) = (release.ns.clone(), release.cluster_name.clone());
     let apps = format!("{ns}-apps");
-    namespace(&cluster, &ns);
     namespace(&cluster, &apps);
-    let cluster_name = ns.replace('-', "");
-    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/watchrelay");
-    let rendered = std::process::Command::new("helm")
-        .args(["template", "wr"])
-        .arg(&chart)
-        .args(["--namespace", &ns, "--set", "replicaCount=2"])
-        .args(["--set", &format!("config.clusterName={cluster_name}")])
-        .args([
-            "--set",
-            &format!("config.kafka.bootstrapServers={}", kafka::bootstrap()),
-        ])
-        .output()
-        .expect("helm runs (the test command installs it)");
-    assert!(rendered.status.success(), "{rendered:?}");
-    let rendered = String::from_utf8(rendered.stdout).unwrap();
-    cluster.apply(&rendered);
-    let topics: Vec<String> = ["pods", "deployments.apps", "nodes"]
-        .iter()
-        .map(|r| format!("{cluster_name}.{r}"))
-        .collect();
-    kafka::create_topics(&topics.iter().map(String::as_str).collect::<Vec<_>>(), 3).await;
-
-    // The chart's configuration, pointed at this cluster through the ServiceAccount's token.
-    let cm: Value = serde_json::from_str(&cluster.kubectl(&[
-        "-n",
-        &ns,
-        "get",
-        "configmap",
-        "wr-watchrelay-config",
-        "-o",
-        "json",
-    ]))
-    .unwrap();
-    let mut cfg: Value =
-        serde_saphyr::from_str(cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
-    let sa = rendered
-        .split("\n---")
-        .find(|d| d.contains("kind: ServiceAccount"))
-        .and_then(|d| d.lines().find_map(|l| l.trim().strip_prefix("name: ")))
-        .expect("the chart renders a ServiceAccount")
-        .trim()
-        .to_string();
-    let token = cluster.kubectl(&["-n", &ns, "create", "token", &sa, "--duration=1h"]);
-    let admin: Value =
-        serde_saphyr::from_str(&std::fs::read_to_string(cluster.kubeconfig()).unwrap()).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("sa.kubeconfig");
-    let sa_config = json!({"apiVersion": "v1", "kind": "Config",
-        "clusters": admin["clusters"],
-        "users": [{"name": "sa", "user": {"token": token.trim()}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "local", "user": "sa"}}],
-        "current-context": "sa"});
-    std::fs::write(&kubeconfig, sa_config.to_string()).unwrap();
-    cfg["kubernetes"] =
-        json!({"kubeconfig": kubeconfig, "backoffInitialMs": 50, "backoffMaxMs": 1000});
-    cfg["checkpoint"]["intervalMs"] = json!(200);
-    cfg["checkpoint"]["membership"] = json!({"topic": kafka::unique("membership")});
-    cfg["http"] = json!({"listen": "127.0.0.1:0"});
-    cfg["leaderElection"]["leaseDurationSeconds"] = json!(4);
-    cfg["leaderElection"]["renewDeadlineSeconds"] = json!(3);
-    cfg["leaderElection"]["retryPeriodSeconds"] = json!(1);
-    let config = serde_json::to_string(&cfg).unwrap();
+    let le = &mut release.cfg["leaderElection"];
+    le["leaseDurationSeconds"] = json!(4);
+    le["renewDeadlineSeconds"] = json!(3);
+    le["retryPeriodSeconds"] = json!(1);
+    let config = serde_json::to_string(&release.cfg).unwrap();
 
     let pods = |names| make(&cluster, "pods", &apps, "p", names);
     pods(0..10);
-    let (da, db) = (dir.path().join("a"), dir.path().join("b"));
-    std::fs::create_dir_all(&da).unwrap();
-    std::fs::create_dir_all(&db).unwrap();
-    let mut a = RelayProcess::replica(&da, &config, "wr-a");
-    let mut b = RelayProcess::replica(&db, &config, "wr-b");
+    let mut a = release.replica(&config, "wr-a");
+    let mut b = release.replica(&config, "wr-b");
     let holder = || -> Option<String> {
         let lease = cluster
             .try_kubectl(
@@ -684,14 +719,10 @@ async fn the_charts_rbac_two_replicas_and_a_missing_permission() {
     standby.stop();
 
     // The rendered ClusterRole without `watch`: the relay names what it lacks.
-    let role: Value = serde_json::from_str(&cluster.kubectl(&[
-        "get",
-        "clusterrole",
-        "wr-watchrelay",
-        "-o",
-        "json",
-    ]))
-    .unwrap();
+    let name = format!("wr-watchrelay-{ns}");
+    let role: Value =
+        serde_json::from_str(&cluster.kubectl(&["get", "clusterrole", &name, "-o", "json"]))
+            .unwrap();
     let mut trimmed = role.clone();
     for rule in trimmed["rules"].as_array_mut().unwrap() {
         if rule["resources"]
@@ -703,21 +734,155 @@ async fn the_charts_rbac_two_replicas_and_a_missing_permission() {
             rule["verbs"] = json!(["list"]);
         }
     }
-    trimmed["metadata"] = json!({"name": "wr-watchrelay"});
+    trimmed["metadata"] = json!({ "name": name });
     cluster
         .try_kubectl(&["replace", "-f", "-"], Some(&trimmed.to_string()))
         .unwrap();
-    let dc = dir.path().join("c");
-    std::fs::create_dir_all(&dc).unwrap();
-    let c = RelayProcess::replica(&dc, &config, "wr-c");
+    let c = release.replica(&config, "wr-c");
     c.wait_log("cannot watch resource").await;
     assert!(c.log().contains("pods"), "{}", c.log());
     drop(c);
     let mut restored = role;
-    restored["metadata"] = json!({"name": "wr-watchrelay"});
+    restored["metadata"] = json!({ "name": name });
     cluster
         .try_kubectl(&["replace", "-f", "-"], Some(&restored.to_string()))
         .unwrap();
+}
+
+/// The chart's sharded release on a real server, three replicas of the binary with the chart's
+/// RBAC (shard ConfigMaps, the parked Lease, namespaces): the shards spread over all three; a
+/// `kill -9` of one moves its shards to the other two while pods come and go; the consumer's
+/// view ends equal to the cluster, every record carries its namespace's shard, and the last
+/// record on every key has the highest owner epoch seen on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_charts_sharded_release_three_replicas_and_a_kill() {
+    const SHARDS: u32 = 8;
+    let cluster = Cluster::from_env();
+    let shards = format!("config.sharding.shards={SHARDS}");
+    let sets = ["replicaCount=3", "config.sharding.enabled=true", &shards];
+    let mut release = Release::install(&cluster, "sharded", &sets).await;
+    let ns = release.ns.clone();
+    let apps: Vec<String> = (0..4).map(|i| format!("{ns}-a{i}")).collect();
+    for a in &apps {
+        namespace(&cluster, a);
+        make(&cluster, "pods", a, "p", 0..5);
+    }
+    release.cfg["sharding"]["sessionTimeoutMs"] = json!(6000);
+    release.cfg["sharding"]["ownershipDeadlineMs"] = json!(3000);
+    let config = serde_json::to_string(&release.cfg).unwrap();
+    let checkpoint = release.cfg["checkpoint"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Which replica last claimed each shard, from the shards' ConfigMaps.
+    let owners = || -> Vec<Option<String>> {
+        (0..SHARDS)
+            .map(|k| {
+                let name = watchrelay::config::ShardingConfig::configmap(&checkpoint, k);
+                let cm = cluster
+                    .try_kubectl(&["-n", &ns, "get", "configmap", &name, "-o", "json"], None)
+                    .ok()?;
+                let cm: Value = serde_json::from_str(&cm).ok()?;
+                let owner = cm["metadata"]["annotations"]["watchrelay.io/owner"].as_str()?;
+                Some(owner.split('_').next().unwrap_or(owner).to_string())
+            })
+            .collect()
+    };
+    let owned_by = |pods: &[&str]| {
+        let o = owners();
+        o.iter()
+            .all(|x| x.as_deref().is_some_and(|x| pods.contains(&x)))
+            && pods
+                .iter()
+                .all(|p| o.iter().any(|x| x.as_deref() == Some(*p)))
+    };
+    let mut replicas: Vec<RelayProcess> = ["wr-0", "wr-1", "wr-2"]
+        .iter()
+        .map(|pod| release.replica(&config, pod))
+        .collect();
+    let mut spread = false;
+    for _ in 0..600 {
+        spread = owned_by(&["wr-0", "wr-1", "wr-2"]);
+        if spread {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        spread,
+        "the shards never spread over the three replicas: {:?}\n{}",
+        owners(),
+        replicas[0].log()
+    );
+    let topic = format!("{}.pods", release.cluster_name);
+    let in_apps = {
+        let apps = apps.clone();
+        move |k: &str| apps.iter().any(|a| k.starts_with(&format!("{a}/")))
+    };
+    let want = || {
+        cluster_view(&cluster, "pods", |o| {
+            apps.iter()
+                .any(|a| o["metadata"]["namespace"] == a.as_str())
+        })
+    };
+    converge(&topic, want(), in_apps.clone()).await;
+
+    // kill -9 of one replica while pods come and go: the other two take its shards over.
+    replicas[1].kill();
+    for a in &apps {
+        make(&cluster, "pods", a, "p", 5..8);
+        cluster.kubectl(&["-n", a, "delete", "pod", "p0", "--wait=false"]);
+    }
+    let mut moved = false;
+    for _ in 0..600 {
+        moved = owned_by(&["wr-0", "wr-2"]);
+        if moved {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        moved,
+        "the killed replica's shards never moved: {:?}\n{}",
+        owners(),
+        replicas[0].log()
+    );
+    let msgs = converge(&topic, want(), in_apps.clone()).await;
+
+    let sharding = watchrelay::config::ShardingConfig {
+        shards: SHARDS,
+        ..Default::default()
+    };
+    let mut sorted: Vec<&Msg> = msgs
+        .iter()
+        .filter(|m| m.key.as_deref().is_some_and(&in_apps))
+        .collect();
+    sorted.sort_by_key(|m| (m.partition, m.offset));
+    let mut epochs: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for m in sorted {
+        let ns = m.value["object"]["metadata"]["namespace"].as_str().unwrap();
+        assert_eq!(
+            m.value["watchrelay"]["shard"],
+            sharding.shard_of(ns),
+            "a record of {ns} in the wrong shard"
+        );
+        let epoch = m.value["watchrelay"]["ownerEpoch"]
+            .as_u64()
+            .expect("an owner epoch");
+        let key = m.key.as_deref().unwrap();
+        let (highest, last) = epochs.entry(key).or_default();
+        *highest = (*highest).max(epoch);
+        *last = epoch;
+    }
+    for (key, (highest, last)) in epochs {
+        assert_eq!(
+            last, highest,
+            "the last record on {key} is not of its newest owner"
+        );
+    }
+    for r in [0, 2] {
+        replicas[r].stop();
+    }
 }
 
 /// A `namespaceSelector` channel on a real server: namespaces labelled into scope are relayed,
