@@ -18,10 +18,12 @@
 //! hold, key by key, the very version (uid and resourceVersion) the cluster holds in the two
 //! releases' scopes.
 //!
-//! A third test runs a sharded release instead: up to three replicas join, leave cleanly and
-//! crash (Kafka having written a random prefix of what was sent) between the same cluster
-//! operations, meeting in an in-memory group that hands shards over as Kafka's cooperative
-//! protocol does; the consumer's view must end as the cluster's all the same.
+//! A third test runs a sharded release instead: up to three replicas join, leave cleanly, crash
+//! (Kafka having written a random prefix of what was sent) and are cut off from the group past
+//! their session (frozen, or partitioned from the coordinator: they fence themselves while their
+//! shards move) between the same cluster operations, meeting in an in-memory group that hands
+//! shards over as Kafka's cooperative protocol does; the consumer's view must end as the
+//! cluster's all the same.
 //!
 //! `WATCHRELAY_MODEL_CASES` sets the cases per test (default 6); `WATCHRELAY_MODEL_SEED` runs one
 //! case. A failing case prints its seed and history.
@@ -377,9 +379,13 @@ fn fail(seed: u64, history: &str, producer: &Memory, want: &BTreeMap<String, Str
     );
 }
 
-/// A case of a sharded release: replicas join, leave cleanly and crash (Kafka having written a
-/// random prefix of what was sent) between cluster operations, over the in-memory group. At the
-/// end the consumer's view must be the cluster's, as with one process.
+/// By how much a session outlasts the ownership deadline: the least the configuration allows.
+const SESSION_MARGIN: Duration = Duration::from_secs(3);
+
+/// A case of a sharded release: replicas join, leave cleanly, crash (Kafka having written a
+/// random prefix of what was sent) and are cut off from the group past their session between
+/// cluster operations, over the in-memory group. At the end the consumer's view must be the
+/// cluster's, as with one process.
 async fn replicas_case(seed: u64) {
     let mut rng = Rng(seed | 1);
     let (bed, watch_list) = model_bed(&mut rng).await;
@@ -390,6 +396,8 @@ async fn replicas_case(seed: u64) {
     cfg.sharding = ShardingConfig {
         enabled: true,
         shards: 4,
+        // Short, so that a replica cut off fences itself soon.
+        ownership_deadline_ms: 1_000,
         // Beside the membership topic, which the consumer does not read.
         topic: Some(format!(
             "{}.shards",
@@ -411,6 +419,20 @@ async fn replicas_case(seed: u64) {
                 let r = live.remove(rng.below(live.len() as u64) as usize);
                 r.stop().await;
                 let _ = writeln!(history, "replica leaves: {}", live.len());
+            }
+            4 if !live.is_empty() => {
+                // A replica cut off from the group (frozen, or partitioned from the
+                // coordinator) past its session while the cluster changes: it fences itself,
+                // its shards move, and it comes back to learn they were lost.
+                let (g, k) = (group.clone(), rng.below(3) as usize);
+                tokio::task::spawn_blocking(move || g.cut(k, SESSION_MARGIN))
+                    .await
+                    .unwrap();
+                let _ = writeln!(history, "replica cut off past its session");
+                let _ = writeln!(history, "  {}", operate(&bed, &mut rng, &mut snapshot));
+                let g = group.clone();
+                tokio::task::spawn_blocking(move || g.heal()).await.unwrap();
+                let _ = writeln!(history, "replica back");
             }
             3 if !live.is_empty() => {
                 producer.hold(true);

@@ -290,6 +290,8 @@ impl Relay {
                             }
                         }
                         handovers.push((shards, done));
+                        // Shards no longer running (fenced and ended) are handed over at once.
+                        answer(&mut handovers, &running);
                     }
                 },
                 Some((shard, result)) = terms.next(), if !terms.is_empty() => {
@@ -304,13 +306,7 @@ impl Relay {
                         running.insert(shard, run);
                         terms.push(term);
                     }
-                    handovers.retain(|(shards, done)| {
-                        let pending = shards.iter().any(|s| running.contains_key(s));
-                        if !pending {
-                            let _ = done.send(());
-                        }
-                        pending
-                    });
+                    answer(&mut handovers, &running);
                 }
                 _ = tick.tick() => {
                     self.metrics
@@ -496,6 +492,20 @@ impl Relay {
             }
         }
     }
+}
+
+/// Answers every revocation none of whose shards still runs: the rebalance may go on.
+fn answer<R>(
+    handovers: &mut Vec<(Vec<u32>, std::sync::mpsc::SyncSender<()>)>,
+    running: &HashMap<u32, R>,
+) {
+    handovers.retain(|(shards, done)| {
+        let pending = shards.iter().any(|s| running.contains_key(s));
+        if !pending {
+            let _ = done.send(());
+        }
+        pending
+    });
 }
 
 #[cfg(test)]

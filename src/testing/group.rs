@@ -1,7 +1,9 @@
 //! A group of replicas in memory: shards dealt round-robin over the members, handed over as
 //! Kafka's cooperative protocol does (revoked from their owner, answered, then assigned), with
 //! epochs that grow with each claim. A member dropped without leaving crashed: its shards move
-//! at once, never revoked. Its deadline is renewed every 100 ms until then.
+//! at once, never revoked. Its deadline is renewed every 100 ms until then. A member cut off
+//! ([`MemoryGroup::cut`]) is renewed no more and loses its shards to the others once its session
+//! would have expired; healed, it learns they were lost, and the group deals again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,9 +44,75 @@ struct Member {
     events: mpsc::UnboundedSender<Event>,
     owned: BTreeSet<u32>,
     handover: Duration,
+    deadline: Arc<Deadline>,
+    /// Whether its ownership is renewed (and its claims reach the group): not while cut off.
+    renewing: Arc<AtomicBool>,
+    /// Cut off: out of the deal; the shards it owned when its session expired.
+    cut: Option<Vec<u32>>,
 }
 
 impl MemoryGroup {
+    /// Cuts the `k`-th member (in join order, counted modulo the members in the group) off the
+    /// group, as a network partition from the coordinator or a freeze does: its ownership is
+    /// renewed no more, and once its deadline has passed and `session` more went by (the margin
+    /// by which the session outlasts the deadline), its shards go to the others, never revoked
+    /// from it. Blocks until then. False when no member is left to cut.
+    pub fn cut(&self, k: usize, session: Duration) -> bool {
+        let member = {
+            let st = self.inner.state.lock().expect("group lock poisoned");
+            let members: Vec<&Member> = st.members.values().filter(|m| m.cut.is_none()).collect();
+            if members.is_empty() {
+                return false;
+            }
+            members[k % members.len()].clone()
+        };
+        member.renewing.store(false, Ordering::Relaxed);
+        while !member.deadline.passed() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(session);
+        {
+            let mut st = self.inner.state.lock().expect("group lock poisoned");
+            let Some(m) = st.members.get_mut(&member.id) else {
+                return true;
+            };
+            m.cut = Some(std::mem::take(&mut m.owned).into_iter().collect());
+        }
+        self.rebalance();
+        true
+    }
+
+    /// Lets every member cut off back: it learns that the shards it owned were lost (waiting
+    /// for its answer, as a rebalance does), and the group deals again.
+    pub fn heal(&self) {
+        let healed: Vec<(Member, Vec<u32>)> = {
+            let mut st = self.inner.state.lock().expect("group lock poisoned");
+            st.members
+                .values_mut()
+                .filter_map(|m| {
+                    let lost = m.cut.take()?;
+                    m.renewing.store(true, Ordering::Relaxed);
+                    Some((m.clone(), lost))
+                })
+                .collect()
+        };
+        for (member, shards) in healed {
+            if shards.is_empty() {
+                continue;
+            }
+            let (done, wait) = std::sync::mpsc::sync_channel(1);
+            let event = Event::Revoked {
+                shards,
+                lost: true,
+                done,
+            };
+            if member.events.send(event).is_ok() {
+                let _ = wait.recv_timeout(member.handover);
+            }
+        }
+        self.rebalance();
+    }
+
     /// Deals the shards round-robin over the members: revokes what moves (waiting for each
     /// handover), then assigns it under new epochs.
     fn rebalance(&self) {
@@ -114,7 +182,12 @@ impl MemoryGroup {
 impl State {
     /// Which shards each member should own: round-robin in join order.
     fn target(&self) -> BTreeMap<u64, BTreeSet<u32>> {
-        let ids: Vec<u64> = self.members.keys().copied().collect();
+        let ids: Vec<u64> = self
+            .members
+            .values()
+            .filter(|m| m.cut.is_none())
+            .map(|m| m.id)
+            .collect();
         let mut target: BTreeMap<u64, BTreeSet<u32>> = BTreeMap::new();
         if ids.is_empty() {
             return target;
@@ -149,12 +222,15 @@ impl Coordinator for MemoryGroup {
             cfg.sharding.ownership_deadline_ms,
         ))));
         let stop = Arc::new(AtomicBool::new(false));
+        let renewing = Arc::new(AtomicBool::new(true));
         {
-            // Proves ownership every 100 ms while in the group.
-            let (deadline, stop) = (deadline.clone(), stop.clone());
+            // Proves ownership every 100 ms while in the group, and not cut off.
+            let (deadline, stop, renewing) = (deadline.clone(), stop.clone(), renewing.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    deadline.renew(Instant::now());
+                    if renewing.load(Ordering::Relaxed) {
+                        deadline.renew(Instant::now());
+                    }
                     std::thread::sleep(Duration::from_millis(100));
                 }
             });
@@ -171,6 +247,9 @@ impl Coordinator for MemoryGroup {
                     events,
                     owned: BTreeSet::new(),
                     handover,
+                    deadline: deadline.clone(),
+                    renewing,
+                    cut: None,
                 },
             );
             id
@@ -193,7 +272,13 @@ impl Membership for Joined {
 
     fn reclaim(&self, shards: &[u32]) {
         let mut st = self.group.inner.state.lock().expect("group lock poisoned");
-        let Some(m) = st.members.get(&self.id).cloned() else {
+        // A claim is a commit the group checks: none reaches it from a member cut off.
+        let Some(m) = st
+            .members
+            .get(&self.id)
+            .filter(|m| m.renewing.load(Ordering::Relaxed))
+            .cloned()
+        else {
             return;
         };
         let claims: Vec<(u32, u64)> = shards
