@@ -252,7 +252,7 @@ async fn a_hundred_thousand_pods_with_deletions_while_down() {
     // Everything is in Kafka: read to the end of the resync (cheap to check on 200,000
     // records), then compare once.
     let msgs = bed
-        .read_within(&topic, Duration::from_secs(600), |m| {
+        .read_metadata_within(&topic, Duration::from_secs(600), |m| {
             m.iter().any(|m| {
                 m.value["object"]["metadata"]["annotations"]["watchrelay.io/resync-end"] == "true"
             })

@@ -202,11 +202,36 @@ impl Bed {
         guard: Duration,
         done: impl Fn(&[Msg]) -> bool + Send + 'static,
     ) -> Vec<Msg> {
+        self.read_shaped_within(topic, guard, kafka::whole, done)
+            .await
+    }
+
+    /// [`Bed::read_within`], keeping of each record's object the metadata that identify it
+    /// ([`kafka::metadata_only`]): for topics of hundreds of thousands of records.
+    pub async fn read_metadata_within(
+        &self,
+        topic: &str,
+        guard: Duration,
+        done: impl Fn(&[Msg]) -> bool + Send + 'static,
+    ) -> Vec<Msg> {
+        self.read_shaped_within(topic, guard, kafka::metadata_only, done)
+            .await
+    }
+
+    async fn read_shaped_within(
+        &self,
+        topic: &str,
+        guard: Duration,
+        shape: impl Fn(&[u8]) -> serde_json::Value + Send + 'static,
+        done: impl Fn(&[Msg]) -> bool + Send + 'static,
+    ) -> Vec<Msg> {
         let bootstrap = self.bootstrap.clone();
         let topic = topic.to_string();
-        tokio::task::spawn_blocking(move || kafka::read_until(&bootstrap, &topic, guard, done))
-            .await
-            .unwrap()
+        tokio::task::spawn_blocking(move || {
+            kafka::read_shaped_until(&bootstrap, &topic, guard, shape, done)
+        })
+        .await
+        .unwrap()
     }
 
     /// Waits until `stream`'s checkpoint reaches the simulator's current resourceVersion, i.e.

@@ -121,6 +121,43 @@ pub fn read_until(
     guard: Duration,
     done: impl Fn(&[Msg]) -> bool,
 ) -> Vec<Msg> {
+    read_shaped_until(bootstrap, topic, guard, whole, done)
+}
+
+/// A record's value with its object cut down to the metadata that identify it (name,
+/// namespace, uid, resourceVersion, annotations): what a test reading hundreds of thousands of
+/// records needs to hold of each (a whole object takes tens of kilobytes parsed).
+pub fn metadata_only(payload: &[u8]) -> serde_json::Value {
+    const KEPT: [&str; 5] = ["name", "namespace", "uid", "resourceVersion", "annotations"];
+    let mut value = whole(payload);
+    if let Some(object) = value
+        .get_mut("object")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        object.retain(|k, _| k == "metadata");
+        if let Some(md) = object
+            .get_mut("metadata")
+            .and_then(serde_json::Value::as_object_mut)
+        {
+            md.retain(|k, _| KEPT.contains(&k.as_str()));
+        }
+    }
+    value
+}
+
+/// The whole of a record's value.
+pub fn whole(payload: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(payload).unwrap_or(serde_json::Value::Null)
+}
+
+/// [`read_until`], each value read by `shape` (see [`whole`] and [`metadata_only`]).
+pub fn read_shaped_until(
+    bootstrap: &str,
+    topic: &str,
+    guard: Duration,
+    shape: impl Fn(&[u8]) -> serde_json::Value,
+    done: impl Fn(&[Msg]) -> bool,
+) -> Vec<Msg> {
     let consumer = reading(bootstrap, topic, Offset::Offset(0));
     let start = Instant::now();
     let mut out = Vec::new();
@@ -142,7 +179,7 @@ pub fn read_until(
                     partition: m.partition(),
                     offset: m.offset(),
                     key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
-                    value: serde_json::from_slice(payload).unwrap_or(serde_json::Value::Null),
+                    value: shape(payload),
                     raw_len: payload.len(),
                     headers,
                 });
