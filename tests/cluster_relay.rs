@@ -629,9 +629,7 @@ impl Release {
 
     /// Starts the binary as replica `pod` of the release, on `config`.
     fn replica(&self, config: &str, pod: &str) -> RelayProcess {
-        let dir = self.dir.path().join(pod);
-        std::fs::create_dir_all(&dir).unwrap();
-        RelayProcess::replica(&dir, config, pod)
+        RelayProcess::replica(self.dir.path(), config, pod)
     }
 }
 

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::bed::{eventually, Bed, Relay, CHECKPOINT_NS};
 use common::broker::{Options, OwnBroker};
+use common::cluster::RelayProcess;
 use common::kafka::{self, Msg};
 use common::proxy::Proxy;
 use common::view::{kafka_view, pods};
@@ -403,83 +404,6 @@ async fn a_broker_restart_loses_nothing() {
     b.stop().await;
 }
 
-/// The binary as one replica of a sharded release: its configuration and log in a directory of
-/// its own, `POD_NAME` its identity.
-struct Replica {
-    child: std::process::Child,
-    pod: String,
-    config: std::path::PathBuf,
-    log: std::path::PathBuf,
-}
-
-const BIN: &str = env!("CARGO_BIN_EXE_watchrelay");
-
-impl Replica {
-    fn start(dir: &std::path::Path, config: &str, pod: &str) -> Self {
-        let dir = dir.join(pod);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("config.yaml");
-        std::fs::write(&path, config).unwrap();
-        let mut r = Self {
-            child: std::process::Command::new("true").spawn().unwrap(),
-            pod: pod.into(),
-            config: path,
-            log: dir.join("relay.log"),
-        };
-        r.spawn();
-        r
-    }
-
-    fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        self.child = std::process::Command::new(BIN)
-            .env("POD_NAME", &self.pod)
-            .args(["run", "--config"])
-            .arg(&self.config)
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-    }
-
-    fn signal(&self, signal: &str) {
-        let pid = self.child.id().to_string();
-        let status = std::process::Command::new("kill")
-            .args([signal, &pid])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// SIGTERM, and the drained exit.
-    fn stop(&mut self) {
-        self.signal("-TERM");
-        let exit = self.child.wait().unwrap();
-        assert!(
-            exit.success(),
-            "{} exited {exit:?}:\n{}",
-            self.pod,
-            self.log()
-        );
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Which replica (its pod name) last claimed each shard, from the shards' ConfigMaps.
 fn owners(bed: &Bed, checkpoint: &str) -> Vec<Option<String>> {
     (0..SHARDS)
@@ -555,9 +479,9 @@ async fn a_killed_replica_and_a_frozen_one_lose_nothing() {
         kafka::unique("shards"),
         names.join(", ")
     );
-    let mut r0 = Replica::start(dir.path(), &config, "r0");
-    let mut r1 = Replica::start(dir.path(), &config, "r1");
-    let mut r2 = Replica::start(dir.path(), &config, "r2");
+    let mut r0 = RelayProcess::replica(dir.path(), &config, "r0");
+    let mut r1 = RelayProcess::replica(dir.path(), &config, "r1");
+    let mut r2 = RelayProcess::replica(dir.path(), &config, "r2");
     eventually(
         || {
             let o = owners(bed, &checkpoint);
@@ -574,8 +498,7 @@ async fn a_killed_replica_and_a_frozen_one_lose_nothing() {
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // kill -9: its shards move once its session expires.
-    r1.child.kill().unwrap();
-    r1.child.wait().unwrap();
+    r1.kill();
     let killed = wait_owned_by(bed, &checkpoint, &["r0", "r2"]).await;
 
     // Frozen past the session: its shards move while it sleeps; resumed, it fences itself.
@@ -588,7 +511,7 @@ async fn a_killed_replica_and_a_frozen_one_lose_nothing() {
     )
     .await;
     // Both back: they share the shards again.
-    r1.spawn();
+    r1.restart();
     eventually(
         || {
             let o = owners(bed, &checkpoint);

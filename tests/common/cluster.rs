@@ -165,8 +165,11 @@ impl RelayProcess {
         Self::replica(dir, config, "relay-0")
     }
 
-    /// [`RelayProcess::start`] as the replica `pod` (its identity in the Lease).
+    /// [`RelayProcess::start`] as the replica `pod` (its identity in the Lease and the shard
+    /// group), its configuration and log in `dir/pod`.
     pub fn replica(dir: &Path, config: &str, pod: &str) -> Self {
+        let dir = dir.join(pod);
+        std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("config.yaml");
         std::fs::write(&path, config).unwrap();
         let log = dir.join("relay.log");
@@ -178,6 +181,15 @@ impl RelayProcess {
         };
         p.restart();
         p
+    }
+
+    /// Sends `signal` (`-STOP`, `-CONT`, …) to the process.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
     }
 
     /// SIGKILL: a crash.
@@ -206,11 +218,7 @@ impl RelayProcess {
 
     /// SIGTERM, and waits for the drained exit; panics if it was not clean.
     pub fn stop(&mut self) {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
+        self.signal("-TERM");
         let exit = self.child.wait().unwrap();
         assert!(exit.success(), "the relay exited {exit:?}:\n{}", self.log());
     }
