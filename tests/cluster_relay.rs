@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::time::Duration;
 
+use common::bed::eventually;
 use common::cluster::{unique, Cluster, RelayProcess};
 use common::kafka::{self, Msg};
 use common::schema;
@@ -798,20 +799,17 @@ async fn the_charts_sharded_release_three_replicas_and_a_kill() {
         .iter()
         .map(|pod| release.replica(&config, pod))
         .collect();
-    let mut spread = false;
-    for _ in 0..600 {
-        spread = owned_by(&["wr-0", "wr-1", "wr-2"]);
-        if spread {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert!(
-        spread,
-        "the shards never spread over the three replicas: {:?}\n{}",
-        owners(),
-        replicas[0].log()
-    );
+    eventually(
+        || owned_by(&["wr-0", "wr-1", "wr-2"]),
+        || {
+            format!(
+                "the shards never spread over the three replicas: {:?}\n{}",
+                owners(),
+                replicas[0].log()
+            )
+        },
+    )
+    .await;
     let topic = format!("{}.pods", release.cluster_name);
     let in_apps = {
         let apps = apps.clone();
@@ -831,20 +829,17 @@ async fn the_charts_sharded_release_three_replicas_and_a_kill() {
         make(&cluster, "pods", a, "p", 5..8);
         cluster.kubectl(&["-n", a, "delete", "pod", "p0", "--wait=false"]);
     }
-    let mut moved = false;
-    for _ in 0..600 {
-        moved = owned_by(&["wr-0", "wr-2"]);
-        if moved {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert!(
-        moved,
-        "the killed replica's shards never moved: {:?}\n{}",
-        owners(),
-        replicas[0].log()
-    );
+    eventually(
+        || owned_by(&["wr-0", "wr-2"]),
+        || {
+            format!(
+                "the killed replica's shards never moved: {:?}\n{}",
+                owners(),
+                replicas[0].log()
+            )
+        },
+    )
+    .await;
     let msgs = converge(&topic, want(), in_apps.clone()).await;
 
     let sharding = watchrelay::config::ShardingConfig {

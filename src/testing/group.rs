@@ -97,18 +97,7 @@ impl MemoryGroup {
                 .collect()
         };
         for (member, shards) in healed {
-            if shards.is_empty() {
-                continue;
-            }
-            let (done, wait) = std::sync::mpsc::sync_channel(1);
-            let event = Event::Revoked {
-                shards,
-                lost: true,
-                done,
-            };
-            if member.events.send(event).is_ok() {
-                let _ = wait.recv_timeout(member.handover);
-            }
+            member.revoke(shards, true);
         }
         self.rebalance();
     }
@@ -136,15 +125,7 @@ impl MemoryGroup {
             (revokes, st.shards)
         };
         for (member, shards) in revokes {
-            let (done, wait) = std::sync::mpsc::sync_channel(1);
-            let event = Event::Revoked {
-                shards: shards.clone(),
-                lost: false,
-                done,
-            };
-            if member.events.send(event).is_ok() {
-                let _ = wait.recv_timeout(member.handover);
-            }
+            member.revoke(shards.clone(), false);
             let mut st = self.inner.state.lock().expect("group lock poisoned");
             if let Some(m) = st.members.get_mut(&member.id) {
                 for s in &shards {
@@ -175,6 +156,24 @@ impl MemoryGroup {
             let m = st.members.get_mut(&id).expect("a member");
             m.owned.extend(fresh);
             let _ = m.events.send(Event::Claimed(claims));
+        }
+    }
+}
+
+impl Member {
+    /// Tells the member `shards` are revoked (`lost`: taken from it already) and waits for its
+    /// answer, as a rebalance does, at most its handover bound.
+    fn revoke(&self, shards: Vec<u32>, lost: bool) {
+        if shards.is_empty() {
+            return;
+        }
+        let (done, wait) = std::sync::mpsc::sync_channel(1);
+        if self
+            .events
+            .send(Event::Revoked { shards, lost, done })
+            .is_ok()
+        {
+            let _ = wait.recv_timeout(self.handover);
         }
     }
 }
@@ -302,18 +301,7 @@ impl Membership for Joined {
             st.members.get(&self.id).cloned()
         };
         if let Some(member) = member {
-            let shards: Vec<u32> = member.owned.iter().copied().collect();
-            if !shards.is_empty() {
-                let (done, wait) = std::sync::mpsc::sync_channel(1);
-                let event = Event::Revoked {
-                    shards,
-                    lost: false,
-                    done,
-                };
-                if member.events.send(event).is_ok() {
-                    let _ = wait.recv_timeout(member.handover);
-                }
-            }
+            member.revoke(member.owned.iter().copied().collect(), false);
         }
         self.crash();
     }
