@@ -842,6 +842,40 @@ async fn the_charts_sharded_release_three_replicas_and_a_kill() {
     .await;
     let msgs = converge(&topic, want(), in_apps.clone()).await;
 
+    // A resync asked with `kubectl annotate` on the release's checkpoint ConfigMap, as without
+    // sharding, reaches the shards: every pod of the four namespaces is announced again.
+    cluster.kubectl(&[
+        "-n",
+        &ns,
+        "annotate",
+        "configmap",
+        &checkpoint,
+        "watchrelay.io/resync=watchNamespacedPods",
+    ]);
+    let pods = want().len();
+    let resynced = tokio::task::spawn_blocking({
+        let (topic, in_apps) = (topic.clone(), in_apps.clone());
+        move || {
+            let again = |msgs: &[Msg]| {
+                msgs.iter()
+                    .filter(|m| m.key.as_deref().is_some_and(&in_apps))
+                    .filter(|m| m.value["watchrelay"]["resync"] == true)
+                    .count()
+            };
+            let msgs =
+                kafka::read_until(&kafka::bootstrap(), &topic, Duration::from_secs(90), |m| {
+                    again(m) >= pods
+                });
+            again(&msgs)
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        resynced >= pods,
+        "{resynced} of {pods} pods announced again after the resync request"
+    );
+
     let sharding = watchrelay::config::ShardingConfig {
         shards: SHARDS,
         ..Default::default()

@@ -2,7 +2,8 @@
 //! infers what was deleted meanwhile, re-announcing only what changed; a requested resync (delta
 //! or full) is done and its request cleared; a position ahead of the server (an etcd restore)
 //! leads to a relist; a stalled watch is reopened; positions the API server will not serve at
-//! start are read again until it does. The relay runs in-process against the simulator with a
+//! start are read again until it does; a sharded release takes a request set on its checkpoint
+//! ConfigMap. The relay runs in-process against the simulator with a
 //! producer in memory; no broker needed.
 
 mod common;
@@ -14,8 +15,9 @@ use common::stream::{
     assert_converged, bed, cluster_view, config, create, start, wait_covered, STREAM,
 };
 use common::view::{consumer_view, events, json};
+use watchrelay::config::ShardingConfig;
 use watchrelay::producer::Record;
-use watchrelay::testing::Memory;
+use watchrelay::testing::{Memory, MemoryGroup};
 use watchrelay_sim::objects;
 
 async fn list_watch_gone_resync(watch_list: bool) {
@@ -305,5 +307,83 @@ async fn checkpoints_the_api_server_fails_to_serve_at_start_are_read_again() {
     assert_eq!(bed.sim.pending_failures(), 0, "the failures were served");
     wait_covered(&bed).await;
     relay.stop().await;
+    assert_converged(&bed, &producer);
+}
+
+/// A sharded release takes a resync request set on its checkpoint ConfigMap, where `kubectl
+/// annotate` sets it without sharding: a replica passes it on to every shard's ConfigMap, the
+/// owner of the stream's shard resyncs, and the request is cleared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_release_takes_a_resync_requested_on_its_checkpoint_configmap() {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    create(&bed, (0..5).map(|i| format!("p{i}")));
+    let mut cfg = config(&bed, "");
+    cfg.sharding = ShardingConfig {
+        enabled: true,
+        shards: 4,
+        topic: Some(format!(
+            "{}.shards",
+            cfg.checkpoint.membership.topic("test")
+        )),
+        ..ShardingConfig::default()
+    };
+    let group = MemoryGroup::default();
+    let replicas: Vec<Relay> = (0..2)
+        .map(|_| Relay::start_in(&bed, cfg.clone(), producer.clone(), &group))
+        .collect();
+    let announced = || {
+        events(&producer)
+            .iter()
+            .filter(|r| json(r)["type"] == "ADDED")
+            .count()
+    };
+    eventually(
+        || {
+            announced() == 5
+                && bed
+                    .sim
+                    .get(
+                        "configmaps",
+                        Some(common::bed::CHECKPOINT_NS),
+                        common::bed::CHECKPOINT_NAME,
+                    )
+                    .is_some()
+        },
+        || format!("{} pods announced, or no checkpoint ConfigMap", announced()),
+    )
+    .await;
+    bed.sim
+        .merge_patch(
+            "configmaps",
+            Some(common::bed::CHECKPOINT_NS),
+            common::bed::CHECKPOINT_NAME,
+            serde_json::json!({"metadata": {"annotations": {"watchrelay.io/resync": "all"}}}),
+        )
+        .unwrap();
+    let resyncs = || -> u64 {
+        replicas
+            .iter()
+            .map(|r| r.counter("resyncs_total", STREAM))
+            .sum()
+    };
+    eventually(
+        || resyncs() >= 1,
+        || "the stream's owner never resynced".into(),
+    )
+    .await;
+    let ended = || {
+        events(&producer).iter().any(|r| {
+            json(r)["object"]["metadata"]["annotations"]["watchrelay.io/resync-end"] == "true"
+        })
+    };
+    eventually(ended, || "the resync never ended".into()).await;
+    let cm = bed.checkpoint_configmap();
+    assert!(cm["metadata"]["annotations"]["watchrelay.io/resync"].is_null());
+    for r in replicas {
+        r.stop().await;
+    }
+    let (reannounced, _) = resync_records(&events(&producer));
+    assert_eq!(reannounced, 5);
     assert_converged(&bed, &producer);
 }

@@ -110,9 +110,13 @@ impl Store {
         Ok(loaded)
     }
 
-    /// A pending resync request (the [`RESYNC_ANNOTATION`] on the ConfigMap), taken: the
-    /// annotation is removed with a compare-and-swap, so a request is taken once.
-    pub async fn take_resync_request(&self) -> Result<Option<String>, CheckpointError> {
+    /// Reads the ConfigMap, lets `change` edit it, and replaces it with a compare-and-swap,
+    /// from the read again after a 409, until it lands. `change` returning `None` leaves the
+    /// ConfigMap as it is; so does a missing ConfigMap.
+    async fn swap<T>(
+        &self,
+        mut change: impl FnMut(&mut ConfigMap) -> Option<T>,
+    ) -> Result<Option<T>, CheckpointError> {
         loop {
             let Some(mut cm) = self
                 .api
@@ -122,14 +126,74 @@ impl Store {
             else {
                 return Ok(None);
             };
-            let Some(what) = cm
-                .metadata
-                .annotations
-                .as_mut()
-                .and_then(|a| a.remove(RESYNC_ANNOTATION))
+            let Some(out) = change(&mut cm) else {
+                return Ok(None);
+            };
+            match self
+                .api
+                .replace(&self.name, &PostParams::default(), &cm)
+                .await
+            {
+                Ok(_) => return Ok(Some(out)),
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+    }
+
+    /// The pending resync request of a ConfigMap (the [`RESYNC_ANNOTATION`]), removed from it.
+    fn remove_request(cm: &mut ConfigMap) -> Option<String> {
+        cm.metadata
+            .annotations
+            .as_mut()
+            .and_then(|a| a.remove(RESYNC_ANNOTATION))
+    }
+
+    /// A pending resync request (the [`RESYNC_ANNOTATION`] on the ConfigMap), taken: the
+    /// annotation is removed with a compare-and-swap, so a request is taken once.
+    pub async fn take_resync_request(&self) -> Result<Option<String>, CheckpointError> {
+        self.swap(Self::remove_request).await
+    }
+
+    /// Creates the ConfigMap, empty, unless it exists: so that requests can be set on it.
+    pub async fn create_if_missing(&self) -> Result<(), CheckpointError> {
+        let cm = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match self.api.create(&PostParams::default(), &cm).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
+    /// Passes a pending resync request on to the ConfigMaps `to` (a sharded release's shards,
+    /// whose owners take it there), then removes it here: with a compare-and-swap, so a request
+    /// set meanwhile is passed on too, never dropped. A crash in between passes it on twice, a
+    /// second resync at worst. Returns the request passed on, if any.
+    pub async fn pass_on_resync_request(
+        &self,
+        to: &[Store],
+    ) -> Result<Option<String>, CheckpointError> {
+        loop {
+            let Some(mut cm) = self
+                .api
+                .get_opt(&self.name)
+                .await
+                .map_err(|e| self.err(e))?
             else {
                 return Ok(None);
             };
+            let Some(what) = Self::remove_request(&mut cm) else {
+                return Ok(None);
+            };
+            for store in to {
+                store.set_resync_request(&what).await?;
+            }
             match self
                 .api
                 .replace(&self.name, &PostParams::default(), &cm)
@@ -140,6 +204,21 @@ impl Store {
                 Err(e) => return Err(self.err(e)),
             }
         }
+    }
+
+    /// [`Store::request_resync`] with the verbs the relay holds on its ConfigMaps (get and
+    /// update, not patch). A ConfigMap not there yet is left alone: it belongs to a shard never
+    /// owned, whose first owner lists anyway.
+    async fn set_resync_request(&self, what: &str) -> Result<(), CheckpointError> {
+        self.swap(|cm| {
+            cm.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(RESYNC_ANNOTATION.into(), what.into());
+            Some(())
+        })
+        .await
+        .map(drop)
     }
 
     /// Asks the running relay to resync `what` (a channel name, or `all`).

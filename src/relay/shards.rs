@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 use super::migrate::{LegacyCell, Target};
 use super::{Relay, RelayError, Sink, Term};
 use crate::checkpoint::{Ownership, Store};
-use crate::config::{ShardingConfig, CHECKPOINT_RESERVE};
+use crate::config::{Config, ShardingConfig, CHECKPOINT_RESERVE};
 use crate::envelope::ShardOwner;
 use crate::group::{Deadline, Event, Membership};
 use crate::membership::{self, Log, Owner};
@@ -195,6 +195,9 @@ impl Relay {
             identity: crate::leader::identity(&cfg.leader_election),
             legacy: LegacyCell::default(),
         };
+        let passing = CancellationToken::new();
+        let _passing = passing.clone().drop_guard();
+        tokio::spawn(pass_on_resyncs(self.client.clone(), cfg.clone(), passing));
         let probing = CancellationToken::new();
         let _probing = probing.clone().drop_guard();
         let reach = Reach::start(self.client.clone(), probing);
@@ -489,6 +492,39 @@ impl Relay {
                     .shard_takeover_seconds
                     .observe(claimed.elapsed().as_secs_f64());
                 run.claimed = None;
+            }
+        }
+    }
+}
+
+/// Passes the resync requests set on the release's checkpoint ConfigMap (`kubectl annotate`,
+/// as without sharding) on to every shard's ConfigMap, whose owners take them, until `stop`.
+/// The ConfigMap is created if missing, so there is one to annotate. Every replica runs this;
+/// the compare-and-swap removing a request makes each pass on at most twice.
+async fn pass_on_resyncs(client: kube::Client, cfg: Arc<Config>, stop: CancellationToken) {
+    let ns = &cfg.checkpoint.namespace;
+    let release = Store::new(client.clone(), ns, &cfg.checkpoint.name);
+    if let Err(e) = release.create_if_missing().await {
+        tracing::warn!(error = %e, "creating the checkpoint ConfigMap, where resync requests are set, failed");
+    }
+    let shards: Vec<Store> = cfg
+        .sharding
+        .configmaps(&cfg.checkpoint.name)
+        .iter()
+        .map(|name| Store::new(client.clone(), ns, name))
+        .collect();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(super::writer::RESYNC_POLL) => {}
+        }
+        match release.pass_on_resync_request(&shards).await {
+            Ok(Some(what)) => {
+                tracing::info!(%what, shards = shards.len(), "passed a resync request on to every shard")
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "passing a resync request on to the shards failed")
             }
         }
     }
