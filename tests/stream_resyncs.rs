@@ -99,21 +99,9 @@ async fn a_requested_resync_reannounces_and_the_request_is_cleared() {
     let relay = start(&bed, config(&bed, ""), &producer);
     relay.wait_up(1).await;
     wait_covered(&bed).await;
-    bed.sim
-        .merge_patch(
-            "configmaps",
-            Some(common::bed::CHECKPOINT_NS),
-            common::bed::CHECKPOINT_NAME,
-            serde_json::json!({"metadata": {"annotations": {"watchrelay.io/resync": "watchNamespacedPods"}}}),
-        )
-        .unwrap();
+    ask_resync(&bed, "watchNamespacedPods");
     relay.wait_counter("resyncs_total", STREAM, 1).await;
-    let marked = || {
-        events(&producer).iter().any(|r| {
-            json(r)["object"]["metadata"]["annotations"]["watchrelay.io/resync-end"] == "true"
-        })
-    };
-    eventually(marked, || "the resync never ended".into()).await;
+    wait_resync_end(&producer).await;
     let cm = bed.checkpoint_configmap();
     assert!(cm["metadata"]["annotations"]["watchrelay.io/resync"].is_null());
     relay.stop().await;
@@ -141,6 +129,12 @@ fn resync_records(log: &[Record]) -> (usize, usize) {
 }
 
 async fn request_resync(bed: &Bed, relay: &Relay, value: &str, resyncs: u64) {
+    ask_resync(bed, value);
+    relay.wait_counter("resyncs_total", STREAM, resyncs).await;
+}
+
+/// Sets the resync request `value` on the checkpoint ConfigMap, as `kubectl annotate` does.
+fn ask_resync(bed: &Bed, value: &str) {
     bed.sim
         .merge_patch(
             "configmaps",
@@ -149,7 +143,16 @@ async fn request_resync(bed: &Bed, relay: &Relay, value: &str, resyncs: u64) {
             serde_json::json!({"metadata": {"annotations": {"watchrelay.io/resync": value}}}),
         )
         .unwrap();
-    relay.wait_counter("resyncs_total", STREAM, resyncs).await;
+}
+
+/// Waits until the producer holds a resync's end mark.
+async fn wait_resync_end(producer: &Memory) {
+    let ended = || {
+        events(producer).iter().any(|r| {
+            json(r)["object"]["metadata"]["annotations"]["watchrelay.io/resync-end"] == "true"
+        })
+    };
+    eventually(ended, || "the resync never ended".into()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -353,14 +356,7 @@ async fn a_sharded_release_takes_a_resync_requested_on_its_checkpoint_configmap(
         || format!("{} pods announced, or no checkpoint ConfigMap", announced()),
     )
     .await;
-    bed.sim
-        .merge_patch(
-            "configmaps",
-            Some(common::bed::CHECKPOINT_NS),
-            common::bed::CHECKPOINT_NAME,
-            serde_json::json!({"metadata": {"annotations": {"watchrelay.io/resync": "all"}}}),
-        )
-        .unwrap();
+    ask_resync(&bed, "all");
     let resyncs = || -> u64 {
         replicas
             .iter()
@@ -372,12 +368,7 @@ async fn a_sharded_release_takes_a_resync_requested_on_its_checkpoint_configmap(
         || "the stream's owner never resynced".into(),
     )
     .await;
-    let ended = || {
-        events(&producer).iter().any(|r| {
-            json(r)["object"]["metadata"]["annotations"]["watchrelay.io/resync-end"] == "true"
-        })
-    };
-    eventually(ended, || "the resync never ended".into()).await;
+    wait_resync_end(&producer).await;
     let cm = bed.checkpoint_configmap();
     assert!(cm["metadata"]["annotations"]["watchrelay.io/resync"].is_null());
     for r in replicas {
