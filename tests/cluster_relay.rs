@@ -829,6 +829,23 @@ async fn the_charts_sharded_release_three_replicas_and_a_kill() {
         make(&cluster, "pods", a, "p", 5..8);
         cluster.kubectl(&["-n", a, "delete", "pod", "p0", "--wait=false"]);
     }
+    // The release's ConfigMap sums it up, for people: who last claimed each shard.
+    let summary = || -> Vec<String> {
+        cluster
+            .try_kubectl(
+                &["-n", &ns, "get", "configmap", &checkpoint, "-o", "json"],
+                None,
+            )
+            .ok()
+            .and_then(|cm| {
+                let cm: Value = serde_json::from_str(&cm).ok()?;
+                let owners =
+                    cm["metadata"]["annotations"]["watchrelay.io/shard-owners"].as_str()?;
+                let owners: BTreeMap<u32, String> = serde_json::from_str(owners).ok()?;
+                Some(owners.into_values().collect())
+            })
+            .unwrap_or_default()
+    };
     eventually(
         || owned_by(&["wr-0", "wr-2"]),
         || {
@@ -838,6 +855,17 @@ async fn the_charts_sharded_release_three_replicas_and_a_kill() {
                 replicas[0].log()
             )
         },
+    )
+    .await;
+    eventually(
+        || {
+            let owners = summary();
+            owners.len() == SHARDS as usize
+                && owners
+                    .iter()
+                    .all(|o| o.starts_with("wr-0") || o.starts_with("wr-2"))
+        },
+        || format!("the summary of the shards' owners: {:?}", summary()),
     )
     .await;
     let msgs = converge(&topic, want(), in_apps.clone()).await;

@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use common::bed::{eventually, Bed, Relay};
@@ -315,7 +316,8 @@ async fn checkpoints_the_api_server_fails_to_serve_at_start_are_read_again() {
 
 /// A sharded release takes a resync request set on its checkpoint ConfigMap, where `kubectl
 /// annotate` sets it without sharding: a replica passes it on to every shard's ConfigMap, the
-/// owner of the stream's shard resyncs, and the request is cleared.
+/// owner of the stream's shard resyncs, and the request is cleared. The replicas create that
+/// ConfigMap and summarize there which of them claimed each shard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sharded_release_takes_a_resync_requested_on_its_checkpoint_configmap() {
     let bed = bed(true).await;
@@ -341,19 +343,29 @@ async fn a_sharded_release_takes_a_resync_requested_on_its_checkpoint_configmap(
             .filter(|r| json(r)["type"] == "ADDED")
             .count()
     };
+    // The replicas create the checkpoint ConfigMap and say there who claimed each shard.
+    let summarized = || {
+        bed.sim
+            .get(
+                "configmaps",
+                Some(common::bed::CHECKPOINT_NS),
+                common::bed::CHECKPOINT_NAME,
+            )
+            .and_then(|cm| {
+                let owners =
+                    cm["metadata"]["annotations"]["watchrelay.io/shard-owners"].as_str()?;
+                serde_json::from_str::<BTreeMap<u32, String>>(owners).ok()
+            })
+            .is_some_and(|owners| owners.len() == 4)
+    };
     eventually(
+        || announced() == 5 && summarized(),
         || {
-            announced() == 5
-                && bed
-                    .sim
-                    .get(
-                        "configmaps",
-                        Some(common::bed::CHECKPOINT_NS),
-                        common::bed::CHECKPOINT_NAME,
-                    )
-                    .is_some()
+            format!(
+                "{} pods announced, or no summary of the shards' owners",
+                announced()
+            )
         },
-        || format!("{} pods announced, or no checkpoint ConfigMap", announced()),
     )
     .await;
     ask_resync(&bed, "all");

@@ -41,6 +41,11 @@ pub const EPOCH_ANNOTATION: &str = "watchrelay.io/owner-epoch";
 /// An annotation on a shard's checkpoint ConfigMap: the replica that owns it, for people.
 pub const OWNER_ANNOTATION: &str = "watchrelay.io/owner";
 
+/// The annotation of a sharded release's checkpoint ConfigMap saying which replica last claimed
+/// each shard: a JSON object, shard number to replica identity, written by each replica as it
+/// claims shards. A summary for people; each shard's ConfigMap and the group are authoritative.
+pub const SHARD_OWNERS_ANNOTATION: &str = "watchrelay.io/shard-owners";
+
 /// The [`RESYNC_ANNOTATION`] value asking for a resync of `what`.
 pub fn resync_request(what: &str, delta: bool) -> String {
     if delta {

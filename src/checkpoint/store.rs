@@ -8,7 +8,8 @@ use kube::api::{Api, ObjectMeta, PostParams};
 
 use super::{
     encode, read, read_mark, read_writes, size, CheckpointError, Loaded, Saved, BUDGET,
-    EPOCH_ANNOTATION, MIGRATED_KEY, OWNER_ANNOTATION, RESYNC_ANNOTATION, WRITES_KEY,
+    EPOCH_ANNOTATION, MIGRATED_KEY, OWNER_ANNOTATION, RESYNC_ANNOTATION, SHARD_OWNERS_ANNOTATION,
+    WRITES_KEY,
 };
 
 /// Who writes a shard's ConfigMap: the replica, and its owner epoch of the shard.
@@ -169,6 +170,31 @@ impl Store {
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
             Err(e) => Err(self.err(e)),
         }
+    }
+
+    /// Records in the [`SHARD_OWNERS_ANNOTATION`] that `owner` claimed `shards` (creating the
+    /// ConfigMap if missing).
+    pub async fn record_shard_owner(
+        &self,
+        shards: &[u32],
+        owner: &str,
+    ) -> Result<(), CheckpointError> {
+        self.create_if_missing().await?;
+        self.swap(|cm| {
+            let annotations = cm.metadata.annotations.get_or_insert_with(Default::default);
+            let mut owners: BTreeMap<u32, String> = annotations
+                .get(SHARD_OWNERS_ANNOTATION)
+                .and_then(|v| serde_json::from_str(v).ok())
+                .unwrap_or_default();
+            for shard in shards {
+                owners.insert(*shard, owner.to_string());
+            }
+            let summary = serde_json::to_string(&owners).expect("a map serializes");
+            annotations.insert(SHARD_OWNERS_ANNOTATION.into(), summary);
+            Some(())
+        })
+        .await
+        .map(drop)
     }
 
     /// Passes a pending resync request on to the ConfigMaps `to` (a sharded release's shards,

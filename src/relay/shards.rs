@@ -267,6 +267,14 @@ impl Relay {
                 }
                 Some(event) = events.recv() => match event {
                     Event::Claimed(claims) => {
+                        let claimed: Vec<u32> = claims.iter().map(|(s, _)| *s).collect();
+                        let release = Store::new(self.client.clone(), &cfg.checkpoint.namespace, &cfg.checkpoint.name);
+                        let who = identity.clone();
+                        tokio::spawn(async move {
+                            if let Err(e) = release.record_shard_owner(&claimed, &who).await {
+                                tracing::warn!(error = %e, "recording the claimed shards in the checkpoint ConfigMap failed");
+                            }
+                        });
                         for (shard, epoch) in claims {
                             self.metrics.shard_rebalances.with_label_values(&["claimed"]).inc();
                             tracing::info!(shard, epoch, "claimed shard");
