@@ -66,17 +66,20 @@ const SUBCOMMANDS: [&str; 8] = [
 ];
 
 #[tokio::test]
-async fn every_subcommand_has_help_and_the_readme_names_them_all() {
+async fn every_subcommand_has_help_and_the_docs_name_them_all() {
     let top = stdout(&watchrelay(&["--help"]).await);
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let docs = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/configuration.md"
+    ))
+    .unwrap();
     for sub in SUBCOMMANDS {
         assert!(top.contains(sub), "--help lacks {sub}");
         let help = stdout(&watchrelay(&[sub, "--help"]).await);
         assert!(help.contains("Usage: watchrelay"), "{sub}: {help}");
         assert!(
-            readme.contains(&format!("watchrelay {sub}")),
-            "README lacks `watchrelay {sub}`"
+            docs.contains(&format!("watchrelay {sub}")),
+            "docs/configuration.md lacks `watchrelay {sub}`"
         );
     }
     assert!(stdout(&watchrelay(&["run", "--help"]).await).contains("WATCHRELAY_CONFIG"));

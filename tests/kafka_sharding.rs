@@ -437,8 +437,8 @@ async fn wait_owned_by(bed: &Bed, checkpoint: &str, pods: &[&str]) -> Duration {
 }
 
 /// What a consumer holds that applies, per key, only records whose owner epoch is at least the
-/// highest it saw on the key (the README's rule against a deposed owner's late record): key ->
-/// uid. Also how many records the rule dropped.
+/// highest it saw on the key (the rule against a deposed owner's late record in
+/// `docs/delivery.md`): key -> uid. Also how many records the rule dropped.
 fn epoch_view(msgs: &[Msg]) -> (BTreeMap<String, String>, usize) {
     let mut sorted: Vec<&Msg> = msgs.iter().collect();
     sorted.sort_by_key(|m| (m.partition, m.offset));

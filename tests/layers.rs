@@ -3,8 +3,8 @@
 //! its top-level modules (`crate::a` named anywhere in module `b`'s code, tests and comments
 //! left out), and fails on any circle, naming the arrows that close it.
 //!
-//! `cargo test --test layers -- --nocapture` prints the layers, lowest first: the README's
-//! layout section shows the same.
+//! `cargo test --test layers -- --nocapture` prints the layers, lowest first: the repository
+//! layout in `docs/contributing.md` shows the same.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
