@@ -12,6 +12,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 mod channel;
+mod fields;
 mod kafka;
 mod validate;
 pub(crate) use kafka::redact;
@@ -19,6 +20,7 @@ mod key;
 mod sharding;
 
 pub(crate) use channel::{is_topic, topic_rule};
+pub use fields::field_paths;
 pub use channel::{Channel, ChannelConfig, Scope, Shape, Shapes, StreamId, WatchStrategy};
 pub use key::KeyTemplate;
 pub use sharding::{fnv1a64, GroupProtocol, ShardingConfig};
