@@ -5,6 +5,22 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+/// The prefix of every metric's name.
+const PREFIX: &str = "watchrelay";
+
+/// One metric as the relay registers it, whether or not it has a series yet: `/metrics` leaves
+/// a labelled metric out until its first series, [`Metrics::described`] does not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Described {
+    /// Its full name, with the `watchrelay_` prefix (a histogram's series add `_bucket`, `_sum`
+    /// and `_count` to it).
+    pub name: String,
+    /// `counter`, `gauge` or `histogram`.
+    pub kind: &'static str,
+    /// Its label names, in order; empty for a metric of one series.
+    pub labels: Vec<String>,
+}
+
 /// Every metric of the relay, shared by its streams, the checkpoint writer and `/metrics`.
 pub struct Metrics {
     /// The Prometheus registry they are all registered with, under the `watchrelay_` prefix.
@@ -104,8 +120,8 @@ fn registered<M: prometheus::core::Collector + Clone + 'static>(
 impl Metrics {
     /// Every metric registered with a fresh registry, counters at zero.
     pub fn new() -> Self {
-        let registry = Registry::new_custom(Some("watchrelay".into()), None)
-            .expect("a static prefix is valid");
+        let registry =
+            Registry::new_custom(Some(PREFIX.into()), None).expect("a static prefix is valid");
         let counter = |name: &str, help: &str, labels: &[&str]| {
             registered(&registry, IntCounterVec::new(Opts::new(name, help), labels))
         };
@@ -336,6 +352,108 @@ impl Metrics {
         forget(&self.delivery_errors, stream);
         forget(&self.watch_restarts, stream);
         forget(&self.api_errors, stream);
+    }
+
+    /// Every metric registered, series or not: its name, type and label names, in the order
+    /// of the struct's fields. The documentation's drift test compares it with the metrics it
+    /// lists.
+    pub fn described(&self) -> Vec<Described> {
+        use prometheus::core::Collector;
+        use prometheus::proto::MetricType;
+        // Destructured without `..`, so a metric added to the struct does not compile until it
+        // is listed here too.
+        let Metrics {
+            registry: _,
+            events_received,
+            events_published,
+            events_filtered,
+            malformed_lines,
+            oversize,
+            delivery_errors,
+            watch_restarts,
+            resyncs,
+            synthetic_deletes,
+            resync_unchanged,
+            resync_full_fallbacks,
+            api_errors,
+            in_flight,
+            stream_up,
+            last_event,
+            publish_latency,
+            checkpoint_writes,
+            checkpoint_bytes,
+            members,
+            membership_restored,
+            membership_restore_seconds,
+            membership_topic_problem,
+            unretractable_members,
+            history_rewinds,
+            watch_strategy_switch_pending,
+            leader,
+            in_flight_limit,
+            checkpoint_written,
+            shards_owned,
+            shards,
+            shard_rebalances,
+            shard_fences,
+            shard_takeover_seconds,
+            shard_records,
+        } = self;
+        let collectors: [&dyn Collector; 34] = [
+            events_received,
+            events_published,
+            events_filtered,
+            malformed_lines,
+            oversize,
+            delivery_errors,
+            watch_restarts,
+            resyncs,
+            synthetic_deletes,
+            resync_unchanged,
+            resync_full_fallbacks,
+            api_errors,
+            in_flight,
+            stream_up,
+            last_event,
+            publish_latency,
+            checkpoint_writes,
+            checkpoint_bytes,
+            members,
+            membership_restored,
+            membership_restore_seconds,
+            membership_topic_problem,
+            unretractable_members,
+            history_rewinds,
+            watch_strategy_switch_pending,
+            leader,
+            in_flight_limit,
+            checkpoint_written,
+            shards_owned,
+            shards,
+            shard_rebalances,
+            shard_fences,
+            shard_takeover_seconds,
+            shard_records,
+        ];
+        collectors
+            .into_iter()
+            .flat_map(|c| {
+                c.desc()
+                    .into_iter()
+                    .zip(c.collect())
+                    .map(|(desc, family)| Described {
+                        name: format!("{PREFIX}_{}", desc.fq_name),
+                        kind: match family.get_field_type() {
+                            MetricType::COUNTER => "counter",
+                            MetricType::GAUGE => "gauge",
+                            MetricType::HISTOGRAM => "histogram",
+                            MetricType::SUMMARY => "summary",
+                            MetricType::UNTYPED => "untyped",
+                        },
+                        labels: desc.variable_labels.clone(),
+                    })
+            })
+            .collect()
     }
 
     /// Every metric in the Prometheus text format, as `/metrics` serves it.
