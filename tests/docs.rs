@@ -5,9 +5,12 @@
 //! - Every metric the relay registers ([`watchrelay::metrics::Metrics::described`]) is a row of
 //!   the metric table in `docs/metrics.md`, with its type and its labels, and every row there is
 //!   a registered metric; every alert of `deploy/prometheus-rules.yaml` is in its alert table.
+//! - Every relative link of the repository's Markdown files leads to a file, and an anchor to a
+//!   heading of it (GitHub's slugs); every `docs/*.md` named in the sources, the chart, the
+//!   deploy files and the scripts exists.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use watchrelay::metrics::Metrics;
 
@@ -212,5 +215,173 @@ fn every_alert_rule_is_documented() {
         undocumented.is_empty() && unknown.is_empty(),
         "the alerts of deploy/prometheus-rules.yaml and of docs/metrics.md differ:\n  \
          defined but not documented: {undocumented:?}\n  documented but not defined: {unknown:?}"
+    );
+}
+
+/// GitHub's anchor for a heading: lower case, punctuation dropped (hyphens and underscores
+/// kept), spaces as hyphens.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// Every anchor a Markdown file offers: its headings' slugs (repeats numbered as GitHub does)
+/// and the ids of its HTML anchors.
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for (_, line) in prose(text) {
+        let hashes = line.chars().take_while(|&c| c == '#').count();
+        if (1..=6).contains(&hashes) && line[hashes..].starts_with(' ') {
+            let base = slug(line[hashes..].trim_end_matches('#'));
+            let n = seen.entry(base.clone()).or_insert(0);
+            out.insert(if *n == 0 {
+                base.clone()
+            } else {
+                format!("{base}-{n}")
+            });
+            *n += 1;
+        }
+        for attr in ["id=\"", "name=\""] {
+            for part in line.split(attr).skip(1) {
+                if let Some(id) = part.split('"').next() {
+                    out.insert(id.to_string());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A line without its code spans.
+fn without_code(line: &str) -> String {
+    line.split('`').step_by(2).collect::<Vec<_>>().join(" ")
+}
+
+/// The targets of the inline links of `text` (`[text](target)`, images included), with their
+/// line numbers; code blocks and code spans left out.
+fn links(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (n, line) in prose(text) {
+        let line = without_code(line);
+        let mut rest = line.as_str();
+        while let Some(i) = rest.find("](") {
+            rest = &rest[i + 2..];
+            let end = rest.find(')').unwrap_or(rest.len());
+            let target = rest[..end].split_whitespace().next().unwrap_or("");
+            out.push((n, target.trim_matches(['<', '>']).to_string()));
+            rest = &rest[end..];
+        }
+    }
+    out
+}
+
+/// Every file under `dir` whose name ends with `suffix`, build output, caches and hidden
+/// folders left out.
+fn files(dir: &Path, suffix: &str, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("a directory entry").path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if path.is_dir() {
+            if !(name.starts_with('.') || name == "target" || name == "node_modules") {
+                files(&path, suffix, out);
+            }
+        } else if name.ends_with(suffix) {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn every_relative_link_of_the_markdown_files_resolves() {
+    let mut markdown = Vec::new();
+    files(root(), ".md", &mut markdown);
+    assert!(markdown.iter().any(|p| p.ends_with("docs/delivery.md")));
+    let mut broken = Vec::new();
+    for file in &markdown {
+        let text = read(file);
+        let shown = file.strip_prefix(root()).unwrap_or(file).display();
+        for (line, target) in links(&text) {
+            if target.contains("://") || target.starts_with("mailto:") || target.is_empty() {
+                continue;
+            }
+            let (path, anchor) = target.split_once('#').unwrap_or((&target, ""));
+            let resolved = if path.is_empty() {
+                file.clone()
+            } else {
+                file.parent().expect("a file's folder").join(path)
+            };
+            if !resolved.exists() {
+                broken.push(format!("{shown}:{line}: {target}: no such file"));
+                continue;
+            }
+            if anchor.is_empty() {
+                continue;
+            }
+            if resolved.extension().and_then(|e| e.to_str()) != Some("md") {
+                broken.push(format!(
+                    "{shown}:{line}: {target}: an anchor into a non-Markdown file"
+                ));
+                continue;
+            }
+            if !anchors(&read(&resolved)).contains(anchor) {
+                broken.push(format!(
+                    "{shown}:{line}: {target}: no heading with that anchor"
+                ));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn every_page_of_the_docs_named_outside_them_exists() {
+    let mut named = Vec::new();
+    for dir in [
+        "src", "charts", "deploy", "scripts", "tests", "benches", "sim", ".ci",
+    ] {
+        let dir = root().join(dir);
+        if dir.is_dir() {
+            files(&dir, "", &mut named);
+        }
+    }
+    let mut missing = Vec::new();
+    for file in named {
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        let mut rest = text.as_str();
+        while let Some(i) = rest.find("docs/") {
+            rest = &rest[i + "docs/".len()..];
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                .collect();
+            if let Some(page) = name
+                .strip_suffix(".md")
+                .or_else(|| name.find(".md").map(|end| &name[..end]))
+            {
+                if !root().join("docs").join(format!("{page}.md")).is_file() {
+                    missing.push(format!(
+                        "{}: docs/{page}.md",
+                        file.strip_prefix(root()).unwrap_or(&file).display()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "pages named but missing:\n{}",
+        missing.join("\n")
     );
 }
