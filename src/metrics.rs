@@ -103,6 +103,11 @@ pub struct Metrics {
     pub shard_takeover_seconds: prometheus::Histogram,
     /// Records produced per shard (hot shards show here).
     pub shard_records: IntCounterVec,
+    /// Handovers that ended with records of the shard still undelivered: the replica's
+    /// producer was purged, so none of them lands after the next owner's.
+    pub shard_handover_purges: IntCounter,
+    /// Seconds from a shard's revoke to its handover (its term stopped, drained and wrote).
+    pub shard_handover_seconds: prometheus::Histogram,
 }
 
 /// `metric`, registered with `registry`.
@@ -206,6 +211,23 @@ impl Metrics {
             IntCounter::new(
                 "shard_fences_total",
                 "Times this replica stopped producing because its ownership deadline passed",
+            ),
+        );
+        let shard_handover_purges = registered(
+            &registry,
+            IntCounter::new(
+                "shard_handover_purges_total",
+                "Handovers that ended with the shard's records undelivered: the replica's producer was purged so none lands after the next owner's",
+            ),
+        );
+        let shard_handover_seconds = registered(
+            &registry,
+            prometheus::Histogram::with_opts(
+                HistogramOpts::new(
+                    "shard_handover_seconds",
+                    "Seconds from a shard's revoke to its handover: its term stopped, drained and wrote",
+                )
+                .buckets(exponential_buckets(0.05, 2.0, 12).expect("valid buckets")),
             ),
         );
         let shard_takeover_seconds = registered(
@@ -320,6 +342,8 @@ impl Metrics {
             shard_fences,
             shard_takeover_seconds,
             shard_records,
+            shard_handover_purges,
+            shard_handover_seconds,
             registry,
         }
     }
@@ -398,8 +422,10 @@ impl Metrics {
             shard_fences,
             shard_takeover_seconds,
             shard_records,
+            shard_handover_purges,
+            shard_handover_seconds,
         } = self;
-        let collectors: [&dyn Collector; 34] = [
+        let collectors: [&dyn Collector; 36] = [
             events_received,
             events_published,
             events_filtered,
@@ -434,6 +460,8 @@ impl Metrics {
             shard_fences,
             shard_takeover_seconds,
             shard_records,
+            shard_handover_purges,
+            shard_handover_seconds,
         ];
         collectors
             .into_iter()

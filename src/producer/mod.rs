@@ -11,7 +11,7 @@
 //! through it.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 mod kafka;
@@ -191,22 +191,92 @@ pub struct Receipt {
     pub seq: u64,
     /// What the record is, so the outbox knows what its report settles.
     pub sent: Sent,
+    /// The [`Tally`] the record is counted in until it is reported, if any.
+    counted: Option<Counted>,
 }
 
 impl Receipt {
     /// A receipt that reports into `to`, boxed to travel with the record through the producer.
     pub fn new(to: Arc<Inbox>, seq: u64, sent: Sent) -> Box<Self> {
-        Box::new(Self { to, seq, sent })
+        Box::new(Self {
+            to,
+            seq,
+            sent,
+            counted: None,
+        })
+    }
+
+    /// Counts the record in `tally` until it is reported (or its receipt dropped), instead of
+    /// any tally it was counted in before.
+    pub fn count_in(&mut self, tally: &Arc<Tally>) {
+        self.counted = Some(tally.add());
+    }
+
+    /// Stops counting the record in its tally: it was not taken.
+    pub fn uncount(&mut self) {
+        self.counted = None;
     }
 
     /// Reports the outcome. A stream that stopped meanwhile no longer listens; its replay from
     /// the checkpoint covers the record.
-    pub fn report(self: Box<Self>, result: Result<(), DeliveryError>) {
+    pub fn report(mut self: Box<Self>, result: Result<(), DeliveryError>) {
+        self.counted = None;
         let to = Arc::clone(&self.to);
         to.push(Report {
             receipt: self,
             result,
         });
+    }
+}
+
+/// The records one user of a shared producer (a shard's term) handed over whose report has not
+/// come: what a handover waits for instead of flushing everybody's records, and what is still
+/// queued when it gives up.
+#[derive(Debug, Default)]
+pub struct Tally {
+    pending: Mutex<usize>,
+    settled: Condvar,
+}
+
+impl Tally {
+    /// An empty tally.
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    fn add(self: &Arc<Self>) -> Counted {
+        *self.pending.lock().expect("tally lock poisoned") += 1;
+        Counted(Arc::clone(self))
+    }
+
+    /// Records handed over and not yet reported.
+    pub fn pending(&self) -> usize {
+        *self.pending.lock().expect("tally lock poisoned")
+    }
+
+    /// Waits up to `timeout` for every counted record to be reported: whether they all were.
+    /// Blocks.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let pending = self.pending.lock().expect("tally lock poisoned");
+        let (pending, _) = self
+            .settled
+            .wait_timeout_while(pending, timeout, |n| *n > 0)
+            .expect("tally lock poisoned");
+        *pending == 0
+    }
+}
+
+/// One record counted in a [`Tally`], until dropped.
+#[derive(Debug)]
+struct Counted(Arc<Tally>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        let mut pending = self.0.pending.lock().expect("tally lock poisoned");
+        *pending = pending.saturating_sub(1);
+        if *pending == 0 {
+            self.0.settled.notify_all();
+        }
     }
 }
 

@@ -41,7 +41,7 @@ use crate::config::{Config, ShardingConfig, CHECKPOINT_RESERVE};
 use crate::envelope::ShardOwner;
 use crate::group::{Deadline, Event, Membership};
 use crate::membership::{self, Log, Owner};
-use crate::producer::{ProduceError, Producer, Receipt, Record, Refused};
+use crate::producer::{ProduceError, Producer, Receipt, Record, Refused, Tally};
 use crate::registry::{Phase, Role};
 
 /// How often the ownership deadline and the takeovers are looked at.
@@ -64,44 +64,75 @@ struct Running {
     claimed: Option<Instant>,
 }
 
-/// The producer of one shard's term: its membership records go to the shard's partition, every
-/// record carries the shard and the owner epoch (a stream's records have them from its route;
-/// the others, such as retractions at a start, get them here), and nothing is taken once the
-/// ownership deadline passed.
+/// The producer of one shard's term, a share of the replica's producer: its membership records
+/// go to the shard's partition, every record carries the shard and the owner epoch (a stream's
+/// records have them from its route; the others, such as retractions at a start, get them
+/// here), and nothing is taken once the ownership deadline passed or the term is fenced or
+/// over.
+///
+/// Every record it takes is counted in the term's [`Tally`] until reported: its flush waits
+/// for the term's own records only (a handover does not wait for the other shards' traffic),
+/// and a term that ends with records still counted has them purged ([`settle`]), so that none
+/// of them lands after the next owner's.
 struct ShardProducer {
     inner: Arc<dyn Producer>,
     membership_topic: String,
     shard: u32,
     epoch: String,
     deadline: Arc<Deadline>,
+    /// Cancelled once the term is fenced or over: nothing more is taken.
+    closed: CancellationToken,
+    tally: Arc<Tally>,
     records: IntCounter,
 }
 
 impl Producer for ShardProducer {
-    fn send(&self, record: &Record, receipt: Box<Receipt>) -> Result<(), Refused> {
-        if self.deadline.passed() {
+    fn send(&self, record: &Record, mut receipt: Box<Receipt>) -> Result<(), Refused> {
+        if self.deadline.passed() || self.closed.is_cancelled() {
             return Err(Refused::Failed(ProduceError::retriable(format!(
                 "this replica cannot prove it still owns shard {}: not producing for it",
                 self.shard
             ))));
         }
         self.records.inc();
+        receipt.count_in(&self.tally);
         // A stream's records carry the headers already (its route says its shard).
         let pinned = record.topic == self.membership_topic;
-        if !pinned && record.headers.get("ce_shard").is_some() {
-            return self.inner.send(record, receipt);
-        }
-        let mut record = record.clone();
-        if pinned {
-            record.partition = Some(self.shard.cast_signed());
-        }
-        record.headers.push("ce_shard", &[&self.shard.to_string()]);
-        record.headers.push("ce_ownerepoch", &[&self.epoch]);
-        self.inner.send(&record, receipt)
+        let sent = if !pinned && record.headers.get("ce_shard").is_some() {
+            self.inner.send(record, receipt)
+        } else {
+            let mut record = record.clone();
+            if pinned {
+                record.partition = Some(self.shard.cast_signed());
+            }
+            record.headers.push("ce_shard", &[&self.shard.to_string()]);
+            record.headers.push("ce_ownerepoch", &[&self.epoch]);
+            self.inner.send(&record, receipt)
+        };
+        // A receipt handed back was not taken: it is not the term's to wait for.
+        sent.map_err(|refused| match refused {
+            Refused::Full(mut r) => {
+                r.uncount();
+                Refused::Full(r)
+            }
+            Refused::TooLarge(mut r) => {
+                r.uncount();
+                Refused::TooLarge(r)
+            }
+            other => other,
+        })
     }
 
+    /// Waits for this term's records only.
     fn flush(&self, timeout: Duration) -> Result<(), String> {
-        self.inner.flush(timeout)
+        if self.tally.wait(timeout) {
+            return Ok(());
+        }
+        Err(format!(
+            "{} records of shard {} undelivered",
+            self.tally.pending(),
+            self.shard
+        ))
     }
 
     fn purge(&self) {
@@ -111,6 +142,13 @@ impl Producer for ShardProducer {
     fn fatal(&self) -> Option<String> {
         self.inner.fatal()
     }
+}
+
+/// A term's share of the replica's producer, as [`Relay::settle`] ends it.
+struct Share {
+    inner: Arc<dyn Producer>,
+    tally: Arc<Tally>,
+    closed: CancellationToken,
 }
 
 /// Why a membership in the group ended.
@@ -254,7 +292,7 @@ impl Relay {
         // Claims waiting for their shard's previous term to end.
         let mut queued: BTreeMap<u32, u64> = BTreeMap::new();
         // Revocations waiting for their shards' terms to end.
-        let mut handovers: Vec<(Vec<u32>, std::sync::mpsc::SyncSender<()>)> = Vec::new();
+        let mut handovers: Vec<Handover> = Vec::new();
         let mut tick = tokio::time::interval(TICK);
         let left = loop {
             tokio::select! {
@@ -300,9 +338,9 @@ impl Relay {
                                 run.stop.cancel();
                             }
                         }
-                        handovers.push((shards, done));
+                        handovers.push(Handover { shards, done, revoked: Instant::now() });
                         // Shards no longer running (fenced and ended) are handed over at once.
-                        answer(&mut handovers, &running);
+                        answer(&mut handovers, &running, &self.metrics.shard_handover_seconds);
                     }
                 },
                 Some((shard, result)) = terms.next(), if !terms.is_empty() => {
@@ -317,7 +355,7 @@ impl Relay {
                         running.insert(shard, run);
                         terms.push(term);
                     }
-                    answer(&mut handovers, &running);
+                    answer(&mut handovers, &running, &self.metrics.shard_handover_seconds);
                 }
                 _ = tick.tick() => {
                     self.metrics
@@ -420,12 +458,19 @@ impl Relay {
             ),
             Sink::Given(..) => (log.clone(), log.clone()),
         };
+        let share = Share {
+            inner: producer.clone(),
+            tally: Tally::new(),
+            closed: CancellationToken::new(),
+        };
         let producer: Arc<dyn Producer> = Arc::new(ShardProducer {
             inner: producer.clone(),
             membership_topic: membership_topic.clone(),
             shard,
             epoch: epoch.to_string(),
             deadline: deadline.clone(),
+            closed: share.closed.clone(),
+            tally: share.tally.clone(),
             records: self
                 .metrics
                 .shard_records
@@ -452,7 +497,46 @@ impl Relay {
             claimed: Some(Instant::now()),
         };
         let (stop, fenced, legacy) = (run.stop.clone(), run.fenced.clone(), legacy.clone());
+        let drain = cfg.drain_time();
         let term = async move {
+            let stopped = {
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    stop.cancelled().await;
+                    tokio::time::Instant::now()
+                })
+            };
+            let result = self
+                .shard_term(shard, plan, &legacy, &old_log, stop, fenced)
+                .await;
+            let stopped = match stopped.is_finished() {
+                true => stopped.await.ok(),
+                false => {
+                    stopped.abort();
+                    None
+                }
+            };
+            let left = self.settle(shard, share, stopped, drain).await;
+            if left > 0 {
+                tracing::error!(shard, undelivered = left, "handed the shard over with records undelivered: purged this replica's producer so that none lands after the next owner's; the other shards replay theirs from their checkpoints");
+            }
+            (shard, result)
+        };
+        (run, term)
+    }
+
+    /// A shard's term: its share of a single leader's state copied first, if that was not done
+    /// yet, then [`Relay::run_term`].
+    async fn shard_term(
+        &self,
+        shard: u32,
+        plan: Term,
+        legacy: &LegacyCell,
+        old_log: &Arc<dyn Log>,
+        stop: CancellationToken,
+        fenced: CancellationToken,
+    ) -> Result<(), RelayError> {
+        {
             loop {
                 let to = Target {
                     shard,
@@ -464,21 +548,52 @@ impl Relay {
                 // A shard revoked while it copies stops at once: the copy is repeated by whoever
                 // owns it next.
                 let copied = tokio::select! {
-                    _ = stop.cancelled() => return (shard, Ok(())),
-                    copied = self.migrate(to, &legacy, &old_log, &stop) => copied,
+                    _ = stop.cancelled() => return Ok(()),
+                    copied = self.migrate(to, legacy, old_log, &stop) => copied,
                 };
                 let Err(e) = copied else {
                     break;
                 };
                 tracing::warn!(shard, error = %e, "copying the single-leader state failed; retrying");
                 tokio::select! {
-                    _ = stop.cancelled() => return (shard, Ok(())),
+                    _ = stop.cancelled() => return Ok(()),
                     _ = tokio::time::sleep(RETRY) => {}
                 }
             }
-            (shard, self.run_term(plan, stop, fenced).await)
-        };
-        (run, term)
+            self.run_term(plan, stop, fenced).await
+        }
+    }
+
+    /// Ends a term's share of the producer, whatever stopped the term (a revoke in any phase,
+    /// a fence, a failure): records still unreported get what is left of the drain budget,
+    /// counted from the stop (`None`: the term ended by itself, nothing is waited for); any
+    /// still unreported then are purged, with every other record of the replica's producer
+    /// (their streams replay them from their checkpoints), so that none lands after the next
+    /// owner's records. Nothing more is taken for the shard. How many records were purged.
+    async fn settle(
+        &self,
+        shard: u32,
+        share: Share,
+        stopped: Option<tokio::time::Instant>,
+        drain: Duration,
+    ) -> usize {
+        let budget = stopped.map_or(Duration::ZERO, |at| {
+            (at + drain).saturating_duration_since(tokio::time::Instant::now())
+        });
+        let tally = share.tally.clone();
+        let drained = tokio::task::spawn_blocking(move || tally.wait(budget))
+            .await
+            .unwrap_or(false);
+        share.closed.cancel();
+        if drained {
+            return 0;
+        }
+        let left = share.tally.pending();
+        self.metrics.shard_handover_purges.inc();
+        let inner = share.inner.clone();
+        let _ = tokio::task::spawn_blocking(move || inner.purge()).await;
+        tracing::debug!(shard, left, "purged");
+        left
     }
 
     /// Records the takeover time of each shard whose streams all watch since its claim.
@@ -538,15 +653,25 @@ async fn pass_on_resyncs(client: kube::Client, cfg: Arc<Config>, stop: Cancellat
     }
 }
 
-/// Answers every revocation none of whose shards still runs: the rebalance may go on.
+/// A revocation waiting for its shards' terms to end.
+struct Handover {
+    shards: Vec<u32>,
+    done: std::sync::mpsc::SyncSender<()>,
+    revoked: Instant,
+}
+
+/// Answers every revocation none of whose shards still runs: the rebalance may go on. How long
+/// each took goes to `seconds`.
 fn answer<R>(
-    handovers: &mut Vec<(Vec<u32>, std::sync::mpsc::SyncSender<()>)>,
+    handovers: &mut Vec<Handover>,
     running: &HashMap<u32, R>,
+    seconds: &prometheus::Histogram,
 ) {
-    handovers.retain(|(shards, done)| {
-        let pending = shards.iter().any(|s| running.contains_key(s));
+    handovers.retain(|h| {
+        let pending = h.shards.iter().any(|s| running.contains_key(s));
         if !pending {
-            let _ = done.send(());
+            seconds.observe(h.revoked.elapsed().as_secs_f64());
+            let _ = h.done.send(());
         }
         pending
     });
@@ -580,8 +705,50 @@ mod tests {
             shard: 5,
             epoch: "7".into(),
             deadline: deadline.clone(),
+            closed: CancellationToken::new(),
+            tally: Tally::new(),
             records: IntCounter::new("records", "records").unwrap(),
         }
+    }
+
+    #[test]
+    fn a_shards_flush_waits_for_its_own_records_only() {
+        let memory = Arc::new(Memory::new());
+        let deadline = Arc::new(Deadline::new(Duration::from_secs(60)));
+        deadline.renew(Instant::now());
+        let p = producer(&memory, &deadline);
+        // Another shard's record, stuck in the shared producer.
+        memory.hold(true);
+        memory
+            .send(&record("pods", Headers::default()), receipt())
+            .unwrap();
+        assert!(memory.flush(Duration::ZERO).is_err());
+        assert!(
+            p.flush(Duration::ZERO).is_ok(),
+            "none of its own is pending"
+        );
+        p.send(&record("pods", Headers::default()), receipt())
+            .unwrap();
+        assert_eq!(p.tally.pending(), 1);
+        assert!(p.flush(Duration::from_millis(10)).is_err());
+        // Reported (here purged): no longer pending.
+        memory.purge();
+        assert_eq!(p.tally.pending(), 0);
+        assert!(p.flush(Duration::ZERO).is_ok());
+    }
+
+    #[test]
+    fn a_closed_share_takes_nothing() {
+        let memory = Arc::new(Memory::new());
+        let deadline = Arc::new(Deadline::new(Duration::from_secs(60)));
+        deadline.renew(Instant::now());
+        let p = producer(&memory, &deadline);
+        p.closed.cancel();
+        assert!(matches!(
+            p.send(&record("pods", Headers::default()), receipt()),
+            Err(Refused::Failed(_))
+        ));
+        assert!(memory.log().is_empty());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! A producer and a membership log in memory, for tests.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::membership::log::{Apply, Log, TopicError, TopicState};
@@ -315,5 +315,115 @@ impl Log for Memory {
             self.state().replayed += 1;
         }
         Ok(())
+    }
+}
+
+/// One replica's own producer over a shared [`Memory`], for tests of several replicas: the
+/// records it holds ([`Lane::hold_to`]) reach the shared log only when released, in the order
+/// of release, after whatever the other replicas delivered meanwhile, as a replica's backlog
+/// for a partition that comes back does. Its purge drops only what it holds, as purging one
+/// process's producer does. As a membership log it is the shared [`Memory`].
+pub struct Lane {
+    memory: Arc<Memory>,
+    state: Mutex<LaneState>,
+}
+
+#[derive(Default)]
+struct LaneState {
+    held: VecDeque<(Record, Box<Receipt>)>,
+    hold_topic: Option<String>,
+}
+
+impl Lane {
+    /// A replica's producer delivering into `memory`.
+    pub fn new(memory: Arc<Memory>) -> Arc<Self> {
+        Arc::new(Self {
+            memory,
+            state: Mutex::default(),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, LaneState> {
+        self.state.lock().expect("lane lock poisoned")
+    }
+
+    /// Holds the records of topics whose name starts with `prefix` (`None`: stops), as a
+    /// partition whose leader stalls; the others go through.
+    pub fn hold_to(&self, prefix: Option<&str>) {
+        self.state().hold_topic = prefix.map(str::to_string);
+    }
+
+    /// Records held, not yet delivered.
+    pub fn held(&self) -> usize {
+        self.state().held.len()
+    }
+
+    /// Delivers every held record now, in the order they were sent.
+    pub fn release(&self) {
+        let held: Vec<_> = self.state().held.drain(..).collect();
+        for (record, receipt) in held {
+            if let Err(refused) = self.memory.send(&record, receipt) {
+                panic!("the shared memory refused a released record: {refused:?}");
+            }
+        }
+    }
+}
+
+impl Producer for Lane {
+    fn send(&self, record: &Record, receipt: Box<Receipt>) -> Result<(), Refused> {
+        {
+            let mut s = self.state();
+            let stalled = s
+                .hold_topic
+                .as_ref()
+                .is_some_and(|p| record.topic.starts_with(p.as_str()));
+            // A partition's order: behind what is held, everything waits.
+            if stalled || !s.held.is_empty() && s.held.iter().any(|(r, _)| r.topic == record.topic)
+            {
+                s.held.push_back((record.clone(), receipt));
+                return Ok(());
+            }
+        }
+        self.memory.send(record, receipt)
+    }
+
+    fn flush(&self, _timeout: Duration) -> Result<(), String> {
+        match self.held() {
+            0 => self.memory.flush(Duration::ZERO),
+            n => Err(format!("{n} records held")),
+        }
+    }
+
+    fn purge(&self) {
+        let held: Vec<_> = self.state().held.drain(..).collect();
+        for (_, receipt) in held {
+            receipt.report(Err(DeliveryError::Failed(ProduceError::retriable(
+                "purged from the queue",
+            ))));
+        }
+    }
+
+    fn fatal(&self) -> Option<String> {
+        self.memory.fatal()
+    }
+}
+
+impl Log for Lane {
+    fn ensure_compacted(
+        &self,
+        topic: &str,
+        partitions: i32,
+        replication: Option<i32>,
+    ) -> Result<TopicState, TopicError> {
+        self.memory.ensure_compacted(topic, partitions, replication)
+    }
+
+    fn replay(
+        &self,
+        topic: &str,
+        apply: &mut Apply<'_>,
+        stopped: &(dyn Fn() -> bool + Sync),
+    ) -> Result<(), TopicError> {
+        self.memory.replay(topic, apply, stopped)
     }
 }

@@ -7,4 +7,4 @@ mod group;
 mod memory;
 
 pub use group::MemoryGroup;
-pub use memory::{Memory, Order};
+pub use memory::{Lane, Memory, Order};

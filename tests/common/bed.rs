@@ -10,8 +10,9 @@ use watchrelay::checkpoint::{self, Saved};
 use watchrelay::config::Config;
 use watchrelay::membership::Log;
 use watchrelay::metrics::Metrics;
+use watchrelay::producer::Producer;
 use watchrelay::registry::{Phase, Registry};
-use watchrelay::testing::{Memory, MemoryGroup};
+use watchrelay::testing::{Lane, Memory, MemoryGroup};
 use watchrelay::RelayError;
 use watchrelay_sim::{JournalEntry, Sim, SimConfig};
 
@@ -388,6 +389,11 @@ pub struct Relay {
     pub registry: Registry,
 }
 
+/// `memory` as a relay's producer and membership log.
+fn sink(memory: Arc<Memory>) -> (Arc<dyn Producer>, Arc<dyn Log>) {
+    (memory.clone(), memory)
+}
+
 impl Relay {
     pub fn start(bed: &Bed, cfg: Config) -> Self {
         Self::start_with(bed, cfg, None)
@@ -400,19 +406,24 @@ impl Relay {
 
     /// Starts the relay; with `producer`, its records go there instead of Kafka.
     pub fn start_with(bed: &Bed, cfg: Config, producer: Option<Arc<Memory>>) -> Self {
-        Self::start_on(bed, cfg, producer, None, None)
+        Self::start_on(bed, cfg, producer.map(sink), None, None)
     }
 
     /// Starts a replica of a sharded release whose records go to `producer` and which meets
     /// the other replicas in `group`.
     pub fn start_in(bed: &Bed, cfg: Config, producer: Arc<Memory>, group: &MemoryGroup) -> Self {
-        Self::start_on(bed, cfg, Some(producer), None, Some(group))
+        Self::start_on(bed, cfg, Some(sink(producer)), None, Some(group))
+    }
+
+    /// [`Relay::start_in`] with a producer of its own, `lane`, over the shared memory.
+    pub fn start_on_lane(bed: &Bed, cfg: Config, lane: Arc<Lane>, group: &MemoryGroup) -> Self {
+        Self::start_on(bed, cfg, Some((lane.clone(), lane)), None, Some(group))
     }
 
     fn start_on(
         bed: &Bed,
         cfg: Config,
-        producer: Option<Arc<Memory>>,
+        producer: Option<(Arc<dyn Producer>, Arc<dyn Log>)>,
         url: Option<&str>,
         group: Option<&MemoryGroup>,
     ) -> Self {
@@ -429,8 +440,8 @@ impl Relay {
             None => bed.client(&cfg.kubernetes),
         };
         let mut relay = watchrelay::Relay::new(cfg, client);
-        if let Some(p) = producer {
-            relay = relay.with_producer(p.clone(), p);
+        if let Some((p, log)) = producer {
+            relay = relay.with_producer(p, log);
         }
         if let Some(g) = group {
             relay = relay.with_coordinator(Arc::new(g.clone()));

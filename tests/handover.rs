@@ -1,0 +1,105 @@
+//! Handovers between replicas of a sharded release, each replica with a producer of its own
+//! over one log: what the old owner of a shard could not deliver by the end of its handover
+//! never lands after the new owner's records.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::bed::{eventually, Bed, Relay};
+use common::view::{consumer_view_by, events, pods_by, version};
+use watchrelay::config::{Config, ShardingConfig};
+use watchrelay::testing::{Lane, Memory, MemoryGroup};
+use watchrelay_sim::objects;
+
+/// Two shards; the second member of the group is dealt shard 1.
+fn sharding(cfg: &Config) -> ShardingConfig {
+    ShardingConfig {
+        enabled: true,
+        shards: 2,
+        topic: Some(format!(
+            "{}.shards",
+            cfg.checkpoint.membership.topic("test")
+        )),
+        ..ShardingConfig::default()
+    }
+}
+
+/// A namespace of shard 1 of two: it moves to the second replica when it joins.
+fn namespace_of_shard_1() -> String {
+    let s = ShardingConfig {
+        enabled: true,
+        shards: 2,
+        ..ShardingConfig::default()
+    };
+    (0..)
+        .map(|i| format!("team-{i}"))
+        .find(|ns| s.shard_of(ns) == 1)
+        .expect("some namespace is in shard 1")
+}
+
+fn label(bed: &Bed, ns: &str, value: &str) {
+    bed.sim
+        .merge_patch(
+            "pods",
+            Some(ns),
+            "web",
+            serde_json::json!({"metadata": {"labels": {"v": value}}}),
+        )
+        .unwrap();
+}
+
+/// Replica A owns every shard; the partition of the channel's topic stalls for A (its leader
+/// stopped) with a change of `web` queued. Replica B joins and takes A's shard 1: A's handover
+/// gives up on the drain, B resumes from the last checkpoint and relays the change and a newer
+/// one. Then the partition comes back. The key's last record must be B's newest: A's queued
+/// record was purged at the handover, not delivered after B's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_shards_undelivered_records_never_land_after_the_next_owners() {
+    let ns = namespace_of_shard_1();
+    let bed = Bed::in_memory_serving(true, &[&ns]).await;
+    let channel =
+        format!("  - operationId: watchNamespacedPods\n    namespaces: [{ns}]\n    topic: pods\n");
+    let mut cfg = bed.config(&channel, "");
+    cfg.sharding = sharding(&cfg);
+    bed.sim
+        .create("pods", Some(&ns), objects::pod(&ns, "web"))
+        .unwrap();
+    let memory = Arc::new(Memory::new());
+    let group = MemoryGroup::default();
+    let cluster = || pods_by(&bed.sim, &[&ns], |_| true, version);
+    let consumer = || consumer_view_by(&events(&memory), version);
+
+    let lane_a = Lane::new(memory.clone());
+    let a = Relay::start_on_lane(&bed, cfg.clone(), lane_a.clone(), &group);
+    eventually(|| consumer() == cluster(), || "A never relayed web".into()).await;
+
+    lane_a.hold_to(Some("pods"));
+    label(&bed, &ns, "2");
+    eventually(|| lane_a.held() > 0, || "A never sent the change".into()).await;
+
+    let lane_b = Lane::new(memory.clone());
+    let b = Relay::start_on_lane(&bed, cfg.clone(), lane_b, &group);
+    eventually(
+        || consumer() == cluster(),
+        || "B never relayed the change".into(),
+    )
+    .await;
+    label(&bed, &ns, "3");
+    eventually(
+        || consumer() == cluster(),
+        || "B never relayed the newer change".into(),
+    )
+    .await;
+
+    // The stalled partition comes back.
+    lane_a.release();
+    let after = consumer();
+    b.stop().await;
+    a.stop().await;
+    assert_eq!(
+        after,
+        cluster(),
+        "a record of the old owner landed after the new owner's"
+    );
+}
