@@ -13,9 +13,19 @@ use watchrelay::checkpoint::Store;
 use watchrelay::config::{Config, KubernetesConfig};
 use watchrelay::Relay;
 
+/// The commit the binary was built from (see build.rs), or `unknown`.
+const COMMIT: &str = env!("WATCHRELAY_COMMIT");
+/// `--version`'s long form: the version and the commit.
+const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("WATCHRELAY_COMMIT"),
+    ")"
+);
+
 /// Relays Kubernetes watch streams into Kafka topics as AsyncAPI-shaped envelopes.
 #[derive(Parser)]
-#[command(name = "watchrelay", version, propagate_version = true)]
+#[command(name = "watchrelay", version, long_version = LONG_VERSION, propagate_version = true)]
 struct Cli {
     /// Log filter, e.g. `info` or `watchrelay=debug` (logs go to standard error).
     #[arg(long, global = true, env = "WATCHRELAY_LOG", default_value = "info")]
@@ -106,7 +116,7 @@ enum Command {
         #[command(flatten)]
         config: ConfigFile,
     },
-    /// Print the version.
+    /// Print the version and the commit the binary was built from.
     Version,
 }
 
@@ -283,6 +293,7 @@ fn dispatch(cli: Cli) -> Result<()> {
         }
         Command::Version => {
             println!("watchrelay {}", env!("CARGO_PKG_VERSION"));
+            println!("commit: {COMMIT}");
             Ok(())
         }
     }

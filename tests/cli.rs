@@ -87,6 +87,30 @@ async fn every_subcommand_has_help_and_the_docs_name_them_all() {
 }
 
 #[tokio::test]
+async fn version_names_the_version_and_the_commit() {
+    let text = stdout(&watchrelay(&["version"]).await);
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next(),
+        Some(concat!("watchrelay ", env!("CARGO_PKG_VERSION"))),
+        "{text}"
+    );
+    let commit = lines
+        .next()
+        .and_then(|l| l.strip_prefix("commit: "))
+        .unwrap_or_else(|| panic!("no commit line: {text}"));
+    // A commit id (from the build's environment or git), or `unknown` when neither has one.
+    assert!(
+        commit == "unknown"
+            || (!commit.is_empty() && commit.chars().all(|c| c.is_ascii_alphanumeric())),
+        "{commit:?}"
+    );
+    assert!(stdout(&watchrelay(&["--version"]).await)
+        .contains(concat!("watchrelay ", env!("CARGO_PKG_VERSION"))));
+    assert!(stdout(&watchrelay(&["--version"]).await).contains(&format!("(commit {commit})")));
+}
+
+#[tokio::test]
 async fn channels_lists_the_catalogue() {
     let text = stdout(&watchrelay(&["channels"]).await);
     assert!(
