@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Checks the installation artefacts: the Helm chart lints and renders to manifests that validate
-# against the Kubernetes schemas, deploy/watchrelay.yaml is the chart's current rendering, the
-# configurations pass `watchrelay check-config`, the alert rules pass promtool, the Dockerfile
-# keeps its promises, and (scripts/check-observability.sh) a real Prometheus evaluates every
-# dashboard and alert expression against a running relay whose AsyncAPI documents pass the
+# against the Kubernetes schemas, its values schema refuses misspelt values, deploy/watchrelay.yaml
+# is the chart's current rendering, the configurations pass `watchrelay check-config`, the alert
+# rules pass promtool, the Dockerfile keeps its promises and its build stage builds a binary that
+# works (scripts/check-image.py), and (scripts/check-observability.sh) a real Prometheus evaluates
+# every dashboard and alert expression against a running relay whose AsyncAPI documents pass the
 # AsyncAPI parser. Installs helm, kubernetes-validate, Prometheus and the parser when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +33,24 @@ trap 'rm -rf "$work"' EXIT
 echo "== helm lint"
 helm lint --strict charts/watchrelay
 helm lint --strict charts/watchrelay --set metrics.serviceMonitor.enabled=true
+
+echo "== the values schema refuses a misspelt value"
+# charts/watchrelay/values.schema.json: helm checks it at install, upgrade, lint and template.
+# Its config subtree names exactly the relay's configuration keys (tests/chart_schema.rs).
+for bad in replicaCont=2 config.sharding.shardz=3 config.channels[0].namespace=shop metrics.serviceMonitor.enable=true; do
+  if out=$(helm template watchrelay charts/watchrelay --namespace watchrelay --set "$bad" 2>&1); then
+    echo "the chart rendered with the misspelt value $bad" >&2
+    exit 1
+  fi
+  key=${bad%%=*}
+  key=${key##*.}
+  grep -q "Additional property $key is not allowed" <<<"$out" \
+    || { echo "the chart refused $bad without the schema's message: $out" >&2; exit 1; }
+  if helm lint --strict charts/watchrelay --set "$bad" >/dev/null 2>&1; then
+    echo "helm lint passed the misspelt value $bad" >&2
+    exit 1
+  fi
+done
 
 echo "== rendered manifests validate against Kubernetes 1.30 schemas"
 helm template watchrelay charts/watchrelay --namespace watchrelay >"$work/default.yaml"
@@ -201,6 +220,10 @@ grep -q 'distroless' Dockerfile || { echo "Dockerfile must run on a distroless b
 cargo tree --locked -e features -i openssl-src --features static -p watchrelay >/dev/null 2>&1 \
   || { echo "the static feature must build OpenSSL in (rdkafka/ssl-vendored)" >&2; exit 1; }
 for f in $(grep -oE '^COPY [^-][^ ]* ' Dockerfile | awk '{print $2}'); do [[ -e $f ]] || { echo "Dockerfile copies missing $f" >&2; exit 1; }; done
+grep -q '^ARG WATCHRELAY_COMMIT' Dockerfile || { echo "Dockerfile must take the commit as the build argument WATCHRELAY_COMMIT" >&2; exit 1; }
+# The image's build stage, replayed without a container on what its COPY lines copy: it must
+# build, and its binary must name its version and commit and pass the chart's configuration.
+python3 scripts/check-image.py
 
 scripts/check-observability.sh "$bin" "$sim_bin"
 
