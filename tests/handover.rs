@@ -103,3 +103,80 @@ async fn a_revoked_shards_undelivered_records_never_land_after_the_next_owners()
         "a record of the old owner landed after the new owner's"
     );
 }
+
+/// A shard's checkpoint keeps moving whatever happens to the group's epochs: after the group's
+/// committed offsets are lost (its epochs start again at 1, below the one stamped on the shard's
+/// ConfigMap) and after the stamp is raised by hand, the owner relays and checkpoints under an
+/// epoch above every one stamped, and its records carry it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn epochs_stay_above_every_one_stamped_when_the_group_forgets_them() {
+    let ns = namespace_of_shard_1();
+    let stream = format!("watchNamespacedPods.{ns}");
+    let bed = Bed::in_memory_serving(true, &[&ns]).await;
+    let channel =
+        format!("  - operationId: watchNamespacedPods\n    namespaces: [{ns}]\n    topic: pods\n");
+    let mut cfg = bed.config(&channel, "");
+    cfg.sharding = sharding(&cfg);
+    bed.sim
+        .create("pods", Some(&ns), objects::pod(&ns, "web"))
+        .unwrap();
+    let memory = Arc::new(Memory::new());
+    let group = MemoryGroup::default();
+    let (bed, stream) = (&bed, &stream);
+    let covered = || {
+        let rv = bed.journal("pods", Some(&ns)).last().map(|e| e.rv).unwrap();
+        move || bed.shard_checkpoint_rv(1, stream).is_some_and(|r| r >= rv)
+    };
+    // Two terms: epoch 2 stamped.
+    for term in 1..=2 {
+        let r = Relay::start_in(bed, cfg.clone(), memory.clone(), &group);
+        let covered = covered();
+        eventually(
+            || bed.shard_epoch(1) >= Some(term) && covered(),
+            || "the first owners never checkpointed".into(),
+        )
+        .await;
+        r.stop().await;
+    }
+    let before = bed.shard_epoch(1).expect("an epoch stamped");
+    assert!(before >= 2);
+
+    group.forget_epochs();
+    let r = Relay::start_in(bed, cfg.clone(), memory.clone(), &group);
+    label(bed, &ns, "2");
+    eventually(covered(), || {
+        format!(
+            "no checkpoint written after the group's epochs restarted (stamp {:?})",
+            bed.shard_epoch(1)
+        )
+    })
+    .await;
+    let after = bed.shard_epoch(1).unwrap();
+    assert!(after > before, "epoch {after} not above {before}");
+
+    // The stamp raised by hand deposes this owner: it fences itself and claims again above it.
+    bed.sim
+        .merge_patch(
+            "configmaps",
+            Some(common::bed::CHECKPOINT_NS),
+            &format!("{}-s1", common::bed::CHECKPOINT_NAME),
+            serde_json::json!({"metadata": {"annotations": {"watchrelay.io/owner-epoch": "1000"}}}),
+        )
+        .unwrap();
+    label(bed, &ns, "3");
+    eventually(covered(), || {
+        format!(
+            "no checkpoint written after the stamp was raised by hand (stamp {:?})",
+            bed.shard_epoch(1)
+        )
+    })
+    .await;
+    assert!(bed.shard_epoch(1).unwrap() > 1000);
+    r.stop().await;
+    let last = events(&memory)
+        .into_iter()
+        .rfind(|r| r.topic == "pods")
+        .expect("records");
+    let epoch: u64 = last.headers.get("ce_ownerepoch").unwrap().parse().unwrap();
+    assert!(epoch > 1000, "the last record carries epoch {epoch}");
+}

@@ -31,6 +31,17 @@ pub struct Store {
     ownership: Option<Ownership>,
 }
 
+/// The epoch a new owner stamps: the group's `claimed`, or one above the epoch `found` on the
+/// ConfigMap when that is not below it. `None` past the largest epoch (an annotation edited to
+/// it): nothing can depose that owner.
+fn stamped_epoch(claimed: u64, found: u64) -> Option<u64> {
+    if claimed > found {
+        Some(claimed)
+    } else {
+        found.checked_add(1)
+    }
+}
+
 /// Drops the position of every stream entry in `data`, keeping the rest of each entry (its
 /// query, route and kind).
 fn forget_positions(data: &mut BTreeMap<String, String>) {
@@ -261,6 +272,55 @@ impl Store {
             .map_err(|e| self.err(e))
     }
 
+    /// Stamps a new owner epoch of the shard on its ConfigMap (creating it if missing), with a
+    /// compare-and-swap: the one the group gave (`claimed`) unless the ConfigMap already holds
+    /// that or a higher one, then one above it. The ConfigMap is the authority on epochs, the
+    /// group only proves ownership: when the group's committed offsets are gone (offsets
+    /// retention past an empty group, the group deleted, a new Kafka cluster) its epochs start
+    /// again at 1, and an epoch raised by hand on the ConfigMap is gone past too, so epochs
+    /// never go backwards and the new owner deposes every earlier one. The epoch stamped.
+    pub async fn claim_epoch(&self, replica: &str, claimed: u64) -> Result<u64, CheckpointError> {
+        loop {
+            let current = self
+                .api
+                .get_opt(&self.name)
+                .await
+                .map_err(|e| self.err(e))?;
+            let exists = current.is_some();
+            let mut cm = current.unwrap_or_else(|| ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some(self.name.clone()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            });
+            let annotations = cm.metadata.annotations.get_or_insert_with(Default::default);
+            let found = annotations
+                .get(EPOCH_ANNOTATION)
+                .and_then(|e| e.parse::<u64>().ok())
+                .unwrap_or(0);
+            let epoch = stamped_epoch(claimed, found).ok_or_else(|| CheckpointError::Deposed {
+                name: self.name.clone(),
+                found,
+                ours: claimed,
+            })?;
+            annotations.insert(EPOCH_ANNOTATION.into(), epoch.to_string());
+            annotations.insert(OWNER_ANNOTATION.into(), replica.to_string());
+            let result = if exists {
+                self.api
+                    .replace(&self.name, &PostParams::default(), &cm)
+                    .await
+            } else {
+                self.api.create(&PostParams::default(), &cm).await
+            };
+            match result {
+                Ok(_) => return Ok(epoch),
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+    }
+
     /// Applies `updates` (None deletes a stream's entry) on top of whatever the ConfigMap holds
     /// now, raises its write counter, and removes the known-object sets older versions kept.
     /// A ConfigMap found behind this store's counter went back in time: every stream's position
@@ -348,5 +408,29 @@ impl Store {
             name: self.name.clone(),
             attempts: ATTEMPTS,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stamped_epoch;
+
+    #[test]
+    fn a_new_owner_epoch_is_above_every_one_stamped() {
+        // (claimed by the group, found on the ConfigMap, stamped)
+        let table = [
+            (5, 4, Some(5)),     // the group's epochs run ahead: taken as they are
+            (1, 9, Some(10)),    // the group's offsets were lost: above the stamp
+            (9, 9, Some(10)),    // a replayed claim: above the one who stamped it
+            (3, 0, Some(3)),     // a ConfigMap never stamped
+            (2, u64::MAX, None), // edited to the largest epoch: refused
+        ];
+        for (claimed, found, want) in table {
+            assert_eq!(
+                stamped_epoch(claimed, found),
+                want,
+                "claimed {claimed}, found {found}"
+            );
+        }
     }
 }

@@ -426,7 +426,11 @@ impl Relay {
             })
         };
 
-        stop.cancelled().await;
+        // A term is fenced from outside (stopped too), or by its writer finding a newer owner.
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = fenced.cancelled() => {}
+        }
         watchdog.abort();
         if fenced.is_cancelled() {
             tracing::warn!("fenced: purging the producer's queued and in-flight records");

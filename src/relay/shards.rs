@@ -293,6 +293,8 @@ impl Relay {
         let mut queued: BTreeMap<u32, u64> = BTreeMap::new();
         // Revocations waiting for their shards' terms to end.
         let mut handovers: Vec<Handover> = Vec::new();
+        // Shards whose term ended unasked, and when to claim them again.
+        let mut reclaims: BTreeMap<u32, Instant> = BTreeMap::new();
         let mut tick = tokio::time::interval(TICK);
         let left = loop {
             tokio::select! {
@@ -331,6 +333,7 @@ impl Relay {
                         for shard in &shards {
                             self.metrics.shard_rebalances.with_label_values(&[kind]).inc();
                             queued.remove(shard);
+                            reclaims.remove(shard);
                             if let Some(run) = running.get(shard) {
                                 if lost {
                                     run.fenced.cancel();
@@ -344,7 +347,11 @@ impl Relay {
                     }
                 },
                 Some((shard, result)) = terms.next(), if !terms.is_empty() => {
-                    running.remove(&shard);
+                    // A term that ended unasked (fenced by its writer, or failed) leaves its
+                    // shard with nobody: claimed again shortly, if still assigned here.
+                    if running.remove(&shard).is_some_and(|r| !r.stop.is_cancelled()) && !queued.contains_key(&shard) {
+                        reclaims.insert(shard, Instant::now() + RETRY);
+                    }
                     let part = self.cfg.sharding.clone();
                     self.registry.forget(&move |id| part.shard_of_stream(id) == shard);
                     if let Err(e) = result {
@@ -376,6 +383,14 @@ impl Relay {
                         }
                         if let Some(g) = &group {
                             g.reclaim(&fence);
+                        }
+                    }
+                    let due: Vec<u32> = reclaims.iter().filter(|(_, at)| **at <= Instant::now()).map(|(s, _)| *s).collect();
+                    if !due.is_empty() {
+                        reclaims.retain(|s, _| !due.contains(s));
+                        if let Some(g) = &group {
+                            tracing::warn!(shards = ?due, "claiming again the shards whose term ended unasked");
+                            g.reclaim(&due);
                         }
                     }
                     if leaving.is_none() && !grace.is_zero() && !running.is_empty() && reach.silent() >= grace {
@@ -448,6 +463,100 @@ impl Relay {
     ) {
         let Claim { shard, epoch } = claim;
         let cfg = &self.cfg;
+        let share = Share {
+            inner: producer.clone(),
+            tally: Tally::new(),
+            closed: CancellationToken::new(),
+        };
+        let (log, identity, deadline) = (log.clone(), identity.to_string(), deadline.clone());
+        let run = Running {
+            stop: CancellationToken::new(),
+            fenced: CancellationToken::new(),
+            claimed: Some(Instant::now()),
+        };
+        let (stop, fenced, legacy) = (run.stop.clone(), run.fenced.clone(), legacy.clone());
+        let drain = cfg.drain_time();
+        let term = async move {
+            let stopped = {
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    stop.cancelled().await;
+                    tokio::time::Instant::now()
+                })
+            };
+            let result = match self.stamp_epoch(shard, epoch, &identity, &stop).await {
+                Some(epoch) => {
+                    let (plan, old_log) =
+                        self.plan(shard, epoch, &share, &log, &identity, &deadline);
+                    self.shard_term(shard, plan, &legacy, &old_log, stop, fenced)
+                        .await
+                }
+                None => Ok(()),
+            };
+            let stopped = match stopped.is_finished() {
+                true => stopped.await.ok(),
+                false => {
+                    stopped.abort();
+                    None
+                }
+            };
+            let left = self.settle(shard, share, stopped, drain).await;
+            if left > 0 {
+                tracing::error!(shard, undelivered = left, "handed the shard over with records undelivered: purged this replica's producer so that none lands after the next owner's; the other shards replay theirs from their checkpoints");
+            }
+            (shard, result)
+        };
+        (run, term)
+    }
+
+    /// The owner epoch of this claim of `shard`, stamped on the shard's ConfigMap (see
+    /// [`Store::claim_epoch`]): what the group gave, or above every epoch stamped before.
+    /// Tried again until it lands; `None` once `stop` fires first.
+    async fn stamp_epoch(
+        &self,
+        shard: u32,
+        claimed: u64,
+        identity: &str,
+        stop: &CancellationToken,
+    ) -> Option<u64> {
+        let cfg = &self.cfg;
+        let name = ShardingConfig::configmap(&cfg.checkpoint.name, shard);
+        let store = Store::new(self.client.clone(), &cfg.checkpoint.namespace, &name);
+        loop {
+            let stamped = tokio::select! {
+                _ = stop.cancelled() => return None,
+                stamped = store.claim_epoch(identity, claimed) => stamped,
+            };
+            match stamped {
+                Ok(epoch) => {
+                    if epoch != claimed {
+                        tracing::warn!(shard, claimed, epoch, "the group's epoch is not above the one stamped on the shard's ConfigMap (its committed offsets were lost?): relaying under an epoch above the stamp");
+                    }
+                    return Some(epoch);
+                }
+                Err(e) => {
+                    tracing::warn!(shard, error = %e, "stamping the owner epoch on the shard's ConfigMap failed; retrying")
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return None,
+                _ = tokio::time::sleep(RETRY) => {}
+            }
+        }
+    }
+
+    /// What a term of `shard` under `epoch` works with, and the single leader's membership
+    /// log its copy reads.
+    fn plan(
+        &self,
+        shard: u32,
+        epoch: u64,
+        share: &Share,
+        log: &Arc<dyn Log>,
+        identity: &str,
+        deadline: &Arc<Deadline>,
+    ) -> (Term, Arc<dyn Log>) {
+        let cfg = &self.cfg;
         let sharding = cfg.sharding.clone();
         let name = ShardingConfig::configmap(&cfg.checkpoint.name, shard);
         let membership_topic = sharding.topic(&cfg.cluster_name);
@@ -458,13 +567,8 @@ impl Relay {
             ),
             Sink::Given(..) => (log.clone(), log.clone()),
         };
-        let share = Share {
-            inner: producer.clone(),
-            tally: Tally::new(),
-            closed: CancellationToken::new(),
-        };
         let producer: Arc<dyn Producer> = Arc::new(ShardProducer {
-            inner: producer.clone(),
+            inner: share.inner.clone(),
             membership_topic: membership_topic.clone(),
             shard,
             epoch: epoch.to_string(),
@@ -491,38 +595,7 @@ impl Relay {
             part: Arc::new(move |id| sharding.shard_of_stream(id) == shard),
             shard: Some(ShardOwner { shard, epoch }),
         };
-        let run = Running {
-            stop: CancellationToken::new(),
-            fenced: CancellationToken::new(),
-            claimed: Some(Instant::now()),
-        };
-        let (stop, fenced, legacy) = (run.stop.clone(), run.fenced.clone(), legacy.clone());
-        let drain = cfg.drain_time();
-        let term = async move {
-            let stopped = {
-                let stop = stop.clone();
-                tokio::spawn(async move {
-                    stop.cancelled().await;
-                    tokio::time::Instant::now()
-                })
-            };
-            let result = self
-                .shard_term(shard, plan, &legacy, &old_log, stop, fenced)
-                .await;
-            let stopped = match stopped.is_finished() {
-                true => stopped.await.ok(),
-                false => {
-                    stopped.abort();
-                    None
-                }
-            };
-            let left = self.settle(shard, share, stopped, drain).await;
-            if left > 0 {
-                tracing::error!(shard, undelivered = left, "handed the shard over with records undelivered: purged this replica's producer so that none lands after the next owner's; the other shards replay theirs from their checkpoints");
-            }
-            (shard, result)
-        };
-        (run, term)
+        (plan, old_log)
     }
 
     /// A shard's term: its share of a single leader's state copied first, if that was not done

@@ -5,7 +5,9 @@
 //! write. A failed write is kept and retried with the next one; newer checkpoints of the same
 //! streams replace what it kept. After `cancel` it writes once more and stops, so a clean stop
 //! saves the positions its streams drained to. Once fenced (the Lease or the shard was lost) it
-//! writes nothing more; neither does it once a newer owner of its shard wrote the ConfigMap.
+//! writes nothing more. A write that finds a newer owner of its shard on the ConfigMap fences
+//! the term itself: the term stops, purged, and the shard is claimed again if it is still
+//! assigned here.
 //!
 //! Each write raises the ConfigMap's write counter and then copies it into the membership topic
 //! (see [`crate::checkpoint::WRITES_KEY`]). A ConfigMap found with a lower counter than the
@@ -213,7 +215,11 @@ pub async fn run(
                         .with_label_values(&["error"])
                         .inc();
                     if let CheckpointError::Deposed { .. } = e {
-                        tracing::error!(error = %e, "deposed: no checkpoint of this shard is written any more");
+                        // Never a writer that quietly stops while its term relays: the term is
+                        // fenced, and its shard claimed again if the group still assigns it here.
+                        metrics.shard_fences.inc();
+                        tracing::error!(error = %e, "deposed: fencing this term of the shard; it is claimed again, above the stamped epoch, if the group still assigns it here");
+                        fenced.cancel();
                         return;
                     }
                     tracing::warn!(error = %e, "checkpoint write failed; will retry");

@@ -82,6 +82,18 @@ impl MemoryGroup {
         true
     }
 
+    /// Forgets every shard's epoch, as a group whose committed offsets are gone (offsets
+    /// retention past an empty group, the group deleted, a new Kafka cluster): the next claims
+    /// start again at 1.
+    pub fn forget_epochs(&self) {
+        self.inner
+            .state
+            .lock()
+            .expect("group lock poisoned")
+            .epochs
+            .clear();
+    }
+
     /// Lets every member cut off back: it learns that the shards it owned were lost (waiting
     /// for its answer, as a rebalance does), and the group deals again.
     pub fn heal(&self) {

@@ -151,6 +151,32 @@ impl Bed {
             .expect("the checkpoint ConfigMap exists")
     }
 
+    /// A shard's checkpoint ConfigMap as the simulator stores it, if there is one.
+    pub fn shard_configmap(&self, shard: u32) -> Option<serde_json::Value> {
+        self.sim.get(
+            "configmaps",
+            Some(CHECKPOINT_NS),
+            &format!("{CHECKPOINT_NAME}-s{shard}"),
+        )
+    }
+
+    /// The position of `stream` in its shard's checkpoint ConfigMap.
+    pub fn shard_checkpoint_rv(&self, shard: u32, stream: &str) -> Option<u64> {
+        let cm = self.shard_configmap(shard)?;
+        checkpoint::read(&serde_json::from_value(cm).expect("a ConfigMap"))
+            .get(stream)
+            .and_then(|s| s.rv.as_ref())
+            .map(|rv| rv.parse().unwrap())
+    }
+
+    /// The owner epoch stamped on a shard's checkpoint ConfigMap.
+    pub fn shard_epoch(&self, shard: u32) -> Option<u64> {
+        self.shard_configmap(shard)?["metadata"]["annotations"]["watchrelay.io/owner-epoch"]
+            .as_str()?
+            .parse()
+            .ok()
+    }
+
     pub fn checkpoint_rv(&self, stream: &str) -> Option<u64> {
         self.checkpoints()
             .get(stream)
