@@ -115,6 +115,37 @@ fn kafka_properties_take_secrets_from_the_environment() {
 }
 
 #[test]
+fn consumer_group_properties_that_break_the_shard_group_are_refused() {
+    let with = |props: &str| {
+        Config::parse(&format!(
+            "clusterName: prod\nkafka:\n  bootstrapServers: x:1\n  oversize: trim\n  unsafeProducerOverrides: true\n  properties:\n{props}checkpoint:\n  namespace: w\nchannels:\n  - operationId: watchNodes\n"
+        ))
+    };
+    for (prop, says) in [
+        ("group.instance.id: relay", "fence each other"),
+        ("group.remote.assignor: range", "assignor"),
+        ("session.timeout.ms: \"45000\"", "sharding.sessionTimeoutMs"),
+        (
+            "heartbeat.interval.ms: \"3000\"",
+            "sharding.sessionTimeoutMs",
+        ),
+        ("partition.assignment.strategy: range", "assignment"),
+        ("group.protocol.type: consumer", "assignment"),
+        ("group.protocol: consumer", "sharding.groupProtocol"),
+    ] {
+        let key = prop.split(':').next().unwrap();
+        // Refused even with unsafeProducerOverrides: these are not producer settings.
+        let err = with(&format!("    {prop}\n")).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Invalid { field, message } if *field == format!("kafka.properties.{key}") && message.contains(says)),
+            "{prop}: {err}"
+        );
+    }
+    // Consumer settings the relay overrides, or that change nothing it reads, stay allowed.
+    assert!(with("    group.id: mine\n    enable.auto.commit: \"true\"\n    auto.offset.reset: earliest\n    isolation.level: read_uncommitted\n    max.poll.interval.ms: \"600000\"\n").is_ok());
+}
+
+#[test]
 fn properties_that_weaken_delivery_and_zero_intervals_are_refused() {
     let with = |props: &str, extra: &str| {
         Config::parse(&format!(

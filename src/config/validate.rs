@@ -26,6 +26,11 @@ impl File {
             kafka::check_property(key, value)
                 .map_err(|m| invalid(format!("kafka.properties.{key}"), m))?;
         }
+        for key in self.kafka.properties.keys() {
+            if let Some(why) = breaks_the_group(key) {
+                return Err(invalid(format!("kafka.properties.{key}"), why));
+            }
+        }
         if !self.kafka.unsafe_producer_overrides {
             for (key, value) in &self.kafka.properties {
                 if let Some(why) = weakens_delivery(key, value) {
@@ -171,6 +176,48 @@ fn weakens_delivery(key: &str, value: &str) -> Option<String> {
             "a topic the broker creates on demand gets its defaults (a membership topic that is not compacted); the relay creates the topics it needs"
                 .into(),
         ),
+        _ => None,
+    }
+}
+
+/// Why a consumer-group property would break the shard group or the membership topic's reading,
+/// if it would. `kafka.properties` reach both consumers (the shard group's and the membership
+/// reader's), under the settings each sets itself.
+///
+/// Refused, whatever the value:
+/// - `group.instance.id`: static membership. Every replica gets the same id, so each one that
+///   joins fences the one before (fatal under the classic protocol, the newcomer refused under
+///   KIP-848): shards end fenced or with nobody.
+/// - `group.remote.assignor`: under `groupProtocol: consumer` the broker assigns the shards; the
+///   relay counts on its default, sticky assignor (every moved shard is a handover), and a name
+///   the broker does not know keeps every replica out of the group.
+/// - `session.timeout.ms`, `heartbeat.interval.ms`, `partition.assignment.strategy`,
+///   `group.protocol.type`: the relay sets them on the shard group under the classic protocol
+///   (from `sharding.sessionTimeoutMs`), so a value here does nothing there; under
+///   `groupProtocol: consumer` the Kafka client refuses to create the group's consumer with any
+///   of them set.
+/// - `group.protocol`: the relay sets it on the shard group from `sharding.groupProtocol`.
+///
+/// Left alone, being harmless: `group.id`, `enable.auto.commit`, `enable.auto.offset.store`,
+/// `enable.partition.eof` and `max.poll.interval.ms` (each consumer sets its own after the
+/// properties), `auto.offset.reset` (the membership reader starts at an explicit offset; the shard
+/// group reads no records), `isolation.level` (the relay writes no transactions, so both levels
+/// read the same records).
+fn breaks_the_group(key: &str) -> Option<&'static str> {
+    match key {
+        "group.instance.id" => Some(
+            "static group membership gives every replica the same instance id, so the replicas fence each other out of the shard group; remove it",
+        ),
+        "group.remote.assignor" => Some(
+            "the shard group relies on the broker's default (sticky) assignor; another moves shards needlessly and an unknown one keeps every replica out; remove it",
+        ),
+        "session.timeout.ms" | "heartbeat.interval.ms" => Some(
+            "the shard group's session is set by sharding.sessionTimeoutMs (classic protocol) or by the broker (groupProtocol: consumer, where the Kafka client refuses this property); remove it",
+        ),
+        "partition.assignment.strategy" | "group.protocol.type" => Some(
+            "the relay sets the shard group's assignment itself (and under groupProtocol: consumer the Kafka client refuses this property); remove it",
+        ),
+        "group.protocol" => Some("set sharding.groupProtocol instead"),
         _ => None,
     }
 }

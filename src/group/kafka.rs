@@ -202,6 +202,13 @@ impl Membership for Group {
         }
     }
 
+    fn fatal(&self) -> Option<String> {
+        self.consumer
+            .client()
+            .fatal_error()
+            .map(|(code, reason)| format!("{code:?}: {reason}"))
+    }
+
     fn leave(mut self: Box<Self>) {
         self.stop.store(true, Ordering::Relaxed);
         for t in self.threads.drain(..) {

@@ -110,6 +110,12 @@ pub trait Membership: Send + Sync {
     /// replica: after they were fenced while it may still own them.
     fn reclaim(&self, shards: &[u32]);
 
+    /// Why this membership can no longer work, if the group's client failed beyond repair (a
+    /// Kafka consumer's fatal error, e.g. fenced as a static member): the process must restart.
+    fn fatal(&self) -> Option<String> {
+        None
+    }
+
     /// Leaves the group: every owned shard is revoked (and handed over, while the relay still
     /// answers [`Event::Revoked`]) before this returns. Blocks.
     fn leave(self: Box<Self>);

@@ -365,6 +365,7 @@ impl Relay {
                     answer(&mut handovers, &running, &self.metrics.shard_handover_seconds);
                 }
                 _ = tick.tick() => {
+                    if let Some(e) = group.as_ref().and_then(|g| g.fatal()) { self.registry.fail(format!("the shard group's Kafka consumer failed fatally: {e}")); }
                     self.metrics
                         .shards_owned
                         .set(i64::try_from(running.len()).unwrap_or(i64::MAX));

@@ -24,6 +24,8 @@ pub struct MemoryGroup {
 #[derive(Default)]
 struct Inner {
     state: Mutex<State>,
+    /// A fatal error every member's client reports, once set.
+    fatal: Mutex<Option<String>>,
     /// One rebalance at a time.
     rebalancing: Mutex<()>,
 }
@@ -80,6 +82,11 @@ impl MemoryGroup {
         }
         self.rebalance();
         true
+    }
+
+    /// Fails every member's client fatally, as a Kafka consumer fenced as a static member.
+    pub fn fail_fatally(&self, reason: &str) {
+        *self.inner.fatal.lock().expect("fatal lock poisoned") = Some(reason.to_string());
     }
 
     /// Forgets every shard's epoch, as a group whose committed offsets are gone (offsets
@@ -304,6 +311,15 @@ impl Membership for Joined {
         if !claims.is_empty() {
             let _ = m.events.send(Event::Claimed(claims));
         }
+    }
+
+    fn fatal(&self) -> Option<String> {
+        self.group
+            .inner
+            .fatal
+            .lock()
+            .expect("fatal lock poisoned")
+            .clone()
     }
 
     fn leave(self: Box<Self>) {
