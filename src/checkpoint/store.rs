@@ -8,8 +8,8 @@ use kube::api::{Api, ObjectMeta, PostParams};
 
 use super::{
     encode, read, read_mark, read_writes, size, CheckpointError, Loaded, Saved, BUDGET,
-    EPOCH_ANNOTATION, MIGRATED_KEY, OWNER_ANNOTATION, RESYNC_ANNOTATION, SHARD_OWNERS_ANNOTATION,
-    WRITES_KEY,
+    EPOCH_ANNOTATION, MIGRATED_KEY, OWNER_ANNOTATION, RESYNC_ANNOTATION, SHARDING_ANNOTATION,
+    SHARD_OWNERS_ANNOTATION, WRITES_KEY,
 };
 
 /// Who writes a shard's ConfigMap: the replica, and its owner epoch of the shard.
@@ -206,6 +206,37 @@ impl Store {
         })
         .await
         .map(drop)
+    }
+
+    /// The release's sharding as its first sharded replica recorded it ([`SHARDING_ANNOTATION`]),
+    /// or `mark` recorded now when none was (creating the ConfigMap if missing): what every
+    /// replica of the release must be configured with.
+    pub async fn sharding_mark(&self, mark: &str) -> Result<String, CheckpointError> {
+        self.create_if_missing().await?;
+        loop {
+            let recorded = self
+                .swap(|cm| {
+                    let annotations = cm.metadata.annotations.get_or_insert_with(Default::default);
+                    if annotations.contains_key(SHARDING_ANNOTATION) {
+                        return None;
+                    }
+                    annotations.insert(SHARDING_ANNOTATION.into(), mark.to_string());
+                    Some(())
+                })
+                .await?;
+            if recorded.is_some() {
+                return Ok(mark.to_string());
+            }
+            let cm = self
+                .api
+                .get_opt(&self.name)
+                .await
+                .map_err(|e| self.err(e))?;
+            let found = cm.and_then(|cm| cm.metadata.annotations?.remove(SHARDING_ANNOTATION));
+            if let Some(found) = found {
+                return Ok(found);
+            }
+        }
     }
 
     /// Passes a pending resync request on to the ConfigMaps `to` (a sharded release's shards,

@@ -58,6 +58,7 @@ async fn load(store: &Store, stop: &CancellationToken) -> Option<Loaded> {
 }
 
 mod migrate;
+mod moves;
 mod shapes;
 mod shards;
 mod supervisor;
@@ -89,6 +90,9 @@ pub enum RelayError {
     /// The Kafka producer could not be created: librdkafka refused its configuration.
     #[error("cannot create the Kafka producer: {0}")]
     Producer(String),
+    /// The configuration cannot be applied to the release as it stands; says the safe way.
+    #[error("refusing to start: {0}")]
+    Refused(String),
 }
 
 /// Where records go: a new Kafka producer per leadership term, or one given producer with the

@@ -484,6 +484,21 @@ impl Relay {
         }
     }
 
+    /// Whether the relay has ended by itself.
+    pub fn ended(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// How a relay that ended by itself ended: its error, if any.
+    pub async fn outcome(mut self) -> Result<(), String> {
+        let task = &mut self.task;
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("relay ended")
+            .unwrap()
+            .map_err(|e| e.to_string())
+    }
+
     /// Graceful stop: drain, flush, final checkpoint.
     pub async fn stop(mut self) {
         self.shutdown.cancel();

@@ -1,0 +1,362 @@
+//! Configuration changes that would move keys from a stream in one shard to a stream in
+//! another, found before a sharded replica relays anything.
+//!
+//! Retractions come before announcements only inside one shard's term: a stream the new
+//! configuration no longer runs is retired (a DELETED for every object it announced) by the
+//! term of its own shard, whenever that shard's next term starts, on whichever replica. When a
+//! new stream in *another* shard announces the same keys, the two terms race, and the
+//! retirement's DELETEDs can land after the new stream's ADDEDs: every live object of the old
+//! stream ends DELETED downstream. Such changes are:
+//! - a `watchStrategy` switch, explicit or `auto` on a `namespaces` list crossing
+//!   `clusterWideAbove` (`<channel>.<ns>` lives in the namespace's shard, `<channel>._all` in
+//!   the channel's);
+//! - renaming a channel read cluster-wide (`<old>._all` and `<new>._all` hash apart);
+//! - any other retired stream whose topic a configured stream in another shard writes.
+//!
+//! A replica refuses to start on such a change while any shard's checkpoint ConfigMap still
+//! holds the old stream, and names the safe way: remove the channel (or change it to its old
+//! shape), roll out, wait until its streams are retired, then make the change. A per-namespace
+//! change within one namespace never crosses: both streams live in that namespace's shard.
+//!
+//! The shard count and the shards' topic are fixed for a release's life the same way: every
+//! stream's shard and every shard's ConfigMap depend on them. The first sharded replica records
+//! them on the release's checkpoint ConfigMap; a replica configured otherwise refuses to start.
+//!
+//! [`crossings`] is pure: the recorded streams in, the refused moves out; [`check`] reads the
+//! ConfigMaps.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::checkpoint::Store;
+use crate::config::{Channel, Config, Scope, Shape, ShardingConfig, StreamId};
+
+/// The longest wait between two attempts to read the ConfigMaps.
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Reads the release's sharding mark and every shard's checkpoint ConfigMap, and says why this
+/// replica must not start (`Err`), if it must not: a shard count or shards' topic other than
+/// the release's, or a change that moves keys between shards. A read that fails is tried
+/// again; `Ok` once `stop` fires first.
+pub(super) async fn check(
+    cfg: &Config,
+    client: &kube::Client,
+    stop: &CancellationToken,
+) -> Result<(), String> {
+    let mut wait = Duration::from_millis(500);
+    loop {
+        let read = tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            read = read(cfg, client) => read,
+        };
+        match read {
+            Ok((mark, recorded)) => {
+                let ours = mark_of(cfg);
+                if mark != ours {
+                    return Err(format!(
+                        "this release's shards were made as `{mark}` (sharding.shards and the shards' topic), not `{ours}`: the shard count and topic cannot change for a release's checkpoints. Keep sharding.shards and sharding.topic as they were; a new count takes a new release (its own checkpoint.name and sharding.topic) that announces every object afresh"
+                    ));
+                }
+                let found = crossings(cfg, &recorded);
+                if found.is_empty() {
+                    return Ok(());
+                }
+                return Err(refusal(&found));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in = ?wait, "reading the shards' checkpoint ConfigMaps failed; nothing starts before they are read")
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(RETRY_MAX);
+    }
+}
+
+/// The sharding mark of `cfg`: `<shards> <topic>`.
+fn mark_of(cfg: &Config) -> String {
+    format!(
+        "{} {}",
+        cfg.sharding.shards,
+        cfg.sharding.topic(&cfg.cluster_name)
+    )
+}
+
+async fn read(
+    cfg: &Config,
+    client: &kube::Client,
+) -> Result<(String, Vec<Recorded>), crate::checkpoint::CheckpointError> {
+    let ns = &cfg.checkpoint.namespace;
+    let release = Store::new(client.clone(), ns, &cfg.checkpoint.name);
+    let mark = release.sharding_mark(&mark_of(cfg)).await?;
+    let mut recorded = Vec::new();
+    for k in 0..cfg.sharding.shards {
+        let name = ShardingConfig::configmap(&cfg.checkpoint.name, k);
+        let loaded = Store::new(client.clone(), ns, &name).load().await?;
+        recorded.extend(
+            loaded
+                .streams
+                .iter()
+                .map(|(id, saved)| Recorded::new(id, saved.route.as_deref())),
+        );
+    }
+    Ok((mark, recorded))
+}
+
+/// A stream some shard's checkpoint ConfigMap still holds: its id, and the topic its route
+/// names (older entries have none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    /// The stream's id.
+    pub id: String,
+    /// The topic it published to.
+    pub topic: Option<String>,
+}
+
+impl Recorded {
+    /// The entry of stream `id` as saved, its route `<topic> <key template>`.
+    pub fn new(id: &str, route: Option<&str>) -> Self {
+        Self {
+            id: id.to_string(),
+            topic: route
+                .and_then(|r| r.split_whitespace().next())
+                .map(str::to_string),
+        }
+    }
+}
+
+/// A retired stream whose keys a configured stream in another shard would announce.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Crossing {
+    /// The stream still recorded, to be retired.
+    pub retired: String,
+    /// Its shard.
+    pub from: u32,
+    /// The configured channel that would announce its keys.
+    pub channel: String,
+    /// The configured stream, or `<channel>.<namespace>` for namespaces not known in advance.
+    pub announced: String,
+    /// Its shard.
+    pub to: u32,
+}
+
+impl std::fmt::Display for Crossing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "stream {} (shard {}) would be retired while channel {} announces its keys from {} (shard {})",
+            self.retired, self.from, self.channel, self.announced, self.to
+        )
+    }
+}
+
+/// How a configured channel runs in a sharded release: one stream over the collection, or
+/// one per namespace (the listed ones, or any).
+enum Runs<'a> {
+    Whole,
+    Listed(&'a [String]),
+    AnyNamespace,
+}
+
+fn runs<'a>(cfg: &Config, channel: &'a Channel) -> Runs<'a> {
+    match (&channel.scope, super::shapes::sharded(cfg, channel)) {
+        (Scope::Cluster, _) | (_, Some(Shape::ClusterWide)) => Runs::Whole,
+        (Scope::Namespaces(list), _) => Runs::Listed(list),
+        _ => Runs::AnyNamespace,
+    }
+}
+
+/// Every move of keys between shards that `cfg` would make while `recorded` streams are still
+/// held by some shard. Empty without sharding, or with one shard.
+pub fn crossings(cfg: &Config, recorded: &[Recorded]) -> Vec<Crossing> {
+    let sharding = &cfg.sharding;
+    if !sharding.enabled || sharding.shards < 2 {
+        return Vec::new();
+    }
+    let mut found = Vec::new();
+    for r in recorded {
+        let Some((name, namespace)) = StreamId::parts(&r.id) else {
+            continue;
+        };
+        let from = sharding.shard_of_stream(&r.id);
+        let own = cfg.channels.iter().find(|c| c.name == name);
+        // Still run as it is: not retired.
+        let kept = own.is_some_and(|c| {
+            matches!(
+                (runs(cfg, c), namespace),
+                (Runs::Whole, None) | (Runs::Listed(_) | Runs::AnyNamespace, Some(_))
+            )
+        });
+        if kept {
+            continue;
+        }
+        for c in &cfg.channels {
+            let same_keys = c.name == name
+                || r.topic
+                    .as_deref()
+                    .is_some_and(|t| t == c.topic_for(&cfg.cluster_name, namespace));
+            if !same_keys {
+                continue;
+            }
+            let announced: Vec<(String, u32)> = match (runs(cfg, c), namespace) {
+                (Runs::Whole, _) => {
+                    let id = c.stream_id(None).to_string();
+                    let shard = sharding.shard_of_stream(&id);
+                    vec![(id, shard)]
+                }
+                // Per namespace: the retired stream's own namespace lives in its shard.
+                (_, Some(_)) => Vec::new(),
+                (Runs::Listed(list), None) => list
+                    .iter()
+                    .map(|ns| (c.stream_id(Some(ns)).to_string(), sharding.shard_of(ns)))
+                    .collect(),
+                (Runs::AnyNamespace, None) => {
+                    vec![(format!("{}.<namespace>", c.name), u32::MAX)]
+                }
+            };
+            if let Some((id, to)) = announced.into_iter().find(|(_, to)| *to != from) {
+                found.push(Crossing {
+                    retired: r.id.clone(),
+                    from,
+                    channel: c.name.clone(),
+                    announced: id,
+                    to,
+                });
+            }
+        }
+    }
+    found
+}
+
+/// What an operator reads when a start is refused for `found`.
+pub fn refusal(found: &[Crossing]) -> String {
+    let list: Vec<String> = found.iter().take(5).map(ToString::to_string).collect();
+    let more = found.len().saturating_sub(list.len());
+    let more = if more > 0 {
+        format!(" (and {more} more)")
+    } else {
+        String::new()
+    };
+    format!(
+        "this configuration moves keys between shards: {}{more}. A stream in one shard cannot be retired in order with a stream in another, so the old stream's DELETEDs could land after the new one's ADDEDs. Make the change in two steps: first remove the channel (or rename it back, or restore its watchStrategy) and roll that out until no shard's checkpoint ConfigMap holds the old stream (every replica started on it and `watchrelay_streams` no longer lists it), then apply this configuration. A `namespaces` list under `watchStrategy: auto` switches shape when its length crosses `kubernetes.clusterWideAbove`: set `watchStrategy` to the shape it runs to keep it",
+        list.join("; ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(channels: &str, shards: u32) -> Config {
+        let yaml = format!(
+            "clusterName: c\nkafka:\n  bootstrapServers: k:9092\n  oversize: trim\ncheckpoint:\n  namespace: w\nsharding:\n  enabled: true\n  shards: {shards}\nchannels:\n{channels}"
+        );
+        Config::parse(&yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"))
+    }
+
+    fn rec(id: &str, topic: &str) -> Recorded {
+        Recorded::new(id, Some(&format!("{topic} {{namespace}}/{{name}}")))
+    }
+
+    /// Two namespaces in different shards of 8, and a channel name in a third.
+    fn apart(c: &Config) -> (String, String) {
+        let s = &c.sharding;
+        let names: Vec<String> = (0..64).map(|i| format!("team-{i}")).collect();
+        let a = names
+            .iter()
+            .find(|n| s.shard_of(n) != s.shard_of("watchNamespacedPods"))
+            .unwrap();
+        let b = names
+            .iter()
+            .find(|n| {
+                s.shard_of(n) != s.shard_of("watchNamespacedPods") && s.shard_of(n) != s.shard_of(a)
+            })
+            .unwrap();
+        (a.clone(), b.clone())
+    }
+
+    #[test]
+    fn changes_that_move_keys_between_shards_are_found() {
+        let probe = cfg("  - operationId: watchNodes\n", 8);
+        let (a, b) = apart(&probe);
+        let per_ns = format!(
+            "  - operationId: watchNamespacedPods\n    namespaces: [{a}, {b}]\n    topic: pods\n    watchStrategy: perNamespace\n"
+        );
+        let wide = format!(
+            "  - operationId: watchNamespacedPods\n    namespaces: [{a}, {b}]\n    topic: pods\n    watchStrategy: clusterWide\n"
+        );
+        let pods_a = format!("watchNamespacedPods.{a}");
+        let all = "watchNamespacedPods._all".to_string();
+        // (configuration, recorded streams, how many crossings)
+        let table: Vec<(&str, String, Vec<Recorded>, usize)> = vec![
+            ("nothing recorded", per_ns.clone(), vec![], 0),
+            (
+                "the same shape",
+                per_ns.clone(),
+                vec![rec(&pods_a, "pods")],
+                0,
+            ),
+            (
+                "per namespace to cluster-wide",
+                wide.clone(),
+                vec![rec(&pods_a, "pods")],
+                1,
+            ),
+            (
+                "cluster-wide to per namespace",
+                per_ns.clone(),
+                vec![rec(&all, "pods")],
+                1,
+            ),
+            (
+                "a renamed cluster-scoped channel",
+                "  - operationId: watchNodes\n    name: nodes\n    topic: nodes\n".into(),
+                vec![rec("watchNodes._all", "nodes")],
+                1,
+            ),
+            (
+                "a removed channel whose topic nobody else writes",
+                "  - operationId: watchNodes\n    topic: nodes\n".into(),
+                vec![rec(&all, "pods")],
+                0,
+            ),
+            (
+                "an older entry without a route, same channel",
+                wide.clone(),
+                vec![Recorded::new(&pods_a, None)],
+                1,
+            ),
+        ];
+        for (what, channels, recorded, want) in table {
+            let c = cfg(&channels, 8);
+            let found = crossings(&c, &recorded);
+            assert_eq!(found.len(), want, "{what}: {found:?}");
+        }
+    }
+
+    #[test]
+    fn one_shard_or_no_sharding_never_crosses() {
+        let c = cfg(
+            "  - operationId: watchNamespacedPods\n    namespaces: [a]\n    topic: pods\n    watchStrategy: clusterWide\n",
+            1,
+        );
+        assert!(crossings(&c, &[rec("watchNamespacedPods.a", "pods")]).is_empty());
+    }
+
+    #[test]
+    fn the_refusal_names_the_stream_and_the_two_steps() {
+        let found = [Crossing {
+            retired: "pods.a".into(),
+            from: 3,
+            channel: "pods".into(),
+            announced: "pods._all".into(),
+            to: 5,
+        }];
+        let text = refusal(&found);
+        assert!(text.contains("pods.a (shard 3)"), "{text}");
+        assert!(text.contains("two steps"), "{text}");
+    }
+}
