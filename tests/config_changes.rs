@@ -148,3 +148,44 @@ async fn a_watch_strategy_switch_is_refused_until_the_old_streams_are_retired() 
     new.stop().await;
     assert_eq!(consumer(), cluster());
 }
+
+/// The shard count is the release's for good: a replica configured with another count (and
+/// another shards' topic, which would otherwise run a second generation beside the first)
+/// refuses to start, and says how the release was made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_another_shard_count_refuses_to_start() {
+    let (a, _) = namespaces();
+    let bed = Bed::in_memory_serving(true, &[&a]).await;
+    let channel = format!("  - operationId: {CHANNEL}\n    namespaces: [{a}]\n    topic: pods\n");
+    let memory = Arc::new(Memory::new());
+    let group = MemoryGroup::default();
+    let cfg = config(&bed, &channel);
+    let first = Relay::start_in(&bed, cfg.clone(), memory.clone(), &group);
+    eventually(
+        || first.metrics.shards_owned.get() == i64::from(SHARDS),
+        || "the first replica never claimed its shards".into(),
+    )
+    .await;
+
+    let mut resharded = cfg.clone();
+    resharded.sharding.shards = SHARDS * 2;
+    resharded.sharding.topic = Some(format!(
+        "{}.shards-8",
+        cfg.checkpoint.membership.topic("test")
+    ));
+    let second = Relay::start_in(&bed, resharded, memory.clone(), &MemoryGroup::default());
+    let refused = second.outcome().await.expect_err("refused");
+    assert!(
+        refused.contains(&format!("made as `{SHARDS} ")),
+        "{refused}"
+    );
+    // The release's own configuration still starts.
+    let again = Relay::start_in(&bed, cfg, memory.clone(), &group);
+    first.stop().await;
+    eventually(
+        || again.metrics.shards_owned.get() == i64::from(SHARDS),
+        || "a replica of the release's configuration was refused".into(),
+    )
+    .await;
+    again.stop().await;
+}
