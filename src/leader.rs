@@ -17,13 +17,15 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::Api;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::LeaderElectionConfig;
+use crate::checkpoint::{SHARDING_ANNOTATION, SHARD_OWNERS_ANNOTATION};
+use crate::config::{Config, LeaderElectionConfig};
 
 /// What one attempt on the Lease found.
 #[derive(Debug, PartialEq, Eq)]
@@ -317,3 +319,80 @@ impl Elector {
 
 /// The holder of a Lease parked by a sharded release: it never expires.
 pub const PARKED: &str = "sharded";
+
+/// How often a check the API server did not answer is tried again.
+const CHECK_RETRY: Duration = Duration::from_secs(2);
+
+/// `Err(why and what to do)` when the release of `cfg` ran sharded: going back to a single
+/// leader in place is not supported. The single leader would resume from the positions and the
+/// membership it had before sharding, missing what the shards relayed since (deletions never
+/// retracted), and with leader election on it would stand by forever behind the parked Lease.
+/// Either marker says so: the leader Lease parked (every sharded replica parks it before any
+/// shard runs; a Lease it may not read, without election, is not one), or the release's
+/// checkpoint ConfigMap annotated by a sharded replica (its sharding, recorded before any shard
+/// runs, or its shards' owners, recorded by versions before that). Retried until the API server answers; `Ok`
+/// when `cancel` comes first.
+pub async fn refuse_unsharding(
+    client: &kube::Client,
+    cfg: &Config,
+    cancel: &CancellationToken,
+) -> Result<(), String> {
+    let le = &cfg.leader_election;
+    let cp = &cfg.checkpoint;
+    let lease_ns = le.namespace.as_deref().unwrap_or(&cp.namespace);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), lease_ns);
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &cp.namespace);
+    let found = loop {
+        let checked = async {
+            let parked = match leases.get_opt(&le.name).await {
+                Ok(lease) => lease
+                    .and_then(|l| l.spec?.holder_identity)
+                    .is_some_and(|h| h == PARKED),
+                Err(kube::Error::Api(s)) if s.code == 403 && !le.enabled => false,
+                Err(e) => return Err(e),
+            };
+            if parked {
+                return Ok(Some(format!(
+                    "its leader Lease {lease_ns}/{} is parked by sharded replicas",
+                    le.name
+                )));
+            }
+            let owners = match configmaps.get_opt(&cp.name).await {
+                Ok(cm) => cm.and_then(|cm| cm.metadata.annotations).and_then(|a| {
+                    [SHARDING_ANNOTATION, SHARD_OWNERS_ANNOTATION]
+                        .into_iter()
+                        .find(|k| a.contains_key(*k))
+                }),
+                // Reading it is the relay's first need anyway: it says so then.
+                Err(kube::Error::Api(s)) if s.code == 403 => None,
+                Err(e) => return Err(e),
+            };
+            Ok(owners.map(|key| {
+                format!(
+                    "its checkpoint ConfigMap {}/{} has the annotation {key}",
+                    cp.namespace, cp.name
+                )
+            }))
+        };
+        let checked = tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            c = checked => c,
+        };
+        match checked {
+            Ok(found) => break found,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot tell whether this release ran sharded; retrying");
+                tokio::select! {
+                    _ = cancel.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(CHECK_RETRY) => {}
+                }
+            }
+        }
+    };
+    match found {
+        None => Ok(()),
+        Some(marker) => Err(format!(
+            "this release ran sharded ({marker}), and turning sharding.enabled off in place is not supported: a single leader would resume from the positions it had before sharding and miss what the shards relayed since. Keep sharding.enabled: true with sharding.shards and sharding.topic as they are (replicas: 1 for a single relaying replica), or deploy a new release with its own checkpoint.name and leaderElection.name next to this one and remove this one once the new one is ready"
+        )),
+    }
+}

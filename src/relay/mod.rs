@@ -182,6 +182,11 @@ impl Relay {
         if self.cfg.sharding.enabled && self.checkpoints {
             return self.run_sharded().await;
         }
+        if self.checkpoints {
+            crate::leader::refuse_unsharding(&self.client, &self.cfg, &self.shutdown)
+                .await
+                .map_err(RelayError::Refused)?;
+        }
         if !self.cfg.leader_election.enabled || !self.checkpoints {
             self.metrics.leader.set(1);
             return self
