@@ -384,7 +384,8 @@ const SESSION_MARGIN: Duration = Duration::from_secs(3);
 
 /// A case of a sharded release: replicas join, leave cleanly, crash (Kafka having written a
 /// random prefix of what was sent) and are cut off from the group past their session between
-/// cluster operations, over the in-memory group. At the end the consumer's view must be the
+/// cluster operations, over the in-memory group; the group forgets its epochs (its committed
+/// offsets lost) and shards' owner epochs are raised by hand on their ConfigMaps. At the end the consumer's view must be the
 /// cluster's, as with one process.
 async fn replicas_case(seed: u64) {
     let mut rng = Rng(seed | 1);
@@ -410,7 +411,7 @@ async fn replicas_case(seed: u64) {
     let mut snapshot = None;
     let mut live = vec![start()];
     for _ in 0..6 + rng.below(8) {
-        match rng.below(8) {
+        match rng.below(10) {
             0 | 1 if live.len() < 3 => {
                 live.push(start());
                 let _ = writeln!(history, "replica joins: {}", live.len());
@@ -433,6 +434,37 @@ async fn replicas_case(seed: u64) {
                 let g = group.clone();
                 tokio::task::spawn_blocking(move || g.heal()).await.unwrap();
                 let _ = writeln!(history, "replica back");
+            }
+            5 => {
+                // The group's committed offsets are gone (retention past an empty group, the
+                // group deleted): its epochs start again at 1, below those stamped.
+                group.forget_epochs();
+                let _ = writeln!(history, "the group's epochs are lost");
+            }
+            6 => {
+                // Somebody raises a shard's owner epoch by hand on its ConfigMap.
+                let k = rng.below(4);
+                let name = format!("{}-s{k}", common::bed::CHECKPOINT_NAME);
+                let raised = bed
+                    .sim
+                    .get("configmaps", Some(common::bed::CHECKPOINT_NS), &name)
+                    .and_then(|cm| {
+                        cm["metadata"]["annotations"]["watchrelay.io/owner-epoch"]
+                            .as_str()?
+                            .parse::<u64>()
+                            .ok()
+                    })
+                    .map(|e| e + 1 + rng.below(100));
+                if let Some(epoch) = raised {
+                    let patch = serde_json::json!({"metadata": {"annotations": {"watchrelay.io/owner-epoch": epoch.to_string()}}});
+                    let _ = bed.sim.merge_patch(
+                        "configmaps",
+                        Some(common::bed::CHECKPOINT_NS),
+                        &name,
+                        patch,
+                    );
+                    let _ = writeln!(history, "shard {k}'s owner epoch raised by hand to {epoch}");
+                }
             }
             3 if !live.is_empty() => {
                 producer.hold(true);
@@ -463,13 +495,26 @@ async fn replicas_case(seed: u64) {
     if !converged {
         fail(seed, &history, &producer, &want);
     }
-    // Every record came from a shard's owner.
-    assert!(
-        events(&producer)
-            .iter()
-            .all(|r| r.headers.get("ce_ownerepoch").is_some()),
-        "a record without its owner epoch\n{history}"
-    );
+    // Every record came from a shard's owner, and per key and shard the owner epochs never go
+    // down in partition order (the consumer's epoch rule), whatever happened to the group's
+    // epochs or to the stamps on the ConfigMaps.
+    let mut highest: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for r in events(&producer) {
+        let epoch: u64 = r
+            .headers
+            .get("ce_ownerepoch")
+            .unwrap_or_else(|| panic!("a record without its owner epoch\n{history}"))
+            .parse()
+            .unwrap();
+        let shard = r.headers.get("ce_shard").unwrap_or_default().to_string();
+        let seen = highest.entry((r.key.clone(), shard)).or_default();
+        assert!(
+            epoch >= *seen,
+            "key {}: epoch {epoch} after {seen}\n{history}",
+            r.key
+        );
+        *seen = epoch;
+    }
 }
 
 fn seeds(salt: u64) -> Vec<u64> {
