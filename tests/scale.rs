@@ -59,6 +59,55 @@ async fn a_start_with_many_streams_runs_a_bounded_number_of_lists_at_once() {
     assert_eq!(consumer_view(&events(&producer)), cluster);
 }
 
+/// `kubernetes.maxConcurrentSyncs` bounds the process, not each shard: one replica owning 16
+/// shards of 30 namespaces runs 3 lists at once at most, as an unsharded relay does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_owning_many_shards_runs_a_bounded_number_of_lists_at_once() {
+    let namespaces = names(30);
+    let refs: Vec<&str> = namespaces.iter().map(String::as_str).collect();
+    let bed = Bed::in_memory(
+        SimConfig {
+            watch_list: false,
+            list_delay: Duration::from_millis(40),
+            ..SimConfig::default()
+        },
+        &refs,
+    )
+    .await;
+    for ns in &refs {
+        bed.sim
+            .create("pods", Some(ns), objects::pod(ns, "p"))
+            .unwrap();
+    }
+    let channel = format!(
+        "  - operationId: watchNamespacedPods\n    namespaces: [{}]\n    topic: pods\n    watchStrategy: perNamespace\n",
+        refs.join(", ")
+    );
+    let mut cfg = bed.config(&channel, "");
+    cfg.kubernetes.max_concurrent_syncs = 3;
+    cfg.sharding = watchrelay::config::ShardingConfig {
+        enabled: true,
+        shards: 16,
+        topic: Some(format!(
+            "{}.shards",
+            cfg.checkpoint.membership.topic("test")
+        )),
+        ..watchrelay::config::ShardingConfig::default()
+    };
+    let producer = Arc::new(Memory::new());
+    let group = watchrelay::testing::MemoryGroup::default();
+    let relay = Relay::start_in(&bed, cfg, producer.clone(), &group);
+    relay.wait_up(refs.len()).await;
+    let counts = bed.sim.requests();
+    relay.stop().await;
+    assert!(
+        counts.peak_lists_in_flight <= 3,
+        "{counts:?}: more lists at once than kubernetes.maxConcurrentSyncs allows"
+    );
+    let cluster = view::pods(&bed.sim, &refs, |_| true);
+    assert_eq!(consumer_view(&events(&producer)), cluster);
+}
+
 /// What the cluster holds of the namespaces labelled `relay=yes`: key -> uid.
 fn labelled_pods(bed: &Bed) -> std::collections::BTreeMap<String, String> {
     let selected: Vec<String> = bed

@@ -115,6 +115,9 @@ pub struct Relay {
     checkpoints: bool,
     /// Where replicas meet, with sharding on.
     coordinator: Arc<dyn Coordinator>,
+    /// The permits of `kubernetes.maxConcurrentSyncs`, one set for the process: shared by every
+    /// term, so a replica owning many shards still runs that many syncs at most.
+    syncs: Arc<tokio::sync::Semaphore>,
 }
 
 impl Relay {
@@ -125,9 +128,13 @@ impl Relay {
         metrics
             .in_flight_limit
             .set(i64::try_from(cfg.kafka.max_in_flight_per_stream).unwrap_or(i64::MAX));
+        let syncs = Arc::new(tokio::sync::Semaphore::new(
+            cfg.kubernetes.max_concurrent_syncs as usize,
+        ));
         Self {
             cfg: Arc::new(cfg),
             client,
+            syncs,
             sink: Sink::Kafka,
             metrics,
             registry: Registry::with_stall_bound(stall_bound),
@@ -385,9 +392,7 @@ impl Relay {
                 membership_topic: membership_topic.clone(),
                 owner: owner.clone(),
                 checkpoints: self.checkpoints,
-                syncs: Arc::new(tokio::sync::Semaphore::new(
-                    self.cfg.kubernetes.max_concurrent_syncs as usize,
-                )),
+                syncs: self.syncs.clone(),
                 shard,
             }),
             self.registry.clone(),
