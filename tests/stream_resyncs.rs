@@ -1,7 +1,8 @@
 //! The stream tests, positions and resyncs: a watch whose position expired (410) resyncs and
 //! infers what was deleted meanwhile, re-announcing only what changed; a requested resync (delta
 //! or full) is done and its request cleared; a position ahead of the server (an etcd restore)
-//! leads to a relist; a stalled watch is reopened; positions the API server will not serve at
+//! leads to a relist; a watch cache lagging behind the position (504) leads to a delta resync,
+//! not a full one; a stalled watch is reopened; positions the API server will not serve at
 //! start are read again until it does; a sharded release takes a request set on its checkpoint
 //! ConfigMap. The relay runs in-process against the simulator with a
 //! producer in memory; no broker needed.
@@ -266,6 +267,38 @@ async fn a_position_ahead_of_the_server_leads_to_a_relist_not_endless_retries() 
     relay.stop().await;
     assert!(bed.checkpoint_rv(STREAM).unwrap() <= bed.sim.current_rv());
     assert_eq!(consumer_view(&events(&producer)), cluster_view(&bed));
+}
+
+/// A watch refused with 504 "Too large resource version" by an API server whose watch cache
+/// lags (the history did not go back): the stream resyncs as a delta from its position, so
+/// nothing unchanged is announced again, where an etcd restore would re-announce everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_watch_cache_is_not_taken_for_a_rewind() {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    create(&bed, (0..10).map(|i| format!("p{i}")));
+    let relay = start(&bed, config(&bed, ""), &producer);
+    relay.wait_up(1).await;
+    wait_covered(&bed).await;
+    let before = events(&producer).len();
+    bed.sim.lag_next_watches(1);
+    bed.sim.drop_watches();
+    relay.wait_counter("resyncs_total", STREAM, 1).await;
+    create(&bed, ["late".to_string()]);
+    wait_covered(&bed).await;
+    let restarts = |reason: &str| {
+        relay
+            .metrics
+            .watch_restarts
+            .with_label_values(&[STREAM, reason])
+            .get()
+    };
+    assert_eq!((restarts("behind"), restarts("rewound")), (1, 0));
+    relay.stop().await;
+    let log = events(&producer);
+    let (again, inferred) = resync_records(&log[before..]);
+    assert_eq!((again, inferred), (0, 0), "nothing re-announced");
+    assert_eq!(consumer_view(&log), cluster_view(&bed));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

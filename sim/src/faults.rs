@@ -31,6 +31,8 @@ pub(crate) struct Faults {
     pub denied: Mutex<Vec<String>>,
     /// List requests with a continue token still to fail (500).
     pub fail_continued: AtomicUsize,
+    /// Watches from a position still to be refused as too large (504).
+    pub lag_watches: AtomicUsize,
 }
 
 impl Sim {
@@ -39,6 +41,13 @@ impl Sim {
         let mut w = self.inner.watches.lock().expect("watches lock poisoned");
         w.cancel();
         *w = CancellationToken::new();
+    }
+
+    /// Refuses the next `n` watches from a position with 504 "Too large resource version", as an
+    /// API server whose watch cache lags the one that served the position does, though the
+    /// position is not ahead of the history: a list from etcd is not behind it.
+    pub fn lag_next_watches(&self, n: usize) {
+        self.inner.faults.lag_watches.store(n, Ordering::Relaxed);
     }
 
     /// Fails the next `n` list requests that carry a continue token (a later page), with 500.

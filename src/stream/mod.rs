@@ -433,6 +433,10 @@ impl Stream {
                     self.m.resyncs.inc();
                     tracing::info!(stream = %self.id, "resourceVersion expired; relisting");
                 }
+                Stop::Behind => {
+                    self.m.resyncs.inc();
+                    tracing::info!(stream = %self.id, "the API server has not reached the stream's position (a lagging watch cache, or an etcd restore); relisting after a backoff, as a delta unless the list is older than the position");
+                }
                 Stop::Rewound => {
                     self.m.resyncs.inc();
                     tracing::warn!(stream = %self.id, "the API server's history went back behind the stream's position (an etcd restore?); relisting and re-announcing every object");

@@ -14,11 +14,12 @@
 //!
 //! # When the history went back
 //! An etcd restore brings objects back at the versions they had at the snapshot, at or below
-//! positions the stream already passed: a delta would skip them as unchanged. Every sign of a
-//! rewind makes the next resync full:
+//! positions the stream already passed: a delta would skip them as unchanged. A 504 "Too large
+//! resource version" on a watch is not such a sign by itself (a lagging watch cache answers the
+//! same): it leads to a delta resync, which a list older than the position makes full. Every
+//! sign of a rewind makes the next resync full:
 //! - a list, or the end of the initial events, older than the position (the delta is then
 //!   abandoned, or the sync started over whole);
-//! - a 504 "Too large resource version" (the position is ahead of the server);
 //! - the checkpoint ConfigMap found behind what the relay last wrote, or behind the copy of its
 //!   write counter in the membership topic (see [`crate::checkpoint::WRITES_KEY`]);
 //! - a watch line or list item skipped as malformed: what it said is lost.

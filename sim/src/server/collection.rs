@@ -27,8 +27,13 @@ pub(super) fn watch(
     match watch_params(res, ns, query, inner.cfg.watch_list).and_then(|p| {
         // A position the server has not reached (an etcd restore, a copied checkpoint):
         // the API server gives up waiting for it with 504.
+        let lagging = || {
+            let lag = &inner.faults.lag_watches;
+            lag.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+        };
         match p.start {
-            Start::Exact(rv) if rv > current => Err(SimError::new(
+            Start::Exact(rv) if rv > current || lagging() => Err(SimError::new(
                 504,
                 "Timeout",
                 format!("Too large resource version: {rv}, current: {current}"),

@@ -15,7 +15,8 @@
 //!                       │   ▲  └─ closed, cut, stalled: Watch{last position read}
 //!                       │   │     (closed having read nothing: through Backoff, like a failure)
 //!                       │   └──── synced at rv (a resync, like a start)
-//! 410 Gone, rewound, requested ▼
+//!   410 Gone, rewound, requested, ▼
+//!   behind (504, after a backoff)
 //!                   Sync{Resync} ── reconciles: inferred DELETED for known objects it lacks
 //!
 //! Every failure but a stall passes through Backoff{then} first; Cancelled leads anywhere to
@@ -94,6 +95,12 @@ pub enum Stop {
     /// The server's history went back behind the position (an etcd restore): objects may
     /// be back at versions the stream already passed, so the relist re-announces every one.
     Rewound,
+    /// The server has not reached the position (504 "Too large resource version"): its watch
+    /// cache lags the one that served the position (an HA API server behind a load balancer),
+    /// or its history went back. After a backoff the stream resyncs as a delta from its
+    /// position, and the list tells the two apart: older than the position, it was a rewind
+    /// and every object is re-announced; otherwise only what changed is.
+    Behind,
     /// The server refused a `sendInitialEvents` watch.
     Refused,
     /// A custom resource is not served (any more).
@@ -186,13 +193,13 @@ pub fn sync_reason(reason: Reason, has_members: bool) -> Reason {
 pub fn api_stop(e: ApiError, builtin: bool) -> Stop {
     match e {
         ApiError::Gone(_) => Stop::Gone,
-        // The position is ahead of the server (an etcd restore, a copied checkpoint): waiting
-        // cannot help, and objects may be back at versions below the position.
+        // The position is ahead of the server: a lagging watch cache, or an etcd restore (a
+        // copied checkpoint). Only a list can tell (see [`Stop::Behind`]).
         ApiError::Status {
             code: 504,
             ref message,
             ..
-        } if message.contains("Too large resource version") => Stop::Rewound,
+        } if message.contains("Too large resource version") => Stop::Behind,
         ApiError::Status { code: 404, .. } if !builtin => Stop::NotServed,
         e => Stop::Api(e),
     }
@@ -395,6 +402,27 @@ pub fn next<C>(
                 "rewound"
             }),
             full: matches!(why, Stop::Rewound),
+        },
+        // Not a rewind until a list says so: a delta resync from the position, after a backoff
+        // (a lagging cache may catch up meanwhile; a sync it refuses again is not hammered).
+        (
+            state,
+            Outcome::Stopped {
+                why: Stop::Behind, ..
+            },
+        ) => Transition {
+            next: State::Backoff {
+                then: Box::new(State::Sync {
+                    reason: match state {
+                        State::Sync { reason, .. } => reason,
+                        _ => Reason::Resync,
+                    },
+                    via,
+                }),
+                delay: backoff.next(),
+            },
+            restart: Some("behind"),
+            full: false,
         },
         (
             _,

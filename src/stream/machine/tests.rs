@@ -183,6 +183,22 @@ fn transitions() {
             false,
             Some("rewound"),
         ),
+        // Behind the position (504 "Too large resource version"): a lagging watch cache or a
+        // rewind; a resync after a backoff tells them apart. A sync keeps its reason.
+        (
+            watch("10", InitialEvents),
+            stopped(Stop::Behind, None),
+            sync(Resync, InitialEvents),
+            true,
+            Some("behind"),
+        ),
+        (
+            sync(Start, Pages),
+            stopped(Stop::Behind, None),
+            sync(Start, Pages),
+            true,
+            Some("behind"),
+        ),
         // A stalled watch is reopened from where it was, at once, and counted.
         (
             watch("10", Pages),
@@ -376,6 +392,21 @@ fn a_filtered_stream_resyncs_whole_after_a_failed_delivery_and_a_rewind_asks_for
             sync(Reason::Resync, Via::InitialEvents),
             false,
         ),
+        // Behind the position (504): a delta resync, not a full one; the list decides.
+        (
+            Profile::default(),
+            watch("10", Via::InitialEvents),
+            stopped(Stop::Behind, None),
+            sync(Reason::Resync, Via::InitialEvents),
+            false,
+        ),
+        (
+            filtered,
+            watch("10", Via::Pages),
+            stopped(Stop::Behind, None),
+            sync(Reason::Resync, Via::Pages),
+            false,
+        ),
     ];
     for (i, (profile, state, outcome, want, full)) in table.into_iter().enumerate() {
         let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1), 7);
@@ -417,7 +448,7 @@ fn api_errors_are_classified_into_stops() {
         (
             status(504, "Too large resource version: 99"),
             true,
-            "Rewound",
+            "Behind",
         ),
         (status(504, "Timeout"), true, "Api"),
         (status(404, "not found"), false, "NotServed"),
