@@ -72,9 +72,11 @@ struct Inner {
     role: Role,
     /// Why the process must be restarted, once something failed beyond repair.
     failed: Option<String>,
-    /// Why relaying cannot start (a membership topic that is not what it should be): not ready
-    /// until it is resolved.
-    blocked: Option<String>,
+    /// Why relaying cannot start (a membership topic that is not what it should be), by whose
+    /// problem it is (a shard's checkpoint owner; `""` the replica's own), with the problem's
+    /// kind: not ready until every one is resolved. Keyed, so that one shard's success does not
+    /// clear another's problem.
+    blocked: BTreeMap<String, (String, String)>,
     /// A watching stream that read nothing for longer than this (seconds) is stalled.
     stall_after: i64,
     streams: BTreeMap<String, Entry>,
@@ -116,7 +118,7 @@ pub struct Readiness {
     pub down: Vec<String>,
     /// Of those, the ones an error keeps down, with the error.
     pub problems: BTreeMap<String, String>,
-    /// Why relaying cannot start, if it cannot.
+    /// Why relaying cannot start, if it cannot: every problem, each named by whose it is.
     pub blocked: Option<String>,
 }
 
@@ -133,7 +135,7 @@ impl Registry {
             inner: Arc::new(Mutex::new(Inner {
                 role: Role::Leader,
                 failed: None,
-                blocked: None,
+                blocked: BTreeMap::new(),
                 stall_after: i64::try_from(bound.as_secs()).unwrap_or(i64::MAX),
                 streams: BTreeMap::new(),
                 retired: Vec::new(),
@@ -193,16 +195,34 @@ impl Registry {
         }
     }
 
-    /// Relaying cannot start for `reason` (`None`: it can again). Logged when it changes.
+    /// Relaying cannot start for `reason` (`None`: it can again), a problem of the replica's
+    /// own. Logged when it changes.
     pub fn block(&self, reason: Option<String>) {
+        self.block_for("", reason.map(|r| (String::new(), r)));
+    }
+
+    /// `who`'s part (a shard's checkpoint owner) cannot relay for `problem`, its kind and
+    /// message (`None`: it can again). Other parts' problems stay. Logged when it changes.
+    pub fn block_for(&self, who: &str, problem: Option<(String, String)>) {
         let mut inner = self.lock();
-        if inner.blocked != reason {
-            match &reason {
-                Some(r) => tracing::error!(reason = %r, "not relaying"),
-                None => tracing::info!("the membership topic is usable again"),
-            }
-            inner.blocked = reason;
+        if inner.blocked.get(who) == problem.as_ref() {
+            return;
         }
+        match problem {
+            Some(p) => {
+                tracing::error!(who, reason = %p.1, "not relaying");
+                inner.blocked.insert(who.to_string(), p);
+            }
+            None => {
+                tracing::info!(who, "the membership topic is usable again");
+                inner.blocked.remove(who);
+            }
+        }
+    }
+
+    /// Whether any part is blocked by a problem of `kind`.
+    pub fn blocked_by(&self, kind: &str) -> bool {
+        self.lock().blocked.values().any(|(k, _)| k == kind)
     }
 
     /// `Err(reason)` once [`Registry::fail`] was called: what `/healthz` reports.
@@ -251,11 +271,22 @@ impl Registry {
             })
             .collect();
         let some = !inner.streams.is_empty() || inner.role == Role::Member;
+        let blocked = (!inner.blocked.is_empty()).then(|| {
+            inner
+                .blocked
+                .iter()
+                .map(|(who, (_, message))| match who.as_str() {
+                    "" => message.clone(),
+                    who => format!("{who}: {message}"),
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        });
         Readiness {
-            ready: down.is_empty() && some && inner.blocked.is_none(),
+            ready: down.is_empty() && some && blocked.is_none(),
             down,
             problems,
-            blocked: inner.blocked.clone(),
+            blocked,
         }
     }
 
@@ -469,6 +500,40 @@ mod tests {
             kind: None,
             known: None,
         }
+    }
+
+    #[test]
+    fn one_parts_success_does_not_clear_anothers_problem() {
+        let r = Registry::new();
+        r.begin_term(Role::Member);
+        let problem = |kind: &str, m: &str| Some((kind.to_string(), m.to_string()));
+        r.block_for("w/cp-s0", problem("changed", "topic T was recreated"));
+        r.block_for("w/cp-s1", problem("unavailable", "topic T is unreachable"));
+        // Shard 2 restores fine: the others stay blocked.
+        r.block_for("w/cp-s2", None);
+        let readiness = r.readiness();
+        assert!(!readiness.ready);
+        assert_eq!(
+            readiness.blocked.as_deref(),
+            Some("w/cp-s0: topic T was recreated; w/cp-s1: topic T is unreachable")
+        );
+        assert!(r.blocked_by("changed") && r.blocked_by("unavailable"));
+        r.block_for("w/cp-s1", None);
+        assert!(!r.blocked_by("unavailable") && r.blocked_by("changed"));
+        assert_eq!(
+            r.readiness().blocked.as_deref(),
+            Some("w/cp-s0: topic T was recreated")
+        );
+        // The replica's own problem is named as before, beside the shards'.
+        r.block(Some("topic S has 3 partitions".into()));
+        r.block_for("w/cp-s0", None);
+        assert_eq!(
+            r.readiness().blocked.as_deref(),
+            Some("topic S has 3 partitions")
+        );
+        r.block(None);
+        assert_eq!(r.readiness().blocked, None);
+        assert!(r.readiness().ready);
     }
 
     #[test]

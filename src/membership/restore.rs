@@ -157,7 +157,8 @@ pub struct Restore<'a> {
 
 impl Restore<'_> {
     /// Verifies and reads the topic, adopting what older versions left, until it succeeds;
-    /// `None` when stopped first (a shutdown or a lost Lease).
+    /// `None` when stopped first (a shutdown, a lost Lease, a shard revoked): its problem, no
+    /// longer this replica's to solve, is withdrawn.
     pub async fn run(&self, loaded: &mut Loaded, stop: &CancellationToken) -> Option<Restored> {
         loop {
             let problem = match self.attempt(loaded, stop).await {
@@ -165,27 +166,33 @@ impl Restore<'_> {
                     self.report(None);
                     return Some(restored);
                 }
-                Err(Halt::Stopped) => return None,
+                Err(Halt::Stopped) => break,
                 Err(Halt::Problem(p)) => p,
             };
             self.report(Some(&problem));
             tokio::select! {
-                _ = stop.cancelled() => return None,
+                _ = stop.cancelled() => break,
                 _ = tokio::time::sleep(RESTORE_RETRY) => {}
             }
         }
+        self.report(None);
+        None
     }
 
-    /// Publishes the problem (or its end) in the metric and the readiness.
+    /// Publishes the problem (or its end) in the readiness, as this owner's (a shard's: other
+    /// shards' problems stay), and in the metric: a reason is on while any owner has it.
     fn report(&self, problem: Option<&Problem>) {
+        self.registry.block_for(
+            self.owner.as_str(),
+            problem.map(|p| (p.reason.to_string(), p.message.clone())),
+        );
         for reason in PROBLEMS {
-            let on = problem.is_some_and(|p| p.reason == reason);
+            let on = self.registry.blocked_by(reason);
             self.metrics
                 .membership_topic_problem
                 .with_label_values(&[reason])
                 .set(i64::from(on));
         }
-        self.registry.block(problem.map(|p| p.message.clone()));
     }
 
     /// Runs `f` on a blocking thread until it returns or `stop` fires; `f` is told to give up
