@@ -20,8 +20,8 @@ mod key;
 mod sharding;
 
 pub(crate) use channel::{is_topic, topic_rule};
-pub use fields::field_paths;
 pub use channel::{Channel, ChannelConfig, Scope, Shape, Shapes, StreamId, WatchStrategy};
+pub use fields::field_paths;
 pub use key::KeyTemplate;
 pub use sharding::{fnv1a64, GroupProtocol, ShardingConfig};
 use validate::expand_env;
