@@ -57,6 +57,7 @@ async fn load(store: &Store, stop: &CancellationToken) -> Option<Loaded> {
     }
 }
 
+mod lifecycle;
 mod migrate;
 mod moves;
 mod shapes;

@@ -24,7 +24,7 @@
 //! whose API server has not answered for `sharding.apiUnreachableSeconds`, which joins again
 //! once it answers.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,6 +34,7 @@ use futures::StreamExt;
 use prometheus::IntCounter;
 use tokio_util::sync::CancellationToken;
 
+use super::lifecycle::{self, Action, Input, Phase};
 use super::migrate::{LegacyCell, Target};
 use super::{Relay, RelayError, Sink, Term};
 use crate::checkpoint::{Ownership, Store};
@@ -41,8 +42,9 @@ use crate::config::{Config, ShardingConfig, CHECKPOINT_RESERVE};
 use crate::envelope::ShardOwner;
 use crate::group::{Deadline, Event, Membership};
 use crate::membership::{self, Log, Owner};
+use crate::metrics::Metrics;
 use crate::producer::{ProduceError, Producer, Receipt, Record, Refused, Tally};
-use crate::registry::{Phase, Role};
+use crate::registry::{self, Role};
 
 /// How often the ownership deadline and the takeovers are looked at.
 const TICK: Duration = Duration::from_millis(200);
@@ -60,8 +62,8 @@ struct Claim {
 struct Running {
     stop: CancellationToken,
     fenced: CancellationToken,
-    /// When it was claimed, until all its streams watch.
-    claimed: Option<Instant>,
+    /// When it was claimed.
+    claimed: Instant,
 }
 
 /// The producer of one shard's term, a share of the replica's producer: its membership records
@@ -293,15 +295,11 @@ impl Relay {
             Some((why, tokio::task::spawn_blocking(move || g.leave())))
         };
         let mut terms = FuturesUnordered::new();
-        let mut running: HashMap<u32, Running> = HashMap::new();
-        // Claims waiting for their shard's previous term to end.
-        let mut queued: BTreeMap<u32, u64> = BTreeMap::new();
-        // Revocations waiting for their shards' terms to end.
-        let mut handovers: Vec<Handover> = Vec::new();
-        // Shards whose term ended unasked, and when to claim them again.
-        let mut reclaims: BTreeMap<u32, Instant> = BTreeMap::new();
+        let mut book = Book::default();
         let mut tick = tokio::time::interval(TICK);
         let left = loop {
+            // What the machine asks of the loop itself: terms to start, shards to claim again.
+            let mut todo: Vec<(u32, Action)> = Vec::new();
             tokio::select! {
                 _ = self.shutdown.cancelled(), if leaving.is_none() => {
                     tracing::info!("leaving the shard group: handing every shard over");
@@ -323,92 +321,83 @@ impl Relay {
                         for (shard, epoch) in claims {
                             self.metrics.shard_rebalances.with_label_values(&["claimed"]).inc();
                             tracing::info!(shard, epoch, "claimed shard");
-                            if running.contains_key(&shard) {
-                                queued.insert(shard, epoch);
-                                continue;
-                            }
-                            let (run, term) = self.start_shard(Claim { shard, epoch }, producer, log, identity, &deadline, legacy);
-                            running.insert(shard, run);
-                            terms.push(term);
+                            todo.extend(book.feed(shard, Input::Claimed(epoch), &self.metrics));
                         }
                     }
                     Event::Revoked { shards, lost, done } => {
                         let kind = if lost { "lost" } else { "revoked" };
                         tracing::info!(?shards, kind, "shards revoked");
-                        for shard in &shards {
+                        let input = if lost { Input::Lost } else { Input::Revoked };
+                        book.handovers.push(Handover { pending: shards.iter().copied().collect(), done, revoked: Instant::now() });
+                        for shard in shards {
                             self.metrics.shard_rebalances.with_label_values(&[kind]).inc();
-                            queued.remove(shard);
-                            reclaims.remove(shard);
-                            if let Some(run) = running.get(shard) {
-                                if lost {
-                                    run.fenced.cancel();
-                                }
-                                run.stop.cancel();
-                            }
+                            todo.extend(book.feed(shard, input, &self.metrics));
                         }
-                        handovers.push(Handover { shards, done, revoked: Instant::now() });
-                        // Shards no longer running (fenced and ended) are handed over at once.
-                        answer(&mut handovers, &running, &self.metrics.shard_handover_seconds);
+                        // Shards with no term are handed over at once.
+                        book.answer(&self.metrics.shard_handover_seconds);
                     }
                 },
                 Some((shard, result)) = terms.next(), if !terms.is_empty() => {
-                    // A term that ended unasked (fenced by its writer, or failed) leaves its
-                    // shard with nobody: claimed again shortly, if still assigned here.
-                    if running.remove(&shard).is_some_and(|r| !r.stop.is_cancelled()) && !queued.contains_key(&shard) {
-                        reclaims.insert(shard, Instant::now() + RETRY);
-                    }
+                    book.terms.remove(&shard);
                     let part = self.cfg.sharding.clone();
                     self.registry.forget(&move |id| part.shard_of_stream(id) == shard);
                     if let Err(e) = result {
                         tracing::error!(shard, error = %e, "shard term failed");
                     }
-                    if let Some(epoch) = queued.remove(&shard) {
-                        let (run, term) = self.start_shard(Claim { shard, epoch }, producer, log, identity, &deadline, legacy);
-                        running.insert(shard, run);
-                        terms.push(term);
-                    }
-                    answer(&mut handovers, &running, &self.metrics.shard_handover_seconds);
+                    todo.extend(book.feed(shard, Input::TermEnded, &self.metrics));
+                    book.answer(&self.metrics.shard_handover_seconds);
                 }
                 _ = tick.tick() => {
                     if let Some(e) = group.as_ref().and_then(|g| g.fatal()) { self.registry.fail(format!("the shard group's Kafka consumer failed fatally: {e}")); }
                     self.metrics
                         .shards_owned
-                        .set(i64::try_from(running.len()).unwrap_or(i64::MAX));
-                    let fence: Vec<u32> = running
-                        .iter()
-                        .filter(|(_, r)| !r.fenced.is_cancelled())
-                        .map(|(s, _)| *s)
-                        .collect();
-                    if !fence.is_empty() && deadline.passed() {
+                        .set(i64::try_from(book.terms.len()).unwrap_or(i64::MAX));
+                    let relaying = book.relaying();
+                    if !relaying.is_empty() && deadline.passed() {
                         self.metrics.shard_fences.inc();
-                        tracing::error!(shards = ?fence, "could not prove ownership of the shards in time: fenced, purging the producer; claiming them again if still assigned");
-                        for shard in &fence {
-                            let run = &running[shard];
-                            run.fenced.cancel();
-                            run.stop.cancel();
-                        }
-                        if let Some(g) = &group {
-                            g.reclaim(&fence);
+                        tracing::error!(shards = ?relaying, "could not prove ownership of the shards in time: fenced, purging the producer; claiming them again if still assigned");
+                        for shard in relaying {
+                            todo.extend(book.feed(shard, Input::Fence, &self.metrics));
                         }
                     }
-                    let due: Vec<u32> = reclaims.iter().filter(|(_, at)| **at <= Instant::now()).map(|(s, _)| *s).collect();
-                    if !due.is_empty() {
-                        reclaims.retain(|s, _| !due.contains(s));
-                        if let Some(g) = &group {
-                            tracing::warn!(shards = ?due, "claiming again the shards whose term ended unasked");
-                            g.reclaim(&due);
-                        }
+                    for shard in book.due() {
+                        tracing::warn!(shard, "claiming again a shard whose term ended unasked");
+                        todo.extend(book.feed(shard, Input::ReclaimDue, &self.metrics));
                     }
-                    if leaving.is_none() && !grace.is_zero() && !running.is_empty() && reach.silent() >= grace {
+                    if leaving.is_none() && !grace.is_zero() && !book.terms.is_empty() && reach.silent() >= grace {
                         tracing::error!(silent_seconds = reach.silent().as_secs(), "the API server has not answered for sharding.apiUnreachableSeconds: leaving the shard group so other replicas relay these shards");
                         leaving = leave(Left::Unreachable, &mut group);
                     }
-                    self.observe_takeovers(&mut running);
+                    for shard in self.taken_over(&book) {
+                        todo.extend(book.feed(shard, Input::Watching, &self.metrics));
+                    }
                 }
+            }
+            let mut reclaim = Vec::new();
+            for (shard, action) in todo {
+                match action {
+                    Action::Start(epoch) => {
+                        let (run, term) = self.start_shard(
+                            Claim { shard, epoch },
+                            producer,
+                            log,
+                            identity,
+                            &deadline,
+                            legacy,
+                        );
+                        book.terms.insert(shard, run);
+                        terms.push(term);
+                    }
+                    Action::Reclaim => reclaim.push(shard),
+                    _ => {}
+                }
+            }
+            if let (false, Some(g)) = (reclaim.is_empty(), &group) {
+                g.reclaim(&reclaim);
             }
         };
         // A handover the group stopped waiting for: stop what still runs.
-        for run in running.values() {
+        for run in book.terms.values() {
             run.stop.cancel();
         }
         while terms.next().await.is_some() {}
@@ -478,7 +467,7 @@ impl Relay {
         let run = Running {
             stop: CancellationToken::new(),
             fenced: CancellationToken::new(),
-            claimed: Some(Instant::now()),
+            claimed: Instant::now(),
         };
         let (stop, fenced, legacy) = (run.stop.clone(), run.fenced.clone(), legacy.clone());
         let drain = cfg.drain_time();
@@ -675,27 +664,28 @@ impl Relay {
         left
     }
 
-    /// Records the takeover time of each shard whose streams all watch since its claim.
-    fn observe_takeovers(&self, running: &mut HashMap<u32, Running>) {
-        if running.values().all(|r| r.claimed.is_none()) {
-            return;
+    /// The starting shards of `book` whose streams all watch (a shard of no stream is taken
+    /// over once claimed).
+    fn taken_over(&self, book: &Book) -> Vec<u32> {
+        let starting: Vec<u32> = book
+            .phases
+            .iter()
+            .filter(|(_, p)| matches!(p, Phase::Starting { .. }))
+            .map(|(s, _)| *s)
+            .collect();
+        if starting.is_empty() {
+            return starting;
         }
         let phases = self.registry.phases();
-        for (shard, run) in running.iter_mut() {
-            let Some(claimed) = run.claimed else { continue };
-            let mut ours = phases
-                .iter()
-                .filter(|(id, _)| self.cfg.sharding.shard_of_stream(id) == *shard)
-                .peekable();
-            // A shard of no stream is taken over once claimed.
-            let up = ours.peek().is_none() || ours.all(|(_, p)| *p == Phase::Watching);
-            if up {
-                self.metrics
-                    .shard_takeover_seconds
-                    .observe(claimed.elapsed().as_secs_f64());
-                run.claimed = None;
-            }
-        }
+        starting
+            .into_iter()
+            .filter(|shard| {
+                phases
+                    .iter()
+                    .filter(|(id, _)| self.cfg.sharding.shard_of_stream(id) == *shard)
+                    .all(|(_, p)| *p == registry::Phase::Watching)
+            })
+            .collect()
     }
 }
 
@@ -734,26 +724,105 @@ async fn pass_on_resyncs(client: kube::Client, cfg: Arc<Config>, stop: Cancellat
 
 /// A revocation waiting for its shards' terms to end.
 struct Handover {
-    shards: Vec<u32>,
+    /// Its shards whose part is not done yet.
+    pending: BTreeSet<u32>,
     done: std::sync::mpsc::SyncSender<()>,
     revoked: Instant,
 }
 
-/// Answers every revocation none of whose shards still runs: the rebalance may go on. How long
-/// each took goes to `seconds`.
-fn answer<R>(
-    handovers: &mut Vec<Handover>,
-    running: &HashMap<u32, R>,
-    seconds: &prometheus::Histogram,
-) {
-    handovers.retain(|h| {
-        let pending = h.shards.iter().any(|s| running.contains_key(s));
-        if !pending {
-            seconds.observe(h.revoked.elapsed().as_secs_f64());
-            let _ = h.done.send(());
+/// The shards of one membership in the group, as this replica holds them: each one's phase of
+/// its lifecycle ([`lifecycle::step`] decides every change; nothing else does), the handle of
+/// its term while one runs, the revokes waiting for their shards, and when to claim again the
+/// shards whose term ended unasked.
+#[derive(Default)]
+struct Book {
+    phases: BTreeMap<u32, Phase>,
+    terms: HashMap<u32, Running>,
+    handovers: Vec<Handover>,
+    reclaims: BTreeMap<u32, Instant>,
+}
+
+impl Book {
+    /// Steps `shard`'s lifecycle on `input` and performs what concerns its term and the
+    /// revokes (stopping, fencing, answering, scheduling a claim); returns the actions the
+    /// loop performs itself (starting a term, claiming again), each with its shard.
+    fn feed(&mut self, shard: u32, input: Input, metrics: &Metrics) -> Vec<(u32, Action)> {
+        let phase = self.phases.get(&shard).copied().unwrap_or(Phase::Ended);
+        let (next, actions) = lifecycle::step(phase, input);
+        tracing::debug!(shard, ?phase, ?input, ?next, ?actions, "shard lifecycle");
+        if next == Phase::Ended {
+            self.phases.remove(&shard);
+        } else {
+            self.phases.insert(shard, next);
         }
-        pending
-    });
+        let mut loop_does = Vec::new();
+        for action in actions {
+            match action {
+                Action::Stop => {
+                    if let Some(run) = self.terms.get(&shard) {
+                        run.stop.cancel();
+                    }
+                }
+                Action::Fence => {
+                    if let Some(run) = self.terms.get(&shard) {
+                        run.fenced.cancel();
+                        run.stop.cancel();
+                    }
+                }
+                Action::Answer => {
+                    for h in &mut self.handovers {
+                        h.pending.remove(&shard);
+                    }
+                }
+                Action::ReclaimLater => {
+                    self.reclaims.insert(shard, Instant::now() + RETRY);
+                }
+                Action::TakenOver => {
+                    if let Some(claimed) = self.terms.get(&shard).map(|r| r.claimed) {
+                        metrics
+                            .shard_takeover_seconds
+                            .observe(claimed.elapsed().as_secs_f64());
+                    }
+                }
+                Action::Start(_) | Action::Reclaim => loop_does.push((shard, action)),
+            }
+        }
+        loop_does
+    }
+
+    /// The shards whose term runs and may produce.
+    fn relaying(&self) -> Vec<u32> {
+        self.phases
+            .iter()
+            .filter(|(_, p)| p.relaying())
+            .map(|(s, _)| *s)
+            .collect()
+    }
+
+    /// The shards due to be claimed again, no longer scheduled.
+    fn due(&mut self) -> Vec<u32> {
+        let now = Instant::now();
+        let due: Vec<u32> = self
+            .reclaims
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(s, _)| *s)
+            .collect();
+        self.reclaims.retain(|s, _| !due.contains(s));
+        due
+    }
+
+    /// Answers every revoke whose shards are all handed over: the rebalance may go on. How
+    /// long each took goes to `seconds`.
+    fn answer(&mut self, seconds: &prometheus::Histogram) {
+        self.handovers.retain(|h| {
+            if h.pending.is_empty() {
+                seconds.observe(h.revoked.elapsed().as_secs_f64());
+                let _ = h.done.send(());
+            }
+            !h.pending.is_empty()
+        });
+    }
 }
 
 #[cfg(test)]
