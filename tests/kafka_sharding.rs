@@ -437,18 +437,19 @@ async fn wait_owned_by(bed: &Bed, checkpoint: &str, pods: &[&str]) -> Duration {
 }
 
 /// What a consumer holds that applies, per key, only records whose owner epoch is at least the
-/// highest it saw on the key (the rule against a deposed owner's late record in
-/// `docs/delivery.md`): key -> uid. Also how many records the rule dropped.
+/// highest it saw on the key from the same shard (the rule against a deposed owner's late
+/// record in `docs/delivery.md`): key -> uid. Also how many records the rule dropped.
 fn epoch_view(msgs: &[Msg]) -> (BTreeMap<String, String>, usize) {
     let mut sorted: Vec<&Msg> = msgs.iter().collect();
     sorted.sort_by_key(|m| (m.partition, m.offset));
-    let mut highest: BTreeMap<String, u64> = BTreeMap::new();
+    let mut highest: BTreeMap<(String, String), u64> = BTreeMap::new();
     let mut kept = Vec::new();
     let mut dropped = 0;
     for m in sorted {
         let Some(key) = &m.key else { continue };
         let epoch: u64 = m.headers["ce_ownerepoch"].parse().unwrap();
-        let top = highest.entry(key.clone()).or_insert(0);
+        let shard = m.headers["ce_shard"].clone();
+        let top = highest.entry((key.clone(), shard)).or_insert(0);
         if epoch < *top {
             dropped += 1;
             continue;
