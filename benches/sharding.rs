@@ -18,7 +18,9 @@
 
 mod common;
 
-use common::{bench_bed, cpu_seconds, create_topics, env_or, free_port, scrape, stop, KillOnDrop};
+use common::{
+    bench_bed, cpu_seconds, create_topics, env_or, free_port, stop, total, wait_shared, KillOnDrop,
+};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -27,50 +29,6 @@ use watchrelay::config::ShardingConfig;
 use watchrelay_sim::objects;
 
 const SHARDS: u32 = 8;
-
-/// The sum of a metric's series over every replica.
-fn total(ports: &[u16], name: &str) -> f64 {
-    ports
-        .iter()
-        .flat_map(|p| {
-            scrape(*p)
-                .lines()
-                .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .collect::<Vec<_>>()
-        })
-        .sum()
-}
-
-/// Waits until the replicas behind `ports` share every shard, each owning some, and the
-/// split has held for a second.
-fn wait_shared(ports: &[u16]) {
-    let shares = || -> Vec<u32> {
-        ports
-            .iter()
-            .map(|p| total(&[*p], "watchrelay_shards_owned ") as u32)
-            .collect()
-    };
-    let began = Instant::now();
-    let mut stable_since: Option<(Instant, Vec<u32>)> = None;
-    loop {
-        let now = shares();
-        let shared = now.iter().sum::<u32>() == SHARDS && now.iter().all(|&n| n > 0);
-        match &stable_since {
-            Some((since, was)) if shared && *was == now => {
-                if since.elapsed() >= Duration::from_secs(1) {
-                    return;
-                }
-            }
-            _ => stable_since = shared.then(|| (Instant::now(), now)),
-        }
-        assert!(
-            began.elapsed() < Duration::from_secs(120),
-            "the replicas never shared the shards"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// One round's figures.
 struct Round {
@@ -176,7 +134,7 @@ fn main() {
             children.push(KillOnDrop(child));
             ports.push(port);
         }
-        wait_shared(&ports);
+        wait_shared(&ports, SHARDS);
         sim.allow("pods");
         (children, ports)
     };

@@ -14,6 +14,8 @@
 #                              another build)
 #   scripts/bench.sh sharding  one vs three sharded replicas on the same replay: events/s, CPU per
 #                              event; the takeover after one of three is killed
+#   scripts/bench.sh handover  revoke-to-answer time of two replicas' shards while a third joins
+#                              and leaves under churn (BENCH_RATE, BENCH_REBALANCES): p50, p99
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ -z ${KAFKA_BOOTSTRAP_SERVERS:-} ]]; then

@@ -258,3 +258,48 @@ pub fn bench_bed(
     });
     (bootstrap, rt, sim, tempfile::tempdir().unwrap())
 }
+
+/// The sum of a metric's series over every replica behind `ports` (`name` with a trailing space
+/// for a series without labels).
+pub fn total(ports: &[u16], name: &str) -> f64 {
+    ports
+        .iter()
+        .flat_map(|p| {
+            scrape(*p)
+                .lines()
+                .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
+/// Waits until the replicas behind `ports` share all `shards`, each owning some, and the split
+/// has held for a second.
+pub fn wait_shared(ports: &[u16], shards: u32) {
+    let shares = || -> Vec<u32> {
+        ports
+            .iter()
+            .map(|p| total(&[*p], "watchrelay_shards_owned ") as u32)
+            .collect()
+    };
+    let began = std::time::Instant::now();
+    let mut stable_since: Option<(std::time::Instant, Vec<u32>)> = None;
+    loop {
+        let now = shares();
+        let shared = now.iter().sum::<u32>() == shards && now.iter().all(|&n| n > 0);
+        match &stable_since {
+            Some((since, was)) if shared && *was == now => {
+                if since.elapsed() >= std::time::Duration::from_secs(1) {
+                    return;
+                }
+            }
+            _ => stable_since = shared.then(|| (std::time::Instant::now(), now)),
+        }
+        assert!(
+            began.elapsed() < std::time::Duration::from_secs(120),
+            "the replicas never shared the shards"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
