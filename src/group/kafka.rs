@@ -10,7 +10,7 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Reb
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
-use super::{Coordinator, Deadline, Event, Membership};
+use super::{Coordinator, Deadline, Event, GroupError, Membership};
 use crate::config::{Config, GroupProtocol};
 
 /// How often the claimed shards are committed again, renewing the ownership deadline.
@@ -141,7 +141,7 @@ impl Coordinator for Kafka {
         cfg: &Config,
         identity: &str,
         handover: Duration,
-    ) -> Result<(Box<dyn Membership>, mpsc::UnboundedReceiver<Event>), String> {
+    ) -> Result<(Box<dyn Membership>, mpsc::UnboundedReceiver<Event>), GroupError> {
         let topic = cfg.sharding.owners_topic(&cfg.cluster_name);
         let (tx, events) = mpsc::unbounded_channel();
         let context = Context {
@@ -153,10 +153,13 @@ impl Coordinator for Kafka {
         };
         let consumer: BaseConsumer<Context> = settings(cfg, identity)
             .create_with_context(context)
-            .map_err(|e| format!("creating the shard group's consumer: {e}"))?;
+            .map_err(|e| GroupError::Client(e.to_string()))?;
         consumer
             .subscribe(&[&topic])
-            .map_err(|e| format!("subscribing to {topic}: {e}"))?;
+            .map_err(|e| GroupError::Subscribe {
+                topic: topic.clone(),
+                message: e.to_string(),
+            })?;
         let consumer = Arc::new(consumer);
         let deadline = Arc::new(Deadline::new(Duration::from_millis(u64::from(
             cfg.sharding.ownership_deadline_ms,
@@ -167,14 +170,20 @@ impl Coordinator for Kafka {
             std::thread::Builder::new()
                 .name("shard-group".into())
                 .spawn(move || poll(&consumer, &deadline, &stop))
-                .map_err(|e| e.to_string())?
+                .map_err(|source| GroupError::Thread {
+                    thread: "poll",
+                    source,
+                })?
         };
         let renewer = {
             let (consumer, deadline, stop) = (consumer.clone(), deadline.clone(), stop.clone());
             std::thread::Builder::new()
                 .name("shard-renew".into())
                 .spawn(move || renew(&consumer, &deadline, &stop))
-                .map_err(|e| e.to_string())?
+                .map_err(|source| GroupError::Thread {
+                    thread: "renew",
+                    source,
+                })?
         };
         let group = Group {
             deadline,

@@ -88,6 +88,33 @@ impl Deadline {
     }
 }
 
+/// Why joining the group failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GroupError {
+    /// The group's Kafka client could not be created (librdkafka refused its configuration).
+    #[error("creating the shard group's consumer: {0}")]
+    Client(String),
+    /// Subscribing to the group's topic failed.
+    #[error("subscribing to {topic}: {message}")]
+    Subscribe {
+        /// The group's topic.
+        topic: String,
+        /// What the client said.
+        message: String,
+    },
+    /// Joining panicked.
+    #[error("joining the shard group panicked: {0}")]
+    Panicked(String),
+    /// A thread of the group could not be started.
+    #[error("starting the shard group's {thread} thread: {source}")]
+    Thread {
+        /// Which thread.
+        thread: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
 /// Where replicas meet to share the shards: Kafka's group coordinator ([`Kafka`]), or a test
 /// double.
 pub trait Coordinator: Send + Sync {
@@ -98,7 +125,7 @@ pub trait Coordinator: Send + Sync {
         cfg: &Config,
         identity: &str,
         handover: Duration,
-    ) -> Result<(Box<dyn Membership>, mpsc::UnboundedReceiver<Event>), String>;
+    ) -> Result<(Box<dyn Membership>, mpsc::UnboundedReceiver<Event>), GroupError>;
 }
 
 /// One replica's membership in the group.

@@ -61,7 +61,7 @@ mod set;
 
 pub use known::{Change, Known};
 pub(crate) use ledger::Ledger;
-pub use log::{adopt, send_all, Log, TopicError, TopicState};
+pub use log::{adopt, send_all, Log, SendError, TopicError, TopicState};
 pub use record::{key, mark_record, record, writes_record, Owner, END_MARKER, WRITES_SUFFIX};
 pub use restore::Restore;
 pub use restored::{Claim, Restored};

@@ -280,7 +280,8 @@ impl Restore<'_> {
         restored: &mut Restored,
         stop: &CancellationToken,
     ) -> Result<(), Halt> {
-        let failed = |e: String| Halt::Problem(problem("unavailable", e));
+        let failed =
+            |e: membership::SendError| Halt::Problem(problem("unavailable", e.to_string()));
         for id in restored.legacy_streams() {
             let legacy = restored.take_legacy(&id);
             let mut members = restored.take(&id);

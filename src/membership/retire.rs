@@ -169,7 +169,7 @@ impl Retire<'_> {
         rv: &str,
         kind: Option<&str>,
         stop: &CancellationToken,
-    ) -> Result<(), String> {
+    ) -> Result<(), membership::SendError> {
         let (name, ns) = StreamId::parts(id).unwrap_or((id, None));
         let channel = self.cfg.channels.iter().find(|c| c.name == name);
         // The objects' kind and apiVersion: a built-in resource's (its channel's, or a vanished

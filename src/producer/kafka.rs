@@ -20,7 +20,7 @@ use rdkafka::producer::{
 use rdkafka::{ClientContext, Message as _};
 
 use super::Record;
-use super::{DeliveryError, ErrorClass, ProduceError, Producer, Receipt, Refused};
+use super::{DeliveryError, ErrorClass, FlushError, ProduceError, Producer, Receipt, Refused};
 use crate::config::{redact, KafkaConfig};
 
 /// How often the pump serves reports while records are in flight: the most a report waits
@@ -241,8 +241,13 @@ impl Producer for Kafka {
         }
     }
 
-    fn flush(&self, timeout: Duration) -> Result<(), String> {
-        self.producer.flush(timeout).map_err(|e| e.to_string())
+    fn flush(&self, timeout: Duration) -> Result<(), FlushError> {
+        self.producer.flush(timeout).map_err(|e| match e {
+            KafkaError::Flush(_) => FlushError::Undelivered {
+                pending: usize::try_from(self.producer.in_flight_count()).unwrap_or(0),
+            },
+            e => FlushError::Client(e.to_string()),
+        })
     }
 
     fn purge(&self) {

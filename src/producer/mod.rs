@@ -289,6 +289,20 @@ pub struct Report {
     pub result: Result<(), DeliveryError>,
 }
 
+/// Why a flush did not end with every record reported.
+#[derive(Debug, thiserror::Error)]
+pub enum FlushError {
+    /// The wait ran out with records still unreported.
+    #[error("{pending} records undelivered when the wait ran out")]
+    Undelivered {
+        /// Records handed over and not yet reported (as far as the producer counts them).
+        pending: usize,
+    },
+    /// The client failed otherwise.
+    #[error("{0}")]
+    Client(String),
+}
+
 /// Why a producer did not take a record.
 #[derive(Debug)]
 pub enum Refused {
@@ -306,7 +320,7 @@ pub trait Producer: Send + Sync {
     fn send(&self, record: &Record, receipt: Box<Receipt>) -> Result<(), Refused>;
 
     /// Waits up to `timeout` for every record handed over to be reported.
-    fn flush(&self, timeout: Duration) -> Result<(), String>;
+    fn flush(&self, timeout: Duration) -> Result<(), FlushError>;
 
     /// Drops every record not yet delivered, queued or in flight (their reports say so): a
     /// deposed owner's records must not land after the new owner's. A request already on the
@@ -346,8 +360,10 @@ impl Producer for Stdout {
         }
     }
 
-    fn flush(&self, _timeout: Duration) -> Result<(), String> {
+    fn flush(&self, _timeout: Duration) -> Result<(), FlushError> {
         use std::io::Write;
-        std::io::stdout().flush().map_err(|e| e.to_string())
+        std::io::stdout()
+            .flush()
+            .map_err(|e| FlushError::Client(format!("writing to standard output: {e}")))
     }
 }

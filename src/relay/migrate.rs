@@ -22,10 +22,27 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::{shapes, Relay};
-use crate::checkpoint::{encode, Saved, Store, MIGRATED_KEY};
+use crate::checkpoint::{encode, CheckpointError, Saved, Store, MIGRATED_KEY};
 use crate::config::{Shape, StreamId};
-use crate::membership::{self, Known, Log, Owner, Restored};
+use crate::membership::{self, Known, Log, Owner, Restored, SendError, TopicError};
 use crate::producer::Producer;
+
+/// Why copying a shard's share of the single-leader state failed (it is tried again).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum MigrateError {
+    /// A checkpoint ConfigMap could not be read or written.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The single leader's membership topic could not be read.
+    #[error("reading the single leader's membership topic: {0}")]
+    Topic(#[from] TopicError),
+    /// The copied members did not all reach the shard's partition.
+    #[error(transparent)]
+    Send(#[from] SendError),
+    /// Reading the topic panicked.
+    #[error("reading the single leader's membership topic panicked: {0}")]
+    Panicked(String),
+}
 
 /// The single-leader release's state, as its last leader left it.
 pub(super) struct Legacy {
@@ -62,14 +79,14 @@ impl Relay {
     }
 
     /// Reads the single-leader release's ConfigMap and membership topic.
-    async fn read_legacy(&self, log: Arc<dyn Log>) -> Result<Legacy, String> {
+    async fn read_legacy(&self, log: Arc<dyn Log>) -> Result<Legacy, MigrateError> {
         let cfg = &self.cfg;
         let store = Store::new(
             self.client.clone(),
             &cfg.checkpoint.namespace,
             &cfg.checkpoint.name,
         );
-        let loaded = store.load().await.map_err(|e| e.to_string())?;
+        let loaded = store.load().await?;
         let topic = cfg.checkpoint.membership.topic(&cfg.cluster_name);
         let owner = Owner::new(&cfg.checkpoint.namespace, &cfg.checkpoint.name);
         let from = format!(
@@ -78,13 +95,12 @@ impl Relay {
         );
         let members = tokio::task::spawn_blocking(move || {
             let mut restored = Restored::new(owner, None);
-            log.replay(&topic, &mut |k, v| restored.apply(k, v), &|| false)
-                .map_err(|e| e.to_string())?;
+            log.replay(&topic, &mut |k, v| restored.apply(k, v), &|| false)?;
             restored.finish();
-            Ok::<_, String>(restored)
+            Ok::<_, MigrateError>(restored)
         })
         .await
-        .map_err(|e| e.to_string())??;
+        .map_err(|e| MigrateError::Panicked(e.to_string()))??;
         tracing::info!(
             positions = loaded.streams.len(),
             members = members.members(),
@@ -106,8 +122,8 @@ impl Relay {
         legacy: &LegacyCell,
         log: &Arc<dyn Log>,
         stop: &CancellationToken,
-    ) -> Result<(), String> {
-        let loaded = to.store.load().await.map_err(|e| e.to_string())?;
+    ) -> Result<(), MigrateError> {
+        let loaded = to.store.load().await?;
         if loaded.migrated.is_some() {
             return Ok(());
         }
@@ -171,7 +187,7 @@ impl Relay {
         }
         let positions = updates.len();
         updates.insert(MIGRATED_KEY.into(), Some(legacy.from.clone()));
-        to.store.write(&updates).await.map_err(|e| e.to_string())?;
+        to.store.write(&updates).await?;
         tracing::info!(
             shard = to.shard,
             positions,

@@ -91,6 +91,9 @@ pub enum RelayError {
     /// The Kafka producer could not be created: librdkafka refused its configuration.
     #[error("cannot create the Kafka producer: {0}")]
     Producer(String),
+    /// The replica could not join the shard group.
+    #[error(transparent)]
+    Group(#[from] group::GroupError),
     /// The configuration cannot be applied to the release as it stands; says the safe way.
     #[error("refusing to start: {0}")]
     Refused(String),

@@ -40,10 +40,10 @@ use super::{Relay, RelayError, Sink, Term};
 use crate::checkpoint::{Ownership, Store};
 use crate::config::{Config, ShardingConfig, CHECKPOINT_RESERVE};
 use crate::envelope::ShardOwner;
-use crate::group::{Deadline, Event, Membership};
+use crate::group::{Deadline, Event, GroupError, Membership};
 use crate::membership::{self, Log, Owner};
 use crate::metrics::Metrics;
-use crate::producer::{ProduceError, Producer, Receipt, Record, Refused, Tally};
+use crate::producer::{FlushError, ProduceError, Producer, Receipt, Record, Refused, Tally};
 use crate::registry::{self, Role};
 
 /// How often the ownership deadline and the takeovers are looked at.
@@ -126,15 +126,13 @@ impl Producer for ShardProducer {
     }
 
     /// Waits for this term's records only.
-    fn flush(&self, timeout: Duration) -> Result<(), String> {
+    fn flush(&self, timeout: Duration) -> Result<(), FlushError> {
         if self.tally.wait(timeout) {
             return Ok(());
         }
-        Err(format!(
-            "{} records of shard {} undelivered",
-            self.tally.pending(),
-            self.shard
-        ))
+        Err(FlushError::Undelivered {
+            pending: self.tally.pending(),
+        })
     }
 
     fn purge(&self) {
@@ -280,9 +278,9 @@ impl Relay {
                 (cfg.clone(), identity.clone(), self.coordinator.clone());
             tokio::task::spawn_blocking(move || coordinator.join(&cfg, &identity, handover))
                 .await
-                .map_err(|e| RelayError::Producer(e.to_string()))?
+                .map_err(|e| GroupError::Panicked(e.to_string()))?
         };
-        let (group, mut events) = joined.map_err(RelayError::Producer)?;
+        let (group, mut events) = joined?;
         tracing::info!(%identity, shards = cfg.sharding.shards, "joined the shard group");
         self.metrics.shards.set(i64::from(cfg.sharding.shards));
         // A member relays: the leader gauge says so, as without election.

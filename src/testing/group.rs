@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use crate::config::Config;
-use crate::group::{Coordinator, Deadline, Event, Membership};
+use crate::group::{Coordinator, Deadline, Event, GroupError, Membership};
 
 /// The in-memory group. Clone it into every replica's relay.
 #[derive(Clone, Default)]
@@ -234,7 +234,7 @@ impl Coordinator for MemoryGroup {
         cfg: &Config,
         _identity: &str,
         handover: Duration,
-    ) -> Result<(Box<dyn Membership>, mpsc::UnboundedReceiver<Event>), String> {
+    ) -> Result<(Box<dyn Membership>, mpsc::UnboundedReceiver<Event>), GroupError> {
         let (events, rx) = mpsc::unbounded_channel();
         let deadline = Arc::new(Deadline::new(Duration::from_millis(u64::from(
             cfg.sharding.ownership_deadline_ms,

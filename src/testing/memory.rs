@@ -5,7 +5,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::membership::log::{Apply, Log, TopicError, TopicState};
-use crate::producer::{DeliveryError, ProduceError, Producer, Receipt, Record, Refused};
+use crate::producer::{
+    DeliveryError, FlushError, ProduceError, Producer, Receipt, Record, Refused,
+};
 
 /// In what order [`Memory::release`] acknowledges the records it holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -258,10 +260,10 @@ impl Producer for Memory {
         Ok(())
     }
 
-    fn flush(&self, _timeout: Duration) -> Result<(), String> {
+    fn flush(&self, _timeout: Duration) -> Result<(), FlushError> {
         match self.held() {
             0 => Ok(()),
-            n => Err(format!("{n} records held")),
+            pending => Err(FlushError::Undelivered { pending }),
         }
     }
 
@@ -387,10 +389,10 @@ impl Producer for Lane {
         self.memory.send(record, receipt)
     }
 
-    fn flush(&self, _timeout: Duration) -> Result<(), String> {
+    fn flush(&self, _timeout: Duration) -> Result<(), FlushError> {
         match self.held() {
             0 => self.memory.flush(Duration::ZERO),
-            n => Err(format!("{n} records held")),
+            pending => Err(FlushError::Undelivered { pending }),
         }
     }
 

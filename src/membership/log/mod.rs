@@ -15,7 +15,7 @@ mod replay;
 mod topics;
 mod write;
 
-pub use write::{adopt, send_all};
+pub use write::{adopt, send_all, SendError};
 
 /// How many partitions `topic` has in `md` (0 when it is not there).
 fn partitions(md: &rdkafka::metadata::Metadata, topic: &str) -> usize {

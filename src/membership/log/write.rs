@@ -1,7 +1,34 @@
 //! Writing batches of records to the membership topic and waiting for every acknowledgement.
 
 use super::super::{record, Known, Members, Owner};
-use crate::producer::{Inbox, Producer, Receipt, Record, Refused, Sent};
+use crate::producer::{
+    DeliveryError, Inbox, ProduceError, Producer, Receipt, Record, Refused, Sent,
+};
+
+/// Why a batch of membership records did not all reach Kafka.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// Stopped before Kafka acknowledged every record.
+    #[error("stopped before Kafka acknowledged every record")]
+    Stopped,
+    /// The producer did not take a record.
+    #[error("the producer refused a record: {0}")]
+    Refused(ProduceError),
+    /// The producer refused a record for its size.
+    #[error("the producer refused a record for its size")]
+    TooLarge,
+    /// Kafka did not deliver a record.
+    #[error("a record was not delivered: {0:?}")]
+    Undelivered(DeliveryError),
+    /// Adopting a stream's members failed.
+    #[error("adopting {stream}'s members: {source}")]
+    Adopting {
+        /// The stream.
+        stream: String,
+        /// Why.
+        source: Box<SendError>,
+    },
+}
 
 /// Sends `records` and waits until Kafka acknowledged every one of them, or `stopped` says to
 /// give up (checked while the producer's queue is full and between reports).
@@ -9,7 +36,7 @@ pub async fn send_all(
     producer: &dyn Producer,
     records: impl IntoIterator<Item = Record>,
     stop: &tokio_util::sync::CancellationToken,
-) -> Result<(), String> {
+) -> Result<(), SendError> {
     let inbox = Inbox::new();
     let mut sent = 0usize;
     for record in records {
@@ -22,12 +49,13 @@ pub async fn send_all(
                 Err(Refused::Full(back)) => {
                     receipt = back;
                     tokio::select! {
-                        _ = stop.cancelled() => return Err("stopped".into()),
+                        _ = stop.cancelled() => return Err(SendError::Stopped),
                         _ = tokio::time::sleep(wait) => {}
                     }
                     wait = (wait * 2).min(std::time::Duration::from_millis(100));
                 }
-                Err(e) => return Err(format!("{e:?}")),
+                Err(Refused::TooLarge(_)) => return Err(SendError::TooLarge),
+                Err(Refused::Failed(e)) => return Err(SendError::Refused(e)),
             }
         }
         sent += 1;
@@ -35,10 +63,10 @@ pub async fn send_all(
     let mut ready = std::collections::VecDeque::new();
     for _ in 0..sent {
         let report = tokio::select! {
-            _ = stop.cancelled() => return Err("stopped".into()),
+            _ = stop.cancelled() => return Err(SendError::Stopped),
             r = inbox.next(&mut ready) => r,
         };
-        report.result.map_err(|e| format!("{e:?}"))?;
+        report.result.map_err(SendError::Undelivered)?;
     }
     Ok(())
 }
@@ -56,7 +84,7 @@ pub async fn adopt(
     stream: &str,
     mut members: impl Iterator<Item = (String, Known)>,
     stop: &tokio_util::sync::CancellationToken,
-) -> Result<Members, String> {
+) -> Result<Members, SendError> {
     let mut adopted = Members::default();
     loop {
         let mut records = Vec::with_capacity(ADOPT_BATCH);
@@ -69,6 +97,9 @@ pub async fn adopt(
         }
         send_all(producer, records, stop)
             .await
-            .map_err(|e| format!("adopting {stream}'s members: {e}"))?;
+            .map_err(|e| SendError::Adopting {
+                stream: stream.to_string(),
+                source: Box::new(e),
+            })?;
     }
 }
