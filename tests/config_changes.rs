@@ -137,6 +137,21 @@ async fn a_watch_strategy_switch_is_refused_until_the_old_streams_are_retired() 
     )
     .await;
     without.stop().await;
+    // The retirement's DELETEDs carry their shard and its owner epoch, as every record does.
+    let retracted: Vec<serde_json::Value> = events(&memory)
+        .iter()
+        .filter(|r| r.topic == "pods" && !r.tombstone)
+        .map(common::view::json)
+        .filter(|v| v["type"] == "DELETED")
+        .collect();
+    assert!(!retracted.is_empty());
+    for v in &retracted {
+        assert!(
+            v["watchrelay"]["ownerEpoch"].as_u64().is_some()
+                && v["watchrelay"]["shard"].as_u64().is_some(),
+            "a retirement's DELETED without its shard and owner epoch: {v}"
+        );
+    }
     // Step two: the new shape starts, and announces every pod again.
     let new = Relay::start_in(&bed, wide, memory.clone(), &group);
     eventually(

@@ -180,3 +180,41 @@ async fn epochs_stay_above_every_one_stamped_when_the_group_forgets_them() {
     let epoch: u64 = last.headers.get("ce_ownerepoch").unwrap().parse().unwrap();
     assert!(epoch > 1000, "the last record carries epoch {epoch}");
 }
+
+/// A shard's ConfigMap belongs to the owner that stamped it: another replica with the same
+/// epoch cannot write it, and a deposed owner takes no resync request meant for the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_stamping_owner_writes_a_shards_configmap_or_takes_its_requests() {
+    use watchrelay::checkpoint::{CheckpointError, Ownership, Store};
+    let bed = Bed::in_memory_serving(true, &[]).await;
+    let client = bed.client(&bed.config("  - operationId: watchNodes\n", "").kubernetes);
+    let name = format!("{}-s3", common::bed::CHECKPOINT_NAME);
+    let store = |replica: &str, epoch: u64| {
+        Store::new(client.clone(), common::bed::CHECKPOINT_NS, &name).owned(Ownership {
+            replica: replica.into(),
+            epoch,
+        })
+    };
+    let plain = Store::new(client.clone(), common::bed::CHECKPOINT_NS, &name);
+    assert_eq!(plain.claim_epoch("r1", 4).await.unwrap(), 4);
+    let owner = store("r1", 4);
+    owner.write(&Default::default()).await.unwrap();
+    // Another replica under the same epoch is not the owner.
+    let twin = store("r2", 4);
+    assert!(matches!(
+        twin.write(&Default::default()).await,
+        Err(CheckpointError::Deposed { .. })
+    ));
+    // A newer owner stamps 5; a request set then is its to take, not the deposed one's.
+    assert_eq!(plain.claim_epoch("r2", 2).await.unwrap(), 5);
+    plain.request_resync("all").await.unwrap();
+    assert_eq!(owner.take_resync_request().await.unwrap(), None);
+    assert_eq!(
+        store("r2", 5)
+            .take_resync_request()
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("all")
+    );
+}

@@ -46,8 +46,9 @@ pub const OWNER_ANNOTATION: &str = "watchrelay.io/owner";
 /// claims shards. A summary for people; each shard's ConfigMap and the group are authoritative.
 pub const SHARD_OWNERS_ANNOTATION: &str = "watchrelay.io/shard-owners";
 
-/// The annotation of a sharded release's checkpoint ConfigMap naming the shard count and the
-/// shards' membership topic its shards were made with (`<shards> <topic>`), set by the first
+/// The annotation of a sharded release's checkpoint ConfigMap naming the shard count, the
+/// shards' membership topic and the function mapping streams to shards that its shards were
+/// made with (`<shards> <topic> <function>`), set by the first
 /// sharded replica: a replica configured otherwise refuses to start, since the shard of every
 /// stream and the meaning of every shard's ConfigMap depend on them.
 pub const SHARDING_ANNOTATION: &str = "watchrelay.io/sharding";

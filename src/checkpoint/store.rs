@@ -162,9 +162,24 @@ impl Store {
     }
 
     /// A pending resync request (the [`RESYNC_ANNOTATION`] on the ConfigMap), taken: the
-    /// annotation is removed with a compare-and-swap, so a request is taken once.
+    /// annotation is removed with a compare-and-swap, so a request is taken once. A shard's
+    /// deposed owner takes none: the request is left for the owner that stamped the ConfigMap.
     pub async fn take_resync_request(&self) -> Result<Option<String>, CheckpointError> {
-        self.swap(Self::remove_request).await
+        let own = self.ownership.as_ref().map(|o| o.epoch);
+        self.swap(|cm| {
+            let stamped = cm
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(EPOCH_ANNOTATION))
+                .and_then(|e| e.parse::<u64>().ok())
+                .unwrap_or(0);
+            if own.is_some_and(|own| stamped > own) {
+                return None;
+            }
+            Self::remove_request(cm)
+        })
+        .await
     }
 
     /// Creates the ConfigMap, empty, unless it exists: so that requests can be set on it.
@@ -385,7 +400,11 @@ impl Store {
                     .get(EPOCH_ANNOTATION)
                     .and_then(|e| e.parse::<u64>().ok())
                     .unwrap_or(0);
-                if found > own.epoch {
+                // An equal epoch stamped by another replica is another owner's too.
+                let other = annotations
+                    .get(OWNER_ANNOTATION)
+                    .is_some_and(|o| *o != own.replica);
+                if found > own.epoch || found == own.epoch && other {
                     return Err(CheckpointError::Deposed {
                         name: self.name.clone(),
                         found,

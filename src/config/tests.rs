@@ -343,3 +343,22 @@ fn sharding_is_checked_where_it_cannot_keep_one_writer_per_key() {
         "sharding.enabled"
     );
 }
+
+#[test]
+fn a_checkpoint_name_too_long_for_its_shards_configmaps_is_refused() {
+    // 61-character labels: `<name>-s63` makes the last one 65, past a label's 63.
+    let name = ["c".repeat(61), "d".repeat(61)].join(".");
+    let base = BASE.replace(
+        "checkpoint:\n  namespace: watchrelay\n",
+        &format!("checkpoint:\n  namespace: watchrelay\n  name: {name}\n"),
+    );
+    let channels = "channels:\n  - operationId: watchNodes\n";
+    // Without sharding the name is fine; with 64 shards `<name>-s63` is not a name.
+    Config::parse(&format!("{base}{channels}")).unwrap();
+    assert_eq!(
+        err_field(Config::parse(&format!(
+            "{base}sharding:\n  enabled: true\n{channels}"
+        ))),
+        "checkpoint.name"
+    );
+}

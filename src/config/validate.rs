@@ -101,6 +101,17 @@ impl File {
         if !is_dns_subdomain(&self.checkpoint.name) {
             return Err(invalid("checkpoint.name", "must be a ConfigMap name"));
         }
+        // Every shard's ConfigMap is named after it: the longest must be a name too.
+        let last = super::ShardingConfig::configmap(
+            &self.checkpoint.name,
+            self.sharding.shards.saturating_sub(1),
+        );
+        if self.sharding.enabled && !is_dns_subdomain(&last) {
+            return Err(invalid(
+                "checkpoint.name",
+                format!("too long with sharding on: shard ConfigMaps such as {last} must be ConfigMap names (at most 253 characters)"),
+            ));
+        }
         let membership = &self.checkpoint.membership;
         if !is_topic(&membership.topic(&self.cluster_name)) {
             return Err(invalid("checkpoint.membership.topic", topic_rule()));

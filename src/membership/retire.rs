@@ -84,6 +84,9 @@ pub struct Retire<'a> {
     pub owner: &'a Owner,
     /// The membership topic's name.
     pub topic: &'a str,
+    /// With sharding on: the shard and its owner epoch, which the DELETEDs' envelopes carry
+    /// like every other record of the shard.
+    pub shard: Option<envelope::ShardOwner>,
 }
 
 impl Retire<'_> {
@@ -195,7 +198,8 @@ impl Retire<'_> {
         let route = match channel {
             Some(c) => Route::for_stream(c, cluster, ns.map(str::to_string)),
             None => Route::vanished(name, cluster, ns.map(str::to_string)),
-        };
+        }
+        .owned_by(self.shard);
         let mut unaddressed = 0u64;
         let mut all = members.iter();
         loop {

@@ -374,6 +374,7 @@ impl Relay {
                 metrics: &self.metrics,
                 owner: &owner,
                 topic,
+                shard,
             };
             // Retractions of what is no longer configured come before any announcement.
             while !retire.run(&mut members, &mut loaded.streams, &stop).await {

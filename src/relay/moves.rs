@@ -76,14 +76,19 @@ pub(super) async fn check(
     }
 }
 
-/// The sharding mark of `cfg`: `<shards> <topic>`.
+/// The sharding mark of `cfg`: `<shards> <topic> <shard function>`. The function that maps a
+/// stream to its shard is named too, so that a future change of it refuses to start rather
+/// than split streams between two mappings.
 fn mark_of(cfg: &Config) -> String {
     format!(
-        "{} {}",
+        "{} {} {SHARD_FUNCTION}",
         cfg.sharding.shards,
         cfg.sharding.topic(&cfg.cluster_name)
     )
 }
+
+/// The name of [`ShardingConfig::shard_of`]'s mapping, recorded in the sharding mark.
+const SHARD_FUNCTION: &str = "fnv1a64-fmix64-top-bits";
 
 async fn read(
     cfg: &Config,
