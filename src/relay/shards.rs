@@ -25,7 +25,7 @@
 //! once it answers.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -165,6 +165,8 @@ struct Member {
     log: Arc<dyn Log>,
     identity: String,
     legacy: LegacyCell,
+    /// Whether this replica relays shard 0, and so passes resync requests on.
+    passes: Arc<AtomicBool>,
 }
 
 /// When the API server last answered, as a probe every [`PROBE`] sees it.
@@ -237,10 +239,16 @@ impl Relay {
             log,
             identity: crate::leader::identity(&cfg.leader_election),
             legacy: LegacyCell::default(),
+            passes: Arc::default(),
         };
         let passing = CancellationToken::new();
         let _passing = passing.clone().drop_guard();
-        tokio::spawn(pass_on_resyncs(self.client.clone(), cfg.clone(), passing));
+        tokio::spawn(pass_on_resyncs(
+            self.client.clone(),
+            cfg.clone(),
+            member.passes.clone(),
+            passing,
+        ));
         let probing = CancellationToken::new();
         let _probing = probing.clone().drop_guard();
         let reach = Reach::start(self.client.clone(), probing);
@@ -270,6 +278,7 @@ impl Relay {
             log,
             identity,
             legacy,
+            passes,
         } = member;
         let handover = cfg.drain_time() + CHECKPOINT_RESERVE;
         let grace = Duration::from_secs(u64::from(cfg.sharding.api_unreachable_seconds));
@@ -393,7 +402,12 @@ impl Relay {
             if let (false, Some(g)) = (reclaim.is_empty(), &group) {
                 g.reclaim(&reclaim);
             }
+            passes.store(
+                book.phases.get(&0).is_some_and(|p| p.relaying()),
+                Ordering::Relaxed,
+            );
         };
+        passes.store(false, Ordering::Relaxed);
         // A handover the group stopped waiting for: stop what still runs.
         for run in book.terms.values() {
             run.stop.cancel();
@@ -689,9 +703,15 @@ impl Relay {
 
 /// Passes the resync requests set on the release's checkpoint ConfigMap (`kubectl annotate`,
 /// as without sharding) on to every shard's ConfigMap, whose owners take them, until `stop`.
-/// The ConfigMap is created if missing, so there is one to annotate. Every replica runs this;
-/// the compare-and-swap removing a request makes each pass on at most twice.
-async fn pass_on_resyncs(client: kube::Client, cfg: Arc<Config>, stop: CancellationToken) {
+/// The ConfigMap is created if missing, so there is one to annotate. Every replica runs this,
+/// but only the one relaying shard 0 (`passes`) passes requests on, so a request is passed on
+/// once (twice at worst, while shard 0 moves, or after a crash in between).
+async fn pass_on_resyncs(
+    client: kube::Client,
+    cfg: Arc<Config>,
+    passes: Arc<AtomicBool>,
+    stop: CancellationToken,
+) {
     let ns = &cfg.checkpoint.namespace;
     let release = Store::new(client.clone(), ns, &cfg.checkpoint.name);
     if let Err(e) = release.create_if_missing().await {
@@ -707,6 +727,9 @@ async fn pass_on_resyncs(client: kube::Client, cfg: Arc<Config>, stop: Cancellat
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(super::writer::RESYNC_POLL) => {}
+        }
+        if !passes.load(Ordering::Relaxed) {
+            continue;
         }
         match release.pass_on_resync_request(&shards).await {
             Ok(Some(what)) => {
