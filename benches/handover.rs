@@ -17,12 +17,9 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{
-    bench_bed, create_topics, env_or, free_port, scrape, stop, total, wait_shared, KillOnDrop,
-};
+use common::{bench_bed, create_topics, env_or, scrape, sharded_replica, stop, total, wait_shared};
 use watchrelay_sim::{objects, ChurnSpec};
 
 const SHARDS: u32 = 16;
@@ -71,29 +68,16 @@ fn main() {
     sim.write_kubeconfig(&kubeconfig).unwrap();
     let name = format!("handover-{}", std::process::id());
     rt.block_on(create_topics(&bootstrap, &[&name]));
-    let replica = |r: usize| -> (KillOnDrop, u16) {
-        let port = free_port();
-        let config = dir.path().join(format!("{name}-{r}.yaml"));
-        std::fs::write(
-            &config,
-            format!(
-                "clusterName: bench\nkubernetes:\n  kubeconfig: {}\n  backoffInitialMs: 20\n  backoffMaxMs: 100\nkafka:\n  bootstrapServers: {bootstrap}\n  oversize: trim\n\
-                 checkpoint:\n  namespace: watchrelay\n  name: {name}\nsharding:\n  enabled: true\n  shards: {SHARDS}\n  topic: {name}.shards\nhttp:\n  listen: 127.0.0.1:{port}\n\
-                 channels:\n  - operationId: watchNamespacedPods\n    namespaces: [{}]\n    topic: {name}\n",
-                kubeconfig.display(),
-                names.join(", ")
-            ),
+    let replica = |r: usize| {
+        sharded_replica(
+            dir.path(),
+            &kubeconfig,
+            &bootstrap,
+            &name,
+            SHARDS,
+            &names,
+            r,
         )
-        .unwrap();
-        let child = Command::new(common::relay_bin())
-            .args(["run", "--config"])
-            .arg(&config)
-            .env("WATCHRELAY_LOG", "warn")
-            .env("POD_NAME", format!("replica-{r}"))
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("relay starts");
-        (KillOnDrop(child), port)
     };
     let (a, pa) = replica(0);
     let (b, pb) = replica(1);

@@ -19,9 +19,9 @@
 mod common;
 
 use common::{
-    bench_bed, cpu_seconds, create_topics, env_or, free_port, stop, total, wait_shared, KillOnDrop,
+    bench_bed, cpu_seconds, create_topics, env_or, sharded_replica, stop, total, wait_shared,
+    KillOnDrop,
 };
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -110,28 +110,16 @@ fn main() {
         let mut children = Vec::new();
         let mut ports = Vec::new();
         for r in 0..replicas {
-            let port = free_port();
-            let config = dir.path().join(format!("{name}-{r}.yaml"));
-            std::fs::write(
-                &config,
-                format!(
-                    "clusterName: bench\nkubernetes:\n  kubeconfig: {}\n  backoffInitialMs: 20\n  backoffMaxMs: 100\nkafka:\n  bootstrapServers: {bootstrap}\n  oversize: trim\n\
-                     checkpoint:\n  namespace: watchrelay\n  name: {name}\nsharding:\n  enabled: true\n  shards: {SHARDS}\n  topic: {name}.shards\nhttp:\n  listen: 127.0.0.1:{port}\n\
-                     channels:\n  - operationId: watchNamespacedPods\n    namespaces: [{}]\n    topic: {name}\n",
-                    kubeconfig.display(),
-                    names.join(", ")
-                ),
-            )
-            .unwrap();
-            let child = Command::new(common::relay_bin())
-                .args(["run", "--config"])
-                .arg(&config)
-                .env("WATCHRELAY_LOG", "warn")
-                .env("POD_NAME", format!("replica-{r}"))
-                .stdin(Stdio::null())
-                .spawn()
-                .expect("relay starts");
-            children.push(KillOnDrop(child));
+            let (child, port) = sharded_replica(
+                dir.path(),
+                &kubeconfig,
+                &bootstrap,
+                &name,
+                SHARDS,
+                &names,
+                r,
+            );
+            children.push(child);
             ports.push(port);
         }
         wait_shared(&ports, SHARDS);

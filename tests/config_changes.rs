@@ -6,44 +6,25 @@ mod common;
 
 use std::sync::Arc;
 
-use common::bed::{eventually, Bed, Relay};
+use common::bed::{eventually, shard_of, sharded, Bed, Relay};
 use common::view::{consumer_view, events, pods};
-use watchrelay::config::{Config, ShardingConfig};
+use watchrelay::config::Config;
 use watchrelay::testing::{Memory, MemoryGroup};
 use watchrelay_sim::objects;
 
 const SHARDS: u32 = 4;
 const CHANNEL: &str = "watchNamespacedPods";
 
-fn sharding(cfg: &Config) -> ShardingConfig {
-    ShardingConfig {
-        enabled: true,
-        shards: SHARDS,
-        topic: Some(format!(
-            "{}.shards",
-            cfg.checkpoint.membership.topic("test")
-        )),
-        ..ShardingConfig::default()
-    }
-}
-
 /// Two namespaces whose shards differ from the cluster-wide stream's.
 fn namespaces() -> (String, String) {
-    let s = ShardingConfig {
-        enabled: true,
-        shards: SHARDS,
-        ..ShardingConfig::default()
-    };
     let mut apart = (0..)
         .map(|i| format!("team-{i}"))
-        .filter(|ns| s.shard_of(ns) != s.shard_of(CHANNEL));
+        .filter(|ns| shard_of(SHARDS, ns) != shard_of(SHARDS, CHANNEL));
     (apart.next().unwrap(), apart.next().unwrap())
 }
 
 fn config(bed: &Bed, channels: &str) -> Config {
-    let mut cfg = bed.config(channels, "");
-    cfg.sharding = sharding(&cfg);
-    cfg
+    sharded(bed.config(channels, ""), SHARDS)
 }
 
 /// Whether any shard's checkpoint ConfigMap still holds a stream of the pods channel.

@@ -6,36 +6,31 @@ mod common;
 
 use std::sync::Arc;
 
-use common::bed::{eventually, Bed, Relay};
+use common::bed::{eventually, shard_of, sharded, Bed, Relay};
 use common::view::{consumer_view_by, events, pods_by, version};
-use watchrelay::config::{Config, ShardingConfig};
+use watchrelay::config::Config;
 use watchrelay::testing::{Lane, Memory, MemoryGroup};
 use watchrelay_sim::objects;
 
-/// Two shards; the second member of the group is dealt shard 1.
-fn sharding(cfg: &Config) -> ShardingConfig {
-    ShardingConfig {
-        enabled: true,
-        shards: 2,
-        topic: Some(format!(
-            "{}.shards",
-            cfg.checkpoint.membership.topic("test")
-        )),
-        ..ShardingConfig::default()
-    }
-}
-
-/// A namespace of shard 1 of two: it moves to the second replica when it joins.
+/// A namespace of shard 1 of two: it moves to the second member of the group (dealt shard 1)
+/// when it joins.
 fn namespace_of_shard_1() -> String {
-    let s = ShardingConfig {
-        enabled: true,
-        shards: 2,
-        ..ShardingConfig::default()
-    };
     (0..)
         .map(|i| format!("team-{i}"))
-        .find(|ns| s.shard_of(ns) == 1)
+        .find(|ns| shard_of(2, ns) == 1)
         .expect("some namespace is in shard 1")
+}
+
+/// A bed with namespace `ns` and its pod `web`, and the pods channel over `ns` in two shards.
+async fn bed_of(ns: &str) -> (Bed, Config) {
+    let bed = Bed::in_memory_serving(true, &[ns]).await;
+    let channel =
+        format!("  - operationId: watchNamespacedPods\n    namespaces: [{ns}]\n    topic: pods\n");
+    let cfg = sharded(bed.config(&channel, ""), 2);
+    bed.sim
+        .create("pods", Some(ns), objects::pod(ns, "web"))
+        .unwrap();
+    (bed, cfg)
 }
 
 fn label(bed: &Bed, ns: &str, value: &str) {
@@ -57,14 +52,7 @@ fn label(bed: &Bed, ns: &str, value: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_shards_undelivered_records_never_land_after_the_next_owners() {
     let ns = namespace_of_shard_1();
-    let bed = Bed::in_memory_serving(true, &[&ns]).await;
-    let channel =
-        format!("  - operationId: watchNamespacedPods\n    namespaces: [{ns}]\n    topic: pods\n");
-    let mut cfg = bed.config(&channel, "");
-    cfg.sharding = sharding(&cfg);
-    bed.sim
-        .create("pods", Some(&ns), objects::pod(&ns, "web"))
-        .unwrap();
+    let (bed, cfg) = bed_of(&ns).await;
     let memory = Arc::new(Memory::new());
     let group = MemoryGroup::default();
     let cluster = || pods_by(&bed.sim, &[&ns], |_| true, version);
@@ -112,14 +100,7 @@ async fn a_revoked_shards_undelivered_records_never_land_after_the_next_owners()
 async fn epochs_stay_above_every_one_stamped_when_the_group_forgets_them() {
     let ns = namespace_of_shard_1();
     let stream = format!("watchNamespacedPods.{ns}");
-    let bed = Bed::in_memory_serving(true, &[&ns]).await;
-    let channel =
-        format!("  - operationId: watchNamespacedPods\n    namespaces: [{ns}]\n    topic: pods\n");
-    let mut cfg = bed.config(&channel, "");
-    cfg.sharding = sharding(&cfg);
-    bed.sim
-        .create("pods", Some(&ns), objects::pod(&ns, "web"))
-        .unwrap();
+    let (bed, cfg) = bed_of(&ns).await;
     let memory = Arc::new(Memory::new());
     let group = MemoryGroup::default();
     let (bed, stream) = (&bed, &stream);

@@ -38,7 +38,7 @@ use std::time::Duration;
 use common::bed::{Bed, Relay};
 use common::rng::Rng;
 use common::view::{self, consumer_view_by, events, json};
-use watchrelay::config::{Config, ShardingConfig};
+use watchrelay::config::Config;
 use watchrelay::producer::Producer;
 use watchrelay::testing::{Memory, MemoryGroup, Order};
 use watchrelay_sim::{objects, SimConfig};
@@ -393,19 +393,10 @@ async fn replicas_case(seed: u64) {
     let producer = Arc::new(Memory::new());
     let group = MemoryGroup::default();
     let run = Run::draw(&mut rng, false);
-    let mut cfg = config(&bed, run);
-    cfg.sharding = ShardingConfig {
-        enabled: true,
-        shards: 4,
-        // Short, so that a replica cut off fences itself soon.
-        ownership_deadline_ms: 1_000,
-        // Beside the membership topic, which the consumer does not read.
-        topic: Some(format!(
-            "{}.shards",
-            cfg.checkpoint.membership.topic("test")
-        )),
-        ..ShardingConfig::default()
-    };
+    let cfg = config(&bed, run);
+    let mut cfg = common::bed::sharded(cfg, 4);
+    // Short, so that a replica cut off fences itself soon.
+    cfg.sharding.ownership_deadline_ms = 1_000;
     let start = || Relay::start_in(&bed, cfg.clone(), producer.clone(), &group);
     let mut history = format!("seed {seed}: initial events {watch_list}, sharded {run:?}\n");
     let mut snapshot = None;

@@ -22,25 +22,32 @@ fn names(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("ns{i}")).collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_start_with_many_streams_runs_a_bounded_number_of_lists_at_once() {
-    let namespaces = names(30);
-    let refs: Vec<&str> = namespaces.iter().map(String::as_str).collect();
+/// A simulator whose lists take a while (no `sendInitialEvents`), with a pod in each of
+/// `namespaces`, every one labelled `relay=yes`.
+async fn slow_lists(namespaces: &[&str]) -> Bed {
     let bed = Bed::in_memory(
         SimConfig {
             watch_list: false,
             list_delay: Duration::from_millis(40),
             ..SimConfig::default()
         },
-        &refs,
+        namespaces,
     )
     .await;
-    for ns in &refs {
+    for ns in namespaces {
         bed.label(ns, true);
         bed.sim
             .create("pods", Some(ns), objects::pod(ns, "p"))
             .unwrap();
     }
+    bed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_with_many_streams_runs_a_bounded_number_of_lists_at_once() {
+    let namespaces = names(30);
+    let refs: Vec<&str> = namespaces.iter().map(String::as_str).collect();
+    let bed = slow_lists(&refs).await;
     let mut cfg = bed.config(SELECTED, "");
     cfg.kubernetes.max_concurrent_syncs = 3;
     let producer = Arc::new(Memory::new());
@@ -65,35 +72,13 @@ async fn a_start_with_many_streams_runs_a_bounded_number_of_lists_at_once() {
 async fn a_replica_owning_many_shards_runs_a_bounded_number_of_lists_at_once() {
     let namespaces = names(30);
     let refs: Vec<&str> = namespaces.iter().map(String::as_str).collect();
-    let bed = Bed::in_memory(
-        SimConfig {
-            watch_list: false,
-            list_delay: Duration::from_millis(40),
-            ..SimConfig::default()
-        },
-        &refs,
-    )
-    .await;
-    for ns in &refs {
-        bed.sim
-            .create("pods", Some(ns), objects::pod(ns, "p"))
-            .unwrap();
-    }
+    let bed = slow_lists(&refs).await;
     let channel = format!(
         "  - operationId: watchNamespacedPods\n    namespaces: [{}]\n    topic: pods\n    watchStrategy: perNamespace\n",
         refs.join(", ")
     );
-    let mut cfg = bed.config(&channel, "");
+    let mut cfg = common::bed::sharded(bed.config(&channel, ""), 16);
     cfg.kubernetes.max_concurrent_syncs = 3;
-    cfg.sharding = watchrelay::config::ShardingConfig {
-        enabled: true,
-        shards: 16,
-        topic: Some(format!(
-            "{}.shards",
-            cfg.checkpoint.membership.topic("test")
-        )),
-        ..watchrelay::config::ShardingConfig::default()
-    };
     let producer = Arc::new(Memory::new());
     let group = watchrelay::testing::MemoryGroup::default();
     let relay = Relay::start_in(&bed, cfg, producer.clone(), &group);

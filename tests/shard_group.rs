@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use common::bed::{eventually, Relay};
 use common::stream::{bed, config, create};
-use watchrelay::config::ShardingConfig;
 use watchrelay::testing::{Memory, MemoryGroup};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -17,16 +16,7 @@ async fn a_fatal_error_of_the_shard_groups_client_fails_health() {
     let bed = bed(true).await;
     let producer = Arc::new(Memory::new());
     create(&bed, (0..3).map(|i| format!("p{i}")));
-    let mut cfg = config(&bed, "");
-    cfg.sharding = ShardingConfig {
-        enabled: true,
-        shards: 2,
-        topic: Some(format!(
-            "{}.shards",
-            cfg.checkpoint.membership.topic("test")
-        )),
-        ..ShardingConfig::default()
-    };
+    let cfg = common::bed::sharded(config(&bed, ""), 2);
     let group = MemoryGroup::default();
     let relay = Relay::start_in(&bed, cfg, producer.clone(), &group);
     relay.wait_up(1).await;

@@ -17,7 +17,6 @@ use common::stream::{
     assert_converged, bed, cluster_view, config, create, start, wait_covered, STREAM,
 };
 use common::view::{consumer_view, events, json};
-use watchrelay::config::ShardingConfig;
 use watchrelay::producer::Record;
 use watchrelay::testing::{Memory, MemoryGroup};
 use watchrelay_sim::objects;
@@ -356,16 +355,7 @@ async fn a_sharded_release_takes_a_resync_requested_on_its_checkpoint_configmap(
     let bed = bed(true).await;
     let producer = Arc::new(Memory::new());
     create(&bed, (0..5).map(|i| format!("p{i}")));
-    let mut cfg = config(&bed, "");
-    cfg.sharding = ShardingConfig {
-        enabled: true,
-        shards: 4,
-        topic: Some(format!(
-            "{}.shards",
-            cfg.checkpoint.membership.topic("test")
-        )),
-        ..ShardingConfig::default()
-    };
+    let cfg = common::bed::sharded(config(&bed, ""), 4);
     let group = MemoryGroup::default();
     let replicas: Vec<Relay> = (0..2)
         .map(|_| Relay::start_in(&bed, cfg.clone(), producer.clone(), &group))

@@ -10,22 +10,13 @@ use std::time::Duration;
 
 use common::bed::{eventually, Bed, Relay, CHECKPOINT_NAME, CHECKPOINT_NS};
 use common::stream::{bed, config, create};
-use watchrelay::config::{Config, ShardingConfig};
+use watchrelay::config::Config;
 use watchrelay::producer::Producer;
 use watchrelay::testing::{Memory, MemoryGroup};
 
 /// Runs a sharded release until its shards' owners are recorded, then stops it.
 async fn ran_sharded(bed: &Bed, producer: &Arc<Memory>) {
-    let mut cfg = config(bed, "");
-    cfg.sharding = ShardingConfig {
-        enabled: true,
-        shards: 2,
-        topic: Some(format!(
-            "{}.shards",
-            cfg.checkpoint.membership.topic("test")
-        )),
-        ..ShardingConfig::default()
-    };
+    let cfg = common::bed::sharded(config(bed, ""), 2);
     let group = MemoryGroup::default();
     let relay = Relay::start_in(bed, cfg, producer.clone(), &group);
     relay.wait_up(1).await;

@@ -303,3 +303,39 @@ pub fn wait_shared(ports: &[u16], shards: u32) {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+/// Starts replica `r` of the sharded release `name` (its own checkpoint name, shards' topic and
+/// channel topic) over the pods of `namespaces`: the real binary, its metrics on the port
+/// returned.
+pub fn sharded_replica(
+    dir: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    bootstrap: &str,
+    name: &str,
+    shards: u32,
+    namespaces: &[String],
+    r: usize,
+) -> (KillOnDrop, u16) {
+    let port = free_port();
+    let config = dir.join(format!("{name}-{r}.yaml"));
+    std::fs::write(
+        &config,
+        format!(
+            "clusterName: bench\nkubernetes:\n  kubeconfig: {}\n  backoffInitialMs: 20\n  backoffMaxMs: 100\nkafka:\n  bootstrapServers: {bootstrap}\n  oversize: trim\n\
+             checkpoint:\n  namespace: watchrelay\n  name: {name}\nsharding:\n  enabled: true\n  shards: {shards}\n  topic: {name}.shards\nhttp:\n  listen: 127.0.0.1:{port}\n\
+             channels:\n  - operationId: watchNamespacedPods\n    namespaces: [{}]\n    topic: {name}\n",
+            kubeconfig.display(),
+            namespaces.join(", ")
+        ),
+    )
+    .unwrap();
+    let child = Command::new(relay_bin())
+        .args(["run", "--config"])
+        .arg(&config)
+        .env("WATCHRELAY_LOG", "warn")
+        .env("POD_NAME", format!("replica-{r}"))
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .expect("relay starts");
+    (KillOnDrop(child), port)
+}

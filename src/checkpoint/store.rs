@@ -31,6 +31,16 @@ pub struct Store {
     ownership: Option<Ownership>,
 }
 
+/// The owner epoch stamped on `cm` (0: none, or not a number).
+fn stamped(cm: &ConfigMap) -> u64 {
+    cm.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(EPOCH_ANNOTATION))
+        .and_then(|e| e.parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
 /// The epoch a new owner stamps: the group's `claimed`, or one above the epoch `found` on the
 /// ConfigMap when that is not below it. `None` past the largest epoch (an annotation edited to
 /// it): nothing can depose that owner.
@@ -167,14 +177,7 @@ impl Store {
     pub async fn take_resync_request(&self) -> Result<Option<String>, CheckpointError> {
         let own = self.ownership.as_ref().map(|o| o.epoch);
         self.swap(|cm| {
-            let stamped = cm
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(EPOCH_ANNOTATION))
-                .and_then(|e| e.parse::<u64>().ok())
-                .unwrap_or(0);
-            if own.is_some_and(|own| stamped > own) {
+            if own.is_some_and(|own| stamped(cm) > own) {
                 return None;
             }
             Self::remove_request(cm)
@@ -184,14 +187,7 @@ impl Store {
 
     /// Creates the ConfigMap, empty, unless it exists: so that requests can be set on it.
     pub async fn create_if_missing(&self) -> Result<(), CheckpointError> {
-        let cm = ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(self.name.clone()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        match self.api.create(&PostParams::default(), &cm).await {
+        match self.put(&self.blank(), false).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
             Err(e) => Err(self.err(e)),
@@ -318,6 +314,29 @@ impl Store {
             .map_err(|e| self.err(e))
     }
 
+    /// An empty ConfigMap of this store's name.
+    fn blank(&self) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    /// Replaces the ConfigMap with `cm` (`exists`; its resourceVersion makes a concurrent
+    /// writer's change a 409), or creates it.
+    async fn put(&self, cm: &ConfigMap, exists: bool) -> Result<ConfigMap, kube::Error> {
+        if exists {
+            self.api
+                .replace(&self.name, &PostParams::default(), cm)
+                .await
+        } else {
+            self.api.create(&PostParams::default(), cm).await
+        }
+    }
+
     /// Stamps a new owner epoch of the shard on its ConfigMap (creating it if missing), with a
     /// compare-and-swap: the one the group gave (`claimed`) unless the ConfigMap already holds
     /// that or a higher one, then one above it. The ConfigMap is the authority on epochs, the
@@ -333,18 +352,9 @@ impl Store {
                 .await
                 .map_err(|e| self.err(e))?;
             let exists = current.is_some();
-            let mut cm = current.unwrap_or_else(|| ConfigMap {
-                metadata: ObjectMeta {
-                    name: Some(self.name.clone()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            });
+            let mut cm = current.unwrap_or_else(|| self.blank());
+            let found = stamped(&cm);
             let annotations = cm.metadata.annotations.get_or_insert_with(Default::default);
-            let found = annotations
-                .get(EPOCH_ANNOTATION)
-                .and_then(|e| e.parse::<u64>().ok())
-                .unwrap_or(0);
             let epoch = stamped_epoch(claimed, found).ok_or_else(|| CheckpointError::Deposed {
                 name: self.name.clone(),
                 found,
@@ -352,13 +362,7 @@ impl Store {
             })?;
             annotations.insert(EPOCH_ANNOTATION.into(), epoch.to_string());
             annotations.insert(OWNER_ANNOTATION.into(), replica.to_string());
-            let result = if exists {
-                self.api
-                    .replace(&self.name, &PostParams::default(), &cm)
-                    .await
-            } else {
-                self.api.create(&PostParams::default(), &cm).await
-            };
+            let result = self.put(&cm, exists).await;
             match result {
                 Ok(_) => return Ok(epoch),
                 Err(kube::Error::Api(s)) if s.code == 409 => continue,
@@ -387,19 +391,10 @@ impl Store {
             let expected = self.writes();
             let writes = found.max(expected) + 1;
             // metadata.resourceVersion is kept: a concurrent writer makes the replace a 409.
-            let mut cm = current.unwrap_or_else(|| ConfigMap {
-                metadata: ObjectMeta {
-                    name: Some(self.name.clone()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            });
+            let mut cm = current.unwrap_or_else(|| self.blank());
             if let Some(own) = &self.ownership {
+                let found = stamped(&cm);
                 let annotations = cm.metadata.annotations.get_or_insert_with(Default::default);
-                let found = annotations
-                    .get(EPOCH_ANNOTATION)
-                    .and_then(|e| e.parse::<u64>().ok())
-                    .unwrap_or(0);
                 // An equal epoch stamped by another replica is another owner's too.
                 let other = annotations
                     .get(OWNER_ANNOTATION)
@@ -434,13 +429,7 @@ impl Store {
                 });
             }
             cm.binary_data = None;
-            let result = if exists {
-                self.api
-                    .replace(&self.name, &PostParams::default(), &cm)
-                    .await
-            } else {
-                self.api.create(&PostParams::default(), &cm).await
-            };
+            let result = self.put(&cm, exists).await;
             match result {
                 Ok(_) => {
                     self.writes.store(writes, Ordering::Relaxed);

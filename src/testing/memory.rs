@@ -269,15 +269,20 @@ impl Producer for Memory {
 
     fn purge(&self) {
         let held: Vec<_> = self.state().held.drain(..).collect();
-        for (_, _, receipt) in held {
-            receipt.report(Err(DeliveryError::Failed(ProduceError::retriable(
-                "purged from the queue",
-            ))));
-        }
+        purged(held.into_iter().map(|(_, _, receipt)| receipt));
     }
 
     fn fatal(&self) -> Option<String> {
         self.state().fatal.clone()
+    }
+}
+
+/// Reports each of `receipts` as purged from the queue, as librdkafka's purge does.
+fn purged(receipts: impl Iterator<Item = Box<Receipt>>) {
+    for receipt in receipts {
+        receipt.report(Err(DeliveryError::Failed(ProduceError::retriable(
+            "purged from the queue",
+        ))));
     }
 }
 
@@ -398,11 +403,7 @@ impl Producer for Lane {
 
     fn purge(&self) {
         let held: Vec<_> = self.state().held.drain(..).collect();
-        for (_, receipt) in held {
-            receipt.report(Err(DeliveryError::Failed(ProduceError::retriable(
-                "purged from the queue",
-            ))));
-        }
+        purged(held.into_iter().map(|(_, receipt)| receipt));
     }
 
     fn fatal(&self) -> Option<String> {

@@ -415,6 +415,31 @@ pub struct Relay {
     pub registry: Registry,
 }
 
+/// `cfg` with sharding on over `shards` shards, the shards' membership topic beside the bed's
+/// membership topic (which consumers do not read).
+pub fn sharded(mut cfg: Config, shards: u32) -> Config {
+    cfg.sharding = watchrelay::config::ShardingConfig {
+        enabled: true,
+        shards,
+        topic: Some(format!(
+            "{}.shards",
+            cfg.checkpoint.membership.topic("test")
+        )),
+        ..watchrelay::config::ShardingConfig::default()
+    };
+    cfg
+}
+
+/// The shard of `key` among `shards`.
+pub fn shard_of(shards: u32, key: &str) -> u32 {
+    watchrelay::config::ShardingConfig {
+        enabled: true,
+        shards,
+        ..watchrelay::config::ShardingConfig::default()
+    }
+    .shard_of(key)
+}
+
 /// `memory` as a relay's producer and membership log.
 fn sink(memory: Arc<Memory>) -> (Arc<dyn Producer>, Arc<dyn Log>) {
     (memory.clone(), memory)
