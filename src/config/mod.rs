@@ -376,6 +376,22 @@ pub struct Config {
 }
 
 impl Config {
+    /// The Kafka settings of the relay's producer: `kafka`, and with sharding on a delivery
+    /// timeout of [`ShardingConfig::delivery_timeout`] unless `kafka.properties` sets one.
+    pub fn producer_kafka(&self) -> KafkaConfig {
+        let mut kafka = self.kafka.clone();
+        let set = ["message.timeout.ms", "delivery.timeout.ms"]
+            .iter()
+            .any(|k| kafka.properties.contains_key(*k));
+        if self.sharding.enabled && !set {
+            let timeout = self.sharding.delivery_timeout().as_millis().to_string();
+            kafka
+                .properties
+                .insert("message.timeout.ms".into(), timeout);
+        }
+        kafka
+    }
+
     /// Of the shutdown budget, what draining the streams and flushing the producer may take:
     /// the rest is kept for the final checkpoint write and the Lease release.
     pub fn drain_time(&self) -> Duration {

@@ -83,6 +83,20 @@ fn fmix64(mut k: u64) -> u64 {
 }
 
 impl ShardingConfig {
+    /// How long a shard's record may wait in the producer for its delivery
+    /// (`message.timeout.ms`): the margin by which the session outlasts the ownership deadline.
+    /// A replica frozen with records queued (a paused VM, a stopped process) resumes to find
+    /// them expired before its producer sends them again, since the next owner may have been
+    /// assigned once the session passed: a record taken before the deadline is sent before the
+    /// session ends, or not at all. An expired record fails like any other, and its stream
+    /// replays it from its checkpoint.
+    pub fn delivery_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(u64::from(
+            self.session_timeout_ms
+                .saturating_sub(self.ownership_deadline_ms),
+        ))
+    }
+
     /// The shards' membership topic.
     pub fn topic(&self, cluster: &str) -> String {
         self.topic

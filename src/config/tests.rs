@@ -362,3 +362,29 @@ fn a_checkpoint_name_too_long_for_its_shards_configmaps_is_refused() {
         "checkpoint.name"
     );
 }
+
+#[test]
+fn a_sharded_producer_expires_records_within_the_sessions_margin() {
+    let channels = "channels:\n  - operationId: watchNodes\n";
+    let plain = Config::parse(&format!("{BASE}{channels}")).unwrap();
+    assert_eq!(
+        plain.producer_kafka().properties.get("message.timeout.ms"),
+        None
+    );
+    let sharded = Config::parse(&format!(
+        "{BASE}sharding:\n  enabled: true\n  sessionTimeoutMs: 12000\n  ownershipDeadlineMs: 4000\n{channels}"
+    ))
+    .unwrap();
+    assert_eq!(
+        sharded
+            .producer_kafka()
+            .properties
+            .get("message.timeout.ms")
+            .map(String::as_str),
+        Some("8000")
+    );
+    // The relay's own default is later overridden by the producer's settings: the shard's
+    // timeout comes after it.
+    let client = sharded.producer_kafka().client_config();
+    assert_eq!(client.get("message.timeout.ms"), Some("8000"));
+}

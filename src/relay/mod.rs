@@ -285,11 +285,13 @@ impl Relay {
         self.run_term(plan, stop, fenced).await
     }
 
-    /// Where this relay's records go, and its membership log.
+    /// Where this relay's records go, and its membership log. With sharding on, records wait
+    /// for their delivery at most [`crate::config::ShardingConfig::delivery_timeout`] (unless
+    /// `kafka.properties` says otherwise).
     fn sink(&self) -> Result<Outlet, RelayError> {
         Ok(match &self.sink {
             Sink::Kafka => (
-                producer::Kafka::start(&self.cfg.kafka).map_err(RelayError::Producer)?,
+                producer::Kafka::start(&self.cfg.producer_kafka()).map_err(RelayError::Producer)?,
                 Arc::new(membership::log::Kafka::new(&self.cfg.kafka)),
             ),
             Sink::Given(p, log) => (p.clone(), log.clone()),
