@@ -5,6 +5,10 @@
 #   scripts/broker.sh install              resolve the broker's jars into .cache/ unless present
 #   scripts/broker.sh start DIR [TOPIC..]  start on free loopback ports, create the topics, print
 #                                          the address; pid, ports, data and log live in DIR
+#   scripts/broker.sh join DIR PRIMARY     start a second broker (broker role only, node 2) in the
+#                                          cluster of the broker started in PRIMARY, on a free
+#                                          loopback port; print its address
+#   scripts/broker.sh resume DIR           start again, as it was, the broker DIR holds
 #   scripts/broker.sh stop DIR             stop it (SIGTERM, then SIGKILL after 15 s)
 #   scripts/broker.sh kafka-class DIR CLASS ARGS..
 #                                          run one of Kafka's own tools (e.g. AclCommand) on
@@ -82,10 +86,24 @@ start() {
       >"$dir/admin.properties"
   fi
   [[ -n ${BROKER_EXTRA:-} ]] && printf '%s\n' "$BROKER_EXTRA" >>"$dir/server.properties"
+  run_node "$dir" "$port" "$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')"
+  local topic
+  for topic in "$@"; do
+    # shellcheck disable=SC2046
+    kafka_class org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$port" \
+      $(admin_config "$dir") --create --if-not-exists --topic "$topic" \
+      --partitions "${PARTITIONS:-3}" --replication-factor 1 >>"$dir/broker.log" 2>&1
+  done
+  echo "127.0.0.1:$advertised"
+}
+
+# Formats DIR's storage for CLUSTER_ID unless done, starts the node of DIR/server.properties and
+# waits until it says it started; its pid and PORT are left in DIR.
+run_node() {
+  local dir=$1 port=$2 cluster_id=$3
   if [[ ! -f $dir/data/meta.properties ]]; then
-    local cluster_id
-    cluster_id=$(python3 -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
-    kafka_class kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" \
+    # `=`: an id may begin with a dash.
+    kafka_class kafka.tools.StorageTool format --cluster-id="$cluster_id" -c "$dir/server.properties" \
       >"$dir/format.log" 2>&1 || { cat "$dir/format.log" >&2; exit 1; }
   fi
   # setsid: the broker outlives the shell that started it, until `stop`.
@@ -110,14 +128,26 @@ start() {
     tail -50 "$dir/broker.log" >&2
     exit 1
   fi
-  local topic
-  for topic in "$@"; do
-    # shellcheck disable=SC2046
-    kafka_class org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$port" \
-      $(admin_config "$dir") --create --if-not-exists --topic "$topic" \
-      --partitions "${PARTITIONS:-3}" --replication-factor 1 >>"$dir/broker.log" 2>&1
-  done
-  echo "127.0.0.1:$advertised"
+}
+
+# A second broker, node 2 with the broker role only, in the cluster PRIMARY's node controls.
+join() {
+  local dir=$1 primary=$2
+  mkdir -p "$dir"
+  dir=$(cd "$dir" && pwd)
+  primary=$(cd "$primary" && pwd)
+  install
+  local port voters cluster_id
+  port=${BROKER_PORT:-$(free_port)}
+  voters=$(sed -n 's/^controller.quorum.voters=//p' "$primary/server.properties")
+  cluster_id=$(sed -n 's/^cluster.id=//p' "$primary/data/meta.properties")
+  sed -e "s|@PORT@|$port|g" -e "s|@DIR@|$dir|g" \
+    -e "s|^process.roles=.*|process.roles=broker|" -e "s|^node.id=.*|node.id=2|" \
+    -e "s|^controller.quorum.voters=.*|controller.quorum.voters=$voters|" \
+    -e "s|^listeners=.*|listeners=PLAINTEXT://127.0.0.1:$port|" \
+    "$testbed/server.properties" >"$dir/server.properties"
+  run_node "$dir" "$port" "$cluster_id"
+  echo "127.0.0.1:$port"
 }
 
 stop() {
@@ -128,7 +158,9 @@ cmd=${1:-}; shift || true
 case $cmd in
   install) install ;;
   start) start "$@" ;;
+  join) join "$@" ;;
+  resume) install; run_node "$1" "$(cat "$1/broker.port")" "" ;;
   stop) stop "$@" ;;
   kafka-class) dir=$1; shift; install; kafka_class "$@" $(admin_config "$dir") ;;
-  *) echo "usage: $0 install | start DIR [TOPIC..] | stop DIR | kafka-class DIR CLASS ARGS.." >&2; exit 2 ;;
+  *) echo "usage: $0 install | start DIR [TOPIC..] | join DIR PRIMARY | resume DIR | stop DIR | kafka-class DIR CLASS ARGS.." >&2; exit 2 ;;
 esac

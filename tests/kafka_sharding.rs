@@ -70,14 +70,23 @@ struct Scene {
 impl Scene {
     /// `n` namespaces, on the suite's broker or on `bootstrap`.
     async fn new(n: usize, prefix: &str, bootstrap: Option<&str>) -> Self {
+        let scene = Self::on(n, kafka::unique(prefix), bootstrap).await;
+        kafka::create_topics_at(&scene.bed.bootstrap, &[&scene.topic], 3).await;
+        scene
+    }
+
+    /// `n` namespaces relayed into `topic`, made already, on `bootstrap`.
+    async fn with_topic(n: usize, topic: String, bootstrap: &str) -> Self {
+        Self::on(n, topic, Some(bootstrap)).await
+    }
+
+    async fn on(n: usize, topic: String, bootstrap: Option<&str>) -> Self {
         let namespaces: Vec<String> = (0..n).map(|i| format!("team-{i}")).collect();
         let names: Vec<&str> = namespaces.iter().map(String::as_str).collect();
         let mut bed = Bed::new(&names).await;
         if let Some(b) = bootstrap {
             bed.bootstrap = b.to_string();
         }
-        let topic = kafka::unique(prefix);
-        kafka::create_topics_at(&bed.bootstrap, &[&topic], 3).await;
         Self {
             bed,
             namespaces,
@@ -301,15 +310,12 @@ async fn moves_to_sharding(all: bool) {
     single.stop().await;
     let moved = takeover(&[&a, &b]).await;
 
-    // A replica of the old version never leads again.
+    // A replica configured as before, sharding off, never leads again: it refuses to start,
+    // since it would resume from the state before sharding. (An older version, without that
+    // check, stands by behind the Lease the shards parked.)
     let again = Relay::start(bed, old.clone());
-    // Not a wait: that it stands by is seen only once an unrenewed Lease would have expired.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(
-        again.metrics.leader.get(),
-        0,
-        "an old-version replica led again"
-    );
+    let refused = again.outcome().await.expect_err("refused");
+    assert!(refused.contains("ran sharded"), "{refused}");
     churn.stop().await;
     eprintln!("shards running {moved:?} after the single leader stopped");
 
@@ -332,7 +338,6 @@ async fn moves_to_sharding(all: bool) {
         );
     }
     eprintln!("resyncs after the move: {resynced}");
-    again.stop().await;
     a.stop().await;
     b.stop().await;
 }
@@ -400,6 +405,82 @@ async fn a_broker_restart_loses_nothing() {
     let fences = a.metrics.shard_fences.get() + b.metrics.shard_fences.get();
     eprintln!("the broker restarted in {restart:?}; shared again {back:?} after 7 s more; fences: {fences}");
     scene.converged(kafka_view).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// A revoke while the broker leading the channel topic's partitions is away and the group
+/// coordinator, on the other broker, is fine: the first replica's records of a moving shard
+/// cannot be delivered by the end of its handover, and the next owner queues newer changes
+/// meanwhile. Once the broker is back, every key's last record is the cluster's: nothing the
+/// first replica queued lands after the next owner's records (its records expired within the
+/// session's margin, or were purged at the handover).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoke_while_the_topics_broker_is_away_lands_nothing_old_last() {
+    let primary = OwnBroker::start(Options::default());
+    // The group coordinator on the first broker: its offsets topic is made before the second
+    // broker joins, which then leads every partition of the channel topic.
+    kafka::make_offsets_topic(&primary.bootstrap).await;
+    let mut second = primary.join();
+    let topic = kafka::unique("sharded-away");
+    primary.tool(
+        "org.apache.kafka.tools.TopicCommand",
+        &[
+            "--create",
+            "--topic",
+            &topic,
+            "--replica-assignment",
+            "2,2,2",
+        ],
+    );
+    let scene = Scene::with_topic(8, topic, &primary.bootstrap).await;
+    let bed = &scene.bed;
+    let mut cfg = scene.sharded(GroupProtocol::Classic);
+    // A drain budget of a few seconds.
+    cfg.shutdown_timeout_seconds = 12;
+    // The first replica reconnects to a broker that comes back only after the next owner did:
+    // what it still holds for the moving shards would be delivered after the next owner's.
+    let mut slow = cfg.clone();
+    for key in ["reconnect.backoff.ms", "reconnect.backoff.max.ms"] {
+        slow.kafka.properties.insert(key.into(), "8000".into());
+    }
+    let a = Relay::start(bed, slow);
+    eventually(
+        || owned(&[&a]) == [i64::from(SHARDS)],
+        || "the first replica never owned every shard".into(),
+    )
+    .await;
+    let churn = scene.churn(100.0);
+    // Not a wait: changes flow through the first replica for a while.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::task::block_in_place(|| second.stop());
+    // Not a wait: the first replica queues changes it cannot deliver.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let b = Relay::start(bed, cfg.clone());
+    wait_spread(&[&a, &b]).await;
+    // Not a wait: the next owner queues newer changes.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    churn.stop().await;
+    tokio::task::block_in_place(|| second.start_again());
+    scene.converged(kafka_view).await;
+    // Not a wait: the first replica's reconnect backoff runs out; anything it still held for
+    // the moved shards would be delivered now, after the next owner's records.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let (bootstrap, topic) = (bed.bootstrap.clone(), scene.topic.clone());
+    let msgs = tokio::task::spawn_blocking(move || kafka::read_all(&bootstrap, &topic))
+        .await
+        .unwrap();
+    assert_eq!(
+        kafka_view(&msgs),
+        pods(&bed.sim, &scene.names(), |_| true),
+        "a record of the first replica landed after the next owner's"
+    );
+    let purges = a.metrics.shard_handover_purges.get() + b.metrics.shard_handover_purges.get();
+    eprintln!(
+        "{}; late records of a deposed owner: {}; handovers that purged: {purges}",
+        scene.per_change(&msgs),
+        epoch_view(&msgs).1
+    );
     a.stop().await;
     b.stop().await;
 }

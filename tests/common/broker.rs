@@ -56,6 +56,46 @@ impl OwnBroker {
         }
     }
 
+    /// Starts a second broker (node 2, the broker role only) in this broker's cluster; this one
+    /// stays its controller.
+    pub fn join(&self) -> OwnBroker {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new(script())
+            .arg("join")
+            .arg(dir.path())
+            .arg(self.dir.path())
+            .output()
+            .expect("scripts/broker.sh runs");
+        assert!(
+            out.status.success(),
+            "the second broker did not start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let bootstrap = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        let port = bootstrap.rsplit(':').next().unwrap().parse().unwrap();
+        OwnBroker {
+            port,
+            bootstrap,
+            dir,
+            options: Options::default(),
+        }
+    }
+
+    /// Starts again, as it was, a broker [`OwnBroker::stop`] stopped: its configuration, data
+    /// and port.
+    pub fn start_again(&self) {
+        let out = Command::new(script())
+            .arg("resume")
+            .arg(self.dir.path())
+            .output()
+            .expect("scripts/broker.sh runs");
+        assert!(
+            out.status.success(),
+            "the broker did not start again: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// Stops the broker and starts it again on its data and port: a broker restart.
     pub fn restart(&mut self) {
         self.stop();

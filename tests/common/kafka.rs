@@ -44,6 +44,32 @@ pub async fn create_catalogue_topics(prefix: &str) {
     create_topics(&topics.iter().map(String::as_str).collect::<Vec<_>>(), 3).await;
 }
 
+/// Has the broker at `bootstrap` create its consumer offsets topic (where group coordinators
+/// live) now, on the brokers it has now: a consumer joins a group and is assigned a partition.
+pub async fn make_offsets_topic(bootstrap: &str) {
+    let topic = unique("offsets-probe");
+    create_topics_at(bootstrap, &[&topic], 1).await;
+    let bootstrap = bootstrap.to_string();
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("group.id", unique("offsets-probe"))
+            .create()
+            .expect("consumer");
+        consumer.subscribe(&[&topic]).expect("subscribe");
+        let began = Instant::now();
+        while consumer.assignment().map_or(0, |a| a.count()) == 0 {
+            assert!(
+                began.elapsed() < Duration::from_secs(60),
+                "never joined a group"
+            );
+            let _ = consumer.poll(Duration::from_millis(200));
+        }
+    })
+    .await
+    .unwrap();
+}
+
 pub async fn create_topics(names: &[&str], partitions: i32) {
     create_topics_at(&bootstrap(), names, partitions).await
 }
@@ -111,6 +137,33 @@ fn reading(bootstrap: &str, topic: &str, from: Offset) -> BaseConsumer {
     }
     consumer.assign(&tpl).expect("assign");
     consumer
+}
+
+/// Reads every record `topic` holds now (to the high watermark of each partition).
+pub fn read_all(bootstrap: &str, topic: &str) -> Vec<Msg> {
+    let consumer = reading(bootstrap, topic, Offset::Offset(0));
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    let partitions = metadata.topics()[0].partitions().len();
+    let total: i64 = (0..i32::try_from(partitions).expect("a partition count"))
+        .map(|p| {
+            let (low, high) = consumer
+                .fetch_watermarks(topic, p, Duration::from_secs(10))
+                .expect("watermarks");
+            high - low
+        })
+        .sum();
+    let total = usize::try_from(total).expect("a record count");
+    let msgs = read_until(bootstrap, topic, Duration::from_secs(90), |m| {
+        m.len() >= total
+    });
+    assert!(
+        msgs.len() >= total,
+        "read {} of {total} records",
+        msgs.len()
+    );
+    msgs
 }
 
 /// Reads `topic` from offset 0 of every partition until `done` holds for what was read (or the
