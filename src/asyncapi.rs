@@ -170,7 +170,7 @@ fn metadata_schema() -> Value {
             "synthetic": {"type": "boolean", "description": "A DELETED the relay inferred"},
             "truncatedBytes": {"type": "integer", "minimum": 0, "description": "The object was too large: its original size; the object carries its identity only"},
             "shard": {"type": "integer", "minimum": 0, "description": "With sharding on: the shard of the stream (a key's records all come from one)"},
-            "ownerEpoch": {"type": "integer", "minimum": 1, "description": "With sharding on: the epoch of the replica that relayed it; a record below the highest epoch seen on its key is a deposed owner's, landed late"},
+            "ownerEpoch": {"type": "integer", "minimum": 1, "description": "With sharding on: the epoch of the replica that relayed it; a record below the highest epoch seen on its key from the same shard is a deposed owner's, landed late (epochs of different shards are unrelated)"},
         },
     })
 }

@@ -359,11 +359,11 @@ impl Relay {
                     self.metrics
                         .shards_owned
                         .set(i64::try_from(book.terms.len()).unwrap_or(i64::MAX));
-                    let relaying = book.relaying();
-                    if !relaying.is_empty() && deadline.passed() {
+                    let unfenced = book.unfenced();
+                    if !unfenced.is_empty() && deadline.passed() {
                         self.metrics.shard_fences.inc();
-                        tracing::error!(shards = ?relaying, "could not prove ownership of the shards in time: fenced, purging the producer; claiming them again if still assigned");
-                        for shard in relaying {
+                        tracing::error!(shards = ?unfenced, "could not prove ownership of the shards in time: fenced, purging the producer; claiming them again if still assigned");
+                        for shard in unfenced {
                             todo.extend(book.feed(shard, Input::Fence, &self.metrics));
                         }
                     }
@@ -811,11 +811,11 @@ impl Book {
         loop_does
     }
 
-    /// The shards whose term runs and may produce.
-    fn relaying(&self) -> Vec<u32> {
+    /// The shards whose term may still produce: running, or draining at a revoke.
+    fn unfenced(&self) -> Vec<u32> {
         self.phases
             .iter()
-            .filter(|(_, p)| p.relaying())
+            .filter(|(_, p)| p.relaying() || matches!(p, Phase::Revoking { .. }))
             .map(|(s, _)| *s)
             .collect()
     }
