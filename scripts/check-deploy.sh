@@ -51,6 +51,16 @@ for bad in replicaCont=2 config.sharding.shardz=3 config.channels[0].namespace=s
     exit 1
   fi
 done
+# And `helm install` itself, against the test bed's API server when there is one.
+if [[ -n ${WATCHRELAY_TEST_CLUSTER:-} ]]; then
+  if out=$(helm install --dry-run=server watchrelay charts/watchrelay --namespace default \
+    --kubeconfig "$WATCHRELAY_TEST_CLUSTER/kubeconfig" --set replicaCont=2 2>&1); then
+    echo "helm install --dry-run took the misspelt value replicaCont" >&2
+    exit 1
+  fi
+  grep -q "Additional property replicaCont is not allowed" <<<"$out" \
+    || { echo "helm install refused replicaCont without the schema's message: $out" >&2; exit 1; }
+fi
 
 echo "== rendered manifests validate against Kubernetes 1.30 schemas"
 helm template watchrelay charts/watchrelay --namespace watchrelay >"$work/default.yaml"
