@@ -114,11 +114,7 @@ impl Store {
     /// Reads every stream's saved position and the membership mark. A missing ConfigMap is an
     /// empty one.
     pub async fn load(&self) -> Result<Loaded, CheckpointError> {
-        let cm = self
-            .api
-            .get_opt(&self.name)
-            .await
-            .map_err(|e| self.err(e))?;
+        let cm = self.current().await?;
         let loaded = cm
             .as_ref()
             .map(|cm| Loaded {
@@ -140,12 +136,7 @@ impl Store {
         mut change: impl FnMut(&mut ConfigMap) -> Option<T>,
     ) -> Result<Option<T>, CheckpointError> {
         loop {
-            let Some(mut cm) = self
-                .api
-                .get_opt(&self.name)
-                .await
-                .map_err(|e| self.err(e))?
-            else {
+            let Some(mut cm) = self.current().await? else {
                 return Ok(None);
             };
             let Some(out) = change(&mut cm) else {
@@ -238,11 +229,7 @@ impl Store {
             if recorded.is_some() {
                 return Ok(mark.to_string());
             }
-            let cm = self
-                .api
-                .get_opt(&self.name)
-                .await
-                .map_err(|e| self.err(e))?;
+            let cm = self.current().await?;
             let found = cm.and_then(|cm| cm.metadata.annotations?.remove(SHARDING_ANNOTATION));
             if let Some(found) = found {
                 return Ok(found);
@@ -259,12 +246,7 @@ impl Store {
         to: &[Store],
     ) -> Result<Option<String>, CheckpointError> {
         loop {
-            let Some(mut cm) = self
-                .api
-                .get_opt(&self.name)
-                .await
-                .map_err(|e| self.err(e))?
-            else {
+            let Some(mut cm) = self.current().await? else {
                 return Ok(None);
             };
             let Some(what) = Self::remove_request(&mut cm) else {
@@ -314,6 +296,11 @@ impl Store {
             .map_err(|e| self.err(e))
     }
 
+    /// The ConfigMap as the API server has it now, if it exists.
+    async fn current(&self) -> Result<Option<ConfigMap>, CheckpointError> {
+        self.api.get_opt(&self.name).await.map_err(|e| self.err(e))
+    }
+
     /// An empty ConfigMap of this store's name.
     fn blank(&self) -> ConfigMap {
         ConfigMap {
@@ -346,11 +333,7 @@ impl Store {
     /// never go backwards and the new owner deposes every earlier one. The epoch stamped.
     pub async fn claim_epoch(&self, replica: &str, claimed: u64) -> Result<u64, CheckpointError> {
         loop {
-            let current = self
-                .api
-                .get_opt(&self.name)
-                .await
-                .map_err(|e| self.err(e))?;
+            let current = self.current().await?;
             let exists = current.is_some();
             let mut cm = current.unwrap_or_else(|| self.blank());
             let found = stamped(&cm);
@@ -381,11 +364,7 @@ impl Store {
     ) -> Result<Written, CheckpointError> {
         const ATTEMPTS: u32 = 5;
         for _ in 0..ATTEMPTS {
-            let current = self
-                .api
-                .get_opt(&self.name)
-                .await
-                .map_err(|e| self.err(e))?;
+            let current = self.current().await?;
             let exists = current.is_some();
             let found = current.as_ref().map_or(0, read_writes);
             let expected = self.writes();
