@@ -9,15 +9,20 @@
 //! and the owner epoch (envelope metadata and `ce_shard`, `ce_ownerepoch` headers). Before its
 //! first term, a shard copies its share of a single leader's state (`migrate.rs`).
 //!
-//! # A shard's states, as this replica sees it
-//! - **Claimed** ([`Event::Claimed`]): its term starts: restore, then its streams.
-//! - **Handing over** (revoked, not lost): its term stops as at a shutdown (streams drain, the
-//!   producer flushes, the final positions are written), then the group is answered and the
-//!   rebalance goes on: the next owner resumes exactly there.
-//! - **Fenced** (the assignment was lost, or the ownership deadline passed): its term stops
-//!   without draining, the producer's queued and in-flight records are purged and nothing more
-//!   is written. A shard fenced by the deadline is claimed again, under a new epoch, if the
-//!   group still assigns it here.
+//! # A shard's lifecycle
+//! Each shard's phase is decided by the pure machine in `lifecycle.rs` (claimed, starting,
+//! running, revoking, fenced, lost, ended); [`Book`] feeds it what the group, the clock and the
+//! shard's term report and performs its actions:
+//! - **Claimed** ([`Event::Claimed`]): the owner epoch is stamped on the shard's ConfigMap
+//!   (above every one stamped before), then its term starts: restore, then its streams.
+//! - **Revoked** (not lost): its term stops as at a shutdown (streams drain, the term's own
+//!   records are awaited, the final positions are written), then the group is answered and the
+//!   rebalance goes on: the next owner resumes exactly there. Records of the term still
+//!   undelivered then are purged first, so none lands after the next owner's.
+//! - **Fenced** (the ownership deadline passed, or its writer found a newer owner) and **lost**
+//!   (the assignment was lost): its term stops without draining, the producer's queued and
+//!   in-flight records are purged and nothing more is written. A fenced shard is claimed
+//!   again, under a new epoch, if the group still assigns it here.
 //! - A shard claimed again while its previous term still stops starts once that one ended.
 //!
 //! A stop of the process leaves the group: every shard is handed over first. So does a replica
