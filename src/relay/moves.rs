@@ -144,17 +144,21 @@ pub struct Crossing {
     pub channel: String,
     /// The configured stream, or `<channel>.<namespace>` for namespaces not known in advance.
     pub announced: String,
-    /// Its shard.
-    pub to: u32,
+    /// Its shard; `None` for namespaces not known in advance, each in its own.
+    pub to: Option<u32>,
 }
 
 impl std::fmt::Display for Crossing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "stream {} (shard {}) would be retired while channel {} announces its keys from {} (shard {})",
-            self.retired, self.from, self.channel, self.announced, self.to
-        )
+            "stream {} (shard {}) would be retired while channel {} announces its keys from {} ",
+            self.retired, self.from, self.channel, self.announced
+        )?;
+        match self.to {
+            Some(to) => write!(f, "(shard {to})"),
+            None => f.write_str("(each namespace's shard)"),
+        }
     }
 }
 
@@ -206,23 +210,27 @@ pub fn crossings(cfg: &Config, recorded: &[Recorded]) -> Vec<Crossing> {
             if !same_keys {
                 continue;
             }
-            let announced: Vec<(String, u32)> = match (runs(cfg, c), namespace) {
+            let announced: Vec<(String, Option<u32>)> = match (runs(cfg, c), namespace) {
                 (Runs::Whole, _) => {
                     let id = c.stream_id(None).to_string();
                     let shard = sharding.shard_of_stream(&id);
-                    vec![(id, shard)]
+                    vec![(id, Some(shard))]
                 }
                 // Per namespace: the retired stream's own namespace lives in its shard.
                 (_, Some(_)) => Vec::new(),
                 (Runs::Listed(list), None) => list
                     .iter()
-                    .map(|ns| (c.stream_id(Some(ns)).to_string(), sharding.shard_of(ns)))
+                    .map(|ns| {
+                        (
+                            c.stream_id(Some(ns)).to_string(),
+                            Some(sharding.shard_of(ns)),
+                        )
+                    })
                     .collect(),
-                (Runs::AnyNamespace, None) => {
-                    vec![(format!("{}.<namespace>", c.name), u32::MAX)]
-                }
+                // Whatever namespaces come, some live in other shards than the retired stream.
+                (Runs::AnyNamespace, None) => vec![(format!("{}.<namespace>", c.name), None)],
             };
-            if let Some((id, to)) = announced.into_iter().find(|(_, to)| *to != from) {
+            if let Some((id, to)) = announced.into_iter().find(|(_, to)| *to != Some(from)) {
                 found.push(Crossing {
                     retired: r.id.clone(),
                     from,
@@ -323,6 +331,13 @@ mod tests {
                 1,
             ),
             (
+                "cluster-wide to every namespace, relayed per namespace",
+                "  - operationId: watchNamespacedPods\n    allNamespaces: true\n    topic: pods\n"
+                    .into(),
+                vec![rec(&all, "pods")],
+                1,
+            ),
+            (
                 "a removed channel whose topic nobody else writes",
                 "  - operationId: watchNodes\n    topic: nodes\n".into(),
                 vec![rec(&all, "pods")],
@@ -358,7 +373,7 @@ mod tests {
             from: 3,
             channel: "pods".into(),
             announced: "pods._all".into(),
-            to: 5,
+            to: Some(5),
         }];
         let text = refusal(&found);
         assert!(text.contains("pods.a (shard 3)"), "{text}");
