@@ -11,6 +11,7 @@
 //! through it.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -231,10 +232,12 @@ impl Receipt {
 
 /// The records one user of a shared producer (a shard's term) handed over whose report has not
 /// come: what a handover waits for instead of flushing everybody's records, and what is still
-/// queued when it gives up.
+/// queued when it gives up. Counting is one atomic step per record; only a waiter and the
+/// report that settles the last record take the lock.
 #[derive(Debug, Default)]
 pub struct Tally {
-    pending: Mutex<usize>,
+    pending: AtomicUsize,
+    lock: Mutex<()>,
     settled: Condvar,
 }
 
@@ -245,24 +248,26 @@ impl Tally {
     }
 
     fn add(self: &Arc<Self>) -> Counted {
-        *self.pending.lock().expect("tally lock poisoned") += 1;
+        self.pending.fetch_add(1, Ordering::SeqCst);
         Counted(Arc::clone(self))
     }
 
     /// Records handed over and not yet reported.
     pub fn pending(&self) -> usize {
-        *self.pending.lock().expect("tally lock poisoned")
+        self.pending.load(Ordering::SeqCst)
     }
 
     /// Waits up to `timeout` for every counted record to be reported: whether they all were.
     /// Blocks.
     pub fn wait(&self, timeout: Duration) -> bool {
-        let pending = self.pending.lock().expect("tally lock poisoned");
-        let (pending, _) = self
+        let guard = self.lock.lock().expect("tally lock poisoned");
+        // The predicate is read under the lock the last report notifies under: no wake-up is
+        // missed between the check and the wait.
+        let _ = self
             .settled
-            .wait_timeout_while(pending, timeout, |n| *n > 0)
+            .wait_timeout_while(guard, timeout, |()| self.pending() > 0)
             .expect("tally lock poisoned");
-        *pending == 0
+        self.pending() == 0
     }
 }
 
@@ -272,9 +277,8 @@ struct Counted(Arc<Tally>);
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        let mut pending = self.0.pending.lock().expect("tally lock poisoned");
-        *pending = pending.saturating_sub(1);
-        if *pending == 0 {
+        if self.0.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
+            let _held = self.0.lock.lock().expect("tally lock poisoned");
             self.0.settled.notify_all();
         }
     }

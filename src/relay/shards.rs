@@ -79,34 +79,32 @@ struct Running {
 ///
 /// Every record it takes is counted in the term's [`Tally`] until reported: its flush waits
 /// for the term's own records only (a handover does not wait for the other shards' traffic),
-/// and a term that ends with records still counted has them purged ([`settle`]), so that none
+/// and a term that ends with records still counted has them purged ([`Relay::settle`]), so that none
 /// of them lands after the next owner's.
 struct ShardProducer {
-    inner: Arc<dyn Producer>,
+    share: Share,
     membership_topic: String,
     shard: u32,
     epoch: String,
     deadline: Arc<Deadline>,
-    /// Cancelled once the term is fenced or over: nothing more is taken.
-    closed: CancellationToken,
-    tally: Arc<Tally>,
     records: IntCounter,
 }
 
 impl Producer for ShardProducer {
     fn send(&self, record: &Record, mut receipt: Box<Receipt>) -> Result<(), Refused> {
-        if self.deadline.passed() || self.closed.is_cancelled() {
+        if self.deadline.passed() || self.share.closed.is_cancelled() {
             return Err(Refused::Failed(ProduceError::retriable(format!(
                 "this replica cannot prove it still owns shard {}: not producing for it",
                 self.shard
             ))));
         }
         self.records.inc();
-        receipt.count_in(&self.tally);
+        receipt.count_in(&self.share.tally);
         // A stream's records carry the headers already (its route says its shard).
         let pinned = record.topic == self.membership_topic;
+        let inner = &self.share.inner;
         let sent = if !pinned && record.headers.get("ce_shard").is_some() {
-            self.inner.send(record, receipt)
+            inner.send(record, receipt)
         } else {
             let mut record = record.clone();
             if pinned {
@@ -114,45 +112,43 @@ impl Producer for ShardProducer {
             }
             record.headers.push("ce_shard", &[&self.shard.to_string()]);
             record.headers.push("ce_ownerepoch", &[&self.epoch]);
-            self.inner.send(&record, receipt)
+            inner.send(&record, receipt)
         };
         // A receipt handed back was not taken: it is not the term's to wait for.
-        sent.map_err(|refused| match refused {
-            Refused::Full(mut r) => {
+        sent.map_err(|mut refused| {
+            if let Refused::Full(r) | Refused::TooLarge(r) = &mut refused {
                 r.uncount();
-                Refused::Full(r)
             }
-            Refused::TooLarge(mut r) => {
-                r.uncount();
-                Refused::TooLarge(r)
-            }
-            other => other,
+            refused
         })
     }
 
     /// Waits for this term's records only.
     fn flush(&self, timeout: Duration) -> Result<(), FlushError> {
-        if self.tally.wait(timeout) {
+        if self.share.tally.wait(timeout) {
             return Ok(());
         }
         Err(FlushError::Undelivered {
-            pending: self.tally.pending(),
+            pending: self.share.tally.pending(),
         })
     }
 
     fn purge(&self) {
-        self.inner.purge()
+        self.share.inner.purge()
     }
 
     fn fatal(&self) -> Option<String> {
-        self.inner.fatal()
+        self.share.inner.fatal()
     }
 }
 
-/// A term's share of the replica's producer, as [`Relay::settle`] ends it.
+/// A term's share of the replica's producer: the producer, the term's records not yet
+/// reported, and whether the share still takes records ([`Relay::settle`] ends it).
+#[derive(Clone)]
 struct Share {
     inner: Arc<dyn Producer>,
     tally: Arc<Tally>,
+    /// Cancelled once the term is fenced or over: nothing more is taken.
     closed: CancellationToken,
 }
 
@@ -512,10 +508,7 @@ impl Relay {
                     None
                 }
             };
-            let left = self.settle(shard, share, stopped, drain).await;
-            if left > 0 {
-                tracing::error!(shard, undelivered = left, "handed the shard over with records undelivered: purged this replica's producer so that none lands after the next owner's; the other shards replay theirs from their checkpoints");
-            }
+            self.settle(shard, share, stopped, drain).await;
             (shard, result)
         };
         (run, term)
@@ -580,13 +573,11 @@ impl Relay {
             Sink::Given(..) => (log.clone(), log.clone()),
         };
         let producer: Arc<dyn Producer> = Arc::new(ShardProducer {
-            inner: share.inner.clone(),
+            share: share.clone(),
             membership_topic: membership_topic.clone(),
             shard,
             epoch: epoch.to_string(),
             deadline: deadline.clone(),
-            closed: share.closed.clone(),
-            tally: share.tally.clone(),
             records: self
                 .metrics
                 .shard_records
@@ -621,32 +612,30 @@ impl Relay {
         stop: CancellationToken,
         fenced: CancellationToken,
     ) -> Result<(), RelayError> {
-        {
-            loop {
-                let to = Target {
-                    shard,
-                    producer: &plan.producer,
-                    store: &plan.store,
-                    owner: &plan.owner,
-                    topic: &plan.membership_topic,
-                };
-                // A shard revoked while it copies stops at once: the copy is repeated by whoever
-                // owns it next.
-                let copied = tokio::select! {
-                    _ = stop.cancelled() => return Ok(()),
-                    copied = self.migrate(to, legacy, old_log, &stop) => copied,
-                };
-                let Err(e) = copied else {
-                    break;
-                };
-                tracing::warn!(shard, error = %e, "copying the single-leader state failed; retrying");
-                tokio::select! {
-                    _ = stop.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(RETRY) => {}
-                }
+        loop {
+            let to = Target {
+                shard,
+                producer: &plan.producer,
+                store: &plan.store,
+                owner: &plan.owner,
+                topic: &plan.membership_topic,
+            };
+            // A shard revoked while it copies stops at once: the copy is repeated by whoever
+            // owns it next.
+            let copied = tokio::select! {
+                _ = stop.cancelled() => return Ok(()),
+                copied = self.migrate(to, legacy, old_log, &stop) => copied,
+            };
+            let Err(e) = copied else {
+                break;
+            };
+            tracing::warn!(shard, error = %e, "copying the single-leader state failed; retrying");
+            tokio::select! {
+                _ = stop.cancelled() => return Ok(()),
+                _ = tokio::time::sleep(RETRY) => {}
             }
-            self.run_term(plan, stop, fenced).await
         }
+        self.run_term(plan, stop, fenced).await
     }
 
     /// Ends a term's share of the producer, whatever stopped the term (a revoke in any phase,
@@ -654,14 +643,14 @@ impl Relay {
     /// counted from the stop (`None`: the term ended by itself, nothing is waited for); any
     /// still unreported then are purged, with every other record of the replica's producer
     /// (their streams replay them from their checkpoints), so that none lands after the next
-    /// owner's records. Nothing more is taken for the shard. How many records were purged.
+    /// owner's records. Nothing more is taken for the shard.
     async fn settle(
         &self,
         shard: u32,
         share: Share,
         stopped: Option<tokio::time::Instant>,
         drain: Duration,
-    ) -> usize {
+    ) {
         let budget = stopped.map_or(Duration::ZERO, |at| {
             (at + drain).saturating_duration_since(tokio::time::Instant::now())
         });
@@ -671,14 +660,11 @@ impl Relay {
             .unwrap_or(false);
         share.closed.cancel();
         if drained {
-            return 0;
+            return;
         }
-        let left = share.tally.pending();
+        tracing::error!(shard, undelivered = share.tally.pending(), "handing the shard over with records undelivered: purging this replica's producer so that none lands after the next owner's; the other shards replay theirs from their checkpoints");
         self.metrics.shard_handover_purges.inc();
-        let inner = share.inner.clone();
-        let _ = tokio::task::spawn_blocking(move || inner.purge()).await;
-        tracing::debug!(shard, left, "purged");
-        left
+        let _ = tokio::task::spawn_blocking(move || share.inner.purge()).await;
     }
 
     /// The starting shards of `book` whose streams all watch (a shard of no stream is taken
@@ -874,13 +860,15 @@ mod tests {
 
     fn producer(memory: &Arc<Memory>, deadline: &Arc<Deadline>) -> ShardProducer {
         ShardProducer {
-            inner: memory.clone(),
+            share: Share {
+                inner: memory.clone(),
+                tally: Tally::new(),
+                closed: CancellationToken::new(),
+            },
             membership_topic: "m".into(),
             shard: 5,
             epoch: "7".into(),
             deadline: deadline.clone(),
-            closed: CancellationToken::new(),
-            tally: Tally::new(),
             records: IntCounter::new("records", "records").unwrap(),
         }
     }
@@ -903,11 +891,11 @@ mod tests {
         );
         p.send(&record("pods", Headers::default()), receipt())
             .unwrap();
-        assert_eq!(p.tally.pending(), 1);
+        assert_eq!(p.share.tally.pending(), 1);
         assert!(p.flush(Duration::from_millis(10)).is_err());
         // Reported (here purged): no longer pending.
         memory.purge();
-        assert_eq!(p.tally.pending(), 0);
+        assert_eq!(p.share.tally.pending(), 0);
         assert!(p.flush(Duration::ZERO).is_ok());
     }
 
@@ -917,7 +905,7 @@ mod tests {
         let deadline = Arc::new(Deadline::new(Duration::from_secs(60)));
         deadline.renew(Instant::now());
         let p = producer(&memory, &deadline);
-        p.closed.cancel();
+        p.share.closed.cancel();
         assert!(matches!(
             p.send(&record("pods", Headers::default()), receipt()),
             Err(Refused::Failed(_))
