@@ -385,8 +385,7 @@ impl Producer for Lane {
                 .as_ref()
                 .is_some_and(|p| record.topic.starts_with(p.as_str()));
             // A partition's order: behind what is held, everything waits.
-            if stalled || !s.held.is_empty() && s.held.iter().any(|(r, _)| r.topic == record.topic)
-            {
+            if stalled || s.held.iter().any(|(r, _)| r.topic == record.topic) {
                 s.held.push_back((record.clone(), receipt));
                 return Ok(());
             }

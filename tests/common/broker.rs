@@ -30,6 +30,18 @@ fn script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/broker.sh")
 }
 
+/// Runs `cmd` (a `scripts/broker.sh` command) and returns what it printed, trimmed; panics
+/// with `failed` and its errors when it fails.
+fn run(cmd: &mut Command, failed: &str) -> String {
+    let out = cmd.output().expect("scripts/broker.sh runs");
+    assert!(
+        out.status.success(),
+        "{failed}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
 impl OwnBroker {
     /// Starts a broker advertising `advertised` (a proxy's port) to its clients.
     pub fn start_advertising(advertised: u16) -> Self {
@@ -60,18 +72,13 @@ impl OwnBroker {
     /// stays its controller.
     pub fn join(&self) -> OwnBroker {
         let dir = tempfile::tempdir().unwrap();
-        let out = Command::new(script())
-            .arg("join")
-            .arg(dir.path())
-            .arg(self.dir.path())
-            .output()
-            .expect("scripts/broker.sh runs");
-        assert!(
-            out.status.success(),
-            "the second broker did not start: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let bootstrap = run(
+            Command::new(script())
+                .arg("join")
+                .arg(dir.path())
+                .arg(self.dir.path()),
+            "the second broker did not start",
         );
-        let bootstrap = String::from_utf8(out.stdout).unwrap().trim().to_string();
         let port = bootstrap.rsplit(':').next().unwrap().parse().unwrap();
         OwnBroker {
             port,
@@ -84,15 +91,9 @@ impl OwnBroker {
     /// Starts again, as it was, a broker [`OwnBroker::stop`] stopped: its configuration, data
     /// and port.
     pub fn start_again(&self) {
-        let out = Command::new(script())
-            .arg("resume")
-            .arg(self.dir.path())
-            .output()
-            .expect("scripts/broker.sh runs");
-        assert!(
-            out.status.success(),
-            "the broker did not start again: {}",
-            String::from_utf8_lossy(&out.stderr)
+        run(
+            Command::new(script()).arg("resume").arg(self.dir.path()),
+            "the broker did not start again",
         );
     }
 
@@ -116,13 +117,7 @@ impl OwnBroker {
         if options.sasl {
             cmd.env("BROKER_SASL", "1");
         }
-        let out = cmd.output().expect("scripts/broker.sh runs");
-        assert!(
-            out.status.success(),
-            "broker did not start: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap().trim().to_string()
+        run(&mut cmd, "broker did not start")
     }
 
     /// Runs one of Kafka's tools against this broker as its super user, e.g.
