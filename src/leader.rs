@@ -320,9 +320,6 @@ impl Elector {
 /// The holder of a Lease parked by a sharded release: it never expires.
 pub const PARKED: &str = "sharded";
 
-/// How often a check the API server did not answer is tried again.
-const CHECK_RETRY: Duration = Duration::from_secs(2);
-
 /// `Err(why and what to do)` when the release of `cfg` ran sharded: going back to a single
 /// leader in place is not supported. The single leader would resume from the positions and the
 /// membership it had before sharding, missing what the shards relayed since (deletions never
@@ -330,8 +327,8 @@ const CHECK_RETRY: Duration = Duration::from_secs(2);
 /// Either marker says so: the leader Lease parked (every sharded replica parks it before any
 /// shard runs; a Lease it may not read, without election, is not one), or the release's
 /// checkpoint ConfigMap annotated by a sharded replica (its sharding, recorded before any shard
-/// runs, or its shards' owners, recorded by versions before that). Retried until the API server answers; `Ok`
-/// when `cancel` comes first.
+/// runs, or its shards' owners, recorded by versions before that). Read until the API server
+/// answers ([`crate::checkpoint::until_read`]); `Ok` when `cancel` comes first.
 pub async fn refuse_unsharding(
     client: &kube::Client,
     cfg: &Config,
@@ -342,52 +339,41 @@ pub async fn refuse_unsharding(
     let lease_ns = le.namespace.as_deref().unwrap_or(&cp.namespace);
     let leases: Api<Lease> = Api::namespaced(client.clone(), lease_ns);
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &cp.namespace);
-    let found = loop {
-        let checked = async {
-            let parked = match leases.get_opt(&le.name).await {
-                Ok(lease) => lease
-                    .and_then(|l| l.spec?.holder_identity)
-                    .is_some_and(|h| h == PARKED),
-                Err(kube::Error::Api(s)) if s.code == 403 && !le.enabled => false,
-                Err(e) => return Err(e),
-            };
-            if parked {
-                return Ok(Some(format!(
-                    "its leader Lease {lease_ns}/{} is parked by sharded replicas",
-                    le.name
-                )));
-            }
-            let owners = match configmaps.get_opt(&cp.name).await {
-                Ok(cm) => cm.and_then(|cm| cm.metadata.annotations).and_then(|a| {
-                    [SHARDING_ANNOTATION, SHARD_OWNERS_ANNOTATION]
-                        .into_iter()
-                        .find(|k| a.contains_key(*k))
-                }),
-                // Reading it is the relay's first need anyway: it says so then.
-                Err(kube::Error::Api(s)) if s.code == 403 => None,
-                Err(e) => return Err(e),
-            };
-            Ok(owners.map(|key| {
-                format!(
-                    "its checkpoint ConfigMap {}/{} has the annotation {key}",
-                    cp.namespace, cp.name
-                )
-            }))
+    let check = || async {
+        let parked = match leases.get_opt(&le.name).await {
+            Ok(lease) => lease
+                .and_then(|l| l.spec?.holder_identity)
+                .is_some_and(|h| h == PARKED),
+            Err(kube::Error::Api(s)) if s.code == 403 && !le.enabled => false,
+            Err(e) => return Err(e),
         };
-        let checked = tokio::select! {
-            _ = cancel.cancelled() => return Ok(()),
-            c = checked => c,
-        };
-        match checked {
-            Ok(found) => break found,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot tell whether this release ran sharded; retrying");
-                tokio::select! {
-                    _ = cancel.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(CHECK_RETRY) => {}
-                }
-            }
+        if parked {
+            return Ok(Some(format!(
+                "its leader Lease {lease_ns}/{} is parked by sharded replicas",
+                le.name
+            )));
         }
+        let owners = match configmaps.get_opt(&cp.name).await {
+            Ok(cm) => cm.and_then(|cm| cm.metadata.annotations).and_then(|a| {
+                [SHARDING_ANNOTATION, SHARD_OWNERS_ANNOTATION]
+                    .into_iter()
+                    .find(|k| a.contains_key(*k))
+            }),
+            // Reading it is the relay's first need anyway: it says so then.
+            Err(kube::Error::Api(s)) if s.code == 403 => None,
+            Err(e) => return Err(e),
+        };
+        Ok(owners.map(|key| {
+            format!(
+                "its checkpoint ConfigMap {}/{} has the annotation {key}",
+                cp.namespace, cp.name
+            )
+        }))
+    };
+    let read =
+        crate::checkpoint::until_read("telling whether this release ran sharded", cancel, check);
+    let Some(found) = read.await else {
+        return Ok(());
     };
     match found {
         None => Ok(()),

@@ -26,6 +26,43 @@ mod store;
 
 pub use store::{Ownership, Store, Written};
 
+/// The first and the longest wait between two attempts of [`until_read`].
+const READ_RETRY: (std::time::Duration, std::time::Duration) = (
+    std::time::Duration::from_millis(500),
+    std::time::Duration::from_secs(30),
+);
+
+/// What `attempt` reads, once it succeeds; `None` once `stop` fires first. An attempt that
+/// fails (the API server unreachable or overloaded, a ConfigMap forbidden) is logged as `what`
+/// failing and tried again with a doubling wait, never the end of the relay: nothing that
+/// needs the answer starts before it.
+pub async fn until_read<T, E, F>(
+    what: &str,
+    stop: &tokio_util::sync::CancellationToken,
+    mut attempt: impl FnMut() -> F,
+) -> Option<T>
+where
+    E: std::fmt::Display,
+    F: std::future::Future<Output = Result<T, E>>,
+{
+    let mut wait = READ_RETRY.0;
+    loop {
+        let error = tokio::select! {
+            _ = stop.cancelled() => return None,
+            read = attempt() => match read {
+                Ok(read) => return Some(read),
+                Err(e) => e,
+            },
+        };
+        tracing::warn!(%error, retry_in = ?wait, "{what} failed; nothing that needs it starts before it is read");
+        tokio::select! {
+            _ = stop.cancelled() => return None,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(READ_RETRY.1);
+    }
+}
+
 /// An annotation on the checkpoint ConfigMap that asks the running relay to relist and
 /// reconcile the streams of a channel (its name) or of every channel (`all`), re-announcing every
 /// object, or with a `;delta` suffix only those changed since each stream's position (see

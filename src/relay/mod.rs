@@ -31,30 +31,11 @@ use supervisor::Supervisor;
 /// How often the producer is checked for a fatal error.
 const FATAL_POLL: Duration = Duration::from_secs(1);
 
-/// The first and the longest wait between two attempts to read the checkpoints.
-const LOAD_RETRY: (Duration, Duration) = (Duration::from_millis(500), Duration::from_secs(30));
-
-/// The checkpoints of a term, read until the API server answers, or `None` once `stop` fires:
-/// a read that fails (the API server unreachable or overloaded, or the ConfigMap forbidden) is
-/// logged and tried again with a doubling wait, never the end of the relay; nothing starts
-/// before the positions are known.
+/// The checkpoints of a term, read until the API server answers (see
+/// [`crate::checkpoint::until_read`]), or `None` once `stop` fires: nothing starts before the
+/// positions are known.
 async fn load(store: &Store, stop: &CancellationToken) -> Option<Loaded> {
-    let mut wait = LOAD_RETRY.0;
-    loop {
-        let error = tokio::select! {
-            _ = stop.cancelled() => return None,
-            loaded = store.load() => match loaded {
-                Ok(loaded) => return Some(loaded),
-                Err(e) => e,
-            },
-        };
-        tracing::warn!(%error, retry_in = ?wait, "reading the checkpoints failed; nothing starts before they are read");
-        tokio::select! {
-            _ = stop.cancelled() => return None,
-            _ = tokio::time::sleep(wait) => {}
-        }
-        wait = (wait * 2).min(LOAD_RETRY.1);
-    }
+    crate::checkpoint::until_read("reading the checkpoints", stop, || store.load()).await
 }
 
 mod lifecycle;

@@ -25,15 +25,10 @@
 //! [`crossings`] is pure: the recorded streams in, the refused moves out; [`check`] reads the
 //! ConfigMaps.
 
-use std::time::Duration;
-
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::Store;
 use crate::config::{Channel, Config, Scope, Shape, ShardingConfig, StreamId};
-
-/// The longest wait between two attempts to read the ConfigMaps.
-const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// Reads the release's sharding mark and every shard's checkpoint ConfigMap, and says why this
 /// replica must not start (`Err`), if it must not: a shard count or shards' topic other than
@@ -44,36 +39,24 @@ pub(super) async fn check(
     client: &kube::Client,
     stop: &CancellationToken,
 ) -> Result<(), String> {
-    let mut wait = Duration::from_millis(500);
-    loop {
-        let read = tokio::select! {
-            _ = stop.cancelled() => return Ok(()),
-            read = read(cfg, client) => read,
-        };
-        match read {
-            Ok((mark, recorded)) => {
-                let ours = mark_of(cfg);
-                if mark != ours {
-                    return Err(format!(
-                        "this release's shards were made as `{mark}` (sharding.shards and the shards' topic), not `{ours}`: the shard count and topic cannot change for a release's checkpoints. Keep sharding.shards and sharding.topic as they were; a new count takes a new release (its own checkpoint.name and sharding.topic) that announces every object afresh"
-                    ));
-                }
-                let found = crossings(cfg, &recorded);
-                if found.is_empty() {
-                    return Ok(());
-                }
-                return Err(refusal(&found));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, retry_in = ?wait, "reading the shards' checkpoint ConfigMaps failed; nothing starts before they are read")
-            }
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return Ok(()),
-            _ = tokio::time::sleep(wait) => {}
-        }
-        wait = (wait * 2).min(RETRY_MAX);
+    let read =
+        crate::checkpoint::until_read("reading the shards' checkpoint ConfigMaps", stop, || {
+            read(cfg, client)
+        });
+    let Some((mark, recorded)) = read.await else {
+        return Ok(());
+    };
+    let ours = mark_of(cfg);
+    if mark != ours {
+        return Err(format!(
+            "this release's shards were made as `{mark}` (sharding.shards and the shards' topic), not `{ours}`: the shard count and topic cannot change for a release's checkpoints. Keep sharding.shards and sharding.topic as they were; a new count takes a new release (its own checkpoint.name and sharding.topic) that announces every object afresh"
+        ));
     }
+    let found = crossings(cfg, &recorded);
+    if found.is_empty() {
+        return Ok(());
+    }
+    Err(refusal(&found))
 }
 
 /// The sharding mark of `cfg`: `<shards> <topic> <shard function>`. The function that maps a
