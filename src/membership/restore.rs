@@ -93,7 +93,9 @@ pub fn verify(
                 format!("checkpoint.membership.topic is {topic} but this relay's members are in {}: set it back, or remove the {MARK_KEY} entry of the checkpoint ConfigMap to start over in {topic} (objects deleted meanwhile may then never get a DELETED)", mark.topic),
             ));
         }
-        if mark.partitions != state.partitions {
+        // No topic has 0 partitions: a mark saying so was written from a broker's answer
+        // given before it knew the topic's partitions, and is rewritten with the count.
+        if mark.partitions != 0 && mark.partitions != state.partitions {
             return Err(problem(
                 "partitions",
                 format!("membership topic {topic} has {} partitions, {} when this relay last read it: records of one key may now be in two partitions, out of order; restore the partition count, or remove the {MARK_KEY} entry of the checkpoint ConfigMap after moving the topic's records", state.partitions, mark.partitions),
@@ -256,7 +258,15 @@ impl Restore<'_> {
         tracing::info!(topic = %self.topic, records = restored.records, members = restored.members(), member_bytes = restored.heap_bytes(), other_owners = restored.foreign, malformed = restored.malformed, seconds, "restored membership");
         match &loaded.mark {
             Some(mark) => {
-                verify_mark(self.topic, mark, restored.mark.as_deref()).map_err(Halt::Problem)?
+                verify_mark(self.topic, mark, restored.mark.as_deref()).map_err(Halt::Problem)?;
+                if mark.partitions == 0 {
+                    let mark = MembershipMark {
+                        partitions: state.partitions,
+                        ..mark.clone()
+                    };
+                    self.write_mark(&mark, stop).await?;
+                    loaded.mark = Some(mark);
+                }
             }
             None => {
                 self.adopt(loaded, &mut restored, stop).await?;
@@ -438,6 +448,11 @@ mod tests {
         assert_eq!(
             verify("n", &state(&compact, 3), Some(&mark("m", 3))).map_err(|p| p.reason),
             Err("changed")
+        );
+        assert_eq!(
+            verify("m", &state(&compact, 3), Some(&mark("m", 0))),
+            Ok(()),
+            "a count of 0 was read before the broker knew the topic, and is rewritten"
         );
         assert_eq!(verify_mark("m", &mark("m", 3), Some("m1")), Ok(()));
         assert_eq!(

@@ -18,11 +18,35 @@ mod write;
 pub use write::{adopt, send_all, SendError};
 
 /// How many partitions `topic` has in `md` (0 when it is not there).
-fn partitions(md: &rdkafka::metadata::Metadata, topic: &str) -> usize {
+fn partitions_in(md: &rdkafka::metadata::Metadata, topic: &str) -> usize {
     md.topics()
         .iter()
         .find(|t| t.name() == topic)
         .map_or(0, |t| t.partitions().len())
+}
+
+/// How many partitions `topic` has, read with `fetch` until the answer names at least one:
+/// a broker answers for a topic created a moment ago before it knows its partitions, and a
+/// count of 0 recorded then would later read as a changed topic. Gives up with
+/// [`TopicError::Other`] after `within`.
+fn partitions(
+    topic: &str,
+    within: std::time::Duration,
+    fetch: impl Fn() -> Result<rdkafka::metadata::Metadata, TopicError>,
+) -> Result<usize, TopicError> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let n = partitions_in(&fetch()?, topic);
+        if n > 0 {
+            return Ok(n);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(TopicError::Other(format!(
+                "the brokers name no partition of {topic} after {within:?}"
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
 
 /// What reading a topic hands each record to: its key, and its value (`None` for a tombstone).

@@ -69,13 +69,14 @@ pub(super) fn ensure_compacted(
             }
         }
     }
-    let md = admin
-        .inner()
-        .fetch_metadata(Some(topic), timeout)
-        .map_err(|e| {
-            TopicError::kafka(e, &format!("reading the metadata of {topic}"), &describe)
-        })?;
-    let partitions = super::partitions(&md, topic);
+    let partitions = super::partitions(topic, timeout, || {
+        admin
+            .inner()
+            .fetch_metadata(Some(topic), timeout)
+            .map_err(|e| {
+                TopicError::kafka(e, &format!("reading the metadata of {topic}"), &describe)
+            })
+    })?;
     let described = futures::executor::block_on(
         admin.describe_configs([&ResourceSpecifier::Topic(topic)], &options),
     )
