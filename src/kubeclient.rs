@@ -70,3 +70,24 @@ fn build(mut config: kube::Config, k: &KubernetesConfig) -> Result<kube::Client,
     config.default_retry = false;
     Ok(kube::Client::try_from(config)?)
 }
+
+/// Where a client is built from, for a part of the relay that builds its own on a runtime of
+/// its own (the API server's reachability probe): a client is bound to the runtime it was built
+/// on, and a busy runtime must not slow its probe.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// As [`connect`] finds the cluster `kubernetes` names.
+    Configured(KubernetesConfig),
+    /// As [`at`] reaches `url`.
+    At(http::Uri, KubernetesConfig),
+}
+
+impl Target {
+    /// A client of this target.
+    pub async fn connect(&self) -> Result<kube::Client, ClientError> {
+        match self {
+            Target::Configured(k) => connect(k).await,
+            Target::At(url, k) => at(url.clone(), k),
+        }
+    }
+}

@@ -41,6 +41,7 @@ async fn load(store: &Store, stop: &CancellationToken) -> Option<Loaded> {
 mod lifecycle;
 mod migrate;
 mod moves;
+mod reach;
 mod shapes;
 mod shards;
 mod supervisor;
@@ -103,6 +104,8 @@ pub struct Relay {
     /// The permits of `kubernetes.maxConcurrentSyncs`, one set for the process: shared by every
     /// term, so a replica owning many shards still runs that many syncs at most.
     syncs: Arc<tokio::sync::Semaphore>,
+    /// Where the API server's reachability probe builds its own client, with sharding on.
+    probe: crate::kubeclient::Target,
 }
 
 impl Relay {
@@ -117,6 +120,7 @@ impl Relay {
             cfg.kubernetes.max_concurrent_syncs as usize,
         ));
         Self {
+            probe: crate::kubeclient::Target::Configured(cfg.kubernetes.clone()),
             cfg: Arc::new(cfg),
             client,
             syncs,
@@ -141,6 +145,13 @@ impl Relay {
     /// `log`.
     pub fn with_producer(mut self, producer: Arc<dyn Producer>, log: Arc<dyn Log>) -> Self {
         self.sink = Sink::Given(producer, log);
+        self
+    }
+
+    /// Probes the API server's reachability with a client of `target` (by default, the
+    /// cluster `kubernetes` names), built on the probe's own runtime.
+    pub fn with_probe(mut self, target: crate::kubeclient::Target) -> Self {
+        self.probe = target;
         self
     }
 

@@ -30,7 +30,7 @@
 //! once it answers.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -41,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::lifecycle::{self, Action, Input, Phase};
 use super::migrate::{LegacyCell, Target};
+use super::reach::{Reach, PROBE};
 use super::{Relay, RelayError, Sink, Term};
 use crate::checkpoint::{Ownership, Store};
 use crate::config::{Config, ShardingConfig, CHECKPOINT_RESERVE};
@@ -170,47 +171,6 @@ struct Member {
     passes: Arc<AtomicBool>,
 }
 
-/// When the API server last answered, as a probe every [`PROBE`] sees it.
-struct Reach {
-    base: Instant,
-    /// Milliseconds past `base`.
-    answered: AtomicU64,
-}
-
-/// How often the API server is probed, and how long a probe may take.
-const PROBE: Duration = Duration::from_secs(2);
-
-impl Reach {
-    /// Probes through `client` until `stop`.
-    fn start(client: kube::Client, stop: CancellationToken) -> Arc<Self> {
-        let reach = Arc::new(Self {
-            base: Instant::now(),
-            answered: AtomicU64::new(0),
-        });
-        let r = reach.clone();
-        tokio::spawn(async move {
-            loop {
-                let probe = tokio::time::timeout(PROBE, client.apiserver_version());
-                if let Ok(Ok(_)) = probe.await {
-                    let now = u64::try_from(r.base.elapsed().as_millis()).unwrap_or(u64::MAX);
-                    r.answered.store(now, Ordering::Relaxed);
-                }
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(PROBE) => {}
-                }
-            }
-        });
-        reach
-    }
-
-    /// How long the API server has not answered.
-    fn silent(&self) -> Duration {
-        let answered = Duration::from_millis(self.answered.load(Ordering::Relaxed));
-        self.base.elapsed().saturating_sub(answered)
-    }
-}
-
 impl Relay {
     /// Relays the shards this replica owns until shut down, then hands them over and leaves
     /// the group. A replica that cannot reach the API server for
@@ -252,7 +212,7 @@ impl Relay {
         ));
         let probing = CancellationToken::new();
         let _probing = probing.clone().drop_guard();
-        let reach = Reach::start(self.client.clone(), probing);
+        let reach = Reach::start(self.probe.clone(), probing);
         let grace = Duration::from_secs(u64::from(cfg.sharding.api_unreachable_seconds));
         loop {
             match self.membership(&member, &reach).await? {

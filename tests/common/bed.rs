@@ -485,12 +485,13 @@ impl Relay {
             .unwrap();
         // Entered so the client's background tasks belong to the relay's runtime.
         let guard = runtime.enter();
-        let client = match url {
-            Some(url) => watchrelay::kubeclient::at(url.parse().expect("a url"), &cfg.kubernetes)
-                .expect("client"),
-            None => bed.client(&cfg.kubernetes),
-        };
-        let mut relay = watchrelay::Relay::new(cfg, client);
+        let url: http::Uri = url
+            .map_or_else(|| bed.sim.url(), str::to_string)
+            .parse()
+            .expect("a url");
+        let client = watchrelay::kubeclient::at(url.clone(), &cfg.kubernetes).expect("client");
+        let probe = watchrelay::kubeclient::Target::At(url, cfg.kubernetes.clone());
+        let mut relay = watchrelay::Relay::new(cfg, client).with_probe(probe);
         if let Some((p, log)) = producer {
             relay = relay.with_producer(p, log);
         }
