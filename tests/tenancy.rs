@@ -388,3 +388,56 @@ async fn a_release_refuses_a_topic_and_namespace_another_release_announced_on() 
         view::pods(&bed.sim, &["a", "b"], |_| true)
     );
 }
+
+/// The overlap check reads past its own topic: a sharded release sees a single leader's
+/// claims (in the single-leader topic), and a single leader sees a sharded release's (in
+/// every partition of the shards' topic).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_sees_the_claims_of_releases_of_the_other_kind() {
+    let bed = bed(&["a", "b"]).await;
+    for ns in ["a", "b"] {
+        bed.sim
+            .create("pods", Some(ns), objects::pod(ns, "p0"))
+            .unwrap();
+    }
+    let producer = Arc::new(Memory::new());
+    let refused = |relay: &Relay, id: &'static str| {
+        let registry = relay.registry.clone();
+        eventually(
+            move || {
+                registry
+                    .readiness()
+                    .problems
+                    .get(id)
+                    .is_some_and(|p| p.contains("another release"))
+            },
+            move || format!("{id} was not refused"),
+        )
+    };
+    let named = |mut cfg: Config, name: &str| {
+        cfg.checkpoint.name = name.into();
+        cfg.leader_election.name = name.into();
+        cfg
+    };
+    // A single leader on a, then a sharded release on a.
+    let single = start(&bed, pods_in(&bed, "a"), &producer);
+    single.wait_up(1).await;
+    single.stop().await;
+    let group = watchrelay::testing::MemoryGroup::default();
+    let cfg = common::bed::sharded(named(pods_in(&bed, "a"), "relay-b"), 4);
+    let shards_topic = cfg.sharding.topic.clone();
+    let sharded = Relay::start_in(&bed, cfg, producer.clone(), &group);
+    refused(&sharded, "watchNamespacedPods.a").await;
+    sharded.stop().await;
+    // A sharded release on b, then a single leader on b.
+    let group = watchrelay::testing::MemoryGroup::default();
+    let cfg = common::bed::sharded(named(pods_in(&bed, "b"), "relay-c"), 4);
+    let sharded = Relay::start_in(&bed, cfg, producer.clone(), &group);
+    sharded.wait_up(1).await;
+    sharded.stop().await;
+    let mut cfg = named(pods_in(&bed, "b"), "relay-d");
+    cfg.sharding.topic = shards_topic;
+    let single = start(&bed, cfg, &producer);
+    refused(&single, "watchNamespacedPods.b").await;
+    single.stop().await;
+}

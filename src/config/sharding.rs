@@ -114,6 +114,16 @@ impl ShardingConfig {
         format!("{checkpoint}-s{shard}")
     }
 
+    /// Whether the checkpoint ConfigMap `name` is the release's own (`checkpoint`) or one of
+    /// its shards', whatever their number.
+    pub fn of_release(checkpoint: &str, name: &str) -> bool {
+        name == checkpoint
+            || name
+                .strip_prefix(checkpoint)
+                .and_then(|rest| rest.strip_prefix("-s"))
+                .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
+    }
+
     /// The checkpoint ConfigMaps of every shard.
     pub fn configmaps(&self, checkpoint: &str) -> Vec<String> {
         (0..self.shards)

@@ -67,6 +67,27 @@ impl Restored {
         }
     }
 
+    /// A read that keeps only other owners' claims: every record counts as another owner's
+    /// (no owner's ConfigMap has an empty namespace and name), so no member is held.
+    pub fn claims_only() -> Self {
+        Self::new(Owner::new("", ""), None)
+    }
+
+    /// The live claims read, once [`Restored::finish`]ed.
+    pub fn into_claims(self) -> Vec<Claim> {
+        self.claims.into_values().flatten().collect()
+    }
+
+    /// Adds claims read elsewhere (other topics, other partitions) to the ones checked.
+    pub fn add_claims(&mut self, claims: &[Claim]) {
+        for claim in claims {
+            let here = self.claims.entry(claim.namespace.clone()).or_default();
+            if !here.contains(claim) {
+                here.push(claim.clone());
+            }
+        }
+    }
+
     /// Another owner's membership record: what it claims while its member lives.
     fn apply_foreign(&mut self, owner: &str, key: &str, value: Option<&[u8]>) {
         use std::hash::{Hash, Hasher};

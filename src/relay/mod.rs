@@ -26,6 +26,7 @@ use crate::metrics::Metrics;
 use crate::producer::{self, Producer};
 use crate::registry::{self, Part, Registry, Role};
 use crate::stream::Wiring;
+use others::Others;
 use supervisor::Supervisor;
 
 /// How often the producer is checked for a fatal error.
@@ -41,6 +42,7 @@ async fn load(store: &Store, stop: &CancellationToken) -> Option<Loaded> {
 mod lifecycle;
 mod migrate;
 mod moves;
+mod others;
 mod reach;
 mod shapes;
 mod shards;
@@ -65,7 +67,12 @@ struct Term {
     part: Part,
     /// The shard, and its owner epoch, it runs (with sharding on).
     shard: Option<ShardOwner>,
+    /// Other releases' claims its streams are checked against, beyond its own topic's.
+    others: Others,
 }
+
+/// How long to wait before trying again what must be read or set up in Kafka before a term.
+const RETRY: Duration = Duration::from_secs(5);
 
 /// Why the relay stopped before its shutdown was asked for.
 #[derive(Debug, Error)]
@@ -273,6 +280,13 @@ impl Relay {
             partitions: self.cfg.checkpoint.membership.partitions.unwrap_or(1),
             part: registry::whole(),
             shard: None,
+            // Sharded releases of the cluster keep their members in the shards' topic.
+            others: Others::In(
+                Some(self.cfg.sharding.topic(&self.cfg.cluster_name))
+                    .filter(|t| *t != self.cfg.checkpoint.membership.topic(&self.cfg.cluster_name))
+                    .into_iter()
+                    .collect(),
+            ),
         };
         self.run_term(plan, stop, fenced).await
     }
@@ -306,6 +320,7 @@ impl Relay {
             partitions,
             part,
             shard,
+            others,
         } = plan;
         let mut loaded = if self.checkpoints {
             let Some(loaded) = load(&store, &stop).await else {
@@ -335,6 +350,14 @@ impl Relay {
                 return Ok(());
             };
             members = restored;
+            let others = match others {
+                Others::Read(claims) => Some(claims),
+                Others::In(topics) => self.read_others(&log, &topics, &stop).await,
+            };
+            let Some(others) = others else {
+                return Ok(());
+            };
+            members.add_claims(&others);
             if let Some(copied) = members.writes.filter(|&w| w > store.writes()) {
                 // The ConfigMap is older than what was relayed from it: the cluster was
                 // restored while the relay was down. No position of it may be resumed.

@@ -41,8 +41,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::lifecycle::{self, Action, Input, Phase};
 use super::migrate::{LegacyCell, Target};
+use super::others::Others;
 use super::reach::{Reach, PROBE};
-use super::{Relay, RelayError, Sink, Term};
+use super::{Relay, RelayError, Sink, Term, RETRY};
 use crate::checkpoint::{Ownership, Store};
 use crate::config::{Config, ShardingConfig, CHECKPOINT_RESERVE};
 use crate::envelope::ShardOwner;
@@ -54,9 +55,6 @@ use crate::registry::{self, Role};
 
 /// How often the ownership deadline and the takeovers are looked at.
 const TICK: Duration = Duration::from_millis(200);
-
-/// How long to wait before trying again to set the group's topic up.
-const RETRY: Duration = Duration::from_secs(5);
 
 /// A shard the group assigned this replica, with its owner epoch.
 struct Claim {
@@ -169,6 +167,10 @@ struct Member {
     legacy: LegacyCell,
     /// Whether this replica relays shard 0, and so passes resync requests on.
     passes: Arc<AtomicBool>,
+    /// Other releases' live claims in the single-leader topic and every partition of the
+    /// shards' topic, read once at the replica's start: what each shard's streams are checked
+    /// against beyond its own partition.
+    others: Arc<[membership::Claim]>,
 }
 
 impl Relay {
@@ -195,12 +197,21 @@ impl Relay {
         if !elector.park(&self.shutdown).await {
             return Ok(());
         }
+        let mut topics = vec![cfg.sharding.topic(&cfg.cluster_name)];
+        let single = cfg.checkpoint.membership.topic(&cfg.cluster_name);
+        if !topics.contains(&single) {
+            topics.push(single);
+        }
+        let Some(others) = self.read_others(&log, &topics, &self.shutdown).await else {
+            return Ok(());
+        };
         let member = Member {
             producer,
             log,
             identity: crate::leader::identity(&cfg.leader_election),
             legacy: LegacyCell::default(),
             passes: Arc::default(),
+            others,
         };
         let passing = CancellationToken::new();
         let _passing = passing.clone().drop_guard();
@@ -235,11 +246,7 @@ impl Relay {
     async fn membership(&self, member: &Member, reach: &Reach) -> Result<Left, RelayError> {
         let cfg = &self.cfg;
         let Member {
-            producer,
-            log,
-            identity,
-            legacy,
-            passes,
+            identity, passes, ..
         } = member;
         let handover = cfg.drain_time() + CHECKPOINT_RESERVE;
         let grace = Duration::from_secs(u64::from(cfg.sharding.api_unreachable_seconds));
@@ -345,14 +352,8 @@ impl Relay {
             for (shard, action) in todo {
                 match action {
                     Action::Start(epoch) => {
-                        let (run, term) = self.start_shard(
-                            Claim { shard, epoch },
-                            producer,
-                            log,
-                            identity,
-                            &deadline,
-                            legacy,
-                        );
+                        let (run, term) =
+                            self.start_shard(Claim { shard, epoch }, member, &deadline);
                         book.terms.insert(shard, run);
                         terms.push(term);
                     }
@@ -420,11 +421,8 @@ impl Relay {
     fn start_shard<'a>(
         &'a self,
         claim: Claim,
-        producer: &Arc<dyn Producer>,
-        log: &Arc<dyn Log>,
-        identity: &str,
+        member: &Member,
         deadline: &Arc<Deadline>,
-        legacy: &LegacyCell,
     ) -> (
         Running,
         impl std::future::Future<Output = (u32, Result<(), RelayError>)> + 'a,
@@ -432,17 +430,22 @@ impl Relay {
         let Claim { shard, epoch } = claim;
         let cfg = &self.cfg;
         let share = Share {
-            inner: producer.clone(),
+            inner: member.producer.clone(),
             tally: Tally::new(),
             closed: CancellationToken::new(),
         };
-        let (log, identity, deadline) = (log.clone(), identity.to_string(), deadline.clone());
+        let (log, identity, deadline) = (
+            member.log.clone(),
+            member.identity.clone(),
+            deadline.clone(),
+        );
+        let others = member.others.clone();
         let run = Running {
             stop: CancellationToken::new(),
             fenced: CancellationToken::new(),
             claimed: Instant::now(),
         };
-        let (stop, fenced, legacy) = (run.stop.clone(), run.fenced.clone(), legacy.clone());
+        let (stop, fenced, legacy) = (run.stop.clone(), run.fenced.clone(), member.legacy.clone());
         let drain = cfg.drain_time();
         let term = async move {
             let stopped = {
@@ -454,8 +457,9 @@ impl Relay {
             };
             let result = match self.stamp_epoch(shard, epoch, &identity, &stop).await {
                 Some(epoch) => {
-                    let (plan, old_log) =
+                    let (mut plan, old_log) =
                         self.plan(shard, epoch, &share, &log, &identity, &deadline);
+                    plan.others = Others::Read(others);
                     self.shard_term(shard, plan, &legacy, &old_log, stop, fenced)
                         .await
                 }
@@ -557,6 +561,7 @@ impl Relay {
             partitions: sharding.shards.cast_signed(),
             part: Arc::new(move |id| sharding.shard_of_stream(id) == shard),
             shard: Some(ShardOwner { shard, epoch }),
+            others: Others::Read(Arc::new([])),
         };
         (plan, old_log)
     }

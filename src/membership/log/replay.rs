@@ -75,15 +75,15 @@ pub(super) fn replay(
     let consumer: BaseConsumer = settings
         .create()
         .map_err(|e| TopicError::kafka(e, "creating a consumer", ""))?;
-    let partitions = super::partitions(topic, timeout, || {
-        consumer.fetch_metadata(Some(topic), timeout).map_err(|e| {
-            TopicError::kafka(
-                e,
-                &format!("reading the metadata of {topic}"),
-                &format!("Describe on topic {topic}"),
-            )
-        })
+    // A topic that does not exist (a single leader's that never ran) reads as empty.
+    let md = consumer.fetch_metadata(Some(topic), timeout).map_err(|e| {
+        TopicError::kafka(
+            e,
+            &format!("reading the metadata of {topic}"),
+            &format!("Describe on topic {topic}"),
+        )
     })?;
+    let partitions = super::partitions_in(&md, topic);
     // Where reading stops: an end marker (a tombstone no stream owns) produced to every
     // partition now; the offset Kafka acknowledged for it is exact on any broker, unlike a
     // high watermark fetched separately.

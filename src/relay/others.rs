@@ -1,0 +1,112 @@
+//! Other releases' claims, beyond what a term restores.
+//!
+//! Before a stream starts, the overlap check refuses it when another release's live members
+//! announced objects of its scope on its topic (the two would interleave on each key). A term
+//! restores only its own membership topic, or its shard's partition of it, so a release on the
+//! other kind of topic (a single leader against a sharded release) or in another partition (any
+//! release's cluster-wide stream, a release with another shard count) went unseen. A term now
+//! also reads the claims in the other topics, every partition: a single leader at each term's
+//! start (the shards' topic), a sharded replica once when it joins the group (the single-leader
+//! topic and the shards' topic), for all the shards it owns since.
+//!
+//! A topic the release may not read (ACLs) is skipped with a warning. What an owner of this
+//! release claims (its single leader's ConfigMap, or any of its shards',
+//! whatever their number) is not another release's.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+
+use super::Relay;
+use crate::config::ShardingConfig;
+use crate::membership::{Claim, Log, Restored, TopicError};
+
+/// Claims of other releases a term checks its streams against, beyond those it restores.
+#[derive(Clone, Debug)]
+pub(super) enum Others {
+    /// To be read when the term starts, from these topics.
+    In(Vec<String>),
+    /// Read already, for every term of the replica.
+    Read(Arc<[Claim]>),
+}
+
+impl Relay {
+    /// Whether `owner` (`<namespace>/<name>` of a checkpoint ConfigMap) is this release's.
+    fn ours(&self, owner: &str) -> bool {
+        let c = &self.cfg.checkpoint;
+        owner
+            .strip_prefix(c.namespace.as_str())
+            .and_then(|rest| rest.strip_prefix('/'))
+            .is_some_and(|name| ShardingConfig::of_release(&c.name, name))
+    }
+
+    /// The live claims of other releases in `topics`, read by `log` (every partition), tried
+    /// again until read; `None` once `stop`.
+    pub(super) async fn read_others(
+        &self,
+        log: &Arc<dyn Log>,
+        topics: &[String],
+        stop: &CancellationToken,
+    ) -> Option<Arc<[Claim]>> {
+        loop {
+            let started = Instant::now();
+            let (log, list) = (log.clone(), topics.to_vec());
+            let read = tokio::task::spawn_blocking(move || {
+                let mut claims = Vec::new();
+                for topic in &list {
+                    let mut read = Restored::claims_only();
+                    match log.replay(topic, &mut |k, v| read.apply(k, v), &|| false) {
+                        Ok(()) => {}
+                        // A topic this release may not read is checked by nothing here,
+                        // but does not keep the release from relaying.
+                        Err(TopicError::Unauthorized(e)) => {
+                            tracing::warn!(%topic, error = %e, "not allowed to read other releases' claims; streams are not checked against them");
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                    read.finish();
+                    claims.extend(read.into_claims());
+                }
+                Ok::<_, TopicError>(claims)
+            });
+            let failed = tokio::select! {
+                _ = stop.cancelled() => return None,
+                read = read => match read {
+                    Ok(Ok(claims)) => {
+                        let claims: Arc<[Claim]> =
+                            claims.into_iter().filter(|c| !self.ours(&c.owner)).collect();
+                        tracing::info!(?topics, claims = claims.len(), seconds = started.elapsed().as_secs_f64(), "read other releases' claims");
+                        return Some(claims);
+                    }
+                    Ok(Err(e)) => e.to_string(),
+                    Err(e) => e.to_string(),
+                },
+            };
+            tracing::warn!(?topics, error = %failed, "reading other releases' claims failed; retrying");
+            tokio::select! {
+                _ = stop.cancelled() => return None,
+                _ = tokio::time::sleep(super::RETRY) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::ShardingConfig;
+
+    #[test]
+    fn a_release_owns_its_configmap_and_every_shards() {
+        let ours = |name| ShardingConfig::of_release("relay", name);
+        assert!(ours("relay"));
+        assert!(ours("relay-s0"));
+        assert!(ours("relay-s63"));
+        assert!(!ours("relay-s"));
+        assert!(!ours("relay-b"));
+        assert!(!ours("relay-s1x"));
+        assert!(!ours("relay2"));
+        assert!(!ours("other-s1"));
+    }
+}
