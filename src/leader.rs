@@ -324,61 +324,92 @@ pub const PARKED: &str = "sharded";
 /// leader in place is not supported. The single leader would resume from the positions and the
 /// membership it had before sharding, missing what the shards relayed since (deletions never
 /// retracted), and with leader election on it would stand by forever behind the parked Lease.
-/// Either marker says so: the leader Lease parked (every sharded replica parks it before any
-/// shard runs; a Lease it may not read, without election, is not one), or the release's
-/// checkpoint ConfigMap annotated by a sharded replica (its sharding, recorded before any shard
-/// runs, or its shards' owners, recorded by versions before that). Read until the API server
-/// answers ([`crate::checkpoint::until_read`]); `Ok` when `cancel` comes first.
+/// Read until the API server answers ([`crate::checkpoint::until_read`]); `Ok` when `cancel`
+/// comes first.
 pub async fn refuse_unsharding(
     client: &kube::Client,
     cfg: &Config,
     cancel: &CancellationToken,
 ) -> Result<(), String> {
+    let read =
+        crate::checkpoint::until_read("telling whether this release ran sharded", cancel, || {
+            sharded_marker(client, cfg)
+        });
+    match read.await.flatten() {
+        None => Ok(()),
+        Some(marker) => Err(unsharding_refusal(&marker)),
+    }
+}
+
+/// Why a release that ran sharded (as `marker` says) does not relay as a single leader, and
+/// the safe ways.
+pub fn unsharding_refusal(marker: &str) -> String {
+    format!(
+        "this release ran sharded ({marker}), and turning sharding.enabled off in place is not supported: a single leader would resume from the positions it had before sharding and miss what the shards relayed since. Keep sharding.enabled: true with sharding.shards and sharding.topic as they are (replicas: 1 for a single relaying replica), or deploy a new release with its own checkpoint.name and leaderElection.name next to this one and remove this one once the new one is ready"
+    )
+}
+
+/// How long ago the leader Lease of `cfg` was parked, when no single leader ever held it (the
+/// release ran without leader election; a sharded replica created the Lease to park it, so it
+/// never changed hands); `None` otherwise.
+pub async fn parked_unheld_for(
+    client: &kube::Client,
+    cfg: &Config,
+) -> Result<Option<Duration>, kube::Error> {
+    let le = &cfg.leader_election;
+    let lease_ns = le.namespace.as_deref().unwrap_or(&cfg.checkpoint.namespace);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), lease_ns);
+    let spec = leases.get_opt(&le.name).await?.and_then(|l| l.spec);
+    let parked_at = spec
+        .filter(|s| s.holder_identity.as_deref() == Some(PARKED))
+        .filter(|s| s.lease_transitions.unwrap_or(0) == 0)
+        .and_then(|s| s.renew_time);
+    Ok(parked_at.map(|at| {
+        Duration::try_from(Timestamp::now().duration_since(at.0)).unwrap_or(Duration::ZERO)
+    }))
+}
+
+/// What says the release of `cfg` runs (or ran) sharded, read once: the leader Lease parked
+/// (every sharded replica parks it before any shard runs; a Lease it may not read, without
+/// election, is not one), or the release's checkpoint ConfigMap annotated by a sharded replica
+/// (its sharding, recorded before any shard runs, or its shards' owners, recorded by versions
+/// before that).
+pub async fn sharded_marker(
+    client: &kube::Client,
+    cfg: &Config,
+) -> Result<Option<String>, kube::Error> {
     let le = &cfg.leader_election;
     let cp = &cfg.checkpoint;
     let lease_ns = le.namespace.as_deref().unwrap_or(&cp.namespace);
     let leases: Api<Lease> = Api::namespaced(client.clone(), lease_ns);
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &cp.namespace);
-    let check = || async {
-        let parked = match leases.get_opt(&le.name).await {
-            Ok(lease) => lease
-                .and_then(|l| l.spec?.holder_identity)
-                .is_some_and(|h| h == PARKED),
-            Err(kube::Error::Api(s)) if s.code == 403 && !le.enabled => false,
-            Err(e) => return Err(e),
-        };
-        if parked {
-            return Ok(Some(format!(
-                "its leader Lease {lease_ns}/{} is parked by sharded replicas",
-                le.name
-            )));
-        }
-        let owners = match configmaps.get_opt(&cp.name).await {
-            Ok(cm) => cm.and_then(|cm| cm.metadata.annotations).and_then(|a| {
-                [SHARDING_ANNOTATION, SHARD_OWNERS_ANNOTATION]
-                    .into_iter()
-                    .find(|k| a.contains_key(*k))
-            }),
-            // Reading it is the relay's first need anyway: it says so then.
-            Err(kube::Error::Api(s)) if s.code == 403 => None,
-            Err(e) => return Err(e),
-        };
-        Ok(owners.map(|key| {
-            format!(
-                "its checkpoint ConfigMap {}/{} has the annotation {key}",
-                cp.namespace, cp.name
-            )
-        }))
+    let parked = match leases.get_opt(&le.name).await {
+        Ok(lease) => lease
+            .and_then(|l| l.spec?.holder_identity)
+            .is_some_and(|h| h == PARKED),
+        Err(kube::Error::Api(s)) if s.code == 403 && !le.enabled => false,
+        Err(e) => return Err(e),
     };
-    let read =
-        crate::checkpoint::until_read("telling whether this release ran sharded", cancel, check);
-    let Some(found) = read.await else {
-        return Ok(());
-    };
-    match found {
-        None => Ok(()),
-        Some(marker) => Err(format!(
-            "this release ran sharded ({marker}), and turning sharding.enabled off in place is not supported: a single leader would resume from the positions it had before sharding and miss what the shards relayed since. Keep sharding.enabled: true with sharding.shards and sharding.topic as they are (replicas: 1 for a single relaying replica), or deploy a new release with its own checkpoint.name and leaderElection.name next to this one and remove this one once the new one is ready"
-        )),
+    if parked {
+        return Ok(Some(format!(
+            "its leader Lease {lease_ns}/{} is parked by sharded replicas",
+            le.name
+        )));
     }
+    let owners = match configmaps.get_opt(&cp.name).await {
+        Ok(cm) => cm.and_then(|cm| cm.metadata.annotations).and_then(|a| {
+            [SHARDING_ANNOTATION, SHARD_OWNERS_ANNOTATION]
+                .into_iter()
+                .find(|k| a.contains_key(*k))
+        }),
+        // Reading it is the relay's first need anyway: it says so then.
+        Err(kube::Error::Api(s)) if s.code == 403 => None,
+        Err(e) => return Err(e),
+    };
+    Ok(owners.map(|key| {
+        format!(
+            "its checkpoint ConfigMap {}/{} has the annotation {key}",
+            cp.namespace, cp.name
+        )
+    }))
 }

@@ -1,7 +1,10 @@
-//! Turning sharding off in place: a release that ran sharded refuses to start as a single
-//! leader, with leader election on (its Lease is parked: every replica would stand by forever)
-//! or off (it would resume from the positions it had before sharding), and says the safe way.
-//! The relay runs in-process against the simulator with the group and producer in memory.
+//! Moving between a single leader and sharding in place. Turning sharding off: a release that
+//! ran sharded refuses to start as a single leader, with leader election on (its Lease is
+//! parked: every replica would stand by forever) or off (it would resume from the positions it
+//! had before sharding), and says the safe way. Turning it on for a release that ran without
+//! leader election: the single leader stops once the Lease is parked, and the shards copy only
+//! the state it left. The relay runs in-process against the simulator with the group and
+//! producer in memory.
 
 mod common;
 
@@ -10,6 +13,7 @@ use std::time::Duration;
 
 use common::bed::{eventually, Bed, Relay, CHECKPOINT_NAME, CHECKPOINT_NS};
 use common::stream::{bed, config, create};
+use common::view::{self, consumer_view, events};
 use watchrelay::config::Config;
 use watchrelay::producer::Producer;
 use watchrelay::testing::{Memory, MemoryGroup};
@@ -80,4 +84,80 @@ async fn a_release_that_ran_sharded_refuses_a_single_leader_without_election() {
     let cfg = config(&bed, "");
     assert!(!cfg.leader_election.enabled);
     assert_refused(single_leader(&bed, cfg, &producer).await);
+}
+
+/// An etcd restore to before sharding takes the Lease, the shards' ConfigMaps and the release
+/// ConfigMap's annotations back to then, but not Kafka: the shards' members are still live in
+/// their topic, and say the release ran sharded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_to_before_sharding_is_refused_from_what_kafka_holds() {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    create(&bed, (0..3).map(|i| format!("p{i}")));
+    ran_sharded(&bed, &producer).await;
+    let lease = config(&bed, "").leader_election.name;
+    bed.sim
+        .delete("leases.coordination.k8s.io", Some(CHECKPOINT_NS), &lease)
+        .unwrap();
+    for cm in bed.sim.list("configmaps", Some(CHECKPOINT_NS)) {
+        let name = cm["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if name.starts_with(&format!("{CHECKPOINT_NAME}-s")) {
+            bed.sim
+                .delete("configmaps", Some(CHECKPOINT_NS), &name)
+                .unwrap();
+        }
+    }
+    bed.sim
+        .merge_patch(
+            "configmaps",
+            Some(CHECKPOINT_NS),
+            CHECKPOINT_NAME,
+            serde_json::json!({"metadata": {"annotations": {
+                "watchrelay.io/sharding": null,
+                "watchrelay.io/shard-owners": null,
+            }}}),
+        )
+        .unwrap();
+    let mut cfg = config(&bed, "");
+    cfg.sharding.topic = common::bed::sharded(config(&bed, ""), 2).sharding.topic;
+    let e = single_leader(&bed, cfg, &producer)
+        .await
+        .expect_err("refused");
+    assert!(
+        e.contains("ran sharded") && e.contains("shards' membership topic"),
+        "{e}"
+    );
+}
+
+/// A single leader without election never held a Lease to wait for: once sharded replicas of
+/// its release start, it stops, and they copy its state only after it did, so the two never
+/// relay side by side and nothing it relayed last is missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_without_election_hands_its_state_to_the_shards_it_turns_into() {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    create(&bed, (0..3).map(|i| format!("p{i}")));
+    let cfg = config(&bed, "");
+    assert!(!cfg.leader_election.enabled);
+    let single = Relay::start_with(&bed, cfg.clone(), Some(producer.clone()));
+    single.wait_up(1).await;
+    let group = MemoryGroup::default();
+    let sharded = Relay::start_in(&bed, common::bed::sharded(cfg, 2), producer.clone(), &group);
+    // Changes while both run: whoever relays them, the last word on each key is right.
+    create(&bed, (3..6).map(|i| format!("p{i}")));
+    bed.sim.delete("pods", Some("a"), "p0").unwrap();
+    let e = single.outcome().await.expect_err("the single leader stops");
+    assert!(e.contains("started sharded"), "{e}");
+    sharded.wait_up(1).await;
+    create(&bed, ["p6".to_string()]);
+    bed.sim.delete("pods", Some("a"), "p1").unwrap();
+    eventually(
+        || consumer_view(&events(&producer)) == view::pods(&bed.sim, &["a"], |_| true),
+        || "the consumer's view never matched the cluster".into(),
+    )
+    .await;
+    sharded.stop().await;
 }

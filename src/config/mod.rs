@@ -375,6 +375,10 @@ pub struct Config {
     pub shutdown_timeout_seconds: u64,
 }
 
+/// How often a single leader running without leader election looks whether replicas of its
+/// release started sharded.
+pub const SHARDING_WATCH: Duration = Duration::from_secs(5);
+
 impl Config {
     /// The Kafka settings of the relay's producer: `kafka`, and with sharding on a delivery
     /// timeout of [`ShardingConfig::delivery_timeout`] unless `kafka.properties` sets one.
@@ -398,6 +402,14 @@ impl Config {
         Duration::from_secs(self.shutdown_timeout_seconds)
             .saturating_sub(CHECKPOINT_RESERVE + RELEASE_RESERVE)
             .max(Duration::from_secs(1))
+    }
+
+    /// How long after sharded replicas parked the leader Lease a single leader of the release
+    /// running without leader election has stopped: it looks every [`SHARDING_WATCH`], then
+    /// drains and writes its last checkpoint. Each shard's first owner waits this long past the
+    /// park before it copies the single leader's state.
+    pub fn handoff(&self) -> Duration {
+        SHARDING_WATCH + self.drain_time() + CHECKPOINT_RESERVE + RELEASE_RESERVE
     }
 }
 

@@ -39,6 +39,9 @@ pub(super) enum MigrateError {
     /// The copied members did not all reach the shard's partition.
     #[error(transparent)]
     Send(#[from] SendError),
+    /// The leader Lease, which says when the single leader was parked, could not be read.
+    #[error("reading the leader Lease: {0}")]
+    Lease(kube::Error),
     /// Reading the topic panicked.
     #[error("reading the single leader's membership topic panicked: {0}")]
     Panicked(String),
@@ -78,6 +81,25 @@ impl Relay {
         (channel.path.namespaced && per_namespace).then_some(name)
     }
 
+    /// Waits until a single leader running without leader election has stopped (see
+    /// [`crate::config::Config::handoff`]): [`crate::leader::Elector::park`] waited for one
+    /// holding the Lease, but one that never held it relays on until it saw the park. A Lease
+    /// that a single leader held has changed hands at the park, and no wait is needed.
+    async fn await_handoff(&self) -> Result<(), MigrateError> {
+        let parked_for = crate::leader::parked_unheld_for(&self.client, &self.cfg)
+            .await
+            .map_err(MigrateError::Lease)?;
+        let Some(parked_for) = parked_for else {
+            return Ok(());
+        };
+        let left = self.cfg.handoff().saturating_sub(parked_for);
+        if !left.is_zero() {
+            tracing::info!(seconds = left.as_secs(), "waiting for a single leader without leader election to stop before copying its state");
+            tokio::time::sleep(left).await;
+        }
+        Ok(())
+    }
+
     /// Reads the single-leader release's ConfigMap and membership topic.
     async fn read_legacy(&self, log: Arc<dyn Log>) -> Result<Legacy, MigrateError> {
         let cfg = &self.cfg;
@@ -87,6 +109,9 @@ impl Relay {
             &cfg.checkpoint.name,
         );
         let loaded = store.load().await?;
+        if !loaded.streams.is_empty() {
+            self.await_handoff().await?;
+        }
         let topic = cfg.checkpoint.membership.topic(&cfg.cluster_name);
         let owner = Owner::new(&cfg.checkpoint.namespace, &cfg.checkpoint.name);
         let from = format!(

@@ -197,11 +197,14 @@ impl Relay {
                 .await
                 .map_err(RelayError::Refused)?;
         }
-        if !self.cfg.leader_election.enabled || !self.checkpoints {
+        if !self.checkpoints {
             self.metrics.leader.set(1);
             return self
                 .term(self.shutdown.clone(), CancellationToken::new())
                 .await;
+        }
+        if !self.cfg.leader_election.enabled {
+            return self.unelected().await;
         }
         let le = &self.cfg.leader_election;
         let namespace = le
@@ -249,6 +252,40 @@ impl Relay {
                     tracing::error!(lease = %elector.name(), %why, "lost the lease; stopped relaying and standing by");
                 }
             }
+        }
+    }
+
+    /// Relays without leader election until shut down, or until replicas of this release start
+    /// sharded: then it stops as at a shutdown (drains, writes its last checkpoint) within
+    /// [`crate::config::Config::handoff`] of the Lease being parked, so the shards copy the
+    /// state it left and never relay alongside it, and refuses to go on.
+    async fn unelected(&self) -> Result<(), RelayError> {
+        self.metrics.leader.set(1);
+        let stop = self.shutdown.child_token();
+        let sharded = {
+            let (client, cfg, stop) = (self.client.clone(), self.cfg.clone(), stop.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return None,
+                        _ = tokio::time::sleep(crate::config::SHARDING_WATCH) => {}
+                    }
+                    if let Ok(Some(marker)) = crate::leader::sharded_marker(&client, &cfg).await {
+                        tracing::warn!(%marker, "replicas of this release started sharded: stopping so they take the state over");
+                        stop.cancel();
+                        return Some(marker);
+                    }
+                }
+            })
+        };
+        let relayed = self.term(stop.clone(), CancellationToken::new()).await;
+        stop.cancel();
+        self.metrics.leader.set(0);
+        match sharded.await.ok().flatten() {
+            Some(marker) => Err(RelayError::Refused(format!(
+                "replicas of this release started sharded ({marker}): this single leader, without leader election, stopped and left them its state; remove it (the rollout that turned sharding on does)"
+            ))),
+            None => relayed,
         }
     }
 
@@ -351,11 +388,22 @@ impl Relay {
             };
             members = restored;
             let others = match others {
-                Others::Read(claims) => Some(claims),
-                Others::In(topics) => self.read_others(&log, &topics, &stop).await,
-            };
-            let Some(others) = others else {
-                return Ok(());
+                Others::Read(claims) => claims,
+                Others::In(topics) => {
+                    let Some(found) = self.read_others(&log, &topics, &stop).await else {
+                        return Ok(());
+                    };
+                    if let (None, Some(claim)) = (&shard, found.ours_sharded) {
+                        let marker = format!(
+                            "the shards' membership topic holds live members of its shard {}",
+                            claim.owner
+                        );
+                        return Err(RelayError::Refused(crate::leader::unsharding_refusal(
+                            &marker,
+                        )));
+                    }
+                    found.others
+                }
             };
             members.add_claims(&others);
             if let Some(copied) = members.writes.filter(|&w| w > store.writes()) {

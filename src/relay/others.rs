@@ -31,6 +31,15 @@ pub(super) enum Others {
     Read(Arc<[Claim]>),
 }
 
+/// What reading other topics found.
+pub(super) struct Found {
+    /// Other releases' live claims.
+    pub others: Arc<[Claim]>,
+    /// A live claim of one of this release's shards, if any: the release ran sharded, even
+    /// where the markers the API server kept say otherwise (an etcd restore to before).
+    pub ours_sharded: Option<Claim>,
+}
+
 impl Relay {
     /// Whether `owner` (`<namespace>/<name>` of a checkpoint ConfigMap) is this release's.
     fn ours(&self, owner: &str) -> bool {
@@ -48,7 +57,7 @@ impl Relay {
         log: &Arc<dyn Log>,
         topics: &[String],
         stop: &CancellationToken,
-    ) -> Option<Arc<[Claim]>> {
+    ) -> Option<Found> {
         loop {
             let started = Instant::now();
             let (log, list) = (log.clone(), topics.to_vec());
@@ -75,10 +84,15 @@ impl Relay {
                 _ = stop.cancelled() => return None,
                 read = read => match read {
                     Ok(Ok(claims)) => {
-                        let claims: Arc<[Claim]> =
-                            claims.into_iter().filter(|c| !self.ours(&c.owner)).collect();
-                        tracing::info!(?topics, claims = claims.len(), seconds = started.elapsed().as_secs_f64(), "read other releases' claims");
-                        return Some(claims);
+                        let base = crate::membership::Owner::new(
+                            &self.cfg.checkpoint.namespace,
+                            &self.cfg.checkpoint.name,
+                        );
+                        let (ours, others): (Vec<Claim>, Vec<Claim>) =
+                            claims.into_iter().partition(|c| self.ours(&c.owner));
+                        let ours_sharded = ours.into_iter().find(|c| c.owner != base.as_str());
+                        tracing::info!(?topics, claims = others.len(), seconds = started.elapsed().as_secs_f64(), "read other releases' claims");
+                        return Some(Found { others: others.into(), ours_sharded });
                     }
                     Ok(Err(e)) => e.to_string(),
                     Err(e) => e.to_string(),

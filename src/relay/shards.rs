@@ -202,9 +202,10 @@ impl Relay {
         if !topics.contains(&single) {
             topics.push(single);
         }
-        let Some(others) = self.read_others(&log, &topics, &self.shutdown).await else {
+        let Some(found) = self.read_others(&log, &topics, &self.shutdown).await else {
             return Ok(());
         };
+        let others = found.others;
         let member = Member {
             producer,
             log,
