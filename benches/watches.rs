@@ -1,13 +1,18 @@
 //! What the relay asks of the API server for many namespaces: `BENCH_NAMESPACES` namespaces
 //! (default 2,000) matched by the selectors of three channels (pods, services, deployments),
 //! one stream per namespace (`perNamespace`) against the default (`auto`: one cluster-wide
-//! watch per channel), each in the same run against the same simulator.
+//! watch per channel), and one replica of a sharded release owning all of `BENCH_SHARDS` shards
+//! (default 64; its selector channels relayed per namespace), each in the same run against the
+//! same simulator.
 //!
-//! For each strategy: the list requests (pages) and watches opened to start, and watches open
-//! once every stream watches; then the history is compacted and every watch dropped, so every
-//! position expires (410), and the same after the relists. Syncs use paginated lists
-//! (`sendInitialEvents: false`; `BENCH_INITIAL_EVENTS=1` for watches that send the current
-//! state instead). The records go to a producer in memory.
+//! For each: the list requests (pages) and watches opened to start, of them the namespace
+//! lists and watches (the selectors' followers), watches open once every stream watches, and
+//! the ConfigMap requests a second over `BENCH_IDLE_SECONDS` (default 20) of quiet after that
+//! (checkpoint writes and resync polls); then the history is compacted and every watch dropped,
+//! so every position expires (410), and the same after the relists, with the most lists in
+//! flight at once (bounded by `kubernetes.maxConcurrentSyncs` for the process). Syncs use
+//! paginated lists (`sendInitialEvents: false`; `BENCH_INITIAL_EVENTS=1` for watches that send
+//! the current state instead). The records go to a producer in memory.
 //!
 //! Run with `cargo bench --bench watches` (no broker needed).
 
@@ -53,15 +58,23 @@ fn main() {
             namespaces * 4,
             if initial_events { "sendInitialEvents watches" } else { "paginated lists" }
         );
-        println!("| strategy | streams | start: lists / watches opened | watches open | after a 410: lists / watches opened | start time | 410 time |");
-        println!("|---|---|---|---|---|---|---|");
-        for strategy in ["auto", "perNamespace"] {
+        println!("| strategy | streams | start: lists / watches opened | of them namespaces | watches open | ConfigMap requests/s, quiet | after a 410: lists / watches opened | peak lists in flight | start time | 410 time |");
+        println!("|---|---|---|---|---|---|---|---|---|---|");
+        for strategy in ["auto", "perNamespace", "sharded"] {
             run(&sim, strategy, initial_events).await;
         }
     });
 }
 
 fn config(sim: &Sim, strategy: &str, initial_events: bool) -> Config {
+    let shards = std::env::var("BENCH_SHARDS").unwrap_or_else(|_| "64".into());
+    let (strategy, sharding) = match strategy {
+        "sharded" => (
+            "auto",
+            format!("sharding:\n  enabled: true\n  shards: {shards}\n  topic: shards-bench\n"),
+        ),
+        other => (other, String::new()),
+    };
     let mut channels = String::new();
     for op in [
         "watchNamespacedPods",
@@ -77,8 +90,8 @@ fn config(sim: &Sim, strategy: &str, initial_events: bool) -> Config {
         "clusterName: bench\nkafka:\n  bootstrapServers: in-memory:9092\n  oversize: trim\n\
          checkpoint:\n  namespace: {CHECKPOINT_NS}\n  name: bench-{}\n  membership:\n    topic: membership-{strategy}\n\
          kubernetes:\n  sendInitialEvents: {initial_events}\n\
-         http:\n  listen: \"\"\nchannels:\n{channels}",
-        strategy.to_lowercase()
+         http:\n  listen: \"\"\n{sharding}channels:\n{channels}",
+        strategy.to_lowercase() + if sharding.is_empty() { "" } else { "-sharded" }
     ))
     .unwrap()
 }
@@ -89,7 +102,12 @@ async fn run(sim: &Sim, strategy: &str, initial_events: bool) {
     let client = kube::Client::try_from(kube).unwrap();
     let producer = Arc::new(Memory::new());
     let relay = watchrelay::Relay::new(config(sim, strategy, initial_events), client)
-        .with_producer(producer.clone(), producer);
+        .with_producer(producer.clone(), producer)
+        .with_coordinator(Arc::new(watchrelay::testing::MemoryGroup::default()))
+        .with_probe(watchrelay::kubeclient::Target::At(
+            sim.url().parse().unwrap(),
+            Default::default(),
+        ));
     let (shutdown, registry, metrics) = (relay.shutdown(), relay.registry(), relay.metrics());
     // What an earlier run left open is closed first.
     sim.drop_watches();
@@ -105,6 +123,21 @@ async fn run(sim: &Sim, strategy: &str, initial_events: bool) {
     let streams = registry.phases().len();
     let start_secs = t.elapsed().as_secs_f64();
     let start = sim.requests();
+    let namespaces = sim.requests_for("namespaces");
+    let namespaces = format!(
+        "{} / {}",
+        namespaces.get("list").unwrap_or(&0),
+        namespaces.get("watch").unwrap_or(&0)
+    );
+
+    sim.reset_requests();
+    let idle = std::env::var("BENCH_IDLE_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20u64);
+    tokio::time::sleep(Duration::from_secs(idle)).await;
+    let configmaps: u64 = sim.requests_for("configmaps").values().sum();
+    let configmaps = configmaps as f64 / idle as f64;
 
     sim.reset_requests();
     let t = Instant::now();
@@ -141,10 +174,11 @@ async fn run(sim: &Sim, strategy: &str, initial_events: bool) {
     let _ = task.await;
     let row = |c: RequestCounts| format!("{} / {}", c.lists, c.watches_opened);
     println!(
-        "| {strategy} | {streams} | {} | {} | {} | {start_secs:.1} s | {gone_secs:.1} s |",
+        "| {strategy} | {streams} | {} | {namespaces} | {} | {configmaps:.1} | {} | {} | {start_secs:.1} s | {gone_secs:.1} s |",
         row(start),
         start.watches_open,
-        row(gone)
+        row(gone),
+        gone.peak_lists_in_flight
     );
 }
 

@@ -1,13 +1,15 @@
-//! The shard group's client failing beyond repair: a sharded replica whose group client
-//! reports a fatal error (a Kafka consumer fenced as a static member) fails `/healthz`, so the
-//! platform restarts it, instead of standing in the group owning nothing while it looks healthy.
-//! The relay runs in-process against the simulator with the group and producer in memory.
+//! One replica in the shard group. Its group client failing beyond repair: a sharded replica
+//! whose group client reports a fatal error (a Kafka consumer fenced as a static member) fails
+//! `/healthz`, so the platform restarts it, instead of standing in the group owning nothing
+//! while it looks healthy. Its load on the API server: what it follows for the whole replica is
+//! followed once, however many shards it owns. The relay runs in-process against the simulator
+//! with the group and producer in memory.
 
 mod common;
 
 use std::sync::Arc;
 
-use common::bed::{eventually, Relay};
+use common::bed::{eventually, Bed, Relay};
 use common::stream::{bed, config, create};
 use watchrelay::testing::{Memory, MemoryGroup};
 
@@ -32,5 +34,45 @@ async fn a_fatal_error_of_the_shard_groups_client_fails_health() {
         || format!("health: {:?}", relay.registry.health()),
     )
     .await;
+    relay.stop().await;
+}
+
+/// A replica owning sixteen shards lists and watches the namespaces its selector matches once,
+/// not once per shard, and relays every namespace's stream from that one watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_follows_each_selector_once_whatever_it_owns() {
+    let namespaces = ["a", "b", "c", "d", "e", "f"];
+    let bed = Bed::in_memory(watchrelay_sim::SimConfig::default(), &namespaces).await;
+    for ns in namespaces {
+        bed.label(ns, true);
+    }
+    let cfg = common::bed::sharded(
+        bed.config(
+            "  - operationId: watchNamespacedPods\n    namespaceSelector: relay=yes\n    topic: pods\n",
+            "",
+        ),
+        16,
+    );
+    let producer = Arc::new(Memory::new());
+    let group = MemoryGroup::default();
+    let relay = Relay::start_in(&bed, cfg, producer, &group);
+    relay.wait_up(namespaces.len()).await;
+    bed.label("a", false);
+    eventually(
+        || {
+            !relay
+                .registry
+                .phases()
+                .contains_key("watchNamespacedPods.a")
+        },
+        || "the namespace that left kept its stream".into(),
+    )
+    .await;
+    let asked = bed.sim.requests_for("namespaces");
+    assert_eq!(
+        (asked.get("list"), asked.get("watch")),
+        (Some(&1), Some(&1)),
+        "namespace requests: {asked:?}"
+    );
     relay.stop().await;
 }

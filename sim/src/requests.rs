@@ -1,7 +1,10 @@
 //! What the simulator was asked for, for tests and benchmarks to assert: collection lists and
-//! watches opened, watches open now, and the most lists in flight at once.
+//! watches opened, watches open now, the most lists in flight at once, and every request by
+//! resource and verb.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 /// Counters of the requests the simulator served.
 #[derive(Default)]
@@ -13,6 +16,9 @@ pub(crate) struct Requests {
     watches_opened: AtomicU64,
     initial_events_watches: AtomicU64,
     watches_open: AtomicU64,
+    /// Requests by resource (its plural) and verb (`list`, `watch`, `get`, `create`,
+    /// `update`, `patch`, `delete`).
+    by_verb: Mutex<BTreeMap<(String, &'static str), u64>>,
 }
 
 /// A snapshot of the requests the simulator counted.
@@ -63,6 +69,27 @@ impl Requests {
         InFlight(&self.watches_open)
     }
 
+    /// A request for `resource` (its plural) with `verb`.
+    pub fn verb(&self, resource: &str, verb: &'static str) {
+        *self
+            .by_verb
+            .lock()
+            .expect("requests lock poisoned")
+            .entry((resource.to_string(), verb))
+            .or_default() += 1;
+    }
+
+    /// Requests for `resource` so far, by verb.
+    pub fn verbs(&self, resource: &str) -> BTreeMap<&'static str, u64> {
+        self.by_verb
+            .lock()
+            .expect("requests lock poisoned")
+            .iter()
+            .filter(|((r, _), _)| r == resource)
+            .map(|((_, v), n)| (*v, *n))
+            .collect()
+    }
+
     pub fn counts(&self) -> RequestCounts {
         RequestCounts {
             lists: self.lists.load(Ordering::SeqCst),
@@ -84,6 +111,7 @@ impl Requests {
         ] {
             c.store(0, Ordering::SeqCst);
         }
+        self.by_verb.lock().expect("requests lock poisoned").clear();
         self.peak_lists_in_flight.store(
             self.lists_in_flight.load(Ordering::SeqCst),
             Ordering::SeqCst,

@@ -189,6 +189,12 @@ impl Sim {
         self.inner.requests.counts()
     }
 
+    /// The requests served so far for `resource` (its plural: `namespaces`, `configmaps`), by
+    /// verb (`list`, `watch`, `get`, `create`, `update`, `patch`, `delete`).
+    pub fn requests_for(&self, resource: &str) -> std::collections::BTreeMap<&'static str, u64> {
+        self.inner.requests.verbs(resource)
+    }
+
     /// Counts requests afresh from now on.
     pub fn reset_requests(&self) {
         self.inner.requests.reset();

@@ -68,7 +68,7 @@ fn forget_positions(data: &mut BTreeMap<String, String>) {
 }
 
 /// What a write did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Written {
     /// Bytes of ConfigMap written.
     pub bytes: usize,
@@ -79,6 +79,9 @@ pub struct Written {
     /// position: none, restored or from before the restore, is a position in the cluster's
     /// history now.
     pub rewound: bool,
+    /// The resync request taken off the ConfigMap in the same write
+    /// ([`Store::write_taking_request`] only).
+    pub request: Option<String>,
 }
 
 impl Store {
@@ -97,6 +100,11 @@ impl Store {
     pub fn owned(mut self, ownership: Ownership) -> Self {
         self.ownership = Some(ownership);
         self
+    }
+
+    /// Whether this is a shard's ConfigMap, written under an owner epoch.
+    pub fn is_owned(&self) -> bool {
+        self.ownership.is_some()
     }
 
     /// The write counter as this store last read or wrote it.
@@ -362,6 +370,23 @@ impl Store {
         &self,
         updates: &BTreeMap<String, Option<String>>,
     ) -> Result<Written, CheckpointError> {
+        self.write_with(updates, false).await
+    }
+
+    /// [`Store::write`], taking a pending resync request off the ConfigMap in the same
+    /// compare-and-swap (as [`Store::take_resync_request`] would, with a read of its own).
+    pub async fn write_taking_request(
+        &self,
+        updates: &BTreeMap<String, Option<String>>,
+    ) -> Result<Written, CheckpointError> {
+        self.write_with(updates, true).await
+    }
+
+    async fn write_with(
+        &self,
+        updates: &BTreeMap<String, Option<String>>,
+        take_request: bool,
+    ) -> Result<Written, CheckpointError> {
         const ATTEMPTS: u32 = 5;
         for _ in 0..ATTEMPTS {
             let current = self.current().await?;
@@ -388,6 +413,11 @@ impl Store {
                 annotations.insert(EPOCH_ANNOTATION.into(), own.epoch.to_string());
                 annotations.insert(OWNER_ANNOTATION.into(), own.replica.clone());
             }
+            let request = if take_request {
+                Self::remove_request(&mut cm)
+            } else {
+                None
+            };
             let data = cm.data.get_or_insert_with(Default::default);
             for (k, u) in updates {
                 match u {
@@ -416,6 +446,7 @@ impl Store {
                         bytes: serde_json::to_vec(&cm).map_or(0, |v| v.len()),
                         writes,
                         rewound: found < expected,
+                        request,
                     });
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 => continue,

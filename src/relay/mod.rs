@@ -39,6 +39,7 @@ async fn load(store: &Store, stop: &CancellationToken) -> Option<Loaded> {
     crate::checkpoint::until_read("reading the checkpoints", stop, || store.load()).await
 }
 
+mod feeds;
 mod lifecycle;
 mod migrate;
 mod moves;
@@ -113,6 +114,11 @@ pub struct Relay {
     syncs: Arc<tokio::sync::Semaphore>,
     /// Where the API server's reachability probe builds its own client, with sharding on.
     probe: crate::kubeclient::Target,
+    /// The namespaces each selector matches, followed once for every term of the replica.
+    feeds: Arc<feeds::Feeds>,
+    /// Turns of the checkpoint writers of every term, so a replica's ConfigMap requests stay
+    /// bounded whatever it owns.
+    pacer: Arc<writer::Pacer>,
 }
 
 impl Relay {
@@ -128,6 +134,8 @@ impl Relay {
         ));
         Self {
             probe: crate::kubeclient::Target::Configured(cfg.kubernetes.clone()),
+            feeds: Arc::new(feeds::Feeds::new(client.clone())),
+            pacer: Arc::default(),
             cfg: Arc::new(cfg),
             client,
             syncs,
@@ -470,6 +478,7 @@ impl Relay {
             members,
             shapes,
             part.clone(),
+            self.feeds.clone(),
         );
         let streams_cancel = CancellationToken::new();
         supervisor.start(&self.cfg.channels, &streams_cancel);
@@ -487,6 +496,7 @@ impl Relay {
                 part,
                 self.metrics.clone(),
                 Duration::from_millis(self.cfg.checkpoint.interval_ms),
+                self.pacer.clone(),
                 writer_cancel.clone(),
                 fenced.clone(),
             ))

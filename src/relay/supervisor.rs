@@ -8,17 +8,14 @@
 //! old one keeps its registry entry, so its checkpoint writes complete and it cannot wait
 //! forever for a write nobody makes.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::Namespace;
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
-use kube::Api;
+use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::feeds::Feeds;
 use crate::checkpoint::Saved;
 use crate::config::{Channel, Scope, Shape, Shapes, StreamId};
 use crate::membership::{Claim, Restored};
@@ -41,6 +38,8 @@ pub(super) struct Supervisor {
     shapes: Arc<Shapes>,
     /// The streams this term runs (a shard's, or all).
     part: Part,
+    /// The namespaces each selector matches, followed once for the replica.
+    feeds: Arc<Feeds>,
     tasks: TaskTracker,
 }
 
@@ -67,6 +66,7 @@ impl Supervisor {
         members: Restored,
         shapes: Shapes,
         part: Part,
+        feeds: Arc<Feeds>,
     ) -> Self {
         Self {
             wiring,
@@ -76,6 +76,7 @@ impl Supervisor {
             ends: Arc::default(),
             shapes: Arc::new(shapes),
             part,
+            feeds,
             tasks: TaskTracker::new(),
         }
     }
@@ -102,20 +103,13 @@ impl Supervisor {
                     }
                 }
                 Scope::Selector(sel) if wide => {
-                    let (tx, filter) = NamespaceFilter::followed();
+                    let filter = NamespaceFilter::following(self.feeds.subscribe(sel));
                     self.spawn(channel, None, cancel, Some(filter));
-                    let follower = self.clone().follow_scope(
-                        channel.clone(),
-                        sel.clone(),
-                        tx,
-                        cancel.child_token(),
-                    );
-                    self.tasks.spawn(follower);
                 }
                 Scope::Selector(sel) => {
                     let follower = self.clone().follow_namespaces(
                         channel.clone(),
-                        sel.clone(),
+                        self.feeds.subscribe(sel),
                         cancel.child_token(),
                     );
                     self.tasks.spawn(follower);
@@ -290,122 +284,41 @@ impl Supervisor {
         }
     }
 
-    /// Keeps one stream per namespace matching `selector`.
+    /// Keeps one stream per namespace of `matched` (the namespaces its selector matches) in
+    /// this term's part. Streams of namespaces that left are retired, and so are streams
+    /// checkpointed or with members whose namespace left while the relay was down.
     async fn follow_namespaces(
         self,
         channel: Arc<Channel>,
-        selector: String,
+        mut matched: tokio::sync::watch::Receiver<Namespaces>,
         cancel: CancellationToken,
     ) {
-        let mut events = watch_namespaces(&self.wiring.client, &selector);
         let mut running: HashMap<String, Handle> = HashMap::new();
-        let mut listed: HashSet<String> = HashSet::new();
-        while let Some(ev) = next_event(&mut events, &cancel).await {
-            match ev {
-                Ok(Event::Init) => listed.clear(),
-                Ok(Event::InitApply(ns)) | Ok(Event::Apply(ns)) => {
-                    let name = ns.metadata.name.unwrap_or_default();
-                    listed.insert(name.clone());
-                    if !self.ours(&channel, Some(&name)) {
-                        continue;
-                    }
-                    if let std::collections::hash_map::Entry::Vacant(slot) = running.entry(name) {
-                        let h = self.spawn(&channel, Some(slot.key().clone()), &cancel, None);
+        loop {
+            let set = matched.borrow_and_update().clone();
+            if let Some(set) = set {
+                for name in set.iter().filter(|ns| self.ours(&channel, Some(ns))) {
+                    if let std::collections::hash_map::Entry::Vacant(slot) =
+                        running.entry(name.clone())
+                    {
+                        let h = self.spawn(&channel, Some(name.clone()), &cancel, None);
                         slot.insert(h);
                     }
                 }
-                Ok(Event::InitDone) => {
-                    let gone: Vec<String> = running
-                        .keys()
-                        .filter(|n| !listed.contains(*n))
-                        .cloned()
-                        .collect();
-                    for name in gone {
-                        running.remove(&name).expect("present").retire();
-                    }
-                    self.retire_orphans(&channel, &|ns| running.contains_key(ns), &cancel);
+                let gone: Vec<String> = running
+                    .keys()
+                    .filter(|n| !set.contains(*n))
+                    .cloned()
+                    .collect();
+                for name in gone {
+                    running.remove(&name).expect("present").retire();
                 }
-                Ok(Event::Delete(ns)) => {
-                    let name = ns.metadata.name.unwrap_or_default();
-                    listed.remove(&name);
-                    if let Some(h) = running.remove(&name) {
-                        h.retire();
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(channel = %channel.name, error = %e, "namespace watch failed; retrying")
-                }
+                self.retire_orphans(&channel, &|ns| running.contains_key(ns), &cancel);
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                changed = matched.changed() => if changed.is_err() { return },
             }
         }
-    }
-
-    /// Tells a cluster-wide stream of selector channel `channel` which namespaces match
-    /// `selector`: the whole set once they are listed, then every change.
-    async fn follow_scope(
-        self,
-        channel: Arc<Channel>,
-        selector: String,
-        scope: tokio::sync::watch::Sender<Namespaces>,
-        cancel: CancellationToken,
-    ) {
-        let mut events = watch_namespaces(&self.wiring.client, &selector);
-        let mut listing: HashSet<String> = HashSet::new();
-        let mut matched: Option<std::collections::BTreeSet<String>> = None;
-        while let Some(ev) = next_event(&mut events, &cancel).await {
-            let name = |ns: Namespace| ns.metadata.name.unwrap_or_default();
-            match ev {
-                Ok(Event::Init) => listing.clear(),
-                Ok(Event::InitApply(ns)) => {
-                    listing.insert(name(ns));
-                }
-                Ok(Event::InitDone) => {
-                    matched = Some(listing.drain().collect());
-                }
-                Ok(Event::Apply(ns)) => {
-                    if let Some(m) = matched.as_mut() {
-                        m.insert(name(ns));
-                    }
-                }
-                Ok(Event::Delete(ns)) => {
-                    if let Some(m) = matched.as_mut() {
-                        m.remove(&name(ns));
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(channel = %channel.name, error = %e, "namespace watch failed; retrying");
-                    continue;
-                }
-            }
-            if let Some(m) = &matched {
-                scope.send_if_modified(|current| {
-                    let moved = current.as_deref() != Some(m);
-                    if moved {
-                        *current = Some(Arc::new(m.clone()));
-                    }
-                    moved
-                });
-            }
-        }
-    }
-}
-
-type NamespaceEvents = futures::stream::BoxStream<'static, watcher::Result<Event<Namespace>>>;
-
-/// The namespaces matching `selector`, as kube's watcher follows them (relisting, backing off).
-fn watch_namespaces(client: &kube::Client, selector: &str) -> NamespaceEvents {
-    let api: Api<Namespace> = Api::all(client.clone());
-    watcher::watcher(api, watcher::Config::default().labels(selector))
-        .default_backoff()
-        .boxed()
-}
-
-/// The next namespace event; `None` once cancelled (or the watcher ended).
-async fn next_event(
-    events: &mut NamespaceEvents,
-    cancel: &CancellationToken,
-) -> Option<watcher::Result<Event<Namespace>>> {
-    tokio::select! {
-        _ = cancel.cancelled() => None,
-        ev = events.next() => ev,
     }
 }

@@ -17,13 +17,16 @@
 //! a position it publishes is from the old history: it is written without it, so a stop before
 //! the resync leaves the next start to reconcile, not to resume.
 //!
-//! It also takes resync requests left on the ConfigMap ([`crate::checkpoint::RESYNC_ANNOTATION`]), looking
-//! at most every [`RESYNC_POLL`], and passes them to the registry.
+//! It also takes resync requests left on the ConfigMap ([`crate::checkpoint::RESYNC_ANNOTATION`]),
+//! with each write or, when none was made, looking every [`RESYNC_POLL`] ([`SHARD_RESYNC_POLL`]
+//! for a shard's), and passes them to the registry. The writers of a replica's shards take
+//! turns ([`Pacer`]), so its ConfigMap requests stay bounded whatever it owns.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::{CheckpointError, Saved, Store};
@@ -116,8 +119,52 @@ pub async fn open_term(
 /// How long a checkpoint write may take before it is abandoned (and retried with the next).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// How often the writer looks for a resync request.
+/// How often the writer looks for a resync request, unless a checkpoint write just did.
 pub const RESYNC_POLL: Duration = Duration::from_secs(2);
+
+/// [`RESYNC_POLL`] for a shard's writer: a replica may own dozens of shards, each with its
+/// ConfigMap, and polling each every 2 s would cost the API server a read a second for every
+/// two of them.
+pub const SHARD_RESYNC_POLL: Duration = Duration::from_secs(10);
+
+/// The least time between two ConfigMap operations (a checkpoint write, a look for resync
+/// requests) of the writers of one replica, together.
+pub const PACE: Duration = Duration::from_millis(250);
+
+/// Spaces the ConfigMap operations of every checkpoint writer of a replica by [`PACE`]: a
+/// replica owning dozens of shards, each writing its own ConfigMap every `intervalMs` while
+/// its positions move, would otherwise cost the API server a read and a replace per shard and
+/// interval. With many shards each is written less often (every `PACE` times the shards with
+/// something to write); a single leader's writer, alone, is never held up. The last write of a
+/// term is not paced.
+#[derive(Debug)]
+pub struct Pacer {
+    next: tokio::sync::Mutex<tokio::time::Instant>,
+}
+
+impl Default for Pacer {
+    fn default() -> Self {
+        Self {
+            next: tokio::sync::Mutex::new(tokio::time::Instant::now()),
+        }
+    }
+}
+
+impl Pacer {
+    /// Waits for this writer's turn.
+    pub async fn turn(&self) {
+        let mut next = self.next.lock().await;
+        tokio::time::sleep_until(*next).await;
+        *next = tokio::time::Instant::now() + PACE;
+    }
+}
+
+/// Starts a resync that a request asks for.
+fn resync(registry: &Registry, part: &Part, request: &str) {
+    let (what, delta) = crate::checkpoint::parse_resync_request(request);
+    let asked = registry.request_resync_of(what, delta, &**part);
+    tracing::info!(%what, delta, streams = asked, "resync requested");
+}
 
 #[allow(
     clippy::too_many_arguments,
@@ -130,6 +177,7 @@ pub async fn run(
     part: Part,
     metrics: Arc<Metrics>,
     interval: Duration,
+    pacer: Arc<Pacer>,
     cancel: CancellationToken,
     fenced: CancellationToken,
 ) {
@@ -139,6 +187,10 @@ pub async fn run(
     // Streams asked to resync whole after a rewind that have not forgotten their position yet.
     let mut suspect: HashSet<String> = HashSet::new();
     let mut polled = Instant::now();
+    let poll = match store.is_owned() {
+        true => SHARD_RESYNC_POLL,
+        false => RESYNC_POLL,
+    };
     loop {
         let last = tokio::select! {
             _ = fenced.cancelled() => {
@@ -148,14 +200,21 @@ pub async fn run(
             _ = cancel.cancelled() => true,
             _ = tokio::time::sleep(interval) => false,
         };
-        if !last && polled.elapsed() >= RESYNC_POLL {
+        // A stop while waiting for a turn goes straight to the last write.
+        let paced = || async {
+            tokio::select! {
+                _ = cancel.cancelled() => false,
+                _ = fenced.cancelled() => false,
+                _ = pacer.turn() => true,
+            }
+        };
+        if !last && polled.elapsed() >= poll {
+            if !paced().await {
+                continue;
+            }
             polled = Instant::now();
             match store.take_resync_request().await {
-                Ok(Some(request)) => {
-                    let (what, delta) = crate::checkpoint::parse_resync_request(&request);
-                    let asked = registry.request_resync_of(what, delta, &*part);
-                    tracing::info!(%what, delta, streams = asked, "resync requested");
-                }
+                Ok(Some(request)) => resync(&registry, &part, &request),
                 Ok(None) => {}
                 Err(e) => tracing::warn!(error = %e, "reading resync requests failed"),
             }
@@ -189,11 +248,23 @@ pub async fn run(
             } else {
                 WRITE_TIMEOUT
             };
-            let written = tokio::time::timeout(bound, store.write(&updates))
+            if !last && !paced().await {
+                continue;
+            }
+            // A request is taken with a write, but not with the last: nobody would act on it.
+            let write = match last {
+                true => store.write(&updates).boxed(),
+                false => store.write_taking_request(&updates).boxed(),
+            };
+            let written = tokio::time::timeout(bound, write)
                 .await
                 .unwrap_or_else(|_| Err(CheckpointError::TimedOut(bound)));
             match written {
                 Ok(w) => {
+                    polled = Instant::now();
+                    if let Some(request) = &w.request {
+                        resync(&registry, &part, request);
+                    }
                     registry.mark_written(&unwritten);
                     unwritten.clear();
                     metrics.checkpoint_writes.with_label_values(&["ok"]).inc();
@@ -229,5 +300,32 @@ pub async fn run(
         if last {
             break;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ten writers asking at once get their turns one [`PACE`] apart, in the order they asked;
+    /// a writer alone later is not held up.
+    #[tokio::test(start_paused = true)]
+    async fn turns_are_spaced_whoever_takes_them() {
+        let pacer = Arc::new(Pacer::default());
+        let start = tokio::time::Instant::now();
+        let turns = (0..10).map(|_| {
+            let pacer = pacer.clone();
+            async move {
+                pacer.turn().await;
+                start.elapsed()
+            }
+        });
+        let at = futures::future::join_all(turns).await;
+        let expected: Vec<Duration> = (0..10).map(|i| PACE * i).collect();
+        assert_eq!(at, expected);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let alone = tokio::time::Instant::now();
+        pacer.turn().await;
+        assert_eq!(alone.elapsed(), Duration::ZERO);
     }
 }

@@ -52,16 +52,12 @@ impl NamespaceFilter {
         }
     }
 
-    /// Namespaces sent on the returned sender as a follower of a selector learns them.
-    pub fn followed() -> (watch::Sender<Namespaces>, Self) {
-        let (tx, desired) = watch::channel(None);
-        (
-            tx,
-            Self {
-                desired,
-                _fixed: None,
-            },
-        )
+    /// The namespaces `desired` says, as a follower of a selector learns them.
+    pub fn following(desired: watch::Receiver<Namespaces>) -> Self {
+        Self {
+            desired,
+            _fixed: None,
+        }
     }
 }
 

@@ -156,6 +156,18 @@ async fn handle(inner: &Arc<Inner>, req: Request<Incoming>) -> Response<Body> {
         return resp;
     }
     let ns = if res.namespaced { ns } else { None };
+    let watch = matches!(query.get("watch"), Some("true" | "1"));
+    let verb = match (req.method().clone(), name) {
+        (Method::GET, None) if watch => "watch",
+        (Method::GET, None) => "list",
+        (Method::GET, Some(_)) => "get",
+        (Method::POST, _) => "create",
+        (Method::PUT, _) => "update",
+        (Method::PATCH, _) => "patch",
+        (Method::DELETE, _) => "delete",
+        _ => "other",
+    };
+    inner.requests.verb(plural, verb);
     match (req.method().clone(), name) {
         (Method::GET, None) if matches!(query.get("watch"), Some("true" | "1")) => {
             collection::watch(inner, &res, ns, &query)
