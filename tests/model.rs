@@ -18,12 +18,16 @@
 //! hold, key by key, the very version (uid and resourceVersion) the cluster holds in the two
 //! releases' scopes.
 //!
-//! A third test runs a sharded release instead: up to three replicas join, leave cleanly, crash
-//! (Kafka having written a random prefix of what was sent) and are cut off from the group past
-//! their session (frozen, or partitioned from the coordinator: they fence themselves while their
-//! shards move) between the same cluster operations, meeting in an in-memory group that hands
-//! shards over as Kafka's cooperative protocol does; the consumer's view must end as the
-//! cluster's all the same.
+//! A third test runs a sharded release instead: up to three replicas, each with a producer of
+//! its own over the shared log, join, leave cleanly, crash (Kafka having written a random prefix
+//! of what was sent), are cut off from the group past their session (frozen, or partitioned
+//! from the coordinator: they fence themselves while their shards move), have their data
+//! partition stall across a rebalance and come back, and are replaced one by one in rolling
+//! updates to another configuration (old and new side by side; a change that would move keys
+//! between shards refused by the first new replica), while the group loses its epochs and
+//! owner epochs are raised by hand on the shards' ConfigMaps, between the same cluster
+//! operations, meeting in an in-memory group that hands shards over as Kafka's cooperative
+//! protocol does; the consumer's view must end as the cluster's all the same.
 //!
 //! `WATCHRELAY_MODEL_CASES` sets the cases per test (default 6); `WATCHRELAY_MODEL_SEED` runs one
 //! case. A failing case prints its seed and history.
@@ -40,7 +44,7 @@ use common::rng::Rng;
 use common::view::{self, consumer_view_by, events, json};
 use watchrelay::config::Config;
 use watchrelay::producer::Producer;
-use watchrelay::testing::{Memory, MemoryGroup, Order};
+use watchrelay::testing::{Lane, Memory, MemoryGroup, Order};
 use watchrelay_sim::{objects, SimConfig};
 
 const NAMESPACES: [&str; 2] = ["a", "b"];
@@ -392,23 +396,31 @@ async fn replicas_case(seed: u64) {
     let (bed, watch_list) = model_bed(&mut rng).await;
     let producer = Arc::new(Memory::new());
     let group = MemoryGroup::default();
-    let run = Run::draw(&mut rng, false);
-    let cfg = config(&bed, run);
-    let mut cfg = common::bed::sharded(cfg, 4);
-    // Short, so that a replica cut off fences itself soon.
-    cfg.sharding.ownership_deadline_ms = 1_000;
-    let start = || Relay::start_in(&bed, cfg.clone(), producer.clone(), &group);
+    let mut run = Run::draw(&mut rng, false);
+    let sharded = |run: Run| {
+        let mut cfg = common::bed::sharded(config(&bed, run), 4);
+        // Short, so that a replica cut off fences itself soon.
+        cfg.sharding.ownership_deadline_ms = 1_000;
+        cfg
+    };
+    let mut cfg = sharded(run);
+    // Each replica has a producer of its own over the shared log, as each process has.
+    let start = |cfg: &Config| {
+        let lane = Lane::new(producer.clone());
+        let relay = Relay::start_on_lane(&bed, cfg.clone(), lane.clone(), &group);
+        (relay, lane)
+    };
     let mut history = format!("seed {seed}: initial events {watch_list}, sharded {run:?}\n");
     let mut snapshot = None;
-    let mut live = vec![start()];
+    let mut live = vec![start(&cfg)];
     for _ in 0..6 + rng.below(8) {
-        match rng.below(10) {
+        match rng.below(12) {
             0 | 1 if live.len() < 3 => {
-                live.push(start());
+                live.push(start(&cfg));
                 let _ = writeln!(history, "replica joins: {}", live.len());
             }
             2 if live.len() > 1 => {
-                let r = live.remove(rng.below(live.len() as u64) as usize);
+                let (r, _) = live.remove(rng.below(live.len() as u64) as usize);
                 r.stop().await;
                 let _ = writeln!(history, "replica leaves: {}", live.len());
             }
@@ -457,12 +469,82 @@ async fn replicas_case(seed: u64) {
                     let _ = writeln!(history, "shard {k}'s owner epoch raised by hand to {epoch}");
                 }
             }
+            7 if !live.is_empty() => {
+                // A replica's data partition stalls (its leader frozen) across a rebalance,
+                // then comes back: what it still holds of shards that moved must not land
+                // after their new owner's records.
+                let i = rng.below(live.len() as u64) as usize;
+                let lane = live[i].1.clone();
+                lane.hold_to(Some("pods"));
+                let _ = writeln!(history, "replica {i}'s data partition stalls");
+                for _ in 0..3 {
+                    let _ = writeln!(history, "  {}", operate(&bed, &mut rng, &mut snapshot));
+                }
+                if live.len() < 3 {
+                    live.push(start(&cfg));
+                    let _ = writeln!(history, "replica joins: {}", live.len());
+                } else {
+                    let j = (i + 1 + rng.below(2) as usize) % live.len();
+                    let (r, _) = live.remove(j);
+                    r.stop().await;
+                    let _ = writeln!(history, "replica {j} leaves: {}", live.len());
+                }
+                // Not a wait: a random stretch of the stall.
+                tokio::time::sleep(Duration::from_millis(rng.below(400))).await;
+                let _ = writeln!(history, "  {}", operate(&bed, &mut rng, &mut snapshot));
+                lane.hold_to(None);
+                let _ = writeln!(history, "the partition comes back: {} held", lane.held());
+                lane.release();
+            }
+            8 if !live.is_empty() => {
+                // A rolling update to another configuration: each replica replaced by one of
+                // the new configuration, old and new running side by side meanwhile. A change
+                // that would move keys between shards is refused by the first new replica,
+                // and the rollout stops there.
+                let next = Run::draw(&mut rng, false);
+                let next_cfg = sharded(next);
+                let _ = writeln!(history, "rollout to {next:?}");
+                let mut rolled = Vec::new();
+                let mut refused = None;
+                for _ in 0..live.len() {
+                    let (new, lane) = start(&next_cfg);
+                    // Either refused at start or past its checks (it joined the group).
+                    common::bed::eventually(
+                        || new.ended() || new.metrics.shards.get() > 0,
+                        || "a new replica neither joined nor ended".into(),
+                    )
+                    .await;
+                    if new.ended() {
+                        refused = Some(new.outcome().await);
+                        break;
+                    }
+                    rolled.push((new, lane));
+                    // Not a wait: old and new side by side for a random while.
+                    tokio::time::sleep(Duration::from_millis(rng.below(300))).await;
+                    let (old, _) = live.remove(0);
+                    old.stop().await;
+                }
+                match refused {
+                    None => {
+                        let _ = writeln!(history, "  rolled out");
+                        (run, cfg) = (next, next_cfg);
+                    }
+                    Some(outcome) => {
+                        assert!(
+                            rolled.is_empty(),
+                            "a replica of the new configuration was refused after another started: {outcome:?}\n{history}"
+                        );
+                        let _ = writeln!(history, "  refused at start: {outcome:?}");
+                    }
+                }
+                live.extend(rolled);
+            }
             3 if !live.is_empty() => {
                 producer.hold(true);
                 // Not a wait: a random stretch of work Kafka does not acknowledge.
                 tokio::time::sleep(Duration::from_millis(rng.below(60))).await;
                 crash_writes(&producer, &mut rng, &mut history, "replica crashes");
-                let r = live.remove(rng.below(live.len() as u64) as usize);
+                let (r, _) = live.remove(rng.below(live.len() as u64) as usize);
                 r.kill().await;
                 producer.purge();
                 producer.hold(false);
@@ -475,12 +557,12 @@ async fn replicas_case(seed: u64) {
         tokio::time::sleep(Duration::from_millis(rng.below(80))).await;
     }
     if live.is_empty() {
-        live.push(start());
+        live.push(start(&cfg));
     }
     let _ = writeln!(history, "final: {} replicas", live.len());
     let want = in_scope(&bed, run, false);
     let converged = converges(&producer, &want).await;
-    for r in live {
+    for (r, _) in live {
         r.stop().await;
     }
     if !converged {
