@@ -289,7 +289,7 @@ fn claim(consumer: &BaseConsumer<Context>, deadline: &Deadline, shards: &[u32]) 
             (e.partition() as u32, before + 1)
         })
         .collect();
-    let sent = Instant::now();
+    let sent = tokio::time::Instant::now();
     match consumer.commit(&epochs(&cx.topic, &claims), CommitMode::Sync) {
         Ok(()) => {
             // A shard revoked meanwhile is not claimed: the revoke dropped it from `assigned`.
@@ -317,7 +317,7 @@ fn renew(consumer: &BaseConsumer<Context>, deadline: &Deadline, stop: &AtomicBoo
         if owned.is_empty() {
             continue;
         }
-        let sent = Instant::now();
+        let sent = tokio::time::Instant::now();
         match consumer.commit(&epochs(&cx.topic, &owned), CommitMode::Sync) {
             Ok(()) => deadline.renew(sent),
             Err(e) => {

@@ -23,9 +23,10 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use crate::config::Config;
 
@@ -51,7 +52,8 @@ pub enum Event {
 }
 
 /// Until when this replica may act as the owner of its shards: pushed forward by every commit
-/// the coordinator accepts.
+/// the coordinator accepts. On tokio's clock (the real one outside a runtime, or in
+/// production), so fencing is tested on paused time.
 #[derive(Debug)]
 pub struct Deadline {
     base: Instant,

@@ -239,6 +239,8 @@ pub struct Tally {
     pending: AtomicUsize,
     lock: Mutex<()>,
     settled: Condvar,
+    /// Wakes an async waiter ([`Tally::settled`]) when the last record is reported.
+    drained: tokio::sync::Notify,
 }
 
 impl Tally {
@@ -269,6 +271,24 @@ impl Tally {
             .expect("tally lock poisoned");
         self.pending() == 0
     }
+
+    /// [`Tally::wait`] on tokio's clock, without blocking: what a handover waits for.
+    pub async fn settled(&self, timeout: Duration) -> bool {
+        let all = async {
+            loop {
+                let notified = self.drained.notified();
+                tokio::pin!(notified);
+                // Registered before the check: a report in between still wakes it.
+                notified.as_mut().enable();
+                if self.pending() == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        let _ = tokio::time::timeout(timeout, all).await;
+        self.pending() == 0
+    }
 }
 
 /// One record counted in a [`Tally`], until dropped.
@@ -280,6 +300,7 @@ impl Drop for Counted {
         if self.0.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
             let _held = self.0.lock.lock().expect("tally lock poisoned");
             self.0.settled.notify_all();
+            self.0.drained.notify_waiters();
         }
     }
 }

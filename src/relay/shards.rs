@@ -32,11 +32,12 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use prometheus::IntCounter;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::lifecycle::{self, Action, Input, Phase};
@@ -78,7 +79,7 @@ struct Running {
 ///
 /// Every record it takes is counted in the term's [`Tally`] until reported: its flush waits
 /// for the term's own records only (a handover does not wait for the other shards' traffic),
-/// and a term that ends with records still counted has them purged ([`Relay::settle`]), so that none
+/// and a term that ends with records still counted has them purged ([`settle`]), so that none
 /// of them lands after the next owner's.
 struct ShardProducer {
     share: Share,
@@ -142,7 +143,7 @@ impl Producer for ShardProducer {
 }
 
 /// A term's share of the replica's producer: the producer, the term's records not yet
-/// reported, and whether the share still takes records ([`Relay::settle`] ends it).
+/// reported, and whether the share still takes records ([`settle`] ends it).
 #[derive(Clone)]
 struct Share {
     inner: Arc<dyn Producer>,
@@ -453,7 +454,7 @@ impl Relay {
                 let stop = stop.clone();
                 tokio::spawn(async move {
                     stop.cancelled().await;
-                    tokio::time::Instant::now()
+                    Instant::now()
                 })
             };
             let result = match self.stamp_epoch(shard, epoch, &identity, &stop).await {
@@ -473,7 +474,7 @@ impl Relay {
                     None
                 }
             };
-            self.settle(shard, share, stopped, drain).await;
+            settle(&self.metrics, shard, share, stopped, drain).await;
             (shard, result)
         };
         (run, term)
@@ -602,35 +603,6 @@ impl Relay {
             }
         }
         self.run_term(plan, stop, fenced).await
-    }
-
-    /// Ends a term's share of the producer, whatever stopped the term (a revoke in any phase,
-    /// a fence, a failure): records still unreported get what is left of the drain budget,
-    /// counted from the stop (`None`: the term ended by itself, nothing is waited for); any
-    /// still unreported then are purged, with every other record of the replica's producer
-    /// (their streams replay them from their checkpoints), so that none lands after the next
-    /// owner's records. Nothing more is taken for the shard.
-    async fn settle(
-        &self,
-        shard: u32,
-        share: Share,
-        stopped: Option<tokio::time::Instant>,
-        drain: Duration,
-    ) {
-        let budget = stopped.map_or(Duration::ZERO, |at| {
-            (at + drain).saturating_duration_since(tokio::time::Instant::now())
-        });
-        let tally = share.tally.clone();
-        let drained = tokio::task::spawn_blocking(move || tally.wait(budget))
-            .await
-            .unwrap_or(false);
-        share.closed.cancel();
-        if drained {
-            return;
-        }
-        tracing::error!(shard, undelivered = share.tally.pending(), "handing the shard over with records undelivered: purging this replica's producer so that none lands after the next owner's; the other shards replay theirs from their checkpoints");
-        self.metrics.shard_handover_purges.inc();
-        let _ = tokio::task::spawn_blocking(move || share.inner.purge()).await;
     }
 
     /// The starting shards of `book` whose streams all watch (a shard of no stream is taken
@@ -803,6 +775,32 @@ impl Book {
     }
 }
 
+/// Ends a term's share of the producer, whatever stopped the term (a revoke in any phase,
+/// a fence, a failure): records still unreported get what is left of the drain budget,
+/// counted from the stop (`None`: the term ended by itself, nothing is waited for); any
+/// still unreported then are purged, with every other record of the replica's producer
+/// (their streams replay them from their checkpoints), so that none lands after the next
+/// owner's records. Nothing more is taken for the shard.
+async fn settle(
+    metrics: &Metrics,
+    shard: u32,
+    share: Share,
+    stopped: Option<Instant>,
+    drain: Duration,
+) {
+    let budget = stopped.map_or(Duration::ZERO, |at| {
+        (at + drain).saturating_duration_since(Instant::now())
+    });
+    let drained = share.tally.settled(budget).await;
+    share.closed.cancel();
+    if drained {
+        return;
+    }
+    tracing::error!(shard, undelivered = share.tally.pending(), "handing the shard over with records undelivered: purging this replica's producer so that none lands after the next owner's; the other shards replay theirs from their checkpoints");
+    metrics.shard_handover_purges.inc();
+    let _ = tokio::task::spawn_blocking(move || share.inner.purge()).await;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -921,5 +919,68 @@ mod tests {
         p.send(&record("pods", Headers::default()), receipt())
             .unwrap();
         assert_eq!(memory.log().len(), 1);
+    }
+
+    /// On paused time: a shard's producer takes records while ownership is proven, refuses
+    /// them from the instant the deadline passes unrenewed, and takes them again once renewed.
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_fences_on_the_clock() {
+        let memory = Arc::new(Memory::new());
+        let deadline = Arc::new(Deadline::new(Duration::from_secs(10)));
+        deadline.renew(Instant::now());
+        let p = producer(&memory, &deadline);
+        tokio::time::advance(Duration::from_millis(9_999)).await;
+        p.send(&record("pods", Headers::default()), receipt())
+            .unwrap();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(matches!(
+            p.send(&record("pods", Headers::default()), receipt()),
+            Err(Refused::Failed(_))
+        ));
+        deadline.renew(Instant::now());
+        p.send(&record("pods", Headers::default()), receipt())
+            .unwrap();
+        assert_eq!(memory.log().len(), 2);
+    }
+
+    /// On paused time: a revoked term's records get what is left of the drain budget from the
+    /// stop; reported within it, nothing is purged; still unreported at its end, the replica's
+    /// producer is purged and the share takes nothing more.
+    #[tokio::test(start_paused = true)]
+    async fn a_handover_waits_out_the_drain_then_purges() {
+        let deadline = Arc::new(Deadline::new(Duration::from_secs(600)));
+        deadline.renew(Instant::now());
+        let drain = Duration::from_secs(10);
+        for delivered in [true, false] {
+            let memory = Arc::new(Memory::new());
+            memory.hold(true);
+            let p = producer(&memory, &deadline);
+            p.send(&record("pods", Headers::default()), receipt())
+                .unwrap();
+            let stopped = Instant::now();
+            tokio::time::advance(Duration::from_secs(4)).await;
+            let share = p.share.clone();
+            let settling = tokio::spawn({
+                let metrics = Metrics::new();
+                async move {
+                    settle(&metrics, 5, share, Some(stopped), drain).await;
+                    metrics.shard_handover_purges.get()
+                }
+            });
+            tokio::time::advance(Duration::from_millis(5_999)).await;
+            assert!(!settling.is_finished(), "gave up before the budget ran out");
+            if delivered {
+                memory.release(crate::testing::Order::Sent);
+            } else {
+                tokio::time::advance(Duration::from_millis(1)).await;
+            }
+            let purges = settling.await.unwrap();
+            assert_eq!(purges, u64::from(!delivered));
+            assert_eq!(memory.held(), 0);
+            assert_eq!(memory.log().len(), usize::from(delivered));
+            assert!(p
+                .send(&record("pods", Headers::default()), receipt())
+                .is_err());
+        }
     }
 }

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 
@@ -242,16 +242,31 @@ impl Coordinator for MemoryGroup {
         let stop = Arc::new(AtomicBool::new(false));
         let renewing = Arc::new(AtomicBool::new(true));
         {
-            // Proves ownership every 100 ms while in the group, and not cut off.
+            // Proves ownership every 100 ms while in the group, and not cut off: on the
+            // runtime's clock where it joined from one (paused in a test, it advances with it).
             let (deadline, stop, renewing) = (deadline.clone(), stop.clone(), renewing.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    if renewing.load(Ordering::Relaxed) {
-                        deadline.renew(Instant::now());
-                    }
-                    std::thread::sleep(Duration::from_millis(100));
+            let renew = move || {
+                if renewing.load(Ordering::Relaxed) {
+                    deadline.renew(tokio::time::Instant::now());
                 }
-            });
+                !stop.load(Ordering::Relaxed)
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(async move {
+                        while renew() {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    });
+                }
+                Err(_) => {
+                    std::thread::spawn(move || {
+                        while renew() {
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                    });
+                }
+            }
         }
         let id = {
             let mut st = self.inner.state.lock().expect("group lock poisoned");
