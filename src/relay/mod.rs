@@ -119,7 +119,14 @@ pub struct Relay {
     /// Turns of the checkpoint writers of every term, so a replica's ConfigMap requests stay
     /// bounded whatever it owns.
     pacer: Arc<writer::Pacer>,
+    /// Restores at once, over every term: each reads with Kafka clients of its own (a
+    /// consumer and a producer of end markers), and a replica claiming 64 shards at its start
+    /// would otherwise open 128 at once.
+    restores: Arc<tokio::sync::Semaphore>,
 }
+
+/// Restores a replica runs at once ([`Relay`]'s `restores`).
+const RESTORES_AT_ONCE: usize = 8;
 
 impl Relay {
     /// A relay of `cfg` through `client`, to Kafka; nothing runs until [`Relay::run`].
@@ -136,6 +143,7 @@ impl Relay {
             probe: crate::kubeclient::Target::Configured(cfg.kubernetes.clone()),
             feeds: Arc::new(feeds::Feeds::new(client.clone())),
             pacer: Arc::default(),
+            restores: Arc::new(tokio::sync::Semaphore::new(RESTORES_AT_ONCE)),
             cfg: Arc::new(cfg),
             client,
             syncs,
@@ -391,9 +399,14 @@ impl Relay {
                 partitions,
                 replication: membership.replication_factor,
             };
+            let permit = tokio::select! {
+                _ = stop.cancelled() => return Ok(()),
+                p = self.restores.clone().acquire_owned() => p,
+            };
             let Some(restored) = restore.run(&mut loaded, &stop).await else {
                 return Ok(());
             };
+            drop(permit);
             members = restored;
             let others = match others {
                 Others::Read(claims) => claims,
