@@ -410,6 +410,16 @@ impl Relay {
             members = restored;
             let others = match others {
                 Others::Read(claims) => claims,
+                Others::Reading(mut read) => {
+                    let read = tokio::select! {
+                        _ = stop.cancelled() => return Ok(()),
+                        read = read.wait_for(Option::is_some) => read.ok().and_then(|r| r.clone()),
+                    };
+                    let Some(claims) = read else {
+                        return Ok(());
+                    };
+                    claims
+                }
                 Others::In(topics) => {
                     let Some(found) = self.read_others(&log, &topics, &stop).await else {
                         return Ok(());

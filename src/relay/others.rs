@@ -6,8 +6,9 @@
 //! other kind of topic (a single leader against a sharded release) or in another partition (any
 //! release's cluster-wide stream, a release with another shard count) went unseen. A term now
 //! also reads the claims in the other topics, every partition: a single leader at each term's
-//! start (the shards' topic), a sharded replica once when it joins the group (the single-leader
-//! topic and the shards' topic), for all the shards it owns since.
+//! start (the shards' topic), a sharded replica once, while it first joins the group (the
+//! single-leader topic and the shards' topic), for all the shards it owns since: its terms wait
+//! for that read before their streams start.
 //!
 //! A topic the release may not read (ACLs) is skipped with a warning. What an owner of this
 //! release claims (its single leader's ConfigMap, or any of its shards',
@@ -29,6 +30,8 @@ pub(super) enum Others {
     In(Vec<String>),
     /// Read already, for every term of the replica.
     Read(Arc<[Claim]>),
+    /// Being read for every term of the replica: the term waits for it.
+    Reading(tokio::sync::watch::Receiver<Option<Arc<[Claim]>>>),
 }
 
 /// What reading other topics found.

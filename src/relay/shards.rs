@@ -169,9 +169,9 @@ struct Member {
     /// Whether this replica relays shard 0, and so passes resync requests on.
     passes: Arc<AtomicBool>,
     /// Other releases' live claims in the single-leader topic and every partition of the
-    /// shards' topic, read once at the replica's start: what each shard's streams are checked
-    /// against beyond its own partition.
-    others: Arc<[membership::Claim]>,
+    /// shards' topic, read once at the replica's start (`None` until read): what each shard's
+    /// streams are checked against beyond its own partition.
+    others: tokio::sync::watch::Receiver<Option<Arc<[membership::Claim]>>>,
 }
 
 impl Relay {
@@ -203,18 +203,33 @@ impl Relay {
         if !topics.contains(&single) {
             topics.push(single);
         }
-        let Some(found) = self.read_others(&log, &topics, &self.shutdown).await else {
-            return Ok(());
+        // Read while the replica joins, not before: a partition out of reach (its leader
+        // stalled) must not keep the replica out of the group, and only a term's streams need
+        // the claims.
+        let (found, others) = tokio::sync::watch::channel(None);
+        let read = async {
+            if let Some(read) = self.read_others(&log, &topics, &self.shutdown).await {
+                let _ = found.send(Some(read.others));
+            }
+            std::future::pending::<()>().await;
         };
-        let others = found.others;
         let member = Member {
             producer,
-            log,
+            log: log.clone(),
             identity: crate::leader::identity(&cfg.leader_election),
             legacy: LegacyCell::default(),
             passes: Arc::default(),
             others,
         };
+        tokio::select! {
+            relayed = self.memberships(&member) => relayed,
+            () = read => unreachable!("the read waits forever once done"),
+        }
+    }
+
+    /// Memberships in the group, one after another, until shut down.
+    async fn memberships(&self, member: &Member) -> Result<(), RelayError> {
+        let cfg = &self.cfg;
         let passing = CancellationToken::new();
         let _passing = passing.clone().drop_guard();
         tokio::spawn(pass_on_resyncs(
@@ -228,7 +243,7 @@ impl Relay {
         let reach = Reach::start(self.probe.clone(), probing);
         let grace = Duration::from_secs(u64::from(cfg.sharding.api_unreachable_seconds));
         loop {
-            match self.membership(&member, &reach).await? {
+            match self.membership(member, &reach).await? {
                 Left::Shutdown => return Ok(()),
                 Left::Unreachable => {
                     tracing::warn!("gave the shards up: the API server is out of reach; joining again once it answers");
@@ -461,7 +476,7 @@ impl Relay {
                 Some(epoch) => {
                     let (mut plan, old_log) =
                         self.plan(shard, epoch, &share, &log, &identity, &deadline);
-                    plan.others = Others::Read(others);
+                    plan.others = Others::Reading(others);
                     self.shard_term(shard, plan, &legacy, &old_log, stop, fenced)
                         .await
                 }
