@@ -499,6 +499,7 @@ mod tests {
             route: None,
             kind: None,
             known: None,
+            era: 0,
         }
     }
 

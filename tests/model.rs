@@ -16,7 +16,8 @@
 //! topic and the same pods topic) relays namespace `c` and restarts in turn. After the history,
 //! one clean run of each: the view built by applying every delivered record key by key must
 //! hold, key by key, the very version (uid and resourceVersion) the cluster holds in the two
-//! releases' scopes.
+//! releases' scopes; so must the view that keeps each key's record of the highest
+//! `watchrelay.version`, as a table engine keeping the highest version does.
 //!
 //! A third test runs a sharded release instead: up to three replicas, each with a producer of
 //! its own over the shared log, join, leave cleanly, crash (Kafka having written a random prefix
@@ -41,7 +42,7 @@ use std::time::Duration;
 
 use common::bed::{Bed, Relay};
 use common::rng::Rng;
-use common::view::{self, consumer_view_by, events, json};
+use common::view::{self, consumer_view_by, events, json, version_view_by};
 use watchrelay::config::Config;
 use watchrelay::producer::Producer;
 use watchrelay::testing::{Lane, Memory, MemoryGroup, Order};
@@ -341,10 +342,14 @@ async fn case(seed: u64) {
     }
 }
 
-/// Whether the consumer's view reaches `want` (within 30 s).
+/// Whether the consumer's view reaches `want` (within 30 s): applying the records key by key
+/// in partition order, and keeping each key's record of the highest `watchrelay.version`.
 async fn converges(producer: &Memory, want: &BTreeMap<String, String>) -> bool {
     for _ in 0..300 {
-        if consumer_view_by(&events(producer), view::version) == *want {
+        let log = events(producer);
+        if consumer_view_by(&log, view::version) == *want
+            && version_view_by(&log, view::version) == *want
+        {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -359,10 +364,11 @@ fn fail(seed: u64, history: &str, producer: &Memory, want: &BTreeMap<String, Str
         let v = json(&r);
         let _ = writeln!(
             records,
-            "  {} {} {}{}{}",
+            "  {} {} {} v{}{}{}",
             r.key,
             v["type"].as_str().unwrap_or("null"),
             v["object"]["metadata"]["uid"].as_str().unwrap_or(""),
+            v["watchrelay"]["version"].as_str().unwrap_or("-"),
             if v["watchrelay"]["synthetic"] == true {
                 " inferred"
             } else {
@@ -378,8 +384,9 @@ fn fail(seed: u64, history: &str, producer: &Memory, want: &BTreeMap<String, Str
         );
     }
     panic!(
-        "the consumer's view is not the cluster's\n{history}records:\n{records}consumer {:?}\ncluster  {want:?}\nreproduce: WATCHRELAY_MODEL_SEED={seed} cargo test --test model",
-        consumer_view_by(&events(producer), view::version)
+        "the consumer's view is not the cluster's\n{history}records:\n{records}consumer {:?}\nby version {:?}\ncluster  {want:?}\nreproduce: WATCHRELAY_MODEL_SEED={seed} cargo test --test model",
+        consumer_view_by(&events(producer), view::version),
+        version_view_by(&events(producer), view::version)
     );
 }
 

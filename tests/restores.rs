@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use common::bed::{eventually, Bed, Relay};
 use common::stream::{bed, config, create, wait_covered};
-use common::view::{consumer_view_by, events, pods_by, version};
+use common::view::{consumer_view_by, events, highest_view_by, pods_by, version, version_view_by};
 use watchrelay::testing::Memory;
 use watchrelay_sim::Snapshot;
 
@@ -46,11 +46,17 @@ fn diverge(bed: &Bed) {
     create(bed, ["late".to_string()]);
 }
 
-/// Waits until a consumer holds, key by key, the version of each pod the cluster holds.
+/// Waits until a consumer holds, key by key, the version of each pod the cluster holds: one
+/// applying records in partition order, and one keeping each key's highest
+/// `watchrelay.version`.
 async fn converged(bed: &Bed, producer: &Memory) {
     let cluster = || pods_by(&bed.sim, &["a"], |_| true, version);
     eventually(
-        || consumer_view_by(&events(producer), version) == cluster(),
+        || {
+            let log = events(producer);
+            consumer_view_by(&log, version) == cluster()
+                && version_view_by(&log, version) == cluster()
+        },
         || {
             format!(
                 "the consumer holds {:?}, the cluster {:?}",
@@ -93,6 +99,36 @@ async fn a_restore_with_a_bumped_revision_under_paginated_lists() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_without_a_bump_puts_the_position_ahead_of_the_server() {
     restored_while_running(true, None).await;
+}
+
+/// What the version is for: after a restore, bumped or not, a table that keeps each key's
+/// highest `watchrelay.resourceVersion` keeps the edit the restore undid, while one that keeps
+/// the highest `watchrelay.version` holds what the cluster holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restore_only_the_version_orders_a_key_exactly() {
+    for bump in [None, Some(1000)] {
+        let bed = bed(true).await;
+        let producer = Arc::new(Memory::new());
+        let (relay, snapshot) = relayed_past_a_snapshot(&bed, &producer).await;
+        bed.sim.restore(&snapshot, bump);
+        converged(&bed, &producer).await;
+        relay.stop().await;
+        let cluster = pods_by(&bed.sim, &["a"], |_| true, version);
+        let by_rv = highest_view_by(&events(&producer), "resourceVersion", version);
+        let stale: Vec<_> = cluster
+            .iter()
+            .filter(|(k, v)| by_rv.get(*k) != Some(*v))
+            .collect();
+        assert!(
+            !stale.is_empty(),
+            "ordered by resourceVersion, no row went stale after a restore ({bump:?})"
+        );
+        assert_eq!(
+            version_view_by(&events(&producer), version),
+            cluster,
+            "{bump:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

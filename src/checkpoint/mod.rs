@@ -235,6 +235,10 @@ pub struct Saved {
     /// (which reads it as its members, by uid). Never written.
     #[serde(default)]
     pub known: Option<serde_json::Value>,
+    /// The stream's era: the high part of every record's `watchrelay.version` (see
+    /// [`crate::envelope::version`]). 0 in older entries.
+    #[serde(default)]
+    pub era: u64,
 }
 
 /// The `data` entry of a stream's checkpoint.
@@ -249,6 +253,12 @@ struct Position<'a> {
     route: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     kind: Option<&'a str>,
+    #[serde(skip_serializing_if = "is_zero")]
+    era: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A stream's checkpoint, encoded for the ConfigMap's `data`.
@@ -259,6 +269,7 @@ pub fn encode(saved: &Saved) -> String {
         query: saved.query.as_deref(),
         route: saved.route.as_deref(),
         kind: saved.kind.as_deref(),
+        era: saved.era,
     })
     .expect("plain strings serialize")
 }
@@ -362,6 +373,7 @@ mod tests {
             route: None,
             kind: None,
             known: Some(serde_json::json!({"u": {"name": "n", "rv": "1"}})),
+            era: 0,
         };
         let entry = encode(&saved);
         assert_eq!(

@@ -32,6 +32,9 @@ pub struct Announcement {
     pub resync: bool,
     /// `watchrelay.synthetic`: a DELETED the relay inferred, not one the API server sent.
     pub synthetic: bool,
+    /// The era of the stream that announced it: the high part of `watchrelay.version` (see
+    /// [`super::version`]). Set by whoever hands it to Kafka.
+    pub era: u64,
 }
 
 impl Announcement {
@@ -61,6 +64,7 @@ impl Announcement {
             observed_at: Stamp::now(),
             resync,
             synthetic: false,
+            era: 0,
             meta,
         }
     }
@@ -74,6 +78,7 @@ impl Announcement {
             observed_at: Stamp::now(),
             resync: true,
             synthetic: true,
+            era: 0,
             meta,
         }
     }
@@ -89,6 +94,7 @@ impl Announcement {
             observed_at: Stamp::now(),
             resync,
             synthetic: false,
+            era: 0,
             meta: meta.with(|id| {
                 id.name = stream;
                 id.resource_version = rv;

@@ -9,6 +9,8 @@
 //!   id (`{uid}/{resourceVersion}`), so consumers can drop the duplicates that at-least-once
 //!   delivery allows. A resync re-announcement of an unchanged object repeats the id of the
 //!   event that last announced it.
+//! - `watchrelay.version` never goes back on a key (see [`version`]): the highest version of a
+//!   key is its last word, for consumers that keep the highest rather than the last record.
 //! - `watchrelay.synthetic` marks DELETED events that the relay inferred (the object vanished
 //!   while the stream could not see it); `watchrelay.resync` marks events produced by a relist.
 //! - An event too large for Kafka is replaced by a reference: the same envelope and headers with
@@ -27,7 +29,7 @@ pub use objects::{bookmark_object, reference_object};
 pub use read::announced;
 pub(crate) use route::envelope_schema;
 pub use route::{document_id, payload_uri, Rendered, Route, ShardOwner};
-pub use write::{record, record_of_value, reference, retraction, tombstone};
+pub use write::{next_era, record, record_of_value, reference, retraction, tombstone, version};
 
 #[cfg(test)]
 mod tests;

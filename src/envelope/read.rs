@@ -29,6 +29,8 @@ pub fn announced(value: &[u8], key: &str) -> Option<Announcement> {
         observed_at: Cow<'a, str>,
         resync: bool,
         synthetic: bool,
+        #[serde(default, borrow)]
+        version: Option<Cow<'a, str>>,
     }
     let untouched = Trim {
         drop_managed_fields: false,
@@ -54,5 +56,10 @@ pub fn announced(value: &[u8], key: &str) -> Option<Announcement> {
         observed_at: Stamp::parse(&written.observed_at)?,
         resync: written.resync,
         synthetic: written.synthetic,
+        // The high part of the version: the era it was written in.
+        era: written
+            .version
+            .and_then(|v| v.parse::<u128>().ok())
+            .map_or(0, |v| u64::try_from(v >> 64).unwrap_or(u64::MAX)),
     })
 }

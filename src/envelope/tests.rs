@@ -76,6 +76,7 @@ fn records_are_byte_for_byte_what_they_were() {
     let ev = decode_line(LINE.as_bytes(), trim()).unwrap();
     let fixed = |mut a: Announcement| {
         a.observed_at = Stamp::new("2026-11-25T10:00:00.000Z");
+        a.era = 2;
         a
     };
     let a = fixed(Announcement::change(ev.event_type, ev.meta.clone(), false));
@@ -235,5 +236,33 @@ fn inferred_deletes_and_markers_say_what_they_are() {
     assert_eq!(
         v["object"]["metadata"]["annotations"]["watchrelay.io/resync-end"],
         "true"
+    );
+}
+
+/// A record carrying every optional header (a sharded stream's inferred DELETED, replaced by a
+/// reference) has room for them all, its version among them.
+#[test]
+fn every_header_fits_at_once() {
+    let ev = decode_line(LINE.as_bytes(), trim()).unwrap();
+    let route = Route {
+        owner: Some(ShardOwner { shard: 3, epoch: 9 }),
+        ..route()
+    };
+    let mut inferred = Announcement::inferred_delete(ev.meta.clone(), "77");
+    inferred.era = 5;
+    let r = reference(&route, &inferred, 5_000_000, "prod.dlq");
+    for name in [
+        "ce_subject",
+        "ce_resync",
+        "ce_synthetic",
+        "ce_shard",
+        "ce_ownerepoch",
+        "ce_truncatedbytes",
+    ] {
+        assert!(r.headers.get(name).is_some(), "{name}");
+    }
+    assert_eq!(
+        r.headers.get("ce_version"),
+        Some(((5u128 << 64) | 77).to_string().as_str())
     );
 }

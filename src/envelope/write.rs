@@ -57,16 +57,54 @@ pub fn reference(route: &Route, a: &Announcement, original_bytes: usize, topic: 
 }
 
 /// The inferred DELETED of `meta` retracting it from `topic` under `key`, where it was
-/// announced, whatever `route` would key it by now.
-pub fn retraction(route: &Route, meta: Meta, rv: &str, topic: &str, key: &str) -> Record {
+/// announced, whatever `route` would key it by now; in `era`.
+pub fn retraction(route: &Route, meta: Meta, rv: &str, topic: &str, key: &str, era: u64) -> Record {
     let route = Route {
         topic: topic.to_string(),
         key: KeyTemplate::fixed(key),
         ..route.clone()
     };
     let object = reference_object(&meta);
-    let a = Announcement::inferred_delete(meta, rv);
+    let mut a = Announcement::inferred_delete(meta, rv);
+    a.era = era;
     record(&route, &a, &object, Vec::new())
+}
+
+/// `watchrelay.version` of a record in stream era `era` at `watchrelay.resourceVersion` `rv`:
+/// `era × 2^64 + rv`, or `None` when `rv` is not a number (an API server not backed by etcd).
+///
+/// Within one era a key's records come from one stream reading one history of the cluster, in
+/// which every change and every list has a higher resourceVersion than what came before it, so
+/// versions grow with them. A stream takes a new era ([`next_era`]) whenever it announces
+/// from scratch what may not continue that history: a sync without a position, a full resync
+/// (requested, or after any sign of an etcd restore), the forgetting of its position (leaving
+/// its scope, a changed query), its retirement. Eras are stamped from the clock, so a key's
+/// versions never go back, even when the cluster's history does or the key moves to another
+/// stream.
+pub fn version(era: u64, rv: &str) -> Option<u128> {
+    let rv: u64 = rv.parse().ok()?;
+    Some((u128::from(era) << 64) | u128::from(rv))
+}
+
+/// The era a stream takes after `previous` (see [`version`]): the clock's milliseconds since
+/// 1970, above `previous` and above every era this process gave out before, so that a stream
+/// started right after another retired (a watch strategy switched) is in a later era. Across
+/// processes, eras are ordered by their clocks: a handover takes longer than they disagree.
+pub fn next_era(previous: u64) -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let floor = previous.saturating_add(1);
+    let mut last = LAST.load(Ordering::Relaxed);
+    loop {
+        let era = now.max(floor).max(last.saturating_add(1));
+        match LAST.compare_exchange_weak(last, era, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return era,
+            Err(seen) => last = seen,
+        }
+    }
 }
 
 /// The tombstone following the DELETED `a` on a channel with `tombstones`: the same key, a null
@@ -124,6 +162,10 @@ fn write_envelope(
     out.extend_from_slice(route.rendered());
     out.extend_from_slice(b",\"resourceVersion\":\"");
     push_escaped(out, a.resource_version());
+    if let Some(v) = version(a.era, a.resource_version()) {
+        out.extend_from_slice(b"\",\"version\":\"");
+        out.extend_from_slice(v.to_string().as_bytes());
+    }
     out.extend_from_slice(b"\",\"observedAt\":\"");
     push_escaped(out, a.observed_at.as_str());
     out.extend_from_slice(b"\",\"resync\":");
@@ -155,6 +197,9 @@ fn cloudevents_headers(route: &Route, a: &Announcement, key: &str) -> Headers {
     h.push("ce_dataschema", &[&route.dataschema]);
     h.push("ce_partitionkey", &[key]);
     h.push("ce_resourceversion", &[a.resource_version()]);
+    if let Some(v) = version(a.era, a.resource_version()) {
+        h.push("ce_version", &[&v.to_string()]);
+    }
     h.push("ce_operationid", &[&route.operation_id]);
     h.push("ce_cluster", &[&route.cluster]);
     // `namespace/name`, or `name` (`Meta::key`), when not empty.

@@ -131,9 +131,11 @@ impl Retire<'_> {
             let members = restored.get(id);
             let rv = saved.get(id).and_then(|s| s.rv.clone()).unwrap_or_default();
             let kind = saved.get(id).and_then(|s| s.kind.as_deref());
+            // A new era: the DELETEDs come after whatever the stream announced.
+            let era = envelope::next_era(saved.get(id).map_or(0, |s| s.era));
             tracing::info!(stream = %id, objects = members.map_or(0, Members::len), "stream no longer configured in this shape; retracting what it announced");
             if let Some(members) = members {
-                if let Err(e) = self.retract(id, members, &rv, kind, stop).await {
+                if let Err(e) = self.retract(id, members, (&rv, era), kind, stop).await {
                     tracing::warn!(stream = %id, error = %e, "retiring a stream cut short; trying again");
                     return false;
                 }
@@ -164,12 +166,13 @@ impl Retire<'_> {
 
     /// Sends the inferred DELETED of every member of stream `id` where it was announced, then
     /// (once acknowledged) its membership tombstone.
-    /// `kind` is the one the stream learned, for a resource outside the catalogue.
+    /// `kind` is the one the stream learned, for a resource outside the catalogue; `at` the
+    /// stream's position and the era its DELETEDs carry.
     async fn retract(
         &self,
         id: &str,
         members: &Members,
-        rv: &str,
+        at: (&str, u64),
         kind: Option<&str>,
         stop: &CancellationToken,
     ) -> Result<(), membership::SendError> {
@@ -217,8 +220,12 @@ impl Retire<'_> {
                 let place = addressed.then(|| known.place(&meta, &route));
                 match place {
                     Some((topic, key)) => {
-                        let rv = if rv.is_empty() { known.rv.as_str() } else { rv };
-                        let delete = envelope::retraction(&route, meta, rv, &topic, &key);
+                        let rv = if at.0.is_empty() {
+                            known.rv.as_str()
+                        } else {
+                            at.0
+                        };
+                        let delete = envelope::retraction(&route, meta, rv, &topic, &key, at.1);
                         if channel.is_some_and(|c| c.tombstones) {
                             tombstones.push(delete.tombstone());
                         }

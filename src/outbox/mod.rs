@@ -123,6 +123,9 @@ pub struct Outbox {
     /// Records still to be sent one at a time, each alone in its batch, after a batch was
     /// refused for size (see [`Outbox::settle`]).
     serial: usize,
+    /// The stream's era, stamped on every record it sends (see [`envelope::version`]) and
+    /// saved with its position.
+    era: u64,
 }
 
 impl Outbox {
@@ -141,6 +144,7 @@ impl Outbox {
         metrics: &Metrics,
         cancel: CancellationToken,
     ) -> Self {
+        let era = saved.as_ref().map_or(0, |s| s.era);
         let rv = saved.and_then(|s| s.rv);
         let topic = limits.membership_topic.clone();
         let ledger = Ledger::new(stream, limits.owner.clone(), topic, members);
@@ -174,6 +178,7 @@ impl Outbox {
             moved: false,
             ledger,
             serial: 0,
+            era,
         }
     }
 
@@ -223,7 +228,15 @@ impl Outbox {
             route: None,
             kind: None,
             known: None,
+            era: self.era,
         })
+    }
+
+    /// Moves the stream to a new era (see [`envelope::next_era`]): what it sends from now on
+    /// carries it, and so does the next [`Outbox::take_saved`].
+    pub fn next_era(&mut self) {
+        self.era = envelope::next_era(self.era);
+        self.moved = true;
     }
 
     /// Forgets the position: what follows is not a replay of the watch from it. The next
@@ -313,12 +326,13 @@ impl Outbox {
     /// both: a checkpoint never covers a DELETED whose tombstone was not delivered.
     pub async fn send(
         &mut self,
-        a: Announcement,
+        mut a: Announcement,
         object: &[u8],
         arrived: Instant,
         position: Option<String>,
         change: Option<Change>,
     ) -> Result<(), OutboxError> {
+        a.era = self.era;
         if self.limits.tombstones && a.event_type == EventType::Deleted {
             let record = envelope::tombstone(&self.route, &a);
             self.send_one(&a, object, arrived, None, None).await?;
@@ -501,7 +515,7 @@ impl Outbox {
         key: &str,
     ) -> Result<(), OutboxError> {
         let uid = meta.uid().to_string();
-        let record = envelope::retraction(&self.route, meta, list_rv, topic, key);
+        let record = envelope::retraction(&self.route, meta, list_rv, topic, key, self.era);
         let tombstone = self.limits.tombstones.then(|| record.tombstone());
         // With a tombstone, the object leaves once the tombstone is delivered.
         let seq = self

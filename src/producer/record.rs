@@ -1,7 +1,7 @@
 //! What the producer produces: a record's topic, key, value and headers.
 
 /// The most headers a record carries.
-const MAX_HEADERS: usize = 16;
+const MAX_HEADERS: usize = 20;
 
 /// A record's headers, in order: their values end to end in one buffer, so a record's dozen
 /// headers cost one allocation instead of one each (the producer copies them anyway).
@@ -33,7 +33,7 @@ impl Headers {
         self.len += 1;
     }
 
-    /// How many headers there are (at most 16).
+    /// How many headers there are (at most 20).
     pub fn len(&self) -> usize {
         self.len
     }

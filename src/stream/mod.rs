@@ -410,6 +410,12 @@ impl Stream {
                 return None;
             }
         }
+        // A sync without a position announces from scratch, in a new era: it may not continue
+        // the history the stream's last records came from (see `envelope::version`). Nothing
+        // of it can be replayed from a position, so the era needs no write first.
+        if self.outbox.checkpoint().is_none() {
+            self.outbox.next_era();
+        }
         let outcome = match via {
             Via::InitialEvents => self.sync_initial(reason).await,
             Via::Pages => self.sync_pages(reason).await,

@@ -16,8 +16,12 @@ impl Stream {
     /// position must go: were the relay to die midway, a later run resuming from it (under the
     /// old query, or back in scope) would replay only changes after it and never undo what was
     /// published since. Without a position, that run reconciles with its members instead.
+    ///
+    /// What follows is announced in a new era (see [`crate::envelope::version`]), saved with
+    /// the forgotten position before anything is announced in it.
     pub(super) async fn forget_position(&mut self) -> bool {
         self.outbox.forget_position();
+        self.outbox.next_era();
         let mut saved = self
             .outbox
             .take_saved()

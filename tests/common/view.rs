@@ -52,6 +52,48 @@ pub fn consumer_view_by(
     view
 }
 
+/// The view of a consumer that keeps, per key, the record with the highest
+/// `watchrelay.version` (as `ReplacingMergeTree(version, is_deleted)` does), not the last one:
+/// a key whose highest record is a DELETED is absent. `what` describes the object kept.
+pub fn version_view_by(
+    log: &[Record],
+    what: impl Fn(&serde_json::Value) -> String,
+) -> BTreeMap<String, String> {
+    highest_view_by(log, "version", what)
+}
+
+/// The view of a consumer that keeps, per key, the record with the highest `watchrelay.<by>`
+/// (a decimal number); the later of two equal ones, as a table's merge keeps the last
+/// inserted.
+pub fn highest_view_by(
+    log: &[Record],
+    by: &str,
+    what: impl Fn(&serde_json::Value) -> String,
+) -> BTreeMap<String, String> {
+    let mut highest: BTreeMap<String, (u128, Option<String>)> = BTreeMap::new();
+    for r in log.iter().filter(|r| !r.tombstone) {
+        let v = json(r);
+        let live = match v["type"].as_str().unwrap() {
+            "ADDED" | "MODIFIED" => true,
+            "DELETED" => false,
+            _ => continue,
+        };
+        let order: u128 = v["watchrelay"][by]
+            .as_str()
+            .unwrap_or_else(|| panic!("a record without watchrelay.{by}: {v}"))
+            .parse()
+            .unwrap();
+        let kept = highest.entry(r.key.clone()).or_insert((0, None));
+        if order >= kept.0 {
+            *kept = (order, live.then(|| what(&v["object"]["metadata"])));
+        }
+    }
+    highest
+        .into_iter()
+        .filter_map(|(k, (_, o))| Some((k, o?)))
+        .collect()
+}
+
 /// An object's uid and resourceVersion: which version of which object.
 pub fn version(md: &serde_json::Value) -> String {
     format!(
