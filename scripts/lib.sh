@@ -59,3 +59,16 @@ ensure_asyncapi_parser() {
   mkdir -p "$dir"
   npm install --silent --no-audit --no-fund --prefix "$dir" @asyncapi/parser@3 >/dev/null
 }
+
+# ClickHouse's engine, in process (chDB, from PyPI), for the tables tier: a virtual environment
+# in .tools/chdb. Prints its python.
+CHDB_VERSION=4.4.0
+ensure_chdb() {
+  local dir=$PWD/.tools/chdb-$CHDB_VERSION
+  if [[ ! -x $dir/bin/python ]] || ! "$dir/bin/python" -c 'import chdb' 2>/dev/null; then
+    echo "== installing chdb $CHDB_VERSION" >&2
+    python3 -m venv "$dir"
+    "$dir/bin/pip" install --quiet --disable-pip-version-check "chdb==$CHDB_VERSION" >&2
+  fi
+  echo "$dir/bin/python"
+}

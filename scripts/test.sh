@@ -65,9 +65,16 @@ export WATCHRELAY_TEST_CLUSTER=$cluster_dir
 echo "== control plane at $(cat "$cluster_dir/apiserver.url")"
 
 # The end-to-end tiers (feature `e2e`), selected by name (Cargo.toml's `[[test]]` sections):
-# `kafka_*` need the broker; `cluster_*` also the control plane, and run as a tier of their own.
+# `kafka_*` need the broker; `tables_*` a Python with chDB; `cluster_*` also the control plane,
+# and run as a tier of their own.
 step "end-to-end tier (broker at $KAFKA_BOOTSTRAP_SERVERS)"
 cargo test --locked --features e2e --test 'kafka_*'
+took
+
+step "tables tier (the recipes on real engines)"
+WATCHRELAY_CHDB_PYTHON=$(ensure_chdb)
+export WATCHRELAY_CHDB_PYTHON
+cargo test --locked --features e2e --test 'tables_*'
 took
 
 step "real-cluster tier (kube-apiserver and etcd, the broker)"
