@@ -304,18 +304,12 @@ async fn a_missing_acl_is_named() {
         || "the permitted stream never came up".into(),
     )
     .await;
-    eventually(
-        || {
-            relay
-                .registry
-                .readiness()
-                .problems
-                .get("watchNamespacedServices.b")
-                .is_some_and(|p| p.contains(&format!("Write and Describe on topic {denied}")))
-        },
-        || format!("{:?}", relay.registry.readiness()),
-    )
-    .await;
+    relay
+        .wait_problem(
+            "watchNamespacedServices.b",
+            &format!("Write and Describe on topic {denied}"),
+        )
+        .await;
     assert!(
         relay.stream_up("watchNamespacedPods.a"),
         "the other stream runs"

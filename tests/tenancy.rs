@@ -346,17 +346,28 @@ async fn a_retirement_that_fails_partway_completes_before_anything_is_announced(
     assert_eq!(consumer_view(&events(&producer)), want());
 }
 
-/// Two releases whose scopes overlap on one topic would interleave on each key: the release
-/// that finds the other's live members on its topic, in its namespace, refuses that stream and
-/// says why; a release on another namespace of the same topic runs.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_refuses_a_topic_and_namespace_another_release_announced_on() {
+/// Namespaces `a` and `b`, with a pod each.
+async fn bed_with_a_pod_each() -> Bed {
     let bed = bed(&["a", "b"]).await;
     for ns in ["a", "b"] {
         bed.sim
             .create("pods", Some(ns), objects::pod(ns, "p0"))
             .unwrap();
     }
+    bed
+}
+
+/// Waits until `relay` refuses stream `id` for another release's claims.
+async fn refused(relay: &Relay, id: &str) {
+    relay.wait_problem(id, "another release").await;
+}
+
+/// Two releases whose scopes overlap on one topic would interleave on each key: the release
+/// that finds the other's live members on its topic, in its namespace, refuses that stream and
+/// says why; a release on another namespace of the same topic runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_refuses_a_topic_and_namespace_another_release_announced_on() {
+    let bed = bed_with_a_pod_each().await;
     let producer = Arc::new(Memory::new());
     let first = start(&bed, pods_in(&bed, "a"), &producer);
     first.wait_up(1).await;
@@ -367,18 +378,7 @@ async fn a_release_refuses_a_topic_and_namespace_another_release_announced_on() 
         cfg
     };
     let overlapping = start(&bed, other("a"), &producer);
-    eventually(
-        || {
-            overlapping
-                .registry
-                .readiness()
-                .problems
-                .get("watchNamespacedPods.a")
-                .is_some_and(|p| p.contains("another release"))
-        },
-        || format!("{:?}", overlapping.registry.readiness()),
-    )
-    .await;
+    refused(&overlapping, "watchNamespacedPods.a").await;
     overlapping.stop().await;
     let disjoint = start(&bed, other("b"), &producer);
     disjoint.wait_up(1).await;
@@ -394,26 +394,8 @@ async fn a_release_refuses_a_topic_and_namespace_another_release_announced_on() 
 /// every partition of the shards' topic).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_sees_the_claims_of_releases_of_the_other_kind() {
-    let bed = bed(&["a", "b"]).await;
-    for ns in ["a", "b"] {
-        bed.sim
-            .create("pods", Some(ns), objects::pod(ns, "p0"))
-            .unwrap();
-    }
+    let bed = bed_with_a_pod_each().await;
     let producer = Arc::new(Memory::new());
-    let refused = |relay: &Relay, id: &'static str| {
-        let registry = relay.registry.clone();
-        eventually(
-            move || {
-                registry
-                    .readiness()
-                    .problems
-                    .get(id)
-                    .is_some_and(|p| p.contains("another release"))
-            },
-            move || format!("{id} was not refused"),
-        )
-    };
     let named = |mut cfg: Config, name: &str| {
         cfg.checkpoint.name = name.into();
         cfg.leader_election.name = name.into();

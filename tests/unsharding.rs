@@ -18,6 +18,13 @@ use watchrelay::config::Config;
 use watchrelay::producer::Producer;
 use watchrelay::testing::{Memory, MemoryGroup};
 
+/// A bed with pods p0, p1 and p2 in namespace `a`, and a producer in memory.
+async fn three_pods() -> (Bed, Arc<Memory>) {
+    let bed = bed(true).await;
+    create(&bed, (0..3).map(|i| format!("p{i}")));
+    (bed, Arc::new(Memory::new()))
+}
+
 /// Runs a sharded release until its shards' owners are recorded, then stops it.
 async fn ran_sharded(bed: &Bed, producer: &Arc<Memory>) {
     let cfg = common::bed::sharded(config(bed, ""), 2);
@@ -62,9 +69,7 @@ fn assert_refused(outcome: Result<(), String>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_that_ran_sharded_refuses_a_single_leader_with_election() {
-    let bed = bed(true).await;
-    let producer = Arc::new(Memory::new());
-    create(&bed, (0..3).map(|i| format!("p{i}")));
+    let (bed, producer) = three_pods().await;
     ran_sharded(&bed, &producer).await;
     let mut cfg = config(&bed, "");
     let le = &mut cfg.leader_election;
@@ -75,9 +80,7 @@ async fn a_release_that_ran_sharded_refuses_a_single_leader_with_election() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_that_ran_sharded_refuses_a_single_leader_without_election() {
-    let bed = bed(true).await;
-    let producer = Arc::new(Memory::new());
-    create(&bed, (0..3).map(|i| format!("p{i}")));
+    let (bed, producer) = three_pods().await;
     ran_sharded(&bed, &producer).await;
     // Without election the chart grants no access to the Lease: the checkpoint ConfigMap says.
     bed.sim.deny("leases.coordination.k8s.io");
@@ -91,9 +94,7 @@ async fn a_release_that_ran_sharded_refuses_a_single_leader_without_election() {
 /// their topic, and say the release ran sharded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_to_before_sharding_is_refused_from_what_kafka_holds() {
-    let bed = bed(true).await;
-    let producer = Arc::new(Memory::new());
-    create(&bed, (0..3).map(|i| format!("p{i}")));
+    let (bed, producer) = three_pods().await;
     ran_sharded(&bed, &producer).await;
     let lease = config(&bed, "").leader_election.name;
     bed.sim
@@ -137,9 +138,7 @@ async fn a_restore_to_before_sharding_is_refused_from_what_kafka_holds() {
 /// relay side by side and nothing it relayed last is missed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_without_election_hands_its_state_to_the_shards_it_turns_into() {
-    let bed = bed(true).await;
-    let producer = Arc::new(Memory::new());
-    create(&bed, (0..3).map(|i| format!("p{i}")));
+    let (bed, producer) = three_pods().await;
     let cfg = config(&bed, "");
     assert!(!cfg.leader_election.enabled);
     let single = Relay::start_with(&bed, cfg.clone(), Some(producer.clone()));

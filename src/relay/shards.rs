@@ -919,31 +919,18 @@ mod tests {
         assert_eq!(log[2].headers.iter().count(), 1);
     }
 
-    #[test]
-    fn nothing_is_taken_once_ownership_cannot_be_proven() {
-        let memory = Arc::new(Memory::new());
-        // Never renewed: passed.
-        let deadline = Arc::new(Deadline::new(Duration::from_secs(60)));
-        let p = producer(&memory, &deadline);
-        assert!(matches!(
-            p.send(&record("pods", Headers::default()), receipt()),
-            Err(Refused::Failed(_))
-        ));
-        assert!(memory.log().is_empty());
-        deadline.renew(Instant::now());
-        p.send(&record("pods", Headers::default()), receipt())
-            .unwrap();
-        assert_eq!(memory.log().len(), 1);
-    }
-
-    /// On paused time: a shard's producer takes records while ownership is proven, refuses
-    /// them from the instant the deadline passes unrenewed, and takes them again once renewed.
+    /// On paused time: a shard's producer takes nothing before ownership is first proven,
+    /// takes records while it is, refuses them from the instant the deadline passes unrenewed,
+    /// and takes them again once renewed.
     #[tokio::test(start_paused = true)]
     async fn the_deadline_fences_on_the_clock() {
         let memory = Arc::new(Memory::new());
         let deadline = Arc::new(Deadline::new(Duration::from_secs(10)));
-        deadline.renew(Instant::now());
         let p = producer(&memory, &deadline);
+        assert!(p
+            .send(&record("pods", Headers::default()), receipt())
+            .is_err());
+        deadline.renew(Instant::now());
         tokio::time::advance(Duration::from_millis(9_999)).await;
         p.send(&record("pods", Headers::default()), receipt())
             .unwrap();

@@ -600,6 +600,26 @@ impl Relay {
     pub fn stream_up(&self, stream: &str) -> bool {
         self.registry.phases().get(stream) == Some(&Phase::Watching)
     }
+
+    /// Waits until `/readyz` reports a problem of `stream` that says `text`.
+    pub async fn wait_problem(&self, stream: &str, text: &str) {
+        eventually(
+            || {
+                self.registry
+                    .readiness()
+                    .problems
+                    .get(stream)
+                    .is_some_and(|p| p.contains(text))
+            },
+            || {
+                format!(
+                    "no problem of {stream} says {text:?}: {:?}",
+                    self.registry.readiness()
+                )
+            },
+        )
+        .await;
+    }
 }
 
 impl Drop for Relay {
