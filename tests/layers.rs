@@ -159,7 +159,7 @@ fn modules_import_only_modules_below_them() {
     assert!(left.is_empty(), "modules in an import circle:{circle}");
 }
 
-/// The end-to-end tests are selected by name (`--test 'kafka_*'`, `--test 'cluster_*'`), and
+/// The end-to-end tests are selected by name (`--test 'kafka_*'`, `'tables_*'`, `'cluster_*'`), and
 /// each needs the `e2e` feature, so plain `cargo test` never runs one without its broker.
 #[test]
 fn end_to_end_tests_are_named_by_tier_and_need_the_feature() {
@@ -176,11 +176,13 @@ fn end_to_end_tests_are_named_by_tier_and_need_the_feature() {
             continue;
         };
         let declared = format!("name = \"{stem}\"\nrequired-features = [\"e2e\"]");
-        let tier = stem.starts_with("kafka_") || stem.starts_with("cluster_");
+        let tier = ["kafka_", "tables_", "cluster_"]
+            .iter()
+            .any(|t| stem.starts_with(t));
         assert_eq!(
             manifest.contains(&declared),
             tier,
-            "tests/{name}: an end-to-end test is named kafka_* or cluster_* and declared in Cargo.toml with required-features = [\"e2e\"]; no other test is"
+            "tests/{name}: an end-to-end test is named kafka_*, tables_* or cluster_* and declared in Cargo.toml with required-features = [\"e2e\"]; no other test is"
         );
         e2e += usize::from(tier);
     }
