@@ -357,8 +357,7 @@ pub async fn parked_unheld_for(
     cfg: &Config,
 ) -> Result<Option<Duration>, kube::Error> {
     let le = &cfg.leader_election;
-    let lease_ns = le.namespace.as_deref().unwrap_or(&cfg.checkpoint.namespace);
-    let leases: Api<Lease> = Api::namespaced(client.clone(), lease_ns);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), cfg.lease_namespace());
     let spec = leases.get_opt(&le.name).await?.and_then(|l| l.spec);
     let parked_at = spec
         .filter(|s| s.holder_identity.as_deref() == Some(PARKED))
@@ -380,7 +379,7 @@ pub async fn sharded_marker(
 ) -> Result<Option<String>, kube::Error> {
     let le = &cfg.leader_election;
     let cp = &cfg.checkpoint;
-    let lease_ns = le.namespace.as_deref().unwrap_or(&cp.namespace);
+    let lease_ns = cfg.lease_namespace();
     let leases: Api<Lease> = Api::namespaced(client.clone(), lease_ns);
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &cp.namespace);
     let parked = match leases.get_opt(&le.name).await {

@@ -98,12 +98,14 @@ pub fn needs(cfg: &Config) -> Needs {
     let le = &cfg.leader_election;
     // A sharded release parks the Lease of the single leader it may have been.
     if le.enabled || cfg.sharding.enabled {
-        let ns = le.namespace.as_ref().unwrap_or(&cfg.checkpoint.namespace);
-        n.own.entry(ns.clone()).or_default().insert((
-            "coordination.k8s.io".into(),
-            "leases".into(),
-            le.name.clone(),
-        ));
+        n.own
+            .entry(cfg.lease_namespace().to_string())
+            .or_default()
+            .insert((
+                "coordination.k8s.io".into(),
+                "leases".into(),
+                le.name.clone(),
+            ));
     }
     n
 }

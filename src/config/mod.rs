@@ -404,6 +404,14 @@ impl Config {
             .max(Duration::from_secs(1))
     }
 
+    /// The namespace of the leader Lease: `leaderElection.namespace`, or the checkpoint's.
+    pub fn lease_namespace(&self) -> &str {
+        self.leader_election
+            .namespace
+            .as_deref()
+            .unwrap_or(&self.checkpoint.namespace)
+    }
+
     /// How long after sharded replicas parked the leader Lease a single leader of the release
     /// running without leader election has stopped: it looks every [`SHARDING_WATCH`], then
     /// drains and writes its last checkpoint. Each shard's first owner waits this long past the

@@ -223,10 +223,7 @@ impl Relay {
             return self.unelected().await;
         }
         let le = &self.cfg.leader_election;
-        let namespace = le
-            .namespace
-            .as_ref()
-            .unwrap_or(&self.cfg.checkpoint.namespace);
+        let namespace = self.cfg.lease_namespace();
         let mut elector = Elector::new(self.client.clone(), namespace, le);
         tracing::info!(lease = %elector.name(), identity = %elector.identity(), "leader election on");
         loop {
@@ -408,33 +405,8 @@ impl Relay {
             };
             drop(permit);
             members = restored;
-            let others = match others {
-                Others::Read(claims) => claims,
-                Others::Reading(mut read) => {
-                    let read = tokio::select! {
-                        _ = stop.cancelled() => return Ok(()),
-                        read = read.wait_for(Option::is_some) => read.ok().and_then(|r| r.clone()),
-                    };
-                    let Some(claims) = read else {
-                        return Ok(());
-                    };
-                    claims
-                }
-                Others::In(topics) => {
-                    let Some(found) = self.read_others(&log, &topics, &stop).await else {
-                        return Ok(());
-                    };
-                    if let (None, Some(claim)) = (&shard, found.ours_sharded) {
-                        let marker = format!(
-                            "the shards' membership topic holds live members of its shard {}",
-                            claim.owner
-                        );
-                        return Err(RelayError::Refused(crate::leader::unsharding_refusal(
-                            &marker,
-                        )));
-                    }
-                    found.others
-                }
+            let Some(others) = self.others(others, &log, shard, &stop).await? else {
+                return Ok(());
             };
             members.add_claims(&others);
             if let Some(copied) = members.writes.filter(|&w| w > store.writes()) {

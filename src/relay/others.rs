@@ -19,8 +19,9 @@ use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
-use super::Relay;
+use super::{Relay, RelayError};
 use crate::config::ShardingConfig;
+use crate::envelope::ShardOwner;
 use crate::membership::{Claim, Log, Restored, TopicError};
 
 /// Claims of other releases a term checks its streams against, beyond those it restores.
@@ -28,9 +29,7 @@ use crate::membership::{Claim, Log, Restored, TopicError};
 pub(super) enum Others {
     /// To be read when the term starts, from these topics.
     In(Vec<String>),
-    /// Read already, for every term of the replica.
-    Read(Arc<[Claim]>),
-    /// Being read for every term of the replica: the term waits for it.
+    /// Read (or being read) once for every term of the replica: the term waits for it.
     Reading(tokio::sync::watch::Receiver<Option<Arc<[Claim]>>>),
 }
 
@@ -51,6 +50,40 @@ impl Relay {
             .strip_prefix(c.namespace.as_str())
             .and_then(|rest| rest.strip_prefix('/'))
             .is_some_and(|name| ShardingConfig::of_release(&c.name, name))
+    }
+
+    /// The claims of other releases a term of `shard` (`None`: a single leader's) checks its
+    /// streams against, reading them by `log` if the term reads them itself; `Ok(None)` once
+    /// `stop`. A single leader whose own shards' members are live refuses: its release ran
+    /// sharded.
+    pub(super) async fn others(
+        &self,
+        others: Others,
+        log: &Arc<dyn Log>,
+        shard: Option<ShardOwner>,
+        stop: &CancellationToken,
+    ) -> Result<Option<Arc<[Claim]>>, RelayError> {
+        match others {
+            Others::Reading(mut read) => Ok(tokio::select! {
+                _ = stop.cancelled() => None,
+                read = read.wait_for(Option::is_some) => read.ok().and_then(|r| r.clone()),
+            }),
+            Others::In(topics) => {
+                let Some(found) = self.read_others(log, &topics, stop).await else {
+                    return Ok(None);
+                };
+                if let (None, Some(claim)) = (shard, found.ours_sharded) {
+                    let marker = format!(
+                        "the shards' membership topic holds live members of its shard {}",
+                        claim.owner
+                    );
+                    return Err(RelayError::Refused(crate::leader::unsharding_refusal(
+                        &marker,
+                    )));
+                }
+                Ok(Some(found.others))
+            }
+        }
     }
 
     /// The live claims of other releases in `topics`, read by `log` (every partition), tried

@@ -193,7 +193,7 @@ impl Relay {
         }
         // No replica of the single-leader version may lead once shards run.
         let le = &cfg.leader_election;
-        let lease_ns = le.namespace.as_ref().unwrap_or(&cfg.checkpoint.namespace);
+        let lease_ns = cfg.lease_namespace();
         let mut elector = crate::leader::Elector::new(self.client.clone(), lease_ns, le);
         if !elector.park(&self.shutdown).await {
             return Ok(());
@@ -474,9 +474,15 @@ impl Relay {
             };
             let result = match self.stamp_epoch(shard, epoch, &identity, &stop).await {
                 Some(epoch) => {
-                    let (mut plan, old_log) =
-                        self.plan(shard, epoch, &share, &log, &identity, &deadline);
-                    plan.others = Others::Reading(others);
+                    let others = Others::Reading(others);
+                    let (plan, old_log) = self.plan(
+                        ShardOwner { shard, epoch },
+                        &share,
+                        &log,
+                        &identity,
+                        &deadline,
+                        others,
+                    );
                     self.shard_term(shard, plan, &legacy, &old_log, stop, fenced)
                         .await
                 }
@@ -535,13 +541,14 @@ impl Relay {
     /// log its copy reads.
     fn plan(
         &self,
-        shard: u32,
-        epoch: u64,
+        owner: ShardOwner,
         share: &Share,
         log: &Arc<dyn Log>,
         identity: &str,
         deadline: &Arc<Deadline>,
+        others: Others,
     ) -> (Term, Arc<dyn Log>) {
+        let ShardOwner { shard, epoch } = owner;
         let cfg = &self.cfg;
         let sharding = cfg.sharding.clone();
         let name = ShardingConfig::configmap(&cfg.checkpoint.name, shard);
@@ -577,8 +584,8 @@ impl Relay {
             membership_topic,
             partitions: sharding.shards.cast_signed(),
             part: Arc::new(move |id| sharding.shard_of_stream(id) == shard),
-            shard: Some(ShardOwner { shard, epoch }),
-            others: Others::Read(Arc::new([])),
+            shard: Some(owner),
+            others,
         };
         (plan, old_log)
     }

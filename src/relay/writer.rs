@@ -26,7 +26,6 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::{CheckpointError, Saved, Store};
@@ -252,9 +251,11 @@ pub async fn run(
                 continue;
             }
             // A request is taken with a write, but not with the last: nobody would act on it.
-            let write = match last {
-                true => store.write(&updates).boxed(),
-                false => store.write_taking_request(&updates).boxed(),
+            let write = async {
+                match last {
+                    true => store.write(&updates).await,
+                    false => store.write_taking_request(&updates).await,
+                }
             };
             let written = tokio::time::timeout(bound, write)
                 .await
