@@ -16,6 +16,9 @@ use crate::envelope::envelope_schema;
 pub use crate::envelope::{document_id as id, payload_uri};
 use crate::event::EventType;
 
+/// Name of the identity-only object's schema under `components.schemas`.
+const REFERENCE: &str = "watchrelay.reference";
+
 /// The AsyncAPI version of the document.
 pub const VERSION: &str = "3.0.0";
 const KAFKA_BINDING: &str = "0.5.0";
@@ -177,6 +180,42 @@ fn metadata_schema() -> Value {
     })
 }
 
+/// The object reduced to its identity, as a marker, an inferred DELETED and a reference to a
+/// too large object carry it.
+fn reference_object() -> Value {
+    let s = |d: &str| json!({"type": "string", "description": d});
+    json!({
+        "type": "object",
+        "description": "The object reduced to its identity: in a BOOKMARK (a marker; its metadata holds the resourceVersion and, ending a resync, the annotation watchrelay.io/resync-end), an inferred DELETED (watchrelay.synthetic) and a record whose object was too large (watchrelay.truncatedBytes)",
+        "required": ["apiVersion", "kind", "metadata"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {
+                "type": "object",
+                "required": ["resourceVersion"],
+                "properties": {
+                    "name": s("The object's name (absent in a marker)"),
+                    "namespace": s("The object's namespace"),
+                    "uid": s("The object's uid"),
+                    "resourceVersion": s("The object's resourceVersion, or the list's for a marker"),
+                    "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+                },
+            },
+        },
+    })
+}
+
+/// Records that carry the object reduced to its identity ([`reference_object`]): BOOKMARKs,
+/// inferred DELETEDs and references to too large objects.
+fn carries_a_reference() -> Value {
+    json!({"anyOf": [
+        {"required": ["type"], "properties": {"type": {"const": "BOOKMARK"}}},
+        {"required": ["watchrelay"], "properties": {"watchrelay": {"required": ["synthetic"], "properties": {"synthetic": {"const": true}}}}},
+        {"required": ["watchrelay"], "properties": {"watchrelay": {"required": ["truncatedBytes"]}}},
+    ]})
+}
+
 fn generic_object() -> Value {
     json!({
         "type": "object",
@@ -207,6 +246,7 @@ pub fn document(cfg: &Config, cluster: Option<&ClusterSchemas>) -> Value {
     schemas.insert("cloudevents.headers".into(), headers_schema());
     schemas.insert("watchrelay.metadata".into(), metadata_schema());
     schemas.insert("kubernetes.object".into(), generic_object());
+    schemas.insert(REFERENCE.into(), reference_object());
     if let Some(c) = cluster {
         for (name, schema) in &c.components {
             schemas.insert(name.clone(), schema.clone());
@@ -215,9 +255,10 @@ pub fn document(cfg: &Config, cluster: Option<&ClusterSchemas>) -> Value {
     // Topic -> the channels publishing to it.
     let mut topics: BTreeMap<String, Vec<&Channel>> = BTreeMap::new();
     for ch in &cfg.channels {
+        // A resync always ends with a BOOKMARK marker, forwarded bookmarks or not.
         let types: Vec<&str> = EventType::ALL
             .into_iter()
-            .filter(|t| ch.forwards(*t))
+            .filter(|t| ch.forwards(*t) || *t == EventType::Bookmark)
             .map(EventType::as_str)
             .collect();
         let object = cluster
@@ -232,9 +273,12 @@ pub fn document(cfg: &Config, cluster: Option<&ClusterSchemas>) -> Value {
                 "additionalProperties": false,
                 "properties": {
                     "type": {"type": "string", "enum": types},
-                    "object": object,
+                    "object": {"type": "object", "description": "The object, of the resource's schema; reduced to its identity in markers, inferred DELETEDs and references (see if/then/else)"},
                     "watchrelay": {"$ref": "#/components/schemas/watchrelay.metadata"},
                 },
+                "if": carries_a_reference(),
+                "then": {"properties": {"object": {"$ref": format!("#/components/schemas/{REFERENCE}")}}},
+                "else": {"properties": {"object": object}},
             }),
         );
         messages.insert(
@@ -379,7 +423,7 @@ mod tests {
         let env = &doc["components"]["schemas"]["watchNodes.envelope"];
         assert_eq!(
             env["properties"]["type"]["enum"],
-            json!(["ADDED", "MODIFIED", "DELETED"])
+            json!(["ADDED", "MODIFIED", "DELETED", "BOOKMARK"])
         );
         assert_eq!(
             payload_uri("prod", "watchNodes"),
@@ -419,12 +463,12 @@ mod tests {
         let doc = document(&config(""), Some(&schemas));
         let s = &doc["components"]["schemas"];
         assert_eq!(
-            s["watchNodes.envelope"]["properties"]["object"]["$ref"],
+            s["watchNodes.envelope"]["else"]["properties"]["object"]["$ref"],
             "#/components/schemas/io.k8s.api.core.v1.Node"
         );
         assert!(s["io.k8s.api.core.v1.Node"].is_object());
         assert_eq!(
-            s["watchNamespacedServices.envelope"]["properties"]["object"]["$ref"],
+            s["watchNamespacedServices.envelope"]["else"]["properties"]["object"]["$ref"],
             "#/components/schemas/kubernetes.object"
         );
     }

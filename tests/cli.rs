@@ -264,7 +264,8 @@ mod against_a_cluster {
             serde_json::from_str(&stdout(&watchrelay(&["asyncapi", "--config", &cfg]).await))
                 .unwrap();
         assert_eq!(
-            plain["components"]["schemas"]["widgets.envelope"]["properties"]["object"]["$ref"],
+            plain["components"]["schemas"]["widgets.envelope"]["else"]["properties"]["object"]
+                ["$ref"],
             "#/components/schemas/kubernetes.object"
         );
         let doc: serde_json::Value = serde_json::from_str(&stdout(
@@ -273,7 +274,7 @@ mod against_a_cluster {
         .unwrap();
         let schemas = &doc["components"]["schemas"];
         assert_eq!(
-            schemas["widgets.envelope"]["properties"]["object"]["$ref"],
+            schemas["widgets.envelope"]["else"]["properties"]["object"]["$ref"],
             "#/components/schemas/com.example.v1.Widget"
         );
         assert_eq!(
