@@ -628,7 +628,7 @@ fn baseline(bootstrap: &str, topic: &str, input: &Path, warmup: usize) {
     let cfg = kafka_config(bootstrap);
     // The exact records the relay produces (envelope and CloudEvents headers), made up front so
     // the baseline measures the producer alone: sending them, rdkafka's headers included.
-    type Records = Vec<(String, Vec<u8>, Vec<(&'static str, String)>)>;
+    type Records = Vec<(String, Vec<u8>, Vec<(&'static str, Vec<u8>)>)>;
     let records: Records = std::io::BufReader::new(std::fs::File::open(input).unwrap())
         .lines()
         .map(|l| {
@@ -651,6 +651,7 @@ fn baseline(bootstrap: &str, topic: &str, input: &Path, warmup: usize) {
                 cluster: "bench".into(),
                 namespace: Some(NS.into()),
                 owner: None,
+                schema: None,
                 rendered: Default::default(),
             };
             let a = Announcement::change(ev.event_type, ev.meta, false);
@@ -660,7 +661,7 @@ fn baseline(bootstrap: &str, topic: &str, input: &Path, warmup: usize) {
             let headers = rec
                 .headers
                 .iter()
-                .map(|(k, v)| (k, v.to_string()))
+                .map(|(k, v)| (k, v.to_vec()))
                 .collect();
             (key.to_string(), value, headers)
         })
@@ -677,7 +678,7 @@ fn baseline(bootstrap: &str, topic: &str, input: &Path, warmup: usize) {
                 |headers, (key, value)| {
                     headers.insert(Header {
                         key,
-                        value: Some(value.as_str()),
+                        value: Some(value.as_slice()),
                     })
                 },
             );

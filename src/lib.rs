@@ -35,6 +35,7 @@ pub mod producer;
 pub mod rbac;
 pub mod registry;
 pub mod relay;
+pub mod schemas;
 pub mod status;
 mod stream;
 #[cfg(any(test, feature = "testing"))]

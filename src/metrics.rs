@@ -90,6 +90,8 @@ pub struct Metrics {
     pub in_flight_limit: IntGauge,
     /// Unix time of the last successful checkpoint write.
     pub checkpoint_written: IntGauge,
+    /// Topics whose schema the schema registry has not taken yet (their streams wait).
+    pub schema_registry_pending: IntGauge,
     /// Shards this replica owns (with sharding on).
     pub shards_owned: IntGauge,
     /// The configured number of shards (`sharding.shards`; 0 with sharding off).
@@ -196,6 +198,10 @@ impl Metrics {
             ),
             &["channel"],
         ));
+        let schema_registry_pending = single(
+            "schema_registry_pending_topics",
+            "Topics whose schema the schema registry has not taken yet: their streams wait",
+        );
         let shards_owned = single("shards_owned", "Shards this replica owns");
         let shards = single(
             "shards",
@@ -336,6 +342,7 @@ impl Metrics {
             leader,
             in_flight_limit,
             checkpoint_written,
+            schema_registry_pending,
             shards_owned,
             shards,
             shard_rebalances,
@@ -416,6 +423,7 @@ impl Metrics {
             leader,
             in_flight_limit,
             checkpoint_written,
+            schema_registry_pending,
             shards_owned,
             shards,
             shard_rebalances,
@@ -425,7 +433,7 @@ impl Metrics {
             shard_handover_purges,
             shard_handover_seconds,
         } = self;
-        let collectors: [&dyn Collector; 36] = [
+        let collectors: [&dyn Collector; 37] = [
             events_received,
             events_published,
             events_filtered,
@@ -454,6 +462,7 @@ impl Metrics {
             leader,
             in_flight_limit,
             checkpoint_written,
+            schema_registry_pending,
             shards_owned,
             shards,
             shard_rebalances,

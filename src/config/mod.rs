@@ -17,12 +17,14 @@ mod kafka;
 mod validate;
 pub(crate) use kafka::redact;
 mod key;
+mod registry;
 mod sharding;
 
 pub(crate) use channel::{is_topic, topic_rule};
 pub use channel::{Channel, ChannelConfig, Scope, Shape, Shapes, StreamId, WatchStrategy};
 pub use fields::field_paths;
 pub use key::KeyTemplate;
+pub use registry::{SchemaRegistryConfig, WireFormat};
 pub use sharding::{fnv1a64, GroupProtocol, ShardingConfig};
 use validate::expand_env;
 pub(crate) use validate::{is_dns_label, is_dns_subdomain};
@@ -80,6 +82,9 @@ struct File {
     /// Several replicas, each relaying the streams of the shards it owns.
     #[serde(default)]
     sharding: ShardingConfig,
+    /// A schema registry for the topics' values.
+    #[serde(default)]
+    schema_registry: SchemaRegistryConfig,
     /// What to watch.
     channels: Vec<ChannelConfig>,
     /// Threads running the streams. One (the default) runs every stream, the HTTP endpoint and
@@ -367,6 +372,8 @@ pub struct Config {
     pub leader_election: LeaderElectionConfig,
     /// Several replicas, each relaying the streams of the shards it owns.
     pub sharding: ShardingConfig,
+    /// A schema registry for the topics' values.
+    pub schema_registry: SchemaRegistryConfig,
     /// The channels, resolved and validated, in the file's order.
     pub channels: Vec<Arc<Channel>>,
     /// Threads running the streams (`workerThreads`, 1 by default).
@@ -447,6 +454,17 @@ impl Config {
             *value = expand_env(value, &env)
                 .map_err(|m| invalid(format!("kafka.properties.{key}"), m))?;
         }
+        let registry = &mut file.schema_registry;
+        for (field, value) in [
+            ("username", &mut registry.username),
+            ("password", &mut registry.password),
+        ] {
+            if let Some(v) = value {
+                *v = expand_env(v, &env)
+                    .map_err(|m| invalid(format!("schemaRegistry.{field}"), m))?;
+            }
+        }
+        file.schema_registry.validate()?;
         file.validate()?;
         let channels = file
             .channels
@@ -486,6 +504,7 @@ impl Config {
             http: file.http,
             leader_election: file.leader_election,
             sharding: file.sharding,
+            schema_registry: file.schema_registry,
             channels,
             worker_threads: file.worker_threads,
             shutdown_timeout_seconds: file.shutdown_timeout_seconds,

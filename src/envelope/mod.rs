@@ -28,7 +28,7 @@ pub use announcement::{now_rfc3339, Announcement, Id, Stamp};
 pub use objects::{bookmark_object, reference_object};
 pub use read::announced;
 pub(crate) use route::envelope_schema;
-pub use route::{document_id, payload_uri, Rendered, Route, ShardOwner};
+pub use route::{document_id, payload_uri, Rendered, Route, SchemaIds, SchemaTag, ShardOwner};
 pub use write::{next_era, record, record_of_value, reference, retraction, tombstone, version};
 
 #[cfg(test)]

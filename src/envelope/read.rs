@@ -13,6 +13,11 @@ use crate::event::EventType;
 /// Nothing else of an announcement outlives its record. `None` for what [`record`](super::record) did not
 /// write.
 pub fn announced(value: &[u8], key: &str) -> Option<Announcement> {
+    // Past Confluent's wire format prefix (a zero byte and a 4-byte schema id), if any.
+    let value = match value {
+        [0, _, _, _, _, rest @ ..] => rest,
+        _ => value,
+    };
     #[derive(Deserialize)]
     struct Envelope<'a> {
         #[serde(borrow)]

@@ -36,6 +36,54 @@ pub struct ShardOwner {
     pub epoch: u64,
 }
 
+/// The ids a schema registry gave the schema of a topic's values (see [`crate::schemas`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchemaIds {
+    /// The id its Confluent-compatible API answers: in Confluent's wire format, before the value.
+    pub id: u32,
+    /// Apicurio's id of the schema version (`apicurio.value.globalId`), when the registry is one.
+    pub global_id: Option<u64>,
+    /// Apicurio's id of the schema's content (`apicurio.value.contentId`), when the registry is one.
+    pub content_id: Option<u64>,
+}
+
+/// How a topic's records carry their schema's ids: shared by every stream publishing to the
+/// topic, set once the registry has the topic's schema, changed when it takes a new version
+/// (a CRD's schema changed). A stream publishes nothing before its tag is set.
+#[derive(Debug)]
+pub struct SchemaTag {
+    ids: tokio::sync::watch::Sender<Option<SchemaIds>>,
+    /// Confluent's wire format: the value starts with a zero byte and the 4-byte id.
+    pub prefix: bool,
+}
+
+impl SchemaTag {
+    /// A tag not yet registered.
+    pub fn new(prefix: bool) -> Self {
+        Self {
+            ids: tokio::sync::watch::Sender::new(None),
+            prefix,
+        }
+    }
+
+    /// The ids records carry now, `None` before the registry answered.
+    pub fn ids(&self) -> Option<SchemaIds> {
+        *self.ids.borrow()
+    }
+
+    /// Sets the ids records carry from now on.
+    pub fn set(&self, ids: SchemaIds) {
+        self.ids.send_replace(Some(ids));
+    }
+
+    /// Waits until the registry has the topic's schema.
+    pub async fn registered(&self) {
+        let mut rx = self.ids.subscribe();
+        // The sender lives as long as `self`.
+        let _ = rx.wait_for(Option::is_some).await;
+    }
+}
+
 /// What every record of one stream shares.
 #[derive(Clone, Debug, Default)]
 pub struct Route {
@@ -59,6 +107,8 @@ pub struct Route {
     pub namespace: Option<String>,
     /// With sharding on: the shard the stream belongs to and its owner's epoch.
     pub owner: Option<ShardOwner>,
+    /// With a schema registry: the ids of the topic's schema.
+    pub schema: Option<std::sync::Arc<SchemaTag>>,
     /// The envelope metadata made of the fields above, rendered on first use.
     pub rendered: Rendered,
 }
@@ -84,8 +134,15 @@ impl Route {
             cluster: cluster.to_string(),
             namespace,
             owner: None,
+            schema: None,
             rendered: Rendered::default(),
         }
+    }
+
+    /// This route, its records tagged with the ids of their schema (with a schema registry).
+    pub fn tagged(mut self, schema: Option<std::sync::Arc<SchemaTag>>) -> Self {
+        self.schema = schema;
+        self
     }
 
     /// This route, relayed by `owner` (with sharding on).
@@ -146,6 +203,7 @@ impl Route {
             cluster: cluster.to_string(),
             namespace,
             owner: None,
+            schema: None,
             rendered: Rendered::default(),
         }
     }

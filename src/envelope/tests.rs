@@ -20,6 +20,7 @@ fn route() -> Route {
         cluster: "prod".into(),
         namespace: Some("shop".into()),
         owner: None,
+        schema: None,
         rendered: Default::default(),
     }
 }
@@ -42,7 +43,7 @@ fn golden(rec: &Record) -> String {
         String::from_utf8_lossy(&rec.value)
     );
     for (name, value) in rec.headers.iter() {
-        out.push_str(&format!("{name}={value}\n"));
+        out.push_str(&format!("{name}={}\n", String::from_utf8_lossy(value)));
     }
     out
 }
@@ -265,4 +266,42 @@ fn every_header_fits_at_once() {
         r.headers.get("ce_version"),
         Some(((5u128 << 64) | 77).to_string().as_str())
     );
+}
+
+#[test]
+fn a_registered_schema_travels_in_headers_and_in_confluents_prefix_when_asked() {
+    let ev = decode_line(LINE.as_bytes(), trim()).unwrap();
+    let a = Announcement::change(ev.event_type, ev.meta.clone(), false);
+    let ids = SchemaIds {
+        id: 7,
+        global_id: Some(0x0102),
+        content_id: Some(7),
+    };
+    for prefix in [false, true] {
+        let tag = std::sync::Arc::new(SchemaTag::new(prefix));
+        let route = route().tagged(Some(tag.clone()));
+        // Not registered yet: no ids to carry (streams wait for them before publishing).
+        let rec = record(&route, &a, &ev.object, Vec::new());
+        assert!(rec.headers.get_bytes("apicurio.value.contentId").is_none());
+        tag.set(ids);
+        let rec = record(&route, &a, &ev.object, Vec::new());
+        assert_eq!(
+            rec.headers.get_bytes("apicurio.value.contentId"),
+            Some(&7u64.to_be_bytes()[..])
+        );
+        assert_eq!(
+            rec.headers.get_bytes("apicurio.value.globalId"),
+            Some(&0x0102u64.to_be_bytes()[..])
+        );
+        let json = if prefix {
+            assert_eq!(rec.value[..5], [0, 0, 0, 0, 7]);
+            &rec.value[5..]
+        } else {
+            &rec.value[..]
+        };
+        let v: serde_json::Value = serde_json::from_slice(json).unwrap();
+        assert_eq!(v["type"], "MODIFIED");
+        // The oversize path reads an announcement back past the prefix.
+        assert!(announced(&rec.value, &rec.key).is_some());
+    }
 }

@@ -7,7 +7,7 @@ use crate::event::{EventType, Meta};
 use crate::producer::{Headers, Record};
 
 use super::objects::reference_object;
-use super::{Announcement, Route};
+use super::{Announcement, Route, SchemaIds, SchemaTag};
 
 /// The record announcing `a` with `object` (the object's JSON as it leaves the cluster),
 /// written into `value` (cleared first) so a caller can reuse one buffer.
@@ -150,6 +150,11 @@ fn write_envelope(
     };
     out.clear();
     out.reserve(object.len() + 400);
+    if let Some(tag) = route.schema.as_deref().filter(|t| t.prefix) {
+        // Confluent's wire format: a zero byte, the schema's id (4 bytes, big-endian).
+        out.push(0);
+        out.extend_from_slice(&tag.ids().map_or(0, |ids| ids.id).to_be_bytes());
+    }
     out.extend_from_slice(b"{\"type\":\"");
     out.extend_from_slice(a.event_type.as_str().as_bytes());
     out.extend_from_slice(b"\",\"object\":");
@@ -218,5 +223,19 @@ fn cloudevents_headers(route: &Route, a: &Announcement, key: &str) -> Headers {
     if a.synthetic {
         h.push("ce_synthetic", &["true"]);
     }
+    if let Some(ids) = route.schema.as_deref().and_then(SchemaTag::ids) {
+        schema_headers(&mut h, ids);
+    }
     h
+}
+
+/// The schema registry's ids, in the header forms registry-aware readers look for: Apicurio's
+/// ids as 8-byte big-endian numbers.
+fn schema_headers(h: &mut Headers, ids: SchemaIds) {
+    if let Some(id) = ids.global_id {
+        h.push_bytes("apicurio.value.globalId", &id.to_be_bytes());
+    }
+    if let Some(id) = ids.content_id {
+        h.push_bytes("apicurio.value.contentId", &id.to_be_bytes());
+    }
 }

@@ -32,6 +32,7 @@ fn route() -> Arc<Route> {
         cluster: "test".into(),
         namespace: Some("shop".into()),
         owner: None,
+        schema: None,
         rendered: Default::default(),
     })
 }

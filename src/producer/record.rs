@@ -1,13 +1,14 @@
 //! What the producer produces: a record's topic, key, value and headers.
 
 /// The most headers a record carries.
-const MAX_HEADERS: usize = 20;
+const MAX_HEADERS: usize = 24;
 
 /// A record's headers, in order: their values end to end in one buffer, so a record's dozen
-/// headers cost one allocation instead of one each (the producer copies them anyway).
+/// headers cost one allocation instead of one each (the producer copies them anyway). Values are
+/// bytes: the CloudEvents attributes are text, a schema registry's ids binary.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Headers {
-    values: String,
+    values: Vec<u8>,
     /// Each header's name and where its value ends in `values`.
     ends: [(&'static str, u32); MAX_HEADERS],
     len: usize,
@@ -17,7 +18,7 @@ impl Headers {
     /// Headers with room for `bytes` of values.
     pub fn with_capacity(bytes: usize) -> Self {
         Self {
-            values: String::with_capacity(bytes),
+            values: Vec::with_capacity(bytes),
             ..Self::default()
         }
     }
@@ -26,14 +27,25 @@ impl Headers {
     pub fn push(&mut self, name: &'static str, parts: &[&str]) {
         assert!(self.len < MAX_HEADERS, "at most {MAX_HEADERS} headers");
         for part in parts {
-            self.values.push_str(part);
+            self.values.extend_from_slice(part.as_bytes());
         }
+        self.end(name);
+    }
+
+    /// Appends `name` with a binary value.
+    pub fn push_bytes(&mut self, name: &'static str, value: &[u8]) {
+        assert!(self.len < MAX_HEADERS, "at most {MAX_HEADERS} headers");
+        self.values.extend_from_slice(value);
+        self.end(name);
+    }
+
+    fn end(&mut self, name: &'static str) {
         let end = u32::try_from(self.values.len()).expect("headers under 4 GiB");
         self.ends[self.len] = (name, end);
         self.len += 1;
     }
 
-    /// How many headers there are (at most 20).
+    /// How many headers there are (at most 24).
     pub fn len(&self) -> usize {
         self.len
     }
@@ -44,7 +56,7 @@ impl Headers {
     }
 
     /// Each header's name and value, in order.
-    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &str)> + '_ {
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &[u8])> + '_ {
         let mut start = 0;
         self.ends[..self.len].iter().map(move |&(name, end)| {
             let value = &self.values[start..end as usize];
@@ -53,8 +65,14 @@ impl Headers {
         })
     }
 
-    /// The value of `name`.
+    /// The value of `name`, when it is text.
     pub fn get(&self, name: &str) -> Option<&str> {
+        self.get_bytes(name)
+            .and_then(|v| std::str::from_utf8(v).ok())
+    }
+
+    /// The value of `name`, as bytes.
+    pub fn get_bytes(&self, name: &str) -> Option<&[u8]> {
         self.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
     }
 }

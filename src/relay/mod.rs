@@ -25,6 +25,7 @@ use crate::membership::{self, Log, Owner, Restored};
 use crate::metrics::Metrics;
 use crate::producer::{self, Producer};
 use crate::registry::{self, Part, Registry, Role};
+use crate::schemas::Schemas;
 use crate::stream::Wiring;
 use others::Others;
 use supervisor::Supervisor;
@@ -123,6 +124,8 @@ pub struct Relay {
     /// consumer and a producer of end markers), and a replica claiming 64 shards at its start
     /// would otherwise open 128 at once.
     restores: Arc<tokio::sync::Semaphore>,
+    /// With a schema registry: the topics' schema tags, kept registered while the relay runs.
+    schemas: Option<Arc<Schemas>>,
 }
 
 /// Restores a replica runs at once ([`Relay`]'s `restores`).
@@ -153,6 +156,7 @@ impl Relay {
             shutdown: CancellationToken::new(),
             checkpoints: true,
             coordinator: Arc::new(group::Kafka),
+            schemas: None,
         }
     }
 
@@ -204,7 +208,46 @@ impl Relay {
     /// Lease. A replica that loses the Lease drains (its checkpoints still cover only what
     /// Kafka acknowledged) and stands by again; a clean stop releases the Lease so a standby
     /// takes over at once.
-    pub async fn run(self) -> Result<(), RelayError> {
+    ///
+    /// With a schema registry, each topic's schema is registered before its first record and
+    /// kept registered; a schema the registry refuses stops the relay with that error.
+    pub async fn run(mut self) -> Result<(), RelayError> {
+        let refused = Arc::new(std::sync::Mutex::new(None));
+        if self.checkpoints {
+            self.schemas = Schemas::new(
+                self.cfg.clone(),
+                self.client.clone(),
+                self.metrics.schema_registry_pending.clone(),
+            )
+            .map_err(|e| RelayError::Refused(format!("schema registry client: {e}")))?;
+        }
+        let keeper = self.schemas.clone().map(|schemas| {
+            let (stop, shutdown, refused) = (
+                self.shutdown.child_token(),
+                self.shutdown.clone(),
+                refused.clone(),
+            );
+            tokio::spawn(async move {
+                if let Err(e) = schemas.run(stop).await {
+                    tracing::error!(error = %e, "stopping: the schema registry refused a topic's schema");
+                    *refused.lock().expect("not poisoned") = Some(e.to_string());
+                    shutdown.cancel();
+                }
+            })
+        });
+        let result = self.relay().await;
+        if let Some(keeper) = keeper {
+            keeper.abort();
+        }
+        let refused = refused.lock().expect("not poisoned").take();
+        match refused {
+            Some(why) => Err(RelayError::Refused(why)),
+            None => result,
+        }
+    }
+
+    /// [`Relay::run`], once the schemas are kept.
+    async fn relay(&self) -> Result<(), RelayError> {
         if self.cfg.sharding.enabled && self.checkpoints {
             return self.run_sharded().await;
         }
@@ -467,6 +510,7 @@ impl Relay {
                 checkpoints: self.checkpoints,
                 syncs: self.syncs.clone(),
                 shard,
+                schemas: self.schemas.clone(),
             }),
             self.registry.clone(),
             loaded.streams,

@@ -99,6 +99,8 @@ pub struct Wiring {
     pub syncs: Arc<tokio::sync::Semaphore>,
     /// With sharding on: the shard these streams belong to, and its owner epoch.
     pub shard: Option<crate::envelope::ShardOwner>,
+    /// With a schema registry: the topics' schema tags.
+    pub schemas: Option<Arc<crate::schemas::Schemas>>,
 }
 
 pub struct Stream {
@@ -207,6 +209,11 @@ impl Stream {
         let path = channel.path.collection_url(namespace.as_deref());
         let route =
             Route::for_stream(&channel, &cfg.cluster_name, namespace).owned_by(wiring.shard);
+        let tag = wiring
+            .schemas
+            .as_ref()
+            .map(|s| s.tag(&route.topic, route.namespace.as_deref()));
+        let route = route.tagged(tag);
         let plan = resume::plan(
             saved_query.as_deref(),
             saved.as_ref().and_then(|s| s.route.as_deref()),
@@ -322,6 +329,13 @@ impl Stream {
     /// Runs until cancelled, then waits (up to the flush timeout) for outstanding deliveries so
     /// the final checkpoint covers them. Gives the reporter back, for the owner to retire.
     pub async fn run(mut self) -> Reporter {
+        // With a schema registry, nothing is published before the topic's schema is there.
+        if let Some(tag) = self.outbox.route().schema.clone() {
+            tokio::select! {
+                _ = self.life.stop.cancelled() => return self.stop().await,
+                _ = tag.registered() => {}
+            }
+        }
         let via = if self.cfg.kubernetes.send_initial_events {
             Via::InitialEvents
         } else {
