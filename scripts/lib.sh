@@ -72,3 +72,26 @@ ensure_chdb() {
   fi
   echo "$dir/bin/python"
 }
+
+# Builds the Java program under DIR (its pom.xml names the dependencies, its sources lie under
+# src/main/java) into .cache/NAME: the dependencies from Maven Central, the classes compiled with
+# javac. Rebuilt when the pom or a source changes. Prints its classpath.
+ensure_java_program() {
+  local name=$1 dir=$PWD/$2
+  local home=$PWD/.cache/$name stamp sources
+  sources=$(find "$dir/src/main/java" -name '*.java' | sort)
+  # shellcheck disable=SC2086
+  stamp=$(cat "$dir/pom.xml" $sources | sha256sum | cut -d' ' -f1)
+  if [[ ! -f $home/stamp || $(cat "$home/stamp") != "$stamp" ]]; then
+    echo "== building $name" >&2
+    rm -rf "$home"
+    mkdir -p "$home/classes"
+    mvn -q -B -Dstyle.color=never -f "$dir/pom.xml" \
+      org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
+      -DincludeScope=runtime -DoutputDirectory="$home/libs" >&2
+    # shellcheck disable=SC2086
+    javac --release 17 -nowarn -d "$home/classes" -cp "$home/libs/*" $sources >&2
+    echo "$stamp" >"$home/stamp"
+  fi
+  echo "$home/classes:$home/libs/*"
+}

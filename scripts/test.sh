@@ -48,9 +48,11 @@ cargo test --workspace --locked
 took
 
 broker_dir=
+registry_dir=
 cluster_dir=$(mktemp -d)
 cleanup() {
   scripts/cluster.sh stop "$cluster_dir"
+  if [[ -n $registry_dir ]]; then scripts/registry.sh stop "$registry_dir"; fi
   if [[ -n $broker_dir ]]; then scripts/broker.sh stop "$broker_dir"; fi
 }
 trap cleanup EXIT
@@ -65,16 +67,23 @@ export WATCHRELAY_TEST_CLUSTER=$cluster_dir
 echo "== control plane at $(cat "$cluster_dir/apiserver.url")"
 
 # The end-to-end tiers (feature `e2e`), selected by name (Cargo.toml's `[[test]]` sections):
-# `kafka_*` need the broker; `tables_*` a Python with chDB; `cluster_*` also the control plane,
-# and run as a tier of their own.
+# `kafka_*` need the broker; `tables_*` the broker, a Python with chDB, the Java programs under
+# tests/tables and a schema registry; `cluster_*` also the control plane, and run as a tier of
+# their own.
 step "end-to-end tier (broker at $KAFKA_BOOTSTRAP_SERVERS)"
 cargo test --locked --features e2e --test 'kafka_*'
 took
 
-step "tables tier (the recipes on real engines)"
+step "tables tier (the recipes on real engines, a schema registry)"
 WATCHRELAY_CHDB_PYTHON=$(ensure_chdb)
-export WATCHRELAY_CHDB_PYTHON
+WATCHRELAY_FLINK_CLASSPATH=$(ensure_java_program flink-runner tests/tables/flink)
+WATCHRELAY_DECODER_CLASSPATH=$(ensure_java_program registry-decoder tests/tables/decoder)
+registry_dir=$(mktemp -d)
+WATCHRELAY_REGISTRY_URL=$(scripts/registry.sh start "$registry_dir")
+export WATCHRELAY_CHDB_PYTHON WATCHRELAY_FLINK_CLASSPATH WATCHRELAY_DECODER_CLASSPATH WATCHRELAY_REGISTRY_URL
 cargo test --locked --features e2e --test 'tables_*'
+scripts/registry.sh stop "$registry_dir"
+registry_dir=
 took
 
 step "real-cluster tier (kube-apiserver and etcd, the broker)"

@@ -88,6 +88,9 @@ pub enum RelayError {
     /// The configuration cannot be applied to the release as it stands; says the safe way.
     #[error("refusing to start: {0}")]
     Refused(String),
+    /// The schema registry refused a topic's schema: nothing more may be published under it.
+    #[error("stopped: {0}")]
+    Schema(String),
 }
 
 /// Where records go: a new Kafka producer per leadership term, or one given producer with the
@@ -241,7 +244,7 @@ impl Relay {
         }
         let refused = refused.lock().expect("not poisoned").take();
         match refused {
-            Some(why) => Err(RelayError::Refused(why)),
+            Some(why) => Err(RelayError::Schema(why)),
             None => result,
         }
     }

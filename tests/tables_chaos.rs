@@ -1,0 +1,313 @@
+//! The tables tier: the recipes run on real engines over a topic the relay wrote through a
+//! chaotic run against the simulator, with a schema registry: churn, a same-name recreate, a
+//! crash (kill -9) with Kafka having written part of what was sent, a 410 with inferred
+//! DELETEDs, a namespace leaving the selector, and etcd restores without and with a bumped
+//! revision. The run's records are then written, in order and with their headers, to a topic of
+//! a real broker, and:
+//! - ClickHouse's engine (chDB) runs `recipes/clickhouse/pods.sql` over them;
+//! - Flink SQL runs both views of `recipes/flink/pods.sql` (over `upsert-kafka`, and the
+//!   highest version per key) reading the topic;
+//! - Apicurio Registry's own JSON Schema deserializer decodes every record, each against the
+//!   schema whose id its headers carry.
+//!
+//! Each table must then hold exactly the cluster's pods: none missing, none extra, none stale (by
+//! key, uid and resourceVersion). The same records in a table ordered by
+//! `watchrelay.resourceVersion` instead of `watchrelay.version` must hold a stale row: the
+//! version is what makes the table exact.
+//!
+//! Needs (`scripts/test.sh` provides them): `KAFKA_BOOTSTRAP_SERVERS`; `WATCHRELAY_REGISTRY_URL`,
+//! an Apicurio Registry 3; `WATCHRELAY_CHDB_PYTHON`, a Python with chDB;
+//! `WATCHRELAY_FLINK_CLASSPATH` and `WATCHRELAY_DECODER_CLASSPATH`, the Java programs under
+//! `tests/tables/`.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use common::bed::{Bed, Relay};
+use common::view::{consumer_view_by, events, pods_by, version};
+use watchrelay::producer::{Producer, Record};
+use watchrelay::testing::{Memory, Order};
+use watchrelay_sim::objects;
+
+const NAMESPACES: [&str; 2] = ["a", "b"];
+
+fn pod(bed: &Bed, ns: &str, name: &str) {
+    bed.sim
+        .create("pods", Some(ns), objects::pod(ns, name))
+        .unwrap();
+}
+
+fn touch(bed: &Bed, ns: &str, name: &str, n: u32) {
+    bed.sim
+        .merge_patch(
+            "pods",
+            Some(ns),
+            name,
+            serde_json::json!({"metadata": {"labels": {"n": n.to_string()}}}),
+        )
+        .unwrap();
+}
+
+/// The cluster's pods in scope, as `key -> uid@resourceVersion`.
+fn cluster(bed: &Bed) -> BTreeMap<String, String> {
+    let in_scope: Vec<&str> = NAMESPACES
+        .into_iter()
+        .filter(|ns| {
+            bed.sim
+                .get("namespaces", None, ns)
+                .is_some_and(|n| n["metadata"]["labels"]["relay"].as_str() == Some("yes"))
+        })
+        .collect();
+    pods_by(&bed.sim, &in_scope, |_| true, version)
+}
+
+async fn converged(bed: &Bed, producer: &Memory) {
+    common::bed::eventually(
+        || consumer_view_by(&events(producer), version) == cluster(bed),
+        || {
+            format!(
+                "the consumer never held the cluster's pods\nconsumer {:?}\ncluster  {:?}",
+                consumer_view_by(&events(producer), version),
+                cluster(bed)
+            )
+        },
+    )
+    .await;
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set (scripts/test.sh sets it)"))
+}
+
+/// `key,uid,resource_version` lines as `key -> uid@rv`.
+fn rows(out: &[u8]) -> BTreeMap<String, String> {
+    String::from_utf8(out.to_vec())
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let cols: Vec<&str> = line.split(',').map(|c| c.trim_matches('"')).collect();
+            (cols[0].to_string(), format!("{}@{}", cols[1], cols[2]))
+        })
+        .collect()
+}
+
+fn run(what: &str, cmd: &mut std::process::Command) -> Vec<u8> {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what}: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    out.stdout
+}
+
+/// The live rows of the ClickHouse recipe's table over `records`, as `key -> uid@rv`, the table
+/// ordered by `by` (`version` or `resourceVersion`).
+fn clickhouse(records: &[Record], by: &str) -> BTreeMap<String, String> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("records.jsonl");
+    let mut lines = String::new();
+    for r in records {
+        let value = (!r.tombstone).then(|| String::from_utf8(r.value.clone()).unwrap());
+        lines.push_str(&serde_json::json!({"key": r.key, "value": value}).to_string());
+        lines.push('\n');
+    }
+    std::fs::write(&file, lines).unwrap();
+    let root = env!("CARGO_MANIFEST_DIR");
+    rows(&run(
+        "chDB",
+        std::process::Command::new(env("WATCHRELAY_CHDB_PYTHON"))
+            .arg(format!("{root}/tests/tables/clickhouse.py"))
+            .arg(format!("{root}/recipes/clickhouse/pods.sql"))
+            .arg(&file)
+            .arg(by),
+    ))
+}
+
+/// The live rows of the Flink recipe's `view` reading `topic` (`by`: the column the
+/// highest-version view orders by), as `key -> uid@rv`.
+fn flink(topic: &str, view: &str, by: &str) -> BTreeMap<String, String> {
+    let root = env!("CARGO_MANIFEST_DIR");
+    rows(&run(
+        "Flink",
+        std::process::Command::new("java")
+            // C1 only and the serial collector: half the CPU of the defaults for a short job.
+            .args([
+                "-XX:TieredStopAtLevel=1",
+                "-XX:+UseSerialGC",
+                "-Xmx1g",
+                "-cp",
+            ])
+            .arg(env("WATCHRELAY_FLINK_CLASSPATH"))
+            .arg("FlinkRecipe")
+            .arg(format!("{root}/recipes/flink/pods.sql"))
+            .arg(env("KAFKA_BOOTSTRAP_SERVERS"))
+            .arg(topic)
+            .arg(view)
+            .arg(by),
+    ))
+}
+
+/// How many records of `topic` Apicurio's JSON Schema deserializer decoded (it fails on any
+/// record it cannot decode or that does not validate against its schema).
+fn decoded(topic: &str) -> usize {
+    let out = run(
+        "the registry's deserializer",
+        std::process::Command::new("java")
+            .arg("-cp")
+            .arg(env("WATCHRELAY_DECODER_CLASSPATH"))
+            .arg("watchrelay.Decode")
+            .arg(env("KAFKA_BOOTSTRAP_SERVERS"))
+            .arg(topic)
+            .arg(env("WATCHRELAY_REGISTRY_URL")),
+    );
+    let out = String::from_utf8(out).unwrap();
+    out.trim()
+        .strip_prefix("decoded ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the deserializer said {out:?}"))
+}
+
+/// Writes `records` to a new one-partition topic of the broker, in order, with their headers;
+/// its name.
+fn publish(records: &[Record]) -> String {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer as _, ThreadedProducer};
+    let topic = format!(
+        "tables-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+    );
+    let producer: ThreadedProducer<DefaultProducerContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", env("KAFKA_BOOTSTRAP_SERVERS"))
+        .set("enable.idempotence", "true")
+        .create()
+        .unwrap();
+    for r in records {
+        let mut headers = OwnedHeaders::new();
+        for (key, value) in r.headers.iter() {
+            headers = headers.insert(Header {
+                key,
+                value: Some(value),
+            });
+        }
+        let mut record = BaseRecord::<str, [u8]>::to(&topic)
+            .key(&r.key)
+            .partition(0)
+            .headers(headers);
+        if !r.tombstone {
+            record = record.payload(&r.value);
+        }
+        producer.send(record).map_err(|(e, _)| e).unwrap();
+    }
+    producer.flush(std::time::Duration::from_secs(30)).unwrap();
+    topic
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_engines_table_holds_exactly_the_clusters_pods_after_chaos() {
+    let bed = Bed::in_memory(watchrelay_sim::SimConfig::default(), &NAMESPACES).await;
+    for ns in NAMESPACES {
+        bed.label(ns, true);
+        for i in 0..6 {
+            pod(&bed, ns, &format!("p{i}"));
+        }
+    }
+    let producer = Arc::new(Memory::new());
+    let cfg = bed.config_with(
+        "  - operationId: watchNamespacedPods\n    namespaceSelector: relay=yes\n    topic: pods\n    tombstones: true\n",
+        "",
+        &format!(
+            "schemaRegistry:\n  url: {}/apis/ccompat/v7\n",
+            env("WATCHRELAY_REGISTRY_URL")
+        ),
+    );
+    let start = || Relay::start_with(&bed, cfg.clone(), Some(producer.clone()));
+    let relay = start();
+    relay.wait_up(2).await;
+    for n in 0..3 {
+        touch(&bed, "a", "p0", n);
+    }
+    // A same-name recreate.
+    bed.sim.delete("pods", Some("a"), "p1").unwrap();
+    pod(&bed, "a", "p1");
+    converged(&bed, &producer).await;
+
+    // A crash mid-churn: Kafka wrote half of what was sent.
+    producer.hold(true);
+    touch(&bed, "a", "p2", 1);
+    touch(&bed, "b", "p2", 1);
+    bed.sim.delete("pods", Some("b"), "p3").unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let written = producer.held() / 2;
+    producer.release_first(written, Order::Sent);
+    relay.kill().await;
+    producer.purge();
+    producer.hold(false);
+
+    // While it is down, deletions past the history window: a 410, then inferred DELETEDs.
+    bed.sim.delete("pods", Some("a"), "p4").unwrap();
+    bed.sim.delete("pods", Some("b"), "p4").unwrap();
+    bed.sim.compact();
+    let relay = start();
+    relay.wait_up(2).await;
+    converged(&bed, &producer).await;
+
+    // A namespace leaves the selector: its pods leave the table.
+    bed.label("b", false);
+    converged(&bed, &producer).await;
+
+    // etcd restores, without then with a bumped revision, each undoing changes after its
+    // snapshot.
+    for bump in [None, Some(1000)] {
+        let snapshot = bed.sim.snapshot();
+        touch(&bed, "a", "p5", 9);
+        bed.sim.delete("pods", Some("a"), "p2").unwrap();
+        pod(&bed, "a", "late");
+        converged(&bed, &producer).await;
+        // The relay wrote its ConfigMap past the snapshot: what tells it a bumped restore.
+        bed.wait_pods_covered("watchNamespacedPods.a", "a").await;
+        bed.sim.restore(&snapshot, bump);
+        converged(&bed, &producer).await;
+    }
+    relay.stop().await;
+
+    let want = cluster(&bed);
+    let records = events(&producer);
+    assert_eq!(
+        clickhouse(&records, "version"),
+        want,
+        "ClickHouse, ordered by watchrelay.version"
+    );
+    assert_ne!(
+        clickhouse(&records, "resourceVersion"),
+        want,
+        "ClickHouse ordered by resourceVersion should have kept an edit a restore undid"
+    );
+
+    let topic = publish(&records);
+    assert_eq!(flink(&topic, "pods", "version"), want, "Flink upsert-kafka");
+    assert_eq!(
+        flink(&topic, "pods_latest", "version"),
+        want,
+        "Flink, each key's highest watchrelay.version"
+    );
+    assert_ne!(
+        flink(&topic, "pods_latest", "resourceVersion"),
+        want,
+        "Flink ordered by resourceVersion should have kept an edit a restore undid"
+    );
+
+    let values = records.iter().filter(|r| !r.tombstone).count();
+    assert!(records
+        .iter()
+        .filter(|r| !r.tombstone)
+        .all(|r| r.headers.get_bytes("apicurio.value.contentId").is_some()));
+    assert_eq!(decoded(&topic), values, "every record decodes");
+}
