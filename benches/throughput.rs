@@ -658,11 +658,7 @@ fn baseline(bootstrap: &str, topic: &str, input: &Path, warmup: usize) {
             let rec = envelope::record(&route, &a, &ev.object, Vec::new());
             assert_eq!(rec.key, key);
             let value = rec.value;
-            let headers = rec
-                .headers
-                .iter()
-                .map(|(k, v)| (k, v.to_vec()))
-                .collect();
+            let headers = rec.headers.iter().map(|(k, v)| (k, v.to_vec())).collect();
             (key.to_string(), value, headers)
         })
         .collect();
