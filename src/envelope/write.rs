@@ -57,11 +57,13 @@ pub fn reference(route: &Route, a: &Announcement, original_bytes: usize, topic: 
 }
 
 /// The inferred DELETED of `meta` retracting it from `topic` under `key`, where it was
-/// announced, whatever `route` would key it by now; in `era`.
+/// announced, whatever `route` would key it by now; in `era`. Its schema ids are the route's
+/// only in the route's own topic: another topic's schema is not the route's to name.
 pub fn retraction(route: &Route, meta: Meta, rv: &str, topic: &str, key: &str, era: u64) -> Record {
     let route = Route {
         topic: topic.to_string(),
         key: KeyTemplate::fixed(key),
+        schema: route.schema.clone().filter(|_| topic == route.topic),
         ..route.clone()
     };
     let object = reference_object(&meta);
