@@ -60,15 +60,17 @@ ensure_asyncapi_parser() {
   npm install --silent --no-audit --no-fund --prefix "$dir" @asyncapi/parser@3 >/dev/null
 }
 
-# ClickHouse's engine, in process (chDB, from PyPI), for the tables tier: a virtual environment
-# in .tools/chdb. Prints its python.
-CHDB_VERSION=4.4.0
-ensure_chdb() {
-  local dir=$PWD/.tools/chdb-$CHDB_VERSION
-  if [[ ! -x $dir/bin/python ]] || ! "$dir/bin/python" -c 'import chdb' 2>/dev/null; then
-    echo "== installing chdb $CHDB_VERSION" >&2
+# The tables tier's Python, from PyPI, in a virtual environment in .tools/tables-python:
+# chDB (ClickHouse's engine, in process) and DuckDB. Prints its python.
+TABLES_PYTHON_PACKAGES="chdb==4.4.0 duckdb==2.0.1"
+ensure_tables_python() {
+  local dir=$PWD/.tools/tables-python
+  if [[ ! -f $dir/stamp || $(cat "$dir/stamp") != "$TABLES_PYTHON_PACKAGES" ]]; then
+    echo "== installing $TABLES_PYTHON_PACKAGES" >&2
     python3 -m venv "$dir"
-    "$dir/bin/pip" install --quiet --disable-pip-version-check "chdb==$CHDB_VERSION" >&2
+    # shellcheck disable=SC2086
+    "$dir/bin/pip" install --quiet --disable-pip-version-check $TABLES_PYTHON_PACKAGES >&2
+    echo "$TABLES_PYTHON_PACKAGES" >"$dir/stamp"
   fi
   echo "$dir/bin/python"
 }

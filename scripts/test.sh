@@ -75,12 +75,12 @@ cargo test --locked --features e2e --test 'kafka_*'
 took
 
 step "tables tier (the recipes on real engines, a schema registry)"
-WATCHRELAY_CHDB_PYTHON=$(ensure_chdb)
+WATCHRELAY_TABLES_PYTHON=$(ensure_tables_python)
 WATCHRELAY_FLINK_CLASSPATH=$(ensure_java_program flink-runner tests/tables/flink)
 WATCHRELAY_DECODER_CLASSPATH=$(ensure_java_program registry-decoder tests/tables/decoder)
 registry_dir=$(mktemp -d)
 WATCHRELAY_REGISTRY_URL=$(scripts/registry.sh start "$registry_dir")
-export WATCHRELAY_CHDB_PYTHON WATCHRELAY_FLINK_CLASSPATH WATCHRELAY_DECODER_CLASSPATH WATCHRELAY_REGISTRY_URL
+export WATCHRELAY_TABLES_PYTHON WATCHRELAY_FLINK_CLASSPATH WATCHRELAY_DECODER_CLASSPATH WATCHRELAY_REGISTRY_URL
 cargo test --locked --features e2e --test 'tables_*'
 scripts/registry.sh stop "$registry_dir"
 registry_dir=

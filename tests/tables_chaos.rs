@@ -5,6 +5,8 @@
 //! revision. The run's records are then written, in order and with their headers, to a topic of
 //! a real broker, and:
 //! - ClickHouse's engine (chDB) runs `recipes/clickhouse/pods.sql` over them;
+//! - DuckDB runs `recipes/duckdb/pods.sql` over a dump of them, for the table now and as it
+//!   was before the restores;
 //! - Flink SQL runs both views of `recipes/flink/pods.sql` (over `upsert-kafka`, and the
 //!   highest version per key) reading the topic;
 //! - Apicurio Registry's own JSON Schema deserializer decodes every record, each against the
@@ -16,7 +18,7 @@
 //! version is what makes the table exact.
 //!
 //! Needs (`scripts/test.sh` provides them): `KAFKA_BOOTSTRAP_SERVERS`; `WATCHRELAY_REGISTRY_URL`,
-//! an Apicurio Registry 3; `WATCHRELAY_CHDB_PYTHON`, a Python with chDB;
+//! an Apicurio Registry 3; `WATCHRELAY_TABLES_PYTHON`, a Python with chDB and DuckDB;
 //! `WATCHRELAY_FLINK_CLASSPATH` and `WATCHRELAY_DECODER_CLASSPATH`, the Java programs under
 //! `tests/tables/`.
 
@@ -119,10 +121,34 @@ fn clickhouse(records: &[Record], by: &str) -> BTreeMap<String, String> {
     let root = env!("CARGO_MANIFEST_DIR");
     rows(&run(
         "chDB",
-        std::process::Command::new(env("WATCHRELAY_CHDB_PYTHON"))
+        std::process::Command::new(env("WATCHRELAY_TABLES_PYTHON"))
             .arg(format!("{root}/tests/tables/clickhouse.py"))
             .arg(format!("{root}/recipes/clickhouse/pods.sql"))
             .arg(&file)
+            .arg(by),
+    ))
+}
+
+/// The live rows of the DuckDB recipe's `pods_as_of(as_of)` (`now`: `pods`) over a dump of
+/// `records` as `kcat -J` writes one, ordered by `by`, as `key -> uid@rv`.
+fn duckdb(records: &[Record], as_of: &str, by: &str) -> BTreeMap<String, String> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pods.jsonl");
+    let mut lines = String::new();
+    for r in records {
+        let payload = (!r.tombstone).then(|| String::from_utf8(r.value.clone()).unwrap());
+        lines.push_str(&serde_json::json!({"key": r.key, "payload": payload}).to_string());
+        lines.push('\n');
+    }
+    std::fs::write(&file, lines).unwrap();
+    let root = env!("CARGO_MANIFEST_DIR");
+    rows(&run(
+        "DuckDB",
+        std::process::Command::new(env("WATCHRELAY_TABLES_PYTHON"))
+            .arg(format!("{root}/tests/tables/duckdb_recipe.py"))
+            .arg(format!("{root}/recipes/duckdb/pods.sql"))
+            .arg(&file)
+            .arg(as_of)
             .arg(by),
     ))
 }
@@ -262,6 +288,10 @@ async fn every_engines_table_holds_exactly_the_clusters_pods_after_chaos() {
     // A namespace leaves the selector: its pods leave the table.
     bed.label("b", false);
     converged(&bed, &producer).await;
+    // What the table held then, for a table as of that moment.
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let (then, at) = (cluster(&bed), watchrelay::envelope::now_rfc3339());
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
 
     // etcd restores, without then with a bumped revision, each undoing changes after its
     // snapshot.
@@ -289,6 +319,18 @@ async fn every_engines_table_holds_exactly_the_clusters_pods_after_chaos() {
         clickhouse(&records, "resourceVersion"),
         want,
         "ClickHouse ordered by resourceVersion should have kept an edit a restore undid"
+    );
+
+    assert_eq!(duckdb(&records, "now", "version"), want, "DuckDB");
+    assert_eq!(
+        duckdb(&records, &at, "version"),
+        then,
+        "DuckDB, as of before the restores"
+    );
+    assert_ne!(
+        duckdb(&records, "now", "resourceVersion"),
+        want,
+        "DuckDB ordered by resourceVersion should have kept an edit a restore undid"
     );
 
     let topic = publish(&records);
