@@ -310,46 +310,138 @@ async fn every_engines_table_holds_exactly_the_clusters_pods_after_chaos() {
 
     let want = cluster(&bed);
     let records = events(&producer);
-    assert_eq!(
-        clickhouse(&records, "version"),
-        want,
-        "ClickHouse, ordered by watchrelay.version"
-    );
-    assert_ne!(
-        clickhouse(&records, "resourceVersion"),
-        want,
-        "ClickHouse ordered by resourceVersion should have kept an edit a restore undid"
-    );
-
-    assert_eq!(duckdb(&records, "now", "version"), want, "DuckDB");
+    let topic = engines_hold(&records, &want);
     assert_eq!(
         duckdb(&records, &at, "version"),
         then,
         "DuckDB, as of before the restores"
     );
-    assert_ne!(
-        duckdb(&records, "now", "resourceVersion"),
-        want,
-        "DuckDB ordered by resourceVersion should have kept an edit a restore undid"
-    );
-
-    let topic = publish(&records);
-    assert_eq!(flink(&topic, "pods", "version"), want, "Flink upsert-kafka");
-    assert_eq!(
-        flink(&topic, "pods_latest", "version"),
-        want,
-        "Flink, each key's highest watchrelay.version"
-    );
+    // Ordered by resourceVersion, each keeps an edit a restore undid.
+    assert_ne!(clickhouse(&records, "resourceVersion"), want, "ClickHouse");
+    assert_ne!(duckdb(&records, "now", "resourceVersion"), want, "DuckDB");
     assert_ne!(
         flink(&topic, "pods_latest", "resourceVersion"),
         want,
-        "Flink ordered by resourceVersion should have kept an edit a restore undid"
+        "Flink"
     );
+}
 
+/// Each engine's table over `records` holds exactly `want` (`key -> uid@rv`), and every record
+/// decodes through the registry; the topic the records were written to.
+fn engines_hold(records: &[Record], want: &BTreeMap<String, String>) -> String {
+    assert_eq!(&clickhouse(records, "version"), want, "ClickHouse");
+    assert_eq!(&duckdb(records, "now", "version"), want, "DuckDB");
+    let topic = publish(records);
+    assert_eq!(
+        &flink(&topic, "pods", "version"),
+        want,
+        "Flink upsert-kafka"
+    );
+    assert_eq!(
+        &flink(&topic, "pods_latest", "version"),
+        want,
+        "Flink, each key's highest watchrelay.version"
+    );
     let values = records.iter().filter(|r| !r.tombstone).count();
     assert!(records
         .iter()
         .filter(|r| !r.tombstone)
         .all(|r| r.headers.get_bytes("apicurio.value.contentId").is_some()));
     assert_eq!(decoded(&topic), values, "every record decodes");
+    topic
+}
+
+/// The same engines over a sharded release: two replicas over two namespaces of different
+/// shards. The second joins mid-churn and takes a shard over while the first's records stall
+/// (those of the moved shard are purged at the handover, never landing after the new owner's);
+/// same-name recreates on both sides of the handover; then the first is killed (kill -9) and,
+/// a pod of its namespace deleted and the history compacted meanwhile, the second takes its
+/// shard over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_engines_table_holds_exactly_the_clusters_pods_across_a_handover() {
+    use common::bed::{shard_of, sharded};
+    use watchrelay::testing::{Lane, MemoryGroup};
+    let in_shard = |k| {
+        (0..)
+            .map(|i| format!("team-{i}"))
+            .find(|ns| shard_of(2, ns) == k)
+            .unwrap()
+    };
+    let (n0, n1) = (in_shard(0), in_shard(1));
+    let bed = Bed::in_memory_serving(true, &[&n0, &n1]).await;
+    for ns in [&n0, &n1] {
+        for i in 0..4 {
+            pod(&bed, ns, &format!("p{i}"));
+        }
+    }
+    let cfg = sharded(
+        bed.config_with(
+            &format!("  - operationId: watchNamespacedPods\n    namespaces: [{n0}, {n1}]\n    topic: pods\n    tombstones: true\n"),
+            "",
+            &format!(
+                "schemaRegistry:\n  url: {}/apis/ccompat/v7\n",
+                env("WATCHRELAY_REGISTRY_URL")
+            ),
+        ),
+        2,
+    );
+    let memory = Arc::new(Memory::new());
+    let group = MemoryGroup::default();
+    let cluster = || pods_by(&bed.sim, &[&n0, &n1], |_| true, version);
+    let converged = || async {
+        common::bed::eventually(
+            || consumer_view_by(&events(&memory), version) == cluster(),
+            || "the consumer never held the cluster's pods".to_string(),
+        )
+        .await
+    };
+    let lane_a = Lane::new(memory.clone());
+    let a = Relay::start_on_lane(&bed, cfg.clone(), lane_a.clone(), &group);
+    converged().await;
+    // A same-name recreate under the first owner.
+    bed.sim.delete("pods", Some(&n1), "p1").unwrap();
+    pod(&bed, &n1, "p1");
+    converged().await;
+
+    // The first replica's records stall; changes on both shards queue behind them.
+    lane_a.hold_to(Some("pods"));
+    touch(&bed, &n0, "p0", 1);
+    touch(&bed, &n1, "p0", 1);
+    bed.sim.delete("pods", Some(&n1), "p2").unwrap();
+    common::bed::eventually(|| lane_a.held() > 0, || "nothing queued".into()).await;
+    // The second replica joins and takes a shard over; its changes go on.
+    let b = Relay::start_on_lane(&bed, cfg.clone(), Lane::new(memory.clone()), &group);
+    common::bed::eventually(
+        || {
+            touch(&bed, &n1, "p3", 2);
+            events(&memory)
+                .iter()
+                .any(|r| r.headers.get("ce_ownerepoch").is_some_and(|e| e != "1"))
+        },
+        || "no shard was handed over".into(),
+    )
+    .await;
+    // The shard the second replica took, and the namespace the first kept.
+    let taken = events(&memory)
+        .iter()
+        .find(|r| r.headers.get("ce_ownerepoch").is_some_and(|e| e != "1"))
+        .and_then(|r| r.headers.get("ce_shard").map(str::to_string))
+        .unwrap();
+    let (kept, moved) = if taken == "0" { (&n1, &n0) } else { (&n0, &n1) };
+    // A same-name recreate under the new owner.
+    bed.sim.delete("pods", Some(moved), "p0").unwrap();
+    pod(&bed, moved, "p0");
+    lane_a.release();
+    converged().await;
+
+    // The first replica crashes; while its shard has no owner, its namespace's pods change and
+    // the history is compacted: the next owner resumes past a gap.
+    a.kill().await;
+    bed.sim.delete("pods", Some(kept), "p3").unwrap();
+    touch(&bed, kept, "p2", 3);
+    bed.sim.compact();
+    converged().await;
+    b.stop().await;
+
+    engines_hold(&events(&memory), &cluster());
 }

@@ -109,6 +109,12 @@ impl Client {
         }))
     }
 
+    /// Whether the registry is Apicurio's (its Confluent-compatible API under `/apis/ccompat/`),
+    /// whose own ids the records carry in headers.
+    pub fn is_apicurio(&self) -> bool {
+        self.apicurio.is_some()
+    }
+
     /// One request; the answer's status and JSON body (`null` when empty or not JSON).
     async fn call(
         &self,

@@ -69,6 +69,9 @@ impl Schemas {
         let Some(client) = Client::new(&cfg.schema_registry)? else {
             return Ok(None);
         };
+        if !client.is_apicurio() && cfg.schema_registry.wire_format == WireFormat::Headers {
+            tracing::warn!("the schema registry is not Apicurio's: with wireFormat headers the records carry no schema ids (Confluent's header form needs a schema GUID its API does not give); set wireFormat confluent");
+        }
         let schemas = Arc::new(Self {
             cfg,
             kube,
