@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 use common::{create_topics, env_or};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use watchrelay::config::KeyTemplate;
 use watchrelay::decode;
 use watchrelay::envelope::{self, Announcement, Route, SchemaIds, SchemaTag};
 use watchrelay::producer::Record;
@@ -31,21 +30,7 @@ use watchrelay_sim::objects;
 const NS: &str = "bench";
 
 fn route(tag: Option<Arc<SchemaTag>>) -> Route {
-    Route {
-        topic: String::new(),
-        key: KeyTemplate::default(),
-        dataschema: watchrelay::asyncapi::payload_uri("bench", "watchNamespacedPods"),
-        source: format!("/clusters/bench/api/v1/namespaces/{NS}/pods"),
-        channel: "/api/v1/namespaces/{namespace}/pods".into(),
-        operation_id: "watchNamespacedPods".into(),
-        message: "WatchEvent".into(),
-        cluster: "bench".into(),
-        namespace: Some(NS.into()),
-        owner: None,
-        schema: None,
-        rendered: Default::default(),
-    }
-    .tagged(tag)
+    common::pods_route("", NS).tagged(tag)
 }
 
 fn bytes(r: &Record) -> usize {

@@ -44,9 +44,8 @@ use rdkafka::message::{Header, OwnedHeaders, ToBytes};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::ClientContext;
 use serde_json::json;
-use watchrelay::config::KeyTemplate;
 use watchrelay::decode;
-use watchrelay::envelope::{self, Announcement, Route};
+use watchrelay::envelope::{self, Announcement};
 use watchrelay_sim::objects;
 
 const NS: &str = "bench";
@@ -640,20 +639,7 @@ fn baseline(bootstrap: &str, topic: &str, input: &Path, warmup: usize) {
                 allow_secret_data: false,
             };
             let ev = decode::decode_line(line.as_bytes(), trim).unwrap();
-            let route = Route {
-                topic: topic.to_string(),
-                key: KeyTemplate::default(),
-                dataschema: watchrelay::asyncapi::payload_uri("bench", "watchNamespacedPods"),
-                source: format!("/clusters/bench/api/v1/namespaces/{NS}/pods"),
-                channel: "/api/v1/namespaces/{namespace}/pods".into(),
-                operation_id: "watchNamespacedPods".into(),
-                message: "WatchEvent".into(),
-                cluster: "bench".into(),
-                namespace: Some(NS.into()),
-                owner: None,
-                schema: None,
-                rendered: Default::default(),
-            };
+            let route = common::pods_route(topic, NS);
             let a = Announcement::change(ev.event_type, ev.meta, false);
             let rec = envelope::record(&route, &a, &ev.object, Vec::new());
             assert_eq!(rec.key, key);

@@ -28,21 +28,16 @@ source "$root/scripts/lib.sh"
 testbed=$root/testbed/kafka
 version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$testbed/pom.xml")
 home=$root/.cache/kafka-$version
-# maven-dependency-plugin 3.8.1 runs on the Maven 3.8 Debian ships; newer ones want 3.9.
-dependency_plugin=org.apache.maven.plugins:maven-dependency-plugin:3.8.1
 
 install() {
   local stamp
-  stamp=$(sha256sum "$testbed/pom.xml" | cut -d' ' -f1)
-  if [[ -f $home/stamp && $(cat "$home/stamp") == "$stamp" ]]; then
-    return 0
-  fi
+  stamp=$(stamp_of "$testbed/pom.xml")
+  stamped "$home" "$stamp" && return 0
   command -v java >/dev/null || { echo "broker.sh: java (17 or later) is required" >&2; exit 1; }
   command -v mvn >/dev/null || { echo "broker.sh: mvn is required" >&2; exit 1; }
   echo "resolving Apache Kafka $version from Maven Central" >&2
   rm -rf "$home"
-  mvn -q -B -Dstyle.color=never -f "$testbed/pom.xml" "$dependency_plugin:copy-dependencies" \
-    -DincludeScope=runtime -DoutputDirectory="$home/libs" >&2
+  maven_copy "$testbed/pom.xml" "$home/libs" -DincludeScope=runtime
   echo "$stamp" >"$home/stamp"
 }
 

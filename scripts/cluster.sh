@@ -28,8 +28,8 @@ bin=$root/.cache/k8s-$k8s_version/bin
 
 install() {
   local stamp
-  stamp=$(cat "$testbed/k8s/go.mod" "$testbed/k8s/go.sum" "$testbed/etcd/go.mod" "$testbed/etcd/go.sum" | sha256sum | cut -d' ' -f1)
-  if [[ -f $bin/stamp && $(cat "$bin/stamp") == "$stamp" ]]; then
+  stamp=$(stamp_of "$testbed/k8s/go.mod" "$testbed/k8s/go.sum" "$testbed/etcd/go.mod" "$testbed/etcd/go.sum")
+  if stamped "$bin" "$stamp"; then
     return 0
   fi
   command -v go >/dev/null || { echo "cluster.sh: go is required" >&2; exit 1; }

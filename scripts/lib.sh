@@ -9,6 +9,28 @@ target_dir() {
   python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])' <<<"$metadata"
 }
 
+# Prints the stamp of FILES as they are now (the sha256 of their contents end to end): an
+# install folder keeps the stamp of what it was made from in its file `stamp`.
+stamp_of() {
+  cat "$@" | sha256sum | cut -d' ' -f1
+}
+
+# Whether folder DIR was made from what STAMP stands for.
+stamped() {
+  [[ -f $1/stamp && $(cat "$1/stamp") == "$2" ]]
+}
+
+# Copies the dependencies Maven file POM names from Maven Central into folder OUT, with more
+# ARGS for the plugin. maven-dependency-plugin 3.8.1 runs on the Maven 3.8 Debian ships; newer
+# ones want 3.9.
+maven_copy() {
+  local pom=$1 out=$2
+  shift 2
+  mvn -q -B -Dstyle.color=never -f "$pom" \
+    org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
+    -DoutputDirectory="$out" "$@" >&2
+}
+
 # Prints a free port on loopback.
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
@@ -83,14 +105,12 @@ ensure_java_program() {
   local home=$PWD/.cache/$name stamp sources
   sources=$(find "$dir/src/main/java" -name '*.java' | sort)
   # shellcheck disable=SC2086
-  stamp=$(cat "$dir/pom.xml" $sources | sha256sum | cut -d' ' -f1)
-  if [[ ! -f $home/stamp || $(cat "$home/stamp") != "$stamp" ]]; then
+  stamp=$(stamp_of "$dir/pom.xml" $sources)
+  if ! stamped "$home" "$stamp"; then
     echo "== building $name" >&2
     rm -rf "$home"
     mkdir -p "$home/classes"
-    mvn -q -B -Dstyle.color=never -f "$dir/pom.xml" \
-      org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
-      -DincludeScope=runtime -DoutputDirectory="$home/libs" >&2
+    maven_copy "$dir/pom.xml" "$home/libs" -DincludeScope=runtime
     # shellcheck disable=SC2086
     javac --release 17 -nowarn -d "$home/classes" -cp "$home/libs/*" $sources >&2
     echo "$stamp" >"$home/stamp"

@@ -6,13 +6,15 @@
 #   scripts/otelcol.sh bin       print the binary's path
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/lib.sh
+source "$root/scripts/lib.sh"
 testbed=$root/testbed/otelcol
 out=$root/.cache/otelcol
 
 install() {
   local stamp
-  stamp=$(cat "$testbed/builder-config.yaml" "$testbed/go.mod" "$testbed/go.sum" | sha256sum | cut -d' ' -f1)
-  if [[ -f $out/stamp && $(cat "$out/stamp") == "$stamp" ]]; then
+  stamp=$(stamp_of "$testbed/builder-config.yaml" "$testbed/go.mod" "$testbed/go.sum")
+  if stamped "$out" "$stamp"; then
     return 0
   fi
   command -v go >/dev/null || { echo "otelcol.sh: go is required" >&2; exit 1; }

@@ -24,23 +24,18 @@ source "$root/scripts/lib.sh"
 testbed=$root/testbed/registry
 version=$(sed -n 's:.*<apicurio.version>\(.*\)</apicurio.version>.*:\1:p' "$testbed/pom.xml")
 home=$root/.cache/apicurio-registry-$version
-# maven-dependency-plugin 3.8.1 runs on the Maven 3.8 Debian ships; newer ones want 3.9.
-dependency_plugin=org.apache.maven.plugins:maven-dependency-plugin:3.8.1
 
 install() {
   local stamp
-  stamp=$(sha256sum "$testbed/pom.xml" | cut -d' ' -f1)
-  if [[ -f $home/stamp && $(cat "$home/stamp") == "$stamp" ]]; then
-    return 0
-  fi
+  stamp=$(stamp_of "$testbed/pom.xml")
+  stamped "$home" "$stamp" && return 0
   command -v java >/dev/null || { echo "registry.sh: java (17 or later) is required" >&2; exit 1; }
   command -v mvn >/dev/null || { echo "registry.sh: mvn is required" >&2; exit 1; }
   echo "resolving Apicurio Registry $version from Maven Central" >&2
   rm -rf "$home"
   # -DskipExternalRepos: the registry's parent POM adds two repositories outside Maven Central
   # unless it is set.
-  mvn -q -B -Dstyle.color=never -DskipExternalRepos -f "$testbed/pom.xml" \
-    "$dependency_plugin:copy-dependencies" -DoutputDirectory="$home/dist" >&2
+  maven_copy "$testbed/pom.xml" "$home/dist" -DskipExternalRepos
   mkdir -p "$home/quarkus-app"
   tar xzf "$home/dist/apicurio-registry-app-$version-all.tar.gz" -C "$home/quarkus-app"
   rm -rf "$home/dist"

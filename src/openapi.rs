@@ -40,7 +40,7 @@ async fn get(client: &kube::Client, uri: &str) -> Result<Value, OpenApiError> {
 }
 
 /// The `$ref`ed component names in `schema`.
-fn refs(schema: &Value, out: &mut Vec<String>) {
+pub(crate) fn refs(schema: &Value, out: &mut Vec<String>) {
     match schema {
         Value::Object(m) => {
             for (k, v) in m {

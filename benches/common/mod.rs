@@ -339,3 +339,22 @@ pub fn sharded_replica(
         .expect("relay starts");
     (KillOnDrop(child), port)
 }
+
+/// The route of the pods channel's stream over the benchmark namespace `ns` of cluster `bench`,
+/// publishing to `topic`.
+pub fn pods_route(topic: &str, ns: &str) -> watchrelay::envelope::Route {
+    watchrelay::envelope::Route {
+        topic: topic.to_string(),
+        key: watchrelay::config::KeyTemplate::default(),
+        dataschema: watchrelay::asyncapi::payload_uri("bench", "watchNamespacedPods"),
+        source: format!("/clusters/bench/api/v1/namespaces/{ns}/pods"),
+        channel: "/api/v1/namespaces/{namespace}/pods".into(),
+        operation_id: "watchNamespacedPods".into(),
+        message: "WatchEvent".into(),
+        cluster: "bench".into(),
+        namespace: Some(ns.into()),
+        owner: None,
+        schema: None,
+        rendered: Default::default(),
+    }
+}

@@ -12,6 +12,7 @@ use std::collections::BTreeSet;
 use serde_json::{json, Map, Value};
 
 use crate::envelope::envelope_schema;
+use crate::openapi::refs;
 
 pub mod client;
 mod service;
@@ -58,26 +59,6 @@ pub fn topic_schema(doc: &Value, topic: &str, channels: &[&str]) -> Value {
     }
     out["definitions"] = Value::Object(definitions);
     out
-}
-
-/// The component names `schema` refers to.
-fn refs(schema: &Value, out: &mut Vec<String>) {
-    match schema {
-        Value::Object(m) => {
-            for (k, v) in m {
-                match (k.as_str(), v) {
-                    ("$ref", Value::String(r)) => {
-                        if let Some(name) = r.strip_prefix("#/components/schemas/") {
-                            out.push(name.to_string());
-                        }
-                    }
-                    _ => refs(v, out),
-                }
-            }
-        }
-        Value::Array(a) => a.iter().for_each(|v| refs(v, out)),
-        _ => {}
-    }
 }
 
 /// One OpenAPI 3.0 schema as JSON Schema draft 7: references into `definitions`; `nullable`
