@@ -18,12 +18,12 @@
 
 mod common;
 
-use common::{env_or, free_port, metric, peak_rss_kib, start_sim, stop, KillOnDrop};
+use common::{env_or, free_port, metric, peak_rss_kib, small_pod, start_sim, stop, KillOnDrop};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use watchrelay_sim::{objects, Sim, SimConfig};
 
 const NS: &str = "bench";
@@ -47,7 +47,7 @@ fn main() {
     }
     let t = Instant::now();
     for i in 0..n {
-        sim.create("pods", Some(NS), pod(&format!("web-{i:07}"), 0))
+        sim.create("pods", Some(NS), small_pod(NS, &format!("web-{i:07}"), 0))
             .unwrap();
     }
     println!("created {n} pods in {:.1} s", t.elapsed().as_secs_f64());
@@ -67,7 +67,7 @@ fn main() {
     // 2. Down: changes, creations, deletions, then the history is compacted.
     let step = 1000 / changed.max(1);
     for i in (0..n).step_by(step) {
-        sim.update("pods", Some(NS), pod(&format!("web-{i:07}"), 1))
+        sim.update("pods", Some(NS), small_pod(NS, &format!("web-{i:07}"), 1))
             .unwrap();
     }
     for i in (1..n).step_by(100) {
@@ -75,7 +75,7 @@ fn main() {
             .unwrap();
     }
     for i in 0..n / 100 {
-        sim.create("pods", Some(NS), pod(&format!("new-{i:07}"), 0))
+        sim.create("pods", Some(NS), small_pod(NS, &format!("new-{i:07}"), 0))
             .unwrap();
     }
     sim.compact();
@@ -117,21 +117,6 @@ fn main() {
     println!(
         "resync records published: {published:.0} ({inferred:.0} inferred DELETEDs); {unchanged:.0} unchanged objects not republished"
     );
-}
-
-/// A small pod; `generation` tells its versions apart.
-fn pod(name: &str, generation: u64) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {
-            "name": name, "namespace": NS,
-            "labels": {"app": "web", "pod-template-hash": "7d4b9c8f6d"},
-            "annotations": {"bench/generation": generation.to_string()},
-            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d4b9c8f6d", "uid": "5e1a7f0c-2b7d-4d8e-9a35-0c1f6e2d7b11", "controller": true}]
-        },
-        "spec": {"containers": [{"name": "app", "image": "registry.example.com/storefront/web:1.27.3"}], "nodeName": "node-3"},
-        "status": {"phase": "Running", "podIP": "10.1.2.3", "startTime": "2026-11-01T10:00:00Z"}
-    })
 }
 
 /// One run of the relay.

@@ -358,3 +358,18 @@ pub fn pods_route(topic: &str, ns: &str) -> watchrelay::envelope::Route {
         rendered: Default::default(),
     }
 }
+
+/// A small pod (~700 bytes of JSON) of namespace `ns`; `generation` tells its versions apart.
+pub fn small_pod(ns: &str, name: &str, generation: u64) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": name, "namespace": ns,
+            "labels": {"app": "web", "pod-template-hash": "7d4b9c8f6d"},
+            "annotations": {"bench/generation": generation.to_string()},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d4b9c8f6d", "uid": "5e1a7f0c-2b7d-4d8e-9a35-0c1f6e2d7b11", "controller": true}]
+        },
+        "spec": {"containers": [{"name": "app", "image": "registry.example.com/storefront/web:1.27.3"}], "nodeName": "node-3"},
+        "status": {"phase": "Running", "podIP": "10.1.2.3", "startTime": "2026-11-01T10:00:00Z"}
+    })
+}

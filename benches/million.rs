@@ -1,0 +1,234 @@
+//! A million objects, several replicas, one channel read cluster-wide: the first sync of a
+//! sharded release, next to the pass-through of the same objects in the same run.
+//!
+//! 1. The simulator (in this process) holds N small pods (~700 bytes of JSON each,
+//!    `BENCH_PODS`, default 1,000,000) over `BENCH_NAMESPACES` namespaces (default 1,000).
+//! 2. Pass-through: a child reads the collection once as the relay does at a start (a
+//!    `sendInitialEvents` watch of `/api/v1/pods`) and produces each object's line as it is,
+//!    unkeyed, to a topic of its own, until the initial events end and Kafka acknowledged
+//!    them: the floor of a first sync on this bed. Its time and peak RSS.
+//! 3. The release: `BENCH_REPLICAS` (default 3) replicas of the real binary, sharded (64
+//!    shards), one channel `watchAllPods`, started at once with nothing saved. From their start
+//!    to the moment the records they published together reach N: the time, and per replica
+//!    the records it published, its share of them and its peak RSS; the list and watch requests
+//!    the API server received.
+//!
+//! The figures it prints are what the release does today, which is the baseline of spreading a
+//! collection over the replicas: a stream over one collection belongs to one shard.
+//!
+//! Run with `scripts/bench.sh million` (it starts a broker) or set KAFKA_BOOTSTRAP_SERVERS.
+
+mod common;
+
+use std::io::{BufRead, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{
+    create_topics, env_or, free_port, peak_rss_kib, small_pod, start_sim, total, KillOnDrop,
+};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use serde_json::{json, Value};
+use watchrelay_sim::{objects, SimConfig};
+
+const SHARDS: u32 = 64;
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    if args.first().map(String::as_str) == Some("passthrough") {
+        return passthrough(&args[1], &args[2], &args[3]);
+    }
+    let n = env_or("BENCH_PODS", 1_000_000);
+    let namespaces = env_or("BENCH_NAMESPACES", 1_000);
+    let replicas = env_or("BENCH_REPLICAS", 3);
+    let bootstrap = std::env::var("KAFKA_BOOTSTRAP_SERVERS")
+        .expect("KAFKA_BOOTSTRAP_SERVERS is not set: run scripts/bench.sh million");
+    let (rt, sim) = start_sim(SimConfig {
+        watch_list: true,
+        history_limit: 10_000,
+        journal_limit: Some(1_000),
+        ..Default::default()
+    });
+    let _runtime = rt.enter();
+    let dir = tempfile::tempdir().unwrap();
+    sim.create("namespaces", None, objects::namespace("watchrelay"))
+        .unwrap();
+    for i in 0..namespaces {
+        sim.create("namespaces", None, objects::namespace(&format!("ns-{i}")))
+            .unwrap();
+    }
+    let t = Instant::now();
+    for i in 0..n {
+        let ns = format!("ns-{}", i % namespaces);
+        sim.create("pods", Some(&ns), small_pod(&ns, &format!("web-{i:07}"), 0))
+            .unwrap();
+    }
+    println!("created {n} pods in {:.1} s", t.elapsed().as_secs_f64());
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let name = format!("bench.million.{stamp}");
+    let floor = format!("{name}.passthrough");
+    rt.block_on(create_topics(&bootstrap, &[&name, &floor]));
+    let kubeconfig = dir.path().join("kubeconfig");
+    sim.write_kubeconfig(&kubeconfig).unwrap();
+
+    // 2. The pass-through.
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["passthrough", &bootstrap, &floor, &sim.url()])
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    let floor: Value = serde_json::from_slice(out.stdout.trim_ascii()).unwrap();
+
+    // 3. The release.
+    let verb = |v: &str| sim.requests_for("pods").get(v).copied().unwrap_or(0);
+    let lists = || verb("list");
+    let watches = || verb("watch");
+    let (lists0, watches0) = (lists(), watches());
+    let started = Instant::now();
+    let release: Vec<(KillOnDrop, u16, u32)> = (0..replicas)
+        .map(|r| {
+            let port = free_port();
+            let config = dir.path().join(format!("replica-{r}.yaml"));
+            std::fs::write(
+                &config,
+                format!(
+                    "clusterName: bench\nkubernetes:\n  kubeconfig: {}\nkafka:\n  bootstrapServers: {bootstrap}\n  oversize: trim\n  maxInFlightPerStream: 20000\n\
+                     checkpoint:\n  namespace: watchrelay\n  name: {name}\nsharding:\n  enabled: true\n  shards: {SHARDS}\n  topic: {name}.shards\nhttp:\n  listen: 127.0.0.1:{port}\n\
+                     channels:\n  - operationId: watchAllPods\n    topic: {name}\n",
+                    kubeconfig.display()
+                ),
+            )
+            .unwrap();
+            let child = Command::new(common::relay_bin())
+                .args(["run", "--config"])
+                .arg(&config)
+                .env("WATCHRELAY_LOG", "warn")
+                .env("POD_NAME", format!("replica-{r}"))
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("relay starts");
+            let pid = child.id();
+            (KillOnDrop(child), port, pid)
+        })
+        .collect();
+    let ports: Vec<u16> = release.iter().map(|(_, p, _)| *p).collect();
+    let published = |ports: &[u16]| total(ports, "watchrelay_events_published_total");
+    while published(&ports) < n as f64 {
+        assert!(
+            started.elapsed() < Duration::from_secs(1800),
+            "the release never published the {n} pods"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let floor_secs = floor["secs"].as_f64().unwrap();
+    println!(
+        "{:<34} {:>9} {:>12} {:>8} {:>13}",
+        format!("{n} pods, {namespaces} namespaces"),
+        "time s",
+        "records",
+        "share",
+        "peak RSS MiB"
+    );
+    println!(
+        "{:<34} {floor_secs:>9.1} {:>12} {:>8} {:>13.0}",
+        "pass-through (one process)",
+        floor["records"],
+        "",
+        floor["rss_kib"].as_f64().unwrap() / 1024.0
+    );
+    let mut shares = Vec::new();
+    for (r, (_, port, pid)) in release.iter().enumerate() {
+        let records = published(&[*port]).max(0.0);
+        shares.push(records / n as f64);
+        println!(
+            "{:<34} {:>9} {records:>12.0} {:>7.0}% {:>13.0}",
+            format!("replica {r} of {replicas}"),
+            "",
+            records / n as f64 * 100.0,
+            peak_rss_kib(*pid) as f64 / 1024.0
+        );
+    }
+    println!(
+        "{:<34} {secs:>9.1} ({:.2}x the pass-through); API requests: {} lists, {} watches",
+        "the release's first sync",
+        secs / floor_secs,
+        lists() - lists0,
+        watches() - watches0
+    );
+    let rss: Vec<String> = release
+        .iter()
+        .map(|(_, _, pid)| (peak_rss_kib(*pid) / 1024).to_string())
+        .collect();
+    println!(
+        "BENCH million pods={n} replicas={replicas} first_sync_vs_passthrough={:.2} shares={} rss_mib={}",
+        secs / floor_secs,
+        shares
+            .iter()
+            .map(|s| format!("{s:.2}"))
+            .collect::<Vec<_>>()
+            .join(","),
+        rss.join(",")
+    );
+    drop(release);
+}
+
+/// The pass-through child: reads the pods once with a `sendInitialEvents` watch and produces
+/// each line as it is until the initial events end; prints its time, records and peak RSS.
+fn passthrough(bootstrap: &str, topic: &str, url: &str) {
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .set("compression.type", "lz4")
+        .create()
+        .unwrap();
+    let started = Instant::now();
+    let addr = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    // HTTP/1.0: the body comes without chunk framing, so lines can be handed on as they are.
+    write!(s, "GET /api/v1/pods?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut r = std::io::BufReader::with_capacity(1 << 16, s);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        r.read_until(b'\n', &mut line).unwrap();
+        if line == b"\r\n" {
+            break;
+        }
+    }
+    let mut records = 0u64;
+    loop {
+        line.clear();
+        let k = r.read_until(b'\n', &mut line).unwrap();
+        assert!(k > 0, "the watch ended before its initial events did");
+        const MARKER: &[u8] = b"\"type\":\"BOOKMARK\"";
+        if line.windows(MARKER.len()).any(|w| w == MARKER) {
+            break;
+        }
+        let mut record = BaseRecord::<(), [u8]>::to(topic).payload(&line[..k - 1]);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((_, back)) => {
+                    record = back;
+                    producer.poll(Duration::from_millis(1));
+                }
+            }
+        }
+        producer.poll(Duration::ZERO);
+        records += 1;
+    }
+    producer.flush(Duration::from_secs(600)).unwrap();
+    println!(
+        "{}",
+        json!({"secs": started.elapsed().as_secs_f64(), "records": records, "rss_kib": peak_rss_kib(std::process::id())})
+    );
+}
