@@ -20,14 +20,15 @@
 
 mod common;
 
-use std::io::{BufRead, Write};
+use std::io::BufRead;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    create_topics, env_or, free_port, peak_rss_kib, small_pod, start_sim, total, KillOnDrop,
+    create_small_pods, create_topics, env_or, free_port, open_lines, peak_rss_kib, plain_producer,
+    run_stamp, send_when_room, start_sim, total, KillOnDrop,
 };
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::producer::{BaseRecord, Producer};
 use serde_json::{json, Value};
 use watchrelay_sim::{objects, SimConfig};
 
@@ -60,18 +61,8 @@ fn main() {
         sim.create("namespaces", None, objects::namespace(&format!("ns-{i}")))
             .unwrap();
     }
-    let t = Instant::now();
-    for i in 0..n {
-        let ns = format!("ns-{}", i % namespaces);
-        sim.create("pods", Some(&ns), small_pod(&ns, &format!("web-{i:07}"), 0))
-            .unwrap();
-    }
-    println!("created {n} pods in {:.1} s", t.elapsed().as_secs_f64());
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis();
-    let name = format!("bench.million.{stamp}");
+    create_small_pods(&sim, n, |i| format!("ns-{}", i % namespaces));
+    let name = format!("bench.million.{}", run_stamp());
     let floor = format!("{name}.passthrough");
     rt.block_on(create_topics(&bootstrap, &[&name, &floor]));
     let kubeconfig = dir.path().join("kubeconfig");
@@ -182,28 +173,13 @@ fn main() {
 /// The pass-through child: reads the pods once with a `sendInitialEvents` watch and produces
 /// each line as it is until the initial events end; prints its time, records and peak RSS.
 fn passthrough(bootstrap: &str, topic: &str, url: &str) {
-    let producer: BaseProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "5")
-        .set("compression.type", "lz4")
-        .create()
-        .unwrap();
+    let producer = plain_producer(bootstrap);
     let started = Instant::now();
-    let addr = url.trim_start_matches("http://");
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    // HTTP/1.0: the body comes without chunk framing, so lines can be handed on as they are.
-    write!(s, "GET /api/v1/pods?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut r = std::io::BufReader::with_capacity(1 << 16, s);
+    let mut r = open_lines(
+        url,
+        "/api/v1/pods?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true",
+    );
     let mut line = Vec::new();
-    loop {
-        line.clear();
-        r.read_until(b'\n', &mut line).unwrap();
-        if line == b"\r\n" {
-            break;
-        }
-    }
     let mut records = 0u64;
     loop {
         line.clear();
@@ -213,17 +189,10 @@ fn passthrough(bootstrap: &str, topic: &str, url: &str) {
         if line.windows(MARKER.len()).any(|w| w == MARKER) {
             break;
         }
-        let mut record = BaseRecord::<(), [u8]>::to(topic).payload(&line[..k - 1]);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((_, back)) => {
-                    record = back;
-                    producer.poll(Duration::from_millis(1));
-                }
-            }
-        }
-        producer.poll(Duration::ZERO);
+        send_when_room(
+            &producer,
+            BaseRecord::<(), [u8]>::to(topic).payload(&line[..k - 1]),
+        );
         records += 1;
     }
     producer.flush(Duration::from_secs(600)).unwrap();

@@ -19,9 +19,9 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{create_topics, env_or};
+use common::{create_topics, env_or, plain_producer, send_when_room};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::producer::{BaseRecord, Producer};
 use watchrelay::decode;
 use watchrelay::envelope::{self, Announcement, Route, SchemaIds, SchemaTag};
 use watchrelay::producer::Record;
@@ -83,14 +83,7 @@ fn main() {
     let topic = format!("bench-registry-{}", std::process::id());
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(create_topics(&bootstrap, &[&topic]));
-    let producer: BaseProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "5")
-        .set("compression.type", "lz4")
-        .create()
-        .unwrap();
+    let producer = plain_producer(&bootstrap);
 
     let mut write = vec![Vec::new(); ways.len()];
     let mut produce = vec![Vec::new(); ways.len()];
@@ -116,20 +109,13 @@ fn main() {
                         value: Some(value),
                     });
                 }
-                let mut record = BaseRecord::<str, [u8]>::to(&topic)
-                    .key(&r.key)
-                    .payload(&r.value)
-                    .headers(headers);
-                loop {
-                    match producer.send(record) {
-                        Ok(()) => break,
-                        Err((_, back)) => {
-                            record = back;
-                            producer.poll(Duration::from_millis(1));
-                        }
-                    }
-                }
-                producer.poll(Duration::ZERO);
+                send_when_room(
+                    &producer,
+                    BaseRecord::<str, [u8]>::to(&topic)
+                        .key(&r.key)
+                        .payload(&r.value)
+                        .headers(headers),
+                );
             }
             producer.flush(Duration::from_secs(120)).unwrap();
             let produced = t.elapsed().as_secs_f64();

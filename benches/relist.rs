@@ -18,7 +18,10 @@
 
 mod common;
 
-use common::{env_or, free_port, metric, peak_rss_kib, small_pod, start_sim, stop, KillOnDrop};
+use common::{
+    create_small_pods, env_or, free_port, metric, peak_rss_kib, run_stamp, small_pod, start_sim,
+    stop, KillOnDrop,
+};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -45,16 +48,8 @@ fn main() {
         sim.create("namespaces", None, objects::namespace(ns))
             .unwrap();
     }
-    let t = Instant::now();
-    for i in 0..n {
-        sim.create("pods", Some(NS), small_pod(NS, &format!("web-{i:07}"), 0))
-            .unwrap();
-    }
-    println!("created {n} pods in {:.1} s", t.elapsed().as_secs_f64());
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis();
+    create_small_pods(&sim, n, |_| NS.to_string());
+    let stamp = run_stamp();
     let topic = format!("bench.relist.{stamp}");
     let membership = format!("bench.relist.membership.{stamp}");
     create_topic(&bootstrap, &topic, 3);

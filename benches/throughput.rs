@@ -507,19 +507,11 @@ fn passthrough(bootstrap: &str, topic: &str, url: &str, rv: u64, warmup: u64, n:
         .client_config()
         .create_with_context(Ctx::default())
         .unwrap();
-    let addr = url.trim_start_matches("http://");
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    // HTTP/1.0: the body comes without chunk framing, so lines can be handed on as they are.
-    write!(s, "GET /api/v1/namespaces/{NS}/pods?watch=true&resourceVersion={rv} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
-    let mut r = std::io::BufReader::with_capacity(1 << 16, s);
+    let mut r = common::open_lines(
+        url,
+        &format!("/api/v1/namespaces/{NS}/pods?watch=true&resourceVersion={rv}"),
+    );
     let mut line = Vec::new();
-    loop {
-        line.clear();
-        r.read_until(b'\n', &mut line).unwrap();
-        if line == b"\r\n" {
-            break;
-        }
-    }
     let (mut cpu0, mut t0) = (0.0, Instant::now());
     for i in 0..warmup + n {
         if i == warmup {

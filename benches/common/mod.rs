@@ -373,3 +373,75 @@ pub fn small_pod(ns: &str, name: &str, generation: u64) -> serde_json::Value {
         "status": {"phase": "Running", "podIP": "10.1.2.3", "startTime": "2026-11-01T10:00:00Z"}
     })
 }
+
+/// Creates `n` small pods (`web-0000000`, ...), pod `i` in namespace `namespace(i)`, and says
+/// how long it took.
+pub fn create_small_pods(sim: &watchrelay_sim::Sim, n: usize, namespace: impl Fn(usize) -> String) {
+    let t = std::time::Instant::now();
+    for i in 0..n {
+        let ns = namespace(i);
+        sim.create("pods", Some(&ns), small_pod(&ns, &format!("web-{i:07}"), 0))
+            .unwrap();
+    }
+    println!("created {n} pods in {:.1} s", t.elapsed().as_secs_f64());
+}
+
+/// Milliseconds since 1970: a suffix that keeps one run's topics apart from another's.
+pub fn run_stamp() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+/// Opens `GET path` on the simulator at `url` over HTTP/1.0, so the body comes without chunk
+/// framing and its lines can be handed on as they are; returns the body's reader, past the
+/// response's headers.
+pub fn open_lines(url: &str, path: &str) -> std::io::BufReader<std::net::TcpStream> {
+    use std::io::{BufRead, Write};
+    let addr = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut r = std::io::BufReader::with_capacity(1 << 16, s);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        r.read_until(b'\n', &mut line).unwrap();
+        if line == b"\r\n" {
+            return r;
+        }
+    }
+}
+
+/// A producer configured like the relay's for the baselines: idempotent, acknowledged by all
+/// replicas, lz4, 5 ms of linger.
+pub fn plain_producer(bootstrap: &str) -> rdkafka::producer::BaseProducer {
+    rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .set("compression.type", "lz4")
+        .create()
+        .unwrap()
+}
+
+/// Sends `record`, serving delivery reports and waiting while the producer's queue is full.
+pub fn send_when_room<K, P>(
+    producer: &rdkafka::producer::BaseProducer,
+    mut record: rdkafka::producer::BaseRecord<'_, K, P>,
+) where
+    K: rdkafka::message::ToBytes + ?Sized,
+    P: rdkafka::message::ToBytes + ?Sized,
+{
+    loop {
+        match producer.send(record) {
+            Ok(()) => break,
+            Err((_, back)) => {
+                record = back;
+                producer.poll(std::time::Duration::from_millis(1));
+            }
+        }
+    }
+    producer.poll(std::time::Duration::ZERO);
+}

@@ -103,7 +103,7 @@ impl Producer for ShardProducer {
         // A stream's records carry the headers already (its route says its shard).
         let pinned = record.topic == self.membership_topic;
         let inner = &self.share.inner;
-        let sent = if !pinned && record.headers.get("ce_shard").is_some() {
+        let sent = if !pinned && record.headers.get_bytes("ce_shard").is_some() {
             inner.send(record, receipt)
         } else {
             let mut record = record.clone();
