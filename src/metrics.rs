@@ -110,6 +110,11 @@ pub struct Metrics {
     pub shard_handover_purges: IntCounter,
     /// Seconds from a shard's revoke to its handover (its term stopped, drained and wrote).
     pub shard_handover_seconds: prometheus::Histogram,
+    /// Watches this replica opened of collections fanned out to its shards (one per
+    /// collection, reopened as a watch is).
+    pub fanout_watches: IntCounter,
+    /// Lists of collections fanned out to its shards (one serves every shard then waiting).
+    pub fanout_lists: IntCounter,
 }
 
 /// `metric`, registered with `registry`.
@@ -190,6 +195,17 @@ impl Metrics {
         let history_rewinds = registered(&registry, IntCounter::new(
             "history_rewinds_total",
             "Times the checkpoint ConfigMap went back behind what the relay last wrote (an etcd restore), making every stream resync whole",
+        ));
+        let fanout_watches = registered(
+            &registry,
+            IntCounter::new(
+                "fanout_watches_total",
+                "Watches opened of collections fanned out to this replica's shards",
+            ),
+        );
+        let fanout_lists = registered(&registry, IntCounter::new(
+            "fanout_lists_total",
+            "Lists of collections fanned out to this replica's shards, each serving every shard then waiting",
         ));
         let watch_strategy_switch_pending = registered(&registry, IntGaugeVec::new(
             Opts::new(
@@ -351,6 +367,8 @@ impl Metrics {
             shard_records,
             shard_handover_purges,
             shard_handover_seconds,
+            fanout_watches,
+            fanout_lists,
             registry,
         }
     }
@@ -432,8 +450,10 @@ impl Metrics {
             shard_records,
             shard_handover_purges,
             shard_handover_seconds,
+            fanout_watches,
+            fanout_lists,
         } = self;
-        let collectors: [&dyn Collector; 37] = [
+        let collectors: [&dyn Collector; 39] = [
             events_received,
             events_published,
             events_filtered,
@@ -471,6 +491,8 @@ impl Metrics {
             shard_records,
             shard_handover_purges,
             shard_handover_seconds,
+            fanout_watches,
+            fanout_lists,
         ];
         collectors
             .into_iter()

@@ -69,8 +69,9 @@ struct Run {
     shape: Shape,
     /// The channel's name: `pods`, or `renamed`.
     renamed: bool,
-    /// A selector or a list watched by one cluster-wide stream filtered in the relay
-    /// (`watchStrategy: clusterWide`), not one stream per namespace.
+    /// Watched by one cluster-wide stream (filtered in the relay for a selector or a list;
+    /// `watchStrategy: clusterWide`), not one stream per namespace; with sharding on, every
+    /// shard runs its part of it, the replica reading the collection once for all its shards.
     wide: bool,
 }
 
@@ -102,7 +103,9 @@ fn config(bed: &Bed, run: Run) -> Config {
         Shape::All => "allNamespaces: true",
     };
     let name = if run.renamed { "renamed" } else { "pods" };
-    let strategy = if run.wide && run.shape != Shape::All {
+    // Every namespace with `clusterWide`: one stream over the collection (with sharding on, each
+    // shard its part of it), not one per namespace.
+    let strategy = if run.wide {
         "    watchStrategy: clusterWide\n"
     } else {
         ""

@@ -159,8 +159,10 @@ pub struct Channel {
 }
 
 /// A stream's id, its checkpoint key and metric label: `<channel>.<namespace>`, or
-/// `<channel>._all` for a cluster-wide stream. Channel names have no dot, so the first one ends
-/// the channel's name; [`StreamId::parts`] is the one parser of the form, for ids read back
+/// `<channel>._all` for a cluster-wide stream, or `<channel>._all-s<k>` for shard `k`'s part of
+/// a cluster-wide stream fanned out to the shards (see [`crate::config::ShardingConfig::fans`]).
+/// Channel names have no dot, so the first one ends the channel's name, and namespace names
+/// never start with `_`; [`StreamId::parts`] is the one parser of the form, for ids read back
 /// (checkpoint keys, membership records).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StreamId(String);
@@ -174,11 +176,27 @@ impl StreamId {
         Self(format!("{channel}.{}", namespace.unwrap_or(Self::ALL)))
     }
 
-    /// The channel and the namespace (`None`: cluster-wide) that `id` names; `None` when it is
-    /// not a stream id.
+    /// The id of shard `shard`'s part of `channel`'s cluster-wide stream.
+    pub fn fanned(channel: &str, shard: u32) -> Self {
+        Self(format!("{channel}.{}-s{shard}", Self::ALL))
+    }
+
+    /// The channel and the namespace (`None`: cluster-wide, whole or a shard's part) that `id`
+    /// names; `None` when it is not a stream id.
     pub fn parts(id: &str) -> Option<(&str, Option<&str>)> {
         let (channel, ns) = id.split_once('.')?;
-        Some((channel, (ns != Self::ALL).then_some(ns)))
+        let wide = ns == Self::ALL || Self::shard_in(id).is_some();
+        Some((channel, (!wide).then_some(ns)))
+    }
+
+    /// The shard whose part of a fanned-out cluster-wide stream `id` is, if it is one.
+    pub fn shard_in(id: &str) -> Option<u32> {
+        let (_, ns) = id.split_once('.')?;
+        let k = ns.strip_prefix(Self::ALL)?.strip_prefix("-s")?;
+        if k.is_empty() || !k.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        k.parse().ok()
     }
 }
 
@@ -379,10 +397,15 @@ impl ChannelConfig {
         };
         let strategy = match (self.watch_strategy, &scope) {
             (None, _) => WatchStrategy::Auto,
+            // Every namespace, read once (with sharding on, once per replica for its shards,
+            // instead of one watch per namespace).
+            (Some(WatchStrategy::ClusterWide), Scope::Cluster) if path.namespaced => {
+                WatchStrategy::ClusterWide
+            }
             (Some(_), Scope::Cluster) => {
                 return Err(invalid(
                     f("watchStrategy"),
-                    "applies to channels with namespaces or a namespaceSelector only",
+                    "applies to channels with namespaces or a namespaceSelector only (and clusterWide to allNamespaces)",
                 ))
             }
             (Some(WatchStrategy::ClusterWide), _) if self.topic.contains("{namespace}") => {
@@ -488,6 +511,14 @@ mod stream_id_tests {
         // The first dot ends the channel name; what follows is the namespace.
         assert_eq!(StreamId::parts("pods.a.b"), Some(("pods", Some("a.b"))));
         assert_eq!(StreamId::parts("no-dot"), None);
+        // A shard's part of a fanned-out cluster-wide stream.
+        let part = StreamId::fanned("watchAllPods", 17);
+        assert_eq!(&*part, "watchAllPods._all-s17");
+        assert_eq!(StreamId::parts(&part), Some(("watchAllPods", None)));
+        assert_eq!(StreamId::shard_in(&part), Some(17));
+        assert_eq!(StreamId::shard_in(&all), None);
+        assert_eq!(StreamId::shard_in("pods._all-s"), None);
+        assert_eq!(StreamId::shard_in("pods._all-sx"), None);
         let map: std::collections::HashMap<StreamId, u8> = [(ns.clone(), 1)].into();
         assert_eq!(map.get("watchNamespacedPods.shop"), Some(&1));
     }

@@ -1,8 +1,13 @@
 //! Scale-out (`sharding`): replicas share the streams through a Kafka consumer group.
 //!
 //! Every stream belongs to one of `shards` virtual shards, a pure function of its id (see
-//! [`ShardingConfig::shard_of_stream`]): a per-namespace stream to the shard of its namespace,
-//! a stream over one collection (`<channel>._all`) to the shard of its channel's name. The shard
+//! [`ShardingConfig::shard_of_stream`]): a per-namespace stream to the shard of its namespace.
+//! A stream over one collection is fanned out (see [`ShardingConfig::fans`]): every shard runs
+//! its part of it (`<channel>._all-s<k>`), which holds the objects of the shard's namespaces, or
+//! for a cluster-scoped resource the objects whose names fall in the shard
+//! ([`ShardingConfig::shard_of_object`]); a replica reads the collection once for all its
+//! shards. Those are the very objects the per-namespace streams of the shard would hold, so an
+//! object's shard never depends on how its channel watches it. The shard
 //! is the top bits of FNV-1a 64 passed through MurmurHash3's 64-bit finalizer: FNV-1a's top bits
 //! alone barely depend on a name's last characters, and namespaces named `team-0` to
 //! `team-4999` left some of 64 shards empty and put 390 namespaces in one.
@@ -140,9 +145,17 @@ impl ShardingConfig {
         u32::try_from(fmix64(fnv1a64(key)) >> (64 - bits)).expect("at most 10 bits")
     }
 
-    /// The shard of stream `id`: its namespace's, or for a stream over one collection its
-    /// channel's.
+    /// The shard of an object: its namespace's, or for a cluster-scoped object its name's.
+    pub fn shard_of_object(&self, namespace: Option<&str>, name: &str) -> u32 {
+        self.shard_of(namespace.unwrap_or(name))
+    }
+
+    /// The shard of stream `id`: its namespace's, a fanned-out part's own, or for a whole
+    /// stream over one collection (a release without sharding) its channel's.
     pub fn shard_of_stream(&self, id: &str) -> u32 {
+        if let Some(k) = StreamId::shard_in(id) {
+            return k;
+        }
         match StreamId::parts(id) {
             Some((_, Some(namespace))) => self.shard_of(namespace),
             Some((channel, None)) => self.shard_of(channel),
@@ -182,11 +195,24 @@ impl ShardingConfig {
         Ok(())
     }
 
+    /// Whether `channel`, watched over one collection (its scope is the whole cluster, or
+    /// `wide`: its namespaces watched cluster-wide), is fanned out to the shards: with sharding
+    /// on, always.
+    pub fn fans(&self, channel: &Channel, wide: bool) -> bool {
+        self.enabled && (wide || channel.scope == Scope::Cluster)
+    }
+
     /// With sharding on, a namespaced channel over every namespace (`allNamespaces`) is relayed
-    /// per namespace, as a namespace selector matching every namespace would be: its namespaces
-    /// spread over the shards instead of one stream loading one replica.
+    /// per namespace, as a namespace selector matching every namespace would be, unless its
+    /// `watchStrategy` is `clusterWide` (and its topic does not name the namespace): then it is
+    /// read once per replica and fanned out to the shards (see [`ShardingConfig::fans`]).
     pub(super) fn spread(&self, channel: Arc<Channel>) -> Arc<Channel> {
-        if !self.enabled || !channel.path.namespaced || channel.scope != Scope::Cluster {
+        if !self.enabled
+            || !channel.path.namespaced
+            || channel.scope != Scope::Cluster
+            || (channel.strategy == WatchStrategy::ClusterWide
+                && !channel.topic.contains("{namespace}"))
+        {
             return channel;
         }
         let mut spread = (*channel).clone();
@@ -195,10 +221,11 @@ impl ShardingConfig {
         Arc::new(spread)
     }
 
-    /// Checks channel `i` can be sharded: every key must have one writer, so a channel
-    /// relayed per namespace needs `{namespace}` or `{uid}` in its key.
+    /// Checks channel `i` can be sharded: every key must have one writer, so a channel whose
+    /// namespaces go to different shards (relayed per namespace, or fanned out) needs
+    /// `{namespace}` or `{uid}` in its key.
     pub(super) fn check_channel(&self, i: usize, channel: &Channel) -> Result<(), ConfigError> {
-        if !self.enabled || !channel.path.namespaced || channel.scope == Scope::Cluster {
+        if !self.enabled || !channel.path.namespaced {
             return Ok(());
         }
         if !channel.key.names_namespace_or_uid() {
@@ -244,6 +271,12 @@ mod tests {
         assert_eq!(s.shard_of_stream("pods.team-a"), s.shard_of("team-a"));
         assert_eq!(s.shard_of_stream("services.team-a"), s.shard_of("team-a"));
         assert_eq!(s.shard_of_stream("nodes._all"), s.shard_of("nodes"));
+        assert_eq!(s.shard_of_stream("nodes._all-s9"), 9);
+        assert_eq!(
+            s.shard_of_object(Some("team-a"), "web"),
+            s.shard_of("team-a")
+        );
+        assert_eq!(s.shard_of_object(None, "node-1"), s.shard_of("node-1"));
     }
 
     #[test]

@@ -53,6 +53,11 @@ pub fn still_runs(cfg: &Config, shapes: &Shapes, id: &str) -> Option<bool> {
         return Some(false);
     };
     let wide = shapes.get(name) == Some(&Shape::ClusterWide);
+    // With sharding on, a stream over one collection runs as the shards' parts, without it
+    // whole (see `ShardingConfig::fans`).
+    if ns.is_none() && cfg.sharding.enabled != StreamId::shard_in(id).is_some() {
+        return Some(false);
+    }
     match (&channel.scope, ns) {
         (Scope::Cluster, None) => Some(true),
         (_, None) => Some(wide),

@@ -9,7 +9,9 @@
 //! then writes its streams' positions into its ConfigMap with [`MIGRATED_KEY`], in one write.
 //! A stream that went over every namespace and is now relayed per namespace is split by its
 //! members' namespaces, each part copied by its namespace's shard, with the stream's position:
-//! no shard ever retracts what another announces.
+//! no shard ever retracts what another announces. A stream over one collection, now fanned out
+//! to the shards, is split the same way by its members' shards, each part under the shard's
+//! part of the stream.
 //! A crash midway repeats the copy: at worst a member too many, which costs a superfluous
 //! inferred DELETED, as with any adoption. A shard whose ConfigMap has the key is never copied
 //! again: the old state is read when a replica claims shards not copied yet, once for all the
@@ -60,6 +62,13 @@ pub(super) struct Legacy {
 /// hold a single leader's whole membership for its lifetime.
 pub(super) type LegacyCell = Arc<Mutex<Weak<Legacy>>>;
 
+/// How a stream over one collection is shared out (see [`Relay::split`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Split {
+    PerNamespace,
+    ByShard,
+}
+
 /// Where one shard's share goes.
 pub(super) struct Target<'a> {
     pub shard: u32,
@@ -70,15 +79,24 @@ pub(super) struct Target<'a> {
 }
 
 impl Relay {
-    /// The channel whose stream `id` went over every namespace and is now relayed per
-    /// namespace (an `allNamespaces` channel, or a selector that was watched cluster-wide).
-    fn split<'a>(&self, id: &'a str) -> Option<&'a str> {
+    /// How the single leader's stream `id` over one collection is shared out: per namespace
+    /// (an `allNamespaces` channel, or a selector that was watched cluster-wide, now relayed
+    /// per namespace), or by shard (now fanned out); `None` for a stream kept as it is.
+    fn split<'a>(&self, id: &'a str) -> Option<(&'a str, Split)> {
         let (name, None) = StreamId::parts(id)? else {
             return None;
         };
         let channel = self.cfg.channels.iter().find(|c| c.name == name)?;
-        let per_namespace = shapes::sharded(&self.cfg, channel) == Some(Shape::PerNamespace);
-        (channel.path.namespaced && per_namespace).then_some(name)
+        let shape = shapes::sharded(&self.cfg, channel);
+        if self
+            .cfg
+            .sharding
+            .fans(channel, shape == Some(Shape::ClusterWide))
+        {
+            return Some((name, Split::ByShard));
+        }
+        let per_namespace = shape == Some(Shape::PerNamespace);
+        (channel.path.namespaced && per_namespace).then_some((name, Split::PerNamespace))
     }
 
     /// Waits until a single leader running without leader election has stopped (see
@@ -171,7 +189,7 @@ impl Relay {
             let Some(set) = legacy.members.get(stream) else {
                 continue;
             };
-            let Some(channel) = self.split(stream) else {
+            let Some((channel, how)) = self.split(stream) else {
                 // A stream that runs as it did: its members as they are (its position below).
                 if ours(stream) {
                     members += set.len();
@@ -181,18 +199,24 @@ impl Relay {
                 }
                 continue;
             };
-            // A stream over every namespace, now relayed per namespace: the members of this
-            // shard's namespaces, each part under its namespace's stream, with the position (a
-            // resourceVersion is global: a narrower watch from it misses nothing).
+            // A stream over every namespace, now relayed per namespace or by shard: the members
+            // of this shard, each part under its stream, with the position (a resourceVersion
+            // is global: a narrower watch from it misses nothing).
             let mut parts: BTreeMap<String, Vec<(String, Known)>> = BTreeMap::new();
             for (uid, known) in set.iter() {
-                let Some(ns) = known.namespace.as_deref() else {
-                    continue;
+                let ns = known.namespace.as_deref();
+                let id = match (how, ns) {
+                    (Split::ByShard, _)
+                        if sharding.shard_of_object(ns, &known.name) == to.shard =>
+                    {
+                        StreamId::fanned(channel, to.shard)
+                    }
+                    (Split::PerNamespace, Some(ns)) if sharding.shard_of(ns) == to.shard => {
+                        StreamId::new(channel, Some(ns))
+                    }
+                    _ => continue,
                 };
-                if sharding.shard_of(ns) == to.shard {
-                    let id = StreamId::new(channel, Some(ns)).to_string();
-                    parts.entry(id).or_default().push((uid, known));
-                }
+                parts.entry(id.to_string()).or_default().push((uid, known));
             }
             let saved = legacy.positions.get(stream).map(encode);
             for (id, part) in parts {

@@ -129,6 +129,8 @@ pub struct Relay {
     restores: Arc<tokio::sync::Semaphore>,
     /// With a schema registry: the topics' schema tags, kept registered while the relay runs.
     schemas: Option<Arc<Schemas>>,
+    /// With sharding on: the collections read once for every shard of the replica.
+    fanouts: Option<Arc<crate::fanout::Fanouts>>,
 }
 
 /// Restores a replica runs at once ([`Relay`]'s `restores`).
@@ -145,7 +147,22 @@ impl Relay {
         let syncs = Arc::new(tokio::sync::Semaphore::new(
             cfg.kubernetes.max_concurrent_syncs as usize,
         ));
+        let fanouts = cfg.sharding.enabled.then(|| {
+            let k = &cfg.kubernetes;
+            let settings = crate::fanout::Settings {
+                sharding: cfg.sharding.clone(),
+                list_page_size: k.list_page_size,
+                watch_timeout_seconds: k.watch_timeout_seconds,
+                idle: stall_bound,
+            };
+            Arc::new(crate::fanout::Fanouts::new(
+                client.clone(),
+                settings,
+                metrics.clone(),
+            ))
+        });
         Self {
+            fanouts,
             probe: crate::kubeclient::Target::Configured(cfg.kubernetes.clone()),
             feeds: Arc::new(feeds::Feeds::new(client.clone())),
             pacer: Arc::default(),
@@ -514,6 +531,7 @@ impl Relay {
                 syncs: self.syncs.clone(),
                 shard,
                 schemas: self.schemas.clone(),
+                fanouts: self.fanouts.clone(),
             }),
             self.registry.clone(),
             loaded.streams,

@@ -11,6 +11,9 @@
 //!   `clusterWideAbove` (`<channel>.<ns>` lives in the namespace's shard, `<channel>._all` in
 //!   the channel's);
 //! - renaming a channel read cluster-wide (`<old>._all` and `<new>._all` hash apart);
+//! - a stream over one collection recorded whole (`<channel>._all`, in the channel's shard, as
+//!   releases before fan-out ran it) that every shard now runs its part of
+//!   (`<channel>._all-s<k>`);
 //! - any other retired stream whose topic a configured stream in another shard writes.
 //!
 //! A replica refuses to start on such a change while any shard's checkpoint ConfigMap still
@@ -140,22 +143,22 @@ impl std::fmt::Display for Crossing {
         )?;
         match self.to {
             Some(to) => write!(f, "(shard {to})"),
-            None => f.write_str("(each namespace's shard)"),
+            None => f.write_str("(other shards)"),
         }
     }
 }
 
-/// How a configured channel runs in a sharded release: one stream over the collection, or
-/// one per namespace (the listed ones, or any).
+/// How a configured channel runs in a sharded release: over the collection, each shard its
+/// part, or one stream per namespace (the listed ones, or any).
 enum Runs<'a> {
-    Whole,
+    Fanned,
     Listed(&'a [String]),
     AnyNamespace,
 }
 
 fn runs<'a>(cfg: &Config, channel: &'a Channel) -> Runs<'a> {
     match (&channel.scope, super::shapes::sharded(cfg, channel)) {
-        (Scope::Cluster, _) | (_, Some(Shape::ClusterWide)) => Runs::Whole,
+        (Scope::Cluster, _) | (_, Some(Shape::ClusterWide)) => Runs::Fanned,
         (Scope::Namespaces(list), _) => Runs::Listed(list),
         _ => Runs::AnyNamespace,
     }
@@ -175,11 +178,15 @@ pub fn crossings(cfg: &Config, recorded: &[Recorded]) -> Vec<Crossing> {
         };
         let from = sharding.shard_of_stream(&r.id);
         let own = cfg.channels.iter().find(|c| c.name == name);
+        let part = StreamId::shard_in(&r.id).is_some();
         // Still run as it is: not retired.
         let kept = own.is_some_and(|c| {
             matches!(
                 (runs(cfg, c), namespace),
-                (Runs::Whole, None) | (Runs::Listed(_) | Runs::AnyNamespace, Some(_))
+                (Runs::Fanned, None) if part
+            ) || matches!(
+                (runs(cfg, c), namespace),
+                (Runs::Listed(_) | Runs::AnyNamespace, Some(_))
             )
         });
         if kept {
@@ -194,11 +201,8 @@ pub fn crossings(cfg: &Config, recorded: &[Recorded]) -> Vec<Crossing> {
                 continue;
             }
             let announced: Vec<(String, Option<u32>)> = match (runs(cfg, c), namespace) {
-                (Runs::Whole, _) => {
-                    let id = c.stream_id(None).to_string();
-                    let shard = sharding.shard_of_stream(&id);
-                    vec![(id, Some(shard))]
-                }
+                // Every shard runs its part: some are not the retired stream's.
+                (Runs::Fanned, _) => vec![(format!("{}._all-s<k>", c.name), None)],
                 // Per namespace: the retired stream's own namespace lives in its shard.
                 (_, Some(_)) => Vec::new(),
                 (Runs::Listed(list), None) => list
@@ -319,6 +323,18 @@ mod tests {
                     .into(),
                 vec![rec(&all, "pods")],
                 1,
+            ),
+            (
+                "a stream over one collection recorded whole, now fanned out",
+                "  - operationId: watchNodes\n    topic: nodes\n".into(),
+                vec![rec("watchNodes._all", "nodes")],
+                1,
+            ),
+            (
+                "a shard's part of a fanned-out stream",
+                "  - operationId: watchNodes\n    topic: nodes\n".into(),
+                vec![rec("watchNodes._all-s3", "nodes")],
+                0,
             ),
             (
                 "a removed channel whose topic nobody else writes",

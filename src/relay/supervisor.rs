@@ -17,7 +17,7 @@ use tokio_util::task::TaskTracker;
 
 use super::feeds::Feeds;
 use crate::checkpoint::Saved;
-use crate::config::{Channel, Scope, Shape, Shapes, StreamId};
+use crate::config::{Channel, Scope, Shape, Shapes, ShardingConfig, StreamId};
 use crate::membership::{Claim, Restored};
 use crate::registry::{Part, Registry};
 use crate::stream::{Lifetime, NamespaceFilter, Namespaces, Resumed, Stream, Wiring};
@@ -85,7 +85,8 @@ impl Supervisor {
     pub fn start(&self, channels: &[Arc<Channel>], cancel: &CancellationToken) {
         for channel in channels {
             let wide = self.shapes.get(&channel.name) == Some(&Shape::ClusterWide);
-            // A stream over one collection goes whole to the term whose part holds it.
+            // A stream over one collection goes whole to the term whose part holds it, or with
+            // sharding on, each shard's term runs its part.
             if (wide || channel.scope == Scope::Cluster) && !self.ours(channel, None) {
                 continue;
             }
@@ -94,7 +95,7 @@ impl Supervisor {
                     self.spawn(channel, None, cancel, None);
                 }
                 Scope::Namespaces(list) if wide => {
-                    let filter = NamespaceFilter::fixed(list.iter().cloned());
+                    let filter = self.within(NamespaceFilter::fixed(list.iter().cloned()));
                     self.spawn(channel, None, cancel, Some(filter));
                 }
                 Scope::Namespaces(list) => {
@@ -104,7 +105,7 @@ impl Supervisor {
                 }
                 Scope::Selector(sel) if wide => {
                     let filter = NamespaceFilter::following(self.feeds.subscribe(sel));
-                    self.spawn(channel, None, cancel, Some(filter));
+                    self.spawn(channel, None, cancel, Some(self.within(filter)));
                 }
                 Scope::Selector(sel) => {
                     let follower = self.clone().follow_namespaces(
@@ -120,7 +121,25 @@ impl Supervisor {
 
     /// Whether this term runs `channel`'s stream over `namespace`.
     fn ours(&self, channel: &Channel, namespace: Option<&str>) -> bool {
-        (self.part)(&channel.stream_id(namespace))
+        (self.part)(&self.id_of(channel, namespace))
+    }
+
+    /// The id of `channel`'s stream over `namespace` in this term: with sharding on, a stream
+    /// over one collection is the shard's part of it.
+    fn id_of(&self, channel: &Channel, namespace: Option<&str>) -> StreamId {
+        match (namespace, self.wiring.shard) {
+            (None, Some(owner)) => StreamId::fanned(&channel.name, owner.shard),
+            _ => channel.stream_id(namespace),
+        }
+    }
+
+    /// A filtered stream's namespaces, with sharding on only its shard's.
+    fn within(&self, filter: NamespaceFilter) -> NamespaceFilter {
+        let Some(owner) = self.wiring.shard else {
+            return filter;
+        };
+        let sharding = self.wiring.cfg.sharding.clone();
+        filter.within(Arc::new(move |ns| sharding.shard_of(ns) == owner.shard))
     }
 
     /// Waits for every stream and follower to end (cancel them first).
@@ -136,7 +155,7 @@ impl Supervisor {
         parent: &CancellationToken,
         filter: Option<NamespaceFilter>,
     ) -> Handle {
-        let id = channel.stream_id(namespace.as_deref());
+        let id = self.id_of(channel, namespace.as_deref());
         let stop = parent.child_token();
         let leaving = CancellationToken::new();
         // A stream of the same id still leaving (its namespace left and came back) finishes
@@ -204,8 +223,20 @@ impl Supervisor {
         namespace: Option<&str>,
         filter: Option<&NamespaceFilter>,
     ) -> Option<String> {
-        let cluster = &self.wiring.cfg.cluster_name;
-        let ours = |c: &&Claim| channel.topic_for(cluster, c.namespace.as_deref()) == c.topic;
+        let cfg = &self.wiring.cfg;
+        let cluster = &cfg.cluster_name;
+        // A shard's part of a fanned-out stream shares its collection with the release's other
+        // shards' parts: their claims are of other objects, never of its own.
+        let sibling = |owner: &str| {
+            self.wiring.shard.is_some()
+                && owner
+                    .strip_prefix(cfg.checkpoint.namespace.as_str())
+                    .and_then(|rest| rest.strip_prefix('/'))
+                    .is_some_and(|name| ShardingConfig::of_release(&cfg.checkpoint.name, name))
+        };
+        let ours = |c: &&Claim| {
+            channel.topic_for(cluster, c.namespace.as_deref()) == c.topic && !sibling(&c.owner)
+        };
         let members = self.members.lock().expect("members lock poisoned");
         let found = match (namespace, &channel.scope) {
             (Some(_), _) => members.claims_in(namespace).iter().find(ours),

@@ -43,7 +43,7 @@ use crate::registry::{Phase, Reporter};
 use machine::{Backoff, Outcome, Profile, Reason, State, Stop, Via};
 use permits::{Permit, Syncs};
 
-type Step = Outcome<kubeapi::Watch>;
+type Step = Outcome<read::Feed>;
 
 /// Pre-labelled metric handles for one stream.
 struct StreamMetrics {
@@ -101,6 +101,8 @@ pub struct Wiring {
     pub shard: Option<crate::envelope::ShardOwner>,
     /// With a schema registry: the topics' schema tags.
     pub schemas: Option<Arc<crate::schemas::Schemas>>,
+    /// The replica's shared reads of collections fanned out to its shards (with sharding on).
+    pub fanouts: Option<Arc<crate::fanout::Fanouts>>,
 }
 
 pub struct Stream {
@@ -137,6 +139,16 @@ struct Source {
     kind: String,
     /// The object buffer reused for every event.
     object_buf: Vec<u8>,
+    /// A shard's part of a fanned-out collection: read through the replica's hub, not a watch
+    /// of its own.
+    fanned: Option<Fanned>,
+}
+
+/// Where a shard's part of a fanned-out collection reads it.
+struct Fanned {
+    fanouts: Arc<crate::fanout::Fanouts>,
+    collection: crate::fanout::Collection,
+    shard: u32,
 }
 
 /// The tokens that stop a stream: [`Lifetime`]'s, and the lost Lease's.
@@ -308,6 +320,18 @@ impl Stream {
                     .unwrap_or_default()
                     .to_string(),
                 object_buf: Vec::new(),
+                fanned: crate::config::StreamId::shard_in(&id)
+                    .zip(wiring.fanouts.clone())
+                    .map(|(shard, fanouts)| Fanned {
+                        fanouts,
+                        collection: crate::fanout::Collection {
+                            path: channel.path.collection_url(None),
+                            label_selector: channel.label_selector.clone(),
+                            field_selector: channel.field_selector.clone(),
+                            api_version: channel.path.api_version(),
+                        },
+                        shard,
+                    }),
             },
             life: Life {
                 stop: cancel,
@@ -336,7 +360,9 @@ impl Stream {
                 _ = tag.registered() => {}
             }
         }
-        let via = if self.cfg.kubernetes.send_initial_events {
+        // A fanned-out part reads its state as initial events from its hub, whatever the hub
+        // reads it with.
+        let via = if self.cfg.kubernetes.send_initial_events || self.source.fanned.is_some() {
             Via::InitialEvents
         } else {
             Via::Pages
@@ -362,7 +388,7 @@ impl Stream {
             }
             self.position.route_id = route;
         }
-        let checkpoint = self.outbox.checkpoint().map(str::to_string);
+        let checkpoint = self.resume_from();
         let mut state = machine::start(self.channel.builtin, checkpoint, via);
         loop {
             state = match state {
@@ -446,7 +472,7 @@ impl Stream {
     }
 
     /// Logs and counts what a step reported, then moves the machine.
-    fn transition(&mut self, state: State<kubeapi::Watch>, outcome: Step) -> State<kubeapi::Watch> {
+    fn transition(&mut self, state: State<read::Feed>, outcome: Step) -> State<read::Feed> {
         if let Outcome::Stopped { why, .. } = &outcome {
             match why {
                 Stop::Gone => {
@@ -518,6 +544,15 @@ impl Stream {
             State::Watch { .. } | State::Done => {}
         }
         t.next
+    }
+
+    /// Where the stream resumes its watch from: its checkpoint. A fanned-out part never
+    /// resumes a watch (its hub's is shared): it syncs, a delta from its position.
+    fn resume_from(&self) -> Option<String> {
+        if self.source.fanned.is_some() {
+            return None;
+        }
+        self.outbox.checkpoint().map(str::to_string)
     }
 
     fn set_phase(&self, phase: Phase) {

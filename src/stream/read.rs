@@ -20,7 +20,7 @@ impl Stream {
     /// then `Ok(Some(rv))`. Delivery reports come first; lines are read only while there is room.
     pub(super) async fn read(
         &mut self,
-        w: &mut kubeapi::Watch,
+        w: &mut Feed,
         reading: &mut Reading,
     ) -> Result<Option<String>, Stop> {
         let idle_after = self.timers.idle_after;
@@ -265,15 +265,25 @@ impl Stream {
         };
         match exists {
             Ok(true) => Outcome::Served {
-                checkpoint: self.outbox.checkpoint().map(str::to_string),
+                checkpoint: self.resume_from(),
             },
             Ok(false) => Self::stopped(Stop::NotServed),
             Err(e) => Self::stopped(Stop::Api(e)),
         }
     }
 
-    /// Opens a watch, unless cancelled first.
-    pub(super) async fn open(&self, from: WatchFrom<'_>) -> Result<kubeapi::Watch, Stop> {
+    /// Opens a watch, unless cancelled first. A fanned-out part subscribes to its hub for its
+    /// initial events; it cannot resume from a position (its hub's watch is shared), which
+    /// reads as a 410: it syncs instead, a delta from its position.
+    pub(super) async fn open(&self, from: WatchFrom<'_>) -> Result<Feed, Stop> {
+        if let Some(f) = &self.source.fanned {
+            return match from {
+                WatchFrom::InitialEvents => {
+                    Ok(Feed::Fanned(f.fanouts.subscribe(&f.collection, f.shard)))
+                }
+                WatchFrom::Version(_) => Err(Stop::Gone),
+            };
+        }
         let query = self.query();
         let opened = kubeapi::watch(
             &self.client,
@@ -284,11 +294,11 @@ impl Stream {
         );
         tokio::select! {
             _ = self.life.stop.cancelled() => Err(Stop::Cancelled),
-            w = opened => w.map_err(|e| self.api_stopped(e)),
+            w = opened => w.map(Feed::Api).map_err(|e| self.api_stopped(e)),
         }
     }
 
-    pub(super) async fn watch(&mut self, at: &Cursor, open: Option<kubeapi::Watch>) -> Step {
+    pub(super) async fn watch(&mut self, at: &Cursor, open: Option<Feed>) -> Step {
         let mut w = match open {
             Some(w) => w,
             None => match self.open(WatchFrom::Version(&at.rv)).await {
@@ -310,5 +320,30 @@ impl Stream {
             unreachable!("a live watch stays live")
         };
         Outcome::Stopped { why, at }
+    }
+}
+
+/// What a stream reads its lines from: a watch of its own, or its part of a fanned-out
+/// collection's hub.
+pub(super) enum Feed {
+    Api(kubeapi::Watch),
+    Fanned(crate::fanout::Subscription),
+}
+
+impl Feed {
+    /// The next complete line; `Ok(None)` at a clean end.
+    async fn next_line(&mut self) -> Result<Option<bytes::Bytes>, ApiError> {
+        match self {
+            Feed::Api(w) => w.next_line().await,
+            Feed::Fanned(s) => Ok(s.next_line().await),
+        }
+    }
+
+    /// A line already received, if any.
+    fn buffered_line(&mut self) -> Option<bytes::Bytes> {
+        match self {
+            Feed::Api(w) => w.buffered_line(),
+            Feed::Fanned(s) => s.buffered_line(),
+        }
     }
 }

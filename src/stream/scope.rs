@@ -40,7 +40,12 @@ pub struct NamespaceFilter {
     desired: watch::Receiver<Namespaces>,
     /// A fixed list keeps its sender here, so the receiver never sees it closed.
     _fixed: Option<watch::Sender<Namespaces>>,
+    /// Only these of them: a shard's part of a fanned-out stream keeps its shard's namespaces.
+    within: Option<Within>,
 }
+
+/// Which namespaces a filter keeps of those it learns.
+pub type Within = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 impl NamespaceFilter {
     /// A fixed list of namespaces (a `namespaces` channel).
@@ -49,6 +54,7 @@ impl NamespaceFilter {
         Self {
             desired,
             _fixed: Some(tx),
+            within: None,
         }
     }
 
@@ -57,6 +63,21 @@ impl NamespaceFilter {
         Self {
             desired,
             _fixed: None,
+            within: None,
+        }
+    }
+
+    /// Keeps only the namespaces `within` says.
+    pub fn within(mut self, within: Within) -> Self {
+        self.within = Some(within);
+        self
+    }
+
+    /// What the filter keeps of `learned`.
+    fn kept(&self, learned: &BTreeSet<String>) -> BTreeSet<String> {
+        match &self.within {
+            Some(keep) => learned.iter().filter(|ns| keep(ns)).cloned().collect(),
+            None => learned.clone(),
         }
     }
 }
@@ -125,7 +146,7 @@ impl Scoped {
             .desired
             .borrow()
             .as_ref()
-            .is_some_and(|d| **d != self.applied)
+            .is_some_and(|d| self.filter.kept(d) != self.applied)
     }
 
     /// Waits until the scope may have moved (never, once its source is gone).
@@ -142,7 +163,9 @@ impl Scoped {
         let Ok(d) = self.filter.desired.wait_for(Option::is_some).await else {
             return std::future::pending().await;
         };
-        self.applied = d.as_deref().cloned().unwrap_or_default();
+        let learned = d.as_deref().cloned().unwrap_or_default();
+        drop(d);
+        self.applied = self.filter.kept(&learned);
         self.fences.clear();
     }
 }
@@ -163,9 +186,10 @@ impl Stream {
         let Some(scoped) = self.scope.as_mut() else {
             return Ok(());
         };
-        let Some(desired) = scoped.filter.desired.borrow_and_update().clone() else {
+        let Some(learned) = scoped.filter.desired.borrow_and_update().clone() else {
             return Ok(());
         };
+        let desired = scoped.filter.kept(&learned);
         let left: Vec<String> = scoped.applied.difference(&desired).cloned().collect();
         let entered: Vec<String> = desired.difference(&scoped.applied).cloned().collect();
         if left.is_empty() && entered.is_empty() {

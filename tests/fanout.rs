@@ -1,0 +1,115 @@
+//! One watch, many shards: a channel read over one collection in a sharded release is read
+//! once per replica, each shard relaying its part, and its objects move with their shards at
+//! a handover.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use common::bed::{eventually, sharded, Bed, Relay};
+use common::view::{consumer_view_by, events, pods_by, version};
+use watchrelay::metrics::Metrics;
+use watchrelay::testing::{Lane, Memory, MemoryGroup};
+use watchrelay_sim::objects;
+
+const NAMESPACES: [&str; 8] = ["a", "b", "c", "d", "e", "f", "g", "h"];
+
+/// Replica A relays every shard, from one watch of the collection; B joins and takes shards
+/// over, reading the collection once for all of them; the pods change on both sides; then A
+/// leaves and B relays everything. At each step the consumer's view is the cluster's, and
+/// every record came from the shard of its namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collection_is_read_once_per_replica_and_dealt_to_its_shards() {
+    let bed = Bed::in_memory_serving(true, &NAMESPACES).await;
+    for ns in NAMESPACES {
+        for name in ["p1", "p2"] {
+            bed.sim
+                .create("pods", Some(ns), objects::pod(ns, name))
+                .unwrap();
+        }
+    }
+    let channel = "  - operationId: watchNamespacedPods\n    allNamespaces: true\n    watchStrategy: clusterWide\n    topic: pods\n";
+    let cfg = sharded(bed.config(channel, ""), 4);
+    let memory = Arc::new(Memory::new());
+    let group = MemoryGroup::default();
+    let cluster = || pods_by(&bed.sim, &NAMESPACES, |_| true, version);
+    let consumer = || consumer_view_by(&events(&memory), version);
+    let change = |value: &str| {
+        for ns in NAMESPACES {
+            bed.sim
+                .merge_patch(
+                    "pods",
+                    Some(ns),
+                    "p1",
+                    serde_json::json!({"metadata": {"labels": {"v": value}}}),
+                )
+                .unwrap();
+        }
+    };
+
+    let a = Relay::start_on_lane(&bed, cfg.clone(), Lane::new(memory.clone()), &group);
+    eventually(
+        || consumer() == cluster(),
+        || "A never relayed the pods".into(),
+    )
+    .await;
+    // Four shards, one watch and one list.
+    assert_eq!(a.metrics.fanout_watches.get(), 1);
+    assert_eq!(a.metrics.fanout_lists.get(), 1);
+
+    let b = Relay::start_on_lane(&bed, cfg.clone(), Lane::new(memory.clone()), &group);
+    eventually(
+        || b.metrics.shards_owned.get() > 0,
+        || "B never took a shard".into(),
+    )
+    .await;
+    change("2");
+    eventually(
+        || consumer() == cluster(),
+        || "the change never reached the consumer".into(),
+    )
+    .await;
+    let from_b = published(&b.metrics);
+    assert!(from_b > 0.0, "B published nothing of its shards");
+    assert!(
+        b.metrics.fanout_watches.get() <= 2,
+        "B watched the collection {} times",
+        b.metrics.fanout_watches.get()
+    );
+
+    a.stop().await;
+    bed.sim.delete("pods", Some("a"), "p2").unwrap();
+    change("3");
+    eventually(
+        || consumer() == cluster(),
+        || "B never relayed A's shards".into(),
+    )
+    .await;
+    b.stop().await;
+
+    // Each record from its namespace's shard.
+    let sharding = &cfg.sharding;
+    let mut shards = BTreeSet::new();
+    for r in events(&memory) {
+        let Some((ns, _)) = r.key.split_once('/') else {
+            continue;
+        };
+        let shard: u32 = r.headers.get("ce_shard").unwrap().parse().unwrap();
+        assert_eq!(shard, sharding.shard_of(ns), "record of {}", r.key);
+        shards.insert(shard);
+    }
+    assert!(shards.len() > 1, "one shard relayed everything: {shards:?}");
+}
+
+/// The records a replica published, every stream together.
+fn published(metrics: &Metrics) -> f64 {
+    metrics
+        .registry
+        .gather()
+        .iter()
+        .filter(|f| f.name().ends_with("events_published_total"))
+        .flat_map(|f| f.get_metric())
+        .map(|m| m.get_counter().get_value())
+        .sum()
+}
