@@ -13,8 +13,8 @@
 //!    the records it published, its share of them and its peak RSS; the list and watch requests
 //!    the API server received.
 //!
-//! The figures it prints are what the release does today, which is the baseline of spreading a
-//! collection over the replicas: a stream over one collection belongs to one shard.
+//! Every shard relays its part of the collection, each replica reading it once for its shards:
+//! the shares say how evenly the replicas split it.
 //!
 //! Run with `scripts/bench.sh million` (it starts a broker) or set KAFKA_BOOTSTRAP_SERVERS.
 
