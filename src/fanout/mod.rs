@@ -256,7 +256,7 @@ impl Reader {
                     }
                     Vec::new()
                 }
-                _ = tokio::time::sleep_until(retry_at), if reopen && catch.is_none() => {
+                _ = tokio::time::sleep_until(retry_at), if reopen => {
                     let at = self.board.position().unwrap_or_default().to_string();
                     match self.open(WatchFrom::Version(&at)).await {
                         Ok(w) => {
@@ -299,7 +299,10 @@ impl Reader {
                         Read::Dealt(line, _) if line.to == To::All && line.rv.is_some() => Vec::new(),
                         Read::Dealt(line, _) => self.board.listed(&line),
                         Read::End(rv) => {
-                            let becomes_main = main.is_none();
+                            // Only without a main position: a main watch down for a moment
+                            // is reopened from its own, or its live parts would miss what
+                            // happened between it and the list.
+                            let becomes_main = self.board.position().is_none();
                             let caught = catch.take();
                             if becomes_main {
                                 if let Some(Catch::Watch(w)) = caught {
@@ -319,7 +322,7 @@ impl Reader {
                     },
                     Paged::End(rv) => {
                         catch = None;
-                        let becomes_main = main.is_none();
+                        let becomes_main = self.board.position().is_none();
                         self.board.caught_up(&rv, becomes_main)
                     }
                     Paged::Failed(e) => {

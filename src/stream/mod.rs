@@ -428,7 +428,14 @@ impl Stream {
             Err(e) => return Some((reason, Self::stopped(e.into()))),
         }
         let reason = machine::sync_reason(reason, !self.outbox.members().is_empty());
-        self.syncs.held = Permit::Held(self.sync_permit().await?);
+        // A fanned-out part takes no permit: its hub's one list serves every part waiting, and
+        // a part waiting for a permit while subscribed would hold the hub, and so the parts
+        // holding the permits, up.
+        if self.source.fanned.is_some() {
+            self.set_phase(Phase::Syncing);
+        } else {
+            self.syncs.held = Permit::Held(self.sync_permit().await?);
+        }
         if let Some(scoped) = self.scope.as_mut() {
             tokio::select! {
                 _ = self.life.stop.cancelled() => return None,
