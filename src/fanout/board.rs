@@ -285,6 +285,15 @@ mod tests {
         }
     }
 
+    /// Seat 1 of shard 0, live on a main watch at 10.
+    fn live_one() -> Board {
+        let mut b = Board::default();
+        b.join(1, 0);
+        b.begin_catch_up();
+        b.caught_up("10", true);
+        b
+    }
+
     fn sent(out: &[Out]) -> Vec<(u64, String)> {
         out.iter()
             .map(|o| match o {
@@ -320,10 +329,7 @@ mod tests {
 
     #[test]
     fn a_late_joiner_gets_its_state_then_what_it_held_past_the_list() {
-        let mut b = Board::default();
-        b.join(1, 0);
-        b.begin_catch_up();
-        b.caught_up("10", true);
+        let mut b = live_one();
         b.join(2, 0);
         assert!(b.waiting());
         // Nothing while waiting.
@@ -353,10 +359,7 @@ mod tests {
 
     #[test]
     fn a_list_older_than_the_main_watch_expires_its_seats() {
-        let mut b = Board::default();
-        b.join(1, 0);
-        b.begin_catch_up();
-        b.caught_up("10", true);
+        let mut b = live_one();
         b.live(&line(To::All, 20), Some("20"));
         b.join(2, 0);
         b.begin_catch_up();
@@ -366,10 +369,7 @@ mod tests {
 
     #[test]
     fn a_gap_expires_what_the_main_watch_fed_and_keeps_the_rest() {
-        let mut b = Board::default();
-        b.join(1, 0);
-        b.begin_catch_up();
-        b.caught_up("10", true);
+        let mut b = live_one();
         b.join(2, 1);
         b.begin_catch_up();
         b.join(3, 2);
@@ -382,10 +382,7 @@ mod tests {
 
     #[test]
     fn held_lines_are_bounded() {
-        let mut b = Board::default();
-        b.join(1, 0);
-        b.begin_catch_up();
-        b.caught_up("10", true);
+        let mut b = live_one();
         b.join(2, 0);
         b.begin_catch_up();
         let big = Line {
