@@ -78,6 +78,9 @@ impl ApiError {
 pub struct Query<'a> {
     pub label_selector: Option<&'a str>,
     pub field_selector: Option<&'a str>,
+    /// Ranges of the server's hash of a field (`shardSelector`, sharded list and watch): a
+    /// server without the feature ignores it and sends everything.
+    pub shard_selector: Option<&'a str>,
 }
 
 fn url(path: &str, q: &Query<'_>, extra: &[(&str, &str)]) -> String {
@@ -87,6 +90,9 @@ fn url(path: &str, q: &Query<'_>, extra: &[(&str, &str)]) -> String {
     }
     if let Some(f) = q.field_selector {
         s.append_pair("fieldSelector", f);
+    }
+    if let Some(r) = q.shard_selector {
+        s.append_pair("shardSelector", r);
     }
     for (k, v) in extra {
         s.append_pair(k, v);
@@ -145,6 +151,9 @@ pub struct ListPage {
     pub kind: String,
     pub resource_version: String,
     pub continue_token: Option<String>,
+    /// The server applied the query's `shardSelector` (its answer says so in
+    /// `metadata.shardInfo`; one that ignored it does not).
+    pub sharded: bool,
     pub items: Vec<Box<RawValue>>,
 }
 
@@ -183,6 +192,8 @@ pub async fn list_page(
         resource_version: String,
         #[serde(rename = "continue", default)]
         continue_token: Option<String>,
+        #[serde(rename = "shardInfo", default)]
+        shard_info: Option<serde::de::IgnoredAny>,
     }
     #[derive(Deserialize)]
     struct List {
@@ -197,6 +208,7 @@ pub async fn list_page(
         kind: list.kind,
         resource_version: list.metadata.resource_version,
         continue_token: list.metadata.continue_token.filter(|c| !c.is_empty()),
+        sharded: list.metadata.shard_info.is_some(),
         items: list.items.unwrap_or_default(),
     })
 }

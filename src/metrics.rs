@@ -115,6 +115,11 @@ pub struct Metrics {
     pub fanout_watches: IntCounter,
     /// Lists of collections fanned out to its shards (one serves every shard then waiting).
     pub fanout_lists: IntCounter,
+    /// Objects received in reads of fanned-out collections, by whose shard they are (`own`:
+    /// this replica's, `other`: another's, received and dropped).
+    pub fanout_objects: IntCounterVec,
+    /// Collections fanned out to this replica whose reads the API server filters by shard.
+    pub fanout_server_filtered: IntGauge,
 }
 
 /// `metric`, registered with `registry`.
@@ -206,6 +211,15 @@ impl Metrics {
         let fanout_lists = registered(&registry, IntCounter::new(
             "fanout_lists_total",
             "Lists of collections fanned out to this replica's shards, each serving every shard then waiting",
+        ));
+        let fanout_objects = counter(
+            "fanout_objects_received_total",
+            "Objects received in reads of collections fanned out to this replica's shards, by whose shard they are (own, other: received and dropped)",
+            &["whose"],
+        );
+        let fanout_server_filtered = registered(&registry, IntGauge::new(
+            "fanout_server_filtered",
+            "Collections fanned out to this replica's shards whose reads the API server filters by shard (sharded list and watch)",
         ));
         let watch_strategy_switch_pending = registered(&registry, IntGaugeVec::new(
             Opts::new(
@@ -369,6 +383,8 @@ impl Metrics {
             shard_handover_seconds,
             fanout_watches,
             fanout_lists,
+            fanout_objects,
+            fanout_server_filtered,
             registry,
         }
     }
@@ -452,8 +468,10 @@ impl Metrics {
             shard_handover_seconds,
             fanout_watches,
             fanout_lists,
+            fanout_objects,
+            fanout_server_filtered,
         } = self;
-        let collectors: [&dyn Collector; 39] = [
+        let collectors: [&dyn Collector; 41] = [
             events_received,
             events_published,
             events_filtered,
@@ -493,6 +511,8 @@ impl Metrics {
             shard_handover_seconds,
             fanout_watches,
             fanout_lists,
+            fanout_objects,
+            fanout_server_filtered,
         ];
         collectors
             .into_iter()

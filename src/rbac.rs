@@ -80,6 +80,17 @@ pub fn needs(cfg: &Config) -> Needs {
             }
         }
     }
+    // A fanned-out collection of namespaced objects is asked of a server that filters by
+    // shard for the namespaces of the replica's shards, which it follows.
+    if cfg.sharding.enabled
+        && cfg.sharding.server_ranges
+        && cfg
+            .channels
+            .iter()
+            .any(|ch| ch.path.namespaced && n.cluster_wide.contains_key(&ch.name))
+    {
+        n.cluster.insert((String::new(), "namespaces".into()));
+    }
     n.own
         .entry(cfg.checkpoint.namespace.clone())
         .or_default()

@@ -1105,3 +1105,190 @@ async fn asyncapi_from_the_real_openapi_passes_the_parser() {
         String::from_utf8_lossy(&checked.stderr)
     );
 }
+
+/// The value of the series `series` (name and labels, as `/metrics` writes them) of the relay
+/// listening on `port`; 0 when absent.
+fn scraped(port: u16, series: &str) -> f64 {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return 0.0;
+    };
+    let _ = s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n");
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// One watch, many shards, on a real API server with its sharded lists and watches
+/// (`ShardedListAndWatch`) on or off: two replicas of eight shards relay `watchAllPods`. The
+/// first relays alone, the second joins and takes shards over, a namespace is created, the
+/// second stops and hands its shards back. Each time the consumer's view equals the cluster,
+/// and every record comes from its namespace's shard. With the gate on (`filtered`), the server
+/// sends each replica its shards' objects and none of the other's; with it off, each reads the
+/// whole collection and drops the other's.
+async fn fanned_out(gates: &str, filtered: bool) {
+    const SHARDS: u32 = 8;
+    let cluster = Cluster::start_own(gates);
+    let prefix = unique("fan");
+    let home = format!("{prefix}-relay");
+    namespace(&cluster, &home);
+    let apps: Vec<String> = (0..6).map(|i| format!("{prefix}-a{i}")).collect();
+    for a in &apps {
+        namespace(&cluster, a);
+        make(&cluster, "pods", a, "p", 0..4);
+    }
+    let topic = kafka::unique("fanned");
+    kafka::create_topics(&[&topic], 3).await;
+    let ports: Vec<u16> = (0..2)
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        })
+        .collect();
+    let channels = format!("  - operationId: watchAllPods\n    topic: {topic}\n");
+    let sharding = format!(
+        "sharding:\n  enabled: true\n  shards: {SHARDS}\n  topic: {}\n  sessionTimeoutMs: 6000\n  ownershipDeadlineMs: 3000\nchannels:\n",
+        kafka::unique("shards")
+    );
+    let base = config(&cluster, &home, &channels).replacen("channels:\n", &sharding, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let replica = |r: usize| {
+        let cfg = base.replace("127.0.0.1:0", &format!("127.0.0.1:{}", ports[r]));
+        RelayProcess::replica(dir.path(), &cfg, &format!("wr-{r}"))
+    };
+    let want = || cluster_view(&cluster, "pods", |_| true);
+    let everything = |_: &str| true;
+    let other = |r: usize| {
+        scraped(
+            ports[r],
+            "watchrelay_fanout_objects_received_total{whose=\"other\"}",
+        )
+    };
+    let own = |r: usize| {
+        scraped(
+            ports[r],
+            "watchrelay_fanout_objects_received_total{whose=\"own\"}",
+        )
+    };
+    let owned = |r: usize| scraped(ports[r], "watchrelay_shards_owned");
+
+    let mut a = replica(0);
+    converge(&topic, want(), everything).await;
+    if filtered {
+        // Its catch-ups asked for the shards then waiting only.
+        assert_eq!(
+            other(0),
+            0.0,
+            "alone, the server sent only the replica's shards"
+        );
+    }
+    assert_eq!(
+        scraped(ports[0], "watchrelay_fanout_server_filtered"),
+        if filtered { 1.0 } else { 0.0 },
+        "{}",
+        a.log()
+    );
+
+    // A second replica joins and takes shards over; pods come and go meanwhile.
+    let mut b = replica(1);
+    eventually(
+        || owned(0) > 0.0 && owned(1) > 0.0 && owned(0) + owned(1) == f64::from(SHARDS),
+        || {
+            format!(
+                "the shards never spread: {} and {}\n{}",
+                owned(0),
+                owned(1),
+                b.log()
+            )
+        },
+    )
+    .await;
+    for ns in &apps {
+        make(&cluster, "pods", ns, "p", 4..6);
+        cluster.kubectl(&["-n", ns, "delete", "pod", "p0", "--wait=false"]);
+    }
+    converge(&topic, want(), everything).await;
+    assert!(
+        own(1) > 0.0,
+        "the second replica relays its shards' objects"
+    );
+
+    // Steady: what the server sends each replica now.
+    let before = [other(0), other(1)];
+    for ns in &apps {
+        make(&cluster, "pods", ns, "p", 6..8);
+        cluster.kubectl(&["-n", ns, "label", "pod", "p1", "touched=yes"]);
+    }
+    converge(&topic, want(), everything).await;
+    let after = [other(0), other(1)];
+    if filtered {
+        assert_eq!(
+            after,
+            before,
+            "the server sent a replica another's objects\n{}",
+            a.log()
+        );
+    } else {
+        assert!(
+            after[0] > before[0] && after[1] > before[1],
+            "without the server's filter every replica reads every object: {before:?} {after:?}"
+        );
+    }
+
+    // A namespace created now: with the filter, the shard that has it relists to take it in.
+    let late = format!("{prefix}-late");
+    namespace(&cluster, &late);
+    make(&cluster, "pods", &late, "p", 0..3);
+    converge(&topic, want(), everything).await;
+    if filtered {
+        let logs = a.log() + &b.log();
+        assert!(
+            logs.contains("namespaces the API server was not asked for"),
+            "the new namespace's shard never relisted:\n{logs}"
+        );
+    }
+
+    // The second replica stops: its shards go back to the first, which relays on.
+    b.stop();
+    eventually(
+        || owned(0) == f64::from(SHARDS),
+        || format!("the shards never came back: {}\n{}", owned(0), a.log()),
+    )
+    .await;
+    for ns in apps.iter().chain([&late]) {
+        make(&cluster, "pods", ns, "q", 0..2);
+    }
+    let msgs = converge(&topic, want(), everything).await;
+
+    let config = watchrelay::config::ShardingConfig {
+        shards: SHARDS,
+        ..Default::default()
+    };
+    for m in &msgs {
+        // Tombstones carry no object.
+        let Some(ns) = m.value["object"]["metadata"]["namespace"].as_str() else {
+            continue;
+        };
+        assert_eq!(
+            m.value["watchrelay"]["shard"],
+            config.shard_of(ns),
+            "a record of {ns} from another shard"
+        );
+    }
+    a.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fan_out_with_the_servers_sharded_lists_and_watches() {
+    fanned_out("WatchList=true,ShardedListAndWatch=true", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fan_out_without_the_servers_sharded_lists_and_watches() {
+    fanned_out("WatchList=true", false).await;
+}

@@ -55,6 +55,10 @@ pub struct ShardingConfig {
     /// A replica whose API server has not answered for this long gives its shards up (leaves
     /// the group) until it answers again; 0 keeps them.
     pub api_unreachable_seconds: u32,
+    /// Where the API server offers sharded lists and watches (the `ShardedListAndWatch`
+    /// gate), each replica asks it for its shards' namespaces only, instead of reading a
+    /// fanned-out collection of namespaced objects whole and dropping the others'.
+    pub server_ranges: bool,
 }
 
 impl Default for ShardingConfig {
@@ -67,6 +71,7 @@ impl Default for ShardingConfig {
             session_timeout_ms: 10_000,
             ownership_deadline_ms: 5_000,
             api_unreachable_seconds: 30,
+            server_ranges: true,
         }
     }
 }

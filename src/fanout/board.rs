@@ -5,7 +5,7 @@
 //!  join ──► Waiting ──begin_catch_up──► Listing ──caught_up(L)──► Live
 //!              ▲                          │  held lines > L after the
 //!              └──── catch_up_failed ─────┘  end of its state, then live lines
-//!  Listing or Live ──gap / too much held / L below its start──► expired (gone)
+//!  Listing or Live ──gap / too much held / L below its start / missed──► expired (gone)
 //! ```
 //! - **Waiting**: joined, its state not listed yet; it receives nothing.
 //! - **Listing**: a catch-up (a list of the whole collection) deals it the items of its shard.
@@ -18,10 +18,11 @@
 //! holds every change up to `L`, the held lines every change after `since`, so when `since` is
 //! not above `L` nothing is missed and nothing is given twice. A seat whose `since` is above
 //! `L` (a list older than the watch), whose held lines outgrew their bound, or whose lines the
-//! main watch can no longer continue (a gap: 410, a failed reopen) is expired: it gets a 410
-//! and leaves, and its stream relists as after any 410.
+//! main watch can no longer continue (a gap: 410, a failed reopen), or whose shard's lines were
+//! missed (the server, filtering by shard, was not asked for a namespace of it), is expired: it
+//! gets a 410 and leaves, and its stream relists as after any 410.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 
@@ -128,6 +129,38 @@ impl Board {
         self.seats
             .values()
             .any(|s| matches!(s.phase, Phase::Listing { .. }))
+    }
+
+    /// The shards of every seat.
+    pub fn shards(&self) -> BTreeSet<u32> {
+        self.seats.values().map(|s| s.shard).collect()
+    }
+
+    /// The shards of the seats waiting for a catch-up.
+    pub fn waiting_shards(&self) -> BTreeSet<u32> {
+        self.seats
+            .values()
+            .filter(|s| matches!(s.phase, Phase::Waiting))
+            .map(|s| s.shard)
+            .collect()
+    }
+
+    /// Whether a seat reads shard `shard`.
+    pub fn has_shard(&self, shard: u32) -> bool {
+        self.seats.values().any(|s| s.shard == shard)
+    }
+
+    /// The lines of `shards` were missed (the reads left out one of their namespaces): their
+    /// seats being listed or live are expired; the waiting ones stay, their catch-up to come.
+    pub fn missed(&mut self, shards: &BTreeSet<u32>) -> Vec<Out> {
+        let out: Vec<Out> = self
+            .seats
+            .iter()
+            .filter(|(_, s)| shards.contains(&s.shard) && !matches!(s.phase, Phase::Waiting))
+            .map(|(id, _)| Out::Expire(*id))
+            .collect();
+        self.forget(&out);
+        out
     }
 
     /// The main watch's position.
@@ -404,5 +437,29 @@ mod tests {
         b.catch_up_failed();
         assert!(b.waiting());
         assert!(!b.listing());
+    }
+
+    #[test]
+    fn a_missed_shard_expires_its_listed_and_live_seats_only() {
+        let mut b = live_one();
+        b.join(2, 1);
+        b.begin_catch_up();
+        b.join(3, 1);
+        b.join(4, 2);
+        assert_eq!(b.shards(), BTreeSet::from([0, 1, 2]));
+        assert_eq!(b.waiting_shards(), BTreeSet::from([1, 2]));
+        // Shard 1 missed a namespace: its listed seat goes, its waiting one stays; shard 0 is
+        // untouched.
+        let out = b.missed(&BTreeSet::from([1]));
+        assert_eq!(sent(&out), [(2, "expired".into())]);
+        assert!(b.has_shard(1) && b.has_shard(0));
+        assert_eq!(b.waiting_shards(), BTreeSet::from([1, 2]));
+        assert_eq!(b.position(), Some("10"));
+        // The same for a live seat.
+        assert_eq!(
+            sent(&b.missed(&BTreeSet::from([0]))),
+            [(1, "expired".into())]
+        );
+        assert!(!b.has_shard(0));
     }
 }

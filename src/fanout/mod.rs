@@ -19,6 +19,14 @@
 //!   part it fed gets a 410 and relists through the next catch-up.
 //! - **Heartbeats**: every [`HEARTBEAT`] a bookmark at the main watch's position goes to every
 //!   live part, so a quiet shard's stream neither stalls nor falls behind.
+//! - **The server's filter**: where the API server filters by shard (sharded list and watch)
+//!   and the objects are namespaced, the main watch and every catch-up ask it only for the
+//!   namespaces of their parts' shards ([`cover`], from the replica's namespaces followed by
+//!   [`namespaces`]). The main watch reopens from its position to take in a joining part's
+//!   shard (before that part's list, so nothing between them is missed) and, a moment after
+//!   parts left, to leave theirs out. A namespace the reads did not ask for (created since)
+//!   expires its shard's parts, which relist once the reads ask for it. Every object received
+//!   is still dealt by its shard, whatever the server sent.
 //!
 //! A part that stops reading (its outbox full, Kafka slow) holds the hub up, as a slow reader
 //! holds up a watch: the replica's parts share one producer, so they slow down together.
@@ -26,10 +34,12 @@
 //! part being listed must not miss (bounded by [`board::HELD_BYTES`]).
 
 mod board;
+pub mod cover;
+mod namespaces;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -42,6 +52,8 @@ use crate::decode::{self, Trim};
 use crate::event::{comparable, EventType, WatchEvent};
 use crate::kubeapi::{self, ApiError, Query, WatchFrom};
 use board::{Board, Line, Out, To};
+use cover::Cover;
+use namespaces::{Known, Namespaces};
 
 /// How long a catch-up waits for more parts to join after the last one did.
 pub const JOIN_QUIET: Duration = Duration::from_millis(500);
@@ -80,6 +92,44 @@ pub struct Settings {
     pub idle: Duration,
 }
 
+/// The replica's namespaces, followed from the first hub that needs them.
+struct Follow {
+    client: kube::Client,
+    settings: Settings,
+    stop: CancellationToken,
+    known: OnceLock<Known>,
+}
+
+impl Follow {
+    fn known(&self) -> Known {
+        self.known
+            .get_or_init(|| {
+                namespaces::follow(
+                    self.client.clone(),
+                    self.settings.sharding.clone(),
+                    self.settings.watch_timeout_seconds,
+                    self.stop.clone(),
+                )
+            })
+            .clone()
+    }
+}
+
+/// Whether the API server filters a collection's reads by shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Server {
+    /// Not asked yet.
+    Unasked,
+    /// It does (its lists say so): reads ask for the replica's shards only.
+    Filters,
+    /// It sends everything (the gate off, or an older server), or it is not used: the hub
+    /// reads whole and drops other replicas' objects.
+    Whole,
+}
+
+/// How long a catch-up waits for the replica's first list of namespaces before reading whole.
+const NAMESPACES_WAIT: Duration = Duration::from_secs(30);
+
 /// The hubs of this replica, one per collection, started on their first subscriber; they stop
 /// when this is dropped.
 pub struct Fanouts {
@@ -88,6 +138,7 @@ pub struct Fanouts {
     hubs: Mutex<HashMap<Collection, Arc<Hub>>>,
     stop: CancellationToken,
     metrics: Arc<crate::metrics::Metrics>,
+    follow: Arc<Follow>,
 }
 
 impl Drop for Fanouts {
@@ -98,13 +149,28 @@ impl Drop for Fanouts {
 
 /// A hub, as its subscribers reach it.
 pub struct Hub {
-    joins: mpsc::UnboundedSender<(u64, u32, mpsc::Sender<Bytes>)>,
+    joins: mpsc::UnboundedSender<Seat>,
     next: AtomicU64,
 }
 
 /// A part's lines, as a watch's: see the module's doc.
 pub struct Subscription {
     rx: mpsc::Receiver<Bytes>,
+    /// Told when the part goes, so the hub stops asking the server for its shard at once.
+    hub: mpsc::UnboundedSender<Seat>,
+    id: u64,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let _ = self.hub.send(Seat::Leave(self.id));
+    }
+}
+
+/// A part joining its hub, or leaving it.
+enum Seat {
+    Join(u64, u32, mpsc::Sender<Bytes>),
+    Leave(u64),
 }
 
 impl Subscription {
@@ -125,12 +191,20 @@ impl Fanouts {
         settings: Settings,
         metrics: Arc<crate::metrics::Metrics>,
     ) -> Self {
+        let stop = CancellationToken::new();
+        let follow = Arc::new(Follow {
+            client: client.clone(),
+            settings: settings.clone(),
+            stop: stop.clone(),
+            known: OnceLock::new(),
+        });
         Self {
             client,
             settings,
             hubs: Mutex::default(),
-            stop: CancellationToken::new(),
+            stop,
             metrics,
+            follow,
         }
     }
 
@@ -152,6 +226,18 @@ impl Fanouts {
                         buf: Vec::new(),
                         watches: self.metrics.fanout_watches.clone(),
                         lists: self.metrics.fanout_lists.clone(),
+                        own: self.metrics.fanout_objects.with_label_values(&["own"]),
+                        other: self.metrics.fanout_objects.with_label_values(&["other"]),
+                        filtered: self.metrics.fanout_server_filtered.clone(),
+                        server: if self.settings.sharding.server_ranges {
+                            Server::Unasked
+                        } else {
+                            Server::Whole
+                        },
+                        follow: self.follow.clone(),
+                        known: None,
+                        main_cover: None,
+                        catch_cover: None,
                     };
                     tokio::spawn(reader.run(rx, self.stop.clone()));
                     Arc::new(Hub {
@@ -164,8 +250,12 @@ impl Fanouts {
         let (tx, rx) = mpsc::channel(LINES);
         let id = hub.next.fetch_add(1, Ordering::Relaxed);
         // A hub that stopped (the relay stops) leaves the part with a closed subscription.
-        let _ = hub.joins.send((id, shard, tx));
-        Subscription { rx }
+        let _ = hub.joins.send(Seat::Join(id, shard, tx));
+        Subscription {
+            rx,
+            hub: hub.joins.clone(),
+            id,
+        }
     }
 }
 
@@ -198,6 +288,18 @@ struct Reader {
     buf: Vec<u8>,
     watches: prometheus::IntCounter,
     lists: prometheus::IntCounter,
+    /// Objects received of this replica's shards, and of others'.
+    own: prometheus::IntCounter,
+    other: prometheus::IntCounter,
+    filtered: prometheus::IntGauge,
+    server: Server,
+    follow: Arc<Follow>,
+    /// The replica's namespaces, once the server filters.
+    known: Option<Known>,
+    /// The shards the main watch and the running catch-up asked the server for, and the
+    /// ranges that cover them; `None` for a read of the whole collection.
+    main_cover: Option<(BTreeSet<u32>, Cover)>,
+    catch_cover: Option<(BTreeSet<u32>, Cover)>,
 }
 
 /// What a line of the collection is, for the hub.
@@ -211,17 +313,16 @@ enum Read {
 }
 
 impl Reader {
-    async fn run(
-        mut self,
-        mut joins: mpsc::UnboundedReceiver<(u64, u32, mpsc::Sender<Bytes>)>,
-        stop: CancellationToken,
-    ) {
+    async fn run(mut self, mut joins: mpsc::UnboundedReceiver<Seat>, stop: CancellationToken) {
         let mut main: Option<kubeapi::Watch> = None;
         let mut catch: Option<Catch> = None;
         let mut first_waiting: Option<Instant> = None;
         let mut last_join = Instant::now();
         let mut retry_at = Instant::now();
         let mut last_line = Instant::now();
+        // When the main watch, asking the server for shards no part reads any more, reopens
+        // for the others only (a moment after the last one left, should more leave at once).
+        let mut narrow_at: Option<Instant> = None;
         let mut beat = tokio::time::interval(HEARTBEAT.min(self.settings.idle / 3));
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -234,18 +335,42 @@ impl Reader {
             let reopen = main.is_none() && self.board.position().is_some();
             let out = tokio::select! {
                 _ = stop.cancelled() => return,
-                joined = joins.recv() => {
-                    let Some((id, shard, tx)) = joined else { return };
-                    self.board.join(id, shard);
-                    self.lines.insert(id, tx);
-                    last_join = Instant::now();
-                    first_waiting.get_or_insert(last_join);
+                seat = joins.recv() => {
+                    match seat {
+                        None => return,
+                        Some(Seat::Join(id, shard, tx)) => {
+                            self.board.join(id, shard);
+                            self.lines.insert(id, tx);
+                            last_join = Instant::now();
+                            first_waiting.get_or_insert(last_join);
+                        }
+                        Some(Seat::Leave(id)) => {
+                            self.board.leave(id);
+                            self.lines.remove(&id);
+                            if self.asks_too_much() {
+                                narrow_at.get_or_insert(Instant::now() + JOIN_QUIET);
+                            }
+                        }
+                    }
+                    Vec::new()
+                }
+                _ = tokio::time::sleep_until(narrow_at.unwrap_or_else(Instant::now)), if narrow_at.is_some() => {
+                    narrow_at = None;
+                    if self.asks_too_much() && !self.board.is_empty() {
+                        main = None;
+                    }
                     Vec::new()
                 }
                 _ = tokio::time::sleep_until(catch_at), if waiting => {
                     first_waiting = None;
-                    match self.begin_catch_up().await {
+                    let shards = self.board.waiting_shards();
+                    match self.begin_catch_up(&shards).await {
                         Ok(c) => {
+                            // A main watch that the server filters for other shards reopens
+                            // with these too, from its position: below the list's.
+                            if self.main_cover.as_ref().is_some_and(|(m, _)| !shards.is_subset(m)) {
+                                main = None;
+                            }
                             self.board.begin_catch_up();
                             catch = Some(c);
                         }
@@ -258,9 +383,12 @@ impl Reader {
                 }
                 _ = tokio::time::sleep_until(retry_at), if reopen => {
                     let at = self.board.position().unwrap_or_default().to_string();
-                    match self.open(WatchFrom::Version(&at)).await {
+                    let shards = self.board.shards();
+                    let cover = self.cover(&shards).await;
+                    match self.open(WatchFrom::Version(&at), cover.as_ref()).await {
                         Ok(w) => {
                             main = Some(w);
+                            self.main_cover = cover.map(|c| (shards, c));
                             last_line = Instant::now();
                             Vec::new()
                         }
@@ -304,9 +432,11 @@ impl Reader {
                             // happened between it and the list.
                             let becomes_main = self.board.position().is_none();
                             let caught = catch.take();
+                            let cover = self.catch_cover.take();
                             if becomes_main {
                                 if let Some(Catch::Watch(w)) = caught {
                                     main = Some(w);
+                                    self.main_cover = cover;
                                     last_line = Instant::now();
                                 }
                             }
@@ -315,6 +445,7 @@ impl Reader {
                         Read::Error(code) => {
                             tracing::info!(path = %self.collection.path, ?code, "listing the collection for the shards ended with an error event; retrying");
                             catch = None;
+                            self.catch_cover = None;
                             self.board.catch_up_failed();
                             retry_at = Instant::now() + RETRY;
                             Vec::new()
@@ -322,17 +453,28 @@ impl Reader {
                     },
                     Paged::End(rv) => {
                         catch = None;
+                        self.catch_cover = None;
                         let becomes_main = self.board.position().is_none();
                         self.board.caught_up(&rv, becomes_main)
                     }
                     Paged::Failed(e) => {
                         tracing::warn!(path = %self.collection.path, error = %e, "listing the collection for the shards failed; retrying");
                         catch = None;
+                        self.catch_cover = None;
                         self.board.catch_up_failed();
                         retry_at = Instant::now() + RETRY;
                         Vec::new()
                     }
                 },
+                _ = namespaces_changed(&mut self.known) => {
+                    let missed = self.missed();
+                    if missed.is_empty() {
+                        Vec::new()
+                    } else {
+                        tracing::info!(path = %self.collection.path, ?missed, "namespaces the API server was not asked for: the shards of them relist");
+                        self.board.missed(&missed)
+                    }
+                }
                 _ = beat.tick() => {
                     self.lines.retain(|_, tx| !tx.is_closed());
                     let gone: Vec<u64> = self.board.ids().filter(|id| !self.lines.contains_key(id)).collect();
@@ -343,6 +485,7 @@ impl Reader {
                         // Nobody reads: nothing is held open.
                         main = None;
                         catch = None;
+                        self.catch_cover = None;
                         self.board.gap();
                         Vec::new()
                     } else if main.is_some() && last_line.elapsed() >= self.settings.idle {
@@ -364,12 +507,18 @@ impl Reader {
         }
     }
 
-    /// Opens a watch of the collection.
-    async fn open(&self, from: WatchFrom<'_>) -> Result<kubeapi::Watch, ApiError> {
+    /// Opens a watch of the collection, of the namespaces in `cover` only when given.
+    async fn open(
+        &self,
+        from: WatchFrom<'_>,
+        cover: Option<&Cover>,
+    ) -> Result<kubeapi::Watch, ApiError> {
         let c = &self.collection;
+        let selector = cover.map(Cover::selector);
         let query = Query {
             label_selector: c.label_selector.as_deref(),
             field_selector: c.field_selector.as_deref(),
+            shard_selector: selector.as_deref(),
         };
         let w = kubeapi::watch(
             &self.client,
@@ -385,12 +534,18 @@ impl Reader {
         w
     }
 
-    /// Starts a catch-up: a `sendInitialEvents` watch, or pages where the server refuses it.
-    async fn begin_catch_up(&mut self) -> Result<Catch, ApiError> {
+    /// Starts a catch-up of `shards`: a `sendInitialEvents` watch, or pages where the server
+    /// refuses it.
+    async fn begin_catch_up(&mut self, shards: &BTreeSet<u32>) -> Result<Catch, ApiError> {
+        let cover = self.cover(shards).await;
+        self.catch_cover = None;
         self.lists.inc();
         if !self.pages {
-            match self.open(WatchFrom::InitialEvents).await {
-                Ok(w) => return Ok(Catch::Watch(w)),
+            match self.open(WatchFrom::InitialEvents, cover.as_ref()).await {
+                Ok(w) => {
+                    self.catch_cover = cover.map(|c| (shards.clone(), c));
+                    return Ok(Catch::Watch(w));
+                }
                 Err(ApiError::Status {
                     code: 400 | 403 | 422,
                     message,
@@ -406,10 +561,127 @@ impl Reader {
         tokio::spawn(list_pages(
             self.client.clone(),
             self.collection.clone(),
+            cover.as_ref().map(Cover::selector),
             self.settings.list_page_size,
             tx,
         ));
+        self.catch_cover = cover.map(|c| (shards.clone(), c));
         Ok(Catch::Pages(rx))
+    }
+
+    /// The ranges to ask the server for, to read the objects of `shards`: `None` to read the
+    /// whole collection (a cluster-scoped one, a server that does not filter, namespaces not
+    /// known). The server is asked once whether it filters.
+    async fn cover(&mut self, shards: &BTreeSet<u32>) -> Option<Cover> {
+        if self.server == Server::Unasked {
+            match self.probe().await {
+                // An empty collection: asked again at the next read.
+                Ok(None) => return None,
+                Ok(Some(true)) => {
+                    tracing::info!(path = %self.collection.path, "the API server filters by shard: this replica reads only its shards' namespaces");
+                    self.server = Server::Filters;
+                    self.filtered.inc();
+                    self.known = Some(self.follow.known());
+                }
+                Ok(Some(false)) => {
+                    tracing::info!(path = %self.collection.path, "the API server does not filter this collection by namespace (not namespaced, or no sharded lists and watches): this replica reads it whole and keeps its shards' objects");
+                    self.server = Server::Whole;
+                }
+                Err(e) => {
+                    tracing::warn!(path = %self.collection.path, error = %e, "asking the API server whether it filters by shard failed; reading whole this time");
+                    return None;
+                }
+            }
+        }
+        let known = self.known.as_mut()?;
+        let _ = tokio::time::timeout(
+            NAMESPACES_WAIT,
+            known.wait_for(|n| *n != Namespaces::Listing),
+        )
+        .await;
+        let cover = match &*known.borrow_and_update() {
+            Namespaces::Known(points) => {
+                let c = Cover::of(points, shards, cover::MAX_RANGES);
+                tracing::debug!(path = %self.collection.path, shards = shards.len(), ranges = c.len(), "asking the API server for the shards' namespaces");
+                Some(c)
+            }
+            Namespaces::Listing => None,
+            Namespaces::Unavailable => {
+                self.server = Server::Whole;
+                self.filtered.dec();
+                None
+            }
+        };
+        if self.server == Server::Whole {
+            self.known = None;
+        }
+        cover
+    }
+
+    /// Whether the main watch asks the server for a shard no part reads any more.
+    fn asks_too_much(&self) -> bool {
+        self.main_cover
+            .as_ref()
+            .is_some_and(|(m, _)| m.iter().any(|k| !self.board.has_shard(*k)))
+    }
+
+    /// Whether the server filters this collection's objects by namespace: they are namespaced
+    /// and it applies a `shardSelector`. One short list asking for the whole space, which a
+    /// server that filters answers with its `shardInfo`; `None` when it holds no object to tell
+    /// whether they are namespaced.
+    async fn probe(&self) -> Result<Option<bool>, ApiError> {
+        #[derive(serde::Deserialize)]
+        struct Item {
+            metadata: Md,
+        }
+        #[derive(serde::Deserialize)]
+        struct Md {
+            #[serde(default)]
+            namespace: Option<String>,
+        }
+        let c = &self.collection;
+        let everything = Cover::everything().selector();
+        let query = Query {
+            label_selector: c.label_selector.as_deref(),
+            field_selector: c.field_selector.as_deref(),
+            shard_selector: Some(&everything),
+        };
+        match kubeapi::list_page(&self.client, &c.path, &query, Some(1), None).await {
+            Ok(page) => {
+                let Some(item) = page.items.first() else {
+                    return Ok(None);
+                };
+                let item: Item = serde_json::from_str(item.get())?;
+                let namespaced = item.metadata.namespace.is_some_and(|n| !n.is_empty());
+                Ok(Some(page.sharded && namespaced))
+            }
+            // A server that knows the parameter and refuses it.
+            Err(ApiError::Status {
+                code: 400 | 422, ..
+            }) => Ok(Some(false)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The shards whose namespaces the running reads were not asked for, given the
+    /// namespaces known now; they are no longer counted as asked for.
+    fn missed(&mut self) -> BTreeSet<u32> {
+        let Some(known) = self.known.as_mut() else {
+            return BTreeSet::new();
+        };
+        let Namespaces::Known(points) = known.borrow_and_update().clone() else {
+            return BTreeSet::new();
+        };
+        let mut missed = BTreeSet::new();
+        for (shards, c) in [&mut self.main_cover, &mut self.catch_cover]
+            .into_iter()
+            .flatten()
+        {
+            let lost = cover::uncovered(&points, shards, c);
+            shards.retain(|k| !lost.contains(k));
+            missed.extend(lost);
+        }
+        missed
     }
 
     /// What `line` is, for the hub.
@@ -455,6 +727,11 @@ impl Reader {
                     .settings
                     .sharding
                     .shard_of_object(ev.meta.namespace(), ev.meta.name());
+                if self.board.has_shard(shard) {
+                    self.own.inc();
+                } else {
+                    self.other.inc();
+                }
                 Read::Dealt(
                     Line {
                         to: To::Shard(shard),
@@ -507,6 +784,15 @@ impl Reader {
 /// The 410 a part gets when the hub cannot go on feeding it.
 const EXPIRED: &[u8] = br#"{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"the shards' shared watch of the collection cannot go on from this position","reason":"Expired","code":410}}"#;
 
+async fn namespaces_changed(known: &mut Option<Known>) {
+    if let Some(k) = known {
+        if k.changed().await.is_ok() {
+            return;
+        }
+    }
+    std::future::pending().await
+}
+
 async fn next_line(main: &mut Option<kubeapi::Watch>) -> Result<Option<Bytes>, ApiError> {
     match main {
         Some(w) => w.next_line().await,
@@ -535,12 +821,15 @@ async fn next_caught(catch: &mut Option<Catch>) -> Paged {
 async fn list_pages(
     client: kube::Client,
     collection: Collection,
+    shard_selector: Option<String>,
     page_size: u32,
     tx: mpsc::Sender<Paged>,
 ) {
+    // Sent with every page: the server filters each page it is asked for.
     let query = Query {
         label_selector: collection.label_selector.as_deref(),
         field_selector: collection.field_selector.as_deref(),
+        shard_selector: shard_selector.as_deref(),
     };
     let mut token: Option<String> = None;
     loop {

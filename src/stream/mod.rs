@@ -592,6 +592,7 @@ impl Stream {
         Query {
             label_selector: self.channel.label_selector.as_deref(),
             field_selector: self.channel.field_selector.as_deref(),
+            shard_selector: None,
         }
     }
 
