@@ -13,8 +13,15 @@
 //!    the records it published, its share of them and its peak RSS; the list and watch requests
 //!    the API server received.
 //!
+//! 4. A relist after a 410: while the API server refuses every request, every watch is cut,
+//!    `BENCH_CHANGED` pods (default 1,000) change and the history is compacted, so every shard
+//!    relists: the time until every shard of the
+//!    release resynced and published the changes, and the records it published meanwhile.
+//!
 //! Every shard relays its part of the collection, each replica reading it once for its shards:
-//! the shares say how evenly the replicas split it.
+//! the shares say how evenly the replicas split it, the objects each replica received of
+//! other replicas' shards what it read to drop (the simulator, like an API server without
+//! sharded lists and watches, sends every replica everything).
 //!
 //! Run with `scripts/bench.sh million` (it starts a broker) or set KAFKA_BOOTSTRAP_SERVERS.
 
@@ -25,12 +32,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    create_small_pods, create_topics, env_or, free_port, open_lines, peak_rss_kib, plain_producer,
-    run_stamp, send_when_room, start_sim, total, KillOnDrop,
+    create_small_pods, create_topics, env_or, open_lines, peak_rss_kib, plain_producer,
+    pods_release, run_stamp, send_when_room, start_sim, total,
 };
 use rdkafka::producer::{BaseRecord, Producer};
 use serde_json::{json, Value};
-use watchrelay_sim::{objects, SimConfig};
+use watchrelay_sim::{objects, Fault, SimConfig};
 
 const SHARDS: u32 = 64;
 
@@ -82,32 +89,15 @@ fn main() {
     let watches = || verb("watch");
     let (lists0, watches0) = (lists(), watches());
     let started = Instant::now();
-    let release: Vec<(KillOnDrop, u16, u32)> = (0..replicas)
-        .map(|r| {
-            let port = free_port();
-            let config = dir.path().join(format!("replica-{r}.yaml"));
-            std::fs::write(
-                &config,
-                format!(
-                    "clusterName: bench\nkubernetes:\n  kubeconfig: {}\nkafka:\n  bootstrapServers: {bootstrap}\n  oversize: trim\n  maxInFlightPerStream: 20000\n\
-                     checkpoint:\n  namespace: watchrelay\n  name: {name}\nsharding:\n  enabled: true\n  shards: {SHARDS}\n  topic: {name}.shards\nhttp:\n  listen: 127.0.0.1:{port}\n\
-                     channels:\n  - operationId: watchAllPods\n    topic: {name}\n",
-                    kubeconfig.display()
-                ),
-            )
-            .unwrap();
-            let child = Command::new(common::relay_bin())
-                .args(["run", "--config"])
-                .arg(&config)
-                .env("WATCHRELAY_LOG", "warn")
-                .env("POD_NAME", format!("replica-{r}"))
-                .stdin(Stdio::null())
-                .spawn()
-                .expect("relay starts");
-            let pid = child.id();
-            (KillOnDrop(child), port, pid)
-        })
-        .collect();
+    let release = pods_release(
+        dir.path(),
+        replicas,
+        SHARDS,
+        &kubeconfig,
+        &bootstrap,
+        &name,
+        "  maxInFlightPerStream: 20000\n",
+    );
     let ports: Vec<u16> = release.iter().map(|(_, p, _)| *p).collect();
     let published = |ports: &[u16]| total(ports, "watchrelay_events_published_total");
     while published(&ports) < n as f64 {
@@ -119,6 +109,44 @@ fn main() {
     }
     let secs = started.elapsed().as_secs_f64();
     let floor_secs = floor["secs"].as_f64().unwrap();
+    let (lists1, watches1) = (lists(), watches());
+    let inferred = total(&ports, "watchrelay_synthetic_deletes_total");
+
+    // 4. A relist after a 410.
+    let changed = env_or("BENCH_CHANGED", 1_000);
+    let resyncs = |ports: &[u16]| total(ports, "watchrelay_resyncs_total");
+    let (published0, resyncs0) = (published(&ports), resyncs(&ports));
+    let relist = Instant::now();
+    // The API server refuses every request while the watches are cut, the pods change and the
+    // history is compacted: every replica's watch then reopens from a position gone.
+    sim.fail_next(usize::MAX, Fault::ServerError);
+    sim.drop_watches();
+    for i in 0..changed {
+        let ns = format!("ns-{}", i % namespaces);
+        sim.merge_patch(
+            "pods",
+            Some(&ns),
+            &format!("web-{i:07}"),
+            json!({"metadata": {"annotations": {"bench/generation": "1"}}}),
+        )
+        .unwrap();
+    }
+    sim.compact();
+    sim.stop_failing();
+    // Every shard was told of the 410, is watching again, and published the changes.
+    let up = |ports: &[u16]| total(ports, "watchrelay_stream_up");
+    while resyncs(&ports) < resyncs0 + f64::from(SHARDS)
+        || up(&ports) < f64::from(SHARDS)
+        || published(&ports) < published0 + changed as f64
+    {
+        assert!(
+            relist.elapsed() < Duration::from_secs(1800),
+            "the release never relisted"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let relist_secs = relist.elapsed().as_secs_f64();
+    let relisted = published(&ports) - published0;
     println!(
         "{:<34} {:>9} {:>12} {:>8} {:>13}",
         format!("{n} pods, {namespaces} namespaces"),
@@ -138,27 +166,41 @@ fn main() {
     for (r, (_, port, pid)) in release.iter().enumerate() {
         let records = published(&[*port]).max(0.0);
         shares.push(records / n as f64);
+        let received = |whose: &str| {
+            total(
+                &[*port],
+                &format!("watchrelay_fanout_objects_received_total{{whose=\"{whose}\"}}"),
+            )
+        };
         println!(
-            "{:<34} {:>9} {records:>12.0} {:>7.0}% {:>13.0}",
+            "{:<34} {:>9} {records:>12.0} {:>7.0}% {:>13.0}   received {:.0} own, {:.0} other",
             format!("replica {r} of {replicas}"),
             "",
             records / n as f64 * 100.0,
-            peak_rss_kib(*pid) as f64 / 1024.0
+            peak_rss_kib(*pid) as f64 / 1024.0,
+            received("own"),
+            received("other"),
         );
     }
     println!(
-        "{:<34} {secs:>9.1} ({:.2}x the pass-through); API requests: {} lists, {} watches",
+        "{:<34} {secs:>9.1} ({:.2}x the pass-through); API requests: {} lists, {} watches; {inferred} inferred DELETEDs",
         "the release's first sync",
         secs / floor_secs,
-        lists() - lists0,
-        watches() - watches0
+        lists1 - lists0,
+        watches1 - watches0
+    );
+    println!(
+        "{:<34} {relist_secs:>9.1} {relisted:>12.0} records for {changed} changed pods; API requests: {} lists, {} watches",
+        "a relist after a 410",
+        lists() - lists1,
+        watches() - watches1
     );
     let rss: Vec<String> = release
         .iter()
         .map(|(_, _, pid)| (peak_rss_kib(*pid) / 1024).to_string())
         .collect();
     println!(
-        "BENCH million pods={n} replicas={replicas} first_sync_vs_passthrough={:.2} shares={} rss_mib={}",
+        "BENCH million pods={n} replicas={replicas} first_sync_vs_passthrough={:.2} relist_s={relist_secs:.1} relist_records={relisted:.0} shares={} rss_mib={}",
         secs / floor_secs,
         shares
             .iter()

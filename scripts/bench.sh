@@ -16,6 +16,12 @@
 #                              event; the takeover after one of three is killed
 #   scripts/bench.sh handover  revoke-to-answer time of two replicas' shards while a third joins
 #                              and leaves under churn (BENCH_RATE, BENCH_REBALANCES): p50, p99
+#   scripts/bench.sh million   BENCH_PODS pods (default 1,000,000) read cluster-wide by three
+#                              sharded replicas on the simulator: first sync vs the pass-through,
+#                              shares, peak RSS, requests; a relist after a 410 (BENCH_CHANGED)
+#   scripts/bench.sh server_shards  three sharded replicas on the real kube-apiserver with its
+#                              sharded lists and watches on and off (BENCH_PODS, default 20,000):
+#                              what the server sent each replica of its shards and of others'
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ -z ${KAFKA_BOOTSTRAP_SERVERS:-} ]]; then
@@ -28,5 +34,8 @@ if [[ ${1:-throughput} == throughput ]]; then
   scripts/otelcol.sh install
   OTELCOL_BIN=$(scripts/otelcol.sh bin)
   export OTELCOL_BIN
+fi
+if [[ ${1:-} == server_shards ]]; then
+  scripts/cluster.sh install
 fi
 cargo bench --locked --bench "${1:-throughput}"

@@ -445,3 +445,44 @@ pub fn send_when_room<K, P>(
     }
     producer.poll(std::time::Duration::ZERO);
 }
+
+/// A sharded release of the real binary relaying every pod (`watchAllPods`) to topic `name`:
+/// `replicas` replicas of `shards` shards, started at once with nothing saved, their files in
+/// `dir`, on the API server of `kubeconfig`; `kafka` adds lines to the `kafka` section. Each
+/// replica with its metrics port and pid.
+pub fn pods_release(
+    dir: &std::path::Path,
+    replicas: usize,
+    shards: u32,
+    kubeconfig: &std::path::Path,
+    bootstrap: &str,
+    name: &str,
+    kafka: &str,
+) -> Vec<(KillOnDrop, u16, u32)> {
+    (0..replicas)
+        .map(|r| {
+            let port = free_port();
+            let config = dir.join(format!("replica-{r}.yaml"));
+            std::fs::write(
+                &config,
+                format!(
+                    "clusterName: bench\nkubernetes:\n  kubeconfig: {}\nkafka:\n  bootstrapServers: {bootstrap}\n  oversize: trim\n{kafka}\
+                     checkpoint:\n  namespace: watchrelay\n  name: {name}\nsharding:\n  enabled: true\n  shards: {shards}\n  topic: {name}.shards\nhttp:\n  listen: 127.0.0.1:{port}\n\
+                     channels:\n  - operationId: watchAllPods\n    topic: {name}\n",
+                    kubeconfig.display()
+                ),
+            )
+            .unwrap();
+            let child = Command::new(relay_bin())
+                .args(["run", "--config"])
+                .arg(&config)
+                .env("WATCHRELAY_LOG", "warn")
+                .env("POD_NAME", format!("replica-{r}"))
+                .stdin(std::process::Stdio::null())
+                .spawn()
+                .expect("relay starts");
+            let pid = child.id();
+            (KillOnDrop(child), port, pid)
+        })
+        .collect()
+}

@@ -60,6 +60,11 @@ impl Sim {
         *self.inner.faults.fail.lock().expect("faults lock poisoned") = Some((n, fault));
     }
 
+    /// Disarms the failures armed by [`Sim::fail_next`] still to be served.
+    pub fn stop_failing(&self) {
+        *self.inner.faults.fail.lock().expect("faults lock poisoned") = None;
+    }
+
     /// How many of the failures armed by [`Sim::fail_next`] are still to be served.
     pub fn pending_failures(&self) -> usize {
         self.inner
