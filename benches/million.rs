@@ -20,8 +20,10 @@
 //!
 //! Every shard relays its part of the collection, each replica reading it once for its shards:
 //! the shares say how evenly the replicas split it, the objects each replica received of
-//! other replicas' shards what it read to drop (the simulator, like an API server without
-//! sharded lists and watches, sends every replica everything).
+//! other replicas' shards what it read to drop. By default the simulator, like an API server
+//! without sharded lists and watches, sends every replica everything; with
+//! `BENCH_SERVER_SHARDS=1` it serves them as kube-apiserver with `ShardedListAndWatch` on,
+//! and each replica is sent its shards' pods only.
 //!
 //! Run with `scripts/bench.sh million` (it starts a broker) or set KAFKA_BOOTSTRAP_SERVERS.
 
@@ -52,12 +54,14 @@ fn main() {
     let n = env_or("BENCH_PODS", 1_000_000);
     let namespaces = env_or("BENCH_NAMESPACES", 1_000);
     let replicas = env_or("BENCH_REPLICAS", 3);
+    let server_shards = env_or("BENCH_SERVER_SHARDS", 0) == 1;
     let bootstrap = std::env::var("KAFKA_BOOTSTRAP_SERVERS")
         .expect("KAFKA_BOOTSTRAP_SERVERS is not set: run scripts/bench.sh million");
     let (rt, sim) = start_sim(SimConfig {
         watch_list: true,
         history_limit: 10_000,
         journal_limit: Some(1_000),
+        sharded_list_and_watch: server_shards,
         ..Default::default()
     });
     let _runtime = rt.enter();
@@ -149,7 +153,10 @@ fn main() {
     let relisted = published(&ports) - published0;
     println!(
         "{:<34} {:>9} {:>12} {:>8} {:>13}",
-        format!("{n} pods, {namespaces} namespaces"),
+        format!(
+            "{n} pods, {namespaces} namespaces{}",
+            if server_shards { ", sharded reads" } else { "" }
+        ),
         "time s",
         "records",
         "share",

@@ -451,6 +451,11 @@ async fn the_simulator_answers_the_script_as_the_api_server_does() {
     script(&mut real, &ns).await;
     script(&mut simulated, &ns).await;
 
+    compare(&real, &simulated);
+}
+
+/// The two transcripts match line for line, except for the deliberate differences.
+fn compare(real: &Server, simulated: &Server) {
     let mut unexplained = Vec::new();
     let mut explained = Vec::new();
     for i in 0..real.lines.len().max(simulated.lines.len()) {
@@ -477,4 +482,186 @@ async fn the_simulator_answers_the_script_as_the_api_server_does() {
         "the simulator differs from the API server:\n{}",
         unexplained.join("\n")
     );
+}
+
+/// A `shardSelector` of the namespaces hashed in `[start, end)`, as a query value.
+fn shard_range(start: &str, end: &str) -> String {
+    form_urlencoded::byte_serialize(
+        format!("shardRange(object.metadata.namespace, '{start}', '{end}')").as_bytes(),
+    )
+    .collect()
+}
+
+/// The namespaces of a list's items, sorted and without the run's prefix.
+fn namespaces_of(items: &[Value], prefix: &str) -> String {
+    let mut n: Vec<&str> = items
+        .iter()
+        .filter_map(|o| o["metadata"]["namespace"].as_str()?.strip_prefix(prefix))
+        .collect();
+    n.sort_unstable();
+    n.join(",")
+}
+
+/// Sharded lists and watches (`shardSelector`, gate `ShardedListAndWatch` on): which of eight
+/// namespaces' objects each half of the hash space holds in a list, in pages (the selector
+/// sent again with each), in a watch and in a `sendInitialEvents` watch; what a list says of
+/// its filter (`metadata.shardInfo`); and what a malformed selector gets.
+async fn shard_script(s: &mut Server, prefix: &str) {
+    for i in 0..8 {
+        let ns = format!("{prefix}{i}");
+        let ns_obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+        s.outcome(
+            "create namespace",
+            "POST",
+            "/api/v1/namespaces",
+            Some(&ns_obj),
+        )
+        .await;
+        let mut cm = configmap(&ns, "c", "x");
+        cm["metadata"]["labels"] = json!({"run": prefix.trim_end_matches('-')});
+        let path = format!("/api/v1/namespaces/{ns}/configmaps");
+        s.outcome("create configmap", "POST", &path, Some(&cm))
+            .await;
+    }
+    let cms = format!(
+        "/api/v1/configmaps?labelSelector=run%3D{}",
+        prefix.trim_end_matches('-')
+    );
+    let halves = [
+        (
+            "low half",
+            shard_range("0x0000000000000000", "0x8000000000000000"),
+        ),
+        (
+            "high half",
+            shard_range("0x8000000000000000", "0x10000000000000000"),
+        ),
+    ];
+    for (half, sel) in &halves {
+        let (code, list) = s
+            .call("GET", &format!("{cms}&shardSelector={sel}"), None)
+            .await;
+        let items = list["items"].as_array().cloned().unwrap_or_default();
+        s.note(
+            &format!("list, {half}"),
+            format!(
+                "{code} [{}] metadata [{}]",
+                namespaces_of(&items, prefix),
+                keys(&list["metadata"])
+            ),
+        );
+        // Pages of two, the selector sent with each.
+        let mut all = Vec::new();
+        let mut token = String::new();
+        for _ in 0..10 {
+            let (_, page) = s
+                .call(
+                    "GET",
+                    &format!("{cms}&shardSelector={sel}&limit=2&continue={token}"),
+                    None,
+                )
+                .await;
+            all.extend(page["items"].as_array().cloned().unwrap_or_default());
+            match page["metadata"]["continue"].as_str() {
+                Some(c) if !c.is_empty() => token = c.to_string(),
+                _ => break,
+            }
+        }
+        s.note(
+            &format!("pages, {half}"),
+            format!("[{}]", namespaces_of(&all, prefix)),
+        );
+        let (_, initial) = s
+            .call(
+                "GET",
+                &format!("{cms}&shardSelector={sel}&watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=1"),
+                None,
+            )
+            .await;
+        let added: Vec<Value> = initial
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e["type"] == "ADDED")
+            .map(|e| e["object"].clone())
+            .collect();
+        s.note(
+            &format!("sendInitialEvents, {half}"),
+            format!("[{}]", namespaces_of(&added, prefix)),
+        );
+    }
+    // A watch of each half from before a new object in every namespace.
+    let (_, now) = s.call("GET", &cms, None).await;
+    let rv = now["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for i in 0..8 {
+        let ns = format!("{prefix}{i}");
+        let mut cm = configmap(&ns, "d", "y");
+        cm["metadata"]["labels"] = json!({"run": prefix.trim_end_matches('-')});
+        let path = format!("/api/v1/namespaces/{ns}/configmaps");
+        s.outcome("create configmap", "POST", &path, Some(&cm))
+            .await;
+    }
+    for (half, sel) in &halves {
+        let (_, events) = s
+            .call(
+                "GET",
+                &format!("{cms}&shardSelector={sel}&watch=1&resourceVersion={rv}&timeoutSeconds=1"),
+                None,
+            )
+            .await;
+        let changed: Vec<Value> = events
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e["type"] == "ADDED")
+            .map(|e| e["object"].clone())
+            .collect();
+        s.note(
+            &format!("watch, {half}"),
+            format!("[{}]", namespaces_of(&changed, prefix)),
+        );
+    }
+    let bad: String =
+        form_urlencoded::byte_serialize(b"shardRange(object.metadata.name, '0x0', '0x1')")
+            .collect();
+    s.outcome(
+        "a selector on another field",
+        "GET",
+        &format!("{cms}&shardSelector={bad}"),
+        None,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_lists_and_watches_as_the_api_server_serves_them() {
+    let cluster = Cluster::start_own("WatchList=true,ShardedListAndWatch=true");
+    let mut real = Server {
+        client: client_of(&cluster.kubeconfig()).await,
+        compact: Box::new(|| {}),
+        lines: Vec::new(),
+    };
+    let sim = Sim::start(SimConfig {
+        sharded_list_and_watch: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig: PathBuf = dir.path().join("kubeconfig");
+    sim.write_kubeconfig(&kubeconfig).unwrap();
+    let mut simulated = Server {
+        client: client_of(&kubeconfig).await,
+        compact: Box::new(|| {}),
+        lines: Vec::new(),
+    };
+    let prefix = format!("{}-", unique("shards"));
+    shard_script(&mut real, &prefix).await;
+    shard_script(&mut simulated, &prefix).await;
+    compare(&real, &simulated);
 }

@@ -11,7 +11,7 @@ use common::bed::{eventually, sharded, Bed, Relay};
 use common::view::{consumer_view_by, events, pods_by, version};
 use watchrelay::metrics::Metrics;
 use watchrelay::testing::{Lane, Memory, MemoryGroup};
-use watchrelay_sim::objects;
+use watchrelay_sim::{objects, SimConfig};
 
 const NAMESPACES: [&str; 8] = ["a", "b", "c", "d", "e", "f", "g", "h"];
 
@@ -100,6 +100,96 @@ async fn a_collection_is_read_once_per_replica_and_dealt_to_its_shards() {
         shards.insert(shard);
     }
     assert!(shards.len() > 1, "one shard relayed everything: {shards:?}");
+}
+
+/// Where the API server filters by shard (the simulator serving `shardSelector` as
+/// kube-apiserver with `ShardedListAndWatch` on), each replica is sent its shards' pods only,
+/// before and after a second replica takes shards over; a namespace created later is taken in
+/// by its shard's relist. The consumer's view is the cluster's throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_filters_by_shard_sends_each_replica_its_shards_only() {
+    let cfg = SimConfig {
+        sharded_list_and_watch: true,
+        ..SimConfig::default()
+    };
+    let bed = Bed::in_memory(cfg, &NAMESPACES).await;
+    for ns in NAMESPACES {
+        bed.sim
+            .create("pods", Some(ns), objects::pod(ns, "p1"))
+            .unwrap();
+    }
+    let channel = "  - operationId: watchAllPods\n    topic: pods\n";
+    let cfg = sharded(bed.config(channel, ""), 4);
+    let memory = Arc::new(Memory::new());
+    let group = MemoryGroup::default();
+    let mut namespaces: Vec<&str> = NAMESPACES.to_vec();
+    let cluster = |namespaces: &[&str]| pods_by(&bed.sim, namespaces, |_| true, version);
+    let consumer = || consumer_view_by(&events(&memory), version);
+    let other = |m: &Metrics| m.fanout_objects.with_label_values(&["other"]).get();
+
+    let a = Relay::start_on_lane(&bed, cfg.clone(), Lane::new(memory.clone()), &group);
+    eventually(
+        || consumer() == cluster(&namespaces),
+        || "A never relayed the pods".into(),
+    )
+    .await;
+    assert_eq!(a.metrics.fanout_server_filtered.get(), 1);
+    assert_eq!(
+        other(&a.metrics),
+        0,
+        "the server sent A pods of no shard of its"
+    );
+
+    let b = Relay::start_on_lane(&bed, cfg.clone(), Lane::new(memory.clone()), &group);
+    eventually(
+        || b.metrics.shards_owned.get() > 0 && a.metrics.shards_owned.get() < 4,
+        || "B never took a shard".into(),
+    )
+    .await;
+    for ns in NAMESPACES {
+        bed.sim
+            .create("pods", Some(ns), objects::pod(ns, "p2"))
+            .unwrap();
+    }
+    eventually(
+        || consumer() == cluster(&namespaces),
+        || "the new pods never reached the consumer".into(),
+    )
+    .await;
+    // Steady: A's reads left B's shards out once they moved.
+    let before = (other(&a.metrics), other(&b.metrics));
+    for ns in NAMESPACES {
+        bed.sim
+            .create("pods", Some(ns), objects::pod(ns, "p3"))
+            .unwrap();
+    }
+    eventually(
+        || consumer() == cluster(&namespaces),
+        || "the third pods never reached the consumer".into(),
+    )
+    .await;
+    assert_eq!(
+        (other(&a.metrics), other(&b.metrics)),
+        before,
+        "the server sent a replica another's pods"
+    );
+    assert!(published(&b.metrics) > 0.0, "B published nothing");
+
+    // A namespace the replicas did not know when their reads began.
+    bed.sim
+        .create("namespaces", None, objects::namespace("late"))
+        .unwrap();
+    bed.sim
+        .create("pods", Some("late"), objects::pod("late", "p1"))
+        .unwrap();
+    namespaces.push("late");
+    eventually(
+        || consumer() == cluster(&namespaces),
+        || "the late namespace's pod never reached the consumer".into(),
+    )
+    .await;
+    a.stop().await;
+    b.stop().await;
 }
 
 /// The records a replica published, every stream together.

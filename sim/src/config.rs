@@ -26,6 +26,10 @@ pub struct SimConfig {
     /// How long each list request takes to answer (zero: at once), so tests can see how many
     /// run at once.
     pub list_delay: Duration,
+    /// Apply a `shardSelector` to lists and watches (sharded list and watch, the
+    /// `ShardedListAndWatch` gate). Off, the parameter is ignored, as by an API server with the
+    /// gate off (its default).
+    pub sharded_list_and_watch: bool,
 }
 
 impl Default for SimConfig {
@@ -39,6 +43,7 @@ impl Default for SimConfig {
             addr: None,
             watch_list: true,
             list_delay: Duration::ZERO,
+            sharded_list_and_watch: false,
         }
     }
 }

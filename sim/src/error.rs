@@ -64,6 +64,10 @@ impl SimError {
             "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
             "message": self.message, "reason": self.reason, "code": self.code,
         });
+        // An error the API server answers without a reason (an internal one) has none.
+        if self.reason.is_empty() {
+            status.as_object_mut().expect("an object").remove("reason");
+        }
         if let Some(details) = &self.details {
             status["details"] = details.clone();
         }

@@ -21,6 +21,7 @@ mod requests;
 pub mod resources;
 pub mod selector;
 mod server;
+pub mod shards;
 mod sim;
 mod store;
 mod watch;

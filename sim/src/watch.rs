@@ -36,6 +36,8 @@ pub struct Params {
     pub namespace: Option<String>,
     pub labels: Selector,
     pub fields: Selector,
+    /// The objects' shards asked for (`shardSelector`), where the gate is on.
+    pub shards: Option<crate::shards::ShardSelector>,
     pub start: Start,
     pub bookmarks: bool,
     pub initial_events_end: bool,
@@ -52,7 +54,9 @@ impl Params {
     }
 
     fn selects(&self, obj: &Value) -> bool {
-        self.labels.matches_labels(obj) && self.fields.matches_fields(obj)
+        self.labels.matches_labels(obj)
+            && self.fields.matches_fields(obj)
+            && self.shards.as_ref().is_none_or(|s| s.matches(obj))
     }
 
     /// The line this watcher sends for a change, if any. With selectors, an object that starts
@@ -61,7 +65,7 @@ impl Params {
         if !self.in_scope(c) {
             return None;
         }
-        if self.labels.is_empty() && self.fields.is_empty() {
+        if self.labels.is_empty() && self.fields.is_empty() && self.shards.is_none() {
             return Some(c.line.clone());
         }
         let now = self.selects(&c.object);
