@@ -203,10 +203,8 @@ fn configmap(ns: &str, name: &str, data: &str) -> Value {
         "metadata": {"name": name, "namespace": ns}, "data": {"d": data}})
 }
 
-/// The script: the same requests, in the same order, against either server.
-async fn script(s: &mut Server, ns: &str) {
-    let svc = format!("/api/v1/namespaces/{ns}/services");
-    let cms = format!("/api/v1/namespaces/{ns}/configmaps");
+/// Creates namespace `ns`.
+async fn create_namespace(s: &mut Server, ns: &str) {
     let ns_obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
     s.outcome(
         "create namespace",
@@ -215,6 +213,13 @@ async fn script(s: &mut Server, ns: &str) {
         Some(&ns_obj),
     )
     .await;
+}
+
+/// The script: the same requests, in the same order, against either server.
+async fn script(s: &mut Server, ns: &str) {
+    let svc = format!("/api/v1/namespaces/{ns}/services");
+    let cms = format!("/api/v1/namespaces/{ns}/configmaps");
+    create_namespace(s, ns).await;
     for i in 0..5 {
         let app = if i % 2 == 0 { "even" } else { "odd" };
         s.outcome(
@@ -492,6 +497,29 @@ fn shard_range(start: &str, end: &str) -> String {
     .collect()
 }
 
+/// Creates ConfigMap `name` in `ns`, labelled with the run (`prefix`).
+async fn create_run_configmap(s: &mut Server, ns: &str, name: &str, prefix: &str) {
+    let mut cm = configmap(ns, name, "x");
+    cm["metadata"]["labels"] = json!({"run": prefix.trim_end_matches('-')});
+    let path = format!("/api/v1/namespaces/{ns}/configmaps");
+    s.outcome("create configmap", "POST", &path, Some(&cm))
+        .await;
+}
+
+/// Notes the namespaces of the objects the watch at `path` announced as ADDED.
+async fn note_added(s: &mut Server, step: &str, path: &str, prefix: &str) {
+    let (_, events) = s.call("GET", path, None).await;
+    let added: Vec<Value> = events
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e["type"] == "ADDED")
+        .map(|e| e["object"].clone())
+        .collect();
+    s.note(step, format!("[{}]", namespaces_of(&added, prefix)));
+}
+
 /// The namespaces of a list's items, sorted and without the run's prefix.
 fn namespaces_of(items: &[Value], prefix: &str) -> String {
     let mut n: Vec<&str> = items
@@ -509,19 +537,8 @@ fn namespaces_of(items: &[Value], prefix: &str) -> String {
 async fn shard_script(s: &mut Server, prefix: &str) {
     for i in 0..8 {
         let ns = format!("{prefix}{i}");
-        let ns_obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
-        s.outcome(
-            "create namespace",
-            "POST",
-            "/api/v1/namespaces",
-            Some(&ns_obj),
-        )
-        .await;
-        let mut cm = configmap(&ns, "c", "x");
-        cm["metadata"]["labels"] = json!({"run": prefix.trim_end_matches('-')});
-        let path = format!("/api/v1/namespaces/{ns}/configmaps");
-        s.outcome("create configmap", "POST", &path, Some(&cm))
-            .await;
+        create_namespace(s, &ns).await;
+        create_run_configmap(s, &ns, "c", prefix).await;
     }
     let cms = format!(
         "/api/v1/configmaps?labelSelector=run%3D{}",
@@ -571,25 +588,8 @@ async fn shard_script(s: &mut Server, prefix: &str) {
             &format!("pages, {half}"),
             format!("[{}]", namespaces_of(&all, prefix)),
         );
-        let (_, initial) = s
-            .call(
-                "GET",
-                &format!("{cms}&shardSelector={sel}&watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=1"),
-                None,
-            )
-            .await;
-        let added: Vec<Value> = initial
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|e| e["type"] == "ADDED")
-            .map(|e| e["object"].clone())
-            .collect();
-        s.note(
-            &format!("sendInitialEvents, {half}"),
-            format!("[{}]", namespaces_of(&added, prefix)),
-        );
+        let initial = format!("{cms}&shardSelector={sel}&watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=1");
+        note_added(s, &format!("sendInitialEvents, {half}"), &initial, prefix).await;
     }
     // A watch of each half from before a new object in every namespace.
     let (_, now) = s.call("GET", &cms, None).await;
@@ -598,33 +598,12 @@ async fn shard_script(s: &mut Server, prefix: &str) {
         .unwrap()
         .to_string();
     for i in 0..8 {
-        let ns = format!("{prefix}{i}");
-        let mut cm = configmap(&ns, "d", "y");
-        cm["metadata"]["labels"] = json!({"run": prefix.trim_end_matches('-')});
-        let path = format!("/api/v1/namespaces/{ns}/configmaps");
-        s.outcome("create configmap", "POST", &path, Some(&cm))
-            .await;
+        create_run_configmap(s, &format!("{prefix}{i}"), "d", prefix).await;
     }
     for (half, sel) in &halves {
-        let (_, events) = s
-            .call(
-                "GET",
-                &format!("{cms}&shardSelector={sel}&watch=1&resourceVersion={rv}&timeoutSeconds=1"),
-                None,
-            )
-            .await;
-        let changed: Vec<Value> = events
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|e| e["type"] == "ADDED")
-            .map(|e| e["object"].clone())
-            .collect();
-        s.note(
-            &format!("watch, {half}"),
-            format!("[{}]", namespaces_of(&changed, prefix)),
-        );
+        let watch =
+            format!("{cms}&shardSelector={sel}&watch=1&resourceVersion={rv}&timeoutSeconds=1");
+        note_added(s, &format!("watch, {half}"), &watch, prefix).await;
     }
     let bad: String =
         form_urlencoded::byte_serialize(b"shardRange(object.metadata.name, '0x0', '0x1')")

@@ -146,28 +146,22 @@ async fn a_server_that_filters_by_shard_sends_each_replica_its_shards_only() {
         || "B never took a shard".into(),
     )
     .await;
-    for ns in NAMESPACES {
-        bed.sim
-            .create("pods", Some(ns), objects::pod(ns, "p2"))
-            .unwrap();
-    }
-    eventually(
-        || consumer() == cluster(&namespaces),
-        || "the new pods never reached the consumer".into(),
-    )
-    .await;
+    // A pod `name` in every namespace, then the consumer holds it.
+    let add_everywhere = |name: &'static str| {
+        for ns in NAMESPACES {
+            bed.sim
+                .create("pods", Some(ns), objects::pod(ns, name))
+                .unwrap();
+        }
+        eventually(
+            move || consumer() == cluster(&NAMESPACES),
+            move || format!("the pods {name} never reached the consumer"),
+        )
+    };
+    add_everywhere("p2").await;
     // Steady: A's reads left B's shards out once they moved.
     let before = (other(&a.metrics), other(&b.metrics));
-    for ns in NAMESPACES {
-        bed.sim
-            .create("pods", Some(ns), objects::pod(ns, "p3"))
-            .unwrap();
-    }
-    eventually(
-        || consumer() == cluster(&namespaces),
-        || "the third pods never reached the consumer".into(),
-    )
-    .await;
+    add_everywhere("p3").await;
     assert_eq!(
         (other(&a.metrics), other(&b.metrics)),
         before,

@@ -329,15 +329,21 @@ pub fn sharded_replica(
         ),
     )
     .unwrap();
+    (spawn_replica(&config, r), port)
+}
+
+/// The real binary run as replica `r` (its `POD_NAME`) on the configuration file `config`,
+/// logging warnings only.
+pub fn spawn_replica(config: &std::path::Path, r: usize) -> KillOnDrop {
     let child = Command::new(relay_bin())
         .args(["run", "--config"])
-        .arg(&config)
+        .arg(config)
         .env("WATCHRELAY_LOG", "warn")
         .env("POD_NAME", format!("replica-{r}"))
         .stdin(std::process::Stdio::null())
         .spawn()
         .expect("relay starts");
-    (KillOnDrop(child), port)
+    KillOnDrop(child)
 }
 
 /// The route of the pods channel's stream over the benchmark namespace `ns` of cluster `bench`,
@@ -473,16 +479,9 @@ pub fn pods_release(
                 ),
             )
             .unwrap();
-            let child = Command::new(relay_bin())
-                .args(["run", "--config"])
-                .arg(&config)
-                .env("WATCHRELAY_LOG", "warn")
-                .env("POD_NAME", format!("replica-{r}"))
-                .stdin(std::process::Stdio::null())
-                .spawn()
-                .expect("relay starts");
-            let pid = child.id();
-            (KillOnDrop(child), port, pid)
+            let replica = spawn_replica(&config, r);
+            let pid = replica.0.id();
+            (replica, port, pid)
         })
         .collect()
 }
