@@ -1240,8 +1240,19 @@ async fn fanned_out(gates: &str, filtered: bool) {
         );
     }
 
-    // A namespace created now: with the filter, the shard that has it relists to take it in.
-    let late = format!("{prefix}-late");
+    // A namespace created now, hashed below every namespace there is, so that no range a
+    // replica asked for holds it: with the filter, the shard that has it relists to take it in.
+    let lowest = cluster
+        .list("namespaces", None)
+        .iter()
+        .filter_map(|n| n["metadata"]["name"].as_str())
+        .map(watchrelay::config::fnv1a64)
+        .min()
+        .unwrap();
+    let late = (0..)
+        .map(|i| format!("{prefix}-late{i}"))
+        .find(|n| watchrelay::config::fnv1a64(n) < lowest)
+        .unwrap();
     namespace(&cluster, &late);
     make(&cluster, "pods", &late, "p", 0..3);
     converge(&topic, want(), everything).await;
