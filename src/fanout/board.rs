@@ -153,14 +153,7 @@ impl Board {
     /// The lines of `shards` were missed (the reads left out one of their namespaces): their
     /// seats being listed or live are expired; the waiting ones stay, their catch-up to come.
     pub fn missed(&mut self, shards: &BTreeSet<u32>) -> Vec<Out> {
-        let out: Vec<Out> = self
-            .seats
-            .iter()
-            .filter(|(_, s)| shards.contains(&s.shard) && !matches!(s.phase, Phase::Waiting))
-            .map(|(id, _)| Out::Expire(*id))
-            .collect();
-        self.forget(&out);
-        out
+        self.expire_where(|s| shards.contains(&s.shard) && !matches!(s.phase, Phase::Waiting))
     }
 
     /// The main watch's position.
@@ -240,7 +233,10 @@ impl Board {
     /// began under this watch. Its resourceVersion, if any, is the main watch's position.
     pub fn live(&mut self, line: &Line, rv: Option<&str>) -> Vec<Out> {
         if let Some(rv) = rv {
-            self.position = Some(rv.to_string());
+            // The position's buffer is reused: this runs for every line of the collection.
+            let position = self.position.get_or_insert_with(String::new);
+            position.clear();
+            position.push_str(rv);
         }
         let mut out = Vec::new();
         for (id, seat) in &mut self.seats {
@@ -286,10 +282,17 @@ impl Board {
     /// a main watch stay. No main watch runs any more.
     pub fn gap(&mut self) -> Vec<Out> {
         self.position = None;
+        self.expire_where(|s| {
+            matches!(s.phase, Phase::Live | Phase::Listing { since: Some(_), .. })
+        })
+    }
+
+    /// Expires the seats `which` picks.
+    fn expire_where(&mut self, which: impl Fn(&Seat) -> bool) -> Vec<Out> {
         let out: Vec<Out> = self
             .seats
             .iter()
-            .filter(|(_, s)| matches!(s.phase, Phase::Live | Phase::Listing { since: Some(_), .. }))
+            .filter(|(_, s)| which(s))
             .map(|(id, _)| Out::Expire(*id))
             .collect();
         self.forget(&out);

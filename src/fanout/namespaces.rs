@@ -166,7 +166,6 @@ impl Follower {
                     self.publish();
                 }
             }
-            self.publish();
         }
     }
 
