@@ -2,8 +2,10 @@
 //! (default 2,000) matched by the selectors of three channels (pods, services, deployments),
 //! one stream per namespace (`perNamespace`) against the default (`auto`: one cluster-wide
 //! watch per channel), and one replica of a sharded release owning all of `BENCH_SHARDS` shards
-//! (default 64; its selector channels relayed per namespace), each in the same run against the
-//! same simulator.
+//! (default 64), its selectors left to `auto` (a new release reads them cluster-wide above
+//! `kubernetes.clusterWideAbove` namespaces, fanned out to the shards) and set to
+//! `perNamespace` (what `auto` ran in sharded releases before), each in the same run against
+//! the same simulator.
 //!
 //! For each: the list requests (pages) and watches opened to start, of them the namespace
 //! lists and watches (the selectors' followers), watches open once every stream watches, and
@@ -60,7 +62,7 @@ fn main() {
         );
         println!("| strategy | streams | start: lists / watches opened | of them namespaces | watches open | ConfigMap requests/s, quiet | after a 410: lists / watches opened | peak lists in flight | start time | 410 time |");
         println!("|---|---|---|---|---|---|---|---|---|---|");
-        for strategy in ["auto", "perNamespace", "sharded"] {
+        for strategy in ["auto", "perNamespace", "sharded", "sharded-perNamespace"] {
             run(&sim, strategy, initial_events).await;
         }
     });
@@ -69,8 +71,8 @@ fn main() {
 fn config(sim: &Sim, strategy: &str, initial_events: bool) -> Config {
     let shards = std::env::var("BENCH_SHARDS").unwrap_or_else(|_| "64".into());
     let (strategy, sharding) = match strategy {
-        "sharded" => (
-            "auto",
+        "sharded" | "sharded-perNamespace" => (
+            strategy.strip_prefix("sharded-").unwrap_or("auto"),
             format!("sharding:\n  enabled: true\n  shards: {shards}\n  topic: shards-bench\n"),
         ),
         other => (other, String::new()),

@@ -1,9 +1,10 @@
-//! Configuration changes to a sharded release that move keys from a stream in one shard to a
-//! stream in another: a replica refuses to start on one while any shard still holds the old
-//! stream, and the two-step way it names ends with the consumer's view equal to the cluster.
+//! Configuration changes to a sharded release: a `watchStrategy` switch keeps every key in its
+//! shard and hands the members over, and a replica whose shard count is not the release's
+//! refuses to start.
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use common::bed::{eventually, shard_of, sharded, Bed, Relay};
@@ -27,22 +28,34 @@ fn config(bed: &Bed, channels: &str) -> Config {
     sharded(bed.config(channels, ""), SHARDS)
 }
 
-/// Whether any shard's checkpoint ConfigMap still holds a stream of the pods channel.
-fn pods_recorded(bed: &Bed) -> bool {
-    (0..SHARDS).any(|k| {
-        bed.shard_configmap(k).is_some_and(|cm| {
+/// The pods channel's streams that the shards' checkpoint ConfigMaps hold.
+fn pods_recorded(bed: &Bed) -> Vec<String> {
+    (0..SHARDS)
+        .filter_map(|k| bed.shard_configmap(k))
+        .flat_map(|cm| {
             cm["data"]
                 .as_object()
-                .is_some_and(|d| d.keys().any(|k| k.starts_with(CHANNEL)))
+                .map(|d| d.keys().cloned().collect::<Vec<_>>())
+                .unwrap_or_default()
         })
-    })
+        .filter(|k| k.starts_with(&format!("{CHANNEL}.")))
+        .collect()
 }
 
-/// A rollout from per-namespace to cluster-wide streams: the new replica refuses while the
-/// shards hold the per-namespace streams; removing the channel first, then adding it in its new
-/// shape, ends with every live pod live downstream.
+/// Whether every recorded pods stream is a shard's part of the collection (`wide`) or a
+/// namespace's stream, and there is one.
+fn recorded_as(bed: &Bed, wide: bool) -> bool {
+    let ids = pods_recorded(bed);
+    !ids.is_empty() && ids.iter().all(|id| id.contains("._all-s") == wide)
+}
+
+/// A rollout from per-namespace streams to one watch fanned out to the shards, with the old
+/// and the new replicas side by side while pods change, then back: an object lives in its
+/// namespace's shard in either shape, so no start is refused and each shard hands its members
+/// over to the new shape's streams instead of retracting them. The consumer never sees a live
+/// pod DELETED, and ends with the cluster each time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_watch_strategy_switch_is_refused_until_the_old_streams_are_retired() {
+async fn a_watch_strategy_switch_hands_each_shards_members_over() {
     let (a, b) = namespaces();
     let bed = Bed::in_memory_serving(true, &[&a, &b]).await;
     for ns in [&a, &b] {
@@ -55,94 +68,68 @@ async fn a_watch_strategy_switch_is_refused_until_the_old_streams_are_retired() 
     let channel = |strategy: &str| {
         format!("  - operationId: {CHANNEL}\n    namespaces: [{a}, {b}]\n    topic: pods\n    watchStrategy: {strategy}\n")
     };
-    // Another channel, so that a configuration without the pods channel has one.
-    let other = format!(
-        "  - operationId: watchNamespacedServices\n    namespaces: [{a}]\n    topic: services\n"
-    );
     let memory = Arc::new(Memory::new());
     let group = MemoryGroup::default();
     let cluster = || pods(&bed.sim, &[&a, &b], |_| true);
-    let consumer = || {
-        let log: Vec<_> = events(&memory)
+    let pod_log = || -> Vec<_> {
+        events(&memory)
             .into_iter()
             .filter(|r| r.topic == "pods")
-            .collect();
-        consumer_view(&log)
+            .collect()
     };
+    let consumer = || consumer_view(&pod_log());
+    let per_ns = config(&bed, &channel("perNamespace"));
+    let wide = config(&bed, &channel("clusterWide"));
 
-    let old = Relay::start_in(
-        &bed,
-        config(&bed, &format!("{}{other}", channel("perNamespace"))),
-        memory.clone(),
-        &group,
-    );
+    let old = Relay::start_in(&bed, per_ns.clone(), memory.clone(), &group);
     eventually(
-        || consumer() == cluster() && pods_recorded(&bed),
+        || consumer() == cluster() && recorded_as(&bed, false),
         || "the per-namespace streams never relayed and checkpointed".into(),
     )
     .await;
 
-    // The rollout's new replica, cluster-wide: refused, or (without the refusal) running.
-    let wide = config(&bed, &format!("{}{other}", channel("clusterWide")));
+    // The rollout's new replica runs beside the old one, and takes shards over.
     let new = Relay::start_in(&bed, wide.clone(), memory.clone(), &group);
     eventually(
         || new.ended() || new.metrics.shards_owned.get() > 0,
-        || "the new replica neither refused nor relayed".into(),
+        || "the new replica never took a shard".into(),
     )
     .await;
-    if !new.ended() {
-        // Unrefused, the rollout goes on: the old replica leaves, its shards retire their
-        // per-namespace streams after the cluster-wide one announced.
-        old.stop().await;
-        let all = format!("{CHANNEL}._all");
-        eventually(
-            || !pods_recorded(&bed) || new.stream_up(&all),
-            || "never retired".into(),
-        )
-        .await;
-        eventually(|| !pods_recorded(&bed), || "never retired".into()).await;
-        let view = consumer();
-        new.stop().await;
-        assert_eq!(view, cluster(), "live pods ended DELETED downstream");
-        return;
-    }
-    let refused = new.outcome().await.expect_err("refused");
-    assert!(refused.contains("two steps"), "{refused}");
-
-    // Step one: the channel removed, rolled out until every shard retired its streams.
+    assert!(!new.ended(), "the switch was refused");
+    bed.sim.delete("pods", Some(&a), "p0").unwrap();
+    bed.sim
+        .create("pods", Some(&b), objects::pod(&b, "p9"))
+        .unwrap();
     old.stop().await;
-    let without = Relay::start_in(&bed, config(&bed, &other), memory.clone(), &group);
     eventually(
-        || !pods_recorded(&bed),
-        || "the per-namespace streams were never retired".into(),
+        || consumer() == cluster() && recorded_as(&bed, true),
+        || format!("never fanned out: {:?}", pods_recorded(&bed)),
     )
     .await;
-    without.stop().await;
-    // The retirement's DELETEDs carry their shard and its owner epoch, as every record does.
-    let retracted: Vec<serde_json::Value> = events(&memory)
-        .iter()
-        .filter(|r| r.topic == "pods" && !r.tombstone)
-        .map(common::view::json)
-        .filter(|v| v["type"] == "DELETED")
-        .collect();
-    assert!(!retracted.is_empty());
-    for v in &retracted {
-        assert!(
-            v["watchrelay"]["ownerEpoch"].as_u64().is_some()
-                && v["watchrelay"]["shard"].as_u64().is_some(),
-            "a retirement's DELETED without its shard and owner epoch: {v}"
-        );
-    }
-    // Step two: the new shape starts, and announces every pod again.
-    let new = Relay::start_in(&bed, wide, memory.clone(), &group);
+
+    // And back: the fanned-out parts scatter their members to the namespaces' streams.
+    let back = Relay::start_in(&bed, per_ns, memory.clone(), &group);
     eventually(
-        || consumer() == cluster(),
-        || format!("the consumer holds {:?}", consumer()),
+        || back.metrics.shards_owned.get() > 0,
+        || "the rolled-back replica never took a shard".into(),
     )
     .await;
-    assert!(!new.ended());
     new.stop().await;
+    eventually(
+        || consumer() == cluster() && recorded_as(&bed, false),
+        || format!("never back per namespace: {:?}", pods_recorded(&bed)),
+    )
+    .await;
+    back.stop().await;
     assert_eq!(consumer(), cluster());
+
+    // Nothing was retracted: the one DELETED is the deleted pod's.
+    let deleted: BTreeSet<String> = pod_log()
+        .iter()
+        .filter(|r| !r.tombstone && common::view::json(r)["type"] == "DELETED")
+        .map(|r| r.key.clone())
+        .collect();
+    assert_eq!(deleted, BTreeSet::from([format!("{a}/p0")]));
 }
 
 /// The shard count is the release's for good: a replica configured with another count (and

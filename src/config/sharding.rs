@@ -207,20 +207,27 @@ impl ShardingConfig {
         self.enabled && (wide || channel.scope == Scope::Cluster)
     }
 
-    /// With sharding on, a namespaced channel over every namespace (`allNamespaces`) is relayed
-    /// per namespace, as a namespace selector matching every namespace would be, unless its
-    /// `watchStrategy` is `clusterWide` (and its topic does not name the namespace): then it is
-    /// read once per replica and fanned out to the shards (see [`ShardingConfig::fans`]).
+    /// With sharding on, a namespaced channel over every namespace (`allNamespaces`) is read
+    /// once per replica and fanned out to the shards (see [`ShardingConfig::fans`]), unless its
+    /// topic names the namespace: then it is relayed per namespace, as a namespace selector
+    /// matching every namespace would be ([`ShardingConfig::per_namespace`]). Left to `auto`,
+    /// a release that relayed it per namespace before keeps doing so (see
+    /// [`Config::settled`](super::Config::settled)).
     pub(super) fn spread(&self, channel: Arc<Channel>) -> Arc<Channel> {
         if !self.enabled
             || !channel.path.namespaced
             || channel.scope != Scope::Cluster
-            || (channel.strategy == WatchStrategy::ClusterWide
-                && !channel.topic.contains("{namespace}"))
+            || !channel.topic.contains("{namespace}")
         {
             return channel;
         }
-        let mut spread = (*channel).clone();
+        Self::per_namespace(&channel)
+    }
+
+    /// `channel`, over every namespace, relayed per namespace: a selector matching every
+    /// namespace.
+    pub(super) fn per_namespace(channel: &Channel) -> Arc<Channel> {
+        let mut spread = channel.clone();
         spread.scope = Scope::Selector(String::new());
         spread.strategy = WatchStrategy::PerNamespace;
         Arc::new(spread)
@@ -240,6 +247,77 @@ impl ShardingConfig {
             ));
         }
         Ok(())
+    }
+}
+
+impl super::Config {
+    /// The channels whose `watchStrategy: auto` a sharded release decides before it relays
+    /// (see [`Config::settled`](super::Config::settled)): over every namespace, or a selector.
+    pub fn undecided(&self) -> impl Iterator<Item = &Arc<Channel>> {
+        self.channels.iter().filter(move |c| {
+            self.sharding.enabled
+                && c.path.namespaced
+                && c.strategy == WatchStrategy::Auto
+                && matches!(c.scope, Scope::Cluster | Scope::Selector(_))
+        })
+    }
+
+    /// This configuration with `watchStrategy: auto` decided for a sharded release, as every
+    /// replica decides it alike: a channel keeps the shape the release ran it in (`recorded`,
+    /// the stream ids it holds), per namespace should any of its streams be; a new one over every namespace is read cluster-wide and fanned out, and a
+    /// new selector goes cluster-wide above `kubernetes.clusterWideAbove` of the namespaces it
+    /// matches (`selected`, by channel; per namespace when not counted). Deciding once for the
+    /// replica's life keeps its watches few; replicas that decided otherwise (a release changed
+    /// meanwhile) stay exact, since a key's shard does not depend on the shape (see
+    /// `membership::regroup`).
+    pub fn settled(
+        &self,
+        recorded: &[String],
+        selected: &std::collections::HashMap<String, usize>,
+    ) -> Self {
+        let threshold = self.kubernetes.cluster_wide_above as usize;
+        let decided: Vec<(String, WatchStrategy)> = self
+            .undecided()
+            .map(|c| {
+                let ran = |per_namespace: bool| {
+                    recorded.iter().any(|id| {
+                        StreamId::parts(id).is_some_and(|(name, ns)| {
+                            name == c.name && ns.is_some() == per_namespace
+                        })
+                    })
+                };
+                let wide = if ran(true) {
+                    false
+                } else if ran(false) || c.scope == Scope::Cluster {
+                    true
+                } else {
+                    selected.get(&c.name).is_some_and(|&n| n > threshold)
+                };
+                let strategy = if wide {
+                    WatchStrategy::ClusterWide
+                } else {
+                    WatchStrategy::PerNamespace
+                };
+                (c.name.clone(), strategy)
+            })
+            .collect();
+        let mut settled = self.clone();
+        for channel in &mut settled.channels {
+            let Some((_, strategy)) = decided.iter().find(|(n, _)| *n == channel.name) else {
+                continue;
+            };
+            *channel = match (&channel.scope, strategy) {
+                (Scope::Cluster, WatchStrategy::PerNamespace) => {
+                    ShardingConfig::per_namespace(channel)
+                }
+                _ => {
+                    let mut decided = (**channel).clone();
+                    decided.strategy = *strategy;
+                    Arc::new(decided)
+                }
+            };
+        }
+        settled
     }
 }
 

@@ -319,12 +319,42 @@ fn sharding_is_checked_where_it_cannot_keep_one_writer_per_key() {
         "channels[0].key"
     );
     sharded("", &format!("{pods}    key: \"{{uid}}\"\n")).unwrap();
-    // Every namespace: relayed per namespace, spread over the shards, so the key too must
-    // name the namespace.
+    // Every namespace: read cluster-wide and fanned out over the shards by namespace, so the
+    // key too must name the namespace.
     let all = "  - operationId: watchNamespacedPods\n    allNamespaces: true\n";
     let cfg = sharded("", all).unwrap();
-    assert_eq!(cfg.channels[0].scope, Scope::Selector(String::new()));
-    assert_eq!(cfg.channels[0].strategy, WatchStrategy::PerNamespace);
+    assert_eq!(cfg.channels[0].scope, Scope::Cluster);
+    assert_eq!(cfg.channels[0].strategy, WatchStrategy::Auto);
+    // Left to auto, a release that relayed it per namespace keeps doing so; a new one fans
+    // it out.
+    let none = std::collections::HashMap::new();
+    let kept = cfg.settled(&["watchNamespacedPods.a".into()], &none);
+    assert_eq!(kept.channels[0].scope, Scope::Selector(String::new()));
+    assert_eq!(kept.channels[0].strategy, WatchStrategy::PerNamespace);
+    let fresh = cfg.settled(&[], &none);
+    assert_eq!(fresh.channels[0].scope, Scope::Cluster);
+    assert_eq!(fresh.channels[0].strategy, WatchStrategy::ClusterWide);
+    // A topic per namespace needs a stream per namespace.
+    let per_topic = sharded("", &format!("{all}    topic: \"{{namespace}}.pods\"\n")).unwrap();
+    assert_eq!(per_topic.channels[0].scope, Scope::Selector(String::new()));
+    // A selector: kept as it ran, else decided by the count of namespaces it matches.
+    let team = "  - operationId: watchNamespacedPods\n    namespaceSelector: team=x\n";
+    let cfg = sharded("", team).unwrap();
+    let counted = |n: usize| {
+        let counts = std::collections::HashMap::from([("watchNamespacedPods".to_string(), n)]);
+        cfg.settled(&[], &counts).channels[0].strategy
+    };
+    assert_eq!(counted(3), WatchStrategy::PerNamespace);
+    assert_eq!(counted(100_000), WatchStrategy::ClusterWide);
+    let parts = ["watchNamespacedPods._all-s3".to_string()];
+    assert_eq!(
+        cfg.settled(&parts, &none).channels[0].strategy,
+        WatchStrategy::ClusterWide
+    );
+    assert_eq!(
+        cfg.settled(&[], &none).channels[0].strategy,
+        WatchStrategy::PerNamespace
+    );
     assert_eq!(
         err_field(sharded("", &format!("{all}    key: \"{{name}}\"\n"))),
         "channels[0].key"

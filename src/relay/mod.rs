@@ -232,6 +232,14 @@ impl Relay {
     /// With a schema registry, each topic's schema is registered before its first record and
     /// kept registered; a schema the registry refuses stops the relay with that error.
     pub async fn run(mut self) -> Result<(), RelayError> {
+        if self.cfg.sharding.enabled && self.checkpoints {
+            // What the release runs is settled once for the replica's life, before anything
+            // reads the channels.
+            let settled = moves::check(&self.cfg, &self.client, &self.shutdown)
+                .await
+                .map_err(RelayError::Refused)?;
+            self.cfg = Arc::new(settled);
+        }
         let refused = Arc::new(std::sync::Mutex::new(None));
         if self.checkpoints {
             self.schemas = Schemas::new(
@@ -496,6 +504,34 @@ impl Relay {
             _ = stop.cancelled() => return Ok(()),
             shapes = shapes => shapes,
         };
+        if let (Some(topic), Some(owned)) = (&membership_topic, shard) {
+            // A channel that changed shape hands its members over in the shard, before
+            // anything is retired: what moves is not retracted.
+            let ids = loaded.streams.keys().map(String::as_str);
+            let moves = membership::regroup::plan(
+                &self.cfg,
+                &shapes,
+                owned.shard,
+                ids.chain(members.streams()),
+            );
+            let regroup = membership::Regroup {
+                producer: &producer,
+                store: &store,
+                metrics: &self.metrics,
+                owner: &owner,
+                topic,
+            };
+            while !moves.is_empty()
+                && !regroup
+                    .run(&moves, &mut members, &mut loaded.streams, &stop)
+                    .await
+            {
+                tokio::select! {
+                    _ = stop.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                }
+            }
+        }
         if let Some(topic) = &membership_topic {
             let retire = membership::Retire {
                 cfg: &self.cfg,

@@ -7,9 +7,9 @@
 //! new stream in *another* shard announces the same keys, the two terms race, and the
 //! retirement's DELETEDs can land after the new stream's ADDEDs: every live object of the old
 //! stream ends DELETED downstream. Such changes are:
-//! - a `watchStrategy` switch, explicit or `auto` on a `namespaces` list crossing
-//!   `clusterWideAbove` (`<channel>.<ns>` lives in the namespace's shard, `<channel>._all` in
-//!   the channel's);
+//! - a switch to or from a stream over one collection recorded whole (`<channel>._all`, in the
+//!   channel's shard, as releases before fan-out ran it) while `<channel>.<ns>` lives in the
+//!   namespace's shard;
 //! - renaming a channel read cluster-wide (`<old>._all` and `<new>._all` hash apart);
 //! - a stream over one collection recorded whole (`<channel>._all`, in the channel's shard, as
 //!   releases before fan-out ran it) that every shard now runs its part of
@@ -18,8 +18,11 @@
 //!
 //! A replica refuses to start on such a change while any shard's checkpoint ConfigMap still
 //! holds the old stream, and names the safe way: remove the channel (or change it to its old
-//! shape), roll out, wait until its streams are retired, then make the change. A per-namespace
-//! change within one namespace never crosses: both streams live in that namespace's shard.
+//! shape), roll out, wait until its streams are retired, then make the change. A change within
+//! one namespace never crosses, and neither does a `watchStrategy` switch of a namespaced
+//! channel between its per-namespace streams and its fanned-out parts: an object lives in its
+//! namespace's shard in both shapes, and that shard hands the members over
+//! (`membership::regroup`).
 //!
 //! The shard count and the shards' topic are fixed for a release's life the same way: every
 //! stream's shard and every shard's ConfigMap depend on them. The first sharded replica records
@@ -33,21 +36,22 @@ use tokio_util::sync::CancellationToken;
 use crate::checkpoint::Store;
 use crate::config::{Channel, Config, Scope, Shape, ShardingConfig, StreamId};
 
-/// Reads the release's sharding mark and every shard's checkpoint ConfigMap, and says why this
-/// replica must not start (`Err`), if it must not: a shard count or shards' topic other than
-/// the release's, or a change that moves keys between shards. A read that fails is tried
-/// again; `Ok` once `stop` fires first.
+/// Reads the release's sharding mark and every shard's checkpoint ConfigMap, decides what
+/// `watchStrategy: auto` runs (see [`Config::settled`]) and returns the configuration so
+/// settled, or says why this replica must not start (`Err`): a shard count or shards' topic
+/// other than the release's, or a change that moves keys between shards. A read that fails is
+/// tried again; `cfg` as it is once `stop` fires first.
 pub(super) async fn check(
     cfg: &Config,
     client: &kube::Client,
     stop: &CancellationToken,
-) -> Result<(), String> {
+) -> Result<Config, String> {
     let read =
         crate::checkpoint::until_read("reading the shards' checkpoint ConfigMaps", stop, || {
             read(cfg, client)
         });
-    let Some((mark, recorded)) = read.await else {
-        return Ok(());
+    let Some((mark, recorded, single)) = read.await else {
+        return Ok(cfg.clone());
     };
     let ours = mark_of(cfg);
     if mark != ours {
@@ -55,9 +59,29 @@ pub(super) async fn check(
             "this release's shards were made as `{mark}` (sharding.shards and the shards' topic), not `{ours}`: the shard count and topic cannot change for a release's checkpoints. Keep sharding.shards and sharding.topic as they were; a new count takes a new release (its own checkpoint.name and sharding.topic) that announces every object afresh"
         ));
     }
-    let found = crossings(cfg, &recorded);
+    // What the shards ran, and for a channel they never ran, what a single leader of the
+    // release ran (before it moved to sharding).
+    let mut ids: Vec<String> = recorded.iter().map(|r| r.id.clone()).collect();
+    let channel_of = |id: &str| StreamId::parts(id).map(|(name, _)| name.to_string());
+    let sharded: std::collections::HashSet<String> =
+        ids.iter().filter_map(|id| channel_of(id)).collect();
+    ids.extend(
+        single
+            .into_iter()
+            .filter(|id| channel_of(id).is_some_and(|c| !sharded.contains(&c))),
+    );
+    let selected = super::shapes::count_selectors(cfg, client).await;
+    let settled = cfg.settled(&ids, &selected);
+    for channel in &settled.channels {
+        if let Some(before) = cfg.channels.iter().find(|c| c.name == channel.name) {
+            if before.strategy != channel.strategy {
+                tracing::info!(channel = %channel.name, strategy = ?channel.strategy, "watchStrategy auto decided for this replica");
+            }
+        }
+    }
+    let found = crossings(&settled, &recorded);
     if found.is_empty() {
-        return Ok(());
+        return Ok(settled);
     }
     Err(refusal(&found))
 }
@@ -76,13 +100,18 @@ fn mark_of(cfg: &Config) -> String {
 /// The name of [`ShardingConfig::shard_of`]'s mapping, recorded in the sharding mark.
 const SHARD_FUNCTION: &str = "fnv1a64-fmix64-top-bits";
 
+/// What the release holds: its sharding mark, the streams of every shard's ConfigMap, and the
+/// streams a single leader of the release recorded in its own.
+type Held = (String, Vec<Recorded>, Vec<String>);
+
 async fn read(
     cfg: &Config,
     client: &kube::Client,
-) -> Result<(String, Vec<Recorded>), crate::checkpoint::CheckpointError> {
+) -> Result<Held, crate::checkpoint::CheckpointError> {
     let ns = &cfg.checkpoint.namespace;
     let release = Store::new(client.clone(), ns, &cfg.checkpoint.name);
     let mark = release.sharding_mark(&mark_of(cfg)).await?;
+    let single = release.load().await?.streams.into_keys().collect();
     let mut recorded = Vec::new();
     for k in 0..cfg.sharding.shards {
         let name = ShardingConfig::configmap(&cfg.checkpoint.name, k);
@@ -94,7 +123,7 @@ async fn read(
                 .map(|(id, saved)| Recorded::new(id, saved.route.as_deref())),
         );
     }
-    Ok((mark, recorded))
+    Ok((mark, recorded, single))
 }
 
 /// A stream some shard's checkpoint ConfigMap still holds: its id, and the topic its route
@@ -200,6 +229,12 @@ pub fn crossings(cfg: &Config, recorded: &[Recorded]) -> Vec<Crossing> {
             if !same_keys {
                 continue;
             }
+            // One namespaced channel, per namespace or fanned out: either way an object lives
+            // in its namespace's shard, whose next term hands the members over (see
+            // `membership::regroup`).
+            if c.name == name && c.path.namespaced && (namespace.is_some() || part) {
+                continue;
+            }
             let announced: Vec<(String, Option<u32>)> = match (runs(cfg, c), namespace) {
                 // Every shard runs its part: some are not the retired stream's.
                 (Runs::Fanned, _) => vec![(format!("{}._all-s<k>", c.name), None)],
@@ -291,7 +326,8 @@ mod tests {
         let pods_a = format!("watchNamespacedPods.{a}");
         let all = "watchNamespacedPods._all".to_string();
         // (configuration, recorded streams, how many crossings)
-        let table: Vec<(&str, String, Vec<Recorded>, usize)> = vec![
+        let table: Vec<(&str, String, Vec<Recorded>, usize)> =
+            vec![
             ("nothing recorded", per_ns.clone(), vec![], 0),
             (
                 "the same shape",
@@ -300,13 +336,19 @@ mod tests {
                 0,
             ),
             (
-                "per namespace to cluster-wide",
+                "per namespace to fanned out: the same shards",
                 wide.clone(),
                 vec![rec(&pods_a, "pods")],
-                1,
+                0,
             ),
             (
-                "cluster-wide to per namespace",
+                "fanned out to per namespace: the same shards",
+                per_ns.clone(),
+                vec![rec("watchNamespacedPods._all-s3", "pods")],
+                0,
+            ),
+            (
+                "recorded whole to per namespace",
                 per_ns.clone(),
                 vec![rec(&all, "pods")],
                 1,
@@ -343,9 +385,9 @@ mod tests {
                 0,
             ),
             (
-                "an older entry without a route, same channel",
-                wide.clone(),
-                vec![Recorded::new(&pods_a, None)],
+                "another channel's per-namespace stream on the same topic",
+                wide.replace("watchNamespacedPods", "watchNamespacedPods\n    name: pods2"),
+                vec![rec(&pods_a, "pods")],
                 1,
             ),
         ];

@@ -99,6 +99,26 @@ pub(super) fn sharded(cfg: &Config, channel: &Channel) -> Option<Shape> {
     }
 }
 
+/// How many namespaces each undecided selector channel of a sharded release matches (see
+/// [`Config::settled`]); a channel whose count failed is left out, and runs per namespace.
+pub(super) async fn count_selectors(cfg: &Config, client: &kube::Client) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for channel in cfg.undecided() {
+        let Scope::Selector(sel) = &channel.scope else {
+            continue;
+        };
+        match count_namespaces(client, sel).await {
+            Ok(n) => {
+                counts.insert(channel.name.clone(), n);
+            }
+            Err(e) => {
+                tracing::warn!(channel = %channel.name, error = %e, "counting the selector's namespaces failed; relaying it per namespace");
+            }
+        }
+    }
+    counts
+}
+
 async fn count_namespaces(client: &kube::Client, selector: &str) -> Result<usize, kube::Error> {
     let api: Api<Namespace> = Api::all(client.clone());
     Ok(api

@@ -182,11 +182,6 @@ impl Relay {
     pub(super) async fn run_sharded(&self) -> Result<(), RelayError> {
         let cfg = &self.cfg;
         self.registry.begin_term(Role::Member);
-        if self.checkpoints {
-            super::moves::check(cfg, &self.client, &self.shutdown)
-                .await
-                .map_err(RelayError::Refused)?;
-        }
         let (producer, log) = self.sink()?;
         if !self.ensure_topics(&log).await {
             return Ok(());
