@@ -103,12 +103,18 @@ pub(super) fn sharded(cfg: &Config, channel: &Channel) -> Option<Shape> {
 /// [`Config::settled`]); a channel whose count failed is left out, and runs per namespace.
 pub(super) async fn count_selectors(cfg: &Config, client: &kube::Client) -> HashMap<String, usize> {
     let mut counts = HashMap::new();
+    let mut by_selector: HashMap<&str, usize> = HashMap::new();
     for channel in cfg.undecided() {
         let Scope::Selector(sel) = &channel.scope else {
             continue;
         };
+        if let Some(&n) = by_selector.get(sel.as_str()) {
+            counts.insert(channel.name.clone(), n);
+            continue;
+        }
         match count_namespaces(client, sel).await {
             Ok(n) => {
+                by_selector.insert(sel, n);
                 counts.insert(channel.name.clone(), n);
             }
             Err(e) => {
