@@ -1,13 +1,13 @@
-//! Configuration changes to a sharded release: a `watchStrategy` switch keeps every key in its
-//! shard and hands the members over, and a replica whose shard count is not the release's
-//! refuses to start.
+//! Configuration changes: a `watchStrategy` switch hands the members over to the new shape's
+//! streams (with sharding on, within each key's shard, while old and new replicas run side by
+//! side), and a replica whose shard count is not the release's refuses to start.
 
 mod common;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use common::bed::{eventually, shard_of, sharded, Bed, Relay};
+use common::bed::{eventually, shard_of, sharded, Bed, Relay, CHECKPOINT_NAME, CHECKPOINT_NS};
 use common::view::{consumer_view, events, pods};
 use watchrelay::config::Config;
 use watchrelay::testing::{Memory, MemoryGroup};
@@ -28,25 +28,30 @@ fn config(bed: &Bed, channels: &str) -> Config {
     sharded(bed.config(channels, ""), SHARDS)
 }
 
-/// The pods channel's streams that the shards' checkpoint ConfigMaps hold.
+/// The pods channel's streams that the checkpoint ConfigMaps hold (the shards', or the single
+/// relay's).
 fn pods_recorded(bed: &Bed) -> Vec<String> {
-    (0..SHARDS)
+    let maps = (0..SHARDS)
         .filter_map(|k| bed.shard_configmap(k))
-        .flat_map(|cm| {
-            cm["data"]
-                .as_object()
-                .map(|d| d.keys().cloned().collect::<Vec<_>>())
-                .unwrap_or_default()
-        })
-        .filter(|k| k.starts_with(&format!("{CHANNEL}.")))
-        .collect()
+        .chain(
+            bed.sim
+                .get("configmaps", Some(CHECKPOINT_NS), CHECKPOINT_NAME),
+        );
+    maps.flat_map(|cm| {
+        cm["data"]
+            .as_object()
+            .map(|d| d.keys().cloned().collect::<Vec<_>>())
+            .unwrap_or_default()
+    })
+    .filter(|k| k.starts_with(&format!("{CHANNEL}.")))
+    .collect()
 }
 
-/// Whether every recorded pods stream is a shard's part of the collection (`wide`) or a
-/// namespace's stream, and there is one.
+/// Whether every recorded pods stream is over the collection (`wide`: the stream `._all`, or a
+/// shard's part of it) or a namespace's stream, and there is one.
 fn recorded_as(bed: &Bed, wide: bool) -> bool {
     let ids = pods_recorded(bed);
-    !ids.is_empty() && ids.iter().all(|id| id.contains("._all-s") == wide)
+    !ids.is_empty() && ids.iter().all(|id| id.contains("._all") == wide)
 }
 
 /// A rollout from per-namespace streams to one watch fanned out to the shards, with the old
@@ -56,6 +61,17 @@ fn recorded_as(bed: &Bed, wide: bool) -> bool {
 /// pod DELETED, and ends with the cluster each time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_strategy_switch_hands_each_shards_members_over() {
+    switch(true).await;
+}
+
+/// The same switch, there and back, of a single relay (sharding off): its stream over the
+/// collection takes the per-namespace streams' members, and gives them back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_strategy_switch_of_a_single_relay_retracts_nothing() {
+    switch(false).await;
+}
+
+async fn switch(sharding: bool) {
     let (a, b) = namespaces();
     let bed = Bed::in_memory_serving(true, &[&a, &b]).await;
     for ns in [&a, &b] {
@@ -66,7 +82,12 @@ async fn a_watch_strategy_switch_hands_each_shards_members_over() {
         }
     }
     let channel = |strategy: &str| {
-        format!("  - operationId: {CHANNEL}\n    namespaces: [{a}, {b}]\n    topic: pods\n    watchStrategy: {strategy}\n")
+        let text = format!("  - operationId: {CHANNEL}\n    namespaces: [{a}, {b}]\n    topic: pods\n    watchStrategy: {strategy}\n");
+        if sharding {
+            config(&bed, &text)
+        } else {
+            bed.config(&text, "")
+        }
     };
     let memory = Arc::new(Memory::new());
     let group = MemoryGroup::default();
@@ -78,8 +99,45 @@ async fn a_watch_strategy_switch_hands_each_shards_members_over() {
             .collect()
     };
     let consumer = || consumer_view(&pod_log());
-    let per_ns = config(&bed, &channel("perNamespace"));
-    let wide = config(&bed, &channel("clusterWide"));
+    let (per_ns, wide) = (channel("perNamespace"), channel("clusterWide"));
+    // A pod deleted and one created while the switch goes on.
+    let change = || {
+        bed.sim.delete("pods", Some(&a), "p0").unwrap();
+        bed.sim
+            .create("pods", Some(&b), objects::pod(&b, "p9"))
+            .unwrap();
+    };
+    // With sharding, the next configuration's replica starts beside the last one (a rolling
+    // update) and the last one stops once it took shards over; without, the relay restarts,
+    // and what changed while it was down is found by the new streams' relists.
+    let roll = |from: Relay, to: Config, changing: bool| {
+        let (memory, group, bed, change) = (memory.clone(), group.clone(), &bed, &change);
+        async move {
+            let from = if sharding {
+                Some(from)
+            } else {
+                from.stop().await;
+                if changing {
+                    change();
+                }
+                None
+            };
+            let next = Relay::start_in(bed, to, memory, &group);
+            if let Some(from) = from {
+                eventually(
+                    || next.ended() || next.metrics.shards_owned.get() > 0,
+                    || "the new replica never took a shard".into(),
+                )
+                .await;
+                assert!(!next.ended(), "the switch was refused");
+                if changing {
+                    change();
+                }
+                from.stop().await;
+            }
+            next
+        }
+    };
 
     let old = Relay::start_in(&bed, per_ns.clone(), memory.clone(), &group);
     eventually(
@@ -87,34 +145,15 @@ async fn a_watch_strategy_switch_hands_each_shards_members_over() {
         || "the per-namespace streams never relayed and checkpointed".into(),
     )
     .await;
-
-    // The rollout's new replica runs beside the old one, and takes shards over.
-    let new = Relay::start_in(&bed, wide.clone(), memory.clone(), &group);
-    eventually(
-        || new.ended() || new.metrics.shards_owned.get() > 0,
-        || "the new replica never took a shard".into(),
-    )
-    .await;
-    assert!(!new.ended(), "the switch was refused");
-    bed.sim.delete("pods", Some(&a), "p0").unwrap();
-    bed.sim
-        .create("pods", Some(&b), objects::pod(&b, "p9"))
-        .unwrap();
-    old.stop().await;
+    let new = roll(old, wide, true).await;
     eventually(
         || consumer() == cluster() && recorded_as(&bed, true),
-        || format!("never fanned out: {:?}", pods_recorded(&bed)),
+        || format!("never read cluster-wide: {:?}", pods_recorded(&bed)),
     )
     .await;
 
-    // And back: the fanned-out parts scatter their members to the namespaces' streams.
-    let back = Relay::start_in(&bed, per_ns, memory.clone(), &group);
-    eventually(
-        || back.metrics.shards_owned.get() > 0,
-        || "the rolled-back replica never took a shard".into(),
-    )
-    .await;
-    new.stop().await;
+    // And back: the members go back to the namespaces' streams.
+    let back = roll(new, per_ns, false).await;
     eventually(
         || consumer() == cluster() && recorded_as(&bed, false),
         || format!("never back per namespace: {:?}", pods_recorded(&bed)),

@@ -256,9 +256,10 @@ async fn a_batch_refused_for_size_keeps_the_order_of_each_key() {
     relay.stop().await;
 }
 
-/// Every record a retirement publishes validates as a WatchEvent: `namespaces: [a, b]` becoming
-/// `allNamespaces` across a restart retires the per-namespace streams, whose inferred DELETEDs
-/// name their objects' kind and apiVersion like any other record (pods and Deployments alike).
+/// Every record a retirement publishes validates as a WatchEvent: channels renamed across a
+/// restart (and now over every namespace) retire their per-namespace streams, whose inferred
+/// DELETEDs name their objects' kind and apiVersion like any other record (pods and
+/// Deployments alike).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retirements_inferred_deletes_validate_against_the_contract() {
     let bed = bed(&["a", "b"]).await;
@@ -285,7 +286,11 @@ async fn a_retirements_inferred_deletes_validate_against_the_contract() {
     let relay = start(&bed, channels("namespaces: [a, b]"), &producer);
     relay.wait_up(4).await;
     relay.stop().await;
-    let relay = start(&bed, channels("allNamespaces: true"), &producer);
+    let renamed = bed.config(
+        "  - operationId: watchNamespacedPods\n    name: pods\n    allNamespaces: true\n    topic: pods\n  - operationId: watchNamespacedDeployments\n    name: deployments\n    allNamespaces: true\n    topic: deployments\n",
+        "",
+    );
+    let relay = start(&bed, renamed, &producer);
     relay.wait_up(2).await;
     relay.stop().await;
     let watch_event = common::schema::validator(&common::schema::watch_event_schema());
@@ -329,9 +334,10 @@ async fn a_retirement_that_fails_partway_completes_before_anything_is_announced(
     let relay = start(&bed, channels("namespaces: [a, b]"), &producer);
     relay.wait_up(2).await;
     relay.stop().await;
-    // The retirement's first DELETED fails.
+    // Renamed: the old streams are retired, and the retirement's first DELETED fails.
+    let renamed = "allNamespaces: true\n    name: renamed";
     producer.fail_next_to("pods", 1);
-    let relay = start(&bed, channels("allNamespaces: true"), &producer);
+    let relay = start(&bed, channels(renamed), &producer);
     relay.wait_up(1).await;
     eventually(
         || consumer_view(&events(&producer)) == want(),
@@ -340,7 +346,7 @@ async fn a_retirement_that_fails_partway_completes_before_anything_is_announced(
     .await;
     relay.stop().await;
     // A later start finds nothing left to retire.
-    let relay = start(&bed, channels("allNamespaces: true"), &producer);
+    let relay = start(&bed, channels(renamed), &producer);
     relay.wait_up(1).await;
     relay.stop().await;
     assert_eq!(consumer_view(&events(&producer)), want());

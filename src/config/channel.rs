@@ -233,8 +233,8 @@ impl Channel {
     }
 
     /// What this channel runs this term when `namespaces` namespaces are in scope, and it ran
-    /// `previous` last time: `auto` keeps what it ran (a switch of shape retracts and
-    /// re-announces every object, so it is never made by a count at a routine restart), and
+    /// `previous` last time: `auto` keeps what it ran (a switch of shape relists every
+    /// stream it touches, so it is never made by a count at a routine restart), and
     /// without a previous shape goes cluster-wide above `threshold` namespaces. A topic that
     /// depends on the namespace needs one stream per namespace. `None` for a channel over one
     /// collection already.

@@ -1,14 +1,16 @@
-//! Moving a shard's members, at the start of its term, between the streams that relay the
-//! same objects in two shapes: its per-namespace streams (`<channel>.<namespace>`) and its part
-//! of the collection read cluster-wide (`<channel>._all-s<k>`).
+//! Moving members, at the start of a term, between the streams that relay the same objects in
+//! two shapes: per namespace (`<channel>.<namespace>`) and over the collection read
+//! cluster-wide (`<channel>._all`, or with sharding on the shard's part of it,
+//! `<channel>._all-s<k>`).
 //!
-//! With sharding on, an object of a namespaced channel lives in its namespace's shard whether
-//! the channel runs one stream per namespace or fans one watch of the collection out to the
-//! shards. A `watchStrategy` switch, or replicas of one rollout running the two shapes side by
-//! side, therefore never moves a key to another shard: the shard's next term finds the old
-//! shape's streams and hands their members to the new shape's, instead of retiring them (a
-//! DELETED for every object, then an ADDED for each from the new streams). The consumer sees
-//! nothing of the switch but what changed meanwhile.
+//! A `watchStrategy` switch, or a scope that changes shape (`namespaces: [a, b]` to
+//! `allNamespaces`), changes which stream relays an object, not what the consumer should hold
+//! of it. So the term, before any of its streams starts, hands the old shape's members to the
+//! new shape's streams instead of retiring them (a DELETED for every object, then an ADDED for
+//! each from the new streams): the consumer sees nothing of the switch but what changed
+//! meanwhile. With sharding on, an object of a namespaced channel lives in its namespace's
+//! shard in both shapes, so the move never leaves the shard: replicas of one rollout may run
+//! the two shapes side by side.
 //!
 //! # Per-key order
 //! The receiving stream starts without a position: its first sync lists its scope and, as
@@ -16,7 +18,8 @@
 //! from the member's, and an inferred DELETED for each member the list lacks (a namespace the
 //! new shape no longer covers, an object deleted meanwhile). Nothing is published here; the old
 //! streams are not running (this runs before any stream of the term starts), so the new stream
-//! continues each key where the old one left it.
+//! continues each key where the old one left it. Members of namespaces the new scope does not
+//! hold are retired afterwards like any stream's that no longer runs.
 //!
 //! # Crash safety
 //! The members are first written under the receiving streams and acknowledged, then tombstoned
@@ -43,33 +46,39 @@ use crate::producer::Producer;
 /// One stream's members handed to the stream(s) of the other shape in the same shard.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Move {
-    /// A per-namespace stream's members to the shard's part of the collection.
+    /// A per-namespace stream's members to the stream over the collection (the shard's part).
     Gather {
         /// The per-namespace stream.
         from: String,
-        /// The shard's part.
+        /// The stream over the collection.
         into: String,
     },
-    /// The shard's part's members, each to the stream of its namespace.
+    /// The members of the stream over the collection, each to the stream of its namespace.
     Scatter {
-        /// The shard's part.
+        /// The stream over the collection.
         from: String,
         /// The channel now relayed per namespace.
         channel: String,
     },
 }
 
-/// The moves shard `shard`'s term makes before it starts, for the streams `ids` it holds state
-/// of (positions, members), under `cfg` with its channels in `shapes`. Only streams the term
-/// no longer runs move, and only to a stream that relays the same channel's objects in the same
-/// shard; everything else is left to the retirement.
+/// The moves a term makes before it starts, for the streams `ids` it holds state of
+/// (positions, members), under `cfg` with its channels in `shapes`: shard `shard`'s term with
+/// sharding on, whose stream over the collection is its part, or the whole relay's (`None`),
+/// whose stream over the collection is `<channel>._all`. Only streams the term no longer runs
+/// move, and only to a stream that relays the same channel's objects in the same shard;
+/// everything else is left to the retirement.
 pub fn plan<'a>(
     cfg: &Config,
     shapes: &Shapes,
-    shard: u32,
+    shard: Option<u32>,
     ids: impl IntoIterator<Item = &'a str>,
 ) -> Vec<Move> {
     let ids: BTreeSet<&str> = ids.into_iter().collect();
+    let whole = |name: &str| match shard {
+        Some(k) => StreamId::fanned(name, k).to_string(),
+        None => StreamId::new(name, None).to_string(),
+    };
     let mut moves = Vec::new();
     for id in ids {
         if still_runs(cfg, shapes, id) != Some(false) {
@@ -85,18 +94,16 @@ pub fn plan<'a>(
             continue;
         }
         match namespace {
-            Some(ns) if cfg.sharding.shard_of(ns) == shard => {
-                let part = StreamId::fanned(name, shard).to_string();
-                if still_runs(cfg, shapes, &part) == Some(true) {
+            Some(ns) if shard.is_none_or(|k| cfg.sharding.shard_of(ns) == k) => {
+                let into = whole(name);
+                if still_runs(cfg, shapes, &into) == Some(true) {
                     moves.push(Move::Gather {
                         from: id.to_string(),
-                        into: part,
+                        into,
                     });
                 }
             }
-            None if StreamId::shard_in(id) == Some(shard)
-                && shapes.get(name) == Some(&Shape::PerNamespace) =>
-            {
+            None if id == whole(name) && shapes.get(name) == Some(&Shape::PerNamespace) => {
                 moves.push(Move::Scatter {
                     from: id.to_string(),
                     channel: name.to_string(),
@@ -331,8 +338,61 @@ mod tests {
         ];
         for (case, channel, shapes, recorded, expected) in table {
             let c = cfg(&channel);
-            let got = plan(&c, shapes, 0, recorded.iter().map(String::as_str));
+            let got = plan(&c, shapes, Some(0), recorded.iter().map(String::as_str));
             assert_eq!(got, expected, "{case}");
         }
+    }
+
+    #[test]
+    fn without_sharding_the_stream_over_the_collection_is_the_whole_one() {
+        let unsharded = |channel: &str| {
+            Config::parse(&format!(
+                "clusterName: c\nkafka:\n  bootstrapServers: k:9092\n  oversize: trim\ncheckpoint:\n  namespace: w\nchannels:\n{channel}\n"
+            ))
+            .unwrap()
+        };
+        let listed = |strategy: &str| {
+            unsharded(&format!("  - operationId: watchNamespacedPods\n    namespaces: [a, b]\n    watchStrategy: {strategy}"))
+        };
+        let every = unsharded("  - operationId: watchNamespacedPods\n    allNamespaces: true");
+        let per_ns = Shapes::from([("watchNamespacedPods".into(), Shape::PerNamespace)]);
+        let wide = Shapes::from([("watchNamespacedPods".into(), Shape::ClusterWide)]);
+        let gather = |ns: &str| Move::Gather {
+            from: format!("watchNamespacedPods.{ns}"),
+            into: "watchNamespacedPods._all".into(),
+        };
+        let ids = ["watchNamespacedPods.a", "watchNamespacedPods.b"];
+        assert_eq!(
+            plan(&listed("clusterWide"), &wide, None, ids),
+            vec![gather("a"), gather("b")]
+        );
+        // namespaces: [a, b] becoming allNamespaces.
+        assert_eq!(
+            plan(&every, &Shapes::new(), None, ids),
+            vec![gather("a"), gather("b")]
+        );
+        assert_eq!(
+            plan(
+                &listed("perNamespace"),
+                &per_ns,
+                None,
+                ["watchNamespacedPods._all"]
+            ),
+            vec![Move::Scatter {
+                from: "watchNamespacedPods._all".into(),
+                channel: "watchNamespacedPods".into()
+            }]
+        );
+        assert_eq!(plan(&listed("perNamespace"), &per_ns, None, ids), vec![]);
+        // A part of a sharded release is not this relay's to move.
+        assert_eq!(
+            plan(
+                &listed("perNamespace"),
+                &per_ns,
+                None,
+                ["watchNamespacedPods._all-s3"]
+            ),
+            vec![]
+        );
     }
 }

@@ -1,9 +1,10 @@
 //! Retiring, at the start of a term, the streams this relay owns but will not run.
 //!
 //! A stream is retired here when its channel is gone from the configuration (removed or
-//! renamed) or its channel's scope no longer has that shape: `namespaces: [a, b]` became
-//! `allNamespaces` or a selector, or the reverse, or its watch strategy changed between one
-//! stream per namespace and one cluster-wide stream (see [`Shape`]). A channel that goes from
+//! renamed) or its channel's scope no longer has that shape and its members were not handed to
+//! the new shape's streams first ([`super::regroup`] does so for a switch between one stream per
+//! namespace and one over the collection, see [`Shape`]): `namespaces: [a, b]` became a
+//! selector, or the reverse. A channel that goes from
 //! `allNamespaces` to a cluster-wide filtered stream, or back, keeps its stream: it reconciles
 //! under its new query instead. (A namespace of a selector channel that stopped
 //! matching is retired by the channel's follower, once the namespaces are listed: no other stream
@@ -12,8 +13,9 @@
 //! # Per-key order
 //! Every retraction is acknowledged before any stream of the term starts, so on any key an old
 //! stream's inferred DELETED comes before the new streams' announcements of the same object:
-//! `namespaces: [a, b]` → `allNamespaces` costs each object a DELETED then an ADDED, never a
-//! DELETED last. Each retraction goes where the object was announced (the topic and key its
+//! `namespaces: [a, b]` → a selector costs each object a DELETED then an ADDED, never a DELETED
+//! last. (A switch between per-namespace streams and one over the collection is not retired:
+//! its members are handed over first, see [`super::regroup`].) Each retraction goes where the object was announced (the topic and key its
 //! membership record carries), whatever the configuration says now.
 //!
 //! # Crash safety

@@ -504,14 +504,14 @@ impl Relay {
             _ = stop.cancelled() => return Ok(()),
             shapes = shapes => shapes,
         };
-        if let (Some(topic), Some(owned)) = (&membership_topic, shard) {
-            // A channel that changed shape hands its members over in the shard, before
+        if let Some(topic) = &membership_topic {
+            // A channel that changed shape hands its members over (in the shard), before
             // anything is retired: what moves is not retracted.
             let ids = loaded.streams.keys().map(String::as_str);
             let moves = membership::regroup::plan(
                 &self.cfg,
                 &shapes,
-                owned.shard,
+                shard.map(|s| s.shard),
                 ids.chain(members.streams()),
             );
             let regroup = membership::Regroup {
