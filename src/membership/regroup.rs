@@ -161,13 +161,8 @@ impl Regroup<'_> {
             if let Move::Gather { into: part, .. } = m {
                 into.entry(part.clone()).or_default();
             }
-            tracing::info!(stream = %from, objects = members, to = ?into.keys().collect::<Vec<_>>(), "the channel changed shape in this shard; handing the stream's members over without retracting them");
-            // Where the members go relists: its position (if any) cannot speak for them.
-            let carried = saved.get(from).map(|s| Saved {
-                route: s.route.clone(),
-                kind: s.kind.clone(),
-                ..Saved::default()
-            });
+            tracing::info!(stream = %from, objects = members, to = into.len(), "the channel changed shape; handing the stream's members over to its new streams without retracting them");
+            let carried = saved.get(from).map(unpositioned);
             for (id, part) in into {
                 let sent = membership::adopt(
                     self.producer.as_ref(),
@@ -192,11 +187,7 @@ impl Regroup<'_> {
                 restored.insert(&id, held);
                 let entry = saved
                     .get(&id)
-                    .map(|s| Saved {
-                        route: s.route.clone(),
-                        kind: s.kind.clone(),
-                        ..Saved::default()
-                    })
+                    .map(unpositioned)
                     .or_else(|| carried.clone())
                     .unwrap_or_default();
                 updates.insert(id.clone(), Some(encode(&entry)));
@@ -230,6 +221,16 @@ impl Regroup<'_> {
                 }
             },
         }
+    }
+}
+
+/// The entry of a stream that takes members over: where it published and what it relays, but
+/// no position, which cannot speak for them (it relists).
+fn unpositioned(s: &Saved) -> Saved {
+    Saved {
+        route: s.route.clone(),
+        kind: s.kind.clone(),
+        ..Saved::default()
     }
 }
 
