@@ -16,7 +16,11 @@
 //! paginated lists (`sendInitialEvents: false`; `BENCH_INITIAL_EVENTS=1` for watches that send
 //! the current state instead). The records go to a producer in memory.
 //!
-//! `BENCH_STRATEGIES` picks the sides (comma-separated; default all four): one stream per
+//! Last, `releases`: `BENCH_RELEASES` releases (default 3) of `BENCH_REPLICAS` sharded
+//! replicas (default 3) with one pods channel over the same selector, left to `auto`, all at
+//! once: the pods lists and watches they open to start and after a 410.
+//!
+//! `BENCH_STRATEGIES` picks the sides (comma-separated; default all five): one stream per
 //! namespace holds a connection per stream on both sides of this one process, so at 5,000
 //! namespaces the `perNamespace` sides need more than 20,000 file descriptors.
 //!
@@ -67,9 +71,13 @@ fn main() {
         println!("| strategy | streams | start: lists / watches opened | of them namespaces | watches open | ConfigMap requests/s, quiet | after a 410: lists / watches opened | peak lists in flight | start time | 410 time |");
         println!("|---|---|---|---|---|---|---|---|---|---|");
         let strategies = std::env::var("BENCH_STRATEGIES")
-            .unwrap_or_else(|_| "auto,perNamespace,sharded,sharded-perNamespace".into());
+            .unwrap_or_else(|_| "auto,perNamespace,sharded,sharded-perNamespace,releases".into());
         for strategy in strategies.split(',') {
-            run(&sim, strategy, initial_events).await;
+            if strategy == "releases" {
+                releases(&sim).await;
+            } else {
+                run(&sim, strategy, initial_events).await;
+            }
         }
     });
 }
@@ -149,32 +157,7 @@ async fn run(sim: &Sim, strategy: &str, initial_events: bool) {
 
     sim.reset_requests();
     let t = Instant::now();
-    let resyncs = || {
-        let text = String::from_utf8(metrics.render()).unwrap();
-        text.lines()
-            .filter(|l| l.starts_with("watchrelay_resyncs_total"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>() as usize
-    };
-    // Changes past every position, compacted, and every watch dropped: each stream reopens at
-    // a position the server no longer has (410). A stream whose position a bookmark moved past
-    // the changes first is caught by the next round.
-    let mut round = 0;
-    while resyncs() < streams {
-        round += 1;
-        sim.create(
-            "configmaps",
-            Some(CHECKPOINT_NS),
-            serde_json::json!({"metadata": {"name": format!("bump-{strategy}-{round}")}}),
-        )
-        .unwrap();
-        sim.compact();
-        sim.drop_watches();
-        let until = Instant::now() + Duration::from_secs(30);
-        while resyncs() < streams && Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
+    expire(sim, strategy, || resyncs(&metrics) >= streams).await;
     wait(&registry, all_watching).await;
     let gone_secs = t.elapsed().as_secs_f64();
     let gone = sim.requests();
@@ -188,6 +171,136 @@ async fn run(sim: &Sim, strategy: &str, initial_events: bool) {
         row(gone),
         gone.peak_lists_in_flight
     );
+}
+
+/// `BENCH_RELEASES` releases (default 3) of `BENCH_REPLICAS` sharded replicas each (default
+/// 3), one pods channel over the selector left to `auto`, each release on a topic and group of
+/// its own, all in this process against `sim`: the pods watches and lists they open to start,
+/// and after a 410.
+async fn releases(sim: &Sim) {
+    let releases: usize = env_usize("BENCH_RELEASES", 3);
+    let replicas: usize = env_usize("BENCH_REPLICAS", 3);
+    sim.drop_watches();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    sim.reset_requests();
+    let t = Instant::now();
+    let mut running = Vec::new();
+    for r in 0..releases {
+        let cfg = Config::parse(&format!(
+            "clusterName: bench\nkafka:\n  bootstrapServers: in-memory:9092\n  oversize: trim\n\
+             checkpoint:\n  namespace: {CHECKPOINT_NS}\n  name: release-{r}\n  membership:\n    topic: membership-release-{r}\n\
+             http:\n  listen: \"\"\nsharding:\n  enabled: true\n  topic: shards-release-{r}\nchannels:\n\
+             - operationId: watchNamespacedPods\n  namespaceSelector: relay=yes\n  topic: pods-release-{r}\n"
+        ))
+        .unwrap();
+        let producer = Arc::new(Memory::new());
+        let group = Arc::new(watchrelay::testing::MemoryGroup::default());
+        for _ in 0..replicas {
+            let mut kube = kube::Config::new(sim.url().parse().unwrap());
+            kube.default_retry = false;
+            let client = kube::Client::try_from(kube).unwrap();
+            let relay = watchrelay::Relay::new(cfg.clone(), client)
+                .with_producer(producer.clone(), producer.clone())
+                .with_coordinator(group.clone())
+                .with_probe(watchrelay::kubeclient::Target::At(
+                    sim.url().parse().unwrap(),
+                    Default::default(),
+                ));
+            let handles = (relay.shutdown(), relay.registry(), relay.metrics());
+            running.push((handles, tokio::spawn(relay.run())));
+        }
+    }
+    // Every shard of every release owned, and every stream watching.
+    let settled = || {
+        let owned: i64 = running
+            .iter()
+            .map(|((_, _, m), _)| m.shards_owned.get())
+            .sum();
+        owned == 64 * i64::try_from(releases).expect("a few releases")
+            && running.iter().all(|((_, reg, _), _)| {
+                let phases = reg.phases();
+                !phases.is_empty() && phases.values().all(|p| *p == Phase::Watching)
+            })
+    };
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while !settled() {
+        assert!(Instant::now() < deadline, "the releases never settled");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let start_secs = t.elapsed().as_secs_f64();
+    let pods = |c: &std::collections::BTreeMap<&str, u64>| {
+        format!(
+            "{} / {}",
+            c.get("list").unwrap_or(&0),
+            c.get("watch").unwrap_or(&0)
+        )
+    };
+    let start = pods(&sim.requests_for("pods"));
+    let open = sim.requests().watches_open;
+    let streams: usize = running
+        .iter()
+        .map(|((_, reg, _), _)| reg.phases().len())
+        .sum();
+
+    sim.reset_requests();
+    let t = Instant::now();
+    let resynced = || {
+        let all: usize = running.iter().map(|((_, _, m), _)| resyncs(m)).sum();
+        all >= streams
+    };
+    expire(sim, "releases", resynced).await;
+    while !settled() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let gone_secs = t.elapsed().as_secs_f64();
+    let gone = pods(&sim.requests_for("pods"));
+    for ((shutdown, _, _), _) in &running {
+        shutdown.cancel();
+    }
+    for (_, task) in running {
+        let _ = task.await;
+    }
+    println!(
+        "\n{releases} releases x {replicas} sharded replicas, one pods channel over the selector (auto): {streams} streams; pods lists / watches opened to start {start} ({open} watches open, namespaces included) in {start_secs:.1} s; after a 410 {gone} in {gone_secs:.1} s"
+    );
+}
+
+/// The resyncs `metrics` counted, over every stream.
+fn resyncs(metrics: &watchrelay::metrics::Metrics) -> usize {
+    let text = String::from_utf8(metrics.render()).unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("watchrelay_resyncs_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as usize
+}
+
+/// Changes past every position, compacted, and every watch dropped: each stream reopens at a
+/// position the server no longer has (410). A stream whose position a bookmark moved past the
+/// changes first is caught by the next round, until `resynced`.
+async fn expire(sim: &Sim, label: &str, resynced: impl Fn() -> bool) {
+    let mut round = 0;
+    while !resynced() {
+        round += 1;
+        sim.create(
+            "configmaps",
+            Some(CHECKPOINT_NS),
+            serde_json::json!({"metadata": {"name": format!("bump-{label}-{round}")}}),
+        )
+        .unwrap();
+        sim.compact();
+        sim.drop_watches();
+        let until = Instant::now() + Duration::from_secs(30);
+        while !resynced() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 async fn wait(registry: &watchrelay::registry::Registry, mut cond: impl FnMut() -> bool) {
