@@ -113,17 +113,12 @@ fn config(sim: &Sim, strategy: &str, initial_events: bool) -> Config {
 }
 
 async fn run(sim: &Sim, strategy: &str, initial_events: bool) {
-    let mut kube = kube::Config::new(sim.url().parse().unwrap());
-    kube.default_retry = false;
-    let client = kube::Client::try_from(kube).unwrap();
-    let producer = Arc::new(Memory::new());
-    let relay = watchrelay::Relay::new(config(sim, strategy, initial_events), client)
-        .with_producer(producer.clone(), producer)
-        .with_coordinator(Arc::new(watchrelay::testing::MemoryGroup::default()))
-        .with_probe(watchrelay::kubeclient::Target::At(
-            sim.url().parse().unwrap(),
-            Default::default(),
-        ));
+    let relay = relay_on(
+        sim,
+        config(sim, strategy, initial_events),
+        Arc::new(Memory::new()),
+        Arc::new(watchrelay::testing::MemoryGroup::default()),
+    );
     let (shutdown, registry, metrics) = (relay.shutdown(), relay.registry(), relay.metrics());
     // What an earlier run left open is closed first.
     sim.drop_watches();
@@ -196,16 +191,7 @@ async fn releases(sim: &Sim) {
         let producer = Arc::new(Memory::new());
         let group = Arc::new(watchrelay::testing::MemoryGroup::default());
         for _ in 0..replicas {
-            let mut kube = kube::Config::new(sim.url().parse().unwrap());
-            kube.default_retry = false;
-            let client = kube::Client::try_from(kube).unwrap();
-            let relay = watchrelay::Relay::new(cfg.clone(), client)
-                .with_producer(producer.clone(), producer.clone())
-                .with_coordinator(group.clone())
-                .with_probe(watchrelay::kubeclient::Target::At(
-                    sim.url().parse().unwrap(),
-                    Default::default(),
-                ));
+            let relay = relay_on(sim, cfg.clone(), producer.clone(), group.clone());
             let handles = (relay.shutdown(), relay.registry(), relay.metrics());
             running.push((handles, tokio::spawn(relay.run())));
         }
@@ -263,6 +249,25 @@ async fn releases(sim: &Sim) {
     println!(
         "\n{releases} releases x {replicas} sharded replicas, one pods channel over the selector (auto): {streams} streams; pods lists / watches opened to start {start} ({open} watches open, namespaces included) in {start_secs:.1} s; after a 410 {gone} in {gone_secs:.1} s"
     );
+}
+
+/// A relay of `cfg` against `sim`, its records in `producer`, meeting its replicas in `group`.
+fn relay_on(
+    sim: &Sim,
+    cfg: Config,
+    producer: Arc<Memory>,
+    group: Arc<watchrelay::testing::MemoryGroup>,
+) -> watchrelay::Relay {
+    let mut kube = kube::Config::new(sim.url().parse().unwrap());
+    kube.default_retry = false;
+    let client = kube::Client::try_from(kube).unwrap();
+    watchrelay::Relay::new(cfg, client)
+        .with_producer(producer.clone(), producer)
+        .with_coordinator(group)
+        .with_probe(watchrelay::kubeclient::Target::At(
+            sim.url().parse().unwrap(),
+            Default::default(),
+        ))
 }
 
 /// The resyncs `metrics` counted, over every stream.

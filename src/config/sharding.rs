@@ -16,7 +16,9 @@ use serde::Deserialize;
 
 use std::sync::Arc;
 
-use super::{invalid, is_topic, topic_rule, Channel, ConfigError, Scope, StreamId, WatchStrategy};
+use super::{
+    invalid, is_topic, topic_rule, Channel, ConfigError, Scope, Shape, StreamId, WatchStrategy,
+};
 
 /// Which group protocol the replicas' consumer group speaks (`sharding.groupProtocol`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -264,9 +266,10 @@ impl super::Config {
 
     /// This configuration with `watchStrategy: auto` decided for a sharded release, as every
     /// replica decides it alike: a channel keeps the shape the release ran it in (`recorded`,
-    /// the stream ids it holds), per namespace should any of its streams be; a new one over every namespace is read cluster-wide and fanned out, and a
-    /// new selector goes cluster-wide above `kubernetes.clusterWideAbove` of the namespaces it
-    /// matches (`selected`, by channel; per namespace when not counted). Deciding once for the
+    /// the stream ids it holds), per namespace should any of its streams be; a new one over
+    /// every namespace is read cluster-wide and fanned out, and a new selector is decided as
+    /// [`Channel::shape`] decides `auto` by the count of the namespaces it matches (`selected`,
+    /// by channel; per namespace when not counted). Deciding once for the
     /// replica's life keeps its watches few; replicas that decided otherwise (a release changed
     /// meanwhile) stay exact, since a key's shard does not depend on the shape (see
     /// `membership::regroup`).
@@ -279,6 +282,7 @@ impl super::Config {
         let decided: Vec<(String, WatchStrategy)> = self
             .undecided()
             .map(|c| {
+                // What the release ran: per namespace should any of its streams be.
                 let ran = |per_namespace: bool| {
                     recorded.iter().any(|id| {
                         StreamId::parts(id).is_some_and(|(name, ns)| {
@@ -286,17 +290,24 @@ impl super::Config {
                         })
                     })
                 };
-                let wide = if ran(true) {
-                    false
-                } else if ran(false) || c.scope == Scope::Cluster {
-                    true
+                let previous = if ran(true) {
+                    Some(Shape::PerNamespace)
+                } else if ran(false) {
+                    Some(Shape::ClusterWide)
                 } else {
-                    selected.get(&c.name).is_some_and(|&n| n > threshold)
+                    None
                 };
-                let strategy = if wide {
-                    WatchStrategy::ClusterWide
-                } else {
-                    WatchStrategy::PerNamespace
+                let shape = match c.scope {
+                    Scope::Cluster => previous.unwrap_or(Shape::ClusterWide),
+                    _ => {
+                        let count = selected.get(&c.name).copied().unwrap_or(0);
+                        c.shape(count, previous, threshold)
+                            .unwrap_or(Shape::PerNamespace)
+                    }
+                };
+                let strategy = match shape {
+                    Shape::ClusterWide => WatchStrategy::ClusterWide,
+                    Shape::PerNamespace => WatchStrategy::PerNamespace,
                 };
                 (c.name.clone(), strategy)
             })

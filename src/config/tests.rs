@@ -355,6 +355,13 @@ fn sharding_is_checked_where_it_cannot_keep_one_writer_per_key() {
         cfg.settled(&[], &none).channels[0].strategy,
         WatchStrategy::PerNamespace
     );
+    // A topic per namespace needs a stream per namespace, whatever the count.
+    let per_topic = sharded("", &format!("{team}    topic: \"{{namespace}}.pods\"\n")).unwrap();
+    let counts = std::collections::HashMap::from([("watchNamespacedPods".to_string(), 100_000)]);
+    assert_eq!(
+        per_topic.settled(&[], &counts).channels[0].strategy,
+        WatchStrategy::PerNamespace
+    );
     assert_eq!(
         err_field(sharded("", &format!("{all}    key: \"{{name}}\"\n"))),
         "channels[0].key"
