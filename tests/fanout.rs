@@ -8,10 +8,10 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use common::bed::{eventually, sharded, Bed, Relay};
-use common::view::{consumer_view_by, events, pods_by, version};
+use common::view::{consumer_view_by, events, pods_by, unpublished, version};
 use watchrelay::metrics::Metrics;
 use watchrelay::testing::{Lane, Memory, MemoryGroup};
-use watchrelay_sim::{objects, SimConfig};
+use watchrelay_sim::{objects, ChurnSpec, SimConfig};
 
 const NAMESPACES: [&str; 8] = ["a", "b", "c", "d", "e", "f", "g", "h"];
 
@@ -187,6 +187,72 @@ async fn a_server_that_filters_by_shard_sends_each_replica_its_shards_only() {
 }
 
 /// The records a replica published, every stream together.
+/// History, not only the final view: while pods change all the time, shards move between
+/// replicas (B joins, A is killed, C joins and leaves), and each new owner of a shard resumes
+/// its part where the old owner's checkpoint stopped, through its replica's shared watch, instead
+/// of listing: every change the API server made after the relay started has its record, and
+/// the consumer's view ends as the cluster's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handovers_publish_every_change_the_server_holds() {
+    let bed = Bed::in_memory_serving(true, &NAMESPACES).await;
+    let channel = "  - operationId: watchNamespacedPods\n    allNamespaces: true\n    watchStrategy: clusterWide\n    topic: pods\n";
+    let cfg = sharded(bed.config(channel, ""), 4);
+    let memory = Arc::new(Memory::new());
+    let group = MemoryGroup::default();
+    let cluster = || pods_by(&bed.sim, &NAMESPACES, |_| true, version);
+    let consumer = || consumer_view_by(&events(&memory), version);
+    let owned = |r: &Relay| r.metrics.shards_owned.get();
+    let start = || Relay::start_on_lane(&bed, cfg.clone(), Lane::new(memory.clone()), &group);
+    let pause = || tokio::time::sleep(std::time::Duration::from_millis(400));
+
+    let a = start();
+    eventually(|| owned(&a) == 4, || "A never owned the shards".into()).await;
+    a.wait_up(4).await;
+    // Changes from here on: the first sync before them announced the state as it was.
+    let from = bed.sim.current_rv();
+    let churn = bed.sim.start_churn(ChurnSpec {
+        rate_per_sec: 300.0,
+        namespaces: NAMESPACES.iter().map(|n| n.to_string()).collect(),
+        resources: vec!["pods".into()],
+        max_objects_per_kind: 3,
+        total_events: None,
+    });
+    pause().await;
+    let b = start();
+    eventually(|| owned(&b) > 0, || "B never took a shard".into()).await;
+    pause().await;
+    a.kill().await;
+    eventually(|| owned(&b) == 4, || "B never took A's shards".into()).await;
+    pause().await;
+    let c = start();
+    eventually(|| owned(&c) > 0, || "C never took a shard".into()).await;
+    pause().await;
+    c.stop().await;
+    eventually(|| owned(&b) == 4, || "B never took C's shards".into()).await;
+    pause().await;
+    let made = churn.stop().await;
+    eventually(
+        || consumer() == cluster(),
+        || "the consumer's view never became the cluster's".into(),
+    )
+    .await;
+    let journal: Vec<_> = bed
+        .journal("pods", None)
+        .into_iter()
+        .filter(|e| e.rv > from)
+        .collect();
+    let lost = unpublished(&events(&memory), &journal);
+    b.stop().await;
+    assert!(made > 100, "the churn made {made} changes only");
+    assert!(
+        lost.is_empty(),
+        "{} of {} changes never published, e.g. {:?}",
+        lost.len(),
+        journal.len(),
+        &lost[..lost.len().min(5)]
+    );
+}
+
 fn published(metrics: &Metrics) -> f64 {
     metrics
         .registry

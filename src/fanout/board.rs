@@ -2,16 +2,28 @@
 //!
 //! # A seat's phases
 //! ```text
-//!  join ──► Waiting ──begin_catch_up──► Listing ──caught_up(L)──► Live
-//!              ▲                          │  held lines > L after the
-//!              └──── catch_up_failed ─────┘  end of its state, then live lines
+//!  join(None) ──► Waiting ──begin_catch_up──► Listing ──caught_up(L)──► Live
+//!                    ▲                          │  held lines > L after the
+//!                    │                          │  end of its state, then live lines
+//!                    │       catch_up_failed: expired (its part restarts its sync)
+//!  join(Some(P)) ──► Resuming{P} ──opened(at ≤ P)──► Live, lines > P only
+//!                        └──── reopen_gone(at ≥ P): expired (P no longer held) ────►
 //!  Listing or Live ──gap / too much held / L below its start / missed──► expired (gone)
 //! ```
 //! - **Waiting**: joined, its state not listed yet; it receives nothing.
+//! - **Resuming**: joined at a position `P` its part already published up to (a checkpoint,
+//!   the position its last subscription reached): it needs no list, only every line after
+//!   `P`. The main watch is reopened from the lowest position it must serve (its own, or the
+//!   lowest a resuming seat asks for); once opened, every resuming seat goes live.
 //! - **Listing**: a catch-up (a list of the whole collection) deals it the items of its shard.
 //!   Live lines of its shard that arrive meanwhile on the main watch are held (up to
 //!   [`HELD_BYTES`]), with the main watch's position when the catch-up began (`since`).
 //! - **Live**: it receives its shard's live lines and every bookmark.
+//!
+//! Every seat has a floor (`seen`): the highest resourceVersion it was given or already holds
+//! (its resume position, its list's end, its last line). A line at or below its floor is not
+//! given to it again, so a main watch reopened from below (to serve a resuming seat) and a main
+//! watch behind a list's end give nothing twice and nothing older than what a part holds.
 //!
 //! At the end of a catch-up at resourceVersion `L`, each listing seat receives the end of its
 //! initial state (a bookmark at `L`), then the lines it held that are newer than `L`: the list
@@ -20,7 +32,12 @@
 //! `L` (a list older than the watch), whose held lines outgrew their bound, or whose lines the
 //! main watch can no longer continue (a gap: 410, a failed reopen), or whose shard's lines were
 //! missed (the server, filtering by shard, was not asked for a namespace of it), is expired: it
-//! gets a 410 and leaves, and its stream relists as after any 410.
+//! gets a 410 and leaves, and its stream relists as after any 410. So is a seat whose catch-up
+//! failed midway: its part announced part of a list already, and only a sync started over
+//! reconciles what that part announced with what exists.
+//!
+//! Resource versions compare as integers (etcd's revisions); a position that does not parse
+//! cannot be resumed from, and its seat is expired (its part relists).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -56,6 +73,11 @@ pub enum Out {
 #[derive(Debug)]
 enum Phase {
     Waiting,
+    /// Resumes after `from` (its string form kept to reopen the main watch there).
+    Resuming {
+        from: u64,
+        at: String,
+    },
     Listing {
         /// The main watch's position when the catch-up began; `None` when no main watch ran
         /// (the catch-up then becomes it).
@@ -70,6 +92,9 @@ enum Phase {
 struct Seat {
     shard: u32,
     phase: Phase,
+    /// The highest resourceVersion given to it or already held by its part: no line at or
+    /// below it is given again.
+    seen: Option<u64>,
 }
 
 impl Seat {
@@ -78,6 +103,22 @@ impl Seat {
             To::All => true,
             To::Shard(k) => k == self.shard,
         }
+    }
+
+    /// Whether a line at `rv` is new to the seat; if so, it is now seen.
+    fn fresh(&mut self, rv: Option<u64>) -> bool {
+        match (rv, self.seen) {
+            (Some(rv), Some(seen)) if rv <= seen => false,
+            (Some(rv), _) => {
+                self.seen = Some(rv);
+                true
+            }
+            (None, _) => true,
+        }
+    }
+
+    fn raise(&mut self, to: Option<u64>) {
+        self.seen = self.seen.max(to);
     }
 }
 
@@ -90,15 +131,29 @@ pub struct Board {
 }
 
 impl Board {
-    /// A subscriber of `shard` joins; it waits for the next catch-up.
-    pub fn join(&mut self, id: u64, shard: u32) {
+    /// A subscriber of `shard` joins: with `from`, it resumes after that position (see
+    /// [`Board::reopen_from`]); without, it waits for the next catch-up. A position that does
+    /// not compare cannot be resumed from: the seat is expired at once.
+    pub fn join(&mut self, id: u64, shard: u32, from: Option<&str>) -> Vec<Out> {
+        let phase = match from {
+            None => Phase::Waiting,
+            Some(at) => match crate::event::comparable(at) {
+                Some(from) => Phase::Resuming {
+                    from,
+                    at: at.to_string(),
+                },
+                None => return vec![Out::Expire(id)],
+            },
+        };
         self.seats.insert(
             id,
             Seat {
                 shard,
-                phase: Phase::Waiting,
+                phase,
+                seen: None,
             },
         );
+        Vec::new()
     }
 
     /// A subscriber went away.
@@ -121,6 +176,13 @@ impl Board {
         self.seats
             .values()
             .any(|s| matches!(s.phase, Phase::Waiting))
+    }
+
+    /// Whether a seat waits for the main watch to be reopened from its position.
+    pub fn resuming(&self) -> bool {
+        self.seats
+            .values()
+            .any(|s| matches!(s.phase, Phase::Resuming { .. }))
     }
 
     /// Whether a seat is being listed.
@@ -151,14 +213,87 @@ impl Board {
     }
 
     /// The lines of `shards` were missed (the reads left out one of their namespaces): their
-    /// seats being listed or live are expired; the waiting ones stay, their catch-up to come.
+    /// seats being listed or live are expired; the waiting ones stay, their catch-up to come,
+    /// and so do the resuming ones, whose main watch is yet to be opened (for them too).
     pub fn missed(&mut self, shards: &BTreeSet<u32>) -> Vec<Out> {
-        self.expire_where(|s| shards.contains(&s.shard) && !matches!(s.phase, Phase::Waiting))
+        self.expire_where(|s| {
+            shards.contains(&s.shard) && matches!(s.phase, Phase::Listing { .. } | Phase::Live)
+        })
     }
 
     /// The main watch's position.
     pub fn position(&self) -> Option<&str> {
         self.position.as_deref()
+    }
+
+    /// Where the main watch must be opened from: the lowest of its own position and the
+    /// positions resuming seats ask for; `None` when neither is there (a catch-up starts it).
+    /// A main position that does not compare is kept as it is (resuming seats are then
+    /// expired when it opens: see [`Board::opened`]).
+    pub fn reopen_from(&self) -> Option<String> {
+        let lowest = self
+            .seats
+            .values()
+            .filter_map(|s| match &s.phase {
+                Phase::Resuming { from, at } => Some((*from, at)),
+                _ => None,
+            })
+            .min_by_key(|(from, _)| *from);
+        match (self.position.as_deref(), lowest) {
+            (Some(p), Some((from, at))) => match crate::event::comparable(p) {
+                Some(p) if p <= from => self.position.clone(),
+                Some(_) => Some(at.clone()),
+                None => self.position.clone(),
+            },
+            (Some(p), None) => Some(p.to_string()),
+            (None, lowest) => lowest.map(|(_, at)| at.clone()),
+        }
+    }
+
+    /// The main watch was opened from `at` (what [`Board::reopen_from`] said): every line after
+    /// it will be read. Seats that were fed up to the old position do not get those lines
+    /// again; seats listed without a main watch hold lines from `at` on; resuming seats go live
+    /// above their own positions. Resuming seats below `at` (a position that does not compare)
+    /// are expired.
+    pub fn opened(&mut self, at: &str) -> Vec<Out> {
+        let to = crate::event::comparable(at);
+        let old = self.position.as_deref().and_then(crate::event::comparable);
+        let mut out = Vec::new();
+        for (id, seat) in &mut self.seats {
+            match &mut seat.phase {
+                Phase::Live | Phase::Listing { since: Some(_), .. } => seat.raise(old),
+                // Held from `at` on (a position that does not compare: expired at the end).
+                Phase::Listing { since, .. } => *since = Some(to.unwrap_or(u64::MAX)),
+                Phase::Resuming { from, .. } => {
+                    if to.is_some_and(|to| to <= *from) {
+                        seat.seen = Some(*from);
+                        seat.phase = Phase::Live;
+                    } else {
+                        out.push(Out::Expire(*id));
+                    }
+                }
+                Phase::Waiting => {}
+            }
+        }
+        self.forget(&out);
+        self.position = Some(at.to_string());
+        out
+    }
+
+    /// The server no longer holds `at`, where the main watch was to be opened (a 410): the
+    /// resuming seats at or below it relist (expired), and if the main watch's own position is
+    /// at or below it too, its seats do (a gap). Another reopen follows for the rest.
+    pub fn reopen_gone(&mut self, at: &str) -> Vec<Out> {
+        let Some(gone) = crate::event::comparable(at) else {
+            return self.gap_with_resuming();
+        };
+        let mut out =
+            self.expire_where(|s| matches!(s.phase, Phase::Resuming { from, .. } if from <= gone));
+        let own = self.position.as_deref().map(crate::event::comparable);
+        if own.is_some_and(|p| p.is_none_or(|p| p <= gone)) {
+            out.extend(self.gap());
+        }
+        out
     }
 
     /// A catch-up begins: every waiting seat is listed by it.
@@ -188,7 +323,8 @@ impl Board {
     }
 
     /// The catch-up ended at resourceVersion `rv`; with `main`, its connection goes on as the
-    /// main watch, from `rv`.
+    /// main watch, from `rv`. A seat going live holds everything up to `rv`: main-watch lines
+    /// at or below it (a main watch behind the list) are not given to it.
     pub fn caught_up(&mut self, rv: &str, main: bool) -> Vec<Out> {
         let end = crate::event::comparable(rv);
         let mut out = Vec::new();
@@ -206,12 +342,14 @@ impl Board {
                 continue;
             }
             out.push(Out::End(*id, rv.to_string()));
-            for (line_rv, bytes) in std::mem::take(held) {
+            let held = std::mem::take(held);
+            seat.phase = Phase::Live;
+            seat.raise(end);
+            for (line_rv, bytes) in held {
                 if line_rv.is_none_or(|r| end.is_none_or(|end| r > end)) {
                     out.push(Out::Send(*id, bytes));
                 }
             }
-            seat.phase = Phase::Live;
         }
         self.forget(&out);
         if main {
@@ -220,17 +358,16 @@ impl Board {
         out
     }
 
-    /// The catch-up failed: its seats wait for the next one.
-    pub fn catch_up_failed(&mut self) {
-        for seat in self.seats.values_mut() {
-            if matches!(seat.phase, Phase::Listing { .. }) {
-                seat.phase = Phase::Waiting;
-            }
-        }
+    /// The catch-up failed midway: its seats are expired, since their parts announced part of
+    /// a list that the next one may contradict (objects deleted between the two); each part
+    /// starts its sync over and reconciles.
+    pub fn catch_up_failed(&mut self) -> Vec<Out> {
+        self.expire_where(|s| matches!(s.phase, Phase::Listing { .. }))
     }
 
     /// A line of the main watch: to the live seats it is for, held for the listed ones that
-    /// began under this watch. Its resourceVersion, if any, is the main watch's position.
+    /// began under this watch, each only above its floor. Its resourceVersion, if any, is the
+    /// main watch's position.
     pub fn live(&mut self, line: &Line, rv: Option<&str>) -> Vec<Out> {
         if let Some(rv) = rv {
             // The position's buffer is reused: this runs for every line of the collection.
@@ -240,15 +377,17 @@ impl Board {
         }
         let mut out = Vec::new();
         for (id, seat) in &mut self.seats {
-            if !seat.takes(line.to) {
+            if !seat.takes(line.to)
+                || matches!(seat.phase, Phase::Waiting | Phase::Resuming { .. })
+                || matches!(seat.phase, Phase::Listing { since: None, .. })
+                || !seat.fresh(line.rv)
+            {
                 continue;
             }
             match &mut seat.phase {
                 Phase::Live => out.push(Out::Send(*id, line.bytes.clone())),
                 Phase::Listing {
-                    since: Some(_),
-                    held,
-                    held_bytes,
+                    held, held_bytes, ..
                 } => {
                     *held_bytes += line.bytes.len();
                     if *held_bytes > HELD_BYTES {
@@ -257,34 +396,47 @@ impl Board {
                         held.push((line.rv, line.bytes.clone()));
                     }
                 }
-                Phase::Listing { since: None, .. } | Phase::Waiting => {}
+                Phase::Waiting | Phase::Resuming { .. } => {}
             }
         }
         self.forget(&out);
         out
     }
 
-    /// A bookmark at the main watch's position, for every live seat: nothing of their shards
-    /// is pending up to it (their watches stay alive through a quiet collection).
+    /// A bookmark at the main watch's position, for every live seat not already past it:
+    /// nothing of their shards is pending up to it (their watches stay alive through a quiet
+    /// collection).
     pub fn heartbeat(&self) -> Option<(Vec<u64>, String)> {
         let at = self.position.clone()?;
+        let p = crate::event::comparable(&at);
         let live: Vec<u64> = self
             .seats
             .iter()
             .filter(|(_, s)| matches!(s.phase, Phase::Live))
+            .filter(|(_, s)| match (p, s.seen) {
+                (Some(p), Some(seen)) => p >= seen,
+                _ => true,
+            })
             .map(|(id, _)| *id)
             .collect();
         Some((live, at))
     }
 
     /// The main watch cannot go on from its position (a 410, an error event): every seat it
-    /// fed, live or holding its lines, is expired; the waiting ones and those listed without
-    /// a main watch stay. No main watch runs any more.
+    /// fed, live or holding its lines, is expired; the waiting ones, the resuming ones and
+    /// those listed without a main watch stay. No main watch runs any more.
     pub fn gap(&mut self) -> Vec<Out> {
         self.position = None;
         self.expire_where(|s| {
             matches!(s.phase, Phase::Live | Phase::Listing { since: Some(_), .. })
         })
+    }
+
+    /// A gap that takes the resuming seats too (nothing here compares).
+    fn gap_with_resuming(&mut self) -> Vec<Out> {
+        let mut out = self.expire_where(|s| matches!(s.phase, Phase::Resuming { .. }));
+        out.extend(self.gap());
+        out
     }
 
     /// Expires the seats `which` picks.
@@ -324,7 +476,7 @@ mod tests {
     /// Seat 1 of shard 0, live on a main watch at 10.
     fn live_one() -> Board {
         let mut b = Board::default();
-        b.join(1, 0);
+        b.join(1, 0, None);
         b.begin_catch_up();
         b.caught_up("10", true);
         b
@@ -343,8 +495,8 @@ mod tests {
     #[test]
     fn a_first_catch_up_becomes_the_main_watch() {
         let mut b = Board::default();
-        b.join(1, 0);
-        b.join(2, 1);
+        b.join(1, 0, None);
+        b.join(2, 1, None);
         b.begin_catch_up();
         // Items go to their shard's seat only.
         assert_eq!(
@@ -366,7 +518,7 @@ mod tests {
     #[test]
     fn a_late_joiner_gets_its_state_then_what_it_held_past_the_list() {
         let mut b = live_one();
-        b.join(2, 0);
+        b.join(2, 0, None);
         assert!(b.waiting());
         // Nothing while waiting.
         assert_eq!(
@@ -397,7 +549,7 @@ mod tests {
     fn a_list_older_than_the_main_watch_expires_its_seats() {
         let mut b = live_one();
         b.live(&line(To::All, 20), Some("20"));
-        b.join(2, 0);
+        b.join(2, 0, None);
         b.begin_catch_up();
         assert_eq!(sent(&b.caught_up("15", false)), [(2, "expired".into())]);
         assert_eq!(b.heartbeat(), Some((vec![1], "20".into())));
@@ -406,9 +558,9 @@ mod tests {
     #[test]
     fn a_gap_expires_what_the_main_watch_fed_and_keeps_the_rest() {
         let mut b = live_one();
-        b.join(2, 1);
+        b.join(2, 1, None);
         b.begin_catch_up();
-        b.join(3, 2);
+        b.join(3, 2, None);
         let out = b.gap();
         assert_eq!(sent(&out), [(1, "expired".into()), (2, "expired".into())]);
         assert_eq!(b.position(), None);
@@ -419,7 +571,7 @@ mod tests {
     #[test]
     fn held_lines_are_bounded() {
         let mut b = live_one();
-        b.join(2, 0);
+        b.join(2, 0, None);
         b.begin_catch_up();
         let big = Line {
             to: To::Shard(0),
@@ -427,28 +579,136 @@ mod tests {
             bytes: Bytes::from(vec![b'x'; HELD_BYTES / 2 + 1]),
         };
         assert_eq!(b.live(&big, Some("11")).len(), 1);
-        let out = b.live(&big, Some("12"));
+        let out = b.live(
+            &Line {
+                rv: Some(12),
+                ..big
+            },
+            Some("12"),
+        );
         assert!(out.contains(&Out::Expire(2)), "{out:?}");
         assert!(!b.listing());
     }
 
     #[test]
-    fn a_failed_catch_up_leaves_its_seats_waiting() {
-        let mut b = Board::default();
-        b.join(1, 0);
+    fn a_failed_catch_up_expires_its_seats() {
+        let mut b = live_one();
+        b.join(2, 1, None);
         b.begin_catch_up();
-        b.catch_up_failed();
-        assert!(b.waiting());
+        b.join(3, 1, None);
+        // Seat 2 got part of a list: only a sync started over reconciles it.
+        assert_eq!(sent(&b.catch_up_failed()), [(2, "expired".into())]);
+        assert!(b.waiting(), "the seat that joined later still waits");
         assert!(!b.listing());
+        assert_eq!(b.position(), Some("10"));
+    }
+
+    #[test]
+    fn a_seat_live_after_its_list_gets_no_line_the_list_held() {
+        // The main watch is behind the list's end (another API server's cache).
+        let mut b = live_one();
+        b.join(2, 0, None);
+        b.begin_catch_up();
+        b.caught_up("20", false);
+        // 15 is older than what seat 2's list held: only seat 1 gets it.
+        assert_eq!(
+            sent(&b.live(&line(To::Shard(0), 15), Some("15"))),
+            [(1, "Shard(0)@15".into())]
+        );
+        assert_eq!(sent(&b.live(&line(To::All, 18), Some("18"))).len(), 1);
+        // Nor a heartbeat below it.
+        assert_eq!(b.heartbeat(), Some((vec![1], "18".into())));
+        assert_eq!(
+            sent(&b.live(&line(To::Shard(0), 21), Some("21"))),
+            [(1, "Shard(0)@21".into()), (2, "Shard(0)@21".into())]
+        );
+    }
+
+    #[test]
+    fn a_resuming_seat_reopens_the_main_watch_from_its_position() {
+        let mut b = live_one();
+        b.live(&line(To::Shard(0), 20), Some("20"));
+        // Two parts resume at positions their previous owners reached.
+        assert!(b.join(2, 1, Some("14")).is_empty());
+        assert!(b.join(3, 1, Some("25")).is_empty());
+        assert!(b.resuming() && !b.waiting());
+        assert_eq!(b.reopen_from().as_deref(), Some("14"));
+        assert!(b.opened("14").is_empty());
+        assert_eq!(b.position(), Some("14"));
+        // Seat 1 already had everything up to 20; seat 3 everything up to 25.
+        assert_eq!(sent(&b.live(&line(To::Shard(0), 16), Some("16"))), []);
+        assert_eq!(
+            sent(&b.live(&line(To::Shard(1), 17), Some("17"))),
+            [(2, "Shard(1)@17".into())]
+        );
+        assert_eq!(
+            sent(&b.live(&line(To::All, 22), Some("22"))),
+            [(1, "All@22".into()), (2, "All@22".into())]
+        );
+        assert_eq!(
+            sent(&b.live(&line(To::Shard(1), 26), Some("26"))),
+            [(2, "Shard(1)@26".into()), (3, "Shard(1)@26".into())]
+        );
+        assert_eq!(b.heartbeat(), Some((vec![1, 2, 3], "26".into())));
+    }
+
+    #[test]
+    fn a_resuming_seat_above_the_main_watch_reopens_it_at_its_own_position() {
+        let mut b = live_one();
+        b.join(2, 1, Some("30"));
+        assert_eq!(b.reopen_from().as_deref(), Some("10"));
+        assert!(b.opened("10").is_empty());
+        assert_eq!(sent(&b.live(&line(To::Shard(1), 29), Some("29"))), []);
+        assert_eq!(
+            sent(&b.live(&line(To::Shard(1), 31), Some("31"))),
+            [(2, "Shard(1)@31".into())]
+        );
+    }
+
+    #[test]
+    fn a_first_resuming_seat_opens_the_main_watch_and_a_running_list_holds_from_it() {
+        let mut b = Board::default();
+        b.join(1, 0, None);
+        b.begin_catch_up();
+        b.join(2, 1, Some("7"));
+        assert_eq!(b.reopen_from().as_deref(), Some("7"));
+        assert!(b.opened("7").is_empty());
+        // Seat 1's list, begun without a main watch, now holds the main watch's lines.
+        assert!(b.live(&line(To::Shard(0), 9), Some("9")).is_empty());
+        b.live(&line(To::Shard(0), 12), Some("12"));
+        let out = b.caught_up("10", false);
+        assert_eq!(
+            sent(&out),
+            [(1, "end@10".into()), (1, "Shard(0)@12".into())]
+        );
+        assert_eq!(b.position(), Some("12"));
+    }
+
+    #[test]
+    fn a_position_the_server_no_longer_holds_expires_its_seats_only() {
+        let mut b = live_one();
+        b.live(&line(To::All, 20), Some("20"));
+        b.join(2, 1, Some("5"));
+        b.join(3, 1, Some("12"));
+        assert_eq!(b.reopen_from().as_deref(), Some("5"));
+        assert_eq!(sent(&b.reopen_gone("5")), [(2, "expired".into())]);
+        assert_eq!(b.reopen_from().as_deref(), Some("12"));
+        // The main watch's own position gone as well: a gap.
+        assert_eq!(sent(&b.reopen_gone("12")), [(3, "expired".into())]);
+        assert_eq!(b.position(), Some("20"));
+        assert_eq!(sent(&b.reopen_gone("20")), [(1, "expired".into())]);
+        assert_eq!(b.position(), None);
+        // A position that does not compare cannot be resumed from.
+        assert_eq!(sent(&b.join(4, 0, Some("x"))), [(4, "expired".into())]);
     }
 
     #[test]
     fn a_missed_shard_expires_its_listed_and_live_seats_only() {
         let mut b = live_one();
-        b.join(2, 1);
+        b.join(2, 1, None);
         b.begin_catch_up();
-        b.join(3, 1);
-        b.join(4, 2);
+        b.join(3, 1, None);
+        b.join(4, 2, None);
         assert_eq!(b.shards(), BTreeSet::from([0, 1, 2]));
         assert_eq!(b.waiting_shards(), BTreeSet::from([1, 2]));
         // Shard 1 missed a namespace: its listed seat goes, its waiting one stays; shard 0 is

@@ -64,8 +64,10 @@ pub const JOIN_MAX: Duration = Duration::from_secs(5);
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
 /// Lines a part's subscription buffers before the hub waits for it.
 const LINES: usize = 512;
-/// The wait before trying again a request that failed.
+/// The first wait before trying again a request that failed; it doubles with each failure in a
+/// row, up to [`RETRY_MAX`], unless the server says when to come back.
 const RETRY: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(30);
 /// Nothing is trimmed here: the parts trim as their channels say.
 const WHOLE: Trim = Trim {
     drop_managed_fields: false,
@@ -167,9 +169,9 @@ impl Drop for Subscription {
     }
 }
 
-/// A part joining its hub, or leaving it.
+/// A part joining its hub (from its position, when it resumes), or leaving it.
 enum Seat {
-    Join(u64, u32, mpsc::Sender<Bytes>),
+    Join(u64, u32, Option<String>, mpsc::Sender<Bytes>),
     Leave(u64),
 }
 
@@ -209,7 +211,15 @@ impl Fanouts {
     }
 
     /// Subscribes shard `shard`'s part to `collection`; its hub starts on the first call.
-    pub fn subscribe(&self, collection: &Collection, shard: u32) -> Subscription {
+    /// Without `from`, the part reads its initial state first (a catch-up); with it, the part
+    /// resumes: it reads every change of its shard after that position, as a watch from there
+    /// would, or a 410 when the server no longer holds it.
+    pub fn subscribe(
+        &self,
+        collection: &Collection,
+        shard: u32,
+        from: Option<&str>,
+    ) -> Subscription {
         let hub = {
             let mut hubs = self.hubs.lock().expect("hubs lock poisoned");
             hubs.entry(collection.clone())
@@ -250,7 +260,9 @@ impl Fanouts {
         let (tx, rx) = mpsc::channel(LINES);
         let id = hub.next.fetch_add(1, Ordering::Relaxed);
         // A hub that stopped (the relay stops) leaves the part with a closed subscription.
-        let _ = hub.joins.send(Seat::Join(id, shard, tx));
+        let _ = hub
+            .joins
+            .send(Seat::Join(id, shard, from.map(str::to_string), tx));
         Subscription {
             rx,
             hub: hub.joins.clone(),
@@ -319,6 +331,13 @@ impl Reader {
         let mut first_waiting: Option<Instant> = None;
         let mut last_join = Instant::now();
         let mut retry_at = Instant::now();
+        // Failures in a row of the hub's requests, for the backoff.
+        let mut failures = 0u32;
+        let backoff = |failures: &mut u32, e: &ApiError| {
+            *failures = failures.saturating_add(1);
+            let doubled = RETRY.saturating_mul(1 << (*failures - 1).min(5));
+            Instant::now() + e.retry_after().unwrap_or(doubled.min(RETRY_MAX))
+        };
         let mut last_line = Instant::now();
         // When the main watch, asking the server for shards no part reads any more, reopens
         // for the others only (a moment after the last one left, should more leave at once).
@@ -332,17 +351,22 @@ impl Reader {
                     (last_join + JOIN_QUIET).min(f + JOIN_MAX)
                 })
                 .max(retry_at);
-            let reopen = main.is_none() && self.board.position().is_some();
+            // The main watch (re)opens from where it must serve: its own position, or below it
+            // for parts resuming (once joins are quiet, as for a catch-up).
+            let resuming = self.board.resuming();
+            let reopen = resuming || (main.is_none() && self.board.position().is_some());
+            let reopen_at = if resuming { catch_at } else { retry_at };
             let out = tokio::select! {
                 _ = stop.cancelled() => return,
                 seat = joins.recv() => {
                     match seat {
                         None => return,
-                        Some(Seat::Join(id, shard, tx)) => {
-                            self.board.join(id, shard);
+                        Some(Seat::Join(id, shard, from, tx)) => {
                             self.lines.insert(id, tx);
                             last_join = Instant::now();
                             first_waiting.get_or_insert(last_join);
+                            let out = self.board.join(id, shard, from.as_deref());
+                            self.deliver(out).await;
                         }
                         Some(Seat::Leave(id)) => {
                             self.board.leave(id);
@@ -376,30 +400,39 @@ impl Reader {
                         }
                         Err(e) => {
                             tracing::warn!(path = %self.collection.path, error = %e, "listing the collection for the shards failed; retrying");
-                            retry_at = Instant::now() + RETRY;
+                            retry_at = backoff(&mut failures, &e);
                         }
                     }
                     Vec::new()
                 }
-                _ = tokio::time::sleep_until(retry_at), if reopen => {
-                    let at = self.board.position().unwrap_or_default().to_string();
-                    let shards = self.board.shards();
-                    let cover = self.cover(&shards).await;
-                    match self.open(WatchFrom::Version(&at), cover.as_ref()).await {
-                        Ok(w) => {
-                            main = Some(w);
-                            self.main_cover = cover.map(|c| (shards, c));
-                            last_line = Instant::now();
-                            Vec::new()
-                        }
-                        Err(e @ (ApiError::Gone(_) | ApiError::Status { code: 504, .. })) => {
-                            tracing::info!(path = %self.collection.path, error = %e, "the collection's watch cannot go on from its position; the shards relist");
-                            self.board.gap()
-                        }
-                        Err(e) => {
-                            tracing::warn!(path = %self.collection.path, error = %e, "reopening the collection's watch failed; retrying");
-                            retry_at = Instant::now() + RETRY;
-                            Vec::new()
+                _ = tokio::time::sleep_until(reopen_at), if reopen => {
+                    // A main watch still running is closed: the new one starts at or below it.
+                    main = None;
+                    match self.board.reopen_from() {
+                        None => Vec::new(),
+                        Some(at) => {
+                            let shards = self.board.shards();
+                            let cover = self.cover(&shards).await;
+                            match self.open(WatchFrom::Version(&at), cover.as_ref()).await {
+                                Ok(w) => {
+                                    main = Some(w);
+                                    self.main_cover = cover.map(|c| (shards, c));
+                                    last_line = Instant::now();
+                                    failures = 0;
+                                    self.board.opened(&at)
+                                }
+                                Err(e @ ApiError::Gone(_)) => {
+                                    tracing::info!(path = %self.collection.path, %at, error = %e, "the collection's watch cannot go on from this position; the shards that needed it relist");
+                                    self.board.reopen_gone(&at)
+                                }
+                                // The server's cache has not reached the position (another API
+                                // server's): it will; nothing is relisted for it.
+                                Err(e) => {
+                                    tracing::warn!(path = %self.collection.path, %at, error = %e, "reopening the collection's watch failed; retrying");
+                                    retry_at = backoff(&mut failures, &e);
+                                    Vec::new()
+                                }
+                            }
                         }
                     }
                 }
@@ -443,12 +476,11 @@ impl Reader {
                             self.board.caught_up(&rv, becomes_main)
                         }
                         Read::Error(code) => {
-                            tracing::info!(path = %self.collection.path, ?code, "listing the collection for the shards ended with an error event; retrying");
+                            tracing::info!(path = %self.collection.path, ?code, "listing the collection for the shards ended with an error event; its shards sync again");
                             catch = None;
                             self.catch_cover = None;
-                            self.board.catch_up_failed();
                             retry_at = Instant::now() + RETRY;
-                            Vec::new()
+                            self.board.catch_up_failed()
                         }
                     },
                     Paged::End(rv) => {
@@ -458,12 +490,11 @@ impl Reader {
                         self.board.caught_up(&rv, becomes_main)
                     }
                     Paged::Failed(e) => {
-                        tracing::warn!(path = %self.collection.path, error = %e, "listing the collection for the shards failed; retrying");
+                        tracing::warn!(path = %self.collection.path, error = %e, "listing the collection for the shards failed; its shards sync again");
                         catch = None;
                         self.catch_cover = None;
-                        self.board.catch_up_failed();
-                        retry_at = Instant::now() + RETRY;
-                        Vec::new()
+                        retry_at = backoff(&mut failures, &e);
+                        self.board.catch_up_failed()
                     }
                 },
                 _ = namespaces_changed(&mut self.known) => {
@@ -491,6 +522,10 @@ impl Reader {
                     } else if main.is_some() && last_line.elapsed() >= self.settings.idle {
                         tracing::warn!(path = %self.collection.path, "the collection's watch delivered nothing, not even a bookmark; reopening it");
                         main = None;
+                        Vec::new()
+                    } else if main.is_none() {
+                        // No bookmark while no main watch runs: a part that hears nothing for
+                        // its idle timeout stalls, and says so, rather than look healthy.
                         Vec::new()
                     } else {
                         match self.board.heartbeat() {

@@ -553,12 +553,9 @@ impl Stream {
         t.next
     }
 
-    /// Where the stream resumes its watch from: its checkpoint. A fanned-out part never
-    /// resumes a watch (its hub's is shared): it syncs, a delta from its position.
+    /// Where the stream resumes its watch from: its checkpoint (a fanned-out part resumes
+    /// through its hub, which reopens its shared watch from there when it must).
     fn resume_from(&self) -> Option<String> {
-        if self.source.fanned.is_some() {
-            return None;
-        }
         self.outbox.checkpoint().map(str::to_string)
     }
 

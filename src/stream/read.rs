@@ -272,17 +272,21 @@ impl Stream {
         }
     }
 
-    /// Opens a watch, unless cancelled first. A fanned-out part subscribes to its hub for its
-    /// initial events; it cannot resume from a position (its hub's watch is shared), which
-    /// reads as a 410: it syncs instead, a delta from its position.
+    /// Opens a watch, unless cancelled first. A fanned-out part subscribes to its hub instead:
+    /// for its initial events, or to resume after its position, as a watch from there (the hub
+    /// reopens its shared watch from the lowest position its parts need; a position the server
+    /// no longer holds reads as a 410, as from a watch of its own).
     pub(super) async fn open(&self, from: WatchFrom<'_>) -> Result<Feed, Stop> {
         if let Some(f) = &self.source.fanned {
-            return match from {
-                WatchFrom::InitialEvents => {
-                    Ok(Feed::Fanned(f.fanouts.subscribe(&f.collection, f.shard)))
-                }
-                WatchFrom::Version(_) => Err(Stop::Gone),
+            let from = match from {
+                WatchFrom::InitialEvents => None,
+                WatchFrom::Version(rv) => Some(rv),
             };
+            return Ok(Feed::Fanned(f.fanouts.subscribe(
+                &f.collection,
+                f.shard,
+                from,
+            )));
         }
         let query = self.query();
         let opened = kubeapi::watch(

@@ -165,3 +165,28 @@ pub fn kafka_view(msgs: &[Msg]) -> BTreeMap<String, String> {
     }
     view
 }
+
+/// The changes of `journal` that no record of `log` published, as `uid/rv (type key)`: every
+/// change the relay saw or could still see after its positions must have its record, whose
+/// `watchrelay.id` is the change's `uid/rv`.
+pub fn unpublished(log: &[Record], journal: &[watchrelay_sim::JournalEntry]) -> Vec<String> {
+    let ids: std::collections::HashSet<String> = log
+        .iter()
+        .filter(|r| !r.tombstone)
+        .filter_map(|r| json(r)["watchrelay"]["id"].as_str().map(str::to_string))
+        .collect();
+    journal
+        .iter()
+        .filter(|e| !ids.contains(&format!("{}/{}", e.uid, e.rv)))
+        .map(|e| {
+            format!(
+                "{}/{} ({} {}/{})",
+                e.uid,
+                e.rv,
+                e.event_type,
+                e.namespace.as_deref().unwrap_or(""),
+                e.name
+            )
+        })
+        .collect()
+}
