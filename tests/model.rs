@@ -40,7 +40,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::bed::{Bed, Relay};
+use common::bed::{eventually, Bed, Relay};
 use common::rng::Rng;
 use common::view::{self, consumer_view_by, events, json, version_view_by};
 use watchrelay::config::Config;
@@ -133,33 +133,58 @@ fn pod(ns: &str, name: &str, tier: &str) -> serde_json::Value {
 }
 
 /// One random cluster operation; returns what it did. `snapshot` is the etcd snapshot the
-/// history took last, if any.
-fn operate(bed: &Bed, rng: &mut Rng, snapshot: &mut Option<watchrelay_sim::Snapshot>) -> String {
+/// history took last, if any. With `exact`, only changes of pods: nothing that excuses a list
+/// collapsing changes (a compaction, a restore, a resync asked for, a namespace's scope).
+fn operate(
+    bed: &Bed,
+    rng: &mut Rng,
+    snapshot: &mut Option<watchrelay_sim::Snapshot>,
+    exact: bool,
+) -> String {
     let ns = rng.pick(&[NAMESPACES[0], NAMESPACES[1], OTHER]);
     let name = format!("p{}", rng.below(NAMES));
     let tier = rng.pick(&["web", "db"]);
     let exists = bed.sim.get("pods", Some(ns), &name).is_some();
+    let did = change(bed, rng, snapshot, exact, (ns, &name, tier, exists));
+    // Each change followed by another of the same pod: a list that collapses them loses one,
+    // which the history check then sees.
+    if exact && bed.sim.get("pods", Some(ns), &name).is_some() {
+        let patch = serde_json::json!({"metadata": {"labels": {"step": rng.next().to_string()}}});
+        bed.sim.merge_patch("pods", Some(ns), &name, patch).unwrap();
+        return format!("{did}, then changed again");
+    }
+    did
+}
+
+fn change(
+    bed: &Bed,
+    rng: &mut Rng,
+    snapshot: &mut Option<watchrelay_sim::Snapshot>,
+    exact: bool,
+    (ns, name, tier, exists): (&str, &str, &str, bool),
+) -> String {
     match rng.below(13) {
+        7 | 8 | 10..=12 if exact => "nothing".into(),
         0..=2 if exists => {
-            bed.sim.delete("pods", Some(ns), &name).unwrap();
+            bed.sim.delete("pods", Some(ns), name).unwrap();
             bed.sim
-                .create("pods", Some(ns), pod(ns, &name, tier))
+                .create("pods", Some(ns), pod(ns, name, tier))
                 .unwrap();
             format!("recreate {ns}/{name} {tier}")
         }
         0..=2 => {
             bed.sim
-                .create("pods", Some(ns), pod(ns, &name, tier))
+                .create("pods", Some(ns), pod(ns, name, tier))
                 .unwrap();
             format!("create {ns}/{name} {tier}")
         }
         3..=4 if exists => {
             let patch = serde_json::json!({"metadata": {"labels": {"tier": tier}}});
-            bed.sim.merge_patch("pods", Some(ns), &name, patch).unwrap();
+            bed.sim.merge_patch("pods", Some(ns), name, patch).unwrap();
             format!("label {ns}/{name} {tier}")
         }
         5..=6 if exists => {
-            bed.sim.delete("pods", Some(ns), &name).unwrap();
+            bed.sim.delete("pods", Some(ns), name).unwrap();
             format!("delete {ns}/{name}")
         }
         7 if ns != OTHER => {
@@ -264,6 +289,7 @@ async fn model_bed(rng: &mut Rng) -> (Bed, bool) {
 }
 
 async fn case(seed: u64) {
+    let exact = false;
     let mut rng = Rng(seed | 1);
     // Drawn in the order they always were, so a seed replays the same history.
     let (bed, watch_list) = model_bed(&mut rng).await;
@@ -297,7 +323,11 @@ async fn case(seed: u64) {
                 producer.hold(true);
                 let _ = writeln!(history, "  kafka stops acknowledging");
             }
-            let _ = writeln!(history, "  {}", operate(&bed, &mut rng, &mut snapshot));
+            let _ = writeln!(
+                history,
+                "  {}",
+                operate(&bed, &mut rng, &mut snapshot, exact)
+            );
             // Not a wait: a random pause between operations, so that crashes and stops land
             // at random points of the relay's work.
             tokio::time::sleep(Duration::from_millis(rng.below(40))).await;
@@ -323,7 +353,7 @@ async fn case(seed: u64) {
             let _ = writeln!(
                 history,
                 "  down: {}",
-                operate(&bed, &mut rng, &mut snapshot)
+                operate(&bed, &mut rng, &mut snapshot, exact)
             );
         }
     }
@@ -399,14 +429,33 @@ const SESSION_MARGIN: Duration = Duration::from_secs(3);
 /// A case of a sharded release: replicas join, leave cleanly, crash (Kafka having written a
 /// random prefix of what was sent) and are cut off from the group past their session between
 /// cluster operations, over the in-memory group; the group forgets its epochs (its committed
-/// offsets lost) and shards' owner epochs are raised by hand on their ConfigMaps. At the end the consumer's view must be the
-/// cluster's, as with one process.
-async fn replicas_case(seed: u64) {
+/// offsets lost) and shards' owner epochs are raised by hand on their ConfigMaps. At the end
+/// the consumer's view must be the cluster's, as with one process.
+///
+/// With `exact`, the history is checked too: the channel covers `namespaces: [a, b]` (per
+/// namespace or fanned out, switched by rollouts), and the cluster's operations are changes of
+/// pods only, so nothing excuses a list collapsing changes; every change the API server made
+/// after the first replica's streams had their positions must have its record, whichever
+/// replica relayed it, through every crash, cut, stall, handover and shape switch.
+async fn replicas_case(seed: u64, exact: bool) {
     let mut rng = Rng(seed | 1);
     let (bed, watch_list) = model_bed(&mut rng).await;
     let producer = Arc::new(Memory::new());
     let group = MemoryGroup::default();
-    let mut run = Run::draw(&mut rng, false);
+    let draw = |rng: &mut Rng| {
+        let run = Run::draw(rng, false);
+        if exact {
+            Run {
+                selector: false,
+                shape: Shape::List,
+                renamed: false,
+                ..run
+            }
+        } else {
+            run
+        }
+    };
+    let mut run = draw(&mut rng);
     let sharded = |run: Run| {
         let mut cfg = common::bed::sharded(config(&bed, run), 4);
         // Short, so that a replica cut off fences itself soon.
@@ -423,6 +472,21 @@ async fn replicas_case(seed: u64) {
     let mut history = format!("seed {seed}: initial events {watch_list}, sharded {run:?}\n");
     let mut snapshot = None;
     let mut live = vec![start(&cfg)];
+    // Where the history checked starts: once every stream of the first replica has its
+    // position (before, a first list announces the state as it is).
+    let mut from = 0;
+    if exact {
+        let first = &live[0].0;
+        first.wait_up(2).await;
+        let positioned = |id: &String| (0..4).any(|k| bed.shard_checkpoint_rv(k, id).is_some());
+        eventually(
+            || first.registry.phases().keys().all(positioned),
+            || "the first replica's streams never had their positions".into(),
+        )
+        .await;
+        from = bed.sim.current_rv();
+        let _ = writeln!(history, "history checked after {from}");
+    }
     for _ in 0..6 + rng.below(8) {
         match rng.below(12) {
             0 | 1 if live.len() < 3 => {
@@ -443,7 +507,11 @@ async fn replicas_case(seed: u64) {
                     .await
                     .unwrap();
                 let _ = writeln!(history, "replica cut off past its session");
-                let _ = writeln!(history, "  {}", operate(&bed, &mut rng, &mut snapshot));
+                let _ = writeln!(
+                    history,
+                    "  {}",
+                    operate(&bed, &mut rng, &mut snapshot, exact)
+                );
                 let g = group.clone();
                 tokio::task::spawn_blocking(move || g.heal()).await.unwrap();
                 let _ = writeln!(history, "replica back");
@@ -488,7 +556,11 @@ async fn replicas_case(seed: u64) {
                 lane.hold_to(Some("pods"));
                 let _ = writeln!(history, "replica {i}'s data partition stalls");
                 for _ in 0..3 {
-                    let _ = writeln!(history, "  {}", operate(&bed, &mut rng, &mut snapshot));
+                    let _ = writeln!(
+                        history,
+                        "  {}",
+                        operate(&bed, &mut rng, &mut snapshot, exact)
+                    );
                 }
                 if live.len() < 3 {
                     live.push(start(&cfg));
@@ -501,7 +573,11 @@ async fn replicas_case(seed: u64) {
                 }
                 // Not a wait: a random stretch of the stall.
                 tokio::time::sleep(Duration::from_millis(rng.below(400))).await;
-                let _ = writeln!(history, "  {}", operate(&bed, &mut rng, &mut snapshot));
+                let _ = writeln!(
+                    history,
+                    "  {}",
+                    operate(&bed, &mut rng, &mut snapshot, exact)
+                );
                 lane.hold_to(None);
                 let _ = writeln!(history, "the partition comes back: {} held", lane.held());
                 lane.release();
@@ -511,7 +587,7 @@ async fn replicas_case(seed: u64) {
                 // the new configuration, old and new running side by side meanwhile. A change
                 // that would move keys between shards is refused by the first new replica,
                 // and the rollout stops there.
-                let next = Run::draw(&mut rng, false);
+                let next = draw(&mut rng);
                 let next_cfg = sharded(next);
                 let _ = writeln!(history, "rollout to {next:?}");
                 let mut rolled = Vec::new();
@@ -519,7 +595,7 @@ async fn replicas_case(seed: u64) {
                 for _ in 0..live.len() {
                     let (new, lane) = start(&next_cfg);
                     // Either refused at start or past its checks (it joined the group).
-                    common::bed::eventually(
+                    eventually(
                         || new.ended() || new.metrics.shards.get() > 0,
                         || "a new replica neither joined nor ended".into(),
                     )
@@ -560,7 +636,11 @@ async fn replicas_case(seed: u64) {
                 producer.hold(false);
             }
             _ => {
-                let _ = writeln!(history, "  {}", operate(&bed, &mut rng, &mut snapshot));
+                let _ = writeln!(
+                    history,
+                    "  {}",
+                    operate(&bed, &mut rng, &mut snapshot, exact)
+                );
             }
         }
         // Not a wait: a random pause, so that joins, leaves and crashes land at random points.
@@ -577,6 +657,20 @@ async fn replicas_case(seed: u64) {
     }
     if !converged {
         fail(seed, &history, &producer, &want);
+    }
+    if exact {
+        let journal: Vec<_> = NAMESPACES
+            .iter()
+            .flat_map(|ns| bed.journal("pods", Some(ns)))
+            .filter(|e| e.rv > from)
+            .collect();
+        let lost = view::unpublished(&events(&producer), &journal);
+        assert!(
+            lost.is_empty(),
+            "{} of {} changes never published: {lost:?}\n{history}reproduce: WATCHRELAY_MODEL_SEED={seed} cargo test --test model",
+            lost.len(),
+            journal.len()
+        );
     }
     // Every record came from a shard's owner, and per key and shard the owner epochs never go
     // down in partition order (the consumer's epoch rule), whatever happened to the group's
@@ -634,6 +728,13 @@ async fn more_random_histories_with_crashes_converge() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_histories_with_replicas_converge() {
     for seed in seeds(3) {
-        replicas_case(seed).await;
+        replicas_case(seed, false).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_histories_with_replicas_publish_every_change() {
+    for seed in seeds(4) {
+        replicas_case(seed, true).await;
     }
 }

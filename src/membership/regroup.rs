@@ -12,14 +12,25 @@
 //! shard in both shapes, so the move never leaves the shard: replicas of one rollout may run
 //! the two shapes side by side.
 //!
-//! # Per-key order
-//! The receiving stream starts without a position: its first sync lists its scope and, as
-//! every sync against known members does, publishes only objects whose resourceVersion differs
-//! from the member's, and an inferred DELETED for each member the list lacks (a namespace the
-//! new shape no longer covers, an object deleted meanwhile). Nothing is published here; the old
-//! streams are not running (this runs before any stream of the term starts), so the new stream
-//! continues each key where the old one left it. Members of namespaces the new scope does not
-//! hold are retired afterwards like any stream's that no longer runs.
+//! # History and per-key order
+//! Resource versions are the cluster's, whatever the query, so a position of the old shape is
+//! a position of the new one wherever the old streams covered the new stream's whole scope:
+//! - **Scatter**: each per-namespace stream resumes from the position of the stream over the
+//!   collection, which covered its namespace: every change after it is published.
+//! - **Gather** into a stream over a fixed list of namespaces (`namespaces: [a, b]`), when each
+//!   of the list's namespaces (in the shard) had its stream with a position: the stream resumes
+//!   from the lowest of them. A namespace whose stream was further on has its changes between
+//!   the two published again (the same `watchrelay.id`s), as after a crash.
+//! - Otherwise (gathered into `allNamespaces` or a selector, whose namespaces the old streams
+//!   may not all have covered) the receiving stream starts without a position: its first sync
+//!   lists its scope and, as every sync against known members does, publishes only objects whose
+//!   resourceVersion differs from the member's, and an inferred DELETED for each member the list
+//!   lacks.
+//!
+//! Nothing is published here; the old streams are not running (this runs before any stream of
+//! the term starts), so the new stream continues each key where the old one left it, in the
+//! highest era of the streams it takes over (versions never go back). Members of namespaces the
+//! new scope does not hold are retired afterwards like any stream's that no longer runs.
 //!
 //! # Crash safety
 //! The members are first written under the receiving streams and acknowledged, then tombstoned
@@ -38,7 +49,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::retire::still_runs;
 use crate::checkpoint::{encode, Saved, Store};
-use crate::config::{Config, Shape, Shapes, StreamId};
+use crate::config::{Config, Scope, Shape, Shapes, StreamId};
 use crate::membership::{self, Known, Members, Owner, Restored};
 use crate::metrics::Metrics;
 use crate::producer::Producer;
@@ -52,6 +63,9 @@ pub enum Move {
         from: String,
         /// The stream over the collection.
         into: String,
+        /// Whether the streams gathered into `into` covered its whole scope, so that it may
+        /// resume from the lowest of their positions.
+        resumes: bool,
     },
     /// The members of the stream over the collection, each to the stream of its namespace.
     Scatter {
@@ -80,7 +94,7 @@ pub fn plan<'a>(
         None => StreamId::new(name, None).to_string(),
     };
     let mut moves = Vec::new();
-    for id in ids {
+    for &id in &ids {
         if still_runs(cfg, shapes, id) != Some(false) {
             continue;
         }
@@ -97,9 +111,21 @@ pub fn plan<'a>(
             Some(ns) if shard.is_none_or(|k| cfg.sharding.shard_of(ns) == k) => {
                 let into = whole(name);
                 if still_runs(cfg, shapes, &into) == Some(true) {
+                    // Every listed namespace of the shard had its stream: their positions
+                    // cover the whole scope of the stream over the collection.
+                    let resumes = match &channel.scope {
+                        Scope::Namespaces(list) => list
+                            .iter()
+                            .filter(|ns| shard.is_none_or(|k| cfg.sharding.shard_of(ns) == k))
+                            .all(|ns| {
+                                ids.contains(StreamId::new(name, Some(ns)).to_string().as_str())
+                            }),
+                        Scope::Cluster | Scope::Selector(_) => false,
+                    };
                     moves.push(Move::Gather {
                         from: id.to_string(),
                         into,
+                        resumes,
                     });
                 }
             }
@@ -141,6 +167,7 @@ impl Regroup<'_> {
         stop: &CancellationToken,
     ) -> bool {
         let mut updates: BTreeMap<String, Option<String>> = BTreeMap::new();
+        let gathered = gathered_positions(moves, saved);
         for m in moves {
             let from = match m {
                 Move::Gather { from, .. } | Move::Scatter { from, .. } => from,
@@ -162,7 +189,7 @@ impl Regroup<'_> {
                 into.entry(part.clone()).or_default();
             }
             tracing::info!(stream = %from, objects = members, to = into.len(), "the channel changed shape; handing the stream's members over to its new streams without retracting them");
-            let carried = saved.get(from).map(unpositioned);
+            let old = saved.get(from).cloned().unwrap_or_default();
             for (id, part) in into {
                 let sent = membership::adopt(
                     self.producer.as_ref(),
@@ -185,11 +212,11 @@ impl Regroup<'_> {
                     held.insert(&uid, &known);
                 }
                 restored.insert(&id, held);
-                let entry = saved
-                    .get(&id)
-                    .map(unpositioned)
-                    .or_else(|| carried.clone())
-                    .unwrap_or_default();
+                let rv = match m {
+                    Move::Scatter { .. } => old.rv.clone(),
+                    Move::Gather { .. } => gathered.get(&id).cloned().flatten(),
+                };
+                let entry = receiving(saved.get(&id), &old, rv);
                 updates.insert(id.clone(), Some(encode(&entry)));
                 saved.insert(id, entry);
             }
@@ -224,14 +251,52 @@ impl Regroup<'_> {
     }
 }
 
-/// The entry of a stream that takes members over: where it published and what it relays, but
-/// no position, which cannot speak for them (it relists).
-fn unpositioned(s: &Saved) -> Saved {
+/// The entry of a stream that takes members over from `old`: where it published and what it
+/// relays (its own entry's, if it has one), the position `rv` when the old shape covered its
+/// scope (see the module's doc), and the highest era of the two, so that versions never go
+/// back. Its query is not stamped: the stream stamps its own once it runs.
+fn receiving(own: Option<&Saved>, old: &Saved, rv: Option<String>) -> Saved {
+    let base = own.unwrap_or(old);
     Saved {
-        route: s.route.clone(),
-        kind: s.kind.clone(),
+        rv,
+        route: base.route.clone(),
+        kind: base.kind.clone().or_else(|| old.kind.clone()),
+        era: own.map_or(0, |s| s.era).max(old.era),
         ..Saved::default()
     }
+}
+
+/// For each stream that gathers members from streams that covered its whole scope, the lowest
+/// of their positions; `None` when one of them has none, or one that does not compare.
+fn gathered_positions(
+    moves: &[Move],
+    saved: &HashMap<String, Saved>,
+) -> BTreeMap<String, Option<String>> {
+    let mut lowest: BTreeMap<String, Option<(u64, String)>> = BTreeMap::new();
+    for m in moves {
+        let Move::Gather {
+            from,
+            into,
+            resumes,
+        } = m
+        else {
+            continue;
+        };
+        let rv = saved
+            .get(from)
+            .and_then(|s| s.rv.as_deref())
+            .filter(|_| *resumes)
+            .and_then(|rv| Some((crate::event::comparable(rv)?, rv.to_string())));
+        let entry = lowest.entry(into.clone()).or_insert_with(|| rv.clone());
+        *entry = match (entry.take(), rv) {
+            (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
+            _ => None,
+        };
+    }
+    lowest
+        .into_iter()
+        .map(|(into, rv)| (into, rv.map(|(_, rv)| rv)))
+        .collect()
 }
 
 #[cfg(test)]
@@ -263,14 +328,20 @@ mod tests {
         };
         let probe = cfg(&wide);
         let (ours, theirs) = namespaces(&probe);
+        let also = (0..)
+            .map(|i| format!("team-y{i}"))
+            .find(|n| probe.sharding.shard_of(n) == 0)
+            .unwrap();
         let per_ns = Shapes::from([(PODS.into(), Shape::PerNamespace)]);
         let cluster_wide = Shapes::from([(PODS.into(), Shape::ClusterWide)]);
         let none = Shapes::new();
         let ns_stream = format!("{PODS}.{ours}");
         let part = format!("{PODS}._all-s0");
-        let gather = Move::Gather {
+        // Gathered into every namespace: the old streams may not have covered all of them.
+        let gather = |resumes| Move::Gather {
             from: ns_stream.clone(),
             into: part.clone(),
+            resumes,
         };
         let scatter = Move::Scatter {
             from: part.clone(),
@@ -285,14 +356,21 @@ mod tests {
                 wide.clone(),
                 &none,
                 vec![ns_stream.clone()],
-                vec![gather.clone()],
+                vec![gather(false)],
             ),
             (
                 "per namespace, now the listed namespaces read cluster-wide",
                 listed("clusterWide", &ours),
                 &cluster_wide,
                 vec![ns_stream.clone(), part.clone()],
-                vec![gather.clone()],
+                vec![gather(true)],
+            ),
+            (
+                "a listed namespace of the shard had no stream: the part relists",
+                listed("clusterWide", &format!("{ours}, {also}")),
+                &cluster_wide,
+                vec![ns_stream.clone(), part.clone()],
+                vec![gather(false)],
             ),
             (
                 "fanned out, now per namespace",
@@ -345,6 +423,48 @@ mod tests {
     }
 
     #[test]
+    fn a_receiving_stream_resumes_from_the_lowest_position_it_takes_over() {
+        let at = |rv: Option<&str>, era| Saved {
+            rv: rv.map(str::to_string),
+            era,
+            route: Some("pods {key}".into()),
+            ..Saved::default()
+        };
+        let gather = |from: &str, into: &str, resumes| Move::Gather {
+            from: from.into(),
+            into: into.into(),
+            resumes,
+        };
+        let saved = HashMap::from([
+            ("p.a".to_string(), at(Some("10"), 5)),
+            ("p.b".to_string(), at(Some("7"), 9)),
+            ("p.c".to_string(), at(None, 1)),
+            ("p.d".to_string(), at(Some("12"), 1)),
+        ]);
+        let moves = [
+            gather("p.a", "x", true),
+            gather("p.b", "x", true),
+            gather("p.a", "y", true),
+            gather("p.c", "y", true),
+            gather("p.d", "z", false),
+        ];
+        let got = gathered_positions(&moves, &saved);
+        assert_eq!(got["x"].as_deref(), Some("7"));
+        assert_eq!(got["y"], None, "one of them had no position");
+        assert_eq!(got["z"], None, "the old streams did not cover the scope");
+        // The era never goes back; the query is left for the stream to stamp.
+        let own = Saved {
+            query: Some("q".into()),
+            ..at(None, 3)
+        };
+        let entry = receiving(Some(&own), &saved["p.b"], Some("7".into()));
+        assert_eq!(
+            (entry.rv.as_deref(), entry.era, entry.query),
+            (Some("7"), 9, None)
+        );
+    }
+
+    #[test]
     fn without_sharding_the_stream_over_the_collection_is_the_whole_one() {
         let unsharded = |channel: &str| {
             Config::parse(&format!(
@@ -358,19 +478,20 @@ mod tests {
         let every = unsharded("  - operationId: watchNamespacedPods\n    allNamespaces: true");
         let per_ns = Shapes::from([("watchNamespacedPods".into(), Shape::PerNamespace)]);
         let wide = Shapes::from([("watchNamespacedPods".into(), Shape::ClusterWide)]);
-        let gather = |ns: &str| Move::Gather {
+        let gather = |ns: &str, resumes| Move::Gather {
             from: format!("watchNamespacedPods.{ns}"),
             into: "watchNamespacedPods._all".into(),
+            resumes,
         };
         let ids = ["watchNamespacedPods.a", "watchNamespacedPods.b"];
         assert_eq!(
             plan(&listed("clusterWide"), &wide, None, ids),
-            vec![gather("a"), gather("b")]
+            vec![gather("a", true), gather("b", true)]
         );
-        // namespaces: [a, b] becoming allNamespaces.
+        // namespaces: [a, b] becoming allNamespaces: other namespaces were never read.
         assert_eq!(
             plan(&every, &Shapes::new(), None, ids),
-            vec![gather("a"), gather("b")]
+            vec![gather("a", false), gather("b", false)]
         );
         assert_eq!(
             plan(
