@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::bed::{eventually, Bed, Relay, CHECKPOINT_NS};
+use common::bed::{assert_covers, eventually, Bed, Relay, CHECKPOINT_NS};
 use common::broker::{Options, OwnBroker};
 use common::cluster::RelayProcess;
 use common::kafka::{self, Msg};
@@ -158,22 +158,47 @@ impl Scene {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_the_shards_over_the_classic_protocol() {
-    replicas_share_the_shards_and_handovers_lose_nothing(GroupProtocol::Classic).await;
+    replicas_share_the_shards_and_handovers_lose_nothing(GroupProtocol::Classic, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_the_shards_over_the_consumer_protocol() {
-    replicas_share_the_shards_and_handovers_lose_nothing(GroupProtocol::Consumer).await;
+    replicas_share_the_shards_and_handovers_lose_nothing(GroupProtocol::Consumer, false).await;
 }
 
-async fn replicas_share_the_shards_and_handovers_lose_nothing(protocol: GroupProtocol) {
+/// The same, the pods read cluster-wide once per replica and fanned out to the shards: each
+/// moved shard's part resumes through its new owner's shared watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_a_fanned_out_collection_and_handovers_lose_nothing() {
+    replicas_share_the_shards_and_handovers_lose_nothing(GroupProtocol::Classic, true).await;
+}
+
+/// Scale 1 -> 3, a clean stop, a crash, a join, a rolling restart and a scale down to one,
+/// under churn. Every key's last record is the cluster's, and its history is whole: every
+/// change the API server made once the first replica's streams ran has its record (a shard
+/// that moves resumes where its owner stopped; nothing here excuses a list).
+async fn replicas_share_the_shards_and_handovers_lose_nothing(
+    protocol: GroupProtocol,
+    fanned: bool,
+) {
     let scene = Scene::new(12, "sharded", None).await;
     let (bed, names) = (&scene.bed, scene.names());
-    let cfg = scene.sharded(protocol);
+    let mut cfg = scene.sharded(protocol);
+    if fanned {
+        cfg = sharded(
+            &bed.config(
+                &scene.channel(Some("allNamespaces: true\n    watchStrategy: clusterWide")),
+                "",
+            ),
+            protocol,
+        );
+    }
 
     let a = Relay::start(bed, cfg.clone());
     wait_spread(&[&a]).await;
-    a.wait_up(names.len()).await;
+    a.wait_up(if fanned { SHARDS as usize } else { names.len() })
+        .await;
+    let from = bed.sim.current_rv();
     let churn = scene.churn(150.0);
 
     // Scale 1 -> 3: the shards spread, each moving one handed over.
@@ -210,8 +235,14 @@ async fn replicas_share_the_shards_and_handovers_lose_nothing(protocol: GroupPro
     churn.stop().await;
     eprintln!("{protocol:?} takeovers: scale 1->3 {scale_up:?}, clean stop {clean:?}, crash {crash:?}, join {rejoin:?}, rolling restart {rolled:?}, scale to 1 {down:?}");
 
-    // Every key's last record is the cluster's.
+    // Every key's last record is the cluster's, and every change has its record.
     let msgs = scene.converged(kafka_view).await;
+    let changes: Vec<_> = bed
+        .journal("pods", None)
+        .into_iter()
+        .filter(|e| e.rv > from)
+        .collect();
+    assert_covers(&msgs, &changes);
 
     // Every record names its shard and owner epoch, and its shard is its namespace's.
     for m in &msgs {
