@@ -572,8 +572,37 @@ fn epoch_view(msgs: &[Msg]) -> (BTreeMap<String, String>, usize) {
     (kafka_view(&kept), dropped)
 }
 
+/// Whether every shard's checkpoint ConfigMap holds a position for each of its streams
+/// (`streams` of them in all).
+fn positioned(bed: &Bed, checkpoint: &str, streams: usize) -> bool {
+    let mut positions = 0;
+    for k in 0..SHARDS {
+        let name = ShardingConfig::configmap(checkpoint, k);
+        let Some(cm) = bed.sim.get("configmaps", Some(CHECKPOINT_NS), &name) else {
+            return false;
+        };
+        let saved = watchrelay::checkpoint::read(&serde_json::from_value(cm).unwrap());
+        positions += saved.values().filter(|s| s.rv.is_some()).count();
+    }
+    positions >= streams
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_replica_and_a_frozen_one_lose_nothing() {
+    killed_and_frozen(false).await;
+}
+
+/// The same over a fanned-out collection (`watchAllPods`'s shape: every namespace, one read per
+/// replica): each moved shard's part resumes where its owner stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replica_and_a_frozen_one_lose_nothing_fanned_out() {
+    killed_and_frozen(true).await;
+}
+
+/// Three processes under churn; one killed with SIGKILL, one frozen past its session with
+/// SIGSTOP, then both back. Every key ends as the cluster's, and every change made once every
+/// shard's streams had their positions has its record.
+async fn killed_and_frozen(fanned: bool) {
     let scene = Scene::new(12, "sharded-proc", None).await;
     let (bed, names, topic) = (&scene.bed, scene.names(), &scene.topic);
     let dir = tempfile::tempdir().unwrap();
@@ -586,11 +615,15 @@ async fn a_killed_replica_and_a_frozen_one_lose_nothing() {
          checkpoint:\n  namespace: {CHECKPOINT_NS}\n  name: {checkpoint}\n  intervalMs: 200\n\
          sharding:\n  enabled: true\n  shards: {SHARDS}\n  topic: {}\n  sessionTimeoutMs: 6000\n  ownershipDeadlineMs: 3000\n\
          http:\n  listen: \"\"\n\
-         channels:\n  - operationId: watchNamespacedPods\n    namespaces: [{}]\n    topic: {topic}\n",
+         channels:\n  - operationId: watchNamespacedPods\n    {}\n    topic: {topic}\n",
         kubeconfig.display(),
         bed.bootstrap,
         kafka::unique("shards"),
-        names.join(", ")
+        if fanned {
+            "allNamespaces: true\n    watchStrategy: clusterWide".to_string()
+        } else {
+            format!("namespaces: [{}]", names.join(", "))
+        }
     );
     let mut r0 = RelayProcess::replica(dir.path(), &config, "r0");
     let mut r1 = RelayProcess::replica(dir.path(), &config, "r1");
@@ -606,6 +639,18 @@ async fn a_killed_replica_and_a_frozen_one_lose_nothing() {
         || format!("the shards never spread: {:?}", owners(bed, &checkpoint)),
     )
     .await;
+    eventually(
+        || {
+            positioned(
+                bed,
+                &checkpoint,
+                if fanned { SHARDS as usize } else { names.len() },
+            )
+        },
+        || "the shards' streams never had their positions".into(),
+    )
+    .await;
+    let from = bed.sim.current_rv();
     let churn = scene.churn(200.0);
     // Not a wait: churn runs a while through all three.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -643,6 +688,12 @@ async fn a_killed_replica_and_a_frozen_one_lose_nothing() {
     eprintln!("takeover after kill -9: {killed:?}; after a freeze: {frozen:?}");
 
     let msgs = scene.converged(|m| epoch_view(m).0).await;
+    let changes: Vec<_> = bed
+        .journal("pods", None)
+        .into_iter()
+        .filter(|e| e.rv > from)
+        .collect();
+    assert_covers(&msgs, &changes);
     let expected = pods(&bed.sim, &names, |_| true);
     let late = epoch_view(&msgs).1;
     let plain = kafka_view(&msgs);
