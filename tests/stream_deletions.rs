@@ -11,7 +11,7 @@ use std::sync::Arc;
 use common::stream::{
     assert_converged, bed, cluster_view, config, create, start, wait_covered, STREAM,
 };
-use common::view::{consumer_view, events, json};
+use common::view::{consumer_view, events, json, version_view_by};
 use watchrelay::producer::Record;
 use watchrelay::testing::Memory;
 
@@ -35,6 +35,10 @@ async fn recreated_under_the_same_name_while_down(watch_list: bool) {
     // holding the new object.
     let log = events(&producer);
     assert_eq!(consumer_view(&log), cluster_view(&bed));
+    // So does a consumer keeping each key's highest version: the inferred DELETED is below the
+    // new object's ADDED, not level with it.
+    let uid = |md: &serde_json::Value| md["uid"].as_str().unwrap().to_string();
+    assert_eq!(version_view_by(&log, uid), cluster_view(&bed));
     let p1: Vec<(String, String)> = log
         .iter()
         .filter(|r| r.key == "a/p1")

@@ -133,7 +133,10 @@ impl Producer for ShardProducer {
         })
     }
 
+    /// A fenced term's purge: the share takes nothing more first, so that no record its
+    /// streams hand over while they stop is taken after the purge and delivered.
     fn purge(&self) {
+        self.share.closed.cancel();
         self.share.inner.purge()
     }
 
@@ -458,6 +461,7 @@ impl Relay {
             claimed: Instant::now(),
         };
         let (stop, fenced, legacy) = (run.stop.clone(), run.fenced.clone(), member.legacy.clone());
+        let was_fenced = fenced.clone();
         let drain = cfg.drain_time();
         let term = async move {
             let stopped = {
@@ -483,7 +487,8 @@ impl Relay {
                 }
                 None => Ok(()),
             };
-            let stopped = match stopped.is_finished() {
+            // A fenced term's records get no drain budget: they are purged.
+            let stopped = match stopped.is_finished() && !was_fenced.is_cancelled() {
                 true => stopped.await.ok(),
                 false => {
                     stopped.abort();
@@ -945,6 +950,24 @@ mod tests {
         p.send(&record("pods", Headers::default()), receipt())
             .unwrap();
         assert_eq!(memory.log().len(), 2);
+    }
+
+    #[test]
+    fn a_fenced_share_takes_nothing_after_its_purge() {
+        let deadline = Arc::new(Deadline::new(Duration::from_secs(600)));
+        deadline.renew(Instant::now());
+        let memory = Arc::new(Memory::new());
+        memory.hold(true);
+        let p = producer(&memory, &deadline);
+        p.send(&record("pods", Headers::default()), receipt())
+            .unwrap();
+        p.purge();
+        assert!(matches!(
+            p.send(&record("pods", Headers::default()), receipt()),
+            Err(Refused::Failed(_))
+        ));
+        memory.release(crate::testing::Order::Sent);
+        assert!(memory.log().is_empty(), "a record landed after the purge");
     }
 
     /// On paused time: a revoked term's records get what is left of the drain budget from the

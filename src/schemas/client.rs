@@ -51,15 +51,39 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    /// Whether trying again later may succeed (the registry unreachable or failing), as
-    /// opposed to a refusal that stands until someone acts.
+    /// Whether trying again later may succeed, as opposed to a refusal of the schema that
+    /// stands until someone acts (incompatible, 409; invalid, 422). Everything else is tried
+    /// again: the registry unreachable or failing, and also a 401, 403 or 404, which an auth
+    /// blip or an ingress in front of a restarting registry answers for a while. Stopping every
+    /// topic of the relay for those would turn a registry's restart into a crash loop.
     pub fn transient(&self) -> bool {
         match self {
             Self::Unreachable { .. } => true,
-            Self::Status { status, .. } => {
-                status.is_server_error() || *status == StatusCode::TOO_MANY_REQUESTS
-            }
+            Self::Status { status, .. } => !matches!(
+                *status,
+                StatusCode::CONFLICT | StatusCode::UNPROCESSABLE_ENTITY
+            ),
             Self::Incompatible { .. } => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_refusal_of_the_schema_stands() {
+        let status = |code: u16| ClientError::Status {
+            url: "http://registry/subjects/t-value/versions".into(),
+            status: StatusCode::from_u16(code).unwrap(),
+            body: String::new(),
+        };
+        for code in [401, 403, 404, 408, 429, 500, 502, 503] {
+            assert!(status(code).transient(), "{code}");
+        }
+        for code in [409, 422] {
+            assert!(!status(code).transient(), "{code}");
         }
     }
 }

@@ -138,10 +138,16 @@ impl Stream {
         announced: &mut Announced,
         meta: &Meta,
     ) -> Result<(), Stop> {
+        // The old object's DELETED takes the version just below the new one's: it was deleted
+        // before the new one was created, and a consumer keeping each key's highest version
+        // must keep the new object, not the DELETED.
+        let rv = meta.resource_version();
+        let before = crate::event::comparable(rv)
+            .and_then(|v| v.checked_sub(1))
+            .map_or_else(|| rv.to_string(), |v| v.to_string());
         for (old, known) in announced.add(meta, self.outbox.members()) {
             tracing::info!(stream = %self.id, name = %meta.name(), old = %old, new = %meta.uid(), "object recreated under its name while unseen; deleting the old one first");
-            self.infer_delete(old, known, meta.resource_version())
-                .await?;
+            self.infer_delete(old, known, &before).await?;
         }
         Ok(())
     }

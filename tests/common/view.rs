@@ -63,8 +63,8 @@ pub fn version_view_by(
 }
 
 /// The view of a consumer that keeps, per key, the record with the highest `watchrelay.<by>`
-/// (a decimal number); the later of two equal ones, as a table's merge keeps the last
-/// inserted.
+/// (a decimal number); the first of two equal ones, so that two different changes of a key
+/// under one version (which a table's merge would keep either of) fail the comparison.
 pub fn highest_view_by(
     log: &[Record],
     by: &str,
@@ -84,7 +84,7 @@ pub fn highest_view_by(
             .parse()
             .unwrap();
         let kept = highest.entry(r.key.clone()).or_insert((0, None));
-        if order >= kept.0 {
+        if order > kept.0 || kept.0 == 0 {
             *kept = (order, live.then(|| what(&v["object"]["metadata"])));
         }
     }
