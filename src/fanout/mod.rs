@@ -2,7 +2,7 @@
 //!
 //! With sharding on, a channel read over one collection is fanned out: every shard runs its part
 //! of the stream (see [`crate::config::ShardingConfig::fans`]), and the parts a replica runs
-//! share one [`Hub`] per collection and query: one main watch, and one list whenever parts
+//! share one hub per collection and query: one main watch, and one list whenever parts
 //! need their state (at their start, after a 410), instead of a watch and a list per shard.
 //!
 //! Each part subscribes with its shard and reads, as from a `sendInitialEvents` watch of its
@@ -35,9 +35,10 @@
 
 mod board;
 pub mod cover;
+mod hub;
 mod namespaces;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -51,8 +52,9 @@ use crate::config::ShardingConfig;
 use crate::decode::{self, Trim};
 use crate::event::{comparable, EventType, WatchEvent};
 use crate::kubeapi::{self, ApiError, Query, WatchFrom};
-use board::{Board, Line, Out, To};
-use cover::Cover;
+use board::{Line, Out, To};
+use cover::{Cover, Points};
+use hub::{Effect, Input};
 use namespaces::{Known, Namespaces};
 
 /// How long a catch-up waits for more parts to join after the last one did.
@@ -68,6 +70,8 @@ const LINES: usize = 512;
 /// row, up to [`RETRY_MAX`], unless the server says when to come back.
 const RETRY: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
+/// How long a part may take no line before the hub lets it go (see [`Reader::deliver`]).
+const SLOW_PART: Duration = Duration::from_secs(30);
 /// Nothing is trimmed here: the parts trim as their channels say.
 const WHOLE: Trim = Trim {
     drop_managed_fields: false,
@@ -137,7 +141,7 @@ const NAMESPACES_WAIT: Duration = Duration::from_secs(30);
 pub struct Fanouts {
     client: kube::Client,
     settings: Settings,
-    hubs: Mutex<HashMap<Collection, Arc<Hub>>>,
+    hubs: Mutex<HashMap<Collection, Arc<HubHandle>>>,
     stop: CancellationToken,
     metrics: Arc<crate::metrics::Metrics>,
     follow: Arc<Follow>,
@@ -150,7 +154,7 @@ impl Drop for Fanouts {
 }
 
 /// A hub, as its subscribers reach it.
-pub struct Hub {
+pub struct HubHandle {
     joins: mpsc::UnboundedSender<Seat>,
     next: AtomicU64,
 }
@@ -229,8 +233,19 @@ impl Fanouts {
                         client: self.client.clone(),
                         settings: self.settings.clone(),
                         collection: collection.clone(),
-                        board: Board::default(),
+                        hub: hub::Hub::new(
+                            hub::Timing {
+                                join_quiet: JOIN_QUIET,
+                                join_max: JOIN_MAX,
+                                retry: RETRY,
+                                retry_max: RETRY_MAX,
+                                idle: self.settings.idle,
+                            },
+                            Instant::now(),
+                        ),
                         lines: HashMap::new(),
+                        main: None,
+                        catch: None,
                         kind: String::new(),
                         pages: false,
                         buf: Vec::new(),
@@ -246,11 +261,9 @@ impl Fanouts {
                         },
                         follow: self.follow.clone(),
                         known: None,
-                        main_cover: None,
-                        catch_cover: None,
                     };
                     tokio::spawn(reader.run(rx, self.stop.clone()));
-                    Arc::new(Hub {
+                    Arc::new(HubHandle {
                         joins,
                         next: AtomicU64::new(0),
                     })
@@ -286,13 +299,16 @@ enum Paged {
     Failed(ApiError),
 }
 
-/// The hub's loop and what it holds.
+/// The hub's loop: it performs what [`hub::Hub`] decides and tells it what happened.
 struct Reader {
     client: kube::Client,
     settings: Settings,
     collection: Collection,
-    board: Board,
+    hub: hub::Hub,
     lines: HashMap<u64, mpsc::Sender<Bytes>>,
+    /// The main watch and the running catch-up, when they run.
+    main: Option<kubeapi::Watch>,
+    catch: Option<Catch>,
     /// The objects' kind, learned from the first one (for the bookmarks the hub writes).
     kind: String,
     /// The server refused `sendInitialEvents`: catch-ups page.
@@ -308,10 +324,6 @@ struct Reader {
     follow: Arc<Follow>,
     /// The replica's namespaces, once the server filters.
     known: Option<Known>,
-    /// The shards the main watch and the running catch-up asked the server for, and the
-    /// ranges that cover them; `None` for a read of the whole collection.
-    main_cover: Option<(BTreeSet<u32>, Cover)>,
-    catch_cover: Option<(BTreeSet<u32>, Cover)>,
 }
 
 /// What a line of the collection is, for the hub.
@@ -326,225 +338,157 @@ enum Read {
 
 impl Reader {
     async fn run(mut self, mut joins: mpsc::UnboundedReceiver<Seat>, stop: CancellationToken) {
-        let mut main: Option<kubeapi::Watch> = None;
-        let mut catch: Option<Catch> = None;
-        let mut first_waiting: Option<Instant> = None;
-        let mut last_join = Instant::now();
-        let mut retry_at = Instant::now();
-        // Failures in a row of the hub's requests, for the backoff.
-        let mut failures = 0u32;
-        let backoff = |failures: &mut u32, e: &ApiError| {
-            *failures = failures.saturating_add(1);
-            let doubled = RETRY.saturating_mul(1 << (*failures - 1).min(5));
-            Instant::now() + e.retry_after().unwrap_or(doubled.min(RETRY_MAX))
-        };
-        let mut last_line = Instant::now();
-        // When the main watch, asking the server for shards no part reads any more, reopens
-        // for the others only (a moment after the last one left, should more leave at once).
-        let mut narrow_at: Option<Instant> = None;
         let mut beat = tokio::time::interval(HEARTBEAT.min(self.settings.idle / 3));
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let waiting = self.board.waiting() && catch.is_none();
-            let catch_at = first_waiting
-                .map_or(last_join + JOIN_QUIET, |f| {
-                    (last_join + JOIN_QUIET).min(f + JOIN_MAX)
-                })
-                .max(retry_at);
-            // The main watch (re)opens from where it must serve: its own position, or below it
-            // for parts resuming (once joins are quiet, as for a catch-up).
-            let resuming = self.board.resuming();
-            let reopen = resuming || (main.is_none() && self.board.position().is_some());
-            let reopen_at = if resuming { catch_at } else { retry_at };
-            let out = tokio::select! {
+            let deadline = self.hub.deadline();
+            let input = tokio::select! {
                 _ = stop.cancelled() => return,
-                seat = joins.recv() => {
-                    match seat {
-                        None => return,
-                        Some(Seat::Join(id, shard, from, tx)) => {
-                            self.lines.insert(id, tx);
-                            last_join = Instant::now();
-                            first_waiting.get_or_insert(last_join);
-                            let out = self.board.join(id, shard, from.as_deref());
-                            self.deliver(out).await;
-                        }
-                        Some(Seat::Leave(id)) => {
-                            self.board.leave(id);
-                            self.lines.remove(&id);
-                            if self.asks_too_much() {
-                                narrow_at.get_or_insert(Instant::now() + JOIN_QUIET);
-                            }
-                        }
+                seat = joins.recv() => match seat {
+                    None => return,
+                    Some(Seat::Join(id, shard, from, tx)) => {
+                        self.lines.insert(id, tx);
+                        Input::Join { id, shard, from }
                     }
-                    Vec::new()
-                }
-                _ = tokio::time::sleep_until(narrow_at.unwrap_or_else(Instant::now)), if narrow_at.is_some() => {
-                    narrow_at = None;
-                    if self.asks_too_much() && !self.board.is_empty() {
-                        main = None;
-                    }
-                    Vec::new()
-                }
-                _ = tokio::time::sleep_until(catch_at), if waiting => {
-                    first_waiting = None;
-                    let shards = self.board.waiting_shards();
-                    match self.begin_catch_up(&shards).await {
-                        Ok(c) => {
-                            // A main watch that the server filters for other shards reopens
-                            // with these too, from its position: below the list's.
-                            if self.main_cover.as_ref().is_some_and(|(m, _)| !shards.is_subset(m)) {
-                                main = None;
-                            }
-                            self.board.begin_catch_up();
-                            catch = Some(c);
-                        }
-                        Err(e) => {
-                            tracing::warn!(path = %self.collection.path, error = %e, "listing the collection for the shards failed; retrying");
-                            retry_at = backoff(&mut failures, &e);
-                        }
-                    }
-                    Vec::new()
-                }
-                _ = tokio::time::sleep_until(reopen_at), if reopen => {
-                    // A main watch still running is closed: the new one starts at or below it.
-                    main = None;
-                    match self.board.reopen_from() {
-                        None => Vec::new(),
-                        Some(at) => {
-                            let shards = self.board.shards();
-                            let cover = self.cover(&shards).await;
-                            match self.open(WatchFrom::Version(&at), cover.as_ref()).await {
-                                Ok(w) => {
-                                    main = Some(w);
-                                    self.main_cover = cover.map(|c| (shards, c));
-                                    last_line = Instant::now();
-                                    failures = 0;
-                                    self.board.opened(&at)
-                                }
-                                Err(e @ ApiError::Gone(_)) => {
-                                    tracing::info!(path = %self.collection.path, %at, error = %e, "the collection's watch cannot go on from this position; the shards that needed it relist");
-                                    self.board.reopen_gone(&at)
-                                }
-                                // The server's cache has not reached the position (another API
-                                // server's): it will; nothing is relisted for it.
-                                Err(e) => {
-                                    tracing::warn!(path = %self.collection.path, %at, error = %e, "reopening the collection's watch failed; retrying");
-                                    retry_at = backoff(&mut failures, &e);
-                                    Vec::new()
-                                }
-                            }
-                        }
-                    }
-                }
-                line = next_line(&mut main), if main.is_some() => {
-                    last_line = Instant::now();
-                    match line {
-                        Ok(Some(line)) => match self.read(&line) {
-                            Read::Dealt(line, rv) => self.board.live(&line, rv.as_deref()),
-                            Read::End(_) => Vec::new(),
-                            Read::Error(code) => {
-                                tracing::info!(path = %self.collection.path, ?code, "the collection's watch ended with an error event; the shards relist");
-                                main = None;
-                                self.board.gap()
-                            }
-                        },
-                        // Ended or cut: reopened from its position.
-                        Ok(None) | Err(_) => {
-                            main = None;
-                            Vec::new()
-                        }
-                    }
-                }
-                line = next_caught(&mut catch), if catch.is_some() => match line {
-                    Paged::Line(line) => match self.read(&line) {
-                        Read::Dealt(line, _) if line.to == To::All && line.rv.is_some() => Vec::new(),
-                        Read::Dealt(line, _) => self.board.listed(&line),
-                        Read::End(rv) => {
-                            // Only without a main position: a main watch down for a moment
-                            // is reopened from its own, or its live parts would miss what
-                            // happened between it and the list.
-                            let becomes_main = self.board.position().is_none();
-                            let caught = catch.take();
-                            let cover = self.catch_cover.take();
-                            if becomes_main {
-                                if let Some(Catch::Watch(w)) = caught {
-                                    main = Some(w);
-                                    self.main_cover = cover;
-                                    last_line = Instant::now();
-                                }
-                            }
-                            self.board.caught_up(&rv, becomes_main)
-                        }
-                        Read::Error(code) => {
-                            tracing::info!(path = %self.collection.path, ?code, "listing the collection for the shards ended with an error event; its shards sync again");
-                            catch = None;
-                            self.catch_cover = None;
-                            retry_at = Instant::now() + RETRY;
-                            self.board.catch_up_failed()
-                        }
-                    },
-                    Paged::End(rv) => {
-                        catch = None;
-                        self.catch_cover = None;
-                        let becomes_main = self.board.position().is_none();
-                        self.board.caught_up(&rv, becomes_main)
-                    }
-                    Paged::Failed(e) => {
-                        tracing::warn!(path = %self.collection.path, error = %e, "listing the collection for the shards failed; its shards sync again");
-                        catch = None;
-                        self.catch_cover = None;
-                        retry_at = backoff(&mut failures, &e);
-                        self.board.catch_up_failed()
+                    Some(Seat::Leave(id)) => {
+                        self.lines.remove(&id);
+                        Input::Leave(id)
                     }
                 },
-                _ = namespaces_changed(&mut self.known) => {
-                    let missed = self.missed();
-                    if missed.is_empty() {
-                        Vec::new()
-                    } else {
-                        tracing::info!(path = %self.collection.path, ?missed, "namespaces the API server was not asked for: the shards of them relist");
-                        self.board.missed(&missed)
+                _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => Input::Due,
+                line = next_line(&mut self.main), if self.main.is_some() => match line {
+                    Ok(Some(line)) => match self.read(&line) {
+                        Read::Dealt(line, rv) => Input::Main(line, rv),
+                        Read::End(_) => continue,
+                        Read::Error(code) => {
+                            tracing::info!(path = %self.collection.path, ?code, "the collection's watch ended with an error event; the shards relist");
+                            Input::MainError
+                        }
+                    },
+                    // Ended or cut: reopened from its position.
+                    Ok(None) | Err(_) => Input::MainEnded,
+                },
+                line = next_caught(&mut self.catch), if self.catch.is_some() => match line {
+                    Paged::Line(line) => match self.read(&line) {
+                        Read::Dealt(line, _) => Input::Listed(line),
+                        Read::End(rv) => Input::CaughtUp { rv, watch: true },
+                        Read::Error(code) => {
+                            tracing::info!(path = %self.collection.path, ?code, "listing the collection for the shards ended with an error event; its shards sync again");
+                            Input::CatchFailed { begun: true, retry_after: None }
+                        }
+                    },
+                    Paged::End(rv) => Input::CaughtUp { rv, watch: false },
+                    Paged::Failed(e) => {
+                        tracing::warn!(path = %self.collection.path, error = %e, "listing the collection for the shards failed; its shards sync again");
+                        Input::CatchFailed { begun: true, retry_after: e.retry_after() }
                     }
-                }
+                },
+                points = namespaces_changed(&mut self.known) => Input::Namespaces(points),
                 _ = beat.tick() => {
                     self.lines.retain(|_, tx| !tx.is_closed());
-                    let gone: Vec<u64> = self.board.ids().filter(|id| !self.lines.contains_key(id)).collect();
-                    for id in gone {
-                        self.board.leave(id);
-                    }
-                    if self.board.is_empty() {
-                        // Nobody reads: nothing is held open.
-                        main = None;
-                        catch = None;
-                        self.catch_cover = None;
-                        self.board.gap();
-                        Vec::new()
-                    } else if main.is_some() && last_line.elapsed() >= self.settings.idle {
-                        tracing::warn!(path = %self.collection.path, "the collection's watch delivered nothing, not even a bookmark; reopening it");
-                        main = None;
-                        Vec::new()
-                    } else if main.is_none() {
-                        // No bookmark while no main watch runs: a part that hears nothing for
-                        // its idle timeout stalls, and says so, rather than look healthy.
-                        Vec::new()
-                    } else {
-                        match self.board.heartbeat() {
-                            Some((live, at)) => {
-                                let line = self.bookmark(&at, false);
-                                live.into_iter().map(|id| Out::Send(id, line.clone())).collect()
-                            }
-                            None => Vec::new(),
-                        }
-                    }
+                    let gone = self.hub.board().ids().filter(|id| !self.lines.contains_key(id)).collect();
+                    Input::Beat { gone }
                 }
             };
-            self.deliver(out).await;
+            self.feed(input).await;
+        }
+    }
+
+    /// Tells the hub `input` and performs its effects, telling it their results in turn.
+    async fn feed(&mut self, input: Input) {
+        let mut todo: VecDeque<Effect> = self.hub.step(input, Instant::now()).into();
+        while let Some(effect) = todo.pop_front() {
+            let Some(result) = self.perform(effect).await else {
+                continue;
+            };
+            // Their results' effects come first.
+            for e in self.hub.step(result, Instant::now()).into_iter().rev() {
+                todo.push_front(e);
+            }
+        }
+    }
+
+    /// Performs `effect`; what came of it, when the hub must know.
+    async fn perform(&mut self, effect: Effect) -> Option<Input> {
+        match effect {
+            Effect::Seat(out) => {
+                self.deliver(out).await;
+                None
+            }
+            Effect::Bookmark(live, at) => {
+                let line = self.bookmark(&at, false);
+                for id in live {
+                    self.deliver(Out::Send(id, line.clone())).await;
+                }
+                None
+            }
+            Effect::CloseMain => {
+                self.main = None;
+                None
+            }
+            Effect::CloseCatch => {
+                self.catch = None;
+                None
+            }
+            Effect::CatchBecomesMain => {
+                match self.catch.take() {
+                    Some(Catch::Watch(w)) => self.main = Some(w),
+                    // Pages do not go on: the hub reopens from the list's position.
+                    _ => return Some(Input::MainEnded),
+                }
+                None
+            }
+            Effect::Open { from, shards } => {
+                let cover = self.cover(&shards).await;
+                Some(
+                    match self.open(WatchFrom::Version(&from), cover.as_ref()).await {
+                        Ok(w) => {
+                            self.main = Some(w);
+                            Input::Opened {
+                                at: from,
+                                asked: cover.map(|c| (shards, c)),
+                            }
+                        }
+                        Err(e @ ApiError::Gone(_)) => {
+                            tracing::info!(path = %self.collection.path, at = %from, error = %e, "the collection's watch cannot go on from this position; the shards that needed it relist");
+                            Input::OpenFailed {
+                                at: from,
+                                gone: true,
+                                retry_after: None,
+                            }
+                        }
+                        // A 504 (the server's cache has not reached the position, another
+                        // API server's) is tried again like any failure: nothing relists.
+                        Err(e) => {
+                            tracing::warn!(path = %self.collection.path, at = %from, error = %e, "opening the collection's watch failed; retrying");
+                            Input::OpenFailed {
+                                at: from,
+                                gone: false,
+                                retry_after: e.retry_after(),
+                            }
+                        }
+                    },
+                )
+            }
+            Effect::BeginCatchUp { shards } => Some(match self.begin_catch_up(&shards).await {
+                Ok((catch, asked)) => {
+                    self.catch = Some(catch);
+                    Input::CatchBegun { asked }
+                }
+                Err(e) => {
+                    tracing::warn!(path = %self.collection.path, error = %e, "listing the collection for the shards failed; retrying");
+                    Input::CatchFailed {
+                        begun: false,
+                        retry_after: e.retry_after(),
+                    }
+                }
+            }),
         }
     }
 
     /// Opens a watch of the collection, of the namespaces in `cover` only when given.
     async fn open(
-        &self,
+        &mut self,
         from: WatchFrom<'_>,
         cover: Option<&Cover>,
     ) -> Result<kubeapi::Watch, ApiError> {
@@ -570,17 +514,16 @@ impl Reader {
     }
 
     /// Starts a catch-up of `shards`: a `sendInitialEvents` watch, or pages where the server
-    /// refuses it.
-    async fn begin_catch_up(&mut self, shards: &BTreeSet<u32>) -> Result<Catch, ApiError> {
+    /// refuses it; with what it asked the server for.
+    async fn begin_catch_up(
+        &mut self,
+        shards: &BTreeSet<u32>,
+    ) -> Result<(Catch, hub::Asked), ApiError> {
         let cover = self.cover(shards).await;
-        self.catch_cover = None;
         self.lists.inc();
         if !self.pages {
             match self.open(WatchFrom::InitialEvents, cover.as_ref()).await {
-                Ok(w) => {
-                    self.catch_cover = cover.map(|c| (shards.clone(), c));
-                    return Ok(Catch::Watch(w));
-                }
+                Ok(w) => return Ok((Catch::Watch(w), cover.map(|c| (shards.clone(), c)))),
                 Err(ApiError::Status {
                     code: 400 | 403 | 422,
                     message,
@@ -600,8 +543,7 @@ impl Reader {
             self.settings.list_page_size,
             tx,
         ));
-        self.catch_cover = cover.map(|c| (shards.clone(), c));
-        Ok(Catch::Pages(rx))
+        Ok((Catch::Pages(rx), cover.map(|c| (shards.clone(), c))))
     }
 
     /// The ranges to ask the server for, to read the objects of `shards`: `None` to read the
@@ -653,18 +595,11 @@ impl Reader {
         cover
     }
 
-    /// Whether the main watch asks the server for a shard no part reads any more.
-    fn asks_too_much(&self) -> bool {
-        self.main_cover
-            .as_ref()
-            .is_some_and(|(m, _)| m.iter().any(|k| !self.board.has_shard(*k)))
-    }
-
     /// Whether the server filters this collection's objects by namespace: they are namespaced
     /// and it applies a `shardSelector`. One short list asking for the whole space, which a
     /// server that filters answers with its `shardInfo`; `None` when it holds no object to tell
     /// whether they are namespaced.
-    async fn probe(&self) -> Result<Option<bool>, ApiError> {
+    async fn probe(&mut self) -> Result<Option<bool>, ApiError> {
         #[derive(serde::Deserialize)]
         struct Item {
             metadata: Md,
@@ -696,27 +631,6 @@ impl Reader {
             }) => Ok(Some(false)),
             Err(e) => Err(e),
         }
-    }
-
-    /// The shards whose namespaces the running reads were not asked for, given the
-    /// namespaces known now; they are no longer counted as asked for.
-    fn missed(&mut self) -> BTreeSet<u32> {
-        let Some(known) = self.known.as_mut() else {
-            return BTreeSet::new();
-        };
-        let Namespaces::Known(points) = known.borrow_and_update().clone() else {
-            return BTreeSet::new();
-        };
-        let mut missed = BTreeSet::new();
-        for (shards, c) in [&mut self.main_cover, &mut self.catch_cover]
-            .into_iter()
-            .flatten()
-        {
-            let lost = cover::uncovered(&points, shards, c);
-            shards.retain(|k| !lost.contains(k));
-            missed.extend(lost);
-        }
-        missed
     }
 
     /// What `line` is, for the hub.
@@ -762,7 +676,7 @@ impl Reader {
                     .settings
                     .sharding
                     .shard_of_object(ev.meta.namespace(), ev.meta.name());
-                if self.board.has_shard(shard) {
+                if self.hub.board().has_shard(shard) {
                     self.own.inc();
                 } else {
                     self.other.inc();
@@ -792,26 +706,38 @@ impl Reader {
         Bytes::from(serde_json::to_vec(&line).expect("a bookmark serializes"))
     }
 
-    /// Performs what the board decided.
-    async fn deliver(&mut self, out: Vec<Out>) {
-        for o in out {
-            let (id, line) = match o {
-                Out::Send(id, line) => (id, line),
-                Out::End(id, rv) => (id, self.bookmark(&rv, true)),
-                Out::Expire(id) => {
-                    if let Some(tx) = self.lines.remove(&id) {
-                        let _ = tx.try_send(Bytes::from_static(EXPIRED));
-                    }
-                    continue;
+    /// Hands a seat its line, or expires it. A part that takes nothing for [`SLOW_PART`] is let
+    /// go (its subscription closed, as a watch the server ends): it holds up no other part, and
+    /// resumes from its position once it reads again.
+    async fn deliver(&mut self, out: Out) {
+        let (id, line) = match out {
+            Out::Send(id, line) => (id, line),
+            Out::End(id, rv) => (id, self.bookmark(&rv, true)),
+            Out::Expire(id) => {
+                if let Some(tx) = self.lines.remove(&id) {
+                    let _ = tx.try_send(Bytes::from_static(EXPIRED));
                 }
-            };
-            let Some(tx) = self.lines.get(&id) else {
-                continue;
-            };
-            if tx.send(line).await.is_err() {
-                self.lines.remove(&id);
-                self.board.leave(id);
+                return;
             }
+        };
+        let Some(tx) = self.lines.get(&id) else {
+            return;
+        };
+        let sent = match tx.try_send(line) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+            Err(mpsc::error::TrySendError::Full(line)) => {
+                matches!(
+                    tokio::time::timeout(SLOW_PART, tx.send(line)).await,
+                    Ok(Ok(()))
+                )
+            }
+        };
+        if !sent {
+            tracing::debug!(path = %self.collection.path, seat = id, "a part took no line for a while, or went away: let go");
+            self.lines.remove(&id);
+            let fx = self.hub.step(Input::Leave(id), Instant::now());
+            debug_assert!(fx.iter().all(|e| !matches!(e, Effect::Seat(_))));
         }
     }
 }
@@ -819,10 +745,13 @@ impl Reader {
 /// The 410 a part gets when the hub cannot go on feeding it.
 const EXPIRED: &[u8] = br#"{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"the shards' shared watch of the collection cannot go on from this position","reason":"Expired","code":410}}"#;
 
-async fn namespaces_changed(known: &mut Option<Known>) {
+/// The namespaces known, once they change.
+async fn namespaces_changed(known: &mut Option<Known>) -> Arc<Points> {
     if let Some(k) = known {
-        if k.changed().await.is_ok() {
-            return;
+        while k.changed().await.is_ok() {
+            if let Namespaces::Known(points) = &*k.borrow_and_update() {
+                return points.clone();
+            }
         }
     }
     std::future::pending().await

@@ -73,6 +73,9 @@ pub enum Move {
         from: String,
         /// The channel now relayed per namespace.
         channel: String,
+        /// The namespaces of a fixed list (in the shard) it covered: each one's stream takes
+        /// its position, even with no member to take over.
+        listed: Vec<String>,
     },
 }
 
@@ -130,9 +133,18 @@ pub fn plan<'a>(
                 }
             }
             None if id == whole(name) && shapes.get(name) == Some(&Shape::PerNamespace) => {
+                let listed = match &channel.scope {
+                    Scope::Namespaces(list) => list
+                        .iter()
+                        .filter(|ns| shard.is_none_or(|k| cfg.sharding.shard_of(ns) == k))
+                        .cloned()
+                        .collect(),
+                    Scope::Cluster | Scope::Selector(_) => Vec::new(),
+                };
                 moves.push(Move::Scatter {
                     from: id.to_string(),
                     channel: name.to_string(),
+                    listed,
                 });
             }
             _ => {}
@@ -185,8 +197,18 @@ impl Regroup<'_> {
                 };
                 into.entry(id).or_default().push((uid, known));
             }
-            if let Move::Gather { into: part, .. } = m {
-                into.entry(part.clone()).or_default();
+            match m {
+                Move::Gather { into: part, .. } => {
+                    into.entry(part.clone()).or_default();
+                }
+                Move::Scatter {
+                    channel, listed, ..
+                } => {
+                    for ns in listed {
+                        into.entry(StreamId::new(channel, Some(ns)).to_string())
+                            .or_default();
+                    }
+                }
             }
             tracing::info!(stream = %from, objects = members, to = into.len(), "the channel changed shape; handing the stream's members over to its new streams without retracting them");
             let old = saved.get(from).cloned().unwrap_or_default();
@@ -343,9 +365,11 @@ mod tests {
             into: part.clone(),
             resumes,
         };
+        // Each listed namespace of the shard gets the part's position, members or not.
         let scatter = Move::Scatter {
             from: part.clone(),
             channel: PODS.into(),
+            listed: vec![ours.clone()],
         };
         // (case, configuration, shapes, recorded streams, moves)
         type Case<'a> = (&'a str, String, &'a Shapes, Vec<String>, Vec<Move>);
@@ -502,7 +526,8 @@ mod tests {
             ),
             vec![Move::Scatter {
                 from: "watchNamespacedPods._all".into(),
-                channel: "watchNamespacedPods".into()
+                channel: "watchNamespacedPods".into(),
+                listed: vec!["a".into(), "b".into()],
             }]
         );
         assert_eq!(plan(&listed("perNamespace"), &per_ns, None, ids), vec![]);

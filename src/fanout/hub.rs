@@ -1,0 +1,391 @@
+//! The hub's decisions, pure: what its loop does next, given what happened. The loop
+//! ([`super::Reader`]) performs the effects (opens and closes the connections, hands the seats
+//! their lines) and reports their results back as inputs; nothing here does I/O or reads the
+//! clock: every input comes with the time it happened at.
+//!
+//! ```text
+//!             parts join ─────────────────────┐ quiet for JOIN_QUIET (at most JOIN_MAX)
+//!                                             ▼
+//!   waiting seats ──► BeginCatchUp ──CatchBegun──► catch-up runs ──CaughtUp──► seats live
+//!                        │                           │ (its watch goes on as the main one
+//!                        └──CatchFailed──► backoff   │  when no main position is there)
+//!                                                    └──CatchFailed: its seats expire
+//!   resuming seats, or a main position without a watch
+//!        └──► Open{from: the lowest position to serve} ──Opened──► main watch runs
+//!                  ├──OpenFailed{gone}: the seats that needed it expire; reopen for the rest
+//!                  └──OpenFailed: backoff (1 s doubling to 30 s, or Retry-After)
+//!   main watch: lines ──► live seats (above their floors)
+//!               ended, cut, silent for `idle` ──► reopened from its position
+//!               error event ──► gap: the seats it fed expire
+//!   a part leaves ──► the main watch, asking the server for its shard, narrows a moment later
+//!   namespaces the reads were not asked for ──► their shards' seats expire (they relist)
+//!   heartbeat ──► a bookmark at the main position to the live seats, only while a main watch runs
+//! ```
+//!
+//! The board ([`super::board`]) decides who gets which line; this machine decides when the
+//! reads open, close and retry.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::board::{Board, Line, Out, To};
+use super::cover::{self, Cover, Points};
+
+/// How long the hub waits, and for what.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    /// After the last part joined, before a catch-up or a reopen for resuming parts.
+    pub join_quiet: Duration,
+    /// After the first part waiting joined, at most.
+    pub join_max: Duration,
+    /// The first wait after a failed request; it doubles with each failure in a row.
+    pub retry: Duration,
+    pub retry_max: Duration,
+    /// A main watch that delivered nothing for this long is reopened.
+    pub idle: Duration,
+}
+
+/// What a read asked the server for: the shards and the ranges covering their namespaces;
+/// `None` for the whole collection.
+pub type Asked = Option<(BTreeSet<u32>, Cover)>;
+
+/// What happened, for the hub.
+#[derive(Debug)]
+pub enum Input {
+    /// A part joined (resuming after `from`, or to be listed).
+    Join {
+        id: u64,
+        shard: u32,
+        from: Option<String>,
+    },
+    /// A part went away.
+    Leave(u64),
+    /// The clock reached [`Hub::deadline`].
+    Due,
+    /// The main watch opened from `at`.
+    Opened { at: String, asked: Asked },
+    /// Opening the main watch from `at` failed: the server no longer holds it (`gone`), or it
+    /// is tried again, after `retry_after` when the server said so.
+    OpenFailed {
+        at: String,
+        gone: bool,
+        retry_after: Option<Duration>,
+    },
+    /// A catch-up began.
+    CatchBegun { asked: Asked },
+    /// A catch-up could not begin (`begun` false) or failed midway.
+    CatchFailed {
+        begun: bool,
+        retry_after: Option<Duration>,
+    },
+    /// A line of the main watch, with its resourceVersion when it has one.
+    Main(Line, Option<String>),
+    /// The main watch sent an error event: it cannot go on from its position.
+    MainError,
+    /// The main watch ended or was cut.
+    MainEnded,
+    /// An item of the catch-up's state.
+    Listed(Line),
+    /// The catch-up's state ended at `rv`; `watch` when its connection can go on as a watch.
+    CaughtUp { rv: String, watch: bool },
+    /// The namespaces the replica knows now.
+    Namespaces(std::sync::Arc<Points>),
+    /// The heartbeat; `gone` the seats whose parts went away unnoticed.
+    Beat { gone: Vec<u64> },
+}
+
+/// What the loop does.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// Hand a seat a line, or expire it.
+    Seat(Out),
+    /// A bookmark at the main watch's position to these live seats.
+    Bookmark(Vec<u64>, String),
+    /// Close the main watch.
+    CloseMain,
+    /// Open the main watch from `from`, for `shards` (every seat's).
+    Open { from: String, shards: BTreeSet<u32> },
+    /// Begin a catch-up of `shards`.
+    BeginCatchUp { shards: BTreeSet<u32> },
+    /// The catch-up's connection goes on as the main watch.
+    CatchBecomesMain,
+    /// Close the catch-up.
+    CloseCatch,
+}
+
+/// The hub's state beside its board.
+#[derive(Debug)]
+pub struct Hub {
+    board: Board,
+    timing: Timing,
+    /// A main watch runs, and what it asked for.
+    main: Option<Asked>,
+    /// A catch-up runs, and what it asked for.
+    catch: Option<Asked>,
+    first_waiting: Option<Instant>,
+    last_join: Instant,
+    retry_at: Instant,
+    /// Failed requests in a row.
+    failures: u32,
+    /// When the main watch, asking for shards no seat reads any more, narrows.
+    narrow_at: Option<Instant>,
+    last_line: Instant,
+}
+
+impl Hub {
+    pub fn new(timing: Timing, now: Instant) -> Self {
+        Self {
+            board: Board::default(),
+            timing,
+            main: None,
+            catch: None,
+            first_waiting: None,
+            last_join: now,
+            retry_at: now,
+            failures: 0,
+            narrow_at: None,
+            last_line: now,
+        }
+    }
+
+    /// The board, to read.
+    pub fn board(&self) -> &Board {
+        &self.board
+    }
+
+    /// When the hub must be told [`Input::Due`]; `None` while it waits for something else.
+    pub fn deadline(&self) -> Option<Instant> {
+        let mut at = self.narrow_at;
+        let mut earliest = |t: Instant| at = Some(at.map_or(t, |a| a.min(t)));
+        if self.catching_up_due() {
+            earliest(self.quiet_until().max(self.retry_at));
+        }
+        if let Some(t) = self.reopen_due() {
+            earliest(t);
+        }
+        at
+    }
+
+    /// When joins are quiet enough to act on them.
+    fn quiet_until(&self) -> Instant {
+        let quiet = self.last_join + self.timing.join_quiet;
+        self.first_waiting
+            .map_or(quiet, |f| quiet.min(f + self.timing.join_max))
+    }
+
+    fn catching_up_due(&self) -> bool {
+        self.board.waiting() && self.catch.is_none()
+    }
+
+    /// When the main watch is to be (re)opened, if it is: for resuming seats once joins are
+    /// quiet, for a main position without a watch once the backoff allows.
+    fn reopen_due(&self) -> Option<Instant> {
+        if self.board.resuming() {
+            Some(self.quiet_until().max(self.retry_at))
+        } else if self.main.is_none() && self.board.position().is_some() {
+            Some(self.retry_at)
+        } else {
+            None
+        }
+    }
+
+    /// Whether the main watch asks the server for a shard no seat reads any more.
+    fn asks_too_much(&self) -> bool {
+        matches!(&self.main, Some(Some((m, _))) if m.iter().any(|k| !self.board.has_shard(*k)))
+    }
+
+    fn backoff(&mut self, now: Instant, retry_after: Option<Duration>) {
+        self.failures = self.failures.saturating_add(1);
+        let doubled = self
+            .timing
+            .retry
+            .saturating_mul(1 << (self.failures - 1).min(5))
+            .min(self.timing.retry_max);
+        self.retry_at = now + retry_after.unwrap_or(doubled);
+    }
+
+    fn close_main(&mut self, effects: &mut Vec<Effect>) {
+        if self.main.take().is_some() {
+            effects.push(Effect::CloseMain);
+        }
+    }
+
+    /// What to do about `input`, which happened at `now`.
+    pub fn step(&mut self, input: Input, now: Instant) -> Vec<Effect> {
+        let mut fx = Vec::new();
+        let out = match input {
+            Input::Join { id, shard, from } => {
+                self.last_join = now;
+                self.first_waiting.get_or_insert(now);
+                self.board.join(id, shard, from.as_deref())
+            }
+            Input::Leave(id) => {
+                self.board.leave(id);
+                if self.asks_too_much() {
+                    self.narrow_at.get_or_insert(now + self.timing.join_quiet);
+                }
+                Vec::new()
+            }
+            Input::Due => {
+                self.due(now, &mut fx);
+                Vec::new()
+            }
+            Input::Opened { at, asked } => {
+                self.main = Some(asked);
+                self.last_line = now;
+                self.failures = 0;
+                self.board.opened(&at)
+            }
+            Input::OpenFailed {
+                at,
+                gone: true,
+                retry_after: _,
+            } => self.board.reopen_gone(&at),
+            Input::OpenFailed { retry_after, .. } => {
+                self.backoff(now, retry_after);
+                Vec::new()
+            }
+            Input::CatchBegun { asked } => {
+                // A main watch that the server filters for other shards reopens with these
+                // too, from its position: below the list's.
+                let wider = match (&self.main, &asked) {
+                    (Some(Some((m, _))), Some((c, _))) => !c.is_subset(m),
+                    (Some(Some(_)), None) => true,
+                    _ => false,
+                };
+                if wider {
+                    self.close_main(&mut fx);
+                }
+                self.catch = Some(asked);
+                self.board.begin_catch_up();
+                Vec::new()
+            }
+            Input::CatchFailed { begun, retry_after } => {
+                self.backoff(now, retry_after);
+                if begun {
+                    self.catch = None;
+                    fx.push(Effect::CloseCatch);
+                    self.board.catch_up_failed()
+                } else {
+                    Vec::new()
+                }
+            }
+            Input::Main(line, rv) => {
+                self.last_line = now;
+                self.board.live(&line, rv.as_deref())
+            }
+            Input::MainError => {
+                self.close_main(&mut fx);
+                self.board.gap()
+            }
+            Input::MainEnded => {
+                self.close_main(&mut fx);
+                Vec::new()
+            }
+            // A bookmark of the list is not a position of the parts'.
+            Input::Listed(line) if line.to == To::All && line.rv.is_some() => Vec::new(),
+            Input::Listed(line) => self.board.listed(&line),
+            Input::CaughtUp { rv, watch } => {
+                // Only without a main position: a main watch down for a moment is reopened
+                // from its own, or its live seats would miss what happened between it and
+                // the list.
+                let becomes_main = self.board.position().is_none();
+                let asked = self.catch.take().flatten();
+                if becomes_main && watch {
+                    self.main = Some(asked);
+                    self.last_line = now;
+                    fx.push(Effect::CatchBecomesMain);
+                } else {
+                    fx.push(Effect::CloseCatch);
+                }
+                self.board.caught_up(&rv, becomes_main)
+            }
+            Input::Namespaces(points) => {
+                let missed = self.missed(&points);
+                self.board.missed(&missed)
+            }
+            Input::Beat { gone } => {
+                for id in gone {
+                    self.board.leave(id);
+                }
+                self.beat(now, &mut fx)
+            }
+        };
+        fx.extend(out.into_iter().map(Effect::Seat));
+        fx
+    }
+
+    /// The clock reached the deadline: narrow, begin a catch-up, (re)open the main watch,
+    /// whichever is due.
+    fn due(&mut self, now: Instant, fx: &mut Vec<Effect>) {
+        if self.narrow_at.is_some_and(|t| t <= now) {
+            self.narrow_at = None;
+            if self.asks_too_much() && !self.board.is_empty() {
+                self.close_main(fx);
+            }
+        }
+        if self.catching_up_due() && self.quiet_until().max(self.retry_at) <= now {
+            self.first_waiting = None;
+            fx.push(Effect::BeginCatchUp {
+                shards: self.board.waiting_shards(),
+            });
+        }
+        if self.reopen_due().is_some_and(|t| t <= now) {
+            // A main watch still running is closed: the new one starts at or below it.
+            self.close_main(fx);
+            if self.board.resuming() {
+                self.first_waiting = None;
+            }
+            if let Some(from) = self.board.reopen_from() {
+                fx.push(Effect::Open {
+                    from,
+                    shards: self.board.shards(),
+                });
+            }
+        }
+    }
+
+    fn beat(&mut self, now: Instant, fx: &mut Vec<Effect>) -> Vec<Out> {
+        if self.board.is_empty() {
+            // Nobody reads: nothing is held open.
+            self.close_main(fx);
+            if self.catch.take().is_some() {
+                fx.push(Effect::CloseCatch);
+            }
+            return self.board.gap();
+        }
+        if self.main.is_some() && now.duration_since(self.last_line) >= self.timing.idle {
+            self.close_main(fx);
+            return Vec::new();
+        }
+        // No bookmark while no main watch runs: a part that hears nothing for its idle
+        // timeout stalls, and says so, rather than look healthy.
+        if self.main.is_some() {
+            if let Some((live, at)) = self.board.heartbeat() {
+                fx.push(Effect::Bookmark(live, at));
+            }
+        }
+        Vec::new()
+    }
+
+    /// The shards whose namespaces (known now as `points`) the running reads were not asked
+    /// for; they are no longer counted as asked for.
+    fn missed(&mut self, points: &Points) -> BTreeSet<u32> {
+        let mut missed = BTreeSet::new();
+        for (shards, c) in [&mut self.main, &mut self.catch]
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let lost = cover::uncovered(points, shards, c);
+            shards.retain(|k| !lost.contains(k));
+            missed.extend(lost);
+        }
+        missed
+    }
+}
+
+#[cfg(test)]
+mod tests;

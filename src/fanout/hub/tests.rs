@@ -1,0 +1,411 @@
+//! The hub's decisions, as tables of inputs and the effects they must have, on a clock of their
+//! own (every input says when it happened).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::*;
+
+const QUIET: Duration = Duration::from_millis(500);
+const IDLE: Duration = Duration::from_secs(60);
+
+fn timing() -> Timing {
+    Timing {
+        join_quiet: QUIET,
+        join_max: Duration::from_secs(5),
+        retry: Duration::from_secs(1),
+        retry_max: Duration::from_secs(30),
+        idle: IDLE,
+    }
+}
+
+fn line(to: To, rv: u64) -> Line {
+    Line {
+        to,
+        rv: Some(rv),
+        bytes: Bytes::from(format!("{to:?}@{rv}")),
+    }
+}
+
+fn send(id: u64, to: To, rv: u64) -> Effect {
+    Effect::Seat(Out::Send(id, line(to, rv).bytes))
+}
+
+fn shards(s: &[u32]) -> BTreeSet<u32> {
+    s.iter().copied().collect()
+}
+
+fn join(id: u64, shard: u32, from: Option<&str>) -> Input {
+    Input::Join {
+        id,
+        shard,
+        from: from.map(str::to_string),
+    }
+}
+
+fn open(from: &str, s: &[u32]) -> Effect {
+    Effect::Open {
+        from: from.into(),
+        shards: shards(s),
+    }
+}
+
+fn opened(at: &str) -> Input {
+    Input::Opened {
+        at: at.into(),
+        asked: None,
+    }
+}
+
+/// Steps through `table`, each input at its offset from `t0`, asserting its effects.
+fn run(hub: &mut Hub, t0: Instant, table: Vec<(u64, Input, Vec<Effect>)>) {
+    for (i, (ms, input, want)) in table.into_iter().enumerate() {
+        let what = format!("{input:?}");
+        let got = hub.step(input, t0 + Duration::from_millis(ms));
+        assert_eq!(got, want, "row {i}: {what}");
+    }
+}
+
+/// A hub whose seat 1 (shard 0) is live on a main watch at 10, at `t0`.
+fn live_one(t0: Instant) -> Hub {
+    let mut hub = Hub::new(timing(), t0);
+    run(
+        &mut hub,
+        t0,
+        vec![
+            (0, join(1, 0, None), vec![]),
+            (
+                500,
+                Input::Due,
+                vec![Effect::BeginCatchUp {
+                    shards: shards(&[0]),
+                }],
+            ),
+            (501, Input::CatchBegun { asked: None }, vec![]),
+            (
+                502,
+                Input::Listed(line(To::Shard(0), 5)),
+                vec![send(1, To::Shard(0), 5)],
+            ),
+            // A bookmark of the list goes to nobody.
+            (503, Input::Listed(line(To::All, 6)), vec![]),
+            (
+                504,
+                Input::CaughtUp {
+                    rv: "10".into(),
+                    watch: true,
+                },
+                vec![
+                    Effect::CatchBecomesMain,
+                    Effect::Seat(Out::End(1, "10".into())),
+                ],
+            ),
+        ],
+    );
+    hub
+}
+
+#[test]
+fn a_first_catch_up_waits_for_quiet_joins_and_goes_on_as_the_main_watch() {
+    let t0 = Instant::now();
+    let mut hub = Hub::new(timing(), t0);
+    hub.step(join(1, 0, None), t0);
+    assert_eq!(hub.deadline(), Some(t0 + QUIET));
+    // Another join pushes the catch-up back.
+    hub.step(join(2, 1, None), t0 + Duration::from_millis(300));
+    assert_eq!(hub.deadline(), Some(t0 + Duration::from_millis(800)));
+    let hub = live_one(t0);
+    assert_eq!(
+        hub.deadline(),
+        None,
+        "nothing to do while the main watch runs"
+    );
+    assert_eq!(hub.board().position(), Some("10"));
+}
+
+#[test]
+fn a_resuming_part_reopens_the_main_watch_from_its_position() {
+    let t0 = Instant::now();
+    let mut hub = live_one(t0);
+    run(
+        &mut hub,
+        t0,
+        vec![
+            (
+                600,
+                Input::Main(line(To::Shard(0), 20), Some("20".into())),
+                vec![send(1, To::Shard(0), 20)],
+            ),
+            // A new owner's part resumes at 14, where the old owner's checkpoint stood.
+            (700, join(2, 1, Some("14")), vec![]),
+            // Not before joins are quiet.
+            (1000, Input::Due, vec![]),
+            (
+                1200,
+                Input::Due,
+                vec![Effect::CloseMain, open("14", &[0, 1])],
+            ),
+            (1201, opened("14"), vec![]),
+            // Every change after 14 reaches it, nothing twice reaches seat 1.
+            (
+                1202,
+                Input::Main(line(To::Shard(1), 15), Some("15".into())),
+                vec![send(2, To::Shard(1), 15)],
+            ),
+            (
+                1203,
+                Input::Main(line(To::Shard(0), 18), Some("18".into())),
+                vec![],
+            ),
+            (
+                1204,
+                Input::Main(line(To::Shard(0), 21), Some("21".into())),
+                vec![send(1, To::Shard(0), 21)],
+            ),
+        ],
+    );
+    assert_eq!(hub.deadline(), None);
+}
+
+#[test]
+fn a_position_the_server_no_longer_holds_expires_only_the_parts_that_needed_it() {
+    let t0 = Instant::now();
+    let mut hub = live_one(t0);
+    run(
+        &mut hub,
+        t0,
+        vec![
+            (600, join(2, 1, Some("3")), vec![]),
+            (
+                1100,
+                Input::Due,
+                vec![Effect::CloseMain, open("3", &[0, 1])],
+            ),
+            (
+                1101,
+                Input::OpenFailed {
+                    at: "3".into(),
+                    gone: true,
+                    retry_after: None,
+                },
+                vec![Effect::Seat(Out::Expire(2))],
+            ),
+            // The main watch reopens from its own position at once: seat 1 lives on.
+            (1101, Input::Due, vec![open("10", &[0])]),
+            (1102, opened("10"), vec![]),
+        ],
+    );
+    assert_eq!(hub.board().position(), Some("10"));
+}
+
+#[test]
+fn failed_reopens_back_off_and_relist_nothing() {
+    let t0 = Instant::now();
+    let mut hub = live_one(t0);
+    let failed = |retry_after| Input::OpenFailed {
+        at: "10".into(),
+        gone: false,
+        retry_after,
+    };
+    // The main watch ends; each failed reopen (a 504, a 403, a 5xx) waits twice as long, up
+    // to 30 s, or what the server said; no seat expires.
+    hub.step(Input::MainEnded, t0);
+    let mut at = t0;
+    for wait in [1, 2, 4, 8, 16, 30, 30] {
+        assert_eq!(hub.step(Input::Due, at), vec![open("10", &[0])]);
+        assert_eq!(hub.step(failed(None), at), vec![]);
+        assert_eq!(hub.deadline(), Some(at + Duration::from_secs(wait)));
+        at += Duration::from_secs(wait);
+    }
+    hub.step(Input::Due, at);
+    hub.step(failed(Some(Duration::from_secs(7))), at);
+    assert_eq!(hub.deadline(), Some(at + Duration::from_secs(7)));
+    // Opened at last: the backoff starts over.
+    at += Duration::from_secs(7);
+    hub.step(Input::Due, at);
+    assert_eq!(hub.step(opened("10"), at), vec![]);
+    hub.step(Input::MainEnded, at);
+    hub.step(Input::Due, at);
+    hub.step(failed(None), at);
+    assert_eq!(hub.deadline(), Some(at + Duration::from_secs(1)));
+    assert!(hub.board().has_shard(0), "the live seat stayed");
+}
+
+#[test]
+fn a_catch_up_that_fails_midway_expires_its_seats() {
+    let t0 = Instant::now();
+    let mut hub = live_one(t0);
+    run(
+        &mut hub,
+        t0,
+        vec![
+            (600, join(2, 1, None), vec![]),
+            (
+                1100,
+                Input::Due,
+                vec![Effect::BeginCatchUp {
+                    shards: shards(&[1]),
+                }],
+            ),
+            (1101, Input::CatchBegun { asked: None }, vec![]),
+            (
+                1102,
+                Input::Listed(line(To::Shard(1), 4)),
+                vec![send(2, To::Shard(1), 4)],
+            ),
+            // Cut after part of the list: seat 2 restarts its sync (and reconciles).
+            (
+                1103,
+                Input::CatchFailed {
+                    begun: true,
+                    retry_after: None,
+                },
+                vec![Effect::CloseCatch, Effect::Seat(Out::Expire(2))],
+            ),
+        ],
+    );
+    assert!(!hub.board().has_shard(1));
+}
+
+#[test]
+fn heartbeats_go_only_while_a_main_watch_runs() {
+    let t0 = Instant::now();
+    let mut hub = live_one(t0);
+    let beat = || Input::Beat { gone: vec![] };
+    run(
+        &mut hub,
+        t0,
+        vec![
+            (1000, beat(), vec![Effect::Bookmark(vec![1], "10".into())]),
+            (1001, Input::MainEnded, vec![Effect::CloseMain]),
+            // The reopen keeps failing: parts hear nothing, stall and say so.
+            (1002, Input::Due, vec![open("10", &[0])]),
+            (
+                1003,
+                Input::OpenFailed {
+                    at: "10".into(),
+                    gone: false,
+                    retry_after: None,
+                },
+                vec![],
+            ),
+            (1500, beat(), vec![]),
+        ],
+    );
+}
+
+#[test]
+fn a_silent_main_watch_is_reopened_and_an_error_event_is_a_gap() {
+    let t0 = Instant::now();
+    let mut hub = live_one(t0);
+    let silent = 504 + IDLE.as_millis() as u64;
+    run(
+        &mut hub,
+        t0,
+        vec![
+            (
+                silent,
+                Input::Beat { gone: vec![] },
+                vec![Effect::CloseMain],
+            ),
+            (silent, Input::Due, vec![open("10", &[0])]),
+            (silent + 1, opened("10"), vec![]),
+            (
+                silent + 2,
+                Input::MainError,
+                vec![Effect::CloseMain, Effect::Seat(Out::Expire(1))],
+            ),
+        ],
+    );
+    assert_eq!(hub.deadline(), None);
+}
+
+#[test]
+fn a_main_watch_asking_for_a_departed_shard_narrows_a_moment_later() {
+    let t0 = Instant::now();
+    let mut hub = Hub::new(timing(), t0);
+    let asked = |s: &[u32]| Some((shards(s), Cover::everything()));
+    run(
+        &mut hub,
+        t0,
+        vec![
+            (0, join(1, 0, None), vec![]),
+            (0, join(2, 1, None), vec![]),
+            (
+                500,
+                Input::Due,
+                vec![Effect::BeginCatchUp {
+                    shards: shards(&[0, 1]),
+                }],
+            ),
+            (
+                501,
+                Input::CatchBegun {
+                    asked: asked(&[0, 1]),
+                },
+                vec![],
+            ),
+            (
+                502,
+                Input::CaughtUp {
+                    rv: "10".into(),
+                    watch: true,
+                },
+                vec![
+                    Effect::CatchBecomesMain,
+                    Effect::Seat(Out::End(1, "10".into())),
+                    Effect::Seat(Out::End(2, "10".into())),
+                ],
+            ),
+            (600, Input::Leave(2), vec![]),
+            (1100, Input::Due, vec![Effect::CloseMain, open("10", &[0])]),
+        ],
+    );
+}
+
+#[test]
+fn a_catch_up_wider_than_the_filtered_main_watch_reopens_it() {
+    let t0 = Instant::now();
+    let mut hub = Hub::new(timing(), t0);
+    let asked = |s: &[u32]| Some((shards(s), Cover::everything()));
+    hub.step(join(1, 0, None), t0);
+    hub.step(Input::Due, t0 + QUIET);
+    hub.step(Input::CatchBegun { asked: asked(&[0]) }, t0 + QUIET);
+    hub.step(
+        Input::CaughtUp {
+            rv: "10".into(),
+            watch: true,
+        },
+        t0 + QUIET,
+    );
+    hub.step(join(2, 1, None), t0 + QUIET);
+    let later = t0 + QUIET * 2;
+    assert_eq!(
+        hub.step(Input::Due, later),
+        vec![Effect::BeginCatchUp {
+            shards: shards(&[1])
+        }]
+    );
+    // The main watch asked for shard 0 only: it reopens from its position, below the list.
+    assert_eq!(
+        hub.step(Input::CatchBegun { asked: asked(&[1]) }, later),
+        vec![Effect::CloseMain]
+    );
+    assert_eq!(hub.step(Input::Due, later), vec![open("10", &[0, 1])]);
+}
+
+#[test]
+fn nobody_reading_closes_every_read() {
+    let t0 = Instant::now();
+    let mut hub = live_one(t0);
+    run(
+        &mut hub,
+        t0,
+        vec![(1000, Input::Beat { gone: vec![1] }, vec![Effect::CloseMain])],
+    );
+    assert_eq!(hub.board().position(), None);
+    assert_eq!(hub.deadline(), None);
+}
