@@ -1,28 +1,38 @@
-//! Handover under load: how long a shard's revoke takes to be answered (its term stopped,
-//! drained its own records, wrote its positions) while the replica's other shards keep
-//! relaying, over many rebalances.
+//! Handovers under load, as the consumer sees them: scale 3 → 5 → 2, then kill -9 of one of
+//! the two, while pods change at `BENCH_RATE` per second (default 5,000) over
+//! `BENCH_NAMESPACES` namespaces (default 24), the pods read cluster-wide once per replica and
+//! fanned out to 16 shards (the shape `auto` gives a new release's `allNamespaces` channels).
 //!
-//! Two replicas of the real binary share the shards of a release whose pods change at
-//! `BENCH_RATE` per second (default 5,000) over `BENCH_NAMESPACES` namespaces (default 24).
-//! A third replica joins and, once the shards are shared by three, leaves (SIGTERM): each join
-//! revokes shards from the two while their other shards keep relaying (a partial revoke under
-//! load), each leave hands the third's over. That is repeated `BENCH_REBALANCES` times (default
-//! 10). The two steady replicas' `shard_handover_seconds` histograms (revoke to answer, per
-//! revoke) give the p50 and p99 of their handovers (each figure its bucket's upper bound), with
-//! the time each leave took to give the two every shard again, the events per second they
-//! published meanwhile and how many of their handovers had to purge.
+//! Afterwards the whole topic is read back and checked against the API server's journal:
+//! - **changes lost**: changes made once the first replicas' streams ran that have no record
+//!   (every shard that moves resumes where its owner stopped; nothing here excuses a list);
+//! - **late records**: per shard and partition, records of an older owner epoch after the
+//!   first record of a newer one (a deposed owner's record landing after its successor's);
+//! - **unowned time** per shard and handover: from the last record of the old owner epoch to
+//!   the first of the new one, p50, p99 and the largest, beside the session timeout (a killed
+//!   replica's shards wait for it) and the membership restore the new owners took;
+//! - the revoke-to-answer time of every revoke (`shard_handover_seconds`), p50 and p99.
 //!
 //! Run with scripts/bench.sh handover (it starts a broker) or set KAFKA_BOOTSTRAP_SERVERS.
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
 
-use common::{bench_bed, create_topics, env_or, scrape, sharded_replica, stop, total, wait_shared};
+use common::{
+    bench_bed, create_topics, env_or, metric, scrape, sharded_replica_over, stop, total,
+    wait_shared, KillOnDrop,
+};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use watchrelay_sim::{objects, ChurnSpec};
 
 const SHARDS: u32 = 16;
+/// The release's session timeout (the configuration's default).
+const SESSION: Duration = Duration::from_secs(10);
+const PARTITIONS: i32 = 3;
 
 /// The cumulative bucket counts of `watchrelay_shard_handover_seconds` on one replica: upper
 /// bound (seconds) -> count.
@@ -53,11 +63,88 @@ fn quantile(buckets: &BTreeMap<u64, f64>, q: f64) -> String {
     }
 }
 
+/// A record of the topic, as the checks need it.
+struct Read {
+    partition: i32,
+    shard: u32,
+    epoch: u64,
+    /// Its timestamp (the producer's), in milliseconds.
+    at: i64,
+    id: String,
+}
+
+/// Every record of `topic`, partition by partition in offset order.
+fn read_all(bootstrap: &str, topic: &str) -> Vec<Read> {
+    #[derive(serde::Deserialize)]
+    struct Value {
+        watchrelay: Meta,
+    }
+    #[derive(serde::Deserialize)]
+    struct Meta {
+        id: String,
+    }
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", format!("{topic}-read"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut reads = Vec::new();
+    for p in 0..PARTITIONS {
+        let (_, high) = consumer
+            .fetch_watermarks(topic, p, Duration::from_secs(10))
+            .unwrap();
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
+        consumer.assign(&tpl).unwrap();
+        let mut next = 0;
+        while next < high {
+            let Some(m) = consumer.poll(Duration::from_secs(5)) else {
+                panic!("partition {p} stopped at {next} of {high}");
+            };
+            let m = m.unwrap();
+            next = m.offset() + 1;
+            let (mut shard, mut epoch) = (None, None);
+            for h in m.headers().into_iter().flat_map(|h| h.iter()) {
+                let v = h.value.and_then(|v| std::str::from_utf8(v).ok());
+                match h.key {
+                    "ce_shard" => shard = v.and_then(|v| v.parse().ok()),
+                    "ce_ownerepoch" => epoch = v.and_then(|v| v.parse().ok()),
+                    _ => {}
+                }
+            }
+            let Some(payload) = m.payload().filter(|p| !p.is_empty()) else {
+                continue;
+            };
+            let Ok(value) = serde_json::from_slice::<Value>(payload) else {
+                continue;
+            };
+            reads.push(Read {
+                partition: p,
+                shard: shard.expect("every record names its shard"),
+                epoch: epoch.expect("every record names its owner epoch"),
+                at: m.timestamp().to_millis().unwrap_or_default(),
+                id: value.watchrelay.id,
+            });
+        }
+    }
+    reads
+}
+
+/// The value at quantile `q` of `sorted`.
+fn at_quantile(sorted: &[i64], q: f64) -> i64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1]
+}
+
 fn main() {
     let rate = env_or("BENCH_RATE", 5_000) as f64;
     let namespaces = env_or("BENCH_NAMESPACES", 24).max(1);
-    let rebalances = env_or("BENCH_REBALANCES", 10).max(1);
-    let (bootstrap, rt, sim, dir) = bench_bed(200_000);
+    // The server keeps every change of the run: no position expires, so none is excused.
+    let (bootstrap, rt, sim, dir) = bench_bed(2_000_000);
     let _runtime = rt.enter();
     let names: Vec<String> = (0..namespaces).map(|i| format!("team-{i}")).collect();
     for ns in names.iter().map(String::as_str).chain(["watchrelay"]) {
@@ -68,20 +155,33 @@ fn main() {
     sim.write_kubeconfig(&kubeconfig).unwrap();
     let name = format!("handover-{}", std::process::id());
     rt.block_on(create_topics(&bootstrap, &[&name]));
+    let scope = "allNamespaces: true\n    watchStrategy: clusterWide";
     let replica = |r: usize| {
-        sharded_replica(
-            dir.path(),
-            &kubeconfig,
-            &bootstrap,
-            &name,
-            SHARDS,
-            &names,
-            r,
-        )
+        sharded_replica_over(dir.path(), &kubeconfig, &bootstrap, &name, SHARDS, scope, r)
     };
-    let (a, pa) = replica(0);
-    let (b, pb) = replica(1);
-    wait_shared(&[pa, pb], SHARDS);
+    // Revoke-to-answer histograms, scraped from each replica before it goes.
+    let mut revokes: BTreeMap<u64, f64> = BTreeMap::new();
+    let mut restores: Vec<f64> = Vec::new();
+    let mut leave = |(child, port): (KillOnDrop, u16), kill: bool| {
+        for (bound, n) in buckets(port) {
+            *revokes.entry(bound).or_default() += n;
+        }
+        restores.extend(metric(port, "watchrelay_membership_restore_seconds "));
+        if kill {
+            drop(child);
+        } else {
+            stop(child);
+        }
+    };
+
+    let mut live: Vec<(KillOnDrop, u16)> = (0..3).map(replica).collect();
+    let ports = |live: &[(KillOnDrop, u16)]| live.iter().map(|(_, p)| *p).collect::<Vec<_>>();
+    wait_shared(&ports(&live), SHARDS);
+    // Every shard's part running before the history checked begins.
+    while total(&ports(&live), "watchrelay_stream_up{") < f64::from(SHARDS) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let from = sim.current_rv();
     let churn = sim.start_churn(ChurnSpec {
         rate_per_sec: rate,
         namespaces: names.clone(),
@@ -89,43 +189,96 @@ fn main() {
         max_objects_per_kind: 20,
         total_events: None,
     });
-    // Not a wait: the churn reaches its pace before the first rebalance.
-    std::thread::sleep(Duration::from_secs(3));
-    let published = |ports: &[u16]| total(ports, "watchrelay_events_published_total");
-    let began = Instant::now();
-    let before = published(&[pa, pb]);
-    let mut all: BTreeMap<u64, f64> = BTreeMap::new();
-    for round in 0..rebalances {
-        let (c, pc) = replica(2 + round);
-        wait_shared(&[pa, pb, pc], SHARDS);
-        let was = Instant::now();
-        stop(c);
-        wait_shared(&[pa, pb], SHARDS);
-        println!(
-            "rebalance {}: a third replica joined and left; back to two in {:.1} s",
-            round + 1,
-            was.elapsed().as_secs_f64()
-        );
+    let pause = || std::thread::sleep(Duration::from_secs(3));
+    pause();
+    live.push(replica(3));
+    live.push(replica(4));
+    wait_shared(&ports(&live), SHARDS);
+    println!("scaled 3 → 5");
+    pause();
+    for _ in 0..3 {
+        let gone = live.remove(2);
+        leave(gone, false);
     }
-    let after = published(&[pa, pb]);
-    let elapsed = began.elapsed().as_secs_f64();
-    for port in [pa, pb] {
-        for (bound, n) in buckets(port) {
-            *all.entry(bound).or_default() += n;
-        }
-    }
-    let purges = total(&[pa, pb], "watchrelay_shard_handover_purges_total ");
+    wait_shared(&ports(&live), SHARDS);
+    println!("scaled 5 → 2 (SIGTERM)");
+    pause();
+    let killed = live.remove(1);
+    leave(killed, true);
+    wait_shared(&ports(&live), SHARDS);
+    println!("one of two killed (SIGKILL): the other owns every shard");
+    pause();
     let changes = rt.block_on(churn.stop());
-    let count = all.values().copied().fold(0.0, f64::max);
+    // Not a wait: the last changes reach the topic.
+    std::thread::sleep(Duration::from_secs(5));
+    for r in live.drain(..) {
+        leave(r, false);
+    }
+
+    let reads = read_all(&bootstrap, &name);
+    let ids: HashSet<&str> = reads.iter().map(|r| r.id.as_str()).collect();
+    let journal: Vec<_> = sim
+        .journal()
+        .into_iter()
+        .filter(|e| e.resource == "pods" && e.rv > from)
+        .collect();
+    let lost = journal
+        .iter()
+        .filter(|e| !ids.contains(format!("{}/{}", e.uid, e.rv).as_str()))
+        .count();
+    // Per shard and partition, in offset order: a record of an older epoch after a newer one.
+    let mut newest: BTreeMap<(u32, i32), u64> = BTreeMap::new();
+    let mut late = 0;
+    // Per shard and epoch: the first and last record's time.
+    let mut spans: BTreeMap<u32, BTreeMap<u64, (i64, i64)>> = BTreeMap::new();
+    for r in &reads {
+        let top = newest.entry((r.shard, r.partition)).or_default();
+        if r.epoch < *top {
+            late += 1;
+        }
+        *top = (*top).max(r.epoch);
+        let span = spans
+            .entry(r.shard)
+            .or_default()
+            .entry(r.epoch)
+            .or_insert((r.at, r.at));
+        span.0 = span.0.min(r.at);
+        span.1 = span.1.max(r.at);
+    }
+    let mut unowned: Vec<i64> = spans
+        .values()
+        .flat_map(|epochs| {
+            let spans: Vec<(i64, i64)> = epochs.values().copied().collect();
+            spans
+                .windows(2)
+                .map(|w| (w[1].0 - w[0].1).max(0))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    unowned.sort_unstable();
+    let restore = restores.iter().copied().fold(0.0, f64::max);
     println!(
-        "churn {rate:.0}/s ({changes} changes); the two steady replicas published {:.0} events/s meanwhile",
-        (after - before) / elapsed
+        "churn {rate:.0}/s: {changes} changes, {} after the first sync; {} records read",
+        journal.len(),
+        reads.len()
     );
     println!(
-        "handover (revoke to answer) over {count:.0} revokes of {rebalances} joins and leaves: p50 {}, p99 {}; handovers that purged: {purges:.0}",
-        quantile(&all, 0.5),
-        quantile(&all, 0.99)
+        "changes lost: {lost} of {}; records of an old owner after its successor's first: {late}",
+        journal.len()
     );
-    stop(a);
-    stop(b);
+    println!(
+        "unowned time per shard and handover ({} handovers): p50 {} ms, p99 {} ms, largest {} ms; session timeout {} ms, largest membership restore {:.0} ms",
+        unowned.len(),
+        at_quantile(&unowned, 0.5),
+        at_quantile(&unowned, 0.99),
+        unowned.last().copied().unwrap_or_default(),
+        SESSION.as_millis(),
+        restore * 1e3
+    );
+    println!(
+        "revoke to answer over {:.0} revokes: p50 {}, p99 {}",
+        revokes.values().copied().fold(0.0, f64::max),
+        quantile(&revokes, 0.5),
+        quantile(&revokes, 0.99)
+    );
 }

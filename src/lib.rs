@@ -1,7 +1,8 @@
 //! watchrelay: Kubernetes watch streams to Kafka topics, at least once.
 //!
 //! The modules, from the bottom layer up: each imports only modules of the layers below it (the
-//! `layers` test fails when an import circle comes back).
+//! `layers` test fails when an import circle comes back, or when this table and the imports
+//! differ).
 //!
 //! | layer | module | owns |
 //! |---|---|---|
@@ -11,8 +12,9 @@
 //! | 3 | [`envelope`], [`http`] | announcement to Kafka record (pure); `/metrics`, `/healthz`, `/readyz` |
 //! | 4 | [`membership`], [`asyncapi`] | which objects each stream announced, in a compacted Kafka topic; the AsyncAPI 3.0 document |
 //! | 5 | `outbox`, [`openapi`], `testing` | one stream's delivery; object schemas; the test doubles (feature `testing`) |
-//! | 6 | `stream` | one stream's state machine and its driver |
-//! | 7 | [`relay`] | the facade, the supervisor, the checkpoint writer, and the shards of a replica |
+//! | 6 | [`schemas`] | the topics' schemas in a schema registry, and the ids records carry |
+//! | 7 | `stream` | one stream's state machine and its driver |
+//! | 8 | [`relay`] | the facade, the supervisor, the checkpoint writer, and the shards of a replica |
 
 pub mod asyncapi;
 pub mod catalogue;

@@ -101,6 +101,9 @@ pub struct Registry {
     inner: Arc<Mutex<Inner>>,
     /// Wakes whoever waits for a checkpoint to be written.
     wrote: Arc<Notify>,
+    /// Raised by a stream that waits for its checkpoint to be written: the writers write at
+    /// once rather than at their next interval.
+    wanted: Arc<watch::Sender<u64>>,
 }
 
 impl Default for Registry {
@@ -143,7 +146,14 @@ impl Registry {
                 written: HashMap::new(),
             })),
             wrote: Arc::new(Notify::new()),
+            wanted: Arc::new(watch::Sender::new(0)),
         }
+    }
+
+    /// Changes whenever a stream waits for its checkpoint to be written (see
+    /// [`Reporter::written`]): a writer watching it writes then, not at its next interval.
+    pub fn writes_wanted(&self) -> watch::Receiver<u64> {
+        self.wanted.subscribe()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -455,6 +465,7 @@ impl Reporter {
 
     /// Completes once the writer has written `saved` (published with [`Reporter::checkpoint`]).
     pub async fn written(&self, saved: &Arc<Saved>) {
+        self.registry.wanted.send_modify(|n| *n = n.wrapping_add(1));
         loop {
             let wrote = self.registry.wrote.notified();
             tokio::pin!(wrote);

@@ -100,12 +100,16 @@ async fn switch(sharding: bool) {
     };
     let consumer = || consumer_view(&pod_log());
     let (per_ns, wide) = (channel("perNamespace"), channel("clusterWide"));
-    // A pod deleted and one created while the switch goes on.
+    // A pod deleted, one created and one changed twice while the switch goes on.
     let change = || {
         bed.sim.delete("pods", Some(&a), "p0").unwrap();
         bed.sim
             .create("pods", Some(&b), objects::pod(&b, "p9"))
             .unwrap();
+        for v in ["1", "2"] {
+            let patch = serde_json::json!({"metadata": {"labels": {"v": v}}});
+            bed.sim.merge_patch("pods", Some(&a), "p1", patch).unwrap();
+        }
     };
     // With sharding, the next configuration's replica starts beside the last one (a rolling
     // update) and the last one stops once it took shards over; without, the relay restarts,
@@ -145,6 +149,7 @@ async fn switch(sharding: bool) {
         || "the per-namespace streams never relayed and checkpointed".into(),
     )
     .await;
+    let from = bed.sim.current_rv();
     let new = roll(old, wide, true).await;
     eventually(
         || consumer() == cluster() && recorded_as(&bed, true),
@@ -169,6 +174,16 @@ async fn switch(sharding: bool) {
         .map(|r| r.key.clone())
         .collect();
     assert_eq!(deleted, BTreeSet::from([format!("{a}/p0")]));
+    // And nothing collapsed: the new streams resumed where the old ones stopped, so every
+    // change has its record.
+    let changes: Vec<_> = bed
+        .journal("pods", None)
+        .into_iter()
+        .filter(|e| e.rv > from)
+        .collect();
+    assert_eq!(changes.len(), 4);
+    let lost = common::view::unpublished(&pod_log(), &changes);
+    assert!(lost.is_empty(), "changes never published: {lost:?}");
 }
 
 /// The shard count is the release's for good: a replica configured with another count (and

@@ -159,6 +159,45 @@ fn modules_import_only_modules_below_them() {
     assert!(left.is_empty(), "modules in an import circle:{circle}");
 }
 
+/// The layer table of `src/lib.rs` (`//! | n | modules | owns |`) is the one the imports make:
+/// each module in the layer of the longest chain of imports under it.
+#[test]
+fn the_layer_table_in_lib_rs_is_the_imports() {
+    let graph = graph();
+    let (layers, _) = layers(&graph);
+    let lib = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs"))
+        .expect("src/lib.rs");
+    let mut table: Vec<BTreeSet<String>> = Vec::new();
+    for line in lib.lines() {
+        let Some(row) = line.strip_prefix("//! | ") else {
+            continue;
+        };
+        let mut cells = row.split(" | ");
+        let (Some(n), Some(modules)) = (cells.next(), cells.next()) else {
+            continue;
+        };
+        let Ok(n) = n.trim().parse::<usize>() else {
+            continue;
+        };
+        assert_eq!(
+            n,
+            table.len(),
+            "the table's layers are numbered from 0 in order"
+        );
+        table.push(
+            modules
+                .split(',')
+                .map(|m| m.trim().trim_matches(|c| "[]`".contains(c)).to_string())
+                .collect(),
+        );
+    }
+    let made: Vec<BTreeSet<String>> = layers.iter().map(|l| l.iter().cloned().collect()).collect();
+    assert_eq!(
+        table, made,
+        "src/lib.rs's layer table differs from the layers the imports make (run `cargo test --test layers -- --nocapture` to print them)"
+    );
+}
+
 /// The end-to-end tests are selected by name (`--test 'kafka_*'`, `'tables_*'`, `'cluster_*'`), and
 /// each needs the `e2e` feature, so plain `cargo test` never runs one without its broker.
 #[test]

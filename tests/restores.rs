@@ -178,3 +178,59 @@ async fn a_restore_to_before_a_term_that_never_wrote_is_told_at_its_stop() {
     converged(&bed, &producer).await;
     relay.stop().await;
 }
+
+/// Versions never go back with the clock: a checkpoint ConfigMap whose era floor is ahead of
+/// this replica's clock (written by a replica whose clock runs a day ahead, before a handover
+/// to this one) makes every new era of its streams higher still, here the first sync's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_eras_stay_above_the_configmaps_floor_whatever_the_clock() {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    let ahead = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        + 86_400_000;
+    bed.sim
+        .create(
+            "configmaps",
+            Some(common::bed::CHECKPOINT_NS),
+            serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": common::bed::CHECKPOINT_NAME,
+                    "namespace": common::bed::CHECKPOINT_NS,
+                    "annotations": {"watchrelay.io/era-floor": ahead.to_string()},
+                },
+            }),
+        )
+        .unwrap();
+    create(&bed, (0..3).map(|i| format!("p{i}")));
+    let relay = start(&bed, &producer);
+    wait_covered(&bed).await;
+    relay.stop().await;
+    let eras: Vec<u64> = events(&producer)
+        .iter()
+        .filter_map(|r| {
+            let v: u128 = common::view::json(r)["watchrelay"]["version"]
+                .as_str()?
+                .parse()
+                .ok()?;
+            Some((v >> 64) as u64)
+        })
+        .collect();
+    assert!(!eras.is_empty());
+    assert!(
+        eras.iter().all(|&e| e > ahead),
+        "eras {eras:?} not above the floor {ahead}"
+    );
+    // And the floor is kept on the ConfigMap for the next owner.
+    let cm = bed.checkpoint_configmap();
+    let floor: u64 = cm["metadata"]["annotations"]["watchrelay.io/era-floor"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(floor >= eras[0]);
+}

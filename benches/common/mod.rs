@@ -316,6 +316,20 @@ pub fn sharded_replica(
     namespaces: &[String],
     r: usize,
 ) -> (KillOnDrop, u16) {
+    let scope = format!("namespaces: [{}]", namespaces.join(", "));
+    sharded_replica_over(dir, kubeconfig, bootstrap, name, shards, &scope, r)
+}
+
+/// [`sharded_replica`] with the pods channel's scope given whole (`allNamespaces: true`...).
+pub fn sharded_replica_over(
+    dir: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    bootstrap: &str,
+    name: &str,
+    shards: u32,
+    scope: &str,
+    r: usize,
+) -> (KillOnDrop, u16) {
     let port = free_port();
     let config = dir.join(format!("{name}-{r}.yaml"));
     std::fs::write(
@@ -323,9 +337,8 @@ pub fn sharded_replica(
         format!(
             "clusterName: bench\nkubernetes:\n  kubeconfig: {}\n  backoffInitialMs: 20\n  backoffMaxMs: 100\nkafka:\n  bootstrapServers: {bootstrap}\n  oversize: trim\n\
              checkpoint:\n  namespace: watchrelay\n  name: {name}\nsharding:\n  enabled: true\n  shards: {shards}\n  topic: {name}.shards\nhttp:\n  listen: 127.0.0.1:{port}\n\
-             channels:\n  - operationId: watchNamespacedPods\n    namespaces: [{}]\n    topic: {name}\n",
+             channels:\n  - operationId: watchNamespacedPods\n    {scope}\n    topic: {name}\n",
             kubeconfig.display(),
-            namespaces.join(", ")
         ),
     )
     .unwrap();

@@ -90,6 +90,33 @@ pub const SHARD_OWNERS_ANNOTATION: &str = "watchrelay.io/shard-owners";
 /// stream and the meaning of every shard's ConfigMap depend on them.
 pub const SHARDING_ANNOTATION: &str = "watchrelay.io/sharding";
 
+/// The annotation of a checkpoint ConfigMap holding the highest era any of its streams was
+/// written with: a stream's next era is above it (see [`crate::envelope::next_era`]), so
+/// versions never go back across handovers, streams that left and came back, or replicas whose
+/// clocks disagree; the entries alone would not keep it once a stream's entry is removed.
+pub const ERA_FLOOR_ANNOTATION: &str = "watchrelay.io/era-floor";
+
+/// The era of an encoded entry, 0 when it has none or does not parse.
+pub(crate) fn era_of(entry: &str) -> u64 {
+    #[derive(Deserialize)]
+    struct Era {
+        #[serde(default)]
+        era: u64,
+    }
+    serde_json::from_str::<Era>(entry).map_or(0, |e| e.era)
+}
+
+/// The era floor of `cm`: its annotation, or the highest era of its entries if above.
+pub fn era_floor(cm: &ConfigMap) -> u64 {
+    let stamped = cm
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ERA_FLOOR_ANNOTATION)?.parse().ok())
+        .unwrap_or(0);
+    read(cm).values().map(|s| s.era).fold(stamped, u64::max)
+}
+
 /// The [`RESYNC_ANNOTATION`] value asking for a resync of `what`.
 pub fn resync_request(what: &str, delta: bool) -> String {
     if delta {
@@ -157,6 +184,8 @@ pub struct Loaded {
     /// A shard's ConfigMap: what its share of a single-leader release's state was copied from
     /// ([`MIGRATED_KEY`]), once it was.
     pub migrated: Option<String>,
+    /// The highest era its streams were written with ([`ERA_FLOOR_ANNOTATION`]).
+    pub era_floor: u64,
 }
 
 /// ConfigMaps are limited to 1 MiB; leave room for metadata.

@@ -130,6 +130,7 @@ impl Store {
                 mark: read_mark(cm),
                 writes: read_writes(cm),
                 migrated: cm.data.as_ref().and_then(|d| d.get(MIGRATED_KEY)).cloned(),
+                era_floor: super::era_floor(cm),
             })
             .unwrap_or_default();
         self.writes.store(loaded.writes, Ordering::Relaxed);
@@ -418,6 +419,18 @@ impl Store {
             } else {
                 None
             };
+            // The era floor outlives the entries that raised it (a stream removed, retired).
+            let floor = updates
+                .values()
+                .flatten()
+                .map(|entry| super::era_of(entry))
+                .fold(super::era_floor(&cm), u64::max);
+            if floor > 0 {
+                cm.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(super::ERA_FLOOR_ANNOTATION.into(), floor.to_string());
+            }
             let data = cm.data.get_or_insert_with(Default::default);
             for (k, u) in updates {
                 match u {

@@ -94,6 +94,8 @@ pub struct Retire<'a> {
     /// With sharding on: the shard and its owner epoch, which the DELETEDs' envelopes carry
     /// like every other record of the shard.
     pub shard: Option<envelope::ShardOwner>,
+    /// The highest era the checkpoint ConfigMap held: the retractions' era is above it.
+    pub era_floor: u64,
 }
 
 impl Retire<'_> {
@@ -139,7 +141,7 @@ impl Retire<'_> {
             let rv = saved.get(id).and_then(|s| s.rv.clone()).unwrap_or_default();
             let kind = saved.get(id).and_then(|s| s.kind.as_deref());
             // A new era: the DELETEDs come after whatever the stream announced.
-            let era = envelope::next_era(saved.get(id).map_or(0, |s| s.era));
+            let era = envelope::next_era(saved.get(id).map_or(0, |s| s.era).max(self.era_floor));
             tracing::info!(stream = %id, objects = members.map_or(0, Members::len), "stream no longer configured in this shape; retracting what it announced");
             if let Some(members) = members {
                 if let Err(e) = self.retract(id, members, (&rv, era), kind, stop).await {

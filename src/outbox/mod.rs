@@ -126,6 +126,8 @@ pub struct Outbox {
     /// The stream's era, stamped on every record it sends (see [`envelope::version`]) and
     /// saved with its position.
     era: u64,
+    /// Every new era is above it (see [`Outbox::raise_era_floor`]).
+    era_floor: u64,
 }
 
 impl Outbox {
@@ -179,6 +181,7 @@ impl Outbox {
             ledger,
             serial: 0,
             era,
+            era_floor: 0,
         }
     }
 
@@ -232,11 +235,18 @@ impl Outbox {
         })
     }
 
-    /// Moves the stream to a new era (see [`envelope::next_era`]): what it sends from now on
-    /// carries it, and so does the next [`Outbox::take_saved`].
+    /// Moves the stream to a new era (see [`envelope::next_era`]), above its own and above the
+    /// floor of its checkpoint ConfigMap: what it sends from now on carries it, and so does the
+    /// next [`Outbox::take_saved`].
     pub fn next_era(&mut self) {
-        self.era = envelope::next_era(self.era);
+        self.era = envelope::next_era(self.era.max(self.era_floor));
         self.moved = true;
+    }
+
+    /// Every new era of the stream is above `floor` (the highest its checkpoint ConfigMap
+    /// held): versions never go back, whatever the clock says.
+    pub fn raise_era_floor(&mut self, floor: u64) {
+        self.era_floor = self.era_floor.max(floor);
     }
 
     /// Forgets the position: what follows is not a replay of the watch from it. The next

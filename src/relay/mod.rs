@@ -542,6 +542,7 @@ impl Relay {
                 owner: &owner,
                 topic,
                 shard,
+                era_floor: loaded.era_floor,
             };
             // Retractions of what is no longer configured come before any announcement.
             while !retire.run(&mut members, &mut loaded.streams, &stop).await {
@@ -568,6 +569,7 @@ impl Relay {
                 shard,
                 schemas: self.schemas.clone(),
                 fanouts: self.fanouts.clone(),
+                era_floor: loaded.era_floor,
             }),
             self.registry.clone(),
             loaded.streams,

@@ -186,6 +186,7 @@ pub async fn run(
     // Streams asked to resync whole after a rewind that have not forgotten their position yet.
     let mut suspect: HashSet<String> = HashSet::new();
     let mut polled = Instant::now();
+    let mut wanted = registry.writes_wanted();
     let poll = match store.is_owned() {
         true => SHARD_RESYNC_POLL,
         false => RESYNC_POLL,
@@ -198,6 +199,8 @@ pub async fn run(
             }
             _ = cancel.cancelled() => true,
             _ = tokio::time::sleep(interval) => false,
+            // A stream waits for its checkpoint (a forgotten position, a new era): now.
+            _ = wanted.changed() => false,
         };
         // A stop while waiting for a turn goes straight to the last write.
         let paced = || async {

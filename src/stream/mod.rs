@@ -103,6 +103,9 @@ pub struct Wiring {
     pub schemas: Option<Arc<crate::schemas::Schemas>>,
     /// The replica's shared reads of collections fanned out to its shards (with sharding on).
     pub fanouts: Option<Arc<crate::fanout::Fanouts>>,
+    /// The highest era the term's checkpoint ConfigMap held when the term began: every new era
+    /// of its streams is above it.
+    pub era_floor: u64,
 }
 
 pub struct Stream {
@@ -251,7 +254,7 @@ impl Stream {
             membership_topic: wiring.membership_topic.clone(),
             owner: wiring.owner.clone(),
         };
-        let outbox = Outbox::new(
+        let mut outbox = Outbox::new(
             &id,
             Arc::new(route),
             wiring.producer.clone(),
@@ -261,6 +264,7 @@ impl Stream {
             &metrics,
             shutdown.clone(),
         );
+        outbox.raise_era_floor(wiring.era_floor);
         reporter.track_liveness(metrics.last_event.with_label_values(&[&id]));
         let m = StreamMetrics {
             received: EventType::ALL.map(|t| {
@@ -458,10 +462,11 @@ impl Stream {
             }
         }
         // A sync without a position announces from scratch, in a new era: it may not continue
-        // the history the stream's last records came from (see `envelope::version`). Nothing
-        // of it can be replayed from a position, so the era needs no write first.
-        if self.outbox.checkpoint().is_none() {
-            self.outbox.next_era();
+        // the history the stream's last records came from (see `envelope::version`). The era
+        // is written before anything is published in it, so that a crash midway leaves the
+        // next owner (whose clock may be behind) a floor above it.
+        if self.outbox.checkpoint().is_none() && !self.forget_position().await {
+            return None;
         }
         let outcome = match via {
             Via::InitialEvents => self.sync_initial(reason).await,
