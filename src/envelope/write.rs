@@ -80,9 +80,10 @@ pub fn retraction(route: &Route, meta: Meta, rv: &str, topic: &str, key: &str, e
 /// versions grow with them. A stream takes a new era ([`next_era`]) whenever it announces
 /// from scratch what may not continue that history: a sync without a position, a full resync
 /// (requested, or after any sign of an etcd restore), the forgetting of its position (leaving
-/// its scope, a changed query), its retirement. Eras are stamped from the clock, so a key's
-/// versions never go back, even when the cluster's history does or the key moves to another
-/// stream.
+/// its scope, a changed query), its retirement. Eras are stamped from the clock, above the
+/// floor of the stream's checkpoint ConfigMap (see [`crate::checkpoint::ERA_FLOOR_ANNOTATION`]),
+/// so a key's versions never go back, even when the cluster's history does, the key moves to
+/// another stream, or the clocks of two replicas disagree.
 pub fn version(era: u64, rv: &str) -> Option<u128> {
     let rv: u64 = rv.parse().ok()?;
     Some((u128::from(era) << 64) | u128::from(rv))
@@ -91,7 +92,8 @@ pub fn version(era: u64, rv: &str) -> Option<u128> {
 /// The era a stream takes after `previous` (see [`version`]): the clock's milliseconds since
 /// 1970, above `previous` and above every era this process gave out before, so that a stream
 /// started right after another retired (a watch strategy switched) is in a later era. Across
-/// processes, eras are ordered by their clocks: a handover takes longer than they disagree.
+/// processes, `previous` carries the floor (the highest era the checkpoint ConfigMap held), so
+/// a replica whose clock is behind still goes up.
 pub fn next_era(previous: u64) -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static LAST: AtomicU64 = AtomicU64::new(0);
