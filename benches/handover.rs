@@ -140,22 +140,34 @@ fn at_quantile(sorted: &[i64], q: f64) -> i64 {
     sorted[((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1]
 }
 
-fn main() {
-    let rate = env_or("BENCH_RATE", 5_000) as f64;
-    let namespaces = env_or("BENCH_NAMESPACES", 24).max(1);
+/// What one run of the scenario measured.
+struct Run {
+    changes: usize,
+    lost: usize,
+    late: usize,
+    /// Unowned time per shard and handover, ms, sorted; with the worst handover's shard, epochs
+    /// and when its gap began, in ms from the churn's start.
+    unowned: Vec<i64>,
+    worst: Option<(u32, u64, u64, i64)>,
+    restore_ms: f64,
+    revokes: BTreeMap<u64, f64>,
+    /// When each step was done, in ms from the churn's start.
+    steps: Vec<(&'static str, i64)>,
+}
+
+/// The scenario over the pods channel with `scope`, on its own topic and release.
+fn scenario(scope: &str, rate: f64, names: &[String], label: &str) -> Run {
     // The server keeps every change of the run: no position expires, so none is excused.
     let (bootstrap, rt, sim, dir) = bench_bed(2_000_000);
     let _runtime = rt.enter();
-    let names: Vec<String> = (0..namespaces).map(|i| format!("team-{i}")).collect();
     for ns in names.iter().map(String::as_str).chain(["watchrelay"]) {
         sim.create("namespaces", None, objects::namespace(ns))
             .unwrap();
     }
     let kubeconfig = dir.path().join("kubeconfig");
     sim.write_kubeconfig(&kubeconfig).unwrap();
-    let name = format!("handover-{}", std::process::id());
+    let name = format!("handover-{label}-{}", std::process::id());
     rt.block_on(create_topics(&bootstrap, &[&name]));
-    let scope = "allNamespaces: true\n    watchStrategy: clusterWide";
     let replica = |r: usize| {
         sharded_replica_over(dir.path(), &kubeconfig, &bootstrap, &name, SHARDS, scope, r)
     };
@@ -177,38 +189,58 @@ fn main() {
     let mut live: Vec<(KillOnDrop, u16)> = (0..3).map(replica).collect();
     let ports = |live: &[(KillOnDrop, u16)]| live.iter().map(|(_, p)| *p).collect::<Vec<_>>();
     wait_shared(&ports(&live), SHARDS);
-    // Every shard's part running before the history checked begins.
-    while total(&ports(&live), "watchrelay_stream_up{") < f64::from(SHARDS) {
+    // Every stream running before the history checked begins.
+    let streams = if scope.starts_with("namespaces") {
+        names.len()
+    } else {
+        SHARDS as usize
+    };
+    while total(&ports(&live), "watchrelay_stream_up{") < streams as f64 {
         std::thread::sleep(Duration::from_millis(50));
     }
     let from = sim.current_rv();
     let churn = sim.start_churn(ChurnSpec {
         rate_per_sec: rate,
-        namespaces: names.clone(),
+        namespaces: names.to_vec(),
         resources: vec!["pods".into()],
         max_objects_per_kind: 20,
         total_events: None,
     });
+    let began = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let since = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+            - began
+    };
+    let mut steps = Vec::new();
     let pause = || std::thread::sleep(Duration::from_secs(3));
     pause();
+    steps.push(("scale 3 → 5 begins", since()));
     live.push(replica(3));
     live.push(replica(4));
     wait_shared(&ports(&live), SHARDS);
-    println!("scaled 3 → 5");
+    steps.push(("shared by 5", since()));
     pause();
+    steps.push(("scale 5 → 2 begins (SIGTERM)", since()));
     for _ in 0..3 {
         let gone = live.remove(2);
         leave(gone, false);
     }
     wait_shared(&ports(&live), SHARDS);
-    println!("scaled 5 → 2 (SIGTERM)");
+    steps.push(("shared by 2", since()));
     pause();
+    steps.push(("kill -9 of one of two", since()));
     let killed = live.remove(1);
     leave(killed, true);
     wait_shared(&ports(&live), SHARDS);
-    println!("one of two killed (SIGKILL): the other owns every shard");
+    steps.push(("owned by the last one", since()));
     pause();
-    let changes = rt.block_on(churn.stop());
+    let changes = rt.block_on(churn.stop()) as usize;
     // Not a wait: the last changes reach the topic.
     std::thread::sleep(Duration::from_secs(5));
     for r in live.drain(..) {
@@ -245,40 +277,76 @@ fn main() {
         span.0 = span.0.min(r.at);
         span.1 = span.1.max(r.at);
     }
-    let mut unowned: Vec<i64> = spans
-        .values()
-        .flat_map(|epochs| {
-            let spans: Vec<(i64, i64)> = epochs.values().copied().collect();
-            spans
-                .windows(2)
-                .map(|w| (w[1].0 - w[0].1).max(0))
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    unowned.sort_unstable();
-    let restore = restores.iter().copied().fold(0.0, f64::max);
-    println!(
-        "churn {rate:.0}/s: {changes} changes, {} after the first sync; {} records read",
-        journal.len(),
-        reads.len()
-    );
-    println!(
-        "changes lost: {lost} of {}; records of an old owner after its successor's first: {late}",
-        journal.len()
-    );
-    println!(
-        "unowned time per shard and handover ({} handovers): p50 {} ms, p99 {} ms, largest {} ms; session timeout {} ms, largest membership restore {:.0} ms",
-        unowned.len(),
-        at_quantile(&unowned, 0.5),
-        at_quantile(&unowned, 0.99),
-        unowned.last().copied().unwrap_or_default(),
-        SESSION.as_millis(),
-        restore * 1e3
-    );
-    println!(
-        "revoke to answer over {:.0} revokes: p50 {}, p99 {}",
-        revokes.values().copied().fold(0.0, f64::max),
-        quantile(&revokes, 0.5),
-        quantile(&revokes, 0.99)
-    );
+    let mut gaps: Vec<(i64, u32, u64, u64, i64)> = Vec::new();
+    for (shard, epochs) in &spans {
+        let e: Vec<(&u64, &(i64, i64))> = epochs.iter().collect();
+        for w in e.windows(2) {
+            let ((old, (_, last)), (new, (first, _))) = (w[0], w[1]);
+            gaps.push(((first - last).max(0), *shard, *old, *new, last - began));
+        }
+    }
+    gaps.sort_unstable();
+    Run {
+        changes: changes.max(journal.len()),
+        lost,
+        late,
+        unowned: gaps.iter().map(|g| g.0).collect(),
+        worst: gaps.last().map(|g| (g.1, g.2, g.3, g.4)),
+        restore_ms: restores.iter().copied().fold(0.0, f64::max) * 1e3,
+        revokes,
+        steps,
+    }
+}
+
+fn main() {
+    let rate = env_or("BENCH_RATE", 5_000) as f64;
+    let namespaces = env_or("BENCH_NAMESPACES", 24).max(1);
+    let names: Vec<String> = (0..namespaces).map(|i| format!("team-{i}")).collect();
+    let shapes = [
+        (
+            "fanned out (allNamespaces, one read per replica)",
+            "allNamespaces: true\n    watchStrategy: clusterWide".to_string(),
+            "fanned",
+        ),
+        (
+            "per namespace (namespaces: [...])",
+            format!("namespaces: [{}]", names.join(", ")),
+            "listed",
+        ),
+    ];
+    println!("churn {rate:.0} changes/s over {namespaces} namespaces, {SHARDS} shards; session timeout {} ms", SESSION.as_millis());
+    let only = std::env::var("BENCH_SHAPES").ok();
+    for (what, scope, label) in shapes {
+        if only
+            .as_deref()
+            .is_some_and(|o| !o.split(',').any(|s| s == label))
+        {
+            continue;
+        }
+        let run = scenario(&scope, rate, &names, label);
+        println!("{what}:");
+        for (step, at) in &run.steps {
+            println!("  {at:>6} ms  {step}");
+        }
+        println!(
+            "  changes lost: {} of {}; records of an old owner after its successor's first: {}",
+            run.lost, run.changes, run.late
+        );
+        println!(
+            "  unowned time per shard and handover ({} handovers): p50 {} ms, p99 {} ms, largest {} ms (shard {:?}, from {:?} ms); largest membership restore {:.0} ms",
+            run.unowned.len(),
+            at_quantile(&run.unowned, 0.5),
+            at_quantile(&run.unowned, 0.99),
+            run.unowned.last().copied().unwrap_or_default(),
+            run.worst.map(|w| (w.0, w.1, w.2)),
+            run.worst.map(|w| w.3),
+            run.restore_ms
+        );
+        println!(
+            "  revoke to answer over {:.0} revokes: p50 {}, p99 {}",
+            run.revokes.values().copied().fold(0.0, f64::max),
+            quantile(&run.revokes, 0.5),
+            quantile(&run.revokes, 0.99)
+        );
+    }
 }

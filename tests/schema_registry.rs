@@ -178,3 +178,113 @@ async fn a_refused_schema_stops_the_relay_naming_the_subject_and_its_rule() {
     assert!(events(&producer).iter().all(|r| r.topic != "pods"));
     assert_eq!(registry.taken.load(Ordering::SeqCst), 0);
 }
+
+/// A stream that starts out of its scope (its namespace unlabelled while the relay was down)
+/// deletes what it announced only once the registry has the topic's schema: its inferred
+/// DELETEDs carry the ids, like every other record, even when the registry is down at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_leaving_at_start_waits_for_the_schema() {
+    let registry = Arc::new(Registry::default());
+    let url = serve(registry.clone()).await;
+    let bed = Bed::in_memory(watchrelay_sim::SimConfig::default(), &["a"]).await;
+    bed.label("a", true);
+    for i in 0..3 {
+        bed.sim
+            .create("pods", Some("a"), objects::pod("a", &format!("p{i}")))
+            .unwrap();
+    }
+    let producer = Arc::new(Memory::new());
+    let cfg = bed.config_with(
+        "  - operationId: watchNamespacedPods\n    namespaceSelector: relay=yes\n    topic: pods\n",
+        "",
+        &format!("schemaRegistry:\n  url: {url}/apis/ccompat/v7\n"),
+    );
+    let pods = || -> Vec<_> {
+        events(&producer)
+            .into_iter()
+            .filter(|r| r.topic == "pods" && !r.tombstone)
+            .collect()
+    };
+    let relay = Relay::start_with(&bed, cfg.clone(), Some(producer.clone()));
+    eventually(
+        || pods().len() >= 3,
+        || "the pods were never published".into(),
+    )
+    .await;
+    relay.stop().await;
+    bed.label("a", false);
+    registry.down.store(true, Ordering::SeqCst);
+    let relay = Relay::start_with(&bed, cfg, Some(producer.clone()));
+    eventually(|| pending(&relay), || "the topic was never pending".into()).await;
+    registry.down.store(false, Ordering::SeqCst);
+    let deleted = || {
+        pods()
+            .iter()
+            .filter(|r| common::view::json(r)["type"] == "DELETED")
+            .count()
+    };
+    eventually(|| deleted() == 3, || "the pods were never deleted".into()).await;
+    relay.stop().await;
+    for r in pods() {
+        assert_eq!(
+            r.headers.get_bytes("apicurio.value.contentId"),
+            Some(&7u64.to_be_bytes()[..]),
+            "a record without its schema's ids: {}",
+            String::from_utf8_lossy(&r.value)
+        );
+    }
+}
+
+/// A namespace dropped from a channel's list is retired: its objects' DELETEDs go to the topic
+/// the channel still publishes to, so they carry the topic's schema ids like every record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retirement_on_a_configured_topic_carries_the_schema() {
+    let registry = Arc::new(Registry::default());
+    let url = serve(registry.clone()).await;
+    let bed = Bed::in_memory(watchrelay_sim::SimConfig::default(), &["a", "b"]).await;
+    for ns in ["a", "b"] {
+        bed.sim
+            .create("pods", Some(ns), objects::pod(ns, "p"))
+            .unwrap();
+    }
+    let producer = Arc::new(Memory::new());
+    let cfg = |namespaces: &str| {
+        bed.config_with(
+            &format!("  - operationId: watchNamespacedPods\n    namespaces: [{namespaces}]\n    topic: pods\n"),
+            "",
+            &format!("schemaRegistry:\n  url: {url}/apis/ccompat/v7\n"),
+        )
+    };
+    let pods = || -> Vec<_> {
+        events(&producer)
+            .into_iter()
+            .filter(|r| r.topic == "pods" && !r.tombstone)
+            .collect()
+    };
+    let relay = Relay::start_with(&bed, cfg("a, b"), Some(producer.clone()));
+    eventually(
+        || pods().len() >= 2,
+        || "the pods were never published".into(),
+    )
+    .await;
+    relay.stop().await;
+    let relay = Relay::start_with(&bed, cfg("a"), Some(producer.clone()));
+    eventually(
+        || {
+            pods()
+                .iter()
+                .any(|r| r.key == "b/p" && common::view::json(r)["type"] == "DELETED")
+        },
+        || "b's pod was never retired".into(),
+    )
+    .await;
+    relay.stop().await;
+    for r in pods() {
+        assert_eq!(
+            r.headers.get_bytes("apicurio.value.contentId"),
+            Some(&7u64.to_be_bytes()[..]),
+            "a record without its schema's ids: {}",
+            String::from_utf8_lossy(&r.value)
+        );
+    }
+}

@@ -347,16 +347,23 @@ pub fn sharded_replica_over(
 
 /// The real binary run as replica `r` (its `POD_NAME`) on the configuration file `config`,
 /// logging warnings only.
+///
+/// With `BENCH_RELAY_LOG` set (a log filter, e.g. `info`), each replica logs at that level to
+/// `replica-<r>.log` in `BENCH_RELAY_LOG_DIR` (default: the system's temporary directory).
 pub fn spawn_replica(config: &std::path::Path, r: usize) -> KillOnDrop {
-    let child = Command::new(relay_bin())
-        .args(["run", "--config"])
+    let mut cmd = Command::new(relay_bin());
+    cmd.args(["run", "--config"])
         .arg(config)
         .env("WATCHRELAY_LOG", "warn")
         .env("POD_NAME", format!("replica-{r}"))
-        .stdin(std::process::Stdio::null())
-        .spawn()
-        .expect("relay starts");
-    KillOnDrop(child)
+        .stdin(std::process::Stdio::null());
+    if let Ok(filter) = std::env::var("BENCH_RELAY_LOG") {
+        let dir = std::env::var("BENCH_RELAY_LOG_DIR")
+            .map_or_else(|_| std::env::temp_dir(), std::path::PathBuf::from);
+        let log = std::fs::File::create(dir.join(format!("replica-{r}.log"))).expect("log file");
+        cmd.env("WATCHRELAY_LOG", filter).stderr(log);
+    }
+    KillOnDrop(cmd.spawn().expect("relay starts"))
 }
 
 /// The route of the pods channel's stream over the benchmark namespace `ns` of cluster `bench`,

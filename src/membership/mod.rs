@@ -67,5 +67,5 @@ pub use record::{key, mark_record, record, writes_record, Owner, END_MARKER, WRI
 pub use regroup::Regroup;
 pub use restore::Restore;
 pub use restored::{Claim, Restored};
-pub use retire::Retire;
+pub use retire::{Retire, Tagger};
 pub use set::{Key, Members};

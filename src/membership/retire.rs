@@ -96,7 +96,13 @@ pub struct Retire<'a> {
     pub shard: Option<envelope::ShardOwner>,
     /// The highest era the checkpoint ConfigMap held: the retractions' era is above it.
     pub era_floor: u64,
+    /// With a schema registry: the schema tag of a topic (and namespace) a configured channel
+    /// still publishes to. Retractions there carry its ids, like every other record of it.
+    pub tag: Option<&'a Tagger>,
 }
+
+/// The schema tag of a topic, for the stream of a namespace.
+pub type Tagger = dyn Fn(&str, Option<&str>) -> Arc<envelope::SchemaTag> + Send + Sync;
 
 impl Retire<'_> {
     /// Retires every stream of `restored` and `saved` the configuration no longer runs; their
@@ -212,6 +218,24 @@ impl Retire<'_> {
             None => Route::vanished(name, cluster, ns.map(str::to_string)),
         }
         .owned_by(self.shard);
+        // On a topic still configured, the DELETEDs wait for its schema and carry its ids (on
+        // one no channel writes any more, they go as plain JSON: see docs/tables.md).
+        let configured = self
+            .cfg
+            .channels
+            .iter()
+            .any(|c| c.topic_for(cluster, ns) == route.topic);
+        let route = match self.tag.filter(|_| configured) {
+            Some(tag) => {
+                let tag = tag(&route.topic, ns);
+                tokio::select! {
+                    _ = stop.cancelled() => return Err(membership::SendError::Stopped),
+                    _ = tag.registered() => {}
+                }
+                route.tagged(Some(tag))
+            }
+            None => route,
+        };
         let mut unaddressed = 0u64;
         let mut all = members.iter();
         loop {

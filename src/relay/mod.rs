@@ -532,6 +532,10 @@ impl Relay {
                 }
             }
         }
+        let tagger: Option<Box<membership::Tagger>> = self.schemas.clone().map(|s| {
+            Box::new(move |topic: &str, ns: Option<&str>| s.tag(topic, ns))
+                as Box<membership::Tagger>
+        });
         if let Some(topic) = &membership_topic {
             let retire = membership::Retire {
                 cfg: &self.cfg,
@@ -543,6 +547,7 @@ impl Relay {
                 topic,
                 shard,
                 era_floor: loaded.era_floor,
+                tag: tagger.as_deref(),
             };
             // Retractions of what is no longer configured come before any announcement.
             while !retire.run(&mut members, &mut loaded.streams, &stop).await {

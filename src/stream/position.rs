@@ -91,6 +91,19 @@ impl Stream {
     }
 
     /// Drains the outbox, publishes the final checkpoint and removes the stream's gauges.
+    /// Whether the topic's schema is registered, waiting for it (with a schema registry): the
+    /// inferred DELETEDs of leaving the scope carry its ids like every other record. False when
+    /// the relay shuts down first: the stream's entry stays, and it leaves at its next start.
+    async fn tagged(&self) -> bool {
+        let Some(tag) = self.outbox.route().schema.clone() else {
+            return true;
+        };
+        tokio::select! {
+            _ = self.life.shutdown.cancelled() => false,
+            _ = tag.registered() => true,
+        }
+    }
+
     pub(super) async fn stop(mut self) -> Reporter {
         self.set_phase(Phase::Stopped);
         // Fenced (the Lease is lost): nothing more is checkpointed; the new leader replays.
@@ -102,7 +115,11 @@ impl Stream {
                 && self.outbox.settle_joins().await.is_ok()
                 && self.outbox.wait_until(0).await.is_ok();
             let rv = self.outbox.checkpoint().unwrap_or_default().to_string();
-            if leaving && !self.outbox.members().is_empty() && self.forget_position().await {
+            if leaving
+                && !self.outbox.members().is_empty()
+                && self.tagged().await
+                && self.forget_position().await
+            {
                 self.leave_scope(&rv).await;
             }
             let left = self
