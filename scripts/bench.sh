@@ -14,8 +14,10 @@
 #                              another build)
 #   scripts/bench.sh sharding  one vs three sharded replicas on the same replay: events/s, CPU per
 #                              event; the takeover after one of three is killed
-#   scripts/bench.sh handover  revoke-to-answer time of two replicas' shards while a third joins
-#                              and leaves under churn (BENCH_RATE, BENCH_REBALANCES): p50, p99
+#   scripts/bench.sh handover  scale 3 -> 5 -> 2 and kill -9 of one of two under churn (BENCH_RATE),
+#                              fanned out and per namespace (BENCH_SHAPES=fanned,listed): changes
+#                              lost against the API server's journal, late records of a deposed
+#                              owner, unowned time per shard (p50, p99), revoke to answer
 #   scripts/bench.sh million   BENCH_PODS pods (default 1,000,000) read cluster-wide by three
 #                              sharded replicas on the simulator: first sync vs the pass-through,
 #                              shares, peak RSS, requests; a relist after a 410 (BENCH_CHANGED)
