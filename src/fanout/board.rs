@@ -45,6 +45,9 @@ use bytes::Bytes;
 
 /// What a seat may hold while it is listed, in bytes of lines: past it, the seat is expired.
 pub const HELD_BYTES: usize = 8 << 20;
+/// What all the seats of a hub may hold together: past it, the seat holding the most is
+/// expired, so that many shards claimed at once cannot hold a replica's memory.
+pub const HUB_HELD_BYTES: usize = 64 << 20;
 
 /// Where a line goes: one shard's seats, or every seat (bookmarks, undecodable lines).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -376,7 +379,16 @@ impl Board {
             position.push_str(rv);
         }
         let mut out = Vec::new();
+        // What every listed seat holds, and which holds the most.
+        let mut held_total = 0;
+        let mut largest: Option<(u64, usize)> = None;
         for (id, seat) in &mut self.seats {
+            if let Phase::Listing { held_bytes, .. } = &seat.phase {
+                held_total += *held_bytes;
+                if largest.is_none_or(|(_, n)| *held_bytes > n) {
+                    largest = Some((*id, *held_bytes));
+                }
+            }
             if !seat.takes(line.to)
                 || matches!(seat.phase, Phase::Waiting | Phase::Resuming { .. })
                 || matches!(seat.phase, Phase::Listing { since: None, .. })
@@ -390,13 +402,22 @@ impl Board {
                     held, held_bytes, ..
                 } => {
                     *held_bytes += line.bytes.len();
+                    held_total += line.bytes.len();
                     if *held_bytes > HELD_BYTES {
                         out.push(Out::Expire(*id));
                     } else {
                         held.push((line.rv, line.bytes.clone()));
+                        if largest.is_none_or(|(_, n)| *held_bytes > n) {
+                            largest = Some((*id, *held_bytes));
+                        }
                     }
                 }
                 Phase::Waiting | Phase::Resuming { .. } => {}
+            }
+        }
+        if let Some((id, _)) = largest.filter(|_| held_total > HUB_HELD_BYTES) {
+            if !out.contains(&Out::Expire(id)) {
+                out.push(Out::Expire(id));
             }
         }
         self.forget(&out);
@@ -588,6 +609,30 @@ mod tests {
         );
         assert!(out.contains(&Out::Expire(2)), "{out:?}");
         assert!(!b.listing());
+    }
+
+    #[test]
+    fn what_all_seats_hold_is_bounded_by_expiring_the_largest_holder() {
+        let mut b = live_one();
+        let per_seat = HELD_BYTES - 1;
+        let seats = (HUB_HELD_BYTES / per_seat) as u64 + 1;
+        for k in 0..seats {
+            b.join(10 + k, 1 + k as u32, None);
+        }
+        b.begin_catch_up();
+        let mut expired = Vec::new();
+        for k in 0..seats {
+            let big = Line {
+                to: To::Shard(1 + k as u32),
+                rv: Some(11 + k),
+                bytes: Bytes::from(vec![b'x'; per_seat - k as usize]),
+            };
+            let out = b.live(&big, Some(&(11 + k).to_string()));
+            expired.extend(out.into_iter().filter(|o| matches!(o, Out::Expire(_))));
+        }
+        // The first seat held the most when the hub went over its bound.
+        assert_eq!(expired, [Out::Expire(10)]);
+        assert!(b.listing());
     }
 
     #[test]

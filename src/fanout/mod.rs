@@ -31,7 +31,8 @@
 //! A part that stops reading (its outbox full, Kafka slow) holds the hub up, as a slow reader
 //! holds up a watch: the replica's parts share one producer, so they slow down together.
 //! Lines are shared buffers, dealt without copying; a hub holds no objects, only the lines a
-//! part being listed must not miss (bounded by [`board::HELD_BYTES`]).
+//! part being listed must not miss (bounded by [`board::HELD_BYTES`] a part and
+//! [`board::HUB_HELD_BYTES`] a hub, past which the part holding the most relists).
 
 mod board;
 pub mod cover;
