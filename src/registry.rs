@@ -10,7 +10,7 @@
 //! Entries carry a generation: a stream that retires removes its own entry and schedules its
 //! checkpoint's deletion only if no newer stream of the same id registered since.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -101,9 +101,9 @@ pub struct Registry {
     inner: Arc<Mutex<Inner>>,
     /// Wakes whoever waits for a checkpoint to be written.
     wrote: Arc<Notify>,
-    /// Raised by a stream that waits for its checkpoint to be written: the writers write at
-    /// once rather than at their next interval.
-    wanted: Arc<watch::Sender<u64>>,
+    /// The streams waiting for their checkpoint to be written, and a counter raised with each:
+    /// their writer writes at once rather than at its next interval.
+    wanted: Arc<(Mutex<BTreeSet<String>>, watch::Sender<u64>)>,
 }
 
 impl Default for Registry {
@@ -146,14 +146,22 @@ impl Registry {
                 written: HashMap::new(),
             })),
             wrote: Arc::new(Notify::new()),
-            wanted: Arc::new(watch::Sender::new(0)),
+            wanted: Arc::new((Mutex::default(), watch::Sender::new(0))),
         }
     }
 
     /// Changes whenever a stream waits for its checkpoint to be written (see
     /// [`Reporter::written`]): a writer watching it writes then, not at its next interval.
     pub fn writes_wanted(&self) -> watch::Receiver<u64> {
-        self.wanted.subscribe()
+        self.wanted.1.subscribe()
+    }
+
+    /// Whether a stream in `part` waits for its checkpoint to be written; those are forgotten.
+    pub fn take_wanted(&self, part: &dyn Fn(&str) -> bool) -> bool {
+        let mut wanted = self.wanted.0.lock().expect("wanted lock poisoned");
+        let before = wanted.len();
+        wanted.retain(|id| !part(id));
+        wanted.len() < before
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -465,7 +473,11 @@ impl Reporter {
 
     /// Completes once the writer has written `saved` (published with [`Reporter::checkpoint`]).
     pub async fn written(&self, saved: &Arc<Saved>) {
-        self.registry.wanted.send_modify(|n| *n = n.wrapping_add(1));
+        let (ids, bump) = &*self.registry.wanted;
+        ids.lock()
+            .expect("wanted lock poisoned")
+            .insert(self.id.clone());
+        bump.send_modify(|n| *n = n.wrapping_add(1));
         loop {
             let wrote = self.registry.wrote.notified();
             tokio::pin!(wrote);

@@ -150,7 +150,11 @@ async fn a_crd_channel_waits_for_its_crd_and_a_denied_channel_does_not_block_oth
         "the denied channel cannot be watching"
     );
     assert!(!relay.stream_up("widgets.a"), "the CRD does not exist yet");
-    assert!(relay.counter("api_errors_total", "watchNamespacedServices.a") >= 1);
+    eventually(
+        || relay.counter("api_errors_total", "watchNamespacedServices.a") >= 1,
+        || "the denied channel's error was never counted".into(),
+    )
+    .await;
 
     bed.sim
         .register_crd("example.com", "v1", "widgets", "Widget", true);

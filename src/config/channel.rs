@@ -273,6 +273,22 @@ impl Channel {
         format!("{:016x}", super::fnv1a64(&what))
     }
 
+    /// The query fingerprint of a stream filtered to `namespaces` (in order) over the query
+    /// whose fingerprint is `base`: what a cluster-wide stream filtered in the relay stamps.
+    pub fn scoped_fingerprint<'a>(
+        namespaces: impl IntoIterator<Item = &'a str>,
+        base: &str,
+    ) -> String {
+        let hash = namespaces
+            .into_iter()
+            .flat_map(|ns| ns.bytes().chain(std::iter::once(b'\n')))
+            .chain(base.bytes())
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+        format!("{hash:016x}")
+    }
+
     /// Whether this channel and `other` may publish the same object under the same topic: the
     /// same resource, topics that render alike, and scopes that are not provably disjoint (a
     /// namespace selector matches what it likes). Two such channels would each retract what the

@@ -424,23 +424,22 @@ impl Board {
         out
     }
 
-    /// A bookmark at the main watch's position, for every live seat not already past it:
-    /// nothing of their shards is pending up to it (their watches stay alive through a quiet
-    /// collection).
-    pub fn heartbeat(&self) -> Option<(Vec<u64>, String)> {
-        let at = self.position.clone()?;
-        let p = crate::event::comparable(&at);
-        let live: Vec<u64> = self
-            .seats
+    /// A bookmark for every live seat, at the main watch's position or at the seat's floor
+    /// when that is further (after a reopen from below): nothing of its shard is pending up to
+    /// it, so its watch stays alive through a quiet collection and its position never goes back.
+    pub fn heartbeat(&self) -> Vec<(u64, String)> {
+        let Some(at) = self.position.as_deref() else {
+            return Vec::new();
+        };
+        let p = crate::event::comparable(at);
+        self.seats
             .iter()
             .filter(|(_, s)| matches!(s.phase, Phase::Live))
-            .filter(|(_, s)| match (p, s.seen) {
-                (Some(p), Some(seen)) => p >= seen,
-                _ => true,
+            .map(|(id, s)| match (p, s.seen) {
+                (Some(p), Some(seen)) if seen > p => (*id, seen.to_string()),
+                _ => (*id, at.to_string()),
             })
-            .map(|(id, _)| *id)
-            .collect();
-        Some((live, at))
+            .collect()
     }
 
     /// The main watch cannot go on from its position (a 410, an error event): every seat it
@@ -533,7 +532,7 @@ mod tests {
             [(1, "Shard(0)@11".into())]
         );
         assert_eq!(sent(&b.live(&line(To::All, 12), Some("12"))).len(), 2);
-        assert_eq!(b.heartbeat(), Some((vec![1, 2], "12".into())));
+        assert_eq!(b.heartbeat(), [(1, "12".into()), (2, "12".into())]);
     }
 
     #[test]
@@ -573,7 +572,7 @@ mod tests {
         b.join(2, 0, None);
         b.begin_catch_up();
         assert_eq!(sent(&b.caught_up("15", false)), [(2, "expired".into())]);
-        assert_eq!(b.heartbeat(), Some((vec![1], "20".into())));
+        assert_eq!(b.heartbeat(), [(1, "20".into())]);
     }
 
     #[test]
@@ -586,7 +585,7 @@ mod tests {
         assert_eq!(sent(&out), [(1, "expired".into()), (2, "expired".into())]);
         assert_eq!(b.position(), None);
         assert!(b.waiting());
-        assert_eq!(b.heartbeat(), None);
+        assert!(b.heartbeat().is_empty());
     }
 
     #[test]
@@ -661,8 +660,8 @@ mod tests {
             [(1, "Shard(0)@15".into())]
         );
         assert_eq!(sent(&b.live(&line(To::All, 18), Some("18"))).len(), 1);
-        // Nor a heartbeat below it.
-        assert_eq!(b.heartbeat(), Some((vec![1], "18".into())));
+        // Nor a heartbeat below it: its own floor instead.
+        assert_eq!(b.heartbeat(), [(1, "18".into()), (2, "20".into())]);
         assert_eq!(
             sent(&b.live(&line(To::Shard(0), 21), Some("21"))),
             [(1, "Shard(0)@21".into()), (2, "Shard(0)@21".into())]
@@ -694,7 +693,10 @@ mod tests {
             sent(&b.live(&line(To::Shard(1), 26), Some("26"))),
             [(2, "Shard(1)@26".into()), (3, "Shard(1)@26".into())]
         );
-        assert_eq!(b.heartbeat(), Some((vec![1, 2, 3], "26".into())));
+        assert_eq!(
+            b.heartbeat(),
+            [(1, "26".into()), (2, "26".into()), (3, "26".into())]
+        );
     }
 
     #[test]

@@ -101,8 +101,8 @@ pub enum Input {
 pub enum Effect {
     /// Hand a seat a line, or expire it.
     Seat(Out),
-    /// A bookmark at the main watch's position to these live seats.
-    Bookmark(Vec<u64>, String),
+    /// A bookmark to each of these live seats, at its position.
+    Bookmark(Vec<(u64, String)>),
     /// Close the main watch.
     CloseMain,
     /// Open the main watch from `from`, for `shards` (every seat's).
@@ -363,8 +363,9 @@ impl Hub {
         // No bookmark while no main watch runs: a part that hears nothing for its idle
         // timeout stalls, and says so, rather than look healthy.
         if self.main.is_some() {
-            if let Some((live, at)) = self.board.heartbeat() {
-                fx.push(Effect::Bookmark(live, at));
+            let beats = self.board.heartbeat();
+            if !beats.is_empty() {
+                fx.push(Effect::Bookmark(beats));
             }
         }
         Vec::new()

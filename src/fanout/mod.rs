@@ -40,7 +40,7 @@ mod hub;
 mod namespaces;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -163,6 +163,9 @@ pub struct HubHandle {
 /// A part's lines, as a watch's: see the module's doc.
 pub struct Subscription {
     rx: mpsc::Receiver<Bytes>,
+    /// Set by the hub when it expires the part: once its lines are read, it reads a 410 (even
+    /// when the 410 did not fit in its buffer), never a plain end it would resume after.
+    expired: Arc<AtomicBool>,
     /// Told when the part goes, so the hub stops asking the server for its shard at once.
     hub: mpsc::UnboundedSender<Seat>,
     id: u64,
@@ -176,14 +179,27 @@ impl Drop for Subscription {
 
 /// A part joining its hub (from its position, when it resumes), or leaving it.
 enum Seat {
-    Join(u64, u32, Option<String>, mpsc::Sender<Bytes>),
+    Join(u64, u32, Option<String>, Lines),
     Leave(u64),
 }
 
+/// The hub's end of a part's subscription.
+struct Lines {
+    tx: mpsc::Sender<Bytes>,
+    expired: Arc<AtomicBool>,
+}
+
 impl Subscription {
-    /// The next line; `None` once the hub let the part go (it then reads as a closed watch).
+    /// The next line; `None` once the hub let the part go (it then reads as a closed watch,
+    /// resumed from where it read), a 410 once the hub expired it.
     pub async fn next_line(&mut self) -> Option<Bytes> {
-        self.rx.recv().await
+        match self.rx.recv().await {
+            Some(line) => Some(line),
+            None if self.expired.swap(false, Ordering::Relaxed) => {
+                Some(Bytes::from_static(EXPIRED))
+            }
+            None => None,
+        }
     }
 
     /// A line already received, if any.
@@ -272,13 +288,19 @@ impl Fanouts {
                 .clone()
         };
         let (tx, rx) = mpsc::channel(LINES);
+        let expired = Arc::new(AtomicBool::new(false));
         let id = hub.next.fetch_add(1, Ordering::Relaxed);
         // A hub that stopped (the relay stops) leaves the part with a closed subscription.
+        let lines = Lines {
+            tx,
+            expired: expired.clone(),
+        };
         let _ = hub
             .joins
-            .send(Seat::Join(id, shard, from.map(str::to_string), tx));
+            .send(Seat::Join(id, shard, from.map(str::to_string), lines));
         Subscription {
             rx,
+            expired,
             hub: hub.joins.clone(),
             id,
         }
@@ -306,7 +328,7 @@ struct Reader {
     settings: Settings,
     collection: Collection,
     hub: hub::Hub,
-    lines: HashMap<u64, mpsc::Sender<Bytes>>,
+    lines: HashMap<u64, Lines>,
     /// The main watch and the running catch-up, when they run.
     main: Option<kubeapi::Watch>,
     catch: Option<Catch>,
@@ -386,7 +408,7 @@ impl Reader {
                 },
                 points = namespaces_changed(&mut self.known) => Input::Namespaces(points),
                 _ = beat.tick() => {
-                    self.lines.retain(|_, tx| !tx.is_closed());
+                    self.lines.retain(|_, l| !l.tx.is_closed());
                     let gone = self.hub.board().ids().filter(|id| !self.lines.contains_key(id)).collect();
                     Input::Beat { gone }
                 }
@@ -416,10 +438,13 @@ impl Reader {
                 self.deliver(out).await;
                 None
             }
-            Effect::Bookmark(live, at) => {
-                let line = self.bookmark(&at, false);
-                for id in live {
-                    self.deliver(Out::Send(id, line.clone())).await;
+            // A part with no room for a heartbeat has lines to read: it is not waited for.
+            Effect::Bookmark(beats) => {
+                for (id, at) in beats {
+                    let line = self.bookmark(&at, false);
+                    if let Some(l) = self.lines.get(&id) {
+                        let _ = l.tx.try_send(line);
+                    }
                 }
                 None
             }
@@ -715,13 +740,16 @@ impl Reader {
             Out::Send(id, line) => (id, line),
             Out::End(id, rv) => (id, self.bookmark(&rv, true)),
             Out::Expire(id) => {
-                if let Some(tx) = self.lines.remove(&id) {
-                    let _ = tx.try_send(Bytes::from_static(EXPIRED));
+                if let Some(l) = self.lines.remove(&id) {
+                    l.expired.store(true, Ordering::Relaxed);
+                    if l.tx.try_send(Bytes::from_static(EXPIRED)).is_ok() {
+                        l.expired.store(false, Ordering::Relaxed);
+                    }
                 }
                 return;
             }
         };
-        let Some(tx) = self.lines.get(&id) else {
+        let Some(tx) = self.lines.get(&id).map(|l| &l.tx) else {
             return;
         };
         let sent = match tx.try_send(line) {

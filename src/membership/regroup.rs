@@ -34,11 +34,11 @@
 //!
 //! # Crash safety
 //! The members are first written under the receiving streams and acknowledged, then tombstoned
-//! under the old ones, then the ConfigMap drops the old entries and the receiving streams'
-//! positions in one write. A crash at any point leaves the old stream recorded (in the topic or
-//! the ConfigMap), and the next term makes the same move again: writing a member twice changes
-//! nothing, and a receiving stream always relists. A configuration changed back meanwhile moves
-//! the members back the same way.
+//! under the old ones, then the ConfigMap drops the old entries and writes the receiving
+//! streams' (their carried positions, or none) in one write. A crash at any point leaves the old
+//! stream recorded (in the topic or the ConfigMap), and the next term makes the same move again:
+//! writing a member twice changes nothing, and the receiving entries come out the same. A
+//! configuration changed back meanwhile moves the members back the same way.
 //!
 //! [`plan`] is pure: the recorded streams in, the moves out; [`Regroup::run`] makes them.
 
@@ -49,7 +49,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::retire::still_runs;
 use crate::checkpoint::{encode, Saved, Store};
-use crate::config::{Config, Scope, Shape, Shapes, StreamId};
+use crate::config::{Channel, Config, Scope, Shape, Shapes, StreamId};
 use crate::membership::{self, Known, Members, Owner, Restored};
 use crate::metrics::Metrics;
 use crate::producer::Producer;
@@ -66,6 +66,9 @@ pub enum Move {
         /// Whether the streams gathered into `into` covered its whole scope, so that it may
         /// resume from the lowest of their positions.
         resumes: bool,
+        /// The query `from`'s position must have been taken under for it to stand under the
+        /// configuration now (its namespace's query, its selectors as configured now).
+        query: String,
     },
     /// The members of the stream over the collection, each to the stream of its namespace.
     Scatter {
@@ -76,6 +79,11 @@ pub enum Move {
         /// The namespaces of a fixed list (in the shard) it covered: each one's stream takes
         /// its position, even with no member to take over.
         listed: Vec<String>,
+        /// The query the stream over the collection must have had for its position to stand
+        /// for each namespace now: over a fixed list, the list's namespaces of the shard under
+        /// the selectors configured now. `None` (a dynamic scope, whose namespaces then cannot
+        /// be told): the receiving streams relist.
+        query: Option<String>,
     },
 }
 
@@ -129,22 +137,35 @@ pub fn plan<'a>(
                         from: id.to_string(),
                         into,
                         resumes,
+                        query: channel.query_fingerprint(Some(ns), false),
                     });
                 }
             }
             None if id == whole(name) && shapes.get(name) == Some(&Shape::PerNamespace) => {
-                let listed = match &channel.scope {
-                    Scope::Namespaces(list) => list
-                        .iter()
-                        .filter(|ns| shard.is_none_or(|k| cfg.sharding.shard_of(ns) == k))
-                        .cloned()
-                        .collect(),
+                let listed: Vec<String> = match &channel.scope {
+                    Scope::Namespaces(list) => {
+                        let mut listed: Vec<String> = list
+                            .iter()
+                            .filter(|ns| shard.is_none_or(|k| cfg.sharding.shard_of(ns) == k))
+                            .cloned()
+                            .collect();
+                        listed.sort();
+                        listed.dedup();
+                        listed
+                    }
                     Scope::Cluster | Scope::Selector(_) => Vec::new(),
                 };
+                let query = matches!(channel.scope, Scope::Namespaces(_)).then(|| {
+                    Channel::scoped_fingerprint(
+                        listed.iter().map(String::as_str),
+                        &channel.query_fingerprint(None, true),
+                    )
+                });
                 moves.push(Move::Scatter {
                     from: id.to_string(),
                     channel: name.to_string(),
                     listed,
+                    query,
                 });
             }
             _ => {}
@@ -235,7 +256,11 @@ impl Regroup<'_> {
                 }
                 restored.insert(&id, held);
                 let rv = match m {
-                    Move::Scatter { .. } => old.rv.clone(),
+                    // Only a position taken under the query the receiving streams cover now.
+                    Move::Scatter { query, .. } => old
+                        .rv
+                        .clone()
+                        .filter(|_| query.is_some() && old.query == *query),
                     Move::Gather { .. } => gathered.get(&id).cloned().flatten(),
                 };
                 let entry = receiving(saved.get(&id), &old, rv);
@@ -300,12 +325,14 @@ fn gathered_positions(
             from,
             into,
             resumes,
+            query,
         } = m
         else {
             continue;
         };
         let rv = saved
             .get(from)
+            .filter(|s| s.query.as_ref().is_none_or(|q| q == query))
             .and_then(|s| s.rv.as_deref())
             .filter(|_| *resumes)
             .and_then(|rv| Some((crate::event::comparable(rv)?, rv.to_string())));
@@ -324,6 +351,37 @@ fn gathered_positions(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The moves without the queries they carry (checked on their own).
+    fn strip(moves: Vec<Move>) -> Vec<Move> {
+        moves
+            .into_iter()
+            .map(|m| match m {
+                Move::Gather {
+                    from,
+                    into,
+                    resumes,
+                    ..
+                } => Move::Gather {
+                    from,
+                    into,
+                    resumes,
+                    query: String::new(),
+                },
+                Move::Scatter {
+                    from,
+                    channel,
+                    listed,
+                    ..
+                } => Move::Scatter {
+                    from,
+                    channel,
+                    listed,
+                    query: None,
+                },
+            })
+            .collect()
+    }
 
     fn cfg(channel: &str) -> Config {
         let yaml = format!(
@@ -364,12 +422,14 @@ mod tests {
             from: ns_stream.clone(),
             into: part.clone(),
             resumes,
+            query: String::new(),
         };
         // Each listed namespace of the shard gets the part's position, members or not.
         let scatter = Move::Scatter {
             from: part.clone(),
             channel: PODS.into(),
             listed: vec![ours.clone()],
+            query: None,
         };
         // (case, configuration, shapes, recorded streams, moves)
         type Case<'a> = (&'a str, String, &'a Shapes, Vec<String>, Vec<Move>);
@@ -441,7 +501,12 @@ mod tests {
         ];
         for (case, channel, shapes, recorded, expected) in table {
             let c = cfg(&channel);
-            let got = plan(&c, shapes, Some(0), recorded.iter().map(String::as_str));
+            let got = strip(plan(
+                &c,
+                shapes,
+                Some(0),
+                recorded.iter().map(String::as_str),
+            ));
             assert_eq!(got, expected, "{case}");
         }
     }
@@ -458,6 +523,7 @@ mod tests {
             from: from.into(),
             into: into.into(),
             resumes,
+            query: "q".into(),
         };
         let saved = HashMap::from([
             ("p.a".to_string(), at(Some("10"), 5)),
@@ -506,31 +572,35 @@ mod tests {
             from: format!("watchNamespacedPods.{ns}"),
             into: "watchNamespacedPods._all".into(),
             resumes,
+            query: String::new(),
         };
         let ids = ["watchNamespacedPods.a", "watchNamespacedPods.b"];
         assert_eq!(
-            plan(&listed("clusterWide"), &wide, None, ids),
+            strip(plan(&listed("clusterWide"), &wide, None, ids)),
             vec![gather("a", true), gather("b", true)]
         );
         // namespaces: [a, b] becoming allNamespaces: other namespaces were never read.
         assert_eq!(
-            plan(&every, &Shapes::new(), None, ids),
+            strip(plan(&every, &Shapes::new(), None, ids)),
             vec![gather("a", false), gather("b", false)]
         );
+        // Each listed namespace's stream takes the position when the stream over the
+        // collection covered exactly those namespaces under the selectors configured now.
+        let per_ns_cfg = listed("perNamespace");
+        let base = per_ns_cfg.channels[0].query_fingerprint(None, true);
         assert_eq!(
-            plan(
-                &listed("perNamespace"),
-                &per_ns,
-                None,
-                ["watchNamespacedPods._all"]
-            ),
+            plan(&per_ns_cfg, &per_ns, None, ["watchNamespacedPods._all"]),
             vec![Move::Scatter {
                 from: "watchNamespacedPods._all".into(),
                 channel: "watchNamespacedPods".into(),
                 listed: vec!["a".into(), "b".into()],
+                query: Some(Channel::scoped_fingerprint(["a", "b"], &base)),
             }]
         );
-        assert_eq!(plan(&listed("perNamespace"), &per_ns, None, ids), vec![]);
+        assert_eq!(
+            strip(plan(&listed("perNamespace"), &per_ns, None, ids)),
+            vec![]
+        );
         // A part of a sharded release is not this relay's to move.
         assert_eq!(
             plan(

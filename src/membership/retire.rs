@@ -126,13 +126,23 @@ impl Retire<'_> {
             return true;
         }
         // Forget the positions first: a run resuming from one would never undo what follows.
-        // The kind a stream learned stays: its retractions name it.
+        // The kind a stream learned stays: its retractions name it. Their new era (the DELETEDs
+        // come after whatever the stream announced) is written with it, so that it raises the
+        // ConfigMap's era floor before anything is published in it.
+        let eras: BTreeMap<&String, u64> = ids
+            .iter()
+            .map(|id| {
+                let previous = saved.get(id).map_or(0, |s| s.era).max(self.era_floor);
+                (id, envelope::next_era(previous))
+            })
+            .collect();
         let forgotten: BTreeMap<String, Option<String>> = ids
             .iter()
             .map(|id| {
                 let kind = saved.get(id).and_then(|s| s.kind.clone());
                 let entry = checkpoint::encode(&Saved {
                     kind,
+                    era: eras[id],
                     ..Saved::default()
                 });
                 (id.clone(), Some(entry))
@@ -146,8 +156,7 @@ impl Retire<'_> {
             let members = restored.get(id);
             let rv = saved.get(id).and_then(|s| s.rv.clone()).unwrap_or_default();
             let kind = saved.get(id).and_then(|s| s.kind.as_deref());
-            // A new era: the DELETEDs come after whatever the stream announced.
-            let era = envelope::next_era(saved.get(id).map_or(0, |s| s.era).max(self.era_floor));
+            let era = eras[id];
             tracing::info!(stream = %id, objects = members.map_or(0, Members::len), "stream no longer configured in this shape; retracting what it announced");
             if let Some(members) = members {
                 if let Err(e) = self.retract(id, members, (&rv, era), kind, stop).await {

@@ -187,6 +187,9 @@ pub async fn run(
     let mut suspect: HashSet<String> = HashSet::new();
     let mut polled = Instant::now();
     let mut wanted = registry.writes_wanted();
+    // A stream that asked before this writer watched is served by its first pass.
+    wanted.mark_changed();
+    let mut next = tokio::time::Instant::now() + interval;
     let poll = match store.is_owned() {
         true => SHARD_RESYNC_POLL,
         false => RESYNC_POLL,
@@ -198,10 +201,17 @@ pub async fn run(
                 return;
             }
             _ = cancel.cancelled() => true,
-            _ = tokio::time::sleep(interval) => false,
-            // A stream waits for its checkpoint (a forgotten position, a new era): now.
-            _ = wanted.changed() => false,
+            _ = tokio::time::sleep_until(next) => false,
+            // A stream of this part waits for its checkpoint (a forgotten position, a new
+            // era): now; another part's waits for its own writer.
+            _ = wanted.changed() => {
+                if !registry.take_wanted(&*part) {
+                    continue;
+                }
+                false
+            }
         };
+        next = tokio::time::Instant::now() + interval;
         // A stop while waiting for a turn goes straight to the last write.
         let paced = || async {
             tokio::select! {

@@ -191,6 +191,9 @@ struct Position {
     /// A full resync was requested: the next resync re-announces every object, not only those
     /// changed since the position (see [`sync`]).
     full_resync: bool,
+    /// The stream's era is new and written, and nothing has reached a position in it yet: a
+    /// sync without a position announces in it without taking (and writing) another.
+    era_fresh: bool,
 }
 
 /// What a stream resumes from: its saved position and the members it announced.
@@ -306,6 +309,7 @@ impl Stream {
                 route_id: plan.route_id,
                 new_route: plan.new_route,
                 full_resync: false,
+                era_fresh: false,
             },
             syncs: Syncs {
                 permits: wiring.syncs.clone(),
@@ -465,7 +469,10 @@ impl Stream {
         // the history the stream's last records came from (see `envelope::version`). The era
         // is written before anything is published in it, so that a crash midway leaves the
         // next owner (whose clock may be behind) a floor above it.
-        if self.outbox.checkpoint().is_none() && !self.forget_position().await {
+        if self.outbox.checkpoint().is_none()
+            && !self.position.era_fresh
+            && !self.forget_position().await
+        {
             return None;
         }
         let outcome = match via {
@@ -475,7 +482,10 @@ impl Stream {
         self.syncs.held = Permit::None;
         let outcome = match outcome {
             Outcome::Synced { .. } => match self.settle_scope().await {
-                Ok(()) => outcome,
+                Ok(()) => {
+                    self.position.era_fresh = false;
+                    outcome
+                }
                 Err(why) => Self::stopped(why),
             },
             outcome => outcome,

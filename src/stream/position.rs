@@ -22,6 +22,7 @@ impl Stream {
     pub(super) async fn forget_position(&mut self) -> bool {
         self.outbox.forget_position();
         self.outbox.next_era();
+        self.position.era_fresh = true;
         let mut saved = self
             .outbox
             .take_saved()

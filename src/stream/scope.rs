@@ -109,15 +109,10 @@ impl Scoped {
 
     /// The stream's query fingerprint under the namespaces it applied.
     pub(super) fn fingerprint(&self) -> String {
-        let hash = self
-            .applied
-            .iter()
-            .flat_map(|ns| ns.bytes().chain(std::iter::once(b'\n')))
-            .chain(self.base.bytes())
-            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-            });
-        format!("{hash:016x}")
+        crate::config::Channel::scoped_fingerprint(
+            self.applied.iter().map(String::as_str),
+            &self.base,
+        )
     }
 
     pub(super) fn saved_query(&self) -> Option<&String> {

@@ -279,7 +279,7 @@ fn heartbeats_go_only_while_a_main_watch_runs() {
         &mut hub,
         t0,
         vec![
-            (1000, beat(), vec![Effect::Bookmark(vec![1], "10".into())]),
+            (1000, beat(), vec![Effect::Bookmark(vec![(1, "10".into())])]),
             (1001, Input::MainEnded, vec![Effect::CloseMain]),
             // The reopen keeps failing: parts hear nothing, stall and say so.
             (1002, Input::Due, vec![open("10", &[0])]),
