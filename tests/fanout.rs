@@ -201,12 +201,11 @@ async fn handovers_publish_every_change_the_server_holds() {
     let group = MemoryGroup::default();
     let cluster = || pods_by(&bed.sim, &NAMESPACES, |_| true, version);
     let consumer = || consumer_view_by(&events(&memory), version);
-    let owned = |r: &Relay| r.metrics.shards_owned.get();
     let start = || Relay::start_on_lane(&bed, cfg.clone(), Lane::new(memory.clone()), &group);
     let pause = || tokio::time::sleep(std::time::Duration::from_millis(400));
 
     let a = start();
-    eventually(|| owned(&a) == 4, || "A never owned the shards".into()).await;
+    owns(&a, Some(4), "A never owned the shards").await;
     a.wait_up(4).await;
     // Changes from here on: the first sync before them announced the state as it was.
     let from = bed.sim.current_rv();
@@ -219,16 +218,16 @@ async fn handovers_publish_every_change_the_server_holds() {
     });
     pause().await;
     let b = start();
-    eventually(|| owned(&b) > 0, || "B never took a shard".into()).await;
+    owns(&b, None, "B never took a shard").await;
     pause().await;
     a.kill().await;
-    eventually(|| owned(&b) == 4, || "B never took A's shards".into()).await;
+    owns(&b, Some(4), "B never took A's shards").await;
     pause().await;
     let c = start();
-    eventually(|| owned(&c) > 0, || "C never took a shard".into()).await;
+    owns(&c, None, "C never took a shard").await;
     pause().await;
     c.stop().await;
-    eventually(|| owned(&b) == 4, || "B never took C's shards".into()).await;
+    owns(&b, Some(4), "B never took C's shards").await;
     pause().await;
     let made = churn.stop().await;
     eventually(
@@ -236,11 +235,7 @@ async fn handovers_publish_every_change_the_server_holds() {
         || "the consumer's view never became the cluster's".into(),
     )
     .await;
-    let journal: Vec<_> = bed
-        .journal("pods", None)
-        .into_iter()
-        .filter(|e| e.rv > from)
-        .collect();
+    let journal = bed.journal_after("pods", None, from);
     let lost = unpublished(&events(&memory), &journal);
     b.stop().await;
     assert!(made > 100, "the churn made {made} changes only");
@@ -251,6 +246,16 @@ async fn handovers_publish_every_change_the_server_holds() {
         journal.len(),
         &lost[..lost.len().min(5)]
     );
+}
+
+/// Waits until `r` owns `n` shards (some, with `None`).
+async fn owns(r: &Relay, n: Option<i64>, what: &str) {
+    let owned = || r.metrics.shards_owned.get();
+    eventually(
+        || n.map_or(owned() > 0, |n| owned() == n),
+        || what.to_string(),
+    )
+    .await;
 }
 
 fn published(metrics: &Metrics) -> f64 {

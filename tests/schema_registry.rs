@@ -104,13 +104,38 @@ async fn relay_with(registry: &Arc<Registry>) -> (Bed, Arc<Memory>, Relay) {
             .unwrap();
     }
     let producer = Arc::new(Memory::new());
-    let cfg = bed.config_with(
-        "  - operationId: watchNamespacedPods\n    namespaces: [a]\n    topic: pods\n",
-        "",
-        &format!("schemaRegistry:\n  url: {url}/apis/ccompat/v7\n"),
-    );
+    let cfg = pods_config(&bed, &url, "namespaces: [a]");
     let relay = Relay::start_with(&bed, cfg, Some(producer.clone()));
     (bed, producer, relay)
+}
+
+/// The pods channel over `scope`, into topic `pods`, with the registry at `url`.
+fn pods_config(bed: &Bed, url: &str, scope: &str) -> watchrelay::config::Config {
+    bed.config_with(
+        &format!("  - operationId: watchNamespacedPods\n    {scope}\n    topic: pods\n"),
+        "",
+        &format!("schemaRegistry:\n  url: {url}/apis/ccompat/v7\n"),
+    )
+}
+
+/// The records of the pods topic, tombstones left out.
+fn pods_of(producer: &Memory) -> Vec<watchrelay::producer::Record> {
+    events(producer)
+        .into_iter()
+        .filter(|r| r.topic == "pods" && !r.tombstone)
+        .collect()
+}
+
+/// Every record carries the topic's schema ids (content id 7, as the registry answers).
+fn assert_tagged(records: &[watchrelay::producer::Record]) {
+    for r in records {
+        assert_eq!(
+            r.headers.get_bytes("apicurio.value.contentId"),
+            Some(&7u64.to_be_bytes()[..]),
+            "a record without its schema's ids: {}",
+            String::from_utf8_lossy(&r.value)
+        );
+    }
 }
 
 fn pending(relay: &Relay) -> bool {
@@ -194,17 +219,8 @@ async fn a_stream_leaving_at_start_waits_for_the_schema() {
             .unwrap();
     }
     let producer = Arc::new(Memory::new());
-    let cfg = bed.config_with(
-        "  - operationId: watchNamespacedPods\n    namespaceSelector: relay=yes\n    topic: pods\n",
-        "",
-        &format!("schemaRegistry:\n  url: {url}/apis/ccompat/v7\n"),
-    );
-    let pods = || -> Vec<_> {
-        events(&producer)
-            .into_iter()
-            .filter(|r| r.topic == "pods" && !r.tombstone)
-            .collect()
-    };
+    let cfg = pods_config(&bed, &url, "namespaceSelector: relay=yes");
+    let pods = || pods_of(&producer);
     let relay = Relay::start_with(&bed, cfg.clone(), Some(producer.clone()));
     eventually(
         || pods().len() >= 3,
@@ -225,14 +241,7 @@ async fn a_stream_leaving_at_start_waits_for_the_schema() {
     };
     eventually(|| deleted() == 3, || "the pods were never deleted".into()).await;
     relay.stop().await;
-    for r in pods() {
-        assert_eq!(
-            r.headers.get_bytes("apicurio.value.contentId"),
-            Some(&7u64.to_be_bytes()[..]),
-            "a record without its schema's ids: {}",
-            String::from_utf8_lossy(&r.value)
-        );
-    }
+    assert_tagged(&pods());
 }
 
 /// A namespace dropped from a channel's list is retired: its objects' DELETEDs go to the topic
@@ -248,19 +257,8 @@ async fn a_retirement_on_a_configured_topic_carries_the_schema() {
             .unwrap();
     }
     let producer = Arc::new(Memory::new());
-    let cfg = |namespaces: &str| {
-        bed.config_with(
-            &format!("  - operationId: watchNamespacedPods\n    namespaces: [{namespaces}]\n    topic: pods\n"),
-            "",
-            &format!("schemaRegistry:\n  url: {url}/apis/ccompat/v7\n"),
-        )
-    };
-    let pods = || -> Vec<_> {
-        events(&producer)
-            .into_iter()
-            .filter(|r| r.topic == "pods" && !r.tombstone)
-            .collect()
-    };
+    let cfg = |namespaces: &str| pods_config(&bed, &url, &format!("namespaces: [{namespaces}]"));
+    let pods = || pods_of(&producer);
     let relay = Relay::start_with(&bed, cfg("a, b"), Some(producer.clone()));
     eventually(
         || pods().len() >= 2,
@@ -279,12 +277,5 @@ async fn a_retirement_on_a_configured_topic_carries_the_schema() {
     )
     .await;
     relay.stop().await;
-    for r in pods() {
-        assert_eq!(
-            r.headers.get_bytes("apicurio.value.contentId"),
-            Some(&7u64.to_be_bytes()[..]),
-            "a record without its schema's ids: {}",
-            String::from_utf8_lossy(&r.value)
-        );
-    }
+    assert_tagged(&pods());
 }

@@ -113,6 +113,9 @@ pub enum Effect {
     CatchBecomesMain,
     /// Close the catch-up.
     CloseCatch,
+    /// The reads were not asked for namespaces of these shards (created since): their seats
+    /// relist (said in the log).
+    Missed(BTreeSet<u32>),
 }
 
 /// The hub's state beside its board.
@@ -304,7 +307,11 @@ impl Hub {
             }
             Input::Namespaces(points) => {
                 let missed = self.missed(&points);
-                self.board.missed(&missed)
+                let out = self.board.missed(&missed);
+                if !missed.is_empty() {
+                    fx.push(Effect::Missed(missed));
+                }
+                out
             }
             Input::Beat { gone } => {
                 for id in gone {

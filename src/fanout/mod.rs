@@ -456,6 +456,10 @@ impl Reader {
                 self.catch = None;
                 None
             }
+            Effect::Missed(missed) => {
+                tracing::info!(path = %self.collection.path, ?missed, "namespaces the API server was not asked for: the shards of them relist");
+                None
+            }
             Effect::CatchBecomesMain => {
                 match self.catch.take() {
                     Some(Catch::Watch(w)) => self.main = Some(w),

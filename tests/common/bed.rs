@@ -196,6 +196,18 @@ impl Bed {
             .collect()
     }
 
+    /// Journal entries of one resource (and namespace, when given) after resourceVersion `rv`.
+    pub fn journal_after(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        rv: u64,
+    ) -> Vec<JournalEntry> {
+        let mut changes = self.journal(resource, namespace);
+        changes.retain(|e| e.rv > rv);
+        changes
+    }
+
     /// Reads `topic` until every journal entry has its envelope there.
     pub async fn read_covering(&self, topic: &str, expected: &[JournalEntry]) -> Vec<Msg> {
         let want: HashSet<String> = expected.iter().map(event_id).collect();

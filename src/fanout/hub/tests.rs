@@ -69,41 +69,48 @@ fn run(hub: &mut Hub, t0: Instant, table: Vec<(u64, Input, Vec<Effect>)>) {
     }
 }
 
+/// The rows of a catch-up of `s` beginning at `ms`: the deadline, then the list opened.
+fn catch_up_begins(ms: u64, s: &[u32]) -> [(u64, Input, Vec<Effect>); 2] {
+    [
+        (
+            ms,
+            Input::Due,
+            vec![Effect::BeginCatchUp { shards: shards(s) }],
+        ),
+        (ms + 1, Input::CatchBegun { asked: None }, vec![]),
+    ]
+}
+
 /// A hub whose seat 1 (shard 0) is live on a main watch at 10, at `t0`.
 fn live_one(t0: Instant) -> Hub {
     let mut hub = Hub::new(timing(), t0);
     run(
         &mut hub,
         t0,
-        vec![
-            (0, join(1, 0, None), vec![]),
-            (
-                500,
-                Input::Due,
-                vec![Effect::BeginCatchUp {
-                    shards: shards(&[0]),
-                }],
-            ),
-            (501, Input::CatchBegun { asked: None }, vec![]),
-            (
-                502,
-                Input::Listed(line(To::Shard(0), 5)),
-                vec![send(1, To::Shard(0), 5)],
-            ),
-            // A bookmark of the list goes to nobody.
-            (503, Input::Listed(line(To::All, 6)), vec![]),
-            (
-                504,
-                Input::CaughtUp {
-                    rv: "10".into(),
-                    watch: true,
-                },
-                vec![
-                    Effect::CatchBecomesMain,
-                    Effect::Seat(Out::End(1, "10".into())),
-                ],
-            ),
-        ],
+        [(0, join(1, 0, None), vec![])]
+            .into_iter()
+            .chain(catch_up_begins(500, &[0]))
+            .chain([
+                (
+                    502,
+                    Input::Listed(line(To::Shard(0), 5)),
+                    vec![send(1, To::Shard(0), 5)],
+                ),
+                // A bookmark of the list goes to nobody.
+                (503, Input::Listed(line(To::All, 6)), vec![]),
+                (
+                    504,
+                    Input::CaughtUp {
+                        rv: "10".into(),
+                        watch: true,
+                    },
+                    vec![
+                        Effect::CatchBecomesMain,
+                        Effect::Seat(Out::End(1, "10".into())),
+                    ],
+                ),
+            ])
+            .collect(),
     );
     hub
 }
@@ -241,31 +248,26 @@ fn a_catch_up_that_fails_midway_expires_its_seats() {
     run(
         &mut hub,
         t0,
-        vec![
-            (600, join(2, 1, None), vec![]),
-            (
-                1100,
-                Input::Due,
-                vec![Effect::BeginCatchUp {
-                    shards: shards(&[1]),
-                }],
-            ),
-            (1101, Input::CatchBegun { asked: None }, vec![]),
-            (
-                1102,
-                Input::Listed(line(To::Shard(1), 4)),
-                vec![send(2, To::Shard(1), 4)],
-            ),
-            // Cut after part of the list: seat 2 restarts its sync (and reconciles).
-            (
-                1103,
-                Input::CatchFailed {
-                    begun: true,
-                    retry_after: None,
-                },
-                vec![Effect::CloseCatch, Effect::Seat(Out::Expire(2))],
-            ),
-        ],
+        [(600, join(2, 1, None), vec![])]
+            .into_iter()
+            .chain(catch_up_begins(1100, &[1]))
+            .chain([
+                (
+                    1102,
+                    Input::Listed(line(To::Shard(1), 4)),
+                    vec![send(2, To::Shard(1), 4)],
+                ),
+                // Cut after part of the list: seat 2 restarts its sync (and reconciles).
+                (
+                    1103,
+                    Input::CatchFailed {
+                        begun: true,
+                        retry_after: None,
+                    },
+                    vec![Effect::CloseCatch, Effect::Seat(Out::Expire(2))],
+                ),
+            ])
+            .collect(),
     );
     assert!(!hub.board().has_shard(1));
 }
@@ -408,4 +410,31 @@ fn nobody_reading_closes_every_read() {
     );
     assert_eq!(hub.board().position(), None);
     assert_eq!(hub.deadline(), None);
+}
+
+#[test]
+fn a_namespace_the_reads_were_not_asked_for_relists_its_shard() {
+    let t0 = Instant::now();
+    let mut hub = Hub::new(timing(), t0);
+    let known = vec![(100, 0)];
+    let asked = Some((shards(&[0]), Cover::of(&known, &shards(&[0]), 400)));
+    hub.step(join(1, 0, None), t0);
+    hub.step(Input::Due, t0 + QUIET);
+    hub.step(Input::CatchBegun { asked }, t0 + QUIET);
+    hub.step(
+        Input::CaughtUp {
+            rv: "10".into(),
+            watch: true,
+        },
+        t0 + QUIET,
+    );
+    // Nothing new: nothing relists.
+    let same = std::sync::Arc::new(known.clone());
+    assert_eq!(hub.step(Input::Namespaces(same), t0 + QUIET), vec![]);
+    // A namespace of shard 0 created outside every range asked for.
+    let more = std::sync::Arc::new(vec![(5, 0), (100, 0)]);
+    assert_eq!(
+        hub.step(Input::Namespaces(more), t0 + QUIET),
+        vec![Effect::Missed(shards(&[0])), Effect::Seat(Out::Expire(1))]
+    );
 }
