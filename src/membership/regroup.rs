@@ -69,6 +69,9 @@ pub enum Move {
         /// The query `from`'s position must have been taken under for it to stand under the
         /// configuration now (its namespace's query, its selectors as configured now).
         query: String,
+        /// The query `into` has under the configuration now, stamped with a carried position
+        /// so that a later move can check it in turn (over a fixed list; `None` otherwise).
+        into_query: Option<String>,
     },
     /// The members of the stream over the collection, each to the stream of its namespace.
     Scatter {
@@ -84,6 +87,9 @@ pub enum Move {
         /// the selectors configured now. `None` (a dynamic scope, whose namespaces then cannot
         /// be told): the receiving streams relist.
         query: Option<String>,
+        /// The query each listed namespace's stream has under the configuration now, stamped
+        /// with a carried position.
+        queries: BTreeMap<String, String>,
     },
 }
 
@@ -133,11 +139,28 @@ pub fn plan<'a>(
                             }),
                         Scope::Cluster | Scope::Selector(_) => false,
                     };
+                    let into_query = match &channel.scope {
+                        Scope::Namespaces(list) => {
+                            let mut listed: Vec<&str> = list
+                                .iter()
+                                .map(String::as_str)
+                                .filter(|ns| shard.is_none_or(|k| cfg.sharding.shard_of(ns) == k))
+                                .collect();
+                            listed.sort_unstable();
+                            listed.dedup();
+                            Some(Channel::scoped_fingerprint(
+                                listed,
+                                &channel.query_fingerprint(None, true),
+                            ))
+                        }
+                        Scope::Cluster | Scope::Selector(_) => None,
+                    };
                     moves.push(Move::Gather {
                         from: id.to_string(),
                         into,
                         resumes,
                         query: channel.query_fingerprint(Some(ns), false),
+                        into_query,
                     });
                 }
             }
@@ -161,11 +184,16 @@ pub fn plan<'a>(
                         &channel.query_fingerprint(None, true),
                     )
                 });
+                let queries = listed
+                    .iter()
+                    .map(|ns| (ns.clone(), channel.query_fingerprint(Some(ns), false)))
+                    .collect();
                 moves.push(Move::Scatter {
                     from: id.to_string(),
                     channel: name.to_string(),
                     listed,
                     query,
+                    queries,
                 });
             }
             _ => {}
@@ -255,15 +283,22 @@ impl Regroup<'_> {
                     held.insert(&uid, &known);
                 }
                 restored.insert(&id, held);
-                let rv = match m {
-                    // Only a position taken under the query the receiving streams cover now.
-                    Move::Scatter { query, .. } => old
-                        .rv
-                        .clone()
-                        .filter(|_| query.is_some() && old.query == *query),
-                    Move::Gather { .. } => gathered.get(&id).cloned().flatten(),
+                // Only a position taken under the query the receiving streams cover now; it is
+                // stamped with their query, for the next move to check.
+                let (rv, query) = match m {
+                    Move::Scatter { query, queries, .. } => {
+                        let rv = old
+                            .rv
+                            .clone()
+                            .filter(|_| query.is_some() && old.query == *query);
+                        let ns = StreamId::parts(&id).and_then(|(_, ns)| ns);
+                        (rv, ns.and_then(|ns| queries.get(ns).cloned()))
+                    }
+                    Move::Gather { into_query, .. } => {
+                        (gathered.get(&id).cloned().flatten(), into_query.clone())
+                    }
                 };
-                let entry = receiving(saved.get(&id), &old, rv);
+                let entry = receiving(saved.get(&id), &old, rv, query);
                 updates.insert(id.clone(), Some(encode(&entry)));
                 saved.insert(id, entry);
             }
@@ -300,11 +335,13 @@ impl Regroup<'_> {
 
 /// The entry of a stream that takes members over from `old`: where it published and what it
 /// relays (its own entry's, if it has one), the position `rv` when the old shape covered its
-/// scope (see the module's doc), and the highest era of the two, so that versions never go
-/// back. Its query is not stamped: the stream stamps its own once it runs.
-fn receiving(own: Option<&Saved>, old: &Saved, rv: Option<String>) -> Saved {
+/// scope (see the module's doc) with the `query` it stands under, and the highest era of the
+/// two, so that versions never go back. Without a position no query is stamped: the stream
+/// stamps its own once it runs.
+fn receiving(own: Option<&Saved>, old: &Saved, rv: Option<String>, query: Option<String>) -> Saved {
     let base = own.unwrap_or(old);
     Saved {
+        query: query.filter(|_| rv.is_some()),
         rv,
         route: base.route.clone(),
         kind: base.kind.clone().or_else(|| old.kind.clone()),
@@ -326,6 +363,7 @@ fn gathered_positions(
             into,
             resumes,
             query,
+            ..
         } = m
         else {
             continue;
@@ -367,6 +405,7 @@ mod tests {
                     into,
                     resumes,
                     query: String::new(),
+                    into_query: None,
                 },
                 Move::Scatter {
                     from,
@@ -378,6 +417,7 @@ mod tests {
                     channel,
                     listed,
                     query: None,
+                    queries: BTreeMap::new(),
                 },
             })
             .collect()
@@ -423,6 +463,7 @@ mod tests {
             into: part.clone(),
             resumes,
             query: String::new(),
+            into_query: None,
         };
         // Each listed namespace of the shard gets the part's position, members or not.
         let scatter = Move::Scatter {
@@ -430,6 +471,7 @@ mod tests {
             channel: PODS.into(),
             listed: vec![ours.clone()],
             query: None,
+            queries: BTreeMap::new(),
         };
         // (case, configuration, shapes, recorded streams, moves)
         type Case<'a> = (&'a str, String, &'a Shapes, Vec<String>, Vec<Move>);
@@ -524,6 +566,7 @@ mod tests {
             into: into.into(),
             resumes,
             query: "q".into(),
+            into_query: None,
         };
         let saved = HashMap::from([
             ("p.a".to_string(), at(Some("10"), 5)),
@@ -542,16 +585,25 @@ mod tests {
         assert_eq!(got["x"].as_deref(), Some("7"));
         assert_eq!(got["y"], None, "one of them had no position");
         assert_eq!(got["z"], None, "the old streams did not cover the scope");
-        // The era never goes back; the query is left for the stream to stamp.
+        // The era never goes back; a carried position is stamped with the query it stands
+        // under, for the next move to check.
         let own = Saved {
-            query: Some("q".into()),
+            query: Some("old".into()),
             ..at(None, 3)
         };
-        let entry = receiving(Some(&own), &saved["p.b"], Some("7".into()));
-        assert_eq!(
-            (entry.rv.as_deref(), entry.era, entry.query),
-            (Some("7"), 9, None)
+        let entry = receiving(
+            Some(&own),
+            &saved["p.b"],
+            Some("7".into()),
+            Some("q".into()),
         );
+        assert_eq!(
+            (entry.rv.as_deref(), entry.era, entry.query.as_deref()),
+            (Some("7"), 9, Some("q"))
+        );
+        // Without a position, no query is stamped.
+        let entry = receiving(None, &saved["p.c"], None, Some("q".into()));
+        assert_eq!((entry.rv, entry.query), (None, None));
     }
 
     #[test]
@@ -573,6 +625,7 @@ mod tests {
             into: "watchNamespacedPods._all".into(),
             resumes,
             query: String::new(),
+            into_query: None,
         };
         let ids = ["watchNamespacedPods.a", "watchNamespacedPods.b"];
         assert_eq!(
@@ -595,6 +648,12 @@ mod tests {
                 channel: "watchNamespacedPods".into(),
                 listed: vec!["a".into(), "b".into()],
                 query: Some(Channel::scoped_fingerprint(["a", "b"], &base)),
+                queries: ["a", "b"]
+                    .map(|ns| {
+                        let q = per_ns_cfg.channels[0].query_fingerprint(Some(ns), false);
+                        (ns.to_string(), q)
+                    })
+                    .into(),
             }]
         );
         assert_eq!(
