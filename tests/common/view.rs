@@ -166,10 +166,22 @@ pub fn kafka_view(msgs: &[Msg]) -> BTreeMap<String, String> {
     view
 }
 
-/// The changes of `journal` that no record of `log` published, as `uid/rv (type key)`: every
-/// change the relay saw or could still see after its positions must have its record, whose
-/// `watchrelay.id` is the change's `uid/rv`.
-pub fn unpublished(log: &[Record], journal: &[watchrelay_sim::JournalEntry]) -> Vec<String> {
+/// Asserts every change of `journal` has its record in `log`: every change the relay saw or
+/// could still see after its positions, whose `watchrelay.id` is the change's `uid/rv`. A
+/// failure names the first few missing and ends with `context`.
+pub fn assert_published(log: &[Record], journal: &[watchrelay_sim::JournalEntry], context: &str) {
+    let lost = unpublished(log, journal);
+    assert!(
+        lost.is_empty(),
+        "{} of {} changes never published, e.g. {:?}\n{context}",
+        lost.len(),
+        journal.len(),
+        &lost[..lost.len().min(5)]
+    );
+}
+
+/// The changes of `journal` that no record of `log` published, as `uid/rv (type key)`.
+fn unpublished(log: &[Record], journal: &[watchrelay_sim::JournalEntry]) -> Vec<String> {
     let ids: std::collections::HashSet<String> = log
         .iter()
         .filter(|r| !r.tombstone)

@@ -81,21 +81,28 @@ fn catch_up_begins(ms: u64, s: &[u32]) -> [(u64, Input, Vec<Effect>); 2] {
     ]
 }
 
+/// The rows of seat `id` of `shard` joining at `ms`, its catch-up beginning 500 ms later, and
+/// an item of its shard at `rv` listed to it.
+fn joins_and_lists(ms: u64, id: u64, shard: u32, rv: u64) -> Vec<(u64, Input, Vec<Effect>)> {
+    let mut rows = vec![(ms, join(id, shard, None), vec![])];
+    rows.extend(catch_up_begins(ms + 500, &[shard]));
+    rows.push((
+        ms + 502,
+        Input::Listed(line(To::Shard(shard), rv)),
+        vec![send(id, To::Shard(shard), rv)],
+    ));
+    rows
+}
+
 /// A hub whose seat 1 (shard 0) is live on a main watch at 10, at `t0`.
 fn live_one(t0: Instant) -> Hub {
     let mut hub = Hub::new(timing(), t0);
     run(
         &mut hub,
         t0,
-        [(0, join(1, 0, None), vec![])]
+        joins_and_lists(0, 1, 0, 5)
             .into_iter()
-            .chain(catch_up_begins(500, &[0]))
             .chain([
-                (
-                    502,
-                    Input::Listed(line(To::Shard(0), 5)),
-                    vec![send(1, To::Shard(0), 5)],
-                ),
                 // A bookmark of the list goes to nobody.
                 (503, Input::Listed(line(To::All, 6)), vec![]),
                 (
@@ -248,15 +255,9 @@ fn a_catch_up_that_fails_midway_expires_its_seats() {
     run(
         &mut hub,
         t0,
-        [(600, join(2, 1, None), vec![])]
+        joins_and_lists(600, 2, 1, 4)
             .into_iter()
-            .chain(catch_up_begins(1100, &[1]))
             .chain([
-                (
-                    1102,
-                    Input::Listed(line(To::Shard(1), 4)),
-                    vec![send(2, To::Shard(1), 4)],
-                ),
                 // Cut after part of the list: seat 2 restarts its sync (and reconciles).
                 (
                     1103,
