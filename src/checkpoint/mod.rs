@@ -106,15 +106,15 @@ pub(crate) fn era_of(entry: &str) -> u64 {
     serde_json::from_str::<Era>(entry).map_or(0, |e| e.era)
 }
 
-/// The era floor of `cm`: its annotation, or the highest era of its entries if above.
-pub fn era_floor(cm: &ConfigMap) -> u64 {
-    let stamped = cm
-        .metadata
+/// The era floor stamped on `cm` ([`ERA_FLOOR_ANNOTATION`]), 0 without one. A ConfigMap
+/// written before the annotation existed holds its floor in its entries' eras alone: see
+/// [`Loaded::era_floor`].
+pub fn stamped_era_floor(cm: &ConfigMap) -> u64 {
+    cm.metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(ERA_FLOOR_ANNOTATION)?.parse().ok())
-        .unwrap_or(0);
-    read(cm).values().map(|s| s.era).fold(stamped, u64::max)
+        .unwrap_or(0)
 }
 
 /// The [`RESYNC_ANNOTATION`] value asking for a resync of `what`.
@@ -184,7 +184,8 @@ pub struct Loaded {
     /// A shard's ConfigMap: what its share of a single-leader release's state was copied from
     /// ([`MIGRATED_KEY`]), once it was.
     pub migrated: Option<String>,
-    /// The highest era its streams were written with ([`ERA_FLOOR_ANNOTATION`]).
+    /// The highest era its streams were written with: the [`ERA_FLOOR_ANNOTATION`], or the
+    /// highest era of its entries if above.
     pub era_floor: u64,
 }
 

@@ -125,12 +125,19 @@ impl Store {
         let cm = self.current().await?;
         let loaded = cm
             .as_ref()
-            .map(|cm| Loaded {
-                streams: read(cm),
-                mark: read_mark(cm),
-                writes: read_writes(cm),
-                migrated: cm.data.as_ref().and_then(|d| d.get(MIGRATED_KEY)).cloned(),
-                era_floor: super::era_floor(cm),
+            .map(|cm| {
+                let streams = read(cm);
+                let era_floor = streams
+                    .values()
+                    .map(|s| s.era)
+                    .fold(super::stamped_era_floor(cm), u64::max);
+                Loaded {
+                    streams,
+                    mark: read_mark(cm),
+                    writes: read_writes(cm),
+                    migrated: cm.data.as_ref().and_then(|d| d.get(MIGRATED_KEY)).cloned(),
+                    era_floor,
+                }
             })
             .unwrap_or_default();
         self.writes.store(loaded.writes, Ordering::Relaxed);
@@ -419,12 +426,14 @@ impl Store {
             } else {
                 None
             };
-            // The era floor outlives the entries that raised it (a stream removed, retired).
+            // The era floor outlives the entries that raised it (a stream removed, retired):
+            // the stamped one raised by what this write brings (entries the annotation
+            // predates were folded in when the term loaded them).
             let floor = updates
                 .values()
                 .flatten()
                 .map(|entry| super::era_of(entry))
-                .fold(super::era_floor(&cm), u64::max);
+                .fold(super::stamped_era_floor(&cm), u64::max);
             if floor > 0 {
                 cm.metadata
                     .annotations

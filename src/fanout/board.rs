@@ -379,15 +379,11 @@ impl Board {
             position.push_str(rv);
         }
         let mut out = Vec::new();
-        // What every listed seat holds, and which holds the most.
+        // What the listed seats hold together.
         let mut held_total = 0;
-        let mut largest: Option<(u64, usize)> = None;
         for (id, seat) in &mut self.seats {
             if let Phase::Listing { held_bytes, .. } = &seat.phase {
                 held_total += *held_bytes;
-                if largest.is_none_or(|(_, n)| *held_bytes > n) {
-                    largest = Some((*id, *held_bytes));
-                }
             }
             if !seat.takes(line.to)
                 || matches!(seat.phase, Phase::Waiting | Phase::Resuming { .. })
@@ -404,19 +400,28 @@ impl Board {
                     *held_bytes += line.bytes.len();
                     held_total += line.bytes.len();
                     if *held_bytes > HELD_BYTES {
+                        // Expired: what it held no longer counts.
+                        held_total -= *held_bytes;
                         out.push(Out::Expire(*id));
                     } else {
                         held.push((line.rv, line.bytes.clone()));
-                        if largest.is_none_or(|(_, n)| *held_bytes > n) {
-                            largest = Some((*id, *held_bytes));
-                        }
                     }
                 }
                 Phase::Waiting | Phase::Resuming { .. } => {}
             }
         }
-        if let Some((id, _)) = largest.filter(|_| held_total > HUB_HELD_BYTES) {
-            if !out.contains(&Out::Expire(id)) {
+        if held_total > HUB_HELD_BYTES {
+            // Rare: the largest holder still listed goes.
+            let largest = self
+                .seats
+                .iter()
+                .filter_map(|(id, s)| match &s.phase {
+                    Phase::Listing { held_bytes, .. } => Some((*held_bytes, *id)),
+                    _ => None,
+                })
+                .filter(|(_, id)| !out.contains(&Out::Expire(*id)))
+                .max();
+            if let Some((_, id)) = largest {
                 out.push(Out::Expire(id));
             }
         }

@@ -105,6 +105,9 @@ pub enum Effect {
     Bookmark(Vec<(u64, String)>),
     /// Close the main watch.
     CloseMain,
+    /// The main watch delivered nothing, not even a bookmark, for the idle timeout (said in
+    /// the log; a [`Effect::CloseMain`] follows).
+    Silent,
     /// Open the main watch from `from`, for `shards` (every seat's).
     Open { from: String, shards: BTreeSet<u32> },
     /// Begin a catch-up of `shards`.
@@ -160,15 +163,10 @@ impl Hub {
 
     /// When the hub must be told [`Input::Due`]; `None` while it waits for something else.
     pub fn deadline(&self) -> Option<Instant> {
-        let mut at = self.narrow_at;
-        let mut earliest = |t: Instant| at = Some(at.map_or(t, |a| a.min(t)));
-        if self.catching_up_due() {
-            earliest(self.quiet_until().max(self.retry_at));
-        }
-        if let Some(t) = self.reopen_due() {
-            earliest(t);
-        }
-        at
+        [self.narrow_at, self.catch_up_due(), self.reopen_due()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// When joins are quiet enough to act on them.
@@ -178,8 +176,11 @@ impl Hub {
             .map_or(quiet, |f| quiet.min(f + self.timing.join_max))
     }
 
-    fn catching_up_due(&self) -> bool {
-        self.board.waiting() && self.catch.is_none()
+    /// When a catch-up is to begin, if one is: seats wait and none runs, once joins are quiet
+    /// and the backoff allows.
+    fn catch_up_due(&self) -> Option<Instant> {
+        (self.board.waiting() && self.catch.is_none())
+            .then(|| self.quiet_until().max(self.retry_at))
     }
 
     /// When the main watch is to be (re)opened, if it is: for resuming seats once joins are
@@ -333,7 +334,7 @@ impl Hub {
                 self.close_main(fx);
             }
         }
-        if self.catching_up_due() && self.quiet_until().max(self.retry_at) <= now {
+        if self.catch_up_due().is_some_and(|t| t <= now) {
             self.first_waiting = None;
             fx.push(Effect::BeginCatchUp {
                 shards: self.board.waiting_shards(),
@@ -364,6 +365,7 @@ impl Hub {
             return self.board.gap();
         }
         if self.main.is_some() && now.duration_since(self.last_line) >= self.timing.idle {
+            fx.push(Effect::Silent);
             self.close_main(fx);
             return Vec::new();
         }

@@ -17,6 +17,11 @@
 //! - **Main watch**: reopened from its position when it ends, stalls or fails, so the parts'
 //!   lines go on without a gap; when it cannot go on from there (a 410, an error event) every
 //!   part it fed gets a 410 and relists through the next catch-up.
+//! - **Resumes**: a part with a position (a shard claimed from another replica, a watch cut, a
+//!   failed delivery) joins at it, and the main watch is reopened from the lowest position it
+//!   must serve; each part gets only the lines above what it holds. Only a position the server
+//!   no longer holds (410) makes a part relist. [`hub`] decides when the reads open, close and
+//!   retry; this module's loop performs its effects.
 //! - **Heartbeats**: every [`HEARTBEAT`] a bookmark at the main watch's position goes to every
 //!   live part, so a quiet shard's stream neither stalls nor falls behind.
 //! - **The server's filter**: where the API server filters by shard (sharded list and watch)
@@ -29,7 +34,8 @@
 //!   is still dealt by its shard, whatever the server sent.
 //!
 //! A part that stops reading (its outbox full, Kafka slow) holds the hub up, as a slow reader
-//! holds up a watch: the replica's parts share one producer, so they slow down together.
+//! holds up a watch: the replica's parts share one producer, so they slow down together. One
+//! that takes no line for [`SLOW_PART`] is let go and resumes from its position later.
 //! Lines are shared buffers, dealt without copying; a hub holds no objects, only the lines a
 //! part being listed must not miss (bounded by [`board::HELD_BYTES`] a part and
 //! [`board::HUB_HELD_BYTES`] a hub, past which the part holding the most relists).
@@ -454,6 +460,10 @@ impl Reader {
             }
             Effect::CloseCatch => {
                 self.catch = None;
+                None
+            }
+            Effect::Silent => {
+                tracing::warn!(path = %self.collection.path, "the collection's watch delivered nothing, not even a bookmark; reopening it");
                 None
             }
             Effect::Missed(missed) => {

@@ -63,14 +63,13 @@ pub enum Move {
         from: String,
         /// The stream over the collection.
         into: String,
-        /// Whether the streams gathered into `into` covered its whole scope, so that it may
-        /// resume from the lowest of their positions.
-        resumes: bool,
         /// The query `from`'s position must have been taken under for it to stand under the
         /// configuration now (its namespace's query, its selectors as configured now).
         query: String,
-        /// The query `into` has under the configuration now, stamped with a carried position
-        /// so that a later move can check it in turn (over a fixed list; `None` otherwise).
+        /// When the streams gathered into `into` cover its whole scope (a fixed list whose
+        /// every namespace of the shard had its stream), the query `into` has under the
+        /// configuration now: it then resumes from the lowest of their positions, stamped with
+        /// this query so that a later move can check it in turn. `None`: it relists.
         into_query: Option<String>,
     },
     /// The members of the stream over the collection, each to the stream of its namespace.
@@ -130,60 +129,29 @@ pub fn plan<'a>(
                 if still_runs(cfg, shapes, &into) == Some(true) {
                     // Every listed namespace of the shard had its stream: their positions
                     // cover the whole scope of the stream over the collection.
-                    let resumes = match &channel.scope {
-                        Scope::Namespaces(list) => list
-                            .iter()
-                            .filter(|ns| shard.is_none_or(|k| cfg.sharding.shard_of(ns) == k))
-                            .all(|ns| {
+                    let into_query = listed_in(cfg, channel, shard)
+                        .filter(|listed| {
+                            listed.iter().all(|ns| {
                                 ids.contains(StreamId::new(name, Some(ns)).to_string().as_str())
-                            }),
-                        Scope::Cluster | Scope::Selector(_) => false,
-                    };
-                    let into_query = match &channel.scope {
-                        Scope::Namespaces(list) => {
-                            let mut listed: Vec<&str> = list
-                                .iter()
-                                .map(String::as_str)
-                                .filter(|ns| shard.is_none_or(|k| cfg.sharding.shard_of(ns) == k))
-                                .collect();
-                            listed.sort_unstable();
-                            listed.dedup();
-                            Some(Channel::scoped_fingerprint(
-                                listed,
-                                &channel.query_fingerprint(None, true),
-                            ))
-                        }
-                        Scope::Cluster | Scope::Selector(_) => None,
-                    };
+                            })
+                        })
+                        .map(|listed| part_query(channel, &listed));
                     moves.push(Move::Gather {
                         from: id.to_string(),
                         into,
-                        resumes,
                         query: channel.query_fingerprint(Some(ns), false),
                         into_query,
                     });
                 }
             }
             None if id == whole(name) && shapes.get(name) == Some(&Shape::PerNamespace) => {
-                let listed: Vec<String> = match &channel.scope {
-                    Scope::Namespaces(list) => {
-                        let mut listed: Vec<String> = list
-                            .iter()
-                            .filter(|ns| shard.is_none_or(|k| cfg.sharding.shard_of(ns) == k))
-                            .cloned()
-                            .collect();
-                        listed.sort();
-                        listed.dedup();
-                        listed
-                    }
-                    Scope::Cluster | Scope::Selector(_) => Vec::new(),
-                };
-                let query = matches!(channel.scope, Scope::Namespaces(_)).then(|| {
-                    Channel::scoped_fingerprint(
-                        listed.iter().map(String::as_str),
-                        &channel.query_fingerprint(None, true),
-                    )
-                });
+                let listed = listed_in(cfg, channel, shard);
+                let query = listed.as_ref().map(|l| part_query(channel, l));
+                let listed: Vec<String> = listed
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(str::to_string)
+                    .collect();
                 let queries = listed
                     .iter()
                     .map(|ns| (ns.clone(), channel.query_fingerprint(Some(ns), false)))
@@ -200,6 +168,30 @@ pub fn plan<'a>(
         }
     }
     moves
+}
+
+/// The namespaces of `channel`'s fixed list in `shard` (all of them without sharding), sorted
+/// and once each; `None` for a dynamic scope, whose namespaces cannot be told here.
+fn listed_in<'c>(cfg: &Config, channel: &'c Channel, shard: Option<u32>) -> Option<Vec<&'c str>> {
+    let Scope::Namespaces(list) = &channel.scope else {
+        return None;
+    };
+    let mut listed: Vec<&str> = list
+        .iter()
+        .map(String::as_str)
+        .filter(|ns| shard.is_none_or(|k| cfg.sharding.shard_of(ns) == k))
+        .collect();
+    listed.sort_unstable();
+    listed.dedup();
+    Some(listed)
+}
+
+/// The query of the stream over the collection filtered to `listed`, as it stamps it.
+fn part_query(channel: &Channel, listed: &[&str]) -> String {
+    Channel::scoped_fingerprint(
+        listed.iter().copied(),
+        &channel.query_fingerprint(None, true),
+    )
 }
 
 /// Everything the moves need.
@@ -361,9 +353,8 @@ fn gathered_positions(
         let Move::Gather {
             from,
             into,
-            resumes,
             query,
-            ..
+            into_query,
         } = m
         else {
             continue;
@@ -372,7 +363,7 @@ fn gathered_positions(
             .get(from)
             .filter(|s| s.query.as_ref().is_none_or(|q| q == query))
             .and_then(|s| s.rv.as_deref())
-            .filter(|_| *resumes)
+            .filter(|_| into_query.is_some())
             .and_then(|rv| Some((crate::event::comparable(rv)?, rv.to_string())));
         let entry = lowest.entry(into.clone()).or_insert_with(|| rv.clone());
         *entry = match (entry.take(), rv) {
@@ -390,7 +381,8 @@ fn gathered_positions(
 mod tests {
     use super::*;
 
-    /// The moves without the queries they carry (checked on their own).
+    /// The moves without the queries they carry (checked on their own), a gather's whether it
+    /// resumes kept.
     fn strip(moves: Vec<Move>) -> Vec<Move> {
         moves
             .into_iter()
@@ -398,14 +390,13 @@ mod tests {
                 Move::Gather {
                     from,
                     into,
-                    resumes,
+                    into_query,
                     ..
                 } => Move::Gather {
                     from,
                     into,
-                    resumes,
                     query: String::new(),
-                    into_query: None,
+                    into_query: into_query.map(|_| String::new()),
                 },
                 Move::Scatter {
                     from,
@@ -458,12 +449,11 @@ mod tests {
         let ns_stream = format!("{PODS}.{ours}");
         let part = format!("{PODS}._all-s0");
         // Gathered into every namespace: the old streams may not have covered all of them.
-        let gather = |resumes| Move::Gather {
+        let gather = |resumes: bool| Move::Gather {
             from: ns_stream.clone(),
             into: part.clone(),
-            resumes,
             query: String::new(),
-            into_query: None,
+            into_query: resumes.then(String::new),
         };
         // Each listed namespace of the shard gets the part's position, members or not.
         let scatter = Move::Scatter {
@@ -561,12 +551,11 @@ mod tests {
             route: Some("pods {key}".into()),
             ..Saved::default()
         };
-        let gather = |from: &str, into: &str, resumes| Move::Gather {
+        let gather = |from: &str, into: &str, resumes: bool| Move::Gather {
             from: from.into(),
             into: into.into(),
-            resumes,
             query: "q".into(),
-            into_query: None,
+            into_query: resumes.then(String::new),
         };
         let saved = HashMap::from([
             ("p.a".to_string(), at(Some("10"), 5)),
@@ -620,12 +609,11 @@ mod tests {
         let every = unsharded("  - operationId: watchNamespacedPods\n    allNamespaces: true");
         let per_ns = Shapes::from([("watchNamespacedPods".into(), Shape::PerNamespace)]);
         let wide = Shapes::from([("watchNamespacedPods".into(), Shape::ClusterWide)]);
-        let gather = |ns: &str, resumes| Move::Gather {
+        let gather = |ns: &str, resumes: bool| Move::Gather {
             from: format!("watchNamespacedPods.{ns}"),
             into: "watchNamespacedPods._all".into(),
-            resumes,
             query: String::new(),
-            into_query: None,
+            into_query: resumes.then(String::new),
         };
         let ids = ["watchNamespacedPods.a", "watchNamespacedPods.b"];
         assert_eq!(

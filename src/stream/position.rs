@@ -91,7 +91,6 @@ impl Stream {
         self.outbox.wait_until(0).await.is_ok()
     }
 
-    /// Drains the outbox, publishes the final checkpoint and removes the stream's gauges.
     /// Whether the topic's schema is registered, waiting for it (with a schema registry): the
     /// inferred DELETEDs of leaving the scope carry its ids like every other record. False when
     /// the relay shuts down first: the stream's entry stays, and it leaves at its next start.
@@ -105,6 +104,7 @@ impl Stream {
         }
     }
 
+    /// Drains the outbox, publishes the final checkpoint and removes the stream's gauges.
     pub(super) async fn stop(mut self) -> Reporter {
         self.set_phase(Phase::Stopped);
         // Fenced (the Lease is lost): nothing more is checkpointed; the new leader replays.

@@ -312,7 +312,7 @@ fn a_silent_main_watch_is_reopened_and_an_error_event_is_a_gap() {
             (
                 silent,
                 Input::Beat { gone: vec![] },
-                vec![Effect::CloseMain],
+                vec![Effect::Silent, Effect::CloseMain],
             ),
             (silent, Input::Due, vec![open("10", &[0])]),
             (silent + 1, opened("10"), vec![]),
