@@ -315,6 +315,7 @@ async fn moves_to_sharding(all: bool) {
     )
     .await;
     single.wait_up(if all { 1 } else { names.len() }).await;
+    let from = bed.sim.current_rv();
     let churn = scene.churn(150.0);
 
     // The new version: the same release, sharded.
@@ -347,6 +348,11 @@ async fn moves_to_sharding(all: bool) {
 
     let msgs = scene.converged(kafka_view).await;
     eprintln!("{}", scene.per_change(&msgs));
+    // The shards resumed from the single leader's positions: every change has its record. (A
+    // stream split out of one over every namespace relists once: see below.)
+    if !all {
+        assert_covers(&msgs, &bed.journal_after("pods", None, from));
+    }
     // Each shard copied the single leader's positions: no stream started over with a list. A
     // stream split out of one over every namespace watches another collection than its
     // position's: it relists once, against the members it was given.
@@ -392,6 +398,14 @@ async fn a_replica_cut_from_the_api_server_gives_its_shards_up() {
     let cut = Relay::start_at(bed, cfg.clone(), &url);
     let direct = Relay::start(bed, cfg.clone());
     wait_spread(&[&cut, &direct]).await;
+    // Changes from the moment every stream's position is written: a next owner resumes there.
+    let streams = scene.names().len();
+    eventually(
+        || positioned(bed, &cfg.checkpoint.name, streams),
+        || "the streams' positions were never written".into(),
+    )
+    .await;
+    let from = bed.sim.current_rv();
     let churn = scene.churn(150.0);
     proxy.cut();
     let gave_up = takeover(&[&direct]).await;
@@ -403,7 +417,9 @@ async fn a_replica_cut_from_the_api_server_gives_its_shards_up() {
         "shards relayed elsewhere {gave_up:?} after the cut; shared again {back:?} after it healed"
     );
 
-    scene.converged(kafka_view).await;
+    // The next owners replay from the last positions written: nothing is lost on the way.
+    let msgs = scene.converged(kafka_view).await;
+    assert_covers(&msgs, &bed.journal_after("pods", None, from));
     cut.stop().await;
     direct.stop().await;
 }
@@ -417,6 +433,14 @@ async fn a_broker_restart_loses_nothing() {
     let a = Relay::start(bed, cfg.clone());
     let b = Relay::start(bed, cfg.clone());
     wait_spread(&[&a, &b]).await;
+    // Changes from the moment every stream's position is written: a next owner resumes there.
+    let streams = scene.names().len();
+    eventually(
+        || positioned(bed, &cfg.checkpoint.name, streams),
+        || "the streams' positions were never written".into(),
+    )
+    .await;
+    let from = bed.sim.current_rv();
     let churn = scene.churn(100.0);
     let down = Instant::now();
     tokio::task::block_in_place(|| broker.restart());
@@ -430,7 +454,9 @@ async fn a_broker_restart_loses_nothing() {
     // claimed again.
     let fences = a.metrics.shard_fences.get() + b.metrics.shard_fences.get();
     eprintln!("the broker restarted in {restart:?}; shared again {back:?} after 7 s more; fences: {fences}");
-    scene.converged(kafka_view).await;
+    // Records the restart failed are replayed from the checkpoints: every change is there.
+    let msgs = scene.converged(kafka_view).await;
+    assert_covers(&msgs, &bed.journal_after("pods", None, from));
     a.stop().await;
     b.stop().await;
 }
