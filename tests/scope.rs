@@ -165,3 +165,24 @@ async fn an_interrupted_namespace_entry_deletes_what_went_meanwhile() {
     converged(&bed, &producer).await;
     relay.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leave_whose_deletes_kafka_refuses_tries_again_in_the_same_run() {
+    let bed = bed().await;
+    bed.label("a", true);
+    bed.label("b", true);
+    let producer = Arc::new(Memory::new());
+    let relay = start(&bed, &producer, false);
+    converged(&bed, &producer).await;
+    // The first DELETEDs of the leave are refused: the stream tries again, and is retired
+    // only once every one of b's pods has its DELETED, without waiting for a restart.
+    producer.fail_next_to("pods", 3);
+    bed.label("b", false);
+    converged(&bed, &producer).await;
+    let versioned = events(&producer)
+        .iter()
+        .filter(|r| !r.tombstone)
+        .all(|r| json(r)["watchrelay"]["version"].is_string());
+    assert!(versioned, "every record carries its version");
+    relay.stop().await;
+}

@@ -20,7 +20,7 @@ use crate::checkpoint::Saved;
 use crate::config::{Channel, Scope, Shape, Shapes, ShardingConfig, StreamId};
 use crate::membership::{Claim, Restored};
 use crate::registry::{Part, Registry};
-use crate::stream::{Lifetime, NamespaceFilter, Namespaces, Resumed, Stream, Wiring};
+use crate::stream::{Ended, Lifetime, NamespaceFilter, Namespaces, Resumed, Stream, Wiring};
 
 /// Spawns streams and follows namespace selectors, within one term.
 #[derive(Clone)]
@@ -193,14 +193,13 @@ impl Supervisor {
                 ended.cancel();
                 return;
             }
-            let left = lifetime.leaving.clone();
             let stream = this.stream(&id, channel, namespace, lifetime, filter);
             // A stream that panicked relays nothing more: the process must restart.
             match std::panic::AssertUnwindSafe(stream.run())
                 .catch_unwind()
                 .await
             {
-                Ok(reporter) if left.is_cancelled() => {
+                Ok(Ended::Left(reporter)) => {
                     reporter.retire();
                     this.wiring.metrics.forget_stream(&id);
                     tracing::info!(stream = %id, "stream retired");

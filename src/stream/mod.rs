@@ -196,6 +196,15 @@ struct Position {
     era_fresh: bool,
 }
 
+/// How a stream ended, with its reporter.
+pub enum Ended {
+    /// Stopped with its entry in place: the next stream of its id goes on from it.
+    Stopped,
+    /// Left its scope: every object it announced has its acknowledged DELETED, and its entry
+    /// may be retired.
+    Left(Reporter),
+}
+
 /// What a stream resumes from: its saved position and the members it announced.
 pub struct Resumed {
     pub saved: Option<Saved>,
@@ -359,8 +368,9 @@ impl Stream {
     }
 
     /// Runs until cancelled, then waits (up to the flush timeout) for outstanding deliveries so
-    /// the final checkpoint covers them. Gives the reporter back, for the owner to retire.
-    pub async fn run(mut self) -> Reporter {
+    /// the final checkpoint covers them. Gives the reporter back, for the owner to retire once
+    /// the stream left its scope.
+    pub async fn run(mut self) -> Ended {
         // With a schema registry, nothing is published before the topic's schema is there.
         if let Some(tag) = self.outbox.route().schema.clone() {
             tokio::select! {
@@ -611,7 +621,8 @@ impl Stream {
     /// Leaving scope is a deletion: every object the stream announced gets an inferred DELETED
     /// (flagged `synthetic`, so consumers can tell it from a real one). Should the relay stop
     /// meanwhile, the rest is abandoned: the stream's entry stays and it resumes next time.
-    /// `rv` is the position the inferred DELETEDs name, as it was before it was forgotten.
+    /// `rv` is the position the inferred DELETEDs name, as it was before it was forgotten, if
+    /// the stream had one.
     async fn leave_scope(&mut self, rv: &str) {
         self.ensure_kind().await;
         let known: Vec<_> = self.outbox.members().keys().collect();
@@ -620,7 +631,14 @@ impl Stream {
             let Some((uid, k)) = self.outbox.members().get_key(&k) else {
                 continue;
             };
-            if let Err(why) = self.infer_delete(uid, k, rv).await {
+            // Without a position (a leave cut short in an earlier run forgot it), the DELETED
+            // names the member's own last version, in the stream's new era.
+            let at = if rv.is_empty() {
+                k.rv.clone()
+            } else {
+                rv.to_string()
+            };
+            if let Err(why) = self.infer_delete(uid, k, &at).await {
                 tracing::warn!(stream = %self.id, ?why, "leaving scope cut short");
                 return;
             }

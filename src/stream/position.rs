@@ -2,10 +2,10 @@
 //! position before publishing what is not a replay of its watch, retracting what it announced
 //! under an old topic or key, and the final drain and checkpoint.
 
-use super::Stream;
+use super::{Ended, Stream};
 use crate::event::{Identity, Meta};
 use crate::membership::Key;
-use crate::registry::{Phase, Reporter};
+use crate::registry::Phase;
 
 impl Stream {
     /// Writes the stream's entry without a position, and waits until it is written; false when
@@ -104,9 +104,12 @@ impl Stream {
         }
     }
 
-    /// Drains the outbox, publishes the final checkpoint and removes the stream's gauges.
-    pub(super) async fn stop(mut self) -> Reporter {
+    /// Drains the outbox, publishes the final checkpoint and removes the stream's gauges. A
+    /// stream that was leaving its scope has [`Ended::Left`] it only once every member's
+    /// inferred DELETED was acknowledged: its entry may then go.
+    pub(super) async fn stop(mut self) -> Ended {
         self.set_phase(Phase::Stopped);
+        let mut gone = false;
         // Fenced (the Lease is lost): nothing more is checkpointed; the new leader replays.
         if !self.life.fenced.is_cancelled() {
             // Joins still pending are announcements too: settled first, so what they announce
@@ -121,8 +124,9 @@ impl Stream {
                 && self.tagged().await
                 && self.forget_position().await
             {
-                self.leave_scope(&rv).await;
+                self.leave_until_gone(&rv).await;
             }
+            gone = leaving && self.outbox.members().is_empty();
             let left = self
                 .outbox
                 .drain(tokio::time::Instant::now() + self.cfg.drain_time())
@@ -140,6 +144,32 @@ impl Stream {
         ] {
             let _ = gauge.remove_label_values(&[&self.id]);
         }
-        self.reporter
+        if gone {
+            Ended::Left(self.reporter)
+        } else {
+            Ended::Stopped
+        }
+    }
+
+    /// Leaves the scope (see [`Stream::leave_scope`]) and waits for what that sent; after a
+    /// failed delivery, tries again with the members still there, after a backoff, until none
+    /// is left or the relay shuts down. A member leaves only once its DELETED is acknowledged,
+    /// so a retry sends what is missing and at most repeats a DELETED whose report was lost.
+    async fn leave_until_gone(&mut self, rv: &str) {
+        loop {
+            self.leave_scope(rv).await;
+            self.outbox
+                .drain(tokio::time::Instant::now() + self.cfg.drain_time())
+                .await;
+            if self.outbox.members().is_empty() || self.life.shutdown.is_cancelled() {
+                return;
+            }
+            let delay = self.backoff.next();
+            tracing::warn!(stream = %self.id, members = self.outbox.members().len(), ?delay, "leaving the scope cut short; trying again");
+            tokio::select! {
+                _ = self.life.shutdown.cancelled() => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
     }
 }
