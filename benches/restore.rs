@@ -101,6 +101,7 @@ fn restore(bootstrap: &str, topic: &str, sharding: Option<&watchrelay::config::S
         oversize: watchrelay::config::OversizePolicy::Trim,
         dead_letter_topic: None,
         unsafe_producer_overrides: false,
+        topics: Default::default(),
     });
     let (kafka, partitions) = match sharding {
         Some(s) => {

@@ -612,6 +612,7 @@ fn kafka_config(bootstrap: &str) -> watchrelay::config::KafkaConfig {
         oversize: watchrelay::config::OversizePolicy::Trim,
         dead_letter_topic: None,
         unsafe_producer_overrides: false,
+        topics: Default::default(),
     }
 }
 

@@ -13,6 +13,8 @@ source scripts/lib.sh
 tools=$PWD/.tools
 export PATH=$tools/bin:$PATH
 bin=${WATCHRELAY_BIN:-$(target_dir)/debug/watchrelay}
+# The chart has no placeholder identity: every render below gives it, as a user must.
+id=(--set config.clusterName=my-cluster --set config.kafka.bootstrapServers=kafka:9092)
 
 ensure_helm
 if ! python3 -c 'import kubernetes_validate' 2>/dev/null; then
@@ -31,14 +33,14 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 echo "== helm lint"
-helm lint --strict charts/watchrelay
-helm lint --strict charts/watchrelay --set metrics.serviceMonitor.enabled=true
+helm lint --strict charts/watchrelay "${id[@]}"
+helm lint --strict charts/watchrelay "${id[@]}" --set metrics.serviceMonitor.enabled=true
 
 echo "== the values schema refuses a misspelt value"
 # charts/watchrelay/values.schema.json: helm checks it at install, upgrade, lint and template.
 # Its config subtree names exactly the relay's configuration keys (tests/chart_schema.rs).
 for bad in replicaCont=2 config.sharding.shardz=3 config.channels[0].namespace=shop metrics.serviceMonitor.enable=true; do
-  if out=$(helm template watchrelay charts/watchrelay --namespace watchrelay --set "$bad" 2>&1); then
+  if out=$(helm template watchrelay charts/watchrelay "${id[@]}" --namespace watchrelay --set "$bad" 2>&1); then
     echo "the chart rendered with the misspelt value $bad" >&2
     exit 1
   fi
@@ -46,14 +48,14 @@ for bad in replicaCont=2 config.sharding.shardz=3 config.channels[0].namespace=s
   key=${key##*.}
   grep -q "Additional property $key is not allowed" <<<"$out" \
     || { echo "the chart refused $bad without the schema's message: $out" >&2; exit 1; }
-  if helm lint --strict charts/watchrelay --set "$bad" >/dev/null 2>&1; then
+  if helm lint --strict charts/watchrelay "${id[@]}" --set "$bad" >/dev/null 2>&1; then
     echo "helm lint passed the misspelt value $bad" >&2
     exit 1
   fi
 done
 # And `helm install` itself, against the test bed's API server when there is one.
 if [[ -n ${WATCHRELAY_TEST_CLUSTER:-} ]]; then
-  if out=$(helm install --dry-run=server watchrelay charts/watchrelay --namespace default \
+  if out=$(helm install --dry-run=server watchrelay charts/watchrelay "${id[@]}" --namespace default \
     --kubeconfig "$WATCHRELAY_TEST_CLUSTER/kubeconfig" --set replicaCont=2 2>&1); then
     echo "helm install --dry-run took the misspelt value replicaCont" >&2
     exit 1
@@ -62,10 +64,21 @@ if [[ -n ${WATCHRELAY_TEST_CLUSTER:-} ]]; then
     || { echo "helm install refused replicaCont without the schema's message: $out" >&2; exit 1; }
 fi
 
+echo "== the chart refuses a release without its identity"
+for missing in config.clusterName config.kafka.bootstrapServers; do
+  if helm template watchrelay charts/watchrelay "${id[@]}" --set "$missing=" >/dev/null 2>&1; then
+    echo "the chart rendered without $missing" >&2
+    exit 1
+  fi
+done
+
+echo "== the values schema refuses what the relay refuses"
+python3 scripts/check-schema-agrees.py "$bin"
+
 echo "== rendered manifests validate against Kubernetes 1.30 schemas"
-helm template watchrelay charts/watchrelay --namespace watchrelay >"$work/default.yaml"
+helm template watchrelay charts/watchrelay "${id[@]}" --namespace watchrelay >"$work/default.yaml"
 kubernetes-validate --quiet --strict --kubernetes-version 1.30.0 "$work/default.yaml"
-helm template watchrelay charts/watchrelay --namespace watchrelay --set metrics.serviceMonitor.enabled=true \
+helm template watchrelay charts/watchrelay "${id[@]}" --namespace watchrelay --set metrics.serviceMonitor.enabled=true \
   --set 'extraWatchRules[0].apiGroups[0]=example.com' --set 'extraWatchRules[0].resources[0]=widgets' >"$work/full.yaml"
 # The ServiceMonitor is a CRD kind without a built-in schema: check it is there, validate the rest.
 python3 - "$work/full.yaml" "$work/core.yaml" <<'PY'
@@ -77,21 +90,21 @@ PY
 kubernetes-validate --quiet --strict --kubernetes-version 1.30.0 "$work/core.yaml"
 
 echo "== several replicas need leader election"
-helm template watchrelay charts/watchrelay --namespace watchrelay --set replicaCount=2 >"$work/ha.yaml"
+helm template watchrelay charts/watchrelay "${id[@]}" --namespace watchrelay --set replicaCount=2 >"$work/ha.yaml"
 kubernetes-validate --quiet --strict --kubernetes-version 1.30.0 "$work/ha.yaml"
 grep -q '^kind: PodDisruptionBudget' "$work/ha.yaml" || { echo "two replicas rendered without a PodDisruptionBudget" >&2; exit 1; }
-if helm template watchrelay charts/watchrelay --set replicaCount=2 --set config.leaderElection.enabled=false >/dev/null 2>&1; then
+if helm template watchrelay charts/watchrelay "${id[@]}" --set replicaCount=2 --set config.leaderElection.enabled=false >/dev/null 2>&1; then
   echo "the chart rendered two replicas without leader election" >&2
   exit 1
 fi
-if helm template watchrelay charts/watchrelay --namespace watchrelay --set config.leaderElection.namespace=elsewhere >/dev/null 2>&1; then
+if helm template watchrelay charts/watchrelay "${id[@]}" --namespace watchrelay --set config.leaderElection.namespace=elsewhere >/dev/null 2>&1; then
   echo "the chart rendered a Lease outside the namespace its Role covers" >&2
   exit 1
 fi
 
 echo "== the Grafana dashboard ConfigMap"
-helm lint --strict charts/watchrelay --set dashboard.enabled=true
-helm template watchrelay charts/watchrelay --namespace watchrelay --set dashboard.enabled=true >"$work/dashboard.yaml"
+helm lint --strict charts/watchrelay "${id[@]}" --set dashboard.enabled=true
+helm template watchrelay charts/watchrelay "${id[@]}" --namespace watchrelay --set dashboard.enabled=true >"$work/dashboard.yaml"
 kubernetes-validate --quiet --strict --kubernetes-version 1.30.0 "$work/dashboard.yaml"
 python3 - "$work/dashboard.yaml" deploy/grafana-dashboard.json <<'PY'
 import json, sys, yaml
@@ -100,7 +113,7 @@ assert len(cms) == 1, "no dashboard ConfigMap rendered"
 assert cms[0]["metadata"]["labels"].get("grafana_dashboard") == "1", "the dashboard ConfigMap lacks the sidecar label"
 assert json.loads(cms[0]["data"]["watchrelay.json"]) == json.load(open(sys.argv[2])), "rendered dashboard differs from deploy/"
 PY
-if helm template watchrelay charts/watchrelay | grep -q 'watchrelay.json'; then
+if helm template watchrelay charts/watchrelay "${id[@]}" | grep -q 'watchrelay.json'; then
   echo "the dashboard ConfigMap is rendered by default" >&2
   exit 1
 fi
@@ -145,7 +158,7 @@ channels:
   - operationId: watchNodes
 YAML
 python3 scripts/check-rbac.py "$bin" deploy/config.example.yaml deploy/config.try.yaml "$work/mixed.yaml" "$work/sharded.yaml"
-helm template watchrelay charts/watchrelay --namespace watchrelay --set networkPolicy.enabled=true >"$work/netpol.yaml"
+helm template watchrelay charts/watchrelay "${id[@]}" --namespace watchrelay --set networkPolicy.enabled=true >"$work/netpol.yaml"
 kubernetes-validate --quiet --strict --kubernetes-version 1.30.0 "$work/netpol.yaml"
 grep -q '^kind: NetworkPolicy' "$work/netpol.yaml" || { echo "networkPolicy.enabled rendered no NetworkPolicy" >&2; exit 1; }
 python3 - "$work/netpol.yaml" <<'PY'
@@ -158,7 +171,7 @@ PY
 # Releases of one name in two namespaces (one per team): no object of one is an object of the
 # other, cluster-scoped ones and Roles in a namespace both list included.
 for team in team-a team-b; do
-  helm template watchrelay charts/watchrelay --namespace "$team" --set networkPolicy.enabled=true \
+  helm template watchrelay charts/watchrelay "${id[@]}" --namespace "$team" --set networkPolicy.enabled=true \
     -f - >"$work/$team.yaml" <<'YAML'
 config:
   channels:
@@ -177,7 +190,7 @@ def names(path):
 shared = names(sys.argv[1]) & names(sys.argv[2])
 assert not shared, f"two releases of one name in two namespaces share {sorted(shared)}"
 PY
-if helm template watchrelay charts/watchrelay --namespace watchrelay --set config.checkpoint.namespace=elsewhere >/dev/null 2>&1; then
+if helm template watchrelay charts/watchrelay "${id[@]}" --namespace watchrelay --set config.checkpoint.namespace=elsewhere >/dev/null 2>&1; then
   echo "the chart rendered a checkpoint ConfigMap outside the namespace its Role covers" >&2
   exit 1
 fi
@@ -188,7 +201,7 @@ if ! command -v checkov >/dev/null 2>&1; then
   python3 -m pip install -q checkov >/dev/null 2>&1
 fi
 mkdir -p "$work/checkov"
-helm template watchrelay charts/watchrelay --namespace watchrelay --set networkPolicy.enabled=true --set replicaCount=2 \
+helm template watchrelay charts/watchrelay "${id[@]}" --namespace watchrelay --set networkPolicy.enabled=true --set replicaCount=2 \
   --set dashboard.enabled=true --set image.digest=sha256:0000000000000000000000000000000000000000000000000000000000000000 \
   >"$work/checkov/chart.yaml"
 # Explained exceptions:
@@ -200,7 +213,7 @@ checkov -d "$work/checkov" --framework kubernetes --quiet --compact --skip-downl
 
 echo "== deploy/watchrelay.yaml is the chart's current rendering"
 if ! diff -u deploy/watchrelay.yaml "$work/default.yaml"; then
-  echo "deploy/watchrelay.yaml is stale: helm template watchrelay charts/watchrelay --namespace watchrelay > deploy/watchrelay.yaml" >&2
+  echo "deploy/watchrelay.yaml is stale: helm template watchrelay charts/watchrelay --set config.clusterName=my-cluster --set config.kafka.bootstrapServers=kafka:9092 --namespace watchrelay > deploy/watchrelay.yaml" >&2
   exit 1
 fi
 

@@ -360,7 +360,8 @@ class Replay:
 
 def rendered_config(work):
     out = subprocess.run(
-        ["helm", "template", "watchrelay", str(REPO / "charts/watchrelay"), "--namespace", "watchrelay"],
+        ["helm", "template", "watchrelay", str(REPO / "charts/watchrelay"), "--namespace", "watchrelay",
+         "--set", "config.clusterName=my-cluster", "--set", "config.kafka.bootstrapServers=kafka:9092"],
         check=True,
         capture_output=True,
         text=True,

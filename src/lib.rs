@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | 0 | [`event`], `json`, [`catalogue`], `kubeapi`, `tracker`, [`checkpoint`], [`metrics`] | the watch event's domain types; the JSON scanner; the channel catalogue; raw list and watch; ordered acknowledgements; the checkpoint ConfigMap (format, store); the metrics |
 //! | 1 | [`config`], [`decode`] | the configuration file, parsed once into resolved channels, and every setting's validation; watch line / list item to [`event::WatchEvent`] (pure) |
-//! | 2 | [`producer`], [`registry`], `leader`, [`group`], [`rbac`], [`status`], [`kubeclient`], `fanout` | the Kafka producer and its input; live streams, their phases and checkpoints; Lease election; the replicas' group that shares the shards; the permissions a configuration needs; `watchrelay status`; one read of a collection per replica, dealt to its shards' streams |
+//! | 2 | [`producer`], [`registry`], `leader`, [`group`], [`rbac`], [`status`], [`kubeclient`], `fanout`, [`topics`] | the Kafka producer and its input; live streams, their phases and checkpoints; Lease election; the replicas' group that shares the shards; the permissions a configuration needs; `watchrelay status`; one read of a collection per replica, dealt to its shards' streams; the topics a configuration names, created and checked |
 //! | 3 | [`envelope`], [`http`] | announcement to Kafka record (pure); `/metrics`, `/healthz`, `/readyz` |
 //! | 4 | [`membership`], [`asyncapi`] | which objects each stream announced, in a compacted Kafka topic; the AsyncAPI 3.0 document |
 //! | 5 | `outbox`, [`openapi`], `testing` | one stream's delivery; object schemas; the test doubles (feature `testing`) |
@@ -43,6 +43,7 @@ pub mod status;
 mod stream;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod topics;
 mod tracker;
 
 pub use relay::{Relay, RelayError};

@@ -49,6 +49,12 @@ enum Output {
     Json,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum TopicsOutput {
+    Table,
+    Commands,
+}
+
 #[derive(Args)]
 struct ConfigFile {
     /// The configuration file.
@@ -75,9 +81,25 @@ enum Command {
     },
     /// Validate a configuration file and list the channels it resolves to.
     CheckConfig {
+        /// The configuration file (or `--config FILE`).
+        #[arg(value_name = "FILE")]
+        file: Option<PathBuf>,
         /// The configuration file.
-        #[arg(value_name = "FILE", env = "WATCHRELAY_CONFIG")]
-        file: PathBuf,
+        #[arg(short, long, value_name = "FILE", env = "WATCHRELAY_CONFIG")]
+        config: Option<PathBuf>,
+        /// Also check the topics on the broker: an existing one with fewer partitions than
+        /// configured, or not compacted where tombstones need it, is an error; so is a missing
+        /// one with `kafka.topics.create: false`. Creates nothing.
+        #[arg(long)]
+        live: bool,
+    },
+    /// Print every topic a configuration names, with its partitions, replication and
+    /// configurations: as a table, or as `kafka-topics.sh` commands that create them.
+    Topics {
+        #[command(flatten)]
+        config: ConfigFile,
+        #[arg(short, long, value_enum, default_value_t = TopicsOutput::Table)]
+        output: TopicsOutput,
     },
     /// List the channel catalogue: operationId, watch path, message.
     Channels {
@@ -130,6 +152,37 @@ fn main() {
     }
 }
 
+/// `check-config --live`: the published topics as the broker has them, judged as the relay
+/// judges them at start.
+fn check_topics(cfg: &Config) -> Result<()> {
+    let specs = watchrelay::topics::plan(cfg).published;
+    let connection = cfg.kafka.connection_config();
+    let states = watchrelay::topics::admin::describe(&connection, &specs)?;
+    let mut problems = Vec::new();
+    for (spec, state) in specs.iter().zip(&states) {
+        match state {
+            None if cfg.kafka.topics.create => {
+                println!("  topic {}: missing; created at start", spec.name)
+            }
+            None => problems.push(format!(
+                "topic {} is missing and kafka.topics.create is false",
+                spec.name
+            )),
+            Some(state) => match watchrelay::topics::check(spec, state) {
+                Ok(()) => println!(
+                    "  topic {}: ok ({} partitions)",
+                    spec.name, state.partitions
+                ),
+                Err(p) => problems.push(p),
+            },
+        }
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    bail!("{}", problems.join("; "))
+}
+
 fn load(file: &std::path::Path) -> Result<Config> {
     Config::load(file).with_context(|| format!("{} is not valid", file.display()))
 }
@@ -161,7 +214,11 @@ fn dispatch(cli: Cli) -> Result<()> {
             logging(&cli)?;
             run(cfg, *dry_run)
         }
-        Command::CheckConfig { file } => {
+        Command::CheckConfig { file, config, live } => {
+            let file = file
+                .as_ref()
+                .or(config.as_ref())
+                .context("name the configuration file: check-config FILE (or --config FILE)")?;
             let cfg = load(file)?;
             println!("{}: ok ({} channels)", file.display(), cfg.channels.len());
             let reach = watchrelay::rbac::needs(&cfg).cluster_wide;
@@ -174,6 +231,21 @@ fn dispatch(cli: Cli) -> Result<()> {
                     Some(why) => println!("    reads cluster-wide: {why}"),
                     None => println!("    reads only the namespaces it lists"),
                 }
+            }
+            if *live {
+                check_topics(&cfg)?;
+            }
+            Ok(())
+        }
+        Command::Topics { config, output } => {
+            let cfg = config.load()?;
+            let plan = watchrelay::topics::plan(&cfg);
+            match output {
+                TopicsOutput::Table => print!("{}", watchrelay::topics::table(&plan)),
+                TopicsOutput::Commands => print!(
+                    "{}",
+                    watchrelay::topics::commands(&plan, &cfg.kafka.bootstrap_servers)
+                ),
             }
             Ok(())
         }

@@ -54,9 +54,10 @@ fn stdout(out: &std::process::Output) -> String {
     String::from_utf8(out.stdout.clone()).unwrap()
 }
 
-const SUBCOMMANDS: [&str; 8] = [
+const SUBCOMMANDS: [&str; 9] = [
     "run",
     "check-config",
+    "topics",
     "channels",
     "asyncapi",
     "status",
@@ -318,4 +319,37 @@ fn a_misspelt_kafka_property_is_named_and_its_secret_value_never_shown() {
         );
         assert!(!all.contains("s3cr3t"), "{args:?} printed the value: {all}");
     }
+}
+
+/// `topics` prints what the relay would create, as a table and as commands; `check-config`
+/// takes the file as `--config` as well.
+#[test]
+fn topics_prints_every_topic_and_check_config_takes_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.yaml");
+    std::fs::write(
+        &file,
+        "clusterName: prod\nkafka:\n  bootstrapServers: k:9092\n  deadLetterTopic: dead\ncheckpoint:\n  namespace: relay\nchannels:\n  - operationId: watchNodes\n    tombstones: true\n    partitions: 3\n",
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let table = run(&["topics", "--config", file]);
+    for topic in ["prod.nodes", "dead", "watchrelay.prod.membership"] {
+        assert!(table.contains(topic), "{table}");
+    }
+    let commands = run(&["topics", "--config", file, "-o", "commands"]);
+    assert!(
+        commands.contains("--topic prod.nodes --partitions 3 --config cleanup.policy=compact"),
+        "{commands}"
+    );
+    assert!(run(&["check-config", "--config", file]).contains("ok (1 channels)"));
 }

@@ -578,11 +578,7 @@ impl Release {
         assert!(rendered.status.success(), "{rendered:?}");
         let rendered = String::from_utf8(rendered.stdout).unwrap();
         cluster.apply(&rendered);
-        let topics: Vec<String> = ["pods", "deployments.apps", "nodes"]
-            .iter()
-            .map(|r| format!("{cluster_name}.{r}"))
-            .collect();
-        kafka::create_topics(&topics.iter().map(String::as_str).collect::<Vec<_>>(), 3).await;
+        // No topic is created by hand: the relay creates its channels' topics at start.
 
         let cm: Value = serde_json::from_str(&cluster.kubectl(&[
             "-n",

@@ -62,39 +62,100 @@ fn pods_config(bed: &Bed, topic: &str, kafka_extra: &str) -> Config {
     )
 }
 
-/// The suite's broker creates a topic on any metadata request that allows it. The relay's
-/// clients never allow it: the membership topic is created compacted by the relay, and a
-/// missing channel topic stays missing (its stream reports the error) instead of appearing with
-/// the broker's defaults. With the client default (allowed), the membership topic would come
-/// into being with `cleanup.policy=delete` first, and the relay would refuse it.
+/// How many partitions `topic` has (0 when it does not exist).
+fn partitions(bootstrap: &str, topic: &str) -> usize {
+    admin(bootstrap)
+        .inner()
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap()
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic && t.error().is_none())
+        .map_or(0, |t| t.partitions().len())
+}
+
+/// The relay creates a missing channel topic as its configuration says (partitions, configs,
+/// compacted for tombstones), and relays to it at once. Without `kafka.topics.create`, a
+/// missing topic keeps the relay not ready, naming it; so does an existing topic with fewer
+/// partitions than configured, or one a channel with tombstones needs compacted that is not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_topic_is_ever_created_with_the_brokers_defaults() {
+async fn missing_topics_are_created_as_configured_and_existing_ones_checked() {
     let bed = Bed::new(&["a"]).await;
     bed.sim
         .create("pods", Some("a"), objects::pod("a", "p0"))
         .unwrap();
-    let missing = kafka::unique("never-created");
-    let relay = Relay::start(&bed, pods_config(&bed, &missing, ""));
-    relay
-        .wait_counter("delivery_errors_total", "watchNamespacedPods.a", 1)
-        .await;
-    let membership = topic_configs(&bed.bootstrap, &bed.membership)
-        .await
-        .expect("the relay created its membership topic");
-    assert_eq!(membership["cleanup.policy"], "compact");
-    assert!(
-        topic_configs(&bed.bootstrap, &missing).await.is_none(),
-        "the channel topic was created on demand"
+    let topic = kafka::unique("created");
+    let channel = |topic: &str, extra: &str| {
+        format!("  - operationId: watchNamespacedPods\n    namespaces: [a]\n    topic: {topic}\n{extra}")
+    };
+    let cfg = bed.config(
+        &channel(
+            &topic,
+            "    tombstones: true\n    partitions: 4\n    topicConfigs:\n      retention.ms: \"-1\"\n",
+        ),
+        "",
     );
-    let problem = relay.registry.readiness().problems["watchNamespacedPods.a"].clone();
+    let relay = Relay::start(&bed, cfg);
+    eventually(
+        || partitions(&bed.bootstrap, &topic) > 0,
+        || "the relay never created its topic".into(),
+    )
+    .await;
+    let records = kafka::read_until(&bed.bootstrap, &topic, Duration::from_secs(30), |m| {
+        !m.is_empty()
+    });
+    assert_eq!(records.len(), 1, "p0 announced on the new topic");
+    relay.stop().await;
+    assert_eq!(partitions(&bed.bootstrap, &topic), 4);
+    let configs = topic_configs(&bed.bootstrap, &topic).await.unwrap();
+    assert_eq!(configs["cleanup.policy"], "compact");
+    assert_eq!(configs["retention.ms"], "-1");
+
+    // Not created when the relay may not: not ready, naming the topic.
+    let missing = kafka::unique("missing");
+    let cfg = bed.config(&channel(&missing, ""), "  topics:\n    create: false\n");
+    let relay = Relay::start(&bed, cfg);
+    let reason = blocked(&relay).await;
     assert!(
-        problem.contains(&format!("create topic {missing}")),
-        "{problem}"
+        reason.contains(&format!("missing topics: {missing}")),
+        "{reason}"
     );
     relay.stop().await;
+    assert_eq!(partitions(&bed.bootstrap, &missing), 0, "it stays missing");
 
-    // The same start with the client's default: the broker creates the membership topic with
-    // its own defaults before the relay can create it compacted.
+    // An existing topic with fewer partitions than configured, then one not compacted.
+    let (few, deleting) = (kafka::unique("few"), kafka::unique("deleting"));
+    kafka::create_topics(&[&few, &deleting], 2).await;
+    let cfg = bed.config(&channel(&few, "    partitions: 3\n"), "");
+    let relay = Relay::start(&bed, cfg);
+    let reason = blocked(&relay).await;
+    assert!(
+        reason.contains("has 2 partitions, fewer than the 3 configured"),
+        "{reason}"
+    );
+    relay.stop().await;
+    let cfg = bed.config(&channel(&deleting, "    tombstones: true\n"), "");
+    let relay = Relay::start(&bed, cfg);
+    let reason = blocked(&relay).await;
+    assert!(reason.contains("cleanup.policy=delete"), "{reason}");
+    relay.stop().await;
+}
+
+/// Why the relay is not ready, once it says.
+async fn blocked(relay: &Relay) -> String {
+    eventually(
+        || relay.registry.readiness().blocked.is_some(),
+        || "the relay never said why it is not ready".into(),
+    )
+    .await;
+    relay.registry.readiness().blocked.unwrap()
+}
+
+/// The suite's broker creates a topic on any metadata request that allows it. The relay's
+/// clients never allow it: with the client default (allowed), the membership topic would come
+/// into being with `cleanup.policy=delete` first, and the relay would refuse it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_topic_is_ever_created_with_the_brokers_defaults() {
     let bed = Bed::new(&["a"]).await;
     let topic = kafka::unique("pods");
     kafka::create_topics(&[&topic], 3).await;
@@ -104,12 +165,7 @@ async fn no_topic_is_ever_created_with_the_brokers_defaults() {
         .properties
         .insert("allow.auto.create.topics".into(), "true".into());
     let relay = Relay::start(&bed, cfg);
-    eventually(
-        || relay.registry.readiness().blocked.is_some(),
-        || "the relay started on a membership topic the broker made".into(),
-    )
-    .await;
-    let reason = relay.registry.readiness().blocked.unwrap();
+    let reason = blocked(&relay).await;
     assert!(reason.contains("cleanup.policy=delete"), "{reason}");
     relay.stop().await;
 }
@@ -226,7 +282,7 @@ async fn the_membership_topic_compacts_and_restores_the_same_sets() {
 }
 
 /// A relay user missing one ACL gets an error naming it, not a silent retry: without Create on
-/// the membership topic the relay does not start (its readiness says why); without Write on a
+/// a missing channel topic, or on the membership topic, the relay does not start (its readiness says why); without Write on a
 /// channel topic that stream stays down and says why, while the others run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_acl_is_named() {
@@ -236,7 +292,11 @@ async fn a_missing_acl_is_named() {
     });
     let mut bed = Bed::new(&["a", "b"]).await;
     bed.bootstrap = broker.bootstrap.clone();
-    let (allowed, denied) = (kafka::unique("allowed"), kafka::unique("denied"));
+    let (allowed, denied, created) = (
+        kafka::unique("allowed"),
+        kafka::unique("denied"),
+        kafka::unique("created"),
+    );
     for t in [&allowed, &denied] {
         broker.tool(
             "org.apache.kafka.tools.TopicCommand",
@@ -247,6 +307,9 @@ async fn a_missing_acl_is_named() {
     broker.acl(relay_user, "Describe", &allowed);
     broker.acl(relay_user, "Write", &allowed);
     broker.acl(relay_user, "Describe", &denied);
+    for op in ["Describe", "Write"] {
+        broker.acl(relay_user, op, &created);
+    }
     for op in ["Describe", "DescribeConfigs", "Read", "Write"] {
         broker.acl(relay_user, op, &bed.membership);
     }
@@ -264,7 +327,7 @@ async fn a_missing_acl_is_named() {
     );
     let mut cfg = bed.config(
         &format!(
-            "  - operationId: watchNamespacedPods\n    namespaces: [a]\n    topic: {allowed}\n  - operationId: watchNamespacedServices\n    namespaces: [b]\n    topic: {denied}\n"
+            "  - operationId: watchNamespacedPods\n    namespaces: [a]\n    topic: {allowed}\n  - operationId: watchNamespacedServices\n    namespaces: [b]\n    topic: {denied}\n  - operationId: watchNamespacedEvents\n    namespaces: [a]\n    topic: {created}\n"
         ),
         "",
     );
@@ -276,6 +339,17 @@ async fn a_missing_acl_is_named() {
     ] {
         cfg.kafka.properties.insert(k.into(), v.into());
     }
+    // Without Create on a channel topic that does not exist: nothing starts, and the
+    // reason names the ACL.
+    let relay = Relay::start(&bed, cfg.clone());
+    let reason = blocked(&relay).await;
+    assert!(
+        reason.contains(&format!("the ACL Create on topic {created}")),
+        "{reason}"
+    );
+    relay.stop().await;
+    broker.acl(relay_user, "Create", &created);
+
     // Without Create on the membership topic (it does not exist yet).
     let relay = Relay::start(&bed, cfg.clone());
     eventually(
@@ -315,4 +389,51 @@ async fn a_missing_acl_is_named() {
         "the other stream runs"
     );
     relay.stop().await;
+}
+
+/// `check-config --live` judges the topics as the relay does at start, and creates nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_config_live_reports_what_a_start_would_refuse() {
+    let bed = Bed::new(&["a"]).await;
+    let (few, missing) = (kafka::unique("few"), kafka::unique("missing"));
+    kafka::create_topics(&[&few], 2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.yaml");
+    let write = |channels: String| {
+        std::fs::write(
+            &file,
+            format!(
+                "clusterName: test\nkafka:\n  bootstrapServers: {}\n  oversize: trim\ncheckpoint:\n  namespace: w\nchannels:\n{channels}",
+                bed.bootstrap
+            ),
+        )
+        .unwrap();
+    };
+    let check = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_watchrelay"))
+            .args(["check-config", "--live"])
+            .arg(&file)
+            .output()
+            .unwrap()
+    };
+    write(format!(
+        "  - operationId: watchNodes\n    topic: {few}\n    partitions: 3\n  - operationId: watchNamespacedPods\n    namespaces: [a]\n    topic: {missing}\n"
+    ));
+    let out = check();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "accepted: {stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "topic {few} (channel watchNodes) has 2 partitions"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains(&format!("topic {missing}: missing; created at start")),
+        "{out:?}"
+    );
+    assert_eq!(partitions(&bed.bootstrap, &missing), 0, "nothing created");
+    write(format!("  - operationId: watchNodes\n    topic: {few}\n"));
+    assert!(check().status.success());
 }

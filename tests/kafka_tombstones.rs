@@ -9,8 +9,8 @@ use watchrelay_sim::objects;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_object_is_followed_by_a_null_record_on_its_key() {
     let bed = Bed::new(&["a"]).await;
+    // Created by the relay, compacted for its tombstones.
     let topic = kafka::unique("tombstones");
-    kafka::create_topics(&[&topic], 3).await;
     let cfg = bed.config(
         &format!("  - operationId: watchNamespacedPods\n    namespaces: [a]\n    topic: {topic}\n    tombstones: true\n"),
         "",

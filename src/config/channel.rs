@@ -4,6 +4,8 @@
 //! same entry validated once at load, with its path parsed, its scope decided and its event types
 //! gathered into one set. Everything downstream reads [`Channel`].
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 
 use super::key::KeyTemplate;
@@ -59,6 +61,14 @@ pub struct ChannelConfig {
     /// compacted topic holds exactly the live objects.
     #[serde(default)]
     pub tombstones: bool,
+    /// Partitions of its topics when the relay creates them, and the least an existing one
+    /// may have (`kafka.topics.partitions` when absent).
+    #[serde(default)]
+    pub partitions: Option<i32>,
+    /// Topic configurations of its topics when the relay creates them, over
+    /// `kafka.topics.configs`.
+    #[serde(default)]
+    pub topic_configs: BTreeMap<String, String>,
     /// Publish BOOKMARK events too.
     #[serde(default)]
     pub forward_bookmarks: bool,
@@ -145,6 +155,10 @@ pub struct Channel {
     pub key: KeyTemplate,
     /// Follow every DELETED with a tombstone.
     pub tombstones: bool,
+    /// Partitions of its topics, when set for the channel.
+    pub partitions: Option<i32>,
+    /// Its own topic configurations, over `kafka.topics.configs`.
+    pub topic_configs: BTreeMap<String, String>,
     /// The event types published (BOOKMARK with `forwardBookmarks`).
     pub forwarded: EventTypes,
     /// Leave `metadata.managedFields` out of the objects it publishes.
@@ -406,6 +420,8 @@ impl ChannelConfig {
                 if sel.trim().is_empty() {
                     return Err(invalid(f("namespaceSelector"), "must not be empty"));
                 }
+                super::selector::label_selector(sel)
+                    .map_err(|m| invalid(f("namespaceSelector"), m))?;
                 Scope::Selector(sel.clone())
             } else {
                 Scope::Cluster
@@ -453,6 +469,23 @@ impl ChannelConfig {
         if forwarded.is_empty() {
             return Err(invalid(f("eventTypes"), "selects nothing to publish"));
         }
+        if let Some(sel) = &self.label_selector {
+            super::selector::label_selector(sel).map_err(|m| invalid(f("labelSelector"), m))?;
+        }
+        if let Some(sel) = &self.field_selector {
+            super::selector::field_selector(sel).map_err(|m| invalid(f("fieldSelector"), m))?;
+        }
+        if self.partitions.is_some_and(|p| p < 1) {
+            return Err(invalid(f("partitions"), "must be at least 1"));
+        }
+        if let Some(policy) = self.topic_configs.get("cleanup.policy") {
+            if self.tombstones && !policy.split(',').any(|p| p.trim() == "compact") {
+                return Err(invalid(
+                    f("topicConfigs.cleanup.policy"),
+                    "must include compact with tombstones: true (tombstones exist for compaction)",
+                ));
+            }
+        }
         let channel = Channel {
             name,
             operation_id,
@@ -464,6 +497,8 @@ impl ChannelConfig {
             field_selector: self.field_selector.clone(),
             forwarded,
             tombstones: self.tombstones,
+            partitions: self.partitions,
+            topic_configs: self.topic_configs.clone(),
             key: match &self.key {
                 Some(k) => KeyTemplate::parse(k).map_err(|m| invalid(f("key"), m))?,
                 None => KeyTemplate::default(),

@@ -18,6 +18,7 @@ mod validate;
 pub(crate) use kafka::redact;
 mod key;
 mod registry;
+mod selector;
 mod sharding;
 
 pub(crate) use channel::{is_topic, topic_rule};
@@ -191,6 +192,37 @@ pub struct KafkaConfig {
     /// timeouts, more than 5 requests in flight, the partitioner, ...). Off: they are refused.
     #[serde(default)]
     pub unsafe_producer_overrides: bool,
+    /// The channel and dead-letter topics: created when missing, checked when present.
+    #[serde(default)]
+    pub topics: TopicsConfig,
+}
+
+/// How the relay treats the topics it publishes to (`kafka.topics`; see the `topics` module).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct TopicsConfig {
+    /// Create every missing channel and dead-letter topic at start (on by default); off, a
+    /// missing topic is an error at start naming it.
+    pub create: bool,
+    /// Partitions of the topics it creates (6 when absent); when set, also the least an
+    /// existing one may have. A channel's `partitions` wins for its topics.
+    pub partitions: Option<i32>,
+    /// Replication factor of the topics it creates; the broker's default when absent.
+    pub replication_factor: Option<i32>,
+    /// Topic configurations (`retention.ms`, `min.insync.replicas`, ...) of the channel topics
+    /// it creates; a channel's `topicConfigs` win for its topics.
+    pub configs: BTreeMap<String, String>,
+}
+
+impl Default for TopicsConfig {
+    fn default() -> Self {
+        Self {
+            create: true,
+            partitions: None,
+            replication_factor: None,
+            configs: BTreeMap::new(),
+        }
+    }
 }
 
 fn default_in_flight() -> usize {

@@ -95,6 +95,16 @@ impl File {
                 _ => {}
             }
         }
+        let topics = &self.kafka.topics;
+        if topics.partitions.is_some_and(|p| p < 1) {
+            return Err(invalid("kafka.topics.partitions", "must be at least 1"));
+        }
+        if topics.replication_factor.is_some_and(|r| r < 1) {
+            return Err(invalid(
+                "kafka.topics.replicationFactor",
+                "must be at least 1",
+            ));
+        }
         if !is_dns_label(&self.checkpoint.namespace) {
             return Err(invalid("checkpoint.namespace", "must be a namespace name"));
         }

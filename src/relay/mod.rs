@@ -49,6 +49,7 @@ mod reach;
 mod shapes;
 mod shards;
 mod supervisor;
+mod topics;
 mod writer;
 
 /// A producer and the membership log it writes to.
@@ -276,6 +277,11 @@ impl Relay {
 
     /// [`Relay::run`], once the schemas are kept.
     async fn relay(&self) -> Result<(), RelayError> {
+        if self.checkpoints
+            && !topics::ready(&self.cfg, self.admin(), &self.registry, &self.shutdown).await
+        {
+            return Ok(());
+        }
         if self.cfg.sharding.enabled && self.checkpoints {
             return self.run_sharded().await;
         }
@@ -415,6 +421,14 @@ impl Relay {
     /// Where this relay's records go, and its membership log. With sharding on, records wait
     /// for their delivery at most [`crate::config::ShardingConfig::delivery_timeout`] (unless
     /// `kafka.properties` says otherwise).
+    /// What creates and describes topics: the membership log's admin.
+    fn admin(&self) -> Arc<dyn Log> {
+        match &self.sink {
+            Sink::Kafka => Arc::new(membership::log::Kafka::new(&self.cfg.kafka)),
+            Sink::Given(_, log) => log.clone(),
+        }
+    }
+
     fn sink(&self) -> Result<Outlet, RelayError> {
         Ok(match &self.sink {
             Sink::Kafka => (

@@ -113,23 +113,32 @@ pub struct Msg {
 }
 
 /// A consumer assigned every partition of `topic` at `from` (no group membership: the same
-/// code works against any Kafka-protocol broker).
+/// code works against any Kafka-protocol broker). A topic the relay creates at its start may
+/// appear a moment after the read begins: it is waited for, up to 30 s.
 fn reading(bootstrap: &str, topic: &str, from: Offset) -> BaseConsumer {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "watchrelay-tests")
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false")
+        .set("allow.auto.create.topics", "false")
         .create()
         .expect("consumer");
-    let md = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .expect("metadata");
-    let partitions = md
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic)
-        .map_or(0, |t| t.partitions().len());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let partitions = loop {
+        let md = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .expect("metadata");
+        let partitions = md
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic && t.error().is_none())
+            .map_or(0, |t| t.partitions().len());
+        if partitions > 0 || Instant::now() >= deadline {
+            break partitions;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     assert!(partitions > 0, "topic {topic} has no partitions");
     let mut tpl = TopicPartitionList::new();
     for p in 0..i32::try_from(partitions).expect("a partition count") {

@@ -83,7 +83,7 @@ pub(super) fn replay(
             &format!("Describe on topic {topic}"),
         )
     })?;
-    let partitions = super::partitions_in(&md, topic);
+    let partitions = crate::topics::admin::partitions_in(&md, topic);
     // Where reading stops: an end marker (a tombstone no stream owns) produced to every
     // partition now; the offset Kafka acknowledged for it is exact on any broker, unlike a
     // high watermark fetched separately.

@@ -1,0 +1,74 @@
+//! Before any stream starts: the topics the relay publishes to exist (created when missing,
+//! with `kafka.topics.create`) and serve the configuration (see [`crate::topics::check`]).
+//! Until they do, the replica is not ready, with the reason, and tries again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::membership::Log;
+use crate::registry::Registry;
+use crate::topics::{self, Spec};
+
+/// Between two attempts at the topics.
+const RETRY: Duration = Duration::from_secs(10);
+
+/// Who blocks the replica in the readiness, and the kind of its problem.
+const WHO: &str = "topics";
+
+/// Makes the configuration's published topics ready; false when stopped first.
+pub(super) async fn ready(
+    cfg: &Config,
+    log: Arc<dyn Log>,
+    registry: &Registry,
+    stop: &CancellationToken,
+) -> bool {
+    let specs = topics::plan(cfg).published;
+    if specs.is_empty() {
+        return true;
+    }
+    let create = cfg.kafka.topics.create;
+    loop {
+        let (log, asked) = (log.clone(), specs.clone());
+        let attempt = tokio::task::spawn_blocking(move || log.published(&asked, create));
+        let problem = tokio::select! {
+            _ = stop.cancelled() => return false,
+            r = attempt => match r {
+                Ok(Ok(states)) => judge(&specs, &states),
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(e) => Some(e.to_string()),
+            },
+        };
+        let Some(problem) = problem else {
+            registry.block_for(WHO, None);
+            return true;
+        };
+        registry.block_for(WHO, Some((WHO.to_string(), problem)));
+        tokio::select! {
+            _ = stop.cancelled() => return false,
+            _ = tokio::time::sleep(RETRY) => {}
+        }
+    }
+}
+
+/// The first problem of the topics as the broker reports them, if any.
+fn judge(specs: &[Spec], states: &[Option<topics::TopicState>]) -> Option<String> {
+    let missing: Vec<&str> = specs
+        .iter()
+        .zip(states)
+        .filter(|(_, s)| s.is_none())
+        .map(|(spec, _)| spec.name.as_str())
+        .collect();
+    if !missing.is_empty() {
+        return Some(format!(
+            "missing topics: {}; create them (`watchrelay topics` prints how) or let the relay create them (kafka.topics.create: true)",
+            missing.join(", ")
+        ));
+    }
+    specs
+        .iter()
+        .zip(states)
+        .find_map(|(spec, state)| topics::check(spec, state.as_ref()?).err())
+}
