@@ -429,9 +429,18 @@ fn a_sharded_producer_expires_records_within_the_sessions_margin() {
 #[test]
 fn a_malformed_selector_names_its_field() {
     for (field, line) in [
-        ("namespaceSelector", "    namespaceSelector: \"team in (a\"\n"),
-        ("labelSelector", "    namespaces: [a]\n    labelSelector: \"app==,=x\"\n"),
-        ("fieldSelector", "    namespaces: [a]\n    fieldSelector: status.phase\n"),
+        (
+            "namespaceSelector",
+            "    namespaceSelector: \"team in (a\"\n",
+        ),
+        (
+            "labelSelector",
+            "    namespaces: [a]\n    labelSelector: \"app==,=x\"\n",
+        ),
+        (
+            "fieldSelector",
+            "    namespaces: [a]\n    fieldSelector: status.phase\n",
+        ),
     ] {
         let e = Config::parse(&format!(
             "clusterName: c\nkafka:\n  bootstrapServers: k:9092\n  oversize: trim\ncheckpoint:\n  namespace: w\nchannels:\n  - operationId: watchNamespacedPods\n{line}"
