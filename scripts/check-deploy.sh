@@ -76,8 +76,29 @@ echo "== the values schema refuses what the relay refuses"
 python3 scripts/check-schema-agrees.py "$bin"
 
 echo "== rendered manifests validate against Kubernetes 1.30 schemas"
-helm template watchrelay charts/watchrelay "${id[@]}" --namespace watchrelay >"$work/default.yaml"
+# deploy/watchrelay.yaml is the release without its hooks (kubectl apply runs no hook).
+helm template watchrelay charts/watchrelay "${id[@]}" --namespace watchrelay --no-hooks >"$work/default.yaml"
 kubernetes-validate --quiet --strict --kubernetes-version 1.30.0 "$work/default.yaml"
+# The pre-install and pre-upgrade check: its Job, its ConfigMap and its own read-only RBAC,
+# single-leader and sharded.
+helm template watchrelay charts/watchrelay "${id[@]}" --namespace watchrelay >"$work/hooks.yaml"
+helm template watchrelay charts/watchrelay "${id[@]}" --namespace watchrelay --set config.sharding.enabled=true \
+  --set config.sharding.shards=8 --set replicaCount=3 >>"$work/hooks.yaml"
+kubernetes-validate --quiet --strict --kubernetes-version 1.30.0 "$work/hooks.yaml"
+python3 - "$work/hooks.yaml" <<'PY'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+hooks = [d for d in docs if "helm.sh/hook" in (d["metadata"].get("annotations") or {})]
+jobs = [d for d in hooks if d["kind"] == "Job"]
+assert len(jobs) == 2, f"one preflight Job a render, found {len(jobs)}"
+for job in jobs:
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][:2] == ["check-config", "--live"], container["args"]
+    assert job["spec"]["backoffLimit"] == 0
+for role in (d for d in hooks if d["kind"] in ("Role", "ClusterRole")):
+    verbs = {v for rule in role["rules"] for v in rule["verbs"]}
+    assert verbs <= {"get", "list"}, f"{role['metadata']['name']} may {verbs}: the check writes nothing"
+PY
 helm template watchrelay charts/watchrelay "${id[@]}" --namespace watchrelay --set metrics.serviceMonitor.enabled=true \
   --set 'extraWatchRules[0].apiGroups[0]=example.com' --set 'extraWatchRules[0].resources[0]=widgets' >"$work/full.yaml"
 # The ServiceMonitor is a CRD kind without a built-in schema: check it is there, validate the rest.
@@ -167,6 +188,18 @@ cluster = {"ClusterRole", "ClusterRoleBinding", "Namespace"}
 bare = [f"{d['kind']}/{d['metadata']['name']}" for d in yaml.safe_load_all(open(sys.argv[1]))
         if d and d["kind"] not in cluster and not d["metadata"].get("namespace")]
 assert not bare, f"namespaced objects without metadata.namespace: {bare}"
+PY
+# Egress follows the configuration: a broker without a port is on Kafka's default, and a schema
+# registry gets its own port.
+helm template watchrelay charts/watchrelay "${id[@]}" --namespace watchrelay --set networkPolicy.enabled=true \
+  --set 'config.kafka.bootstrapServers=kafka\,b2:9093' \
+  --set config.schemaRegistry.url=http://apicurio.registry:8080/apis/ccompat/v7 >"$work/netpol-registry.yaml"
+kubernetes-validate --quiet --strict --kubernetes-version 1.30.0 "$work/netpol-registry.yaml"
+python3 - "$work/netpol-registry.yaml" <<'PY'
+import sys, yaml
+policy = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "NetworkPolicy")
+ports = {p["port"] for rule in policy["spec"]["egress"] for p in rule.get("ports", [])}
+assert {9092, 9093, 8080} <= ports and 0 not in ports, f"egress ports {sorted(ports)}"
 PY
 # Releases of one name in two namespaces (one per team): no object of one is an object of the
 # other, cluster-scoped ones and Roles in a namespace both list included.

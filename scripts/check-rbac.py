@@ -30,7 +30,8 @@ def render(config_file, work):
     with open(values, "w") as f:
         yaml.safe_dump({"config": config}, f)
     out = subprocess.run(
-        ["helm", "template", RELEASE, "charts/watchrelay", "--namespace", NAMESPACE, "-f", values],
+        ["helm", "template", RELEASE, "charts/watchrelay", "--namespace", NAMESPACE, "-f", values,
+         "--no-hooks"],  # the relay's own RBAC; the preflight hook has its own, read only
         check=True, capture_output=True, text=True).stdout
     return [d for d in yaml.safe_load_all(out) if d]
 

@@ -1,5 +1,6 @@
 //! The `watchrelay` command line.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
@@ -22,6 +23,21 @@ const LONG_VERSION: &str = concat!(
     env!("WATCHRELAY_COMMIT"),
     ")"
 );
+
+/// `println!` to standard output that returns the write's error instead of panicking: a reader
+/// that goes away (`watchrelay channels | head -1`) ends the command quietly (see `main`).
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        writeln!(std::io::stdout().lock(), $($arg)*)?
+    };
+}
+
+/// `print!` likewise.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        write!(std::io::stdout().lock(), $($arg)*)?
+    };
+}
 
 /// Relays Kubernetes watch streams into Kafka topics as AsyncAPI-shaped envelopes.
 #[derive(Parser)]
@@ -87,9 +103,12 @@ enum Command {
         /// The configuration file.
         #[arg(short, long, value_name = "FILE", env = "WATCHRELAY_CONFIG")]
         config: Option<PathBuf>,
-        /// Also check the topics on the broker: an existing one with fewer partitions than
-        /// configured, or not compacted where tombstones need it, is an error; so is a missing
-        /// one with `kafka.topics.create: false`. Creates nothing.
+        /// Also check what a replica would meet at start, creating and writing nothing: the
+        /// topics on the broker (an existing one with fewer partitions than configured, or not
+        /// compacted where tombstones need it, is an error; so is a missing one with
+        /// `kafka.topics.create: false`) and the release's checkpoint ConfigMaps (a changed
+        /// membership topic, shard count or shards' topic, a change moving keys between
+        /// shards). The chart's pre-install and pre-upgrade hook runs it.
         #[arg(long)]
         live: bool,
     },
@@ -147,13 +166,45 @@ fn main() {
     // One line with the whole chain of causes, never a backtrace: these are user errors
     // (a bad file, an unreachable API server), not bugs.
     if let Err(e) = dispatch(cli) {
+        // The reader of standard output went away: nothing more to say to it.
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+        {
+            return;
+        }
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
 }
 
-/// `check-config --live`: the published topics as the broker has them, judged as the relay
-/// judges them at start.
+/// `check-config --live`: the topics as the broker has them and the release as its checkpoint
+/// ConfigMaps hold it, judged as a replica of `cfg` would at start.
+fn check_live(cfg: &Config) -> Result<()> {
+    let topics = check_topics(cfg);
+    let release = block_on(async {
+        let client = kube_client(&cfg.kubernetes).await?;
+        let answer =
+            tokio::time::timeout(LIVE_TIMEOUT, watchrelay::relay::preflight(cfg, &client)).await;
+        match answer {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(refusal)) => bail!("{refusal}"),
+            Err(_) => bail!("the API server did not answer within {LIVE_TIMEOUT:?}"),
+        }
+    });
+    match (topics, release) {
+        (Ok(()), Ok(())) => {
+            outln!("  the release's checkpoints: ok");
+            Ok(())
+        }
+        (Err(t), Err(r)) => bail!("{t}; {r}"),
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    }
+}
+
+/// How long `check-config --live` waits for the API server.
+const LIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The published topics as the broker has them, judged as the relay judges them at start.
 fn check_topics(cfg: &Config) -> Result<()> {
     let specs = watchrelay::topics::plan(cfg).published;
     let connection = cfg.kafka.connection_config();
@@ -162,16 +213,17 @@ fn check_topics(cfg: &Config) -> Result<()> {
     for (spec, state) in specs.iter().zip(&states) {
         match state {
             None if cfg.kafka.topics.create => {
-                println!("  topic {}: missing; created at start", spec.name)
+                outln!("  topic {}: missing; created at start", spec.name)
             }
             None => problems.push(format!(
                 "topic {} is missing and kafka.topics.create is false",
                 spec.name
             )),
             Some(state) => match watchrelay::topics::check(spec, state) {
-                Ok(()) => println!(
+                Ok(()) => outln!(
                     "  topic {}: ok ({} partitions)",
-                    spec.name, state.partitions
+                    spec.name,
+                    state.partitions
                 ),
                 Err(p) => problems.push(p),
             },
@@ -183,8 +235,14 @@ fn check_topics(cfg: &Config) -> Result<()> {
     bail!("{}", problems.join("; "))
 }
 
+/// The configuration in `file`; an error says whether the file could not be read or is not
+/// valid, and names the field (each cause once).
 fn load(file: &std::path::Path) -> Result<Config> {
-    Config::load(file).with_context(|| format!("{} is not valid", file.display()))
+    match Config::load(file) {
+        Ok(cfg) => Ok(cfg),
+        Err(e @ watchrelay::config::ConfigError::Read { .. }) => Err(e.into()),
+        Err(e) => Err(anyhow::Error::new(e).context(format!("{} is not valid", file.display()))),
+    }
 }
 
 fn logging(cli: &Cli) -> Result<()> {
@@ -220,20 +278,20 @@ fn dispatch(cli: Cli) -> Result<()> {
                 .or(config.as_ref())
                 .context("name the configuration file: check-config FILE (or --config FILE)")?;
             let cfg = load(file)?;
-            println!("{}: ok ({} channels)", file.display(), cfg.channels.len());
+            outln!("{}: ok ({} channels)", file.display(), cfg.channels.len());
             let reach = watchrelay::rbac::needs(&cfg).cluster_wide;
             for c in &cfg.channels {
-                println!(
-                    "  {} {} -> {} ({:?})",
-                    c.name, c.path.template, c.topic, c.scope
-                );
+                // A topic naming the namespace is one per namespace: shown as its template.
+                let per_namespace = c.path.namespaced && c.topic.contains("{namespace}");
+                let topic = c.topic_for(&cfg.cluster_name, per_namespace.then_some("{namespace}"));
+                outln!("  {} {} -> {topic} ({})", c.name, c.path.template, c.scope);
                 match reach.get(&c.name) {
-                    Some(why) => println!("    reads cluster-wide: {why}"),
-                    None => println!("    reads only the namespaces it lists"),
+                    Some(why) => outln!("    reads cluster-wide: {why}"),
+                    None => outln!("    reads only the namespaces it lists"),
                 }
             }
             if *live {
-                check_topics(&cfg)?;
+                check_live(&cfg)?;
             }
             Ok(())
         }
@@ -241,8 +299,8 @@ fn dispatch(cli: Cli) -> Result<()> {
             let cfg = config.load()?;
             let plan = watchrelay::topics::plan(&cfg);
             match output {
-                TopicsOutput::Table => print!("{}", watchrelay::topics::table(&plan)),
-                TopicsOutput::Commands => print!(
+                TopicsOutput::Table => out!("{}", watchrelay::topics::table(&plan)),
+                TopicsOutput::Commands => out!(
                     "{}",
                     watchrelay::topics::commands(&plan, &cfg.kafka.bootstrap_servers)
                 ),
@@ -263,7 +321,7 @@ fn dispatch(cli: Cli) -> Result<()> {
                             })
                         })
                         .collect();
-                    println!("{}", serde_json::to_string_pretty(&list)?);
+                    outln!("{}", serde_json::to_string_pretty(&list)?);
                 }
                 Output::Text => {
                     let w = CATALOGUE
@@ -272,9 +330,9 @@ fn dispatch(cli: Cli) -> Result<()> {
                         .max()
                         .unwrap_or(0);
                     let p = CATALOGUE.iter().map(|c| c.path.len()).max().unwrap_or(0);
-                    println!("{:w$}  {:p$}  MESSAGE", "OPERATIONID", "PATH");
+                    outln!("{:w$}  {:p$}  MESSAGE", "OPERATIONID", "PATH");
                     for c in CATALOGUE {
-                        println!("{:w$}  {:p$}  {}", c.operation_id, c.path, c.message);
+                        outln!("{:w$}  {:p$}  {}", c.operation_id, c.path, c.message);
                     }
                 }
             }
@@ -295,7 +353,7 @@ fn dispatch(cli: Cli) -> Result<()> {
                 None
             };
             let doc = watchrelay::asyncapi::document(&cfg, schemas.as_ref());
-            println!("{}", serde_json::to_string_pretty(&doc)?);
+            outln!("{}", serde_json::to_string_pretty(&doc)?);
             Ok(())
         }
         Command::Status { config, output } => {
@@ -307,8 +365,8 @@ fn dispatch(cli: Cli) -> Result<()> {
                     .context("reading the checkpoint and the Lease")
             })?;
             match output {
-                Output::Json => println!("{}", serde_json::to_string_pretty(&status)?),
-                Output::Text => print!("{}", watchrelay::status::text(&status)),
+                Output::Json => outln!("{}", serde_json::to_string_pretty(&status)?),
+                Output::Text => out!("{}", watchrelay::status::text(&status)),
             }
             Ok(())
         }
@@ -351,7 +409,7 @@ fn dispatch(cli: Cli) -> Result<()> {
                     _ => Ok(asked),
                 }
             })?;
-            println!(
+            outln!(
                 "resync of {channel} requested on {asked} ConfigMap(s) in {} ({}); the running relay takes it within seconds",
                 cfg.checkpoint.namespace, cfg.checkpoint.name
             );
@@ -360,12 +418,12 @@ fn dispatch(cli: Cli) -> Result<()> {
         Command::Rbac { config } => {
             let cfg = config.load()?;
             let needs = watchrelay::rbac::needs(&cfg);
-            println!("{}", serde_json::to_string_pretty(&needs)?);
+            outln!("{}", serde_json::to_string_pretty(&needs)?);
             Ok(())
         }
         Command::Version => {
-            println!("watchrelay {}", env!("CARGO_PKG_VERSION"));
-            println!("commit: {COMMIT}");
+            outln!("watchrelay {}", env!("CARGO_PKG_VERSION"));
+            outln!("commit: {COMMIT}");
             Ok(())
         }
     }

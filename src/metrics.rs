@@ -75,6 +75,9 @@ pub struct Metrics {
     /// 1 while the membership topic cannot be used, by reason (`not_compacted`, `retention`,
     /// `recreated`, `partitions`, `unauthorized`, `unavailable`).
     pub membership_topic_problem: IntGaugeVec,
+    /// 1 while the relay waits for the topics it publishes to (missing and not to be created,
+    /// too few partitions, not compacted where tombstones need it, not permitted).
+    pub topics_unready: IntGauge,
     /// Members whose retraction could not be addressed (written by an older version without a
     /// topic and key, of a channel that no longer exists).
     pub unretractable_members: IntCounter,
@@ -191,6 +194,13 @@ impl Metrics {
                     "1 while the membership topic cannot be used, by reason",
                 ),
                 &["reason"],
+            ),
+        );
+        let topics_unready = registered(
+            &registry,
+            IntGauge::new(
+                "topics_unready",
+                "1 while the relay waits for the topics it publishes to",
             ),
         );
         let unretractable_members = registered(&registry, IntCounter::new(
@@ -359,6 +369,7 @@ impl Metrics {
             membership_restored,
             membership_restore_seconds,
             membership_topic_problem,
+            topics_unready,
             unretractable_members,
             history_rewinds,
             watch_strategy_switch_pending,
@@ -451,6 +462,7 @@ impl Metrics {
             membership_restored,
             membership_restore_seconds,
             membership_topic_problem,
+            topics_unready,
             unretractable_members,
             history_rewinds,
             watch_strategy_switch_pending,
@@ -471,7 +483,7 @@ impl Metrics {
             fanout_objects,
             fanout_server_filtered,
         } = self;
-        let collectors: [&dyn Collector; 41] = [
+        let collectors: [&dyn Collector; 42] = [
             events_received,
             events_published,
             events_filtered,
@@ -494,6 +506,7 @@ impl Metrics {
             membership_restored,
             membership_restore_seconds,
             membership_topic_problem,
+            topics_unready,
             unretractable_members,
             history_rewinds,
             watch_strategy_switch_pending,

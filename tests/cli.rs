@@ -353,3 +353,47 @@ fn topics_prints_every_topic_and_check_config_takes_config() {
     );
     assert!(run(&["check-config", "--config", file]).contains("ok (1 channels)"));
 }
+
+/// A reader that goes away early (`watchrelay channels | head -1`) ends the command quietly,
+/// not with a panic.
+#[test]
+fn a_closed_output_ends_a_command_quietly() {
+    for _ in 0..5 {
+        let mut child = Command::new(BIN)
+            .args(["channels", "-o", "json"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{:?}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.stderr.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// A missing file is said to be missing, its cause once.
+#[test]
+fn a_missing_file_is_named_once() {
+    let out = Command::new(BIN)
+        .args(["check-config", "/nonexistent/watchrelay.yaml"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot read /nonexistent/watchrelay.yaml"),
+        "{err}"
+    );
+    assert!(!err.contains("is not valid"), "{err}");
+    assert_eq!(err.matches("os error 2").count(), 1, "{err}");
+}

@@ -554,6 +554,22 @@ struct Release {
     dir: tempfile::TempDir,
 }
 
+/// A kubeconfig (written in `dir`) that reaches the cluster as ServiceAccount `sa` of `ns`,
+/// through a token from the TokenRequest API: what a pod of that ServiceAccount may do.
+fn sa_kubeconfig(cluster: &Cluster, ns: &str, sa: &str, dir: &Path) -> std::path::PathBuf {
+    let token = cluster.kubectl(&["-n", ns, "create", "token", sa, "--duration=1h"]);
+    let admin: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(cluster.kubeconfig()).unwrap()).unwrap();
+    let kubeconfig = dir.join(format!("{sa}.kubeconfig"));
+    let sa_config = json!({"apiVersion": "v1", "kind": "Config",
+        "clusters": admin["clusters"],
+        "users": [{"name": "sa", "user": {"token": token.trim()}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "local", "user": "sa"}}],
+        "current-context": "sa"});
+    std::fs::write(&kubeconfig, sa_config.to_string()).unwrap();
+    kubeconfig
+}
+
 impl Release {
     async fn install(cluster: &Cluster, prefix: &str, sets: &[&str]) -> Self {
         let ns = unique(prefix);
@@ -561,7 +577,8 @@ impl Release {
         let cluster_name = ns.replace('-', "");
         let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/watchrelay");
         let mut helm = std::process::Command::new("helm");
-        helm.args(["template", "wr"])
+        // The release's own objects; its preflight hook has a test of its own.
+        helm.args(["template", "wr", "--no-hooks"])
             .arg(&chart)
             .args(["--namespace", &ns])
             .args(["--set", &format!("config.clusterName={cluster_name}")])
@@ -599,18 +616,8 @@ impl Release {
             .expect("the chart renders a ServiceAccount")
             .trim()
             .to_string();
-        let token = cluster.kubectl(&["-n", &ns, "create", "token", &sa, "--duration=1h"]);
-        let admin: Value =
-            serde_saphyr::from_str(&std::fs::read_to_string(cluster.kubeconfig()).unwrap())
-                .unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = dir.path().join("sa.kubeconfig");
-        let sa_config = json!({"apiVersion": "v1", "kind": "Config",
-            "clusters": admin["clusters"],
-            "users": [{"name": "sa", "user": {"token": token.trim()}}],
-            "contexts": [{"name": "sa", "context": {"cluster": "local", "user": "sa"}}],
-            "current-context": "sa"});
-        std::fs::write(&kubeconfig, sa_config.to_string()).unwrap();
+        let kubeconfig = sa_kubeconfig(cluster, &ns, &sa, dir.path());
         cfg["kubernetes"] =
             json!({"kubeconfig": kubeconfig, "backoffInitialMs": 50, "backoffMaxMs": 1000});
         cfg["checkpoint"]["intervalMs"] = json!(200);
@@ -624,10 +631,132 @@ impl Release {
         }
     }
 
+    /// The chart's preflight hook for this release with `sets` (`--set` values) applied (its
+    /// Job too, which no kubelet runs here), and its command run as the hook's own
+    /// ServiceAccount on the hook's own ConfigMap, as the Job would run it.
+    fn preflight(&self, cluster: &Cluster, sets: &[&str]) -> std::process::Output {
+        let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/watchrelay");
+        let mut helm = std::process::Command::new("helm");
+        helm.args(["template", "wr"])
+            .arg(&chart)
+            .args([
+                "--namespace",
+                &self.ns,
+                "--show-only",
+                "templates/preflight.yaml",
+            ])
+            .args([
+                "--set",
+                &format!("config.clusterName={}", self.cluster_name),
+            ])
+            .args([
+                "--set",
+                &format!("config.kafka.bootstrapServers={}", kafka::bootstrap()),
+            ]);
+        for set in sets {
+            helm.args(["--set", set]);
+        }
+        let rendered = helm.output().expect("helm runs");
+        assert!(rendered.status.success(), "{rendered:?}");
+        cluster.apply(&String::from_utf8(rendered.stdout).unwrap());
+        let cm: Value = serde_json::from_str(&cluster.kubectl(&[
+            "-n",
+            &self.ns,
+            "get",
+            "configmap",
+            "wr-watchrelay-preflight",
+            "-o",
+            "json",
+        ]))
+        .unwrap();
+        let mut cfg: Value =
+            serde_saphyr::from_str(cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
+        let kubeconfig = sa_kubeconfig(
+            cluster,
+            &self.ns,
+            "wr-watchrelay-preflight",
+            self.dir.path(),
+        );
+        cfg["kubernetes"] = json!({"kubeconfig": kubeconfig});
+        let file = self.dir.path().join("preflight.yaml");
+        std::fs::write(&file, serde_json::to_string(&cfg).unwrap()).unwrap();
+        std::process::Command::new(env!("CARGO_BIN_EXE_watchrelay"))
+            .args(["check-config", "--live"])
+            .arg(&file)
+            .output()
+            .unwrap()
+    }
+
     /// Starts the binary as replica `pod` of the release, on `config`.
     fn replica(&self, config: &str, pod: &str) -> RelayProcess {
         RelayProcess::replica(self.dir.path(), config, pod)
     }
+}
+
+/// The chart's pre-install and pre-upgrade check on a real API server, as its hook Job runs it
+/// (its own ServiceAccount, read-only RBAC and ConfigMap): a new release passes; once the
+/// release ran, an upgrade that renames its membership topic (as a changed clusterName does to
+/// the default) is refused with the relay's own message, before any replica runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_charts_preflight_refuses_an_upgrade_before_any_pod_is_replaced() {
+    let cluster = Cluster::from_env();
+    let release = Release::install(&cluster, "preflight", &[]).await;
+    let membership = release.cfg["checkpoint"]["membership"]["topic"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let keep = format!("config.checkpoint.membership.topic={membership}");
+    let out = release.preflight(&cluster, &[&keep]);
+    assert!(out.status.success(), "a new release refused: {out:?}");
+
+    let config = serde_json::to_string(&release.cfg).unwrap();
+    let mut replica = release.replica(&config, "wr-a");
+    let streams = || {
+        cluster
+            .try_kubectl(
+                &[
+                    "-n",
+                    &release.ns,
+                    "get",
+                    "configmap",
+                    "wr-watchrelay-checkpoints",
+                    "-o",
+                    "json",
+                ],
+                None,
+            )
+            .map_or(0, |text| {
+                watchrelay::checkpoint::read(&serde_json::from_str::<ConfigMap>(&text).unwrap())
+                    .len()
+            })
+    };
+    for _ in 0..900 {
+        if streams() >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(streams() >= 3, "the release never ran:\n{}", replica.log());
+    replica.stop();
+    let out = release.preflight(&cluster, &[&keep]);
+    assert!(
+        out.status.success(),
+        "the same configuration refused: {out:?}"
+    );
+
+    let renamed = kafka::unique("renamed");
+    let out = release.preflight(
+        &cluster,
+        &[&format!("config.checkpoint.membership.topic={renamed}")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the rename passed: {stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "checkpoint.membership.topic is {renamed} but this relay's members are in {membership}"
+        )),
+        "{stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -218,6 +218,48 @@ fn every_alert_rule_is_documented() {
     );
 }
 
+/// Every alert links its runbook: a section of docs/operations.md named after it.
+#[test]
+fn every_alert_links_its_runbook_section() {
+    let runbook = read(&root().join("docs/operations.md"));
+    let anchors: BTreeSet<String> = runbook
+        .lines()
+        .filter_map(|l| l.strip_prefix("### "))
+        .map(slug)
+        .collect();
+    let rules = read(&root().join("deploy/prometheus-rules.yaml"));
+    let mut alert = None;
+    let mut linked = BTreeSet::new();
+    for line in rules.lines().map(str::trim) {
+        if let Some(name) = line.strip_prefix("- alert:") {
+            alert = Some(name.trim().to_string());
+        }
+        if let Some(url) = line.strip_prefix("runbook_url:") {
+            let name = alert.clone().expect("a runbook_url inside an alert");
+            let anchor = url
+                .trim()
+                .trim_matches('"')
+                .rsplit_once("docs/operations.md#");
+            assert_eq!(
+                anchor.map(|(_, a)| a.to_string()),
+                Some(name.to_lowercase()),
+                "{name}: {url}"
+            );
+            assert!(
+                anchors.contains(&name.to_lowercase()),
+                "docs/operations.md has no runbook section for {name}"
+            );
+            linked.insert(name);
+        }
+    }
+    let defined: BTreeSet<String> = rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert:"))
+        .map(|name| name.trim().to_string())
+        .collect();
+    assert_eq!(linked, defined, "alerts without a runbook_url");
+}
+
 /// GitHub's anchor for a heading: lower case, punctuation dropped (hyphens and underscores
 /// kept), spaces as hyphens.
 fn slug(heading: &str) -> String {

@@ -391,24 +391,31 @@ async fn a_missing_acl_is_named() {
     relay.stop().await;
 }
 
-/// `check-config --live` judges the topics as the relay does at start, and creates nothing.
+/// `check-config --live` judges the topics as the relay does at start, and the release as its
+/// checkpoint ConfigMap holds it (a changed membership topic is refused with the relay's own
+/// message), and creates and writes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_config_live_reports_what_a_start_would_refuse() {
     let bed = Bed::new(&["a"]).await;
     let (few, missing) = (kafka::unique("few"), kafka::unique("missing"));
     kafka::create_topics(&[&few], 2).await;
     let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    bed.sim.write_kubeconfig(&kubeconfig).unwrap();
     let file = dir.path().join("c.yaml");
-    let write = |channels: String| {
+    let write_with = |channels: String, membership: &str| {
         std::fs::write(
             &file,
             format!(
-                "clusterName: test\nkafka:\n  bootstrapServers: {}\n  oversize: trim\ncheckpoint:\n  namespace: w\nchannels:\n{channels}",
-                bed.bootstrap
+                "clusterName: test\nkubernetes:\n  kubeconfig: {}\nkafka:\n  bootstrapServers: {}\n  oversize: trim\ncheckpoint:\n  namespace: {}\n  membership:\n    topic: {membership}\nchannels:\n{channels}",
+                kubeconfig.display(),
+                bed.bootstrap,
+                common::bed::CHECKPOINT_NS,
             ),
         )
         .unwrap();
     };
+    let write = |channels: String| write_with(channels, &bed.membership);
     let check = || {
         std::process::Command::new(env!("CARGO_BIN_EXE_watchrelay"))
             .args(["check-config", "--live"])
@@ -435,5 +442,34 @@ async fn check_config_live_reports_what_a_start_would_refuse() {
     );
     assert_eq!(partitions(&bed.bootstrap, &missing), 0, "nothing created");
     write(format!("  - operationId: watchNodes\n    topic: {few}\n"));
-    assert!(check().status.success());
+    let out = check();
+    assert!(out.status.success(), "{out:?}");
+
+    // Once the release ran, a configuration naming another membership topic (a changed
+    // clusterName does that to the default) is refused before any replica runs it.
+    let relay = Relay::start(
+        &bed,
+        bed.config(
+            &format!("  - operationId: watchNodes\n    topic: {few}\n"),
+            "",
+        ),
+    );
+    relay.wait_up(1).await;
+    relay.stop().await;
+    write(format!("  - operationId: watchNodes\n    topic: {few}\n"));
+    assert!(check().status.success(), "the same release passes");
+    write_with(
+        format!("  - operationId: watchNodes\n    topic: {few}\n"),
+        "renamed.membership",
+    );
+    let out = check();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "accepted: {stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "checkpoint.membership.topic is renamed.membership but this relay's members are in {}",
+            bed.membership
+        )),
+        "{stderr}"
+    );
 }

@@ -226,6 +226,15 @@ impl Store {
         .map(drop)
     }
 
+    /// The release's sharding as its first sharded replica recorded it, if one did; writes
+    /// nothing (see [`Store::sharding_mark`]).
+    pub async fn recorded_sharding_mark(&self) -> Result<Option<String>, CheckpointError> {
+        Ok(self
+            .current()
+            .await?
+            .and_then(|cm| cm.metadata.annotations?.remove(SHARDING_ANNOTATION)))
+    }
+
     /// The release's sharding as its first sharded replica recorded it ([`SHARDING_ANNOTATION`]),
     /// or `mark` recorded now when none was (creating the ConfigMap if missing): what every
     /// replica of the release must be configured with.

@@ -214,6 +214,17 @@ impl StreamId {
     }
 }
 
+/// As `check-config` says it: `every namespace`, `namespaces a, b`, `namespaces matching SEL`.
+impl std::fmt::Display for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Scope::Cluster => f.write_str("the whole collection"),
+            Scope::Namespaces(list) => write!(f, "namespaces {}", list.join(", ")),
+            Scope::Selector(sel) => write!(f, "namespaces matching {sel}"),
+        }
+    }
+}
+
 impl std::fmt::Display for StreamId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)

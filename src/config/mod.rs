@@ -34,7 +34,7 @@ pub(crate) use validate::{is_dns_label, is_dns_subdomain};
 #[derive(Debug, Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         /// The configuration file's path.
         path: PathBuf,

@@ -65,7 +65,7 @@ pub(crate) use ledger::Ledger;
 pub use log::{adopt, send_all, Log, SendError, TopicError, TopicState};
 pub use record::{key, mark_record, record, writes_record, Owner, END_MARKER, WRITES_SUFFIX};
 pub use regroup::Regroup;
-pub use restore::Restore;
+pub use restore::{verify, Restore};
 pub use restored::{Claim, Restored};
 pub use retire::{Retire, Tagger};
 pub use set::{Key, Members};

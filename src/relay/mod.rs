@@ -28,6 +28,7 @@ use crate::registry::{self, Part, Registry, Role};
 use crate::schemas::Schemas;
 use crate::stream::Wiring;
 use others::Others;
+pub use preflight::preflight;
 use supervisor::Supervisor;
 
 /// How often the producer is checked for a fatal error.
@@ -45,6 +46,7 @@ mod lifecycle;
 mod migrate;
 mod moves;
 mod others;
+mod preflight;
 mod reach;
 mod shapes;
 mod shards;
@@ -277,8 +279,16 @@ impl Relay {
 
     /// [`Relay::run`], once the schemas are kept.
     async fn relay(&self) -> Result<(), RelayError> {
+        let unready = &self.metrics.topics_unready;
         if self.checkpoints
-            && !topics::ready(&self.cfg, self.admin(), &self.registry, &self.shutdown).await
+            && !topics::ready(
+                &self.cfg,
+                self.admin(),
+                &self.registry,
+                unready,
+                &self.shutdown,
+            )
+            .await
         {
             return Ok(());
         }

@@ -48,11 +48,29 @@ pub(super) async fn check(
 ) -> Result<Config, String> {
     let read =
         crate::checkpoint::until_read("reading the shards' checkpoint ConfigMaps", stop, || {
-            read(cfg, client)
+            read(cfg, client, true)
         });
-    let Some((mark, recorded, single)) = read.await else {
+    let Some(held) = read.await else {
         return Ok(cfg.clone());
     };
+    judge(cfg, client, held).await
+}
+
+/// What [`check`] would say of `cfg` against what the release holds now, read once and
+/// without recording anything: the pre-upgrade check of a configuration no replica runs yet.
+pub(super) async fn preview(cfg: &Config, client: &kube::Client) -> Result<Config, String> {
+    let held = read(cfg, client, false)
+        .await
+        .map_err(|e| format!("reading the shards' checkpoint ConfigMaps: {e}"))?;
+    judge(cfg, client, held).await
+}
+
+/// [`check`]'s verdict on what the release holds.
+async fn judge(
+    cfg: &Config,
+    client: &kube::Client,
+    (mark, recorded, single): Held,
+) -> Result<Config, String> {
     let ours = mark_of(cfg);
     if mark != ours {
         return Err(format!(
@@ -104,13 +122,22 @@ const SHARD_FUNCTION: &str = "fnv1a64-fmix64-top-bits";
 /// streams a single leader of the release recorded in its own.
 type Held = (String, Vec<Recorded>, Vec<String>);
 
+/// What the release holds; with `record`, `cfg`'s sharding mark is recorded when none was.
 async fn read(
     cfg: &Config,
     client: &kube::Client,
+    record: bool,
 ) -> Result<Held, crate::checkpoint::CheckpointError> {
     let ns = &cfg.checkpoint.namespace;
     let release = Store::new(client.clone(), ns, &cfg.checkpoint.name);
-    let mark = release.sharding_mark(&mark_of(cfg)).await?;
+    let mark = if record {
+        release.sharding_mark(&mark_of(cfg)).await?
+    } else {
+        release
+            .recorded_sharding_mark()
+            .await?
+            .unwrap_or_else(|| mark_of(cfg))
+    };
     let single = release.load().await?.streams.into_keys().collect();
     let mut recorded = Vec::new();
     for k in 0..cfg.sharding.shards {

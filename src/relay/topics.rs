@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus::IntGauge;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
@@ -23,6 +24,7 @@ pub(super) async fn ready(
     cfg: &Config,
     log: Arc<dyn Log>,
     registry: &Registry,
+    unready: &IntGauge,
     stop: &CancellationToken,
 ) -> bool {
     let specs = topics::plan(cfg).published;
@@ -43,9 +45,11 @@ pub(super) async fn ready(
         };
         let Some(problem) = problem else {
             registry.block_for(WHO, None);
+            unready.set(0);
             return true;
         };
         registry.block_for(WHO, Some((WHO.to_string(), problem)));
+        unready.set(1);
         tokio::select! {
             _ = stop.cancelled() => return false,
             _ = tokio::time::sleep(RETRY) => {}
