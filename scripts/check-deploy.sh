@@ -250,6 +250,27 @@ if ! diff -u deploy/watchrelay.yaml "$work/default.yaml"; then
   exit 1
 fi
 
+echo "== the chart packages as the release workflow packages it"
+# What a CI with Docker and a registry would do on a tag (.github/workflows/release.yml): its
+# version gate, run as written for this version, and the chart package, which must render as
+# the chart's directory does.
+version=$(sed -n 's/^version: //p' charts/watchrelay/Chart.yaml)
+python3 - "$version" <<'PY'
+import os, subprocess, sys, tempfile, yaml
+workflow = yaml.safe_load(open(".github/workflows/release.yml"))
+gate = next(s["run"] for s in workflow["jobs"]["versions"]["steps"] if s.get("id") == "v")
+with tempfile.NamedTemporaryFile() as out:
+    env = dict(os.environ, GITHUB_REF_NAME="v" + sys.argv[1], GITHUB_OUTPUT=out.name)
+    subprocess.run(["bash", "-euo", "pipefail", "-c", gate], check=True, env=env)
+    assert open(out.name).read().strip() == "version=" + sys.argv[1]
+PY
+helm package charts/watchrelay -d "$work/package" >/dev/null
+if ! diff <(helm template watchrelay "$work/package/watchrelay-$version.tgz" "${id[@]}" --namespace watchrelay) \
+  <(helm template watchrelay charts/watchrelay "${id[@]}" --namespace watchrelay) >/dev/null; then
+  echo "the packaged chart renders otherwise than charts/watchrelay" >&2
+  exit 1
+fi
+
 echo "== configurations pass check-config"
 KAFKA_SASL_PASSWORD=example "$bin" check-config deploy/config.example.yaml >/dev/null
 "$bin" check-config deploy/config.try.yaml >/dev/null
