@@ -180,7 +180,16 @@ fn main() {
 /// `check-config --live`: the topics as the broker has them and the release as its checkpoint
 /// ConfigMaps hold it, judged as a replica of `cfg` would at start.
 fn check_live(cfg: &Config) -> Result<()> {
-    let topics = check_topics(cfg);
+    // The broker gets as long as the API server: an unreachable one is said to be, well within
+    // the preflight Job's deadline.
+    let topics = block_on(async {
+        let cfg = cfg.clone();
+        let checked = tokio::task::spawn_blocking(move || check_topics(&cfg));
+        match tokio::time::timeout(LIVE_TIMEOUT, checked).await {
+            Ok(checked) => checked?,
+            Err(_) => bail!("the Kafka brokers did not answer within {LIVE_TIMEOUT:?}"),
+        }
+    });
     let release = block_on(async {
         let client = kube_client(&cfg.kubernetes).await?;
         let answer =
@@ -201,7 +210,7 @@ fn check_live(cfg: &Config) -> Result<()> {
     }
 }
 
-/// How long `check-config --live` waits for the API server.
+/// How long `check-config --live` waits for the brokers, and then for the API server.
 const LIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The published topics as the broker has them, judged as the relay judges them at start.
@@ -291,6 +300,8 @@ fn dispatch(cli: Cli) -> Result<()> {
                 }
             }
             if *live {
+                // Retried reads say why on standard error (an ACL, an unreachable server).
+                logging(&cli)?;
                 check_live(&cfg)?;
             }
             Ok(())

@@ -232,7 +232,7 @@ impl Registry {
                 inner.blocked.insert(who.to_string(), p);
             }
             None => {
-                tracing::info!(who, "the membership topic is usable again");
+                tracing::info!(who, "relaying can go on: the problem that held it is gone");
                 inner.blocked.remove(who);
             }
         }

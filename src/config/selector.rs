@@ -5,8 +5,12 @@
 use super::validate::is_dns_subdomain;
 
 /// Checks a label selector: comma-separated requirements `key`, `!key`, `key=value`,
-/// `key==value`, `key!=value`, `key in (v1,v2)`, `key notin (v1,v2)`.
+/// `key==value`, `key!=value`, `key>N`, `key<N`, `key in (v1,v2)`, `key notin (v1,v2)`. An
+/// empty selector selects everything.
 pub(crate) fn label_selector(s: &str) -> Result<(), String> {
+    if s.trim().is_empty() {
+        return Ok(());
+    }
     for requirement in split_top(s)? {
         let r = requirement.trim();
         if r.is_empty() {
@@ -28,9 +32,15 @@ pub(crate) fn label_selector(s: &str) -> Result<(), String> {
             continue;
         }
         match operator(r) {
-            Some((key, value)) => {
+            Some((key, op, value)) => {
                 label_key(key)?;
-                label_value(value)?;
+                if matches!(op, ">" | "<") {
+                    value
+                        .parse::<i64>()
+                        .map_err(|_| format!("{r:?}: {op} compares with an integer"))?;
+                } else {
+                    label_value(value)?;
+                }
             }
             None => label_key(r)?,
         }
@@ -38,22 +48,47 @@ pub(crate) fn label_selector(s: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks a field selector: comma-separated `field=value`, `field==value` or `field!=value`.
+/// Checks a field selector: comma-separated `field=value`, `field==value` or `field!=value`
+/// (a `\\,` in a value is a comma; empty terms are skipped, as the API server skips them). The
+/// field itself is the API server's to know.
 pub(crate) fn field_selector(s: &str) -> Result<(), String> {
-    for r in s.split(',') {
+    for r in split_unescaped(s) {
         let r = r.trim();
-        let Some((field, _)) = operator(r) else {
-            return Err(format!(
-                "{r:?}: a field requirement is field=value, field==value or field!=value"
-            ));
+        if r.is_empty() {
+            continue;
+        }
+        let field = match operator(r) {
+            Some((field, "=" | "==" | "!=", _)) => field,
+            _ => {
+                return Err(format!(
+                    "{r:?}: a field requirement is field=value, field==value or field!=value"
+                ))
+            }
         };
-        if field.is_empty() || !field.chars().all(|c| c.is_ascii_alphanumeric() || c == '.') {
+        if field.is_empty() || field.contains(char::is_whitespace) {
             return Err(format!(
                 "{field:?} is not a field path (such as status.phase)"
             ));
         }
     }
     Ok(())
+}
+
+/// `s` split at the commas no backslash escapes.
+fn split_unescaped(s: &str) -> Vec<&str> {
+    let (mut out, mut start, mut escaped) = (Vec::new(), 0, false);
+    for (i, c) in s.char_indices() {
+        match c {
+            '\\' if !escaped => escaped = true,
+            ',' if !escaped => {
+                out.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => escaped = false,
+        }
+    }
+    out.push(&s[start..]);
+    out
 }
 
 /// The requirements of a selector, split at the commas outside parentheses.
@@ -80,26 +115,29 @@ fn split_top(s: &str) -> Result<Vec<&str>, String> {
     Ok(out)
 }
 
-/// `key in (...)` or `key notin (...)`: the key and the parenthesised values.
+/// `key in (...)` or `key notin (...)`: the key and the parenthesised values. Only a key
+/// without an operator followed by the word and a parenthesis is one (`env= internal` is not).
 fn set_requirement(r: &str) -> Option<(&str, &str)> {
     let (key, rest) = r.split_once(char::is_whitespace)?;
+    if key.contains(['=', '!', '<', '>']) {
+        return None;
+    }
     let rest = rest.trim_start();
     let values = rest
         .strip_prefix("notin")
         .or_else(|| rest.strip_prefix("in"))?
         .trim();
-    Some((key, values))
+    values.starts_with('(').then_some((key, values))
 }
 
-/// `key op value` for `=`, `==` and `!=`.
-fn operator(r: &str) -> Option<(&str, &str)> {
-    let at = r.find(['=', '!'])?;
+/// `key op value` for `=`, `==`, `!=`, `>` and `<`: the key, the operator and the value.
+fn operator(r: &str) -> Option<(&str, &str, &str)> {
+    let at = r.find(['=', '!', '<', '>'])?;
     let (key, rest) = r.split_at(at);
-    let value = rest
-        .strip_prefix("!=")
-        .or_else(|| rest.strip_prefix("=="))
-        .or_else(|| rest.strip_prefix('='))?;
-    Some((key.trim(), value.trim()))
+    let op = ["!=", "==", "=", ">", "<"]
+        .into_iter()
+        .find(|op| rest.starts_with(op))?;
+    Some((key.trim(), op, rest[op.len()..].trim()))
 }
 
 /// A label key: an optional DNS-subdomain prefix and `/`, then a name.
@@ -159,6 +197,13 @@ mod tests {
             "team=x,env in (prod,staging),!legacy",
             "example.com/team=x",
             "app=",
+            "tier!= infra",
+            "env= internal",
+            "env== in-house",
+            "replicas>1",
+            "replicas < 3",
+            "tier in(a)",
+            "",
         ] {
             assert_eq!(label_selector(ok), Ok(()), "{ok}");
         }
@@ -174,6 +219,8 @@ mod tests {
             "app=we b",
             "-app=x",
             "Bad_Prefix!/x=y",
+            "replicas>one",
+            "app in",
         ] {
             assert!(label_selector(bad).is_err(), "{bad}");
         }
@@ -183,6 +230,12 @@ mod tests {
     fn field_selectors_need_an_operator() {
         assert_eq!(field_selector("status.phase=Running"), Ok(()));
         assert_eq!(field_selector("metadata.name!=x,spec.nodeName=n"), Ok(()));
+        assert_eq!(
+            field_selector(r"spec.my_field=a\,b,"),
+            Ok(()),
+            "escaped comma, empty term"
+        );
+        assert_eq!(field_selector(""), Ok(()));
         assert!(field_selector("status.phase").is_err());
         assert!(field_selector("=x").is_err());
     }

@@ -627,18 +627,25 @@ impl Stream {
         self.ensure_kind().await;
         let known: Vec<_> = self.outbox.members().keys().collect();
         tracing::info!(stream = %self.id, objects = known.len(), "left its scope: deleting what it announced");
+        // Without a position (a leave cut short in an earlier run forgot it), every DELETED
+        // names the highest version a member joined at, in the stream's new era: above all the
+        // stream announced before.
+        let rv = if rv.is_empty() {
+            known
+                .iter()
+                .filter_map(|k| self.outbox.members().get_key(k))
+                .filter_map(|(_, k)| k.rv.parse::<u64>().ok())
+                .max()
+                .map(|v| v.to_string())
+                .unwrap_or_default()
+        } else {
+            rv.to_string()
+        };
         for k in known {
             let Some((uid, k)) = self.outbox.members().get_key(&k) else {
                 continue;
             };
-            // Without a position (a leave cut short in an earlier run forgot it), the DELETED
-            // names the member's own last version, in the stream's new era.
-            let at = if rv.is_empty() {
-                k.rv.clone()
-            } else {
-                rv.to_string()
-            };
-            if let Err(why) = self.infer_delete(uid, k, &at).await {
+            if let Err(why) = self.infer_delete(uid, k, &rv).await {
                 tracing::warn!(stream = %self.id, ?why, "leaving scope cut short");
                 return;
             }

@@ -5,6 +5,7 @@
 use super::{Ended, Stream};
 use crate::event::{Identity, Meta};
 use crate::membership::Key;
+use crate::outbox::OutboxError;
 use crate::registry::Phase;
 
 impl Stream {
@@ -115,9 +116,7 @@ impl Stream {
             // Joins still pending are announcements too: settled first, so what they announce
             // is deleted with the rest rather than published after the leave. Nothing in flight
             // may bring a position back once it is forgotten.
-            let leaving = self.life.leaving.is_cancelled()
-                && self.outbox.settle_joins().await.is_ok()
-                && self.outbox.wait_until(0).await.is_ok();
+            let leaving = self.life.leaving.is_cancelled() && self.settled_for_leave().await;
             let rv = self.outbox.checkpoint().unwrap_or_default().to_string();
             if leaving
                 && !self.outbox.members().is_empty()
@@ -158,18 +157,55 @@ impl Stream {
     async fn leave_until_gone(&mut self, rv: &str) {
         loop {
             self.leave_scope(rv).await;
+            // Stopping: the final drain (one budget) is `stop`'s.
+            if self.life.shutdown.is_cancelled() {
+                return;
+            }
             self.outbox
                 .drain(tokio::time::Instant::now() + self.cfg.drain_time())
                 .await;
-            if self.outbox.members().is_empty() || self.life.shutdown.is_cancelled() {
+            if self.outbox.members().is_empty()
+                || !self
+                    .retry_leave("Kafka did not acknowledge every DELETED")
+                    .await
+            {
                 return;
             }
-            let delay = self.backoff.next();
-            tracing::warn!(stream = %self.id, members = self.outbox.members().len(), ?delay, "leaving the scope cut short; trying again");
-            tokio::select! {
-                _ = self.life.shutdown.cancelled() => return,
-                _ = tokio::time::sleep(delay) => {}
+        }
+    }
+
+    /// Before a leave: every pending join settled and nothing in flight. A failed delivery
+    /// rewinds the outbox (its members stay as they are) and is tried again after a backoff,
+    /// until it holds or the relay shuts down (false).
+    async fn settled_for_leave(&mut self) -> bool {
+        loop {
+            let settled = match self.outbox.settle_joins().await {
+                Ok(()) => self.outbox.wait_until(0).await,
+                Err(e) => Err(e),
+            };
+            match settled {
+                Ok(()) => return true,
+                Err(OutboxError::Cancelled) => return false,
+                Err(why) => {
+                    if !self.retry_leave(&why.to_string()).await {
+                        return false;
+                    }
+                }
             }
+        }
+    }
+
+    /// After a failed attempt at leaving: says why (the log, and the stream's problem in the
+    /// readiness) and waits out a backoff; false when the relay shuts down first.
+    async fn retry_leave(&mut self, why: &str) -> bool {
+        let delay = self.backoff.next();
+        let members = self.outbox.members().len();
+        tracing::warn!(stream = %self.id, members, ?delay, why, "leaving the scope cut short; trying again");
+        self.reporter
+            .problem(format!("leaving its scope: {why}; trying again"));
+        tokio::select! {
+            _ = self.life.shutdown.cancelled() => false,
+            _ = tokio::time::sleep(delay) => true,
         }
     }
 }
