@@ -12,6 +12,9 @@
 //! - Apicurio Registry's own JSON Schema deserializer decodes every record, each against the
 //!   schema whose id its headers carry.
 //!
+//! The ClickHouse and DuckDB recipes also run over records in Confluent's framing
+//! (`wireFormat: confluent`).
+//!
 //! Each table must then hold exactly the cluster's pods: none missing, none extra, none stale (by
 //! key, uid and resourceVersion). The same records in a table ordered by
 //! `watchrelay.resourceVersion` instead of `watchrelay.version` must hold a stale row: the
@@ -349,6 +352,47 @@ fn engines_hold(records: &[Record], want: &BTreeMap<String, String>) -> String {
         .all(|r| r.headers.get_bytes("apicurio.value.contentId").is_some()));
     assert_eq!(decoded(&topic), values, "every record decodes");
     topic
+}
+
+/// The ClickHouse and DuckDB recipes read records in Confluent's framing
+/// (`schemaRegistry.wireFormat: confluent`, which the tables page recommends with a Confluent
+/// Schema Registry) as they read plain JSON: their tables hold exactly the cluster's pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_recipes_read_records_in_confluent_framing() {
+    let bed = Bed::in_memory(watchrelay_sim::SimConfig::default(), &NAMESPACES).await;
+    for ns in NAMESPACES {
+        bed.label(ns, true);
+        for i in 0..4 {
+            pod(&bed, ns, &format!("p{i}"));
+        }
+    }
+    let producer = Arc::new(Memory::new());
+    let cfg = bed.config_with(
+        "  - operationId: watchNamespacedPods\n    namespaceSelector: relay=yes\n    topic: pods\n    tombstones: true\n",
+        "",
+        &format!(
+            "schemaRegistry:\n  url: {}/apis/ccompat/v7\n  wireFormat: confluent\n",
+            env("WATCHRELAY_REGISTRY_URL")
+        ),
+    );
+    let relay = Relay::start_with(&bed, cfg, Some(producer.clone()));
+    relay.wait_up(2).await;
+    touch(&bed, "a", "p0", 1);
+    bed.sim.delete("pods", Some("b"), "p1").unwrap();
+    bed.label("b", false);
+    converged(&bed, &producer).await;
+    relay.stop().await;
+    let records = events(&producer);
+    assert!(
+        records
+            .iter()
+            .filter(|r| !r.tombstone)
+            .all(|r| r.value.first() == Some(&0)),
+        "every record in Confluent's framing"
+    );
+    let want = cluster(&bed);
+    assert_eq!(clickhouse(&records, "version"), want, "ClickHouse");
+    assert_eq!(duckdb(&records, "now", "version"), want, "DuckDB");
 }
 
 /// The same engines over a sharded release: two replicas over two namespaces of different

@@ -21,16 +21,18 @@ CREATE TABLE pods
 ENGINE = ReplacingMergeTree(version, is_deleted)
 ORDER BY key;
 
--- The topic, read by ClickHouse's Kafka engine: each record's value as one string, its key
+-- The topic, read by ClickHouse's Kafka engine: each record's value as it is (plain JSON, or
+-- JSON behind Confluent's 5-byte prefix with `schemaRegistry.wireFormat: confluent`), its key
 -- as the virtual column _key.
-CREATE TABLE pods_queue (value String)
+CREATE TABLE pods_queue (raw String)
 ENGINE = Kafka
 SETTINGS kafka_broker_list = 'kafka:9092',
          kafka_topic_list = 'prod-eu-1.pods',
          kafka_group_name = 'clickhouse-pods',
-         kafka_format = 'JSONAsString';
+         kafka_format = 'RawBLOB';
 
 CREATE MATERIALIZED VIEW pods_mv TO pods AS
+WITH if(startsWith(raw, unhex('00')), substring(raw, 6), raw) AS value
 SELECT
     _key AS key,
     JSONExtractString(value, 'object', 'metadata', 'namespace') AS namespace,

@@ -12,8 +12,11 @@
 -- (`watchrelay.observedAt`): the cluster's pods as the relay saw them then, for an audit.
 -- Copy this file and change the dump's path.
 
+-- A value in Confluent's framing (`schemaRegistry.wireFormat: confluent`: a zero byte and the
+-- 4-byte schema id before the JSON) is read from its sixth character.
 CREATE OR REPLACE TABLE records AS
-SELECT key, payload
+SELECT key,
+       CASE WHEN starts_with(payload, chr(0)) THEN payload[6:] ELSE payload END AS payload
 FROM read_json('pods.jsonl',
                format = 'newline_delimited',
                columns = {key: 'VARCHAR', payload: 'VARCHAR'});

@@ -18,8 +18,14 @@ pub fn events(producer: &Memory) -> Vec<Record> {
         .collect()
 }
 
+/// A record's value as JSON, read past Confluent's framing (a zero byte and the 4-byte schema
+/// id, with `schemaRegistry.wireFormat: confluent`).
 pub fn json(r: &Record) -> serde_json::Value {
-    serde_json::from_slice(&r.value).expect("records are JSON")
+    let value = match r.value.first() {
+        Some(0) if r.value.len() > 5 => &r.value[5..],
+        _ => &r.value[..],
+    };
+    serde_json::from_slice(value).expect("records are JSON")
 }
 
 /// What a consumer holds after applying every record key by key: key -> uid.
@@ -181,7 +187,7 @@ pub fn assert_published(log: &[Record], journal: &[watchrelay_sim::JournalEntry]
 }
 
 /// The changes of `journal` that no record of `log` published, as `uid/rv (type key)`.
-fn unpublished(log: &[Record], journal: &[watchrelay_sim::JournalEntry]) -> Vec<String> {
+pub fn unpublished(log: &[Record], journal: &[watchrelay_sim::JournalEntry]) -> Vec<String> {
     let ids: std::collections::HashSet<String> = log
         .iter()
         .filter(|r| !r.tombstone)

@@ -22,8 +22,8 @@ by_rv = len(sys.argv) > 3 and sys.argv[3] == "resourceVersion"
 sql = open(recipe).read()
 sql = re.sub(r"--[^\n]*", "", sql)
 sql, n = re.subn(
-    r"CREATE TABLE pods_queue \(value String\)\s*ENGINE = Kafka.*?;",
-    "CREATE TABLE pods_queue (value String, _key String) ENGINE = Null;",
+    r"CREATE TABLE pods_queue \(raw String\)\s*ENGINE = Kafka.*?;",
+    "CREATE TABLE pods_queue (raw String, _key String) ENGINE = Null;",
     sql,
     flags=re.S,
 )
@@ -43,7 +43,7 @@ with open(records) as f:
     for line in f:
         r = json.loads(line)
         # A tombstone reaches the Kafka engine as an empty value.
-        rows.append({"_key": r["key"], "value": r["value"] or ""})
+        rows.append({"_key": r["key"], "raw": r["value"] or ""})
 for i in range(0, len(rows), 1000):
     batch = "\n".join(json.dumps(row) for row in rows[i : i + 1000])
     s.query("INSERT INTO pods_queue FORMAT JSONEachRow " + batch)

@@ -57,3 +57,49 @@ only parked, so no replica of an older version leads again. */ -}}
 {{- $_ := set $cfg "http" (dict "listen" (printf "0.0.0.0:%v" .Values.metrics.port)) -}}
 {{- toYaml $cfg -}}
 {{- end -}}
+
+
+{{/* Egress of the relay's pods and of its preflight check: DNS, the API server, the Kafka
+brokers and the schema registry (when configured), nothing else. */}}
+{{- define "watchrelay.egress" -}}
+- ports:
+    - port: 53
+      protocol: UDP
+    - port: 53
+      protocol: TCP
+- to:
+    - ipBlock:
+        cidr: {{ .Values.networkPolicy.apiServer.cidr }}
+  ports:
+    {{- range .Values.networkPolicy.apiServer.ports }}
+    - port: {{ . }}
+      protocol: TCP
+    {{- end }}
+- to:
+    - ipBlock:
+        cidr: {{ .Values.networkPolicy.kafka.cidr }}
+  ports:
+    {{- $ports := list }}
+    {{- range splitList "," .Values.config.kafka.bootstrapServers }}
+    {{- $hostPort := splitList ":" (trim .) }}
+    {{- /* A broker named without a port listens on Kafka's default, as the relay assumes. */}}
+    {{- $ports = append $ports (ternary (last $hostPort) "9092" (gt (len $hostPort) 1)) }}
+    {{- end }}
+    {{- range $ports | uniq }}
+    - port: {{ . | atoi }}
+      protocol: TCP
+    {{- end }}
+{{- with .Values.config.schemaRegistry }}
+{{- if .url }}
+{{- $url := urlParse .url }}
+{{- $hostPort := splitList ":" $url.host }}
+# The schema registry ({{ $url.host }}): its port, or its scheme's.
+- to:
+    - ipBlock:
+        cidr: {{ $.Values.networkPolicy.schemaRegistry.cidr }}
+  ports:
+    - port: {{ ternary (last $hostPort) (ternary "443" "80" (eq $url.scheme "https")) (gt (len $hostPort) 1) | atoi }}
+      protocol: TCP
+{{- end }}
+{{- end }}
+{{- end -}}
