@@ -239,24 +239,36 @@ fn publish(records: &[Record]) -> String {
     topic
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_engines_table_holds_exactly_the_clusters_pods_after_chaos() {
+/// A simulator whose namespaces are all labelled in scope, with `pods` pods each.
+async fn labelled(pods: u32) -> Bed {
     let bed = Bed::in_memory(watchrelay_sim::SimConfig::default(), &NAMESPACES).await;
     for ns in NAMESPACES {
         bed.label(ns, true);
-        for i in 0..6 {
+        for i in 0..pods {
             pod(&bed, ns, &format!("p{i}"));
         }
     }
-    let producer = Arc::new(Memory::new());
-    let cfg = bed.config_with(
+    bed
+}
+
+/// The pods of the labelled namespaces to topic `pods`, with tombstones, their schema in the
+/// registry; `registry` adds settings under `schemaRegistry`.
+fn registered(bed: &Bed, registry: &str) -> watchrelay::config::Config {
+    bed.config_with(
         "  - operationId: watchNamespacedPods\n    namespaceSelector: relay=yes\n    topic: pods\n    tombstones: true\n",
         "",
         &format!(
-            "schemaRegistry:\n  url: {}/apis/ccompat/v7\n",
+            "schemaRegistry:\n  url: {}/apis/ccompat/v7\n{registry}",
             env("WATCHRELAY_REGISTRY_URL")
         ),
-    );
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_engines_table_holds_exactly_the_clusters_pods_after_chaos() {
+    let bed = labelled(6).await;
+    let producer = Arc::new(Memory::new());
+    let cfg = registered(&bed, "");
     let start = || Relay::start_with(&bed, cfg.clone(), Some(producer.clone()));
     let relay = start();
     relay.wait_up(2).await;
@@ -359,22 +371,9 @@ fn engines_hold(records: &[Record], want: &BTreeMap<String, String>) -> String {
 /// Schema Registry) as they read plain JSON: their tables hold exactly the cluster's pods.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_recipes_read_records_in_confluent_framing() {
-    let bed = Bed::in_memory(watchrelay_sim::SimConfig::default(), &NAMESPACES).await;
-    for ns in NAMESPACES {
-        bed.label(ns, true);
-        for i in 0..4 {
-            pod(&bed, ns, &format!("p{i}"));
-        }
-    }
+    let bed = labelled(4).await;
     let producer = Arc::new(Memory::new());
-    let cfg = bed.config_with(
-        "  - operationId: watchNamespacedPods\n    namespaceSelector: relay=yes\n    topic: pods\n    tombstones: true\n",
-        "",
-        &format!(
-            "schemaRegistry:\n  url: {}/apis/ccompat/v7\n  wireFormat: confluent\n",
-            env("WATCHRELAY_REGISTRY_URL")
-        ),
-    );
+    let cfg = registered(&bed, "  wireFormat: confluent\n");
     let relay = Relay::start_with(&bed, cfg, Some(producer.clone()));
     relay.wait_up(2).await;
     touch(&bed, "a", "p0", 1);
