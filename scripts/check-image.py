@@ -19,11 +19,16 @@ target becomes a symbolic link, for that RUN only, to a directory under the work
 between runs (the target directory: its dependency build is shared between runs). Other mounts
 are refused, and so are absolute paths in a RUN's command: the stage keeps to WORKDIR.
 
-What differs from the image build, on purpose:
-  - the release profile is overridden through CARGO_PROFILE_RELEASE_* (no LTO, 16 codegen units,
-    no debug info), so a cold build fits the CI budget on two cores; the code compiled is the
-    same, only optimisation across it and the debug info differ (WATCHRELAY_CHECK_IMAGE_PROFILE=
-    image keeps the Dockerfile's own profile);
+What differs from the image build, on purpose (WATCHRELAY_CHECK_IMAGE_PROFILE):
+  - `shared`, the default: the stage's cargo build runs with the dev profile (`--release` read as
+    `--profile dev`, `target/release/` as `target/debug/`) in the repository's own target
+    directory, so everything the test suite compiled already is reused and only what the image's
+    features change (OpenSSL and zlib built in, the relay without its test features) is
+    compiled: the suite does not build the relay a second time from scratch. The code, the
+    features, the lock file and the build context are the image's; only optimisation differs;
+  - `fast`: the release profile, overridden through CARGO_PROFILE_RELEASE_* (no LTO, 16 codegen
+    units, no debug info), in a target directory of the check's own;
+  - `image`: the Dockerfile's own profile;
   - the toolchain is this machine's: a rustc other than the base image's tag is reported;
   - the scratch directory lies under the work directory (the repository's target/ by default),
     so cargo's search for configuration walks up through the repository.
@@ -222,7 +227,7 @@ def context_files(context):
 
 
 class Replay:
-    def __init__(self, context, work, build_args, profile):
+    def __init__(self, context, work, build_args, profile, shared_target=None):
         self.context = context
         self.files = context_files(context)
         self.root = work / "root"
@@ -231,6 +236,7 @@ class Replay:
         self.env = {}
         self.build_args = build_args
         self.profile = profile
+        self.shared_target = shared_target
         self.times = []
         if self.root.exists():
             shutil.rmtree(self.root)
@@ -312,7 +318,10 @@ class Replay:
                 absolute = str(self.workdir / target)
                 if absolute == IMAGE_CARGO_HOME or absolute.startswith(IMAGE_CARGO_HOME + "/"):
                     continue  # cargo's own cache: this machine's cargo home
-                shared = self.caches / re.sub(r"[^\w.-]+", "_", absolute.strip("/"))
+                if self.shared_target and PurePosixPath(absolute) == self.workdir / "target":
+                    shared = self.shared_target  # the suite's own build directory
+                else:
+                    shared = self.caches / re.sub(r"[^\w.-]+", "_", absolute.strip("/"))
                 shared.mkdir(parents=True, exist_ok=True)
                 at = self.host(target)
                 if at.is_symlink() or at.is_file():
@@ -326,6 +335,9 @@ class Replay:
                 continue
             else:
                 raise Failure(f"{where}: RUN {key} is not replayed")
+        if self.shared_target and "cargo build" in command:
+            command = re.sub(r"(?<=\s)--release(?=\s)", "--profile dev", command)
+            command = command.replace("target/release/", "target/debug/")
         if command.startswith("["):
             argv = json.loads(command)
         else:
@@ -343,7 +355,7 @@ class Replay:
         for var in ("CARGO_TARGET_DIR", "CARGO_BUILD_TARGET_DIR"):
             env.pop(var, None)
         env.update(self.env)
-        if self.profile:
+        if self.profile == "fast":
             env.update(FAST_PROFILE)
         started = time.monotonic()
         print(f"== {where}: RUN {command[:100]}{'...' if len(command) > 100 else ''}", flush=True)
@@ -398,7 +410,11 @@ def main():
     commit = subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True
     ).stdout.strip() or "0000000000000000000000000000000000000000"
-    profile = os.environ.get("WATCHRELAY_CHECK_IMAGE_PROFILE", "fast") != "image"
+    profile = os.environ.get("WATCHRELAY_CHECK_IMAGE_PROFILE", "shared")
+    if profile not in ("shared", "fast", "image"):
+        raise Failure(f"WATCHRELAY_CHECK_IMAGE_PROFILE={profile}: shared, fast or image")
+    target = os.environ.get("CARGO_TARGET_DIR") or str(REPO / "target")
+    shared_target = Path(target).resolve() if profile == "shared" else None
 
     all_stages = stages((context / "Dockerfile").read_text())
     runtime = all_stages[-1]
@@ -421,10 +437,14 @@ def main():
     if tag and rustc and not rustc[1].startswith(tag.group(1) + "."):
         print(f"note: the image builds with rust {tag.group(1)}, this machine has {rustc[1]}")
     started = time.monotonic()
-    replay = Replay(context, work, {"WATCHRELAY_COMMIT": commit}, profile)
+    replay = Replay(context, work, {"WATCHRELAY_COMMIT": commit}, profile, shared_target)
+    how = {
+        "shared": f"; the dev profile, in {shared_target}",
+        "fast": "; release profile: " + " ".join(f"{k}={v}" for k, v in FAST_PROFILE.items()),
+        "image": "",
+    }[profile]
     print(
-        f"== replaying stage {build_name} ({build['base'].split('@')[0]}) on {len(replay.files)} context files"
-        + ("; release profile: " + " ".join(f"{k}={v}" for k, v in FAST_PROFILE.items()) if profile else ""),
+        f"== replaying stage {build_name} ({build['base'].split('@')[0]}) on {len(replay.files)} context files{how}",
         flush=True,
     )
     replay.run(build)
