@@ -218,26 +218,15 @@ fn check_topics(cfg: &Config) -> Result<()> {
     let specs = watchrelay::topics::plan(cfg).published;
     let connection = cfg.kafka.connection_config();
     let states = watchrelay::topics::admin::describe(&connection, &specs)?;
-    let mut problems = Vec::new();
+    let create = cfg.kafka.topics.create;
     for (spec, state) in specs.iter().zip(&states) {
         match state {
-            None if cfg.kafka.topics.create => {
-                outln!("  topic {}: missing; created at start", spec.name)
-            }
-            None => problems.push(format!(
-                "topic {} is missing and kafka.topics.create is false",
-                spec.name
-            )),
-            Some(state) => match watchrelay::topics::check(spec, state) {
-                Ok(()) => outln!(
-                    "  topic {}: ok ({} partitions)",
-                    spec.name,
-                    state.partitions
-                ),
-                Err(p) => problems.push(p),
-            },
+            None if create => outln!("  topic {}: missing; created at start", spec.name),
+            None => outln!("  topic {}: missing", spec.name),
+            Some(state) => outln!("  topic {}: {} partitions", spec.name, state.partitions),
         }
     }
+    let problems = watchrelay::topics::problems(&specs, &states, create);
     if problems.is_empty() {
         return Ok(());
     }

@@ -219,7 +219,8 @@ impl Registry {
         self.block_for("", reason.map(|r| (String::new(), r)));
     }
 
-    /// `who`'s part (a shard's checkpoint owner) cannot relay for `problem`, its kind and
+    /// `who`'s part (a shard's checkpoint owner, or a step of the whole replica such as its
+    /// topics, `topics`) cannot relay for `problem`, its kind and
     /// message (`None`: it can again). Other parts' problems stay. Logged when it changes.
     pub fn block_for(&self, who: &str, problem: Option<(String, String)>) {
         let mut inner = self.lock();

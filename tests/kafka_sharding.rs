@@ -398,14 +398,7 @@ async fn a_replica_cut_from_the_api_server_gives_its_shards_up() {
     let cut = Relay::start_at(bed, cfg.clone(), &url);
     let direct = Relay::start(bed, cfg.clone());
     wait_spread(&[&cut, &direct]).await;
-    // Changes from the moment every stream's position is written: a next owner resumes there.
-    let streams = scene.names().len();
-    eventually(
-        || positioned(bed, &cfg.checkpoint.name, streams),
-        || "the streams' positions were never written".into(),
-    )
-    .await;
-    let from = bed.sim.current_rv();
+    let from = positioned_at(bed, &cfg.checkpoint.name, scene.names().len()).await;
     let churn = scene.churn(150.0);
     proxy.cut();
     let gave_up = takeover(&[&direct]).await;
@@ -433,14 +426,7 @@ async fn a_broker_restart_loses_nothing() {
     let a = Relay::start(bed, cfg.clone());
     let b = Relay::start(bed, cfg.clone());
     wait_spread(&[&a, &b]).await;
-    // Changes from the moment every stream's position is written: a next owner resumes there.
-    let streams = scene.names().len();
-    eventually(
-        || positioned(bed, &cfg.checkpoint.name, streams),
-        || "the streams' positions were never written".into(),
-    )
-    .await;
-    let from = bed.sim.current_rv();
+    let from = positioned_at(bed, &cfg.checkpoint.name, scene.names().len()).await;
     let churn = scene.churn(100.0);
     let down = Instant::now();
     tokio::task::block_in_place(|| broker.restart());
@@ -595,6 +581,18 @@ fn epoch_view(msgs: &[Msg]) -> (BTreeMap<String, String>, usize) {
 
 /// Whether every shard's checkpoint ConfigMap holds a position for each of its streams
 /// (`streams` of them in all).
+/// Waits until `streams` streams of the release have their positions written in the shards'
+/// ConfigMaps, and returns the cluster's resourceVersion then: a next owner resumes from those
+/// positions, so every change after it must be published.
+async fn positioned_at(bed: &Bed, checkpoint: &str, streams: usize) -> u64 {
+    eventually(
+        || positioned(bed, checkpoint, streams),
+        || "the streams' positions were never written".into(),
+    )
+    .await;
+    bed.sim.current_rv()
+}
+
 fn positioned(bed: &Bed, checkpoint: &str, streams: usize) -> bool {
     let mut positions = 0;
     for k in 0..SHARDS {
@@ -660,18 +658,8 @@ async fn killed_and_frozen(fanned: bool) {
         || format!("the shards never spread: {:?}", owners(bed, &checkpoint)),
     )
     .await;
-    eventually(
-        || {
-            positioned(
-                bed,
-                &checkpoint,
-                if fanned { SHARDS as usize } else { names.len() },
-            )
-        },
-        || "the shards' streams never had their positions".into(),
-    )
-    .await;
-    let from = bed.sim.current_rv();
+    let streams = if fanned { SHARDS as usize } else { names.len() };
+    let from = positioned_at(bed, &checkpoint, streams).await;
     let churn = scene.churn(200.0);
     // Not a wait: churn runs a while through all three.
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::membership::Log;
 use crate::registry::Registry;
-use crate::topics::{self, Spec};
+use crate::topics;
 
 /// Between two attempts at the topics.
 const RETRY: Duration = Duration::from_secs(10);
@@ -38,7 +38,7 @@ pub(super) async fn ready(
         let problem = tokio::select! {
             _ = stop.cancelled() => return false,
             r = attempt => match r {
-                Ok(Ok(states)) => judge(&specs, &states),
+                Ok(Ok(states)) => topics::problems(&specs, &states, create).into_iter().next(),
                 Ok(Err(e)) => Some(e.to_string()),
                 Err(e) => Some(e.to_string()),
             },
@@ -55,24 +55,4 @@ pub(super) async fn ready(
             _ = tokio::time::sleep(RETRY) => {}
         }
     }
-}
-
-/// The first problem of the topics as the broker reports them, if any.
-fn judge(specs: &[Spec], states: &[Option<topics::TopicState>]) -> Option<String> {
-    let missing: Vec<&str> = specs
-        .iter()
-        .zip(states)
-        .filter(|(_, s)| s.is_none())
-        .map(|(spec, _)| spec.name.as_str())
-        .collect();
-    if !missing.is_empty() {
-        return Some(format!(
-            "missing topics: {}; create them (`watchrelay topics` prints how) or let the relay create them (kafka.topics.create: true)",
-            missing.join(", ")
-        ));
-    }
-    specs
-        .iter()
-        .zip(states)
-        .find_map(|(spec, state)| topics::check(spec, state.as_ref()?).err())
 }

@@ -220,6 +220,32 @@ pub fn check(spec: &Spec, state: &TopicState) -> Result<(), String> {
     Ok(())
 }
 
+/// What keeps a relay of `specs` from starting, the topics being as `states` says (`None`: it
+/// does not exist): missing topics it may not create (with `create` it creates them), then
+/// each existing topic's [`check`]. Empty when it can start.
+pub fn problems(specs: &[Spec], states: &[Option<TopicState>], create: bool) -> Vec<String> {
+    let missing: Vec<&str> = specs
+        .iter()
+        .zip(states)
+        .filter(|(_, s)| s.is_none())
+        .map(|(spec, _)| spec.name.as_str())
+        .collect();
+    let mut out = Vec::new();
+    if !missing.is_empty() && !create {
+        out.push(format!(
+            "missing topics: {}; create them (`watchrelay topics` prints how) or let the relay create them (kafka.topics.create: true)",
+            missing.join(", ")
+        ));
+    }
+    out.extend(
+        specs
+            .iter()
+            .zip(states)
+            .filter_map(|(spec, state)| check(spec, state.as_ref()?).err()),
+    );
+    out
+}
+
 /// The plan as a table: topic, partitions, replication, configurations, role.
 pub fn table(plan: &Plan) -> String {
     let mut rows = vec![[

@@ -144,3 +144,32 @@ fn a_channel_with_tombstones_refuses_a_deleting_policy() {
     .to_string();
     assert!(e.contains("channels[0].topicConfigs.cleanup.policy"), "{e}");
 }
+
+#[test]
+fn a_missing_topic_is_a_problem_only_where_the_relay_may_not_create_it() {
+    let cfg = config(
+        "",
+        "  - operationId: watchNodes\n    tombstones: true\n    partitions: 3\n",
+    );
+    let specs = plan(&cfg).published;
+    assert_eq!(names(&specs), ["dead", "prod.nodes"]);
+    let missing = vec![None, None];
+    assert!(problems(&specs, &missing, true).is_empty());
+    let refused = problems(&specs, &missing, false);
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(
+        refused[0].starts_with("missing topics: dead, prod.nodes;"),
+        "{refused:?}"
+    );
+    let deleting = TopicState {
+        partitions: 3,
+        configs: BTreeMap::from([("cleanup.policy".into(), "delete".into())]),
+        created: false,
+    };
+    let found = problems(&specs, &[None, Some(deleting)], false);
+    assert_eq!(
+        found.len(),
+        2,
+        "the missing one and the uncompacted one: {found:?}"
+    );
+}
