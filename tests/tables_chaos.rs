@@ -7,13 +7,13 @@
 //! - ClickHouse's engine (chDB) runs `recipes/clickhouse/pods.sql` over them;
 //! - DuckDB runs `recipes/duckdb/pods.sql` over a dump of them, for the table now and as it
 //!   was before the restores;
-//! - Flink SQL runs both views of `recipes/flink/pods.sql` (over `upsert-kafka`, and the
+//! - Flink SQL runs two views of `recipes/flink/pods.sql` (over `upsert-kafka`, and the
 //!   highest version per key) reading the topic;
 //! - Apicurio Registry's own JSON Schema deserializer decodes every record, each against the
 //!   schema whose id its headers carry.
 //!
-//! The ClickHouse and DuckDB recipes also run over records in Confluent's framing
-//! (`wireFormat: confluent`).
+//! The recipes also run over records in Confluent's framing (`wireFormat: confluent`), Flink's
+//! through its third view, of raw values.
 //!
 //! Each table must then hold exactly the cluster's pods: none missing, none extra, none stale (by
 //! key, uid and resourceVersion). The same records in a table ordered by
@@ -366,9 +366,10 @@ fn engines_hold(records: &[Record], want: &BTreeMap<String, String>) -> String {
     topic
 }
 
-/// The ClickHouse and DuckDB recipes read records in Confluent's framing
-/// (`schemaRegistry.wireFormat: confluent`, which the tables page recommends with a Confluent
-/// Schema Registry) as they read plain JSON: their tables hold exactly the cluster's pods.
+/// The recipes read records in Confluent's framing (`schemaRegistry.wireFormat: confluent`,
+/// which the tables page recommends with a Confluent Schema Registry): ClickHouse and DuckDB as
+/// they read plain JSON, Flink through its view of raw values; their tables hold exactly the
+/// cluster's pods.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_recipes_read_records_in_confluent_framing() {
     let bed = labelled(4).await;
@@ -392,6 +393,12 @@ async fn the_recipes_read_records_in_confluent_framing() {
     let want = cluster(&bed);
     assert_eq!(clickhouse(&records, "version"), want, "ClickHouse");
     assert_eq!(duckdb(&records, "now", "version"), want, "DuckDB");
+    let topic = publish(&records);
+    assert_eq!(
+        flink(&topic, "pods_framed_latest", "version"),
+        want,
+        "Flink, over raw values"
+    );
 }
 
 /// The same engines over a sharded release: two replicas over two namespaces of different

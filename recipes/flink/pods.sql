@@ -1,6 +1,7 @@
 -- Tables of the cluster's pods in Flink SQL, fed by a watchrelay topic.
 --
--- Two ways to read the topic; pick one and drop the other.
+-- Three ways to read the topic; pick one and drop the others (the third for records in
+-- Confluent framing).
 --
 -- (a) `pods_changelog` is an upsert-kafka table: each record is the new row of its key (the
 --     Kafka key, `namespace/name`) and a tombstone deletes it. Since a key's records, in
@@ -89,5 +90,55 @@ FROM (
         FROM pods_log
         WHERE `type` IN ('ADDED', 'MODIFIED', 'DELETED')
     )
+)
+WHERE row_num = 1 AND `type` <> 'DELETED';
+
+-- (c) Records in Confluent framing (`schemaRegistry.wireFormat: confluent`) start with a zero
+--     byte and a 4-byte schema id before the JSON, which the `json` format cannot skip: read
+--     each value as bytes, drop the first five, and read the fields with JSON_VALUE. Flink's
+--     SUBSTRING takes no bytes, so the value goes through ISO-8859-1 (one character a byte,
+--     every byte one character) to drop them, then is read as the UTF-8 it is. The view
+--     `pods_framed_latest` is `pods_latest` over it. Tombstones (null values) are skipped.
+CREATE TABLE pods_framed (
+    `key` STRING,
+    `value` BYTES
+) WITH (
+    'connector' = 'kafka',
+    'topic' = 'prod-eu-1.pods',
+    'properties.bootstrap.servers' = 'kafka:9092',
+    'properties.group.id' = 'flink-pods-framed',
+    'scan.startup.mode' = 'earliest-offset',
+    'key.format' = 'raw',
+    'key.fields' = 'key',
+    'value.format' = 'raw',
+    'value.fields-include' = 'EXCEPT_KEY'
+);
+
+CREATE VIEW pods_framed_latest AS
+SELECT `key`, namespace, name, uid, resource_version, version, observed_at
+FROM (
+    SELECT *, ROW_NUMBER() OVER (PARTITION BY `key` ORDER BY version DESC) AS row_num
+    FROM (
+        SELECT
+            `key`,
+            JSON_VALUE(envelope, '$.type') AS `type`,
+            JSON_VALUE(envelope, '$.object.metadata.namespace') AS namespace,
+            JSON_VALUE(envelope, '$.object.metadata.name') AS name,
+            JSON_VALUE(envelope, '$.object.metadata.uid') AS uid,
+            JSON_VALUE(envelope, '$.object.metadata.resourceVersion') AS resource_version,
+            CAST(JSON_VALUE(envelope, '$.watchrelay.version') AS DECIMAL(38, 0)) AS version,
+            JSON_VALUE(envelope, '$.watchrelay.observedAt') AS observed_at
+        FROM (
+            SELECT
+                `key`,
+                DECODE(
+                    ENCODE(SUBSTRING(DECODE(`value`, 'ISO-8859-1') FROM 6), 'ISO-8859-1'),
+                    'UTF-8'
+                ) AS envelope
+            FROM pods_framed
+            WHERE `value` IS NOT NULL
+        )
+    )
+    WHERE `type` IN ('ADDED', 'MODIFIED', 'DELETED')
 )
 WHERE row_num = 1 AND `type` <> 'DELETED';

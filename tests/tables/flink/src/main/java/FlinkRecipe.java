@@ -8,9 +8,10 @@
 // TOPIC, and every Kafka table is made bounded ('scan.bounded.mode' = 'latest-offset', the kafka
 // one read from 'earliest-offset'), so the query ends once it has read what the topic held when
 // it started. The changelog of `SELECT key, uid, resource_version FROM VIEW` is applied row by
-// row (+I/+U insert, -U/-D delete) and what is left is printed. With ORDER_COLUMN (e.g.
-// resourceVersion), the view with ROW_NUMBER() ranks by CAST(watchrelay.ORDER_COLUMN AS
-// DECIMAL(38, 0)) instead of the version: what a table without the version would hold.
+// row (+I/+U insert, -U/-D delete) and what is left is printed. With ORDER_COLUMN other than
+// `version` (e.g. resourceVersion), VIEW, a view with ROW_NUMBER(), ranks by
+// CAST(watchrelay.ORDER_COLUMN AS DECIMAL(38, 0)) instead of the version: what a table without
+// the version would hold.
 //
 // FLINK_RECIPE_TIMEOUT (seconds, default 300) bounds the whole run.
 
@@ -71,7 +72,7 @@ public final class FlinkRecipe {
         String view = args[3];
         String orderColumn = args.length > 4 ? args[4] : null;
         List<String> statements =
-                statements(Files.readString(Path.of(args[0])), quote(args[1]), quote(args[2]), orderColumn);
+                statements(Files.readString(Path.of(args[0])), quote(args[1]), quote(args[2]), view, orderColumn);
 
         // Flink unpacks its RPC system (a 21 MB jar) and keeps the MiniCluster's files under the
         // temporary directory, and leaves them there when the JVM exits: give it one of its
@@ -158,14 +159,17 @@ public final class FlinkRecipe {
     }
 
     // The recipe's statements, comments dropped, with the broker, the topic, the bounds and the
-    // ordering column put in.
-    static List<String> statements(String sql, String broker, String topic, String orderColumn) {
+    // ordering column of `view` put in.
+    static List<String> statements(
+            String sql, String broker, String topic, String view, String orderColumn) {
+        boolean reorder = orderColumn != null && !orderColumn.equals("version");
+        Pattern ranked = Pattern.compile("(?s)\\s*CREATE VIEW " + Pattern.quote(view) + "\\s.*ROW_NUMBER\\(\\).*");
         sql = sql.replaceAll("--[^\n]*", "");
         require(sql.contains(RECIPE_BROKER), "the recipe names no broker " + RECIPE_BROKER);
         require(sql.contains(RECIPE_TOPIC), "the recipe names no topic " + RECIPE_TOPIC);
         sql = sql.replace(RECIPE_BROKER, broker).replace(RECIPE_TOPIC, topic);
         List<String> out = new ArrayList<>();
-        int ranked = 0;
+        int reordered = 0;
         for (String statement : sql.split(";")) {
             if (statement.isBlank()) {
                 continue;
@@ -184,15 +188,15 @@ public final class FlinkRecipe {
                 statement = statement.substring(0, connector.end()) + bounds
                         + statement.substring(connector.end());
             }
-            if (orderColumn != null && statement.contains("ROW_NUMBER()")) {
+            if (reorder && ranked.matcher(statement).matches()) {
                 int n = count(statement, "watchrelay.version");
                 require(n == 1, "the ranked view names watchrelay.version " + n + " times, not once");
                 statement = statement.replace("watchrelay.version", "watchrelay.`" + orderColumn + "`");
-                ranked++;
+                reordered++;
             }
             out.add(statement.strip());
         }
-        require(orderColumn == null || ranked == 1, "the recipe has no single view with ROW_NUMBER()");
+        require(!reorder || reordered == 1, "the recipe has no view " + view + " with ROW_NUMBER()");
         return out;
     }
 
