@@ -479,7 +479,7 @@ impl Reader {
                 None
             }
             Effect::Open { from, shards } => {
-                let cover = self.cover(&shards).await;
+                let cover = self.cover(&shards, Some(&from)).await;
                 Some(
                     match self.open(WatchFrom::Version(&from), cover.as_ref()).await {
                         Ok(w) => {
@@ -559,7 +559,7 @@ impl Reader {
         &mut self,
         shards: &BTreeSet<u32>,
     ) -> Result<(Catch, hub::Asked), ApiError> {
-        let cover = self.cover(shards).await;
+        let cover = self.cover(shards, None).await;
         self.lists.inc();
         if !self.pages {
             match self.open(WatchFrom::InitialEvents, cover.as_ref()).await {
@@ -586,10 +586,18 @@ impl Reader {
         Ok((Catch::Pages(rx), cover.map(|c| (shards.clone(), c))))
     }
 
-    /// The ranges to ask the server for, to read the objects of `shards`: `None` to read the
-    /// whole collection (a cluster-scoped one, a server that does not filter, namespaces not
-    /// known). The server is asked once whether it filters.
-    async fn cover(&mut self, shards: &BTreeSet<u32>) -> Option<Cover> {
+    /// The ranges to ask the server for, to read the objects of `shards` from `from` (`None`:
+    /// from now, a catch-up): `None` to read the whole collection (a cluster-scoped one, a
+    /// server that does not filter, namespaces not known). The server is asked once whether it
+    /// filters.
+    ///
+    /// A read from a position also asks for the namespaces removed after it (see
+    /// [`namespaces`]). A read for parts that change hands (a catch-up, or a watch opened
+    /// from another position than the main one's: resuming parts) also asks for every
+    /// namespace a list of them finds now, which the follower may not have seen yet: left
+    /// out, their objects would be missing from the read, and a catch-up would take them for
+    /// deleted.
+    async fn cover(&mut self, shards: &BTreeSet<u32>, from: Option<&str>) -> Option<Cover> {
         if self.server == Server::Unasked {
             match self.probe().await {
                 // An empty collection: asked again at the next read.
@@ -616,12 +624,8 @@ impl Reader {
             known.wait_for(|n| *n != Namespaces::Listing),
         )
         .await;
-        let cover = match &*known.borrow_and_update() {
-            Namespaces::Known(points) => {
-                let c = Cover::of(points, shards, cover::MAX_RANGES);
-                tracing::debug!(path = %self.collection.path, shards = shards.len(), ranges = c.len(), "asking the API server for the shards' namespaces");
-                Some(c)
-            }
+        let points = match &*known.borrow_and_update() {
+            Namespaces::Known(names) => Some(names.since(from)),
             Namespaces::Listing => None,
             Namespaces::Unavailable => {
                 self.server = Server::Whole;
@@ -632,7 +636,27 @@ impl Reader {
         if self.server == Server::Whole {
             self.known = None;
         }
-        cover
+        let mut points = points?;
+        if from.is_none() || from != self.hub.board().position() {
+            match namespaces::list_points(&self.client, &self.settings.sharding).await {
+                Ok(now) => {
+                    let before = points.len();
+                    points.extend(now);
+                    points.sort_unstable();
+                    points.dedup();
+                    if points.len() > before {
+                        tracing::debug!(path = %self.collection.path, namespaces = points.len() - before, "namespaces the follower had not seen yet are asked for too");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(path = %self.collection.path, error = %e, "listing the namespaces for parts that change hands failed; reading whole this time");
+                    return None;
+                }
+            }
+        }
+        let c = Cover::of(&points, shards, cover::MAX_RANGES);
+        tracing::debug!(path = %self.collection.path, shards = shards.len(), ranges = c.len(), "asking the API server for the shards' namespaces");
+        Some(c)
     }
 
     /// Whether the server filters this collection's objects by namespace: they are namespaced
@@ -788,12 +812,12 @@ impl Reader {
 /// The 410 a part gets when the hub cannot go on feeding it.
 const EXPIRED: &[u8] = br#"{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"the shards' shared watch of the collection cannot go on from this position","reason":"Expired","code":410}}"#;
 
-/// The namespaces known, once they change.
+/// The namespaces there, once they change.
 async fn namespaces_changed(known: &mut Option<Known>) -> Arc<Points> {
     if let Some(k) = known {
         while k.changed().await.is_ok() {
-            if let Namespaces::Known(points) = &*k.borrow_and_update() {
-                return points.clone();
+            if let Namespaces::Known(names) = &*k.borrow_and_update() {
+                return Arc::new(names.points.clone());
             }
         }
     }

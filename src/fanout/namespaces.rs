@@ -6,13 +6,19 @@
 //! 410 or a failure. Every change of the set of names is published (the receivers see the
 //! latest). A follower that may not list namespaces (403) says so, and the hubs read their
 //! collections whole.
+//!
+//! A removed namespace is remembered, with the resourceVersion of its removal, for
+//! [`KEEP_REMOVED`]: a hub's watch reopened from a position before the removal still asks for
+//! it, or the server would filter out the DELETEDs of its objects that lie between the two (the
+//! hub's watch may lag the follower by any amount: it is paced by its slowest part).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::cover::{point, Points};
@@ -25,15 +31,163 @@ const PATH: &str = "/api/v1/namespaces";
 const PAGE: u32 = 500;
 const RETRY: Duration = Duration::from_secs(1);
 
+/// How long a removed namespace is still asked for by reads from before its removal: longer
+/// than the API server holds its history (etcd compacts every 5 minutes by default), after
+/// which a read from such a position is answered 410 anyway.
+pub const KEEP_REMOVED: Duration = Duration::from_secs(15 * 60);
+
 /// What the follower knows.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Namespaces {
     /// Its first list has not ended yet.
     Listing,
     /// Every namespace, as of its latest change.
-    Known(Arc<Points>),
+    Known(Arc<Names>),
     /// Namespaces may not be listed: the hubs read their collections whole.
     Unavailable,
+}
+
+/// The namespaces there, and those removed lately.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Names {
+    /// Every namespace there, sorted by the server's hash.
+    pub points: Points,
+    /// Namespaces removed within [`KEEP_REMOVED`]: `(point, shard, the resourceVersion of the
+    /// removal)`, `u64::MAX` for one that does not compare.
+    pub removed: Vec<(u64, u32, u64)>,
+}
+
+impl Names {
+    /// The namespaces a read must ask for: from now (`None`, a list), those there; from a
+    /// position, also those removed after it, whose objects' DELETEDs may lie after it (all
+    /// of them when the position does not compare).
+    pub fn since(&self, from: Option<&str>) -> Points {
+        let Some(from) = from else {
+            return self.points.clone();
+        };
+        let from = from.parse::<u64>().unwrap_or(0);
+        let mut points = self.points.clone();
+        points.extend(
+            self.removed
+                .iter()
+                .filter(|(_, _, rv)| *rv > from)
+                .map(|&(p, k, _)| (p, k)),
+        );
+        points.sort_unstable();
+        points.dedup();
+        points
+    }
+}
+
+/// The follower's state: the names there, and those removed with when and at which position.
+#[derive(Debug, Default)]
+struct Book {
+    names: BTreeSet<String>,
+    removed: VecDeque<(String, u64, Instant)>,
+}
+
+impl Book {
+    /// A list at `rv` found `names`: those no longer there were removed by then.
+    fn listed(&mut self, names: BTreeSet<String>, rv: &str, now: Instant) {
+        let gone: Vec<String> = self.names.difference(&names).cloned().collect();
+        for name in gone {
+            self.removed.push_back((name, position(rv), now));
+        }
+        self.names = names;
+    }
+
+    /// An event of the namespaces' watch; whether what is published changes.
+    fn event(&mut self, kind: EventType, name: &str, rv: &str, now: Instant) -> bool {
+        match kind {
+            EventType::Added | EventType::Modified => self.names.insert(name.to_string()),
+            EventType::Deleted => {
+                let removed = self.names.remove(name);
+                if removed {
+                    self.removed
+                        .push_back((name.to_string(), position(rv), now));
+                }
+                removed
+            }
+            EventType::Bookmark | EventType::Error => false,
+        }
+    }
+
+    /// What the hubs see, the removals older than [`KEEP_REMOVED`] forgotten.
+    fn names(&mut self, sharding: &ShardingConfig, now: Instant) -> Names {
+        while self
+            .removed
+            .front()
+            .is_some_and(|(_, _, at)| now.duration_since(*at) > KEEP_REMOVED)
+        {
+            self.removed.pop_front();
+        }
+        let at = |n: &str| (point(n), sharding.shard_of(n));
+        let mut points: Points = self.names.iter().map(|n| at(n)).collect();
+        points.sort_unstable();
+        let removed = self
+            .removed
+            .iter()
+            // Removed, then back: asked for as it is there.
+            .filter(|(n, _, _)| !self.names.contains(n))
+            .map(|(n, rv, _)| {
+                let (p, k) = at(n);
+                (p, k, *rv)
+            })
+            .collect();
+        Names { points, removed }
+    }
+}
+
+/// A resourceVersion as a position; `u64::MAX` for one that does not compare.
+fn position(rv: &str) -> u64 {
+    rv.parse().unwrap_or(u64::MAX)
+}
+
+/// Lists every namespace, as the points of `sharding`, sorted, straight from the server: for a
+/// read that must know every namespace there now, whatever the follower has seen so far.
+pub async fn list_points(
+    client: &kube::Client,
+    sharding: &ShardingConfig,
+) -> Result<Points, ApiError> {
+    let (names, _) = list(client).await?;
+    let mut points: Points = names
+        .iter()
+        .map(|n| (point(n), sharding.shard_of(n)))
+        .collect();
+    points.sort_unstable();
+    Ok(points)
+}
+
+/// Every namespace's name, and the list's resourceVersion.
+async fn list(client: &kube::Client) -> Result<(BTreeSet<String>, String), ApiError> {
+    #[derive(Deserialize)]
+    struct Item {
+        metadata: Md,
+    }
+    #[derive(Deserialize)]
+    struct Md {
+        name: String,
+    }
+    let mut names = BTreeSet::new();
+    let mut token: Option<String> = None;
+    loop {
+        let page = kubeapi::list_page(
+            client,
+            PATH,
+            &Query::default(),
+            Some(PAGE),
+            token.as_deref(),
+        )
+        .await?;
+        for item in &page.items {
+            let item: Item = serde_json::from_str(item.get())?;
+            names.insert(item.metadata.name);
+        }
+        match page.continue_token {
+            Some(c) => token = Some(c),
+            None => return Ok((names, page.resource_version)),
+        }
+    }
 }
 
 /// What the hubs see.
@@ -51,7 +205,7 @@ pub fn follow(
         client,
         sharding,
         watch_timeout_seconds,
-        names: BTreeSet::new(),
+        book: Book::default(),
         tx,
     };
     tokio::spawn(async move {
@@ -67,7 +221,7 @@ struct Follower {
     client: kube::Client,
     sharding: ShardingConfig,
     watch_timeout_seconds: u32,
-    names: BTreeSet<String>,
+    book: Book,
     tx: watch::Sender<Namespaces>,
 }
 
@@ -97,37 +251,9 @@ impl Follower {
 
     /// Lists every namespace; the list's resourceVersion.
     async fn list(&mut self) -> Result<String, ApiError> {
-        #[derive(Deserialize)]
-        struct Item {
-            metadata: Md,
-        }
-        #[derive(Deserialize)]
-        struct Md {
-            name: String,
-        }
-        let mut names = BTreeSet::new();
-        let mut token: Option<String> = None;
-        loop {
-            let page = kubeapi::list_page(
-                &self.client,
-                PATH,
-                &Query::default(),
-                Some(PAGE),
-                token.as_deref(),
-            )
-            .await?;
-            for item in &page.items {
-                let item: Item = serde_json::from_str(item.get())?;
-                names.insert(item.metadata.name);
-            }
-            match page.continue_token {
-                Some(c) => token = Some(c),
-                None => {
-                    self.names = names;
-                    return Ok(page.resource_version);
-                }
-            }
-        }
+        let (names, rv) = list(&self.client).await?;
+        self.book.listed(names, &rv, Instant::now());
+        Ok(rv)
     }
 
     /// Follows the namespaces from `rv` until the watch cannot go on.
@@ -149,19 +275,15 @@ impl Follower {
                 let Ok(ev) = decode::decode_line_into(&line, trim, Vec::new()) else {
                     continue;
                 };
-                let changed = match ev.event_type {
-                    EventType::Error => {
-                        return Err(ApiError::Gone(
-                            "the namespaces' watch ended with an error".into(),
-                        ))
-                    }
-                    EventType::Added | EventType::Modified => {
-                        self.names.insert(ev.meta.name().to_string())
-                    }
-                    EventType::Deleted => self.names.remove(ev.meta.name()),
-                    EventType::Bookmark => false,
-                };
+                if ev.event_type == EventType::Error {
+                    return Err(ApiError::Gone(
+                        "the namespaces' watch ended with an error".into(),
+                    ));
+                }
                 rv = ev.meta.resource_version().to_string();
+                let changed = self
+                    .book
+                    .event(ev.event_type, ev.meta.name(), &rv, Instant::now());
                 if changed {
                     self.publish();
                 }
@@ -169,19 +291,90 @@ impl Follower {
         }
     }
 
-    fn publish(&self) {
-        let mut points: Points = self
-            .names
-            .iter()
-            .map(|n| (point(n), self.sharding.shard_of(n)))
-            .collect();
-        points.sort_unstable();
+    fn publish(&mut self) {
+        let names = self.book.names(&self.sharding, Instant::now());
         self.tx.send_if_modified(|known| {
-            let same = matches!(known, Namespaces::Known(p) if **p == points);
+            let same = matches!(known, Namespaces::Known(n) if **n == names);
             if !same {
-                *known = Namespaces::Known(Arc::new(points));
+                *known = Namespaces::Known(Arc::new(names));
             }
             !same
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(ns: &[&str]) -> BTreeSet<String> {
+        ns.iter().map(|n| n.to_string()).collect()
+    }
+
+    fn sharding() -> ShardingConfig {
+        ShardingConfig {
+            enabled: true,
+            shards: 4,
+            ..ShardingConfig::default()
+        }
+    }
+
+    /// The names `points` hold, of `all`.
+    fn named<'a>(points: &Points, all: &[&'a str]) -> Vec<&'a str> {
+        let s = sharding();
+        all.iter()
+            .copied()
+            .filter(|n| points.contains(&(point(n), s.shard_of(n))))
+            .collect()
+    }
+
+    const ALL: [&str; 3] = ["a", "b", "c"];
+
+    /// A namespace removed at 20 is still asked for by a read from before 20 (its objects'
+    /// DELETEDs lie between), not by one from 20 on, nor by a list.
+    #[test]
+    fn a_read_from_before_a_removal_still_asks_for_the_namespace() {
+        let (mut book, t0) = (Book::default(), Instant::now());
+        book.listed(names(&["a", "b"]), "10", t0);
+        assert!(book.event(EventType::Deleted, "b", "20", t0));
+        let n = book.names(&sharding(), t0);
+        assert_eq!(named(&n.points, &ALL), ["a"]);
+        assert_eq!(named(&n.since(Some("15")), &ALL), ["a", "b"]);
+        assert_eq!(named(&n.since(Some("20")), &ALL), ["a"]);
+        assert_eq!(named(&n.since(None), &ALL), ["a"]);
+        // A position that does not compare: every removal may lie after it.
+        assert_eq!(named(&n.since(Some("x")), &ALL), ["a", "b"]);
+    }
+
+    /// A relist that no longer finds a namespace counts it removed at the list's position; one
+    /// removed and created again is asked for once, as there.
+    #[test]
+    fn a_relist_removes_and_a_recreate_restores() {
+        let (mut book, t0) = (Book::default(), Instant::now());
+        book.listed(names(&["a", "b", "c"]), "10", t0);
+        book.listed(names(&["a", "c"]), "30", t0);
+        let n = book.names(&sharding(), t0);
+        assert_eq!(n.removed.len(), 1);
+        assert_eq!(n.removed[0].2, 30);
+        assert_eq!(named(&n.since(Some("29")), &ALL), ["a", "b", "c"]);
+        assert!(book.event(EventType::Added, "b", "40", t0));
+        let n = book.names(&sharding(), t0);
+        assert!(n.removed.is_empty());
+        assert_eq!(n.since(Some("1")), n.points);
+        assert!(!book.event(EventType::Deleted, "gone", "50", t0));
+        assert!(!book.event(EventType::Bookmark, "", "60", t0));
+    }
+
+    /// Removals are forgotten once the server no longer holds their history.
+    #[test]
+    fn removals_are_forgotten_after_the_history() {
+        let (mut book, t0) = (Book::default(), Instant::now());
+        book.listed(names(&["a", "b"]), "10", t0);
+        book.event(EventType::Deleted, "b", "20", t0);
+        let later = t0 + KEEP_REMOVED;
+        assert_eq!(book.names(&sharding(), later).removed.len(), 1);
+        let n = book.names(&sharding(), later + Duration::from_secs(1));
+        assert!(n.removed.is_empty());
+        assert_eq!(named(&n.since(Some("15")), &ALL), ["a"]);
     }
 }
