@@ -139,6 +139,20 @@ if helm template watchrelay charts/watchrelay "${id[@]}" | grep -q 'watchrelay.j
   exit 1
 fi
 
+echo "== the chart's PrometheusRule"
+helm template watchrelay charts/watchrelay "${id[@]}" --namespace watchrelay --set metrics.prometheusRule.enabled=true --set 'metrics.prometheusRule.labels.release=prometheus' >"$work/rule.yaml"
+python3 - "$work/rule.yaml" deploy/prometheus-rules.yaml <<'PY'
+import sys, yaml
+rules = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "PrometheusRule"]
+assert len(rules) == 1, "no PrometheusRule rendered"
+assert rules[0]["metadata"]["labels"].get("release") == "prometheus", "the PrometheusRule lacks its labels"
+assert rules[0]["spec"] == yaml.safe_load(open(sys.argv[2])), "the chart's rules differ from deploy/prometheus-rules.yaml"
+PY
+if helm template watchrelay charts/watchrelay "${id[@]}" | grep -q 'kind: PrometheusRule'; then
+  echo "the PrometheusRule is rendered by default" >&2
+  exit 1
+fi
+
 echo "== the chart's RBAC is exactly what each configuration needs"
 "$bin" channels -o json | diff -u charts/watchrelay/catalogue.json - \
   || { echo "charts/watchrelay/catalogue.json is stale: watchrelay channels -o json > charts/watchrelay/catalogue.json" >&2; exit 1; }
@@ -179,6 +193,12 @@ channels:
   - operationId: watchNodes
 YAML
 python3 scripts/check-rbac.py "$bin" deploy/config.example.yaml deploy/config.try.yaml "$work/mixed.yaml" "$work/sharded.yaml"
+
+echo "== the RBAC objects \`watchrelay rbac -o manifests\` prints, for installs without the chart"
+"$bin" rbac -o manifests --config "$work/sharded.yaml" --service-account watchrelay/relay |
+  python3 -c 'import json, sys, yaml; print(yaml.safe_dump_all(json.load(sys.stdin)["items"]))' >"$work/rbac-manifests.yaml"
+kubernetes-validate --quiet --strict --kubernetes-version 1.30.0 "$work/rbac-manifests.yaml"
+
 helm template watchrelay charts/watchrelay "${id[@]}" --namespace watchrelay --set networkPolicy.enabled=true >"$work/netpol.yaml"
 kubernetes-validate --quiet --strict --kubernetes-version 1.30.0 "$work/netpol.yaml"
 grep -q '^kind: NetworkPolicy' "$work/netpol.yaml" || { echo "networkPolicy.enabled rendered no NetworkPolicy" >&2; exit 1; }

@@ -26,6 +26,7 @@ CASES = [
     ("checkpoint.intervalMs at least 1", {"config": {"checkpoint": {"intervalMs": 0}}}),
     ("shutdownTimeoutSeconds covers its reserves", {"config": {"shutdownTimeoutSeconds": 5}}),
     ("shards a power of two", {"replicaCount": 3, "config": {"leaderElection": {"enabled": False}, "sharding": {"enabled": True, "shards": 3}}}),
+    ("exactly one of operationId and path", {"config": {"channels": [dict(PODS, path="/api/v1/namespaces/{namespace}/pods")]}}),
     ("eventTypes are object changes", {"config": {"channels": [dict(PODS, eventTypes=["BOOKMARK"])]}}),
     ("one scope per channel", {"config": {"channels": [dict(PODS, namespaces=["a"])]}}),
     ("a namespaced channel names its scope", {"config": {"channels": [{"operationId": "watchNamespacedDeployments"}]}}),

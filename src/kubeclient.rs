@@ -8,11 +8,12 @@ use thiserror::Error;
 
 use crate::config::KubernetesConfig;
 
-/// Why no Kubernetes client could be built.
+/// Why no Kubernetes client could be built. Each message says what failed and leaves the
+/// cause to its source: print the chain (`{:#}` of an `anyhow::Error`).
 #[derive(Debug, Error)]
 pub enum ClientError {
     /// The kubeconfig file `kubernetes.kubeconfig` names cannot be read or parsed.
-    #[error("reading kubernetes.kubeconfig {path}: {source}")]
+    #[error("reading kubernetes.kubeconfig {path}")]
     Kubeconfig {
         /// The file, as configured.
         path: std::path::PathBuf,
@@ -20,13 +21,13 @@ pub enum ClientError {
         source: KubeconfigError,
     },
     /// The kubeconfig, or the context `kubernetes.context` names in it, cannot be used.
-    #[error("loading the kubeconfig: {0}")]
+    #[error("loading the kubeconfig")]
     Config(#[from] KubeconfigError),
     /// Neither an in-cluster service account nor a kubeconfig was found or usable.
-    #[error("finding the cluster (in-cluster service account, $KUBECONFIG, ~/.kube/config): {0}")]
+    #[error("finding the cluster (in-cluster service account, $KUBECONFIG, ~/.kube/config)")]
     Infer(#[from] kube::config::InferConfigError),
     /// The configuration was found, but the client could not be built from it (TLS, say).
-    #[error("building the client: {0}")]
+    #[error("building the client")]
     Client(#[from] kube::Error),
 }
 

@@ -61,14 +61,26 @@ enum LogFormat {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Output {
+    /// Lines for a person.
     Text,
+    /// One JSON document, for scripts.
     Json,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
 enum TopicsOutput {
+    /// One row a topic.
     Table,
+    /// `kafka-topics.sh --create` lines, for a Kafka managed elsewhere.
     Commands,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum RbacOutput {
+    /// The permissions, as JSON: what the chart's RBAC is checked against.
+    Needs,
+    /// Roles and bindings granting them, as a `List` for `kubectl apply -f -`.
+    Manifests,
 }
 
 #[derive(Args)]
@@ -117,11 +129,13 @@ enum Command {
     Topics {
         #[command(flatten)]
         config: ConfigFile,
+        /// How to print them.
         #[arg(short, long, value_enum, default_value_t = TopicsOutput::Table)]
         output: TopicsOutput,
     },
     /// List the channel catalogue: operationId, watch path, message.
     Channels {
+        /// How to print it.
         #[arg(short, long, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
@@ -137,6 +151,7 @@ enum Command {
     Status {
         #[command(flatten)]
         config: ConfigFile,
+        /// How to print it.
         #[arg(short, long, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
@@ -156,6 +171,16 @@ enum Command {
     Rbac {
         #[command(flatten)]
         config: ConfigFile,
+        /// What to print.
+        #[arg(short, long, value_enum, default_value_t = RbacOutput::Needs)]
+        output: RbacOutput,
+        /// With `-o manifests`: the service account the relay runs as, `NAMESPACE/NAME`
+        /// (default: `watchrelay` in the checkpoint's namespace).
+        #[arg(long, value_name = "NAMESPACE/NAME")]
+        service_account: Option<String>,
+        /// With `-o manifests`: the name of every object.
+        #[arg(long, default_value = "watchrelay")]
+        name: String,
     },
     /// Print the version and the commit the binary was built from.
     Version,
@@ -415,10 +440,30 @@ fn dispatch(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-        Command::Rbac { config } => {
+        Command::Rbac {
+            config,
+            output,
+            service_account,
+            name,
+        } => {
             let cfg = config.load()?;
             let needs = watchrelay::rbac::needs(&cfg);
-            outln!("{}", serde_json::to_string_pretty(&needs)?);
+            let out = match output {
+                RbacOutput::Needs => serde_json::to_value(&needs)?,
+                RbacOutput::Manifests => {
+                    let (namespace, account) = match &service_account {
+                        Some(sa) => sa
+                            .split_once('/')
+                            .filter(|(ns, n)| !ns.is_empty() && !n.is_empty())
+                            .ok_or_else(|| {
+                                anyhow::anyhow!("--service-account {sa:?} is not NAMESPACE/NAME")
+                            })?,
+                        None => (cfg.checkpoint.namespace.as_str(), "watchrelay"),
+                    };
+                    watchrelay::rbac::manifests(&needs, name, namespace, account)
+                }
+            };
+            outln!("{}", serde_json::to_string_pretty(&out)?);
             Ok(())
         }
         Command::Version => {

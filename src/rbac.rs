@@ -72,6 +72,7 @@ pub fn needs(cfg: &Config) -> Needs {
                 n.cluster.insert(res);
                 n.cluster.insert((String::new(), "namespaces".into()));
                 let what = match ch.strategy {
+                    _ if ch.topic.contains("{namespace}") => "namespaceSelector: matching namespaces come and go, so the permission is cluster-wide; watched per namespace (the topic names {namespace})".to_string(),
                     WatchStrategy::PerNamespace => "namespaceSelector: matching namespaces come and go, so the permission is cluster-wide; watched per namespace".to_string(),
                     WatchStrategy::ClusterWide => "namespaceSelector, watchStrategy: clusterWide".to_string(),
                     WatchStrategy::Auto => format!("namespaceSelector, watchStrategy: auto (a first start watches cluster-wide above {threshold} matching namespaces; later starts keep their shape)"),
@@ -121,9 +122,121 @@ pub fn needs(cfg: &Config) -> Needs {
     n
 }
 
+/// `needs` as Kubernetes objects that grant it to the service account `namespace/account`, as a
+/// `v1` `List` that `kubectl apply -f -` takes: a ClusterRole and its binding for what is read
+/// across the cluster, and a Role and its binding in each namespace for what is read there and
+/// the relay's own objects (`get` and `update` by name; `create` cannot be limited to names).
+/// Every object is named `name`.
+pub fn manifests(needs: &Needs, name: &str, namespace: &str, account: &str) -> serde_json::Value {
+    use serde_json::json;
+    let rule = |(group, resource): &Resource, verbs: &[&str]| json!({"apiGroups": [group], "resources": [resource], "verbs": verbs});
+    let subject = json!([{"kind": "ServiceAccount", "name": account, "namespace": namespace}]);
+    let mut items = Vec::new();
+    if !needs.cluster.is_empty() {
+        let rules: Vec<_> = needs
+            .cluster
+            .iter()
+            .map(|r| rule(r, &["list", "watch"]))
+            .collect();
+        items.push(
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": name}, "rules": rules}),
+        );
+        items.push(json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": subject}));
+    }
+    let namespaces: BTreeSet<&String> = needs.namespaced.keys().chain(needs.own.keys()).collect();
+    for ns in namespaces {
+        let mut rules: Vec<_> = needs
+            .namespaced
+            .get(ns)
+            .into_iter()
+            .flatten()
+            .map(|r| rule(r, &["list", "watch"]))
+            .collect();
+        let mut owned: BTreeMap<Resource, Vec<&str>> = BTreeMap::new();
+        for (group, resource, object) in needs.own.get(ns).into_iter().flatten() {
+            owned
+                .entry((group.clone(), resource.clone()))
+                .or_default()
+                .push(object);
+        }
+        for ((group, resource), names) in owned {
+            rules.push(json!({"apiGroups": [group], "resources": [resource],
+                "resourceNames": names, "verbs": ["get", "update"]}));
+            rules.push(rule(&(group, resource), &["create"]));
+        }
+        items.push(
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": name, "namespace": ns}, "rules": rules}),
+        );
+        items.push(
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": name, "namespace": ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": subject}),
+        );
+    }
+    json!({"apiVersion": "v1", "kind": "List", "items": items})
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The objects grant exactly the needs: list and watch where read, get and update by name
+    /// and create for the relay's own, each bound to the account.
+    #[test]
+    fn manifests_grant_the_needs_to_the_account() {
+        let cfg = Config::parse("clusterName: c\nkafka:\n  bootstrapServers: k:1\n  oversize: trim\ncheckpoint:\n  namespace: relay\nleaderElection:\n  enabled: true\nchannels:\n  - operationId: watchNamespacedPods\n    namespaces: [a]\n  - operationId: watchNodes\n").unwrap();
+        let list = manifests(&needs(&cfg), "wr", "relay", "sa");
+        let items = list["items"].as_array().unwrap();
+        let kinds: Vec<(&str, &str)> = items
+            .iter()
+            .map(|i| {
+                (
+                    i["kind"].as_str().unwrap(),
+                    i["metadata"]["namespace"].as_str().unwrap_or(""),
+                )
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                ("ClusterRole", ""),
+                ("ClusterRoleBinding", ""),
+                ("Role", "a"),
+                ("RoleBinding", "a"),
+                ("Role", "relay"),
+                ("RoleBinding", "relay")
+            ]
+        );
+        assert_eq!(
+            items[0]["rules"],
+            serde_json::json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}])
+        );
+        assert_eq!(
+            items[2]["rules"],
+            serde_json::json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}])
+        );
+        let own = items[4]["rules"].as_array().unwrap();
+        assert!(own.contains(
+            &serde_json::json!({"apiGroups": [""], "resources": ["configmaps"],
+            "resourceNames": [cfg.checkpoint.name], "verbs": ["get", "update"]})
+        ));
+        assert!(
+            own.contains(&serde_json::json!({"apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"], "verbs": ["create"]}))
+        );
+        for binding in [&items[1], &items[3], &items[5]] {
+            assert_eq!(
+                binding["subjects"],
+                serde_json::json!([{"kind": "ServiceAccount", "name": "sa", "namespace": "relay"}])
+            );
+        }
+    }
 
     #[test]
     fn each_scope_gets_exactly_what_it_watches() {

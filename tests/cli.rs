@@ -397,3 +397,29 @@ fn a_missing_file_is_named_once() {
     assert!(!err.contains("is not valid"), "{err}");
     assert_eq!(err.matches("os error 2").count(), 1, "{err}");
 }
+
+/// A value of the wrong type is shown in its file, by the file's name, with the type said in
+/// words and one `error:` only.
+#[test]
+fn a_wrong_type_is_said_in_words_in_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("relay.yaml");
+    std::fs::write(
+        &file,
+        "clusterName: prod\nkubernetes:\n  watchTimeoutSeconds: -3\nkafka:\n  bootstrapServers: k:9092\nchannels:\n  - operationId: watchNamespacedPods\n    namespaces: [a]\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .arg("check-config")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("--> {}:3:24", file.display())),
+        "{err}"
+    );
+    assert!(err.contains("expected a whole number from 0 to"), "{err}");
+    assert_eq!(err.matches("error:").count(), 1, "{err}");
+}

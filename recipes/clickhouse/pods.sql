@@ -4,7 +4,8 @@
 -- (etcd restores included); a DELETED, real or inferred, is that row with is_deleted = 1,
 -- so `SELECT ... FROM pods FINAL` (or after merges, without FINAL) holds exactly the live
 -- pods. Markers (BOOKMARK) and tombstones are skipped. Copy it, and change the broker, the
--- topic (`{clusterName}.pods` by default), the group and the table names.
+-- topic (`{cluster}.pods` by default, `{cluster}` the `clusterName`), the group and the table
+-- names.
 
 CREATE TABLE pods
 (

@@ -21,7 +21,7 @@
 -- DECIMAL(38, 0), Flink's widest exact number, which holds every version the relay stamps (an
 -- era of milliseconds since 1970 times 2^64, plus a resourceVersion); a larger one would fail
 -- the query rather than be ranked wrong. Copy this file, and change the broker, the topic
--- (`{clusterName}.pods` by default), the group and the names.
+-- (`{cluster}.pods` by default, `{cluster}` the `clusterName`), the group and the names.
 
 -- (a) The topic as an upsert changelog. upsert-kafka always reads from the earliest offset.
 CREATE TABLE pods_changelog (

@@ -543,11 +543,26 @@ impl ChannelConfig {
 }
 
 pub(crate) fn topic_rule() -> &'static str {
-    "a topic name is 1-249 characters of a-z, A-Z, 0-9, '.', '_' and '-'"
+    "a topic name is 1-249 characters of a-z, A-Z, 0-9, '.', '_' and '-', other than '.' and '..'"
+}
+
+/// [`topic_rule`] for a name given as `topic`, with a word on placeholders where it holds one
+/// (only channel topics have templates).
+pub(crate) fn topic_rule_for(topic: &str) -> String {
+    if topic.contains('{') {
+        format!(
+            "{}; {topic:?} holds a placeholder, and placeholders are replaced in channel topics only",
+            topic_rule()
+        )
+    } else {
+        topic_rule().to_string()
+    }
 }
 
 pub(crate) fn is_topic(t: &str) -> bool {
     !t.is_empty()
+        && t != "."
+        && t != ".."
         && t.len() <= 249
         && t.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))

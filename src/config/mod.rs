@@ -21,7 +21,7 @@ mod registry;
 mod selector;
 mod sharding;
 
-pub(crate) use channel::{is_topic, topic_rule};
+pub(crate) use channel::{is_topic, topic_rule, topic_rule_for};
 pub use channel::{Channel, ChannelConfig, Scope, Shape, Shapes, StreamId, WatchStrategy};
 pub use fields::field_paths;
 pub use key::KeyTemplate;
@@ -52,6 +52,32 @@ pub enum ConfigError {
         /// What is wrong with its value.
         message: String,
     },
+}
+
+/// The parser's message, for a person: without its own `error: ` prefix (the relay's comes
+/// first), and a number's type said in words.
+fn readable(message: &str) -> String {
+    let mut m = message
+        .strip_prefix("error: ")
+        .unwrap_or(message)
+        .to_string();
+    for (ty, words) in [
+        ("u8", "a whole number from 0 to 255"),
+        ("u16", "a whole number from 0 to 65535"),
+        ("u32", "a whole number from 0 to 4294967295"),
+        ("u64", "a whole number from 0 to 18446744073709551615"),
+        ("usize", "a whole number from 0"),
+        ("i32", "a whole number"),
+        ("i64", "a whole number"),
+        ("f64", "a number"),
+        ("bool", "true or false"),
+    ] {
+        m = m.replace(&format!("invalid {ty}\n"), &format!("expected {words}\n"));
+        if let Some(head) = m.strip_suffix(&format!("invalid {ty}")) {
+            m = format!("{head}expected {words}");
+        }
+    }
+    m
 }
 
 pub(crate) fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
@@ -467,7 +493,13 @@ impl Config {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::parse(&text)
+        Self::parse(&text).map_err(|e| match e {
+            // The parser's excerpt names its input `<input>`: name the file.
+            ConfigError::Parse(m) => {
+                ConfigError::Parse(m.replace("<input>", &path.display().to_string()))
+            }
+            e => e,
+        })
     }
 
     /// Parses and validates `text`; `${NAME}` in Kafka properties reads the process environment.
@@ -480,8 +512,8 @@ impl Config {
         text: &str,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let mut file: File =
-            serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let mut file: File = serde_saphyr::from_str(text)
+            .map_err(|e| ConfigError::Parse(readable(&e.to_string())))?;
         for (key, value) in file.kafka.properties.iter_mut() {
             *value = expand_env(value, &env)
                 .map_err(|m| invalid(format!("kafka.properties.{key}"), m))?;

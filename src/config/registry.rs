@@ -56,13 +56,14 @@ impl SchemaRegistryConfig {
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         if let Some(url) = &self.url {
-            let uri: http::Uri = url
-                .parse()
-                .map_err(|e| invalid("schemaRegistry.url", format!("{url:?}: {e}")))?;
-            if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+            let ok = url.parse::<http::Uri>().is_ok_and(|uri| {
+                matches!(uri.scheme_str(), Some("http" | "https"))
+                    && uri.host().is_some_and(|h| !h.is_empty())
+            });
+            if !ok {
                 return Err(invalid(
                     "schemaRegistry.url",
-                    format!("{url:?} is not an http:// or https:// URL"),
+                    format!("{url:?} is not an http:// or https:// URL with a host"),
                 ));
             }
         }

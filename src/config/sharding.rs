@@ -17,7 +17,7 @@ use serde::Deserialize;
 use std::sync::Arc;
 
 use super::{
-    invalid, is_topic, topic_rule, Channel, ConfigError, Scope, Shape, StreamId, WatchStrategy,
+    invalid, is_topic, topic_rule_for, Channel, ConfigError, Scope, Shape, StreamId, WatchStrategy,
 };
 
 /// Which group protocol the replicas' consumer group speaks (`sharding.groupProtocol`).
@@ -182,7 +182,7 @@ impl ShardingConfig {
         }
         for topic in [self.topic(cluster), self.owners_topic(cluster)] {
             if !is_topic(&topic) {
-                return Err(invalid("sharding.topic", topic_rule()));
+                return Err(invalid("sharding.topic", topic_rule_for(&topic)));
             }
         }
         if self.session_timeout_ms < 6_000 {

@@ -3,8 +3,8 @@
 //! names the field.
 
 use super::{
-    invalid, is_topic, kafka, topic_rule, ConfigError, File, OversizePolicy, CHECKPOINT_RESERVE,
-    RELEASE_RESERVE,
+    invalid, is_topic, kafka, topic_rule, topic_rule_for, ConfigError, File, OversizePolicy,
+    CHECKPOINT_RESERVE, RELEASE_RESERVE,
 };
 
 impl File {
@@ -123,8 +123,12 @@ impl File {
             ));
         }
         let membership = &self.checkpoint.membership;
-        if !is_topic(&membership.topic(&self.cluster_name)) {
-            return Err(invalid("checkpoint.membership.topic", topic_rule()));
+        let topic = membership.topic(&self.cluster_name);
+        if !is_topic(&topic) {
+            return Err(invalid(
+                "checkpoint.membership.topic",
+                topic_rule_for(&topic),
+            ));
         }
         if membership.partitions.is_some_and(|p| p < 1) {
             return Err(invalid(

@@ -54,7 +54,10 @@ impl Reach {
                         match target.connect().await {
                             Ok(client) => break client,
                             Err(e) => {
-                                tracing::warn!(error = %e, "building the API server probe's client")
+                                tracing::warn!(
+                                    error = format!("{:#}", anyhow::Error::new(e)),
+                                    "building the API server probe's client"
+                                )
                             }
                         }
                         if pause(&stop).await {
