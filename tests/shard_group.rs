@@ -2,7 +2,8 @@
 //! whose group client reports a fatal error (a Kafka consumer fenced as a static member) fails
 //! `/healthz`, so the platform restarts it, instead of standing in the group owning nothing
 //! while it looks healthy. Its load on the API server: what it follows for the whole replica is
-//! followed once, however many shards it owns. The relay runs in-process against the simulator
+//! followed once, however many shards it owns. Other releases' claims it cannot read delay its
+//! streams by its session timeout at most. The relay runs in-process against the simulator
 //! with the group and producer in memory.
 
 mod common;
@@ -76,5 +77,38 @@ async fn a_replica_follows_each_selector_once_whatever_it_owns() {
         (Some(&2), Some(&1)),
         "namespace requests: {asked:?}"
     );
+    relay.stop().await;
+}
+
+/// Other releases' claims that cannot be read (a partition of the single-leader membership
+/// topic without a leader) keep a restarting sharded replica's streams waiting for its session
+/// timeout at most: then they start unchecked against them, rather than never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_claims_delay_a_replica_by_its_session_only() {
+    let bed = bed(true).await;
+    let producer = Arc::new(Memory::new());
+    create(&bed, (0..3).map(|i| format!("p{i}")));
+    let mut cfg = common::bed::sharded(config(&bed, ""), 2);
+    cfg.sharding.session_timeout_ms = 6_000;
+    let single = cfg.checkpoint.membership.topic(&cfg.cluster_name);
+    let group = MemoryGroup::default();
+    // The shards' first run (their first owner copies what a single leader left, which needs
+    // that topic).
+    let relay = Relay::start_in(&bed, cfg.clone(), producer.clone(), &group);
+    relay.wait_up(1).await;
+    relay.stop().await;
+    producer.fail_replays_of(Some(&single));
+    let relay = Relay::start_in(&bed, cfg, producer.clone(), &group);
+    relay.wait_up(1).await;
+    create(&bed, ["late".to_string()]);
+    eventually(
+        || {
+            common::view::events(&producer)
+                .iter()
+                .any(|e| e.key.ends_with("/late"))
+        },
+        || "the replica relayed nothing".into(),
+    )
+    .await;
     relay.stop().await;
 }

@@ -500,7 +500,10 @@ impl Relay {
             };
             drop(permit);
             members = restored;
-            let Some(others) = self.others(others, &log, shard, &stop).await? else {
+            let others = others::for_term(&self.cfg.checkpoint, others, &log, shard, &stop)
+                .await
+                .map_err(RelayError::Refused)?;
+            let Some(others) = others else {
                 return Ok(());
             };
             members.add_claims(&others);

@@ -10,19 +10,35 @@
 //! single-leader topic and the shards' topic), for all the shards it owns since: its terms wait
 //! for that read before their streams start.
 //!
+//! A sharded replica waits [`claims_wait`] (its session timeout) at most for that read: past it (a partition of
+//! either topic without a leader, say) its terms' streams start unchecked against the claims,
+//! with a warning, and the read goes on for the terms that start after it. A single leader
+//! waits for it, since the read also tells it whether its release ran sharded.
+//!
 //! A topic the release may not read (ACLs) is skipped with a warning. What an owner of this
 //! release claims (its single leader's ConfigMap, or any of its shards',
 //! whatever their number) is not another release's.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Relay, RelayError};
-use crate::config::ShardingConfig;
+use crate::config::{CheckpointConfig, ShardingConfig};
 use crate::envelope::ShardOwner;
 use crate::membership::{Claim, Log, Restored, TopicError};
+
+/// The wait between two failed reads of the claims.
+const RETRY: Duration = Duration::from_secs(5);
+
+/// How long a sharded replica's terms wait for the claims before their streams start unchecked
+/// against them: a partition of either topic without a leader (or under its min ISR) must not
+/// keep every shard of the replica from relaying. As long as the group waits for a silent
+/// replica (its session): past that, the replica would hold its shards without relaying them
+/// longer than a dead one would.
+pub(super) fn claims_wait(sharding: &ShardingConfig) -> Duration {
+    Duration::from_millis(u64::from(sharding.session_timeout_ms))
+}
 
 /// Claims of other releases a term checks its streams against, beyond those it restores.
 #[derive(Clone, Debug)]
@@ -42,103 +58,96 @@ pub(super) struct Found {
     pub ours_sharded: Option<Claim>,
 }
 
-impl Relay {
-    /// Whether `owner` (`<namespace>/<name>` of a checkpoint ConfigMap) is this release's.
-    fn ours(&self, owner: &str) -> bool {
-        let c = &self.cfg.checkpoint;
-        owner
-            .strip_prefix(c.namespace.as_str())
-            .and_then(|rest| rest.strip_prefix('/'))
-            .is_some_and(|name| ShardingConfig::of_release(&c.name, name))
-    }
+/// Whether `owner` (`<namespace>/<name>` of a checkpoint ConfigMap) is the release's whose
+/// checkpoint is `c`.
+fn ours(c: &CheckpointConfig, owner: &str) -> bool {
+    owner
+        .strip_prefix(c.namespace.as_str())
+        .and_then(|rest| rest.strip_prefix('/'))
+        .is_some_and(|name| ShardingConfig::of_release(&c.name, name))
+}
 
-    /// The claims of other releases a term of `shard` (`None`: a single leader's) checks its
-    /// streams against, reading them by `log` if the term reads them itself; `Ok(None)` once
-    /// `stop`. A single leader whose own shards' members are live refuses: its release ran
-    /// sharded.
-    pub(super) async fn others(
-        &self,
-        others: Others,
-        log: &Arc<dyn Log>,
-        shard: Option<ShardOwner>,
-        stop: &CancellationToken,
-    ) -> Result<Option<Arc<[Claim]>>, RelayError> {
-        match others {
-            Others::Reading(mut read) => Ok(tokio::select! {
-                _ = stop.cancelled() => None,
-                read = read.wait_for(Option::is_some) => read.ok().and_then(|r| r.clone()),
-            }),
-            Others::In(topics) => {
-                let Some(found) = self.read_others(log, &topics, stop).await else {
-                    return Ok(None);
-                };
-                if let (None, Some(claim)) = (shard, found.ours_sharded) {
-                    let marker = format!(
-                        "the shards' membership topic holds live members of its shard {}",
-                        claim.owner
-                    );
-                    return Err(RelayError::Refused(crate::leader::unsharding_refusal(
-                        &marker,
-                    )));
-                }
-                Ok(Some(found.others))
+/// The claims of other releases a term of `shard` (`None`: a single leader's) of the release
+/// whose checkpoint is `c` checks its streams against, reading them by `log` if the term reads
+/// them itself; `Ok(None)` once `stop`. A single leader whose own shards' members are live is
+/// refused (`Err`, the refusal): its release ran sharded.
+pub(super) async fn for_term(
+    c: &CheckpointConfig,
+    others: Others,
+    log: &Arc<dyn Log>,
+    shard: Option<ShardOwner>,
+    stop: &CancellationToken,
+) -> Result<Option<Arc<[Claim]>>, String> {
+    match others {
+        Others::Reading(mut read) => Ok(tokio::select! {
+            _ = stop.cancelled() => None,
+            read = read.wait_for(Option::is_some) => read.ok().and_then(|r| r.clone()),
+        }),
+        Others::In(topics) => {
+            let Some(found) = read(c, log, &topics, stop).await else {
+                return Ok(None);
+            };
+            if let (None, Some(claim)) = (shard, found.ours_sharded) {
+                let marker = format!(
+                    "the shards' membership topic holds live members of its shard {}",
+                    claim.owner
+                );
+                return Err(crate::leader::unsharding_refusal(&marker));
             }
+            Ok(Some(found.others))
         }
     }
+}
 
-    /// The live claims of other releases in `topics`, read by `log` (every partition), tried
-    /// again until read; `None` once `stop`.
-    pub(super) async fn read_others(
-        &self,
-        log: &Arc<dyn Log>,
-        topics: &[String],
-        stop: &CancellationToken,
-    ) -> Option<Found> {
-        loop {
-            let started = Instant::now();
-            let (log, list) = (log.clone(), topics.to_vec());
-            let read = tokio::task::spawn_blocking(move || {
-                let mut claims = Vec::new();
-                for topic in &list {
-                    let mut read = Restored::claims_only();
-                    match log.replay(topic, &mut |k, v| read.apply(k, v), &|| false) {
-                        Ok(()) => {}
-                        // A topic this release may not read is checked by nothing here,
-                        // but does not keep the release from relaying.
-                        Err(TopicError::Unauthorized(e)) => {
-                            tracing::warn!(%topic, error = %e, "not allowed to read other releases' claims; streams are not checked against them");
-                            continue;
-                        }
-                        Err(e) => return Err(e),
+/// The live claims of other releases than the one whose checkpoint is `c` in `topics`, read by
+/// `log` (every partition), tried again until read; `None` once `stop`.
+pub(super) async fn read(
+    c: &CheckpointConfig,
+    log: &Arc<dyn Log>,
+    topics: &[String],
+    stop: &CancellationToken,
+) -> Option<Found> {
+    loop {
+        let started = Instant::now();
+        let (log, list) = (log.clone(), topics.to_vec());
+        let read = tokio::task::spawn_blocking(move || {
+            let mut claims = Vec::new();
+            for topic in &list {
+                let mut read = Restored::claims_only();
+                match log.replay(topic, &mut |k, v| read.apply(k, v), &|| false) {
+                    Ok(()) => {}
+                    // A topic this release may not read is checked by nothing here,
+                    // but does not keep the release from relaying.
+                    Err(TopicError::Unauthorized(e)) => {
+                        tracing::warn!(%topic, error = %e, "not allowed to read other releases' claims; streams are not checked against them");
+                        continue;
                     }
-                    read.finish();
-                    claims.extend(read.into_claims());
+                    Err(e) => return Err(e),
                 }
-                Ok::<_, TopicError>(claims)
-            });
-            let failed = tokio::select! {
-                _ = stop.cancelled() => return None,
-                read = read => match read {
-                    Ok(Ok(claims)) => {
-                        let base = crate::membership::Owner::new(
-                            &self.cfg.checkpoint.namespace,
-                            &self.cfg.checkpoint.name,
-                        );
-                        let (ours, others): (Vec<Claim>, Vec<Claim>) =
-                            claims.into_iter().partition(|c| self.ours(&c.owner));
-                        let ours_sharded = ours.into_iter().find(|c| c.owner != base.as_str());
-                        tracing::info!(?topics, claims = others.len(), seconds = started.elapsed().as_secs_f64(), "read other releases' claims");
-                        return Some(Found { others: others.into(), ours_sharded });
-                    }
-                    Ok(Err(e)) => e.to_string(),
-                    Err(e) => e.to_string(),
-                },
-            };
-            tracing::warn!(?topics, error = %failed, "reading other releases' claims failed; retrying");
-            tokio::select! {
-                _ = stop.cancelled() => return None,
-                _ = tokio::time::sleep(super::RETRY) => {}
+                read.finish();
+                claims.extend(read.into_claims());
             }
+            Ok::<_, TopicError>(claims)
+        });
+        let failed = tokio::select! {
+            _ = stop.cancelled() => return None,
+            read = read => match read {
+                Ok(Ok(claims)) => {
+                    let base = crate::membership::Owner::new(&c.namespace, &c.name);
+                    let (mine, others): (Vec<Claim>, Vec<Claim>) =
+                        claims.into_iter().partition(|claim| ours(c, &claim.owner));
+                    let ours_sharded = mine.into_iter().find(|claim| claim.owner != base.as_str());
+                    tracing::info!(?topics, claims = others.len(), seconds = started.elapsed().as_secs_f64(), "read other releases' claims");
+                    return Some(Found { others: others.into(), ours_sharded });
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(e) => e.to_string(),
+            },
+        };
+        tracing::warn!(?topics, error = %failed, "reading other releases' claims failed; retrying");
+        tokio::select! {
+            _ = stop.cancelled() => return None,
+            _ = tokio::time::sleep(RETRY) => {}
         }
     }
 }

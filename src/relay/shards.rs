@@ -42,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::lifecycle::{self, Action, Input, Phase};
 use super::migrate::{LegacyCell, Target};
-use super::others::Others;
+use super::others::{self, Others};
 use super::reach::{Reach, PROBE};
 use super::{Relay, RelayError, Sink, Term, RETRY};
 use crate::checkpoint::{Ownership, Store};
@@ -204,9 +204,23 @@ impl Relay {
         // Read while the replica joins, not before: a partition out of reach (its leader
         // stalled) must not keep the replica out of the group, and only a term's streams need
         // the claims.
+        // Past its session without a read, the terms' streams start unchecked against the
+        // claims (with a warning) and the read goes on: terms started after it check them.
         let (found, others) = tokio::sync::watch::channel(None);
         let read = async {
-            if let Some(read) = self.read_others(&log, &topics, &self.shutdown).await {
+            let c = &cfg.checkpoint;
+            let stop = &self.shutdown;
+            let first = others::read(c, &log, &topics, stop);
+            let wait = others::claims_wait(&cfg.sharding);
+            let read = match tokio::time::timeout(wait, first).await {
+                Ok(read) => read,
+                Err(_) => {
+                    tracing::warn!(?topics, wait_seconds = wait.as_secs(), "other releases' claims still unread: this replica's streams start unchecked against them until they are read");
+                    let _ = found.send(Some(Arc::from([])));
+                    others::read(c, &log, &topics, stop).await
+                }
+            };
+            if let Some(read) = read {
                 let _ = found.send(Some(read.others));
             }
             std::future::pending::<()>().await;

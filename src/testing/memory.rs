@@ -56,6 +56,8 @@ struct MemoryState {
     topic_error: Option<TopicError>,
     /// A pause before each record a replay hands over: a slow read.
     replay_pause: Option<Duration>,
+    /// The topic whose replays fail, as one with a partition out of reach.
+    unreadable: Option<String>,
     /// Records replays handed over.
     replayed: usize,
     /// Sends refused as [`Refused::Full`].
@@ -147,6 +149,12 @@ impl Memory {
     /// Pauses before each record a replay hands over.
     pub fn slow_replay(&self, pause: Duration) {
         self.state().replay_pause = Some(pause);
+    }
+
+    /// Fails every replay of `topic` (`None`: stops failing), as a topic with a partition
+    /// without a leader.
+    pub fn fail_replays_of(&self, topic: Option<&str>) {
+        self.state().unreadable = topic.map(str::to_string);
     }
 
     /// Records replays handed over so far.
@@ -311,6 +319,11 @@ impl Log for Memory {
         stopped: &(dyn Fn() -> bool + Sync),
     ) -> Result<(), TopicError> {
         let pause = self.state().replay_pause;
+        if self.state().unreadable.as_deref() == Some(topic) {
+            return Err(TopicError::Other(format!(
+                "{topic}: a partition has no leader"
+            )));
+        }
         for r in self.log().iter().filter(|r| r.topic == topic) {
             if stopped() {
                 return Err(TopicError::Stopped);
