@@ -424,6 +424,25 @@ fn a_sharded_producer_expires_records_within_the_sessions_margin() {
     // timeout comes after it.
     let client = sharded.producer_kafka().client_config();
     assert_eq!(client.get("message.timeout.ms"), Some("8000"));
+    // Set by hand (an unsafe override), it may not outlast the margin, nor turn it off.
+    for (value, refused) in [
+        ("0", true),
+        ("9000", true),
+        ("8000", false),
+        ("2000", false),
+    ] {
+        let set = Config::parse(&format!(
+            "clusterName: prod\nkafka:\n  bootstrapServers: 127.0.0.1:9092\n  oversize: trim\n  unsafeProducerOverrides: true\n  properties:\n    message.timeout.ms: \"{value}\"\ncheckpoint:\n  namespace: watchrelay\nsharding:\n  enabled: true\n  sessionTimeoutMs: 12000\n  ownershipDeadlineMs: 4000\n{channels}"
+        ));
+        let field = set.as_ref().err().map(ToString::to_string);
+        assert_eq!(
+            field
+                .as_deref()
+                .is_some_and(|e| e.starts_with("kafka.properties.message.timeout.ms")),
+            refused,
+            "{value}: {field:?}"
+        );
+    }
 }
 
 #[test]

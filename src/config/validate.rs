@@ -144,6 +144,24 @@ impl File {
         }
         self.leader_election.validate()?;
         self.sharding.validate(&self.cluster_name)?;
+        if self.sharding.enabled {
+            // Left unset, it is the session's margin (`Config::producer_kafka`); set to 0 or
+            // above, a record queued by a frozen replica could land after its shard's next
+            // owner's.
+            let limit = self.sharding.delivery_timeout().as_millis();
+            for key in ["message.timeout.ms", "delivery.timeout.ms"] {
+                let Some(value) = self.kafka.properties.get(key) else {
+                    continue;
+                };
+                let ms = value.trim().parse::<u128>().ok();
+                if ms.is_none_or(|ms| ms == 0 || ms > limit) {
+                    return Err(invalid(
+                        format!("kafka.properties.{key}"),
+                        format!("with sharding on, a record must expire before another replica may own its shard: from 1 to sharding.sessionTimeoutMs - sharding.ownershipDeadlineMs ({limit} ms); leave it unset to get that"),
+                    ));
+                }
+            }
+        }
         if self.sharding.enabled && self.leader_election.enabled {
             return Err(invalid(
                 "sharding.enabled",
