@@ -4,31 +4,29 @@ use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_watchrelay");
 
-#[test]
-fn check_config_names_the_offending_field() {
+/// `watchrelay check-config` of a file holding `yaml`: the file's path and the output.
+fn check_config(yaml: &str) -> (tempfile::TempDir, std::path::PathBuf, std::process::Output) {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("bad.yaml");
-    std::fs::write(
-        &file,
-        "clusterName: prod\nkafka:\n  bootstrapServers: k:9092\n  oversize: trim\ncheckpoint:\n  namespace: relay\nchannels:\n  - operationId: watchNamespacedPods\n    namespaces: [default]\n  - operationId: watchNamespacedDeployments\n",
-    )
-    .unwrap();
+    let file = dir.path().join("relay.yaml");
+    std::fs::write(&file, yaml).unwrap();
     let out = Command::new(BIN)
         .arg("check-config")
         .arg(&file)
         .output()
         .unwrap();
+    (dir, file, out)
+}
+
+#[test]
+fn check_config_names_the_offending_field() {
+    let (_dir, _, out) = check_config(
+        "clusterName: prod\nkafka:\n  bootstrapServers: k:9092\n  oversize: trim\ncheckpoint:\n  namespace: relay\nchannels:\n  - operationId: watchNamespacedPods\n    namespaces: [default]\n  - operationId: watchNamespacedDeployments\n",
+    );
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("channels[1].namespaces"), "{err}");
 
-    let good = dir.path().join("good.yaml");
-    std::fs::write(&good, "clusterName: prod\nkafka:\n  bootstrapServers: k:9092\n  oversize: trim\ncheckpoint:\n  namespace: relay\nchannels:\n  - operationId: watchNodes\n").unwrap();
-    let out = Command::new(BIN)
-        .arg("check-config")
-        .arg(&good)
-        .output()
-        .unwrap();
+    let (_dir, _, out) = check_config("clusterName: prod\nkafka:\n  bootstrapServers: k:9092\n  oversize: trim\ncheckpoint:\n  namespace: relay\nchannels:\n  - operationId: watchNodes\n");
     assert!(
         out.status.success(),
         "{}",
@@ -402,18 +400,9 @@ fn a_missing_file_is_named_once() {
 /// words and one `error:` only.
 #[test]
 fn a_wrong_type_is_said_in_words_in_its_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("relay.yaml");
-    std::fs::write(
-        &file,
+    let (_dir, file, out) = check_config(
         "clusterName: prod\nkubernetes:\n  watchTimeoutSeconds: -3\nkafka:\n  bootstrapServers: k:9092\nchannels:\n  - operationId: watchNamespacedPods\n    namespaces: [a]\n",
-    )
-    .unwrap();
-    let out = Command::new(BIN)
-        .arg("check-config")
-        .arg(&file)
-        .output()
-        .unwrap();
+    );
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
