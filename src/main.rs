@@ -175,12 +175,13 @@ enum Command {
         #[arg(short, long, value_enum, default_value_t = RbacOutput::Needs)]
         output: RbacOutput,
         /// With `-o manifests`: the service account the relay runs as, `NAMESPACE/NAME`
-        /// (default: `watchrelay` in the checkpoint's namespace).
+        /// (default: `watchrelay` in the checkpoint's namespace); it must exist.
         #[arg(long, value_name = "NAMESPACE/NAME")]
         service_account: Option<String>,
-        /// With `-o manifests`: the name of every object.
-        #[arg(long, default_value = "watchrelay")]
-        name: String,
+        /// With `-o manifests`: the name of every object (default: the checkpoint's namespace
+        /// and name, `<namespace>-<name>`, unique to the release across the cluster).
+        #[arg(long)]
+        name: Option<String>,
     },
     /// Print the version and the commit the binary was built from.
     Version,
@@ -460,7 +461,11 @@ fn dispatch(cli: Cli) -> Result<()> {
                             })?,
                         None => (cfg.checkpoint.namespace.as_str(), "watchrelay"),
                     };
-                    watchrelay::rbac::manifests(&needs, name, namespace, account)
+                    let c = &cfg.checkpoint;
+                    let name = name
+                        .clone()
+                        .unwrap_or_else(|| format!("{}-{}", c.namespace, c.name));
+                    watchrelay::rbac::manifests(&needs, &name, namespace, account)
                 }
             };
             outln!("{}", serde_json::to_string_pretty(&out)?);

@@ -159,7 +159,13 @@ async fn a_server_that_filters_by_shard_sends_each_replica_its_shards_only() {
         )
     };
     add_everywhere("p2").await;
-    // Steady: A's reads left B's shards out once they moved.
+    // Steady: A's reads left B's shards out once they moved, and B's, read whole from A's
+    // positions (older than B's first list of namespaces), were narrowed to its shards.
+    eventually(
+        || b.metrics.fanout_server_filtered.get() == 1,
+        || "B's reads were never narrowed to its shards".into(),
+    )
+    .await;
     let before = (other(&a.metrics), other(&b.metrics));
     add_everywhere("p3").await;
     assert_eq!(

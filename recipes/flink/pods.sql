@@ -97,8 +97,10 @@ WHERE row_num = 1 AND `type` <> 'DELETED';
 --     byte and a 4-byte schema id before the JSON, which the `json` format cannot skip: read
 --     each value as bytes, drop the first five, and read the fields with JSON_VALUE. Flink's
 --     SUBSTRING takes no bytes, so the value goes through ISO-8859-1 (one character a byte,
---     every byte one character) to drop them, then is read as the UTF-8 it is. The view
---     `pods_framed_latest` is `pods_latest` over it. Tombstones (null values) are skipped.
+--     every byte one character) to drop them, then is read as the UTF-8 it is. A record
+--     without the prefix (the DELETEDs that retract a stream's objects from a topic its channel
+--     left carry no schema id) is read whole. The view `pods_framed_latest` is `pods_latest`
+--     over it. Tombstones (null values) are skipped.
 CREATE TABLE pods_framed (
     `key` STRING,
     `value` BYTES
@@ -132,11 +134,17 @@ FROM (
             SELECT
                 `key`,
                 DECODE(
-                    ENCODE(SUBSTRING(DECODE(`value`, 'ISO-8859-1') FROM 6), 'ISO-8859-1'),
+                    ENCODE(
+                        CASE
+                            WHEN SUBSTRING(latin1 FROM 1 FOR 1) = CHR(0) THEN SUBSTRING(latin1 FROM 6)
+                            ELSE latin1
+                        END,
+                        'ISO-8859-1'
+                    ),
                     'UTF-8'
                 ) AS envelope
-            FROM pods_framed
-            WHERE `value` IS NOT NULL
+            FROM (SELECT `key`, DECODE(`value`, 'ISO-8859-1') AS latin1 FROM pods_framed)
+            WHERE latin1 IS NOT NULL
         )
     )
     WHERE `type` IN ('ADDED', 'MODIFIED', 'DELETED')

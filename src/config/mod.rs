@@ -294,6 +294,17 @@ pub struct CheckpointConfig {
     pub membership: MembershipConfig,
 }
 
+impl CheckpointConfig {
+    /// Whether `owner` (`<namespace>/<name>` of a checkpoint ConfigMap) is this release's: its
+    /// own ConfigMap, or any of its shards', whatever their number.
+    pub fn owns(&self, owner: &str) -> bool {
+        owner
+            .strip_prefix(self.namespace.as_str())
+            .and_then(|rest| rest.strip_prefix('/'))
+            .is_some_and(|name| ShardingConfig::of_release(&self.name, name))
+    }
+}
+
 /// The membership topic (see the `membership` module): created compacted when missing.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
@@ -496,7 +507,7 @@ impl Config {
         Self::parse(&text).map_err(|e| match e {
             // The parser's excerpt names its input `<input>`: name the file.
             ConfigError::Parse(m) => {
-                ConfigError::Parse(m.replace("<input>", &path.display().to_string()))
+                ConfigError::Parse(m.replace("--> <input>:", &format!("--> {}:", path.display())))
             }
             e => e,
         })

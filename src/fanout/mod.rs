@@ -143,6 +143,10 @@ enum Server {
 /// How long a catch-up waits for the replica's first list of namespaces before reading whole.
 const NAMESPACES_WAIT: Duration = Duration::from_secs(30);
 
+/// How long a read for parts that change hands waits for its fresh list of namespaces before
+/// reading whole.
+const FRESH_LIST: Duration = Duration::from_secs(10);
+
 /// The hubs of this replica, one per collection, started on their first subscriber; they stop
 /// when this is dropped.
 pub struct Fanouts {
@@ -284,6 +288,7 @@ impl Fanouts {
                         },
                         follow: self.follow.clone(),
                         known: None,
+                        whole_until: None,
                     };
                     tokio::spawn(reader.run(rx, self.stop.clone()));
                     Arc::new(HubHandle {
@@ -353,6 +358,10 @@ struct Reader {
     follow: Arc<Follow>,
     /// The replica's namespaces, once the server filters.
     known: Option<Known>,
+    /// A watch from a position before the replica's first list of namespaces reads whole (what
+    /// was removed before that list is not known): the position past which it is reopened
+    /// narrowed to the shards.
+    whole_until: Option<u64>,
 }
 
 /// What a line of the collection is, for the hub.
@@ -419,7 +428,20 @@ impl Reader {
                     Input::Beat { gone }
                 }
             };
+            let narrow = match (&input, self.whole_until) {
+                (Input::Main(_, Some(rv)), Some(until)) => {
+                    comparable(rv).is_some_and(|rv| rv >= until)
+                }
+                _ => false,
+            };
             self.feed(input).await;
+            if narrow && self.main.is_some() {
+                tracing::debug!(path = %self.collection.path, "the watch has passed the first list of namespaces: reopened for the shards' namespaces only");
+                self.whole_until = None;
+                self.filtered.inc();
+                self.main = None;
+                self.feed(Input::MainEnded).await;
+            }
         }
     }
 
@@ -591,12 +613,13 @@ impl Reader {
     /// server that does not filter, namespaces not known). The server is asked once whether it
     /// filters.
     ///
-    /// A read from a position also asks for the namespaces removed after it (see
-    /// [`namespaces`]). A read for parts that change hands (a catch-up, or a watch opened
-    /// from another position than the main one's: resuming parts) also asks for every
-    /// namespace a list of them finds now, which the follower may not have seen yet: left
-    /// out, their objects would be missing from the read, and a catch-up would take them for
-    /// deleted.
+    /// A read from a position also asks for the namespaces removed lately, and reads whole
+    /// while the follower is too young to know them (see [`namespaces`]). A read for parts
+    /// that change hands (a catch-up, or a watch opened from another position than the main
+    /// one's: resuming parts) also asks for every namespace a list of them finds now, which
+    /// the follower may not have seen yet: left out, their objects would be missing from the
+    /// read, and a catch-up would take them for deleted. That list holds the hub's loop for
+    /// [`FRESH_LIST`] at most; past it, or failed, the read is whole.
     async fn cover(&mut self, shards: &BTreeSet<u32>, from: Option<&str>) -> Option<Cover> {
         if self.server == Server::Unasked {
             match self.probe().await {
@@ -625,11 +648,24 @@ impl Reader {
         )
         .await;
         let points = match &*known.borrow_and_update() {
-            Namespaces::Known(names) => Some(names.since(from)),
+            Namespaces::Known(names) => {
+                let ask = names.to_ask(from, Instant::now());
+                if ask.is_none() && from.is_some() {
+                    // Narrowed once the watch's position passes the first list of namespaces.
+                    if self.whole_until.is_none() {
+                        self.filtered.dec();
+                    }
+                    self.whole_until = names.listed_at.or(Some(u64::MAX));
+                }
+                ask
+            }
             Namespaces::Listing => None,
             Namespaces::Unavailable => {
                 self.server = Server::Whole;
-                self.filtered.dec();
+                // Already counted out while a read was whole for its age.
+                if self.whole_until.take().is_none() {
+                    self.filtered.dec();
+                }
                 None
             }
         };
@@ -638,7 +674,18 @@ impl Reader {
         }
         let mut points = points?;
         if from.is_none() || from != self.hub.board().position() {
-            match namespaces::list_points(&self.client, &self.settings.sharding).await {
+            let listed = tokio::time::timeout(
+                FRESH_LIST,
+                namespaces::list_points(&self.client, &self.settings.sharding),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(ApiError::Body(format!(
+                    "no answer within {} s",
+                    FRESH_LIST.as_secs()
+                )))
+            });
+            match listed {
                 Ok(now) => {
                     let before = points.len();
                     points.extend(now);

@@ -7,10 +7,12 @@
 //! latest). A follower that may not list namespaces (403) says so, and the hubs read their
 //! collections whole.
 //!
-//! A removed namespace is remembered, with the resourceVersion of its removal, for
-//! [`KEEP_REMOVED`]: a hub's watch reopened from a position before the removal still asks for
-//! it, or the server would filter out the DELETEDs of its objects that lie between the two (the
-//! hub's watch may lag the follower by any amount: it is paced by its slowest part).
+//! A removed namespace is remembered for [`KEEP_REMOVED`]: a hub's watch reopened from a
+//! position still asks for it, or the server would filter out the DELETEDs of its objects that
+//! lie after the position (the hub's watch may lag the follower by any amount: it is paced by
+//! its slowest part). A removed namespace has no objects left, so asking for it costs a range
+//! and nothing else. What was removed before the follower's first list it cannot know: a read
+//! from a position before that list reads whole ([`Names::to_ask`]).
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -31,9 +33,9 @@ const PATH: &str = "/api/v1/namespaces";
 const PAGE: u32 = 500;
 const RETRY: Duration = Duration::from_secs(1);
 
-/// How long a removed namespace is still asked for by reads from before its removal: longer
-/// than the API server holds its history (etcd compacts every 5 minutes by default), after
-/// which a read from such a position is answered 410 anyway.
+/// How long a removed namespace is still asked for by reads from a position: longer than the
+/// API server holds its history (etcd compacts every 5 minutes by default), after which a read
+/// from a position before the removal is answered 410 anyway.
 pub const KEEP_REMOVED: Duration = Duration::from_secs(15 * 60);
 
 /// What the follower knows.
@@ -48,42 +50,52 @@ pub enum Namespaces {
 }
 
 /// The namespaces there, and those removed lately.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Names {
     /// Every namespace there, sorted by the server's hash.
     pub points: Points,
-    /// Namespaces removed within [`KEEP_REMOVED`]: `(point, shard, the resourceVersion of the
-    /// removal)`, `u64::MAX` for one that does not compare.
-    pub removed: Vec<(u64, u32, u64)>,
+    /// Namespaces removed lately (`(point, shard)`), and when the follower saw them go.
+    pub removed: Vec<(u64, u32, Instant)>,
+    /// The position of the follower's first list (`None`: one that does not compare): what
+    /// was removed before it is not known.
+    pub listed_at: Option<u64>,
 }
 
 impl Names {
-    /// The namespaces a read must ask for: from now (`None`, a list), those there; from a
-    /// position, also those removed after it, whose objects' DELETEDs may lie after it (all
-    /// of them when the position does not compare).
-    pub fn since(&self, from: Option<&str>) -> Points {
+    /// The namespaces a read at `now` must ask for: from now (a list, `from` `None`), those
+    /// there; from a position, also those removed within [`KEEP_REMOVED`], whose objects'
+    /// DELETEDs may lie after it. `None`, to read whole, for a read from a position before the
+    /// follower's first list (or one that does not compare with it).
+    pub fn to_ask(&self, from: Option<&str>, now: Instant) -> Option<Points> {
         let Some(from) = from else {
-            return self.points.clone();
+            return Some(self.points.clone());
         };
-        let from = from.parse::<u64>().unwrap_or(0);
+        let known = crate::event::comparable(from)
+            .zip(self.listed_at)
+            .is_some_and(|(from, listed)| from >= listed);
+        if !known {
+            return None;
+        }
         let mut points = self.points.clone();
         points.extend(
             self.removed
                 .iter()
-                .filter(|(_, _, rv)| *rv > from)
+                .filter(|(_, _, at)| now.duration_since(*at) <= KEEP_REMOVED)
                 .map(|&(p, k, _)| (p, k)),
         );
         points.sort_unstable();
         points.dedup();
-        points
+        Some(points)
     }
 }
 
-/// The follower's state: the names there, and those removed with when and at which position.
+/// The follower's state: the names there, and those removed with when.
 #[derive(Debug, Default)]
 struct Book {
     names: BTreeSet<String>,
-    removed: VecDeque<(String, u64, Instant)>,
+    removed: VecDeque<(String, Instant)>,
+    /// The position of its first list, once it ended (`None` inside: it does not compare).
+    listed_at: Option<Option<u64>>,
 }
 
 impl Book {
@@ -91,20 +103,21 @@ impl Book {
     fn listed(&mut self, names: BTreeSet<String>, rv: &str, now: Instant) {
         let gone: Vec<String> = self.names.difference(&names).cloned().collect();
         for name in gone {
-            self.removed.push_back((name, position(rv), now));
+            self.removed.push_back((name, now));
         }
         self.names = names;
+        self.listed_at
+            .get_or_insert_with(|| crate::event::comparable(rv));
     }
 
     /// An event of the namespaces' watch; whether what is published changes.
-    fn event(&mut self, kind: EventType, name: &str, rv: &str, now: Instant) -> bool {
+    fn event(&mut self, kind: EventType, name: &str, now: Instant) -> bool {
         match kind {
             EventType::Added | EventType::Modified => self.names.insert(name.to_string()),
             EventType::Deleted => {
                 let removed = self.names.remove(name);
                 if removed {
-                    self.removed
-                        .push_back((name.to_string(), position(rv), now));
+                    self.removed.push_back((name.to_string(), now));
                 }
                 removed
             }
@@ -117,7 +130,7 @@ impl Book {
         while self
             .removed
             .front()
-            .is_some_and(|(_, _, at)| now.duration_since(*at) > KEEP_REMOVED)
+            .is_some_and(|(_, at)| now.duration_since(*at) > KEEP_REMOVED)
         {
             self.removed.pop_front();
         }
@@ -128,19 +141,18 @@ impl Book {
             .removed
             .iter()
             // Removed, then back: asked for as it is there.
-            .filter(|(n, _, _)| !self.names.contains(n))
-            .map(|(n, rv, _)| {
+            .filter(|(n, _)| !self.names.contains(n))
+            .map(|(n, when)| {
                 let (p, k) = at(n);
-                (p, k, *rv)
+                (p, k, *when)
             })
             .collect();
-        Names { points, removed }
+        Names {
+            points,
+            removed,
+            listed_at: self.listed_at.flatten(),
+        }
     }
-}
-
-/// A resourceVersion as a position; `u64::MAX` for one that does not compare.
-fn position(rv: &str) -> u64 {
-    rv.parse().unwrap_or(u64::MAX)
 }
 
 /// Lists every namespace, as the points of `sharding`, sorted, straight from the server: for a
@@ -283,7 +295,7 @@ impl Follower {
                 rv = ev.meta.resource_version().to_string();
                 let changed = self
                     .book
-                    .event(ev.event_type, ev.meta.name(), &rv, Instant::now());
+                    .event(ev.event_type, ev.meta.name(), Instant::now());
                 if changed {
                     self.publish();
                 }
@@ -320,7 +332,8 @@ mod tests {
     }
 
     /// The names `points` hold, of `all`.
-    fn named<'a>(points: &Points, all: &[&'a str]) -> Vec<&'a str> {
+    fn named<'a>(points: Option<Points>, all: &[&'a str]) -> Vec<&'a str> {
+        let points = points.expect("a cover, not a whole read");
         let s = sharding();
         all.iter()
             .copied()
@@ -330,24 +343,25 @@ mod tests {
 
     const ALL: [&str; 3] = ["a", "b", "c"];
 
-    /// A namespace removed at 20 is still asked for by a read from before 20 (its objects'
-    /// DELETEDs lie between), not by one from 20 on, nor by a list.
+    /// A removed namespace is still asked for by a read from a position (its objects' DELETEDs
+    /// may lie after it), not by a list; a read from before the follower's first list reads
+    /// whole, since what went before that list is unknown.
     #[test]
-    fn a_read_from_before_a_removal_still_asks_for_the_namespace() {
+    fn reads_from_a_position_still_ask_for_removed_namespaces() {
         let (mut book, t0) = (Book::default(), Instant::now());
         book.listed(names(&["a", "b"]), "10", t0);
-        assert!(book.event(EventType::Deleted, "b", "20", t0));
+        assert!(book.event(EventType::Deleted, "b", t0));
         let n = book.names(&sharding(), t0);
-        assert_eq!(named(&n.points, &ALL), ["a"]);
-        assert_eq!(named(&n.since(Some("15")), &ALL), ["a", "b"]);
-        assert_eq!(named(&n.since(Some("20")), &ALL), ["a"]);
-        assert_eq!(named(&n.since(None), &ALL), ["a"]);
-        // A position that does not compare: every removal may lie after it.
-        assert_eq!(named(&n.since(Some("x")), &ALL), ["a", "b"]);
+        assert_eq!(named(Some(n.points.clone()), &ALL), ["a"]);
+        assert_eq!(named(n.to_ask(Some("12"), t0), &ALL), ["a", "b"]);
+        assert_eq!(named(n.to_ask(Some("10"), t0), &ALL), ["a", "b"]);
+        assert_eq!(named(n.to_ask(None, t0), &ALL), ["a"]);
+        assert_eq!(n.to_ask(Some("9"), t0), None);
+        assert_eq!(n.to_ask(Some("x"), t0), None);
     }
 
-    /// A relist that no longer finds a namespace counts it removed at the list's position; one
-    /// removed and created again is asked for once, as there.
+    /// A relist that no longer finds a namespace counts it removed; one removed and created
+    /// again is asked for once, as there.
     #[test]
     fn a_relist_removes_and_a_recreate_restores() {
         let (mut book, t0) = (Book::default(), Instant::now());
@@ -355,26 +369,29 @@ mod tests {
         book.listed(names(&["a", "c"]), "30", t0);
         let n = book.names(&sharding(), t0);
         assert_eq!(n.removed.len(), 1);
-        assert_eq!(n.removed[0].2, 30);
-        assert_eq!(named(&n.since(Some("29")), &ALL), ["a", "b", "c"]);
-        assert!(book.event(EventType::Added, "b", "40", t0));
+        assert_eq!(n.listed_at, Some(10));
+        assert_eq!(named(n.to_ask(Some("20"), t0), &ALL), ["a", "b", "c"]);
+        assert!(book.event(EventType::Added, "b", t0));
         let n = book.names(&sharding(), t0);
         assert!(n.removed.is_empty());
-        assert_eq!(n.since(Some("1")), n.points);
-        assert!(!book.event(EventType::Deleted, "gone", "50", t0));
-        assert!(!book.event(EventType::Bookmark, "", "60", t0));
+        assert_eq!(n.to_ask(Some("20"), t0), Some(n.points.clone()));
+        assert!(!book.event(EventType::Deleted, "gone", t0));
+        assert!(!book.event(EventType::Bookmark, "", t0));
     }
 
-    /// Removals are forgotten once the server no longer holds their history.
+    /// Removals are forgotten once the server no longer holds their history, whether or not
+    /// anything was published since.
     #[test]
     fn removals_are_forgotten_after_the_history() {
         let (mut book, t0) = (Book::default(), Instant::now());
         book.listed(names(&["a", "b"]), "10", t0);
-        book.event(EventType::Deleted, "b", "20", t0);
-        let later = t0 + KEEP_REMOVED;
-        assert_eq!(book.names(&sharding(), later).removed.len(), 1);
-        let n = book.names(&sharding(), later + Duration::from_secs(1));
-        assert!(n.removed.is_empty());
-        assert_eq!(named(&n.since(Some("15")), &ALL), ["a"]);
+        let gone = t0 + KEEP_REMOVED;
+        book.event(EventType::Deleted, "b", gone);
+        let n = book.names(&sharding(), gone);
+        let at = gone + KEEP_REMOVED;
+        assert_eq!(named(n.to_ask(Some("11"), at), &ALL), ["a", "b"]);
+        let after = gone + KEEP_REMOVED + Duration::from_secs(1);
+        assert_eq!(named(n.to_ask(Some("11"), after), &ALL), ["a"]);
+        assert!(book.names(&sharding(), after).removed.is_empty());
     }
 }

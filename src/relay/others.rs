@@ -10,10 +10,11 @@
 //! single-leader topic and the shards' topic), for all the shards it owns since: its terms wait
 //! for that read before their streams start.
 //!
-//! A sharded replica waits [`claims_wait`] (its session timeout) at most for that read: past it (a partition of
-//! either topic without a leader, say) its terms' streams start unchecked against the claims,
-//! with a warning, and the read goes on for the terms that start after it. A single leader
-//! waits for it, since the read also tells it whether its release ran sharded.
+//! A sharded replica whose reads of them keep failing (a partition of either topic without a
+//! leader, say) waits [`claims_wait`] (its session timeout): past it, its terms' streams start
+//! unchecked against the claims, with a warning, and the read goes on for the terms that start
+//! after it. A read that is slow but works is waited for. A single leader waits for it in any
+//! case, since the read also tells it whether its release ran sharded.
 //!
 //! A topic the release may not read (ACLs) is skipped with a warning. What an owner of this
 //! release claims (its single leader's ConfigMap, or any of its shards',
@@ -31,9 +32,9 @@ use crate::membership::{Claim, Log, Restored, TopicError};
 /// The wait between two failed reads of the claims.
 const RETRY: Duration = Duration::from_secs(5);
 
-/// How long a sharded replica's terms wait for the claims before their streams start unchecked
-/// against them: a partition of either topic without a leader (or under its min ISR) must not
-/// keep every shard of the replica from relaying. As long as the group waits for a silent
+/// How long a sharded replica's terms wait for the claims, while reading them fails, before
+/// their streams start unchecked against them: a partition of either topic without a leader
+/// (or under its min ISR) must not keep every shard of the replica from relaying. As long as the group waits for a silent
 /// replica (its session): past that, the replica would hold its shards without relaying them
 /// longer than a dead one would.
 pub(super) fn claims_wait(sharding: &ShardingConfig) -> Duration {
@@ -58,15 +59,6 @@ pub(super) struct Found {
     pub ours_sharded: Option<Claim>,
 }
 
-/// Whether `owner` (`<namespace>/<name>` of a checkpoint ConfigMap) is the release's whose
-/// checkpoint is `c`.
-fn ours(c: &CheckpointConfig, owner: &str) -> bool {
-    owner
-        .strip_prefix(c.namespace.as_str())
-        .and_then(|rest| rest.strip_prefix('/'))
-        .is_some_and(|name| ShardingConfig::of_release(&c.name, name))
-}
-
 /// The claims of other releases a term of `shard` (`None`: a single leader's) of the release
 /// whose checkpoint is `c` checks its streams against, reading them by `log` if the term reads
 /// them itself; `Ok(None)` once `stop`. A single leader whose own shards' members are live is
@@ -84,7 +76,7 @@ pub(super) async fn for_term(
             read = read.wait_for(Option::is_some) => read.ok().and_then(|r| r.clone()),
         }),
         Others::In(topics) => {
-            let Some(found) = read(c, log, &topics, stop).await else {
+            let Some(found) = read(c, log, &topics, None, stop).await else {
                 return Ok(None);
             };
             if let (None, Some(claim)) = (shard, found.ours_sharded) {
@@ -100,13 +92,17 @@ pub(super) async fn for_term(
 }
 
 /// The live claims of other releases than the one whose checkpoint is `c` in `topics`, read by
-/// `log` (every partition), tried again until read; `None` once `stop`.
+/// `log` (every partition), tried again until read; `None` once `stop`, or when an attempt
+/// failed once `patience` had passed since the first began (a read that is slow but works is
+/// waited for).
 pub(super) async fn read(
     c: &CheckpointConfig,
     log: &Arc<dyn Log>,
     topics: &[String],
+    patience: Option<Duration>,
     stop: &CancellationToken,
 ) -> Option<Found> {
+    let first = Instant::now();
     loop {
         let started = Instant::now();
         let (log, list) = (log.clone(), topics.to_vec());
@@ -135,7 +131,7 @@ pub(super) async fn read(
                 Ok(Ok(claims)) => {
                     let base = crate::membership::Owner::new(&c.namespace, &c.name);
                     let (mine, others): (Vec<Claim>, Vec<Claim>) =
-                        claims.into_iter().partition(|claim| ours(c, &claim.owner));
+                        claims.into_iter().partition(|claim| c.owns(&claim.owner));
                     let ours_sharded = mine.into_iter().find(|claim| claim.owner != base.as_str());
                     tracing::info!(?topics, claims = others.len(), seconds = started.elapsed().as_secs_f64(), "read other releases' claims");
                     return Some(Found { others: others.into(), ours_sharded });
@@ -145,6 +141,9 @@ pub(super) async fn read(
             },
         };
         tracing::warn!(?topics, error = %failed, "reading other releases' claims failed; retrying");
+        if patience.is_some_and(|p| first.elapsed() >= p) {
+            return None;
+        }
         tokio::select! {
             _ = stop.cancelled() => return None,
             _ = tokio::time::sleep(RETRY) => {}

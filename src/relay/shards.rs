@@ -210,14 +210,14 @@ impl Relay {
         let read = async {
             let c = &cfg.checkpoint;
             let stop = &self.shutdown;
-            let first = others::read(c, &log, &topics, stop);
             let wait = others::claims_wait(&cfg.sharding);
-            let read = match tokio::time::timeout(wait, first).await {
-                Ok(read) => read,
-                Err(_) => {
+            let read = match others::read(c, &log, &topics, Some(wait), stop).await {
+                Some(read) => Some(read),
+                None if stop.is_cancelled() => None,
+                None => {
                     tracing::warn!(?topics, wait_seconds = wait.as_secs(), "other releases' claims still unread: this replica's streams start unchecked against them until they are read");
                     let _ = found.send(Some(Arc::from([])));
-                    others::read(c, &log, &topics, stop).await
+                    others::read(c, &log, &topics, None, stop).await
                 }
             };
             if let Some(read) = read {

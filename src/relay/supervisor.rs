@@ -17,7 +17,7 @@ use tokio_util::task::TaskTracker;
 
 use super::feeds::Feeds;
 use crate::checkpoint::Saved;
-use crate::config::{Channel, Scope, Shape, Shapes, ShardingConfig, StreamId};
+use crate::config::{Channel, Scope, Shape, Shapes, StreamId};
 use crate::membership::{Claim, Restored};
 use crate::registry::{Part, Registry};
 use crate::stream::{Ended, Lifetime, NamespaceFilter, Namespaces, Resumed, Stream, Wiring};
@@ -226,13 +226,7 @@ impl Supervisor {
         let cluster = &cfg.cluster_name;
         // A shard's part of a fanned-out stream shares its collection with the release's other
         // shards' parts: their claims are of other objects, never of its own.
-        let sibling = |owner: &str| {
-            self.wiring.shard.is_some()
-                && owner
-                    .strip_prefix(cfg.checkpoint.namespace.as_str())
-                    .and_then(|rest| rest.strip_prefix('/'))
-                    .is_some_and(|name| ShardingConfig::of_release(&cfg.checkpoint.name, name))
-        };
+        let sibling = |owner: &str| self.wiring.shard.is_some() && cfg.checkpoint.owns(owner);
         let ours = |c: &&Claim| {
             channel.topic_for(cluster, c.namespace.as_deref()) == c.topic && !sibling(&c.owner)
         };
