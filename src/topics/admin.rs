@@ -230,6 +230,19 @@ impl Admin {
     }
 }
 
+/// Lets `clients` (librdkafka handles done with) go on a thread of their own: destroying one
+/// waits for its broker threads to end, 50-100 ms each, which a shard's takeover would
+/// otherwise wait out at each restore. Inline when no thread can be had.
+pub(crate) fn drop_later<T: Send + 'static>(clients: T) {
+    // A spawn that fails drops its closure, and the clients with it, here.
+    let spawned = std::thread::Builder::new()
+        .name("kafka-drop".into())
+        .spawn(move || drop(clients));
+    if let Err(e) = spawned {
+        tracing::debug!(error = %e, "no thread to close Kafka clients on; closed them inline");
+    }
+}
+
 /// What the broker reports of each topic of `specs`, in order; `None` for a missing one.
 /// Creates nothing.
 pub fn describe(
@@ -237,10 +250,12 @@ pub fn describe(
     specs: &[Spec],
 ) -> Result<Vec<Option<TopicState>>, TopicError> {
     let admin = Admin::new(connection)?;
-    specs
+    let described = specs
         .iter()
         .map(|s| admin.exists(&s.name)?.then(|| admin.state(s)).transpose())
-        .collect()
+        .collect();
+    drop_later(admin);
+    described
 }
 
 /// Creates each topic of `specs` that does not exist, as its spec says, and says what the
@@ -259,12 +274,14 @@ pub fn ensure(connection: &ClientConfig, specs: &[Spec]) -> Result<Vec<TopicStat
     } else {
         admin.create(&missing)?
     };
-    specs
+    let states = specs
         .iter()
         .map(|s| {
             let mut state = admin.state(s)?;
             state.created = created.contains(&s.name);
             Ok(state)
         })
-        .collect()
+        .collect();
+    drop_later(admin);
+    states
 }

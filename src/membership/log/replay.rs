@@ -155,6 +155,7 @@ pub(super) fn replay(
             None => {}
         }
     }
+    crate::topics::admin::drop_later((consumer, marker));
     Ok(())
 }
 
