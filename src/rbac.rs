@@ -71,9 +71,12 @@ pub fn needs(cfg: &Config) -> Needs {
             Scope::Selector(_) => {
                 n.cluster.insert(res);
                 n.cluster.insert((String::new(), "namespaces".into()));
+                let per_namespace = "namespaceSelector: matching namespaces come and go, so the permission is cluster-wide; watched per namespace";
                 let what = match ch.strategy {
-                    _ if ch.topic.contains("{namespace}") => "namespaceSelector: matching namespaces come and go, so the permission is cluster-wide; watched per namespace (the topic names {namespace})".to_string(),
-                    WatchStrategy::PerNamespace => "namespaceSelector: matching namespaces come and go, so the permission is cluster-wide; watched per namespace".to_string(),
+                    _ if ch.topic.contains("{namespace}") => {
+                        format!("{per_namespace} (the topic names {{namespace}})")
+                    }
+                    WatchStrategy::PerNamespace => per_namespace.to_string(),
                     WatchStrategy::ClusterWide => "namespaceSelector, watchStrategy: clusterWide".to_string(),
                     WatchStrategy::Auto => format!("namespaceSelector, watchStrategy: auto (a first start watches cluster-wide above {threshold} matching namespaces; later starts keep their shape)"),
                 };

@@ -437,8 +437,7 @@ impl Reader {
             self.feed(input).await;
             if narrow && self.main.is_some() {
                 tracing::debug!(path = %self.collection.path, "the watch has passed the first list of namespaces: reopened for the shards' namespaces only");
-                self.whole_until = None;
-                self.filtered.inc();
+                self.read_whole_until(None);
                 self.main = None;
                 self.feed(Input::MainEnded).await;
             }
@@ -614,7 +613,8 @@ impl Reader {
     /// filters.
     ///
     /// A read from a position also asks for the namespaces removed lately, and reads whole
-    /// while the follower is too young to know them (see [`namespaces`]). A read for parts
+    /// from a position before the follower's first list, which cannot know what was removed
+    /// before it (see [`namespaces`]). A read for parts
     /// that change hands (a catch-up, or a watch opened from another position than the main
     /// one's: resuming parts) also asks for every namespace a list of them finds now, which
     /// the follower may not have seen yet: left out, their objects would be missing from the
@@ -647,28 +647,27 @@ impl Reader {
             known.wait_for(|n| *n != Namespaces::Listing),
         )
         .await;
-        let points = match &*known.borrow_and_update() {
+        let (points, whole_until) = match &*known.borrow_and_update() {
             Namespaces::Known(names) => {
                 let ask = names.to_ask(from, Instant::now());
-                if ask.is_none() && from.is_some() {
-                    // Narrowed once the watch's position passes the first list of namespaces.
-                    if self.whole_until.is_none() {
-                        self.filtered.dec();
-                    }
-                    self.whole_until = names.listed_at.or(Some(u64::MAX));
-                }
-                ask
+                // A watch from a position before the first list of namespaces: narrowed once
+                // its position passes it.
+                let until = ask.is_none().then(|| names.listed_at.unwrap_or(u64::MAX));
+                (ask, from.is_some().then_some(until))
             }
-            Namespaces::Listing => None,
+            Namespaces::Listing => (None, None),
             Namespaces::Unavailable => {
                 self.server = Server::Whole;
                 // Already counted out while a read was whole for its age.
                 if self.whole_until.take().is_none() {
                     self.filtered.dec();
                 }
-                None
+                (None, None)
             }
         };
+        if let Some(until) = whole_until {
+            self.read_whole_until(until);
+        }
         if self.server == Server::Whole {
             self.known = None;
         }
@@ -704,6 +703,18 @@ impl Reader {
         let c = Cover::of(&points, shards, cover::MAX_RANGES);
         tracing::debug!(path = %self.collection.path, shards = shards.len(), ranges = c.len(), "asking the API server for the shards' namespaces");
         Some(c)
+    }
+
+    /// Whether the main watch being opened reads whole for its position's age, and past which
+    /// position (`until`) it may be narrowed; the gauge of filtered collections leaves the
+    /// collection out meanwhile.
+    fn read_whole_until(&mut self, until: Option<u64>) {
+        match (self.whole_until.is_some(), until.is_some()) {
+            (false, true) => self.filtered.dec(),
+            (true, false) => self.filtered.inc(),
+            _ => {}
+        }
+        self.whole_until = until;
     }
 
     /// Whether the server filters this collection's objects by namespace: they are namespaced

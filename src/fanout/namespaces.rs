@@ -134,19 +134,14 @@ impl Book {
         {
             self.removed.pop_front();
         }
-        let at = |n: &str| (point(n), sharding.shard_of(n));
-        let mut points: Points = self.names.iter().map(|n| at(n)).collect();
-        points.sort_unstable();
         let removed = self
             .removed
             .iter()
             // Removed, then back: asked for as it is there.
             .filter(|(n, _)| !self.names.contains(n))
-            .map(|(n, when)| {
-                let (p, k) = at(n);
-                (p, k, *when)
-            })
+            .map(|(n, when)| (point(n), sharding.shard_of(n), *when))
             .collect();
+        let points = points_of(&self.names, sharding);
         Names {
             points,
             removed,
@@ -162,12 +157,17 @@ pub async fn list_points(
     sharding: &ShardingConfig,
 ) -> Result<Points, ApiError> {
     let (names, _) = list(client).await?;
+    Ok(points_of(&names, sharding))
+}
+
+/// `names` as points of the server's hash with their shards, sorted.
+fn points_of(names: &BTreeSet<String>, sharding: &ShardingConfig) -> Points {
     let mut points: Points = names
         .iter()
         .map(|n| (point(n), sharding.shard_of(n)))
         .collect();
     points.sort_unstable();
-    Ok(points)
+    points
 }
 
 /// Every namespace's name, and the list's resourceVersion.

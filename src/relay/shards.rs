@@ -203,9 +203,8 @@ impl Relay {
         }
         // Read while the replica joins, not before: a partition out of reach (its leader
         // stalled) must not keep the replica out of the group, and only a term's streams need
-        // the claims.
-        // Past its session without a read, the terms' streams start unchecked against the
-        // claims (with a warning) and the read goes on: terms started after it check them.
+        // the claims. Failing past its session, the terms' streams start unchecked against
+        // them (with a warning) and the read goes on: terms started after it check them.
         let (found, others) = tokio::sync::watch::channel(None);
         let read = async {
             let c = &cfg.checkpoint;
