@@ -104,6 +104,8 @@ pub struct Registry {
     /// The streams waiting for their checkpoint to be written, and a counter raised with each:
     /// their writer writes at once rather than at its next interval.
     wanted: Arc<(Mutex<BTreeSet<String>>, watch::Sender<u64>)>,
+    /// Raised whenever a stream registers, changes phase or is retired.
+    changes: Arc<watch::Sender<u64>>,
 }
 
 impl Default for Registry {
@@ -147,7 +149,35 @@ impl Registry {
             })),
             wrote: Arc::new(Notify::new()),
             wanted: Arc::new((Mutex::default(), watch::Sender::new(0))),
+            changes: Arc::new(watch::Sender::new(0)),
         }
+    }
+
+    /// Changes whenever a stream registers, changes phase or is retired: what waits for
+    /// streams to reach a phase looks again then.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Whether every stream of `ids` watches, or was retired after it registered (`seen`
+    /// keeps, across calls, which of them registered).
+    pub fn watching(&self, ids: &[String], seen: &mut BTreeSet<String>) -> bool {
+        let inner = self.lock();
+        let mut all = true;
+        for id in ids {
+            match inner.streams.get(id) {
+                Some(e) => {
+                    seen.insert(id.clone());
+                    all &= e.status.borrow().phase == Phase::Watching;
+                }
+                None => all &= seen.contains(id),
+            }
+        }
+        all
     }
 
     /// Changes whenever a stream waits for its checkpoint to be written (see
@@ -185,6 +215,8 @@ impl Registry {
                 last_line: None,
             },
         );
+        drop(inner);
+        self.changed();
         Reporter {
             id: id.to_string(),
             generation,
@@ -433,7 +465,7 @@ impl Reporter {
 
     /// Publishes the stream's phase; watching clears its problem.
     pub fn phase(&self, phase: Phase) {
-        self.tx.send_if_modified(|s| {
+        let changed = self.tx.send_if_modified(|s| {
             let changed = s.phase != phase;
             s.phase = phase;
             if phase == Phase::Watching {
@@ -441,6 +473,9 @@ impl Reporter {
             }
             changed
         });
+        if changed {
+            self.registry.changed();
+        }
     }
 
     /// Publishes why the stream cannot watch (until it watches again).
@@ -507,6 +542,8 @@ impl Reporter {
         {
             inner.streams.remove(&self.id);
             inner.retired.push(self.id.clone());
+            drop(inner);
+            self.registry.changed();
         }
     }
 }

@@ -211,13 +211,6 @@ impl Membership for Group {
         }
     }
 
-    fn fatal(&self) -> Option<String> {
-        self.consumer
-            .client()
-            .fatal_error()
-            .map(|(code, reason)| format!("{code:?}: {reason}"))
-    }
-
     fn leave(mut self: Box<Self>) {
         self.stop.store(true, Ordering::Relaxed);
         for t in self.threads.drain(..) {
@@ -246,9 +239,15 @@ fn epochs(topic: &str, shards: &BTreeMap<u32, u64>) -> TopicPartitionList {
 fn poll(consumer: &BaseConsumer<Context>, deadline: &Deadline, stop: &AtomicBool) {
     let cx = consumer.context();
     let mut tried = Instant::now() - RENEW;
+    let mut fatal = false;
     while !stop.load(Ordering::Relaxed) {
         if let Some(Err(e)) = consumer.poll(Duration::from_millis(100)) {
             tracing::warn!(error = %e, "shard group");
+        }
+        // Read from the client on this thread, which polls anyway, and told once.
+        if let (false, Some((code, reason))) = (fatal, consumer.client().fatal_error()) {
+            fatal = true;
+            let _ = cx.events.send(Event::Fatal(format!("{code:?}: {reason}")));
         }
         let pending: Vec<u32> = cx.assigned.lock().expect("assigned lock poisoned").clone();
         if !pending.is_empty() && tried.elapsed() >= RENEW / 4 {

@@ -49,6 +49,9 @@ pub enum Event {
         /// Answered once they are handed over.
         done: std::sync::mpsc::SyncSender<()>,
     },
+    /// The group's client failed beyond repair (a Kafka consumer's fatal error, e.g. fenced as
+    /// a static member): the process must restart. Sent once.
+    Fatal(String),
 }
 
 /// Until when this replica may act as the owner of its shards: pushed forward by every commit
@@ -138,12 +141,6 @@ pub trait Membership: Send + Sync {
     /// Claims `shards` again, under new epochs, if the group still assigns them to this
     /// replica: after they were fenced while it may still own them.
     fn reclaim(&self, shards: &[u32]);
-
-    /// Why this membership can no longer work, if the group's client failed beyond repair (a
-    /// Kafka consumer's fatal error, e.g. fenced as a static member): the process must restart.
-    fn fatal(&self) -> Option<String> {
-        None
-    }
 
     /// Leaves the group: every owned shard is revoked (and handed over, while the relay still
     /// answers [`Event::Revoked`]) before this returns. Blocks.

@@ -77,8 +77,8 @@ pub enum Input {
     Lost,
     /// The ownership deadline passed: no record may be produced for it any more.
     Fence,
-    /// Every stream of its term watches.
-    Watching,
+    /// Every stream of its term under this claimed epoch watches (the term said so).
+    Watching(u64),
     /// Its term ended.
     TermEnded,
     /// The time to claim it again came.
@@ -119,7 +119,9 @@ pub fn step(phase: Phase, input: Input) -> (Phase, Vec<Action>) {
         (P::Ended | P::Claimed, _) => (phase, vec![]),
 
         // A term runs.
-        (P::Starting { epoch }, I::Watching) => (P::Running { epoch }, vec![A::TakenOver]),
+        (P::Starting { epoch }, I::Watching(e)) if e == epoch => {
+            (P::Running { epoch }, vec![A::TakenOver])
+        }
         (P::Starting { .. } | P::Running { .. }, I::Revoked) => (REVOKED, vec![A::Stop]),
         (P::Starting { .. } | P::Running { .. }, I::Lost) => {
             (P::Lost { then: None }, vec![A::Fence])
@@ -143,7 +145,7 @@ pub fn step(phase: Phase, input: Input) -> (Phase, Vec<Action>) {
         (P::Starting { .. } | P::Running { .. }, I::TermEnded) => {
             (P::Claimed, vec![A::ReclaimLater])
         }
-        (P::Starting { .. } | P::Running { .. }, I::Watching | I::ReclaimDue) => (phase, vec![]),
+        (P::Starting { .. } | P::Running { .. }, I::Watching(_) | I::ReclaimDue) => (phase, vec![]),
 
         // A term stops.
         (P::Revoking { .. }, I::Claimed(epoch)) => (P::Revoking { then: Some(epoch) }, vec![]),
@@ -151,7 +153,7 @@ pub fn step(phase: Phase, input: Input) -> (Phase, Vec<Action>) {
         (P::Revoking { then }, I::Fence) => (P::Fenced { then, answer: true }, vec![A::Fence]),
         (P::Revoking { then }, I::TermEnded) => start_then(then, A::Answer),
         (P::Revoking { .. }, I::Revoked) => (REVOKED, vec![]),
-        (P::Revoking { .. }, I::Watching | I::ReclaimDue) => (phase, vec![]),
+        (P::Revoking { .. }, I::Watching(_) | I::ReclaimDue) => (phase, vec![]),
 
         (P::Fenced { answer, .. }, I::Claimed(epoch)) => (
             P::Fenced {
@@ -183,12 +185,12 @@ pub fn step(phase: Phase, input: Input) -> (Phase, Vec<Action>) {
             },
             I::TermEnded,
         ) => (P::Ended, vec![]),
-        (P::Fenced { .. }, I::Fence | I::Watching | I::ReclaimDue) => (phase, vec![]),
+        (P::Fenced { .. }, I::Fence | I::Watching(_) | I::ReclaimDue) => (phase, vec![]),
 
         (P::Lost { .. }, I::Claimed(epoch)) => (P::Lost { then: Some(epoch) }, vec![]),
         (P::Lost { .. }, I::Revoked | I::Lost) => (P::Lost { then: None }, vec![]),
         (P::Lost { then }, I::TermEnded) => start_then(then, A::Answer),
-        (P::Lost { .. }, I::Fence | I::Watching | I::ReclaimDue) => (phase, vec![]),
+        (P::Lost { .. }, I::Fence | I::Watching(_) | I::ReclaimDue) => (phase, vec![]),
     }
 }
 
@@ -242,14 +244,21 @@ mod tests {
             ),
             (
                 P::Starting { epoch: 3 },
-                I::Watching,
+                I::Watching(3),
                 P::Running { epoch: 3 },
                 vec![A::TakenOver],
             ),
             (
                 P::Running { epoch: 3 },
-                I::Watching,
+                I::Watching(3),
                 P::Running { epoch: 3 },
+                vec![],
+            ),
+            // A report of an earlier claim's term, come late, is not this term's.
+            (
+                P::Starting { epoch: 4 },
+                I::Watching(3),
+                P::Starting { epoch: 4 },
                 vec![],
             ),
             // A revoke of nothing running is answered at once.
@@ -435,7 +444,7 @@ mod tests {
             I::Revoked,
             I::Lost,
             I::Fence,
-            I::Watching,
+            I::Watching(1),
             I::TermEnded,
             I::ReclaimDue,
         ];

@@ -74,6 +74,8 @@ struct Term {
     shard: Option<ShardOwner>,
     /// Other releases' claims its streams are checked against, beyond its own topic's.
     others: Others,
+    /// Called once every stream it starts with watches (a shard's takeover is then complete).
+    watching: Option<Box<dyn FnOnce() + Send>>,
 }
 
 /// How long to wait before trying again what must be read or set up in Kafka before a term.
@@ -424,6 +426,7 @@ impl Relay {
                     .into_iter()
                     .collect(),
             ),
+            watching: None,
         };
         self.run_term(plan, stop, fenced).await
     }
@@ -466,6 +469,7 @@ impl Relay {
             part,
             shard,
             others,
+            watching,
         } = plan;
         let mut loaded = if self.checkpoints {
             let Some(loaded) = load(&store, &stop).await else {
@@ -611,7 +615,20 @@ impl Relay {
             self.feeds.clone(),
         );
         let streams_cancel = CancellationToken::new();
-        supervisor.start(&self.cfg.channels, &streams_cancel);
+        let started = supervisor.start(&self.cfg.channels, &streams_cancel);
+        let reporter = watching.map(|report| {
+            let registry = self.registry.clone();
+            tokio::spawn(async move {
+                let mut changes = registry.changes();
+                let mut seen = std::collections::BTreeSet::new();
+                while !registry.watching(&started, &mut seen) {
+                    if changes.changed().await.is_err() {
+                        return;
+                    }
+                }
+                report();
+            })
+        });
         let writer_cancel = CancellationToken::new();
         let writer = self.checkpoints.then(|| {
             let copy = membership_topic.clone().map(|topic| writer::Copy {
@@ -656,6 +673,9 @@ impl Relay {
             _ = fenced.cancelled() => {}
         }
         watchdog.abort();
+        if let Some(reporter) = reporter {
+            reporter.abort();
+        }
         if fenced.is_cancelled() {
             tracing::warn!("fenced: purging the producer's queued and in-flight records");
             producer.purge();

@@ -28,6 +28,16 @@
 //! A stop of the process leaves the group: every shard is handed over first. So does a replica
 //! whose API server has not answered for `sharding.apiUnreachableSeconds`, which joins again
 //! once it answers.
+//!
+//! # The loop
+//! [`Relay::membership`] executes: it waits for what can happen and feeds it to [`Book`], then
+//! performs what the book leaves to it (starting terms, claiming again). Nothing is polled:
+//! - the group's [`Event`]s (claims, revokes, a fatal error of its client);
+//! - each term's end, and its report (with its shard and claimed epoch) that every stream it
+//!   started watches, which completes the takeover;
+//! - the clock, only when the book asks for it ([`Book::next_look`]): the ownership deadline
+//!   while a term may still produce, a claim due again, and the API server's silence reaching
+//!   its grace while terms run. A deadline renewed meanwhile is looked at again, later.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,6 +47,7 @@ use std::time::Duration;
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use prometheus::IntCounter;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -52,10 +63,7 @@ use crate::group::{Deadline, Event, GroupError, Membership};
 use crate::membership::{self, Log, Owner};
 use crate::metrics::Metrics;
 use crate::producer::{FlushError, ProduceError, Producer, Receipt, Record, Refused, Tally};
-use crate::registry::{self, Role};
-
-/// How often the ownership deadline and the takeovers are looked at.
-const TICK: Duration = Duration::from_millis(200);
+use crate::registry::Role;
 
 /// A shard the group assigned this replica, with its owner epoch.
 struct Claim {
@@ -299,10 +307,15 @@ impl Relay {
         };
         let mut terms = FuturesUnordered::new();
         let mut book = Book::default();
-        let mut tick = tokio::time::interval(TICK);
+        // Each term says here, with its shard and claimed epoch, once its streams all watch.
+        let (reports, mut watching) = mpsc::unbounded_channel();
         let left = loop {
             // What the machine asks of the loop itself: terms to start, shards to claim again.
             let mut todo: Vec<(u32, Action)> = Vec::new();
+            let now = Instant::now();
+            let unreachable = (leaving.is_none() && !grace.is_zero())
+                .then(|| now + grace.saturating_sub(reach.silent()));
+            let look = book.next_look(now + deadline.left(), unreachable);
             tokio::select! {
                 _ = self.shutdown.cancelled(), if leaving.is_none() => {
                     tracing::info!("leaving the shard group: handing every shard over");
@@ -327,6 +340,7 @@ impl Relay {
                             todo.extend(book.feed(shard, Input::Claimed(epoch), &self.metrics));
                         }
                     }
+                    Event::Fatal(e) => self.registry.fail(format!("the shard group's Kafka consumer failed fatally: {e}")),
                     Event::Revoked { shards, lost, done } => {
                         let kind = if lost { "lost" } else { "revoked" };
                         tracing::info!(?shards, kind, "shards revoked");
@@ -350,11 +364,10 @@ impl Relay {
                     todo.extend(book.feed(shard, Input::TermEnded, &self.metrics));
                     book.answer(&self.metrics.shard_handover_seconds);
                 }
-                _ = tick.tick() => {
-                    if let Some(e) = group.as_ref().and_then(|g| g.fatal()) { self.registry.fail(format!("the shard group's Kafka consumer failed fatally: {e}")); }
-                    self.metrics
-                        .shards_owned
-                        .set(i64::try_from(book.terms.len()).unwrap_or(i64::MAX));
+                Some((shard, epoch)) = watching.recv() => {
+                    todo.extend(book.feed(shard, Input::Watching(epoch), &self.metrics));
+                }
+                _ = tokio::time::sleep_until(look.unwrap_or(now)), if look.is_some() => {
                     let unfenced = book.unfenced();
                     if !unfenced.is_empty() && deadline.passed() {
                         self.metrics.shard_fences.inc();
@@ -363,16 +376,13 @@ impl Relay {
                             todo.extend(book.feed(shard, Input::Fence, &self.metrics));
                         }
                     }
-                    for shard in book.due() {
+                    for shard in book.due(Instant::now()) {
                         tracing::warn!(shard, "claiming again a shard whose term ended unasked");
                         todo.extend(book.feed(shard, Input::ReclaimDue, &self.metrics));
                     }
                     if leaving.is_none() && !grace.is_zero() && !book.terms.is_empty() && reach.silent() >= grace {
                         tracing::error!(silent_seconds = reach.silent().as_secs(), "the API server has not answered for sharding.apiUnreachableSeconds: leaving the shard group so other replicas relay these shards");
                         leaving = leave(Left::Unreachable, &mut group);
-                    }
-                    for shard in self.taken_over(&book) {
-                        todo.extend(book.feed(shard, Input::Watching, &self.metrics));
                     }
                 }
             }
@@ -381,7 +391,7 @@ impl Relay {
                 match action {
                     Action::Start(epoch) => {
                         let (run, term) =
-                            self.start_shard(Claim { shard, epoch }, member, &deadline);
+                            self.start_shard(Claim { shard, epoch }, member, &deadline, &reports);
                         book.terms.insert(shard, run);
                         terms.push(term);
                     }
@@ -396,6 +406,9 @@ impl Relay {
                 book.phases.get(&0).is_some_and(|p| p.relaying()),
                 Ordering::Relaxed,
             );
+            self.metrics
+                .shards_owned
+                .set(i64::try_from(book.terms.len()).unwrap_or(i64::MAX));
         };
         passes.store(false, Ordering::Relaxed);
         // A handover the group stopped waiting for: stop what still runs.
@@ -451,6 +464,7 @@ impl Relay {
         claim: Claim,
         member: &Member,
         deadline: &Arc<Deadline>,
+        reports: &mpsc::UnboundedSender<(u32, u64)>,
     ) -> (
         Running,
         impl std::future::Future<Output = (u32, Result<(), RelayError>)> + 'a,
@@ -476,6 +490,10 @@ impl Relay {
         let (stop, fenced, legacy) = (run.stop.clone(), run.fenced.clone(), member.legacy.clone());
         let was_fenced = fenced.clone();
         let drain = cfg.drain_time();
+        let reports = reports.clone();
+        let watching: Box<dyn FnOnce() + Send> = Box::new(move || {
+            let _ = reports.send((shard, epoch));
+        });
         let term = async move {
             let stopped = {
                 let stop = stop.clone();
@@ -487,7 +505,7 @@ impl Relay {
             let result = match self.stamp_epoch(shard, epoch, &identity, &stop).await {
                 Some(epoch) => {
                     let others = Others::Reading(others);
-                    let (plan, old_log) = self.plan(
+                    let (mut plan, old_log) = self.plan(
                         ShardOwner { shard, epoch },
                         &share,
                         &log,
@@ -495,6 +513,7 @@ impl Relay {
                         &deadline,
                         others,
                     );
+                    plan.watching = Some(watching);
                     self.shard_term(shard, plan, &legacy, &old_log, stop, fenced)
                         .await
                 }
@@ -599,6 +618,7 @@ impl Relay {
             part: Arc::new(move |id| sharding.shard_of_stream(id) == shard),
             shard: Some(owner),
             others,
+            watching: None,
         };
         (plan, old_log)
     }
@@ -638,30 +658,6 @@ impl Relay {
             }
         }
         self.run_term(plan, stop, fenced).await
-    }
-
-    /// The starting shards of `book` whose streams all watch (a shard of no stream is taken
-    /// over once claimed).
-    fn taken_over(&self, book: &Book) -> Vec<u32> {
-        let starting: Vec<u32> = book
-            .phases
-            .iter()
-            .filter(|(_, p)| matches!(p, Phase::Starting { .. }))
-            .map(|(s, _)| *s)
-            .collect();
-        if starting.is_empty() {
-            return starting;
-        }
-        let phases = self.registry.phases();
-        starting
-            .into_iter()
-            .filter(|shard| {
-                phases
-                    .iter()
-                    .filter(|(id, _)| self.cfg.sharding.shard_of_stream(id) == *shard)
-                    .all(|(_, p)| *p == registry::Phase::Watching)
-            })
-            .collect()
     }
 }
 
@@ -784,9 +780,8 @@ impl Book {
             .collect()
     }
 
-    /// The shards due to be claimed again, no longer scheduled.
-    fn due(&mut self) -> Vec<u32> {
-        let now = Instant::now();
+    /// The shards due to be claimed again at `now`, no longer scheduled.
+    fn due(&mut self, now: Instant) -> Vec<u32> {
         let due: Vec<u32> = self
             .reclaims
             .iter()
@@ -795,6 +790,17 @@ impl Book {
             .collect();
         self.reclaims.retain(|s, _| !due.contains(s));
         due
+    }
+
+    /// When the clock next asks something of the loop: the ownership deadline (`lapse`) while a
+    /// term may still produce, the first claim due again, and when the API server's silence
+    /// reaches `sharding.apiUnreachableSeconds` (`unreachable`, when it applies) while terms
+    /// run. `None`: nothing, until the group or a term says something.
+    fn next_look(&self, lapse: Instant, unreachable: Option<Instant>) -> Option<Instant> {
+        let fence = (!self.unfenced().is_empty()).then_some(lapse);
+        let reclaim = self.reclaims.values().min().copied();
+        let leave = unreachable.filter(|_| !self.terms.is_empty());
+        [fence, reclaim, leave].into_iter().flatten().min()
     }
 
     /// Answers every revoke whose shards are all handed over: the rebalance may go on. How
@@ -869,6 +875,83 @@ mod tests {
             epoch: "7".into(),
             deadline: deadline.clone(),
             records: IntCounter::new("records", "records").unwrap(),
+        }
+    }
+
+    fn running() -> Running {
+        Running {
+            stop: CancellationToken::new(),
+            fenced: CancellationToken::new(),
+            claimed: Instant::now(),
+        }
+    }
+
+    /// The loop sleeps until the clock asks something of it, and not at all when it asks
+    /// nothing: no poll.
+    #[tokio::test(start_paused = true)]
+    async fn the_loop_looks_at_the_clock_only_when_it_asks_something() {
+        let now = Instant::now();
+        let s = Duration::from_secs;
+        let (lapse, silent) = (now + s(9), Some(now + s(30)));
+        let book = |phases: &[(u32, Phase)], terms: &[u32], reclaims: &[(u32, u64)]| Book {
+            phases: phases.iter().copied().collect(),
+            terms: terms.iter().map(|t| (*t, running())).collect(),
+            handovers: Vec::new(),
+            reclaims: reclaims.iter().map(|(k, at)| (*k, now + s(*at))).collect(),
+        };
+        let running_one = [(1, Phase::Running { epoch: 2 })];
+        // (case, book, unreachable, wakes at)
+        let table: Vec<(&str, Book, Option<Instant>, Option<Instant>)> = vec![
+            ("nothing held: no wake", book(&[], &[], &[]), silent, None),
+            (
+                "a running term: the deadline, before the silence's grace",
+                book(&running_one, &[1], &[]),
+                silent,
+                Some(lapse),
+            ),
+            (
+                "a draining term may still produce: the deadline",
+                book(&[(1, Phase::Revoking { then: None })], &[1], &[]),
+                None,
+                Some(lapse),
+            ),
+            (
+                "a fenced term produces nothing: no deadline, the grace while it stops",
+                book(
+                    &[(
+                        1,
+                        Phase::Fenced {
+                            then: None,
+                            answer: false,
+                        },
+                    )],
+                    &[1],
+                    &[],
+                ),
+                silent,
+                silent,
+            ),
+            (
+                "a claim due again first",
+                book(&[(3, Phase::Claimed)], &[], &[(3, 4), (5, 6)]),
+                silent,
+                Some(now + s(4)),
+            ),
+            (
+                "the grace first when the server went silent long ago",
+                book(&running_one, &[1], &[]),
+                Some(now + s(1)),
+                Some(now + s(1)),
+            ),
+            (
+                "no grace without terms",
+                book(&[(3, Phase::Claimed)], &[], &[]),
+                Some(now),
+                None,
+            ),
+        ];
+        for (case, book, unreachable, expected) in table {
+            assert_eq!(book.next_look(lapse, unreachable), expected, "{case}");
         }
     }
 

@@ -81,8 +81,14 @@ impl Supervisor {
         }
     }
 
-    /// Starts the streams of `channels`, and the followers of their namespace selectors.
-    pub fn start(&self, channels: &[Arc<Channel>], cancel: &CancellationToken) {
+    /// Starts the streams of `channels`, and the followers of their namespace selectors; the
+    /// ids of the streams started here (not those a follower starts as namespaces come).
+    pub fn start(&self, channels: &[Arc<Channel>], cancel: &CancellationToken) -> Vec<String> {
+        let mut started = Vec::new();
+        let mut spawn = |channel: &Arc<Channel>, ns: Option<&String>, filter| {
+            started.push(self.id_of(channel, ns.map(String::as_str)).to_string());
+            self.spawn(channel, ns.cloned(), cancel, filter);
+        };
         for channel in channels {
             let wide = self.shapes.get(&channel.name) == Some(&Shape::ClusterWide);
             // A stream over one collection goes whole to the term whose part holds it, or with
@@ -91,21 +97,19 @@ impl Supervisor {
                 continue;
             }
             match &channel.scope {
-                Scope::Cluster => {
-                    self.spawn(channel, None, cancel, None);
-                }
+                Scope::Cluster => spawn(channel, None, None),
                 Scope::Namespaces(list) if wide => {
                     let filter = self.within(NamespaceFilter::fixed(list.iter().cloned()));
-                    self.spawn(channel, None, cancel, Some(filter));
+                    spawn(channel, None, Some(filter));
                 }
                 Scope::Namespaces(list) => {
                     for ns in list.iter().filter(|ns| self.ours(channel, Some(ns))) {
-                        self.spawn(channel, Some(ns.clone()), cancel, None);
+                        spawn(channel, Some(ns), None);
                     }
                 }
                 Scope::Selector(sel) if wide => {
                     let filter = NamespaceFilter::following(self.feeds.subscribe(sel));
-                    self.spawn(channel, None, cancel, Some(self.within(filter)));
+                    spawn(channel, None, Some(self.within(filter)));
                 }
                 Scope::Selector(sel) => {
                     let follower = self.clone().follow_namespaces(
@@ -117,6 +121,7 @@ impl Supervisor {
                 }
             }
         }
+        started
     }
 
     /// Whether this term runs `channel`'s stream over `namespace`.

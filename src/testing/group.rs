@@ -87,6 +87,10 @@ impl MemoryGroup {
     /// Fails every member's client fatally, as a Kafka consumer fenced as a static member.
     pub fn fail_fatally(&self, reason: &str) {
         *self.inner.fatal.lock().expect("fatal lock poisoned") = Some(reason.to_string());
+        let st = self.inner.state.lock().expect("group lock poisoned");
+        for m in st.members.values() {
+            let _ = m.events.send(Event::Fatal(reason.to_string()));
+        }
     }
 
     /// Forgets every shard's epoch, as a group whose committed offsets are gone (offsets
@@ -236,6 +240,15 @@ impl Coordinator for MemoryGroup {
         handover: Duration,
     ) -> Result<(Box<dyn Membership>, mpsc::UnboundedReceiver<Event>), GroupError> {
         let (events, rx) = mpsc::unbounded_channel();
+        if let Some(reason) = self
+            .inner
+            .fatal
+            .lock()
+            .expect("fatal lock poisoned")
+            .clone()
+        {
+            let _ = events.send(Event::Fatal(reason));
+        }
         let deadline = Arc::new(Deadline::new(Duration::from_millis(u64::from(
             cfg.sharding.ownership_deadline_ms,
         ))));
@@ -326,15 +339,6 @@ impl Membership for Joined {
         if !claims.is_empty() {
             let _ = m.events.send(Event::Claimed(claims));
         }
-    }
-
-    fn fatal(&self) -> Option<String> {
-        self.group
-            .inner
-            .fatal
-            .lock()
-            .expect("fatal lock poisoned")
-            .clone()
     }
 
     fn leave(self: Box<Self>) {
