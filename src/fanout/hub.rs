@@ -20,6 +20,8 @@
 //!   a part leaves ──► the main watch, asking the server for its shard, narrows a moment later
 //!   namespaces the reads were not asked for ──► their shards' seats expire (they relist)
 //!   heartbeat ──► a bookmark at the main position to the live seats, only while a main watch runs
+//!   a catch-up due while the main position is not an integer ──► the main watch closes and its
+//!       seats relist with the waiting ones: that catch-up goes on as the main watch
 //! ```
 //!
 //! The board ([`super::board`]) decides who gets which line; this machine decides when the
@@ -32,6 +34,7 @@ use tokio::time::Instant;
 
 use super::board::{Board, Line, Out, To};
 use super::cover::{self, Cover, Points};
+use crate::event::comparable;
 
 /// How long the hub waits, and for what.
 #[derive(Clone, Copy, Debug)]
@@ -335,10 +338,24 @@ impl Hub {
             }
         }
         if self.catch_up_due().is_some_and(|t| t <= now) {
-            self.first_waiting = None;
-            fx.push(Effect::BeginCatchUp {
-                shards: self.board.waiting_shards(),
-            });
+            if self
+                .board
+                .position()
+                .is_some_and(|p| comparable(p).is_none())
+            {
+                // The main watch's lines cannot be set against the list's position (a server
+                // whose resourceVersions are not integers): the catch-up becomes the main watch
+                // instead, and the seats it fed relist with it, rejoining meanwhile. A seat
+                // listed while it ran would be expired at the list's end, again each time.
+                self.close_main(fx);
+                fx.extend(self.board.gap().into_iter().map(Effect::Seat));
+                self.last_join = now;
+            } else {
+                self.first_waiting = None;
+                fx.push(Effect::BeginCatchUp {
+                    shards: self.board.waiting_shards(),
+                });
+            }
         }
         if self.reopen_due().is_some_and(|t| t <= now) {
             // A main watch still running is closed: the new one starts at or below it.

@@ -140,7 +140,8 @@ enum Server {
     Whole,
 }
 
-/// How long a catch-up waits for the replica's first list of namespaces before reading whole.
+/// How long a hub's first read waits for the replica's first list of namespaces before reading
+/// whole (later reads do not wait).
 const NAMESPACES_WAIT: Duration = Duration::from_secs(30);
 
 /// How long a read for parts that change hands waits for its fresh list of namespaces before
@@ -289,6 +290,7 @@ impl Fanouts {
                         follow: self.follow.clone(),
                         known: None,
                         whole_until: None,
+                        waited: false,
                     };
                     tokio::spawn(reader.run(rx, self.stop.clone()));
                     Arc::new(HubHandle {
@@ -360,8 +362,10 @@ struct Reader {
     known: Option<Known>,
     /// A watch from a position before the replica's first list of namespaces reads whole (what
     /// was removed before that list is not known): the position past which it is reopened
-    /// narrowed to the shards.
+    /// narrowed to the shards (`u64::MAX`: once the follower has listed at all).
     whole_until: Option<u64>,
+    /// The follower's first list was waited for (once per hub).
+    waited: bool,
 }
 
 /// What a line of the collection is, for the hub.
@@ -432,6 +436,8 @@ impl Reader {
                 (Input::Main(_, Some(rv)), Some(until)) => {
                     comparable(rv).is_some_and(|rv| rv >= until)
                 }
+                // Read whole while the follower had not listed: it has now.
+                (Input::Namespaces(_), Some(u64::MAX)) => true,
                 _ => false,
             };
             self.feed(input).await;
@@ -642,11 +648,15 @@ impl Reader {
             }
         }
         let known = self.known.as_mut()?;
-        let _ = tokio::time::timeout(
-            NAMESPACES_WAIT,
-            known.wait_for(|n| *n != Namespaces::Listing),
-        )
-        .await;
+        // Waited for once, by the hub's first read, which no part reads yet: a follower that
+        // cannot list holds up no later read (those read whole until it lists).
+        if !std::mem::replace(&mut self.waited, true) {
+            let _ = tokio::time::timeout(
+                NAMESPACES_WAIT,
+                known.wait_for(|n| *n != Namespaces::Listing),
+            )
+            .await;
+        }
         let (points, whole_until) = match &*known.borrow_and_update() {
             Namespaces::Known(names) => {
                 let ask = names.to_ask(from, Instant::now());
@@ -655,7 +665,8 @@ impl Reader {
                 let until = ask.is_none().then(|| names.listed_at.unwrap_or(u64::MAX));
                 (ask, from.is_some().then_some(until))
             }
-            Namespaces::Listing => (None, None),
+            // Not listed yet: a main watch reads whole until the follower's first list.
+            Namespaces::Listing => (None, from.is_some().then_some(Some(u64::MAX))),
             Namespaces::Unavailable => {
                 self.server = Server::Whole;
                 // Already counted out while a read was whole for its age.
@@ -760,16 +771,16 @@ impl Reader {
         let buf = std::mem::take(&mut self.buf);
         let ev = match decode::decode_line_into(line, WHOLE, buf) {
             Ok(ev) => ev,
-            // Whose it is cannot be told: every part skips it (and resyncs whole later).
+            // Its part skips it (and resyncs whole later): the main position stays.
             Err(_) => {
                 return Read::Dealt(
                     Line {
-                        to: To::All,
+                        to: owner_of_undecodable(line, &self.settings.sharding),
                         rv: None,
                         bytes: line.clone(),
                     },
                     None,
-                )
+                );
             }
         };
         let read = self.place(&ev, line);
@@ -864,6 +875,37 @@ impl Reader {
             let fx = self.hub.step(Input::Leave(id), Instant::now());
             debug_assert!(fx.iter().all(|e| !matches!(e, Effect::Seat(_))));
         }
+    }
+}
+
+/// Where a line that does not decode goes: the shard of its object when the object's name can
+/// still be read from it (its resourceVersion is missing), so that only that shard's part
+/// skips it and resyncs whole later; every part when it names no object (not JSON, torn, an
+/// unknown type), since any of them may have missed a change.
+fn owner_of_undecodable(line: &[u8], sharding: &ShardingConfig) -> To {
+    #[derive(serde::Deserialize)]
+    struct Event {
+        #[serde(rename = "type")]
+        kind: String,
+        object: Object,
+    }
+    #[derive(serde::Deserialize)]
+    struct Object {
+        metadata: Metadata,
+    }
+    #[derive(serde::Deserialize)]
+    struct Metadata {
+        #[serde(default)]
+        namespace: Option<String>,
+        name: String,
+    }
+    match serde_json::from_slice::<Event>(line) {
+        Ok(ev) if matches!(ev.kind.as_str(), "ADDED" | "MODIFIED" | "DELETED") => {
+            let md = ev.object.metadata;
+            let namespace = md.namespace.as_deref().filter(|n| !n.is_empty());
+            To::Shard(sharding.shard_of_object(namespace, &md.name))
+        }
+        _ => To::All,
     }
 }
 
@@ -965,6 +1007,47 @@ async fn list_pages(
                 let _ = tx.send(Paged::End(page.resource_version)).await;
                 return;
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An undecodable line goes to its object's shard alone when its name can be read, so that
+    /// one part, not every part of every shard, resyncs whole later.
+    #[test]
+    fn an_undecodable_line_goes_to_its_objects_shard_when_it_names_one() {
+        let sharding = ShardingConfig {
+            enabled: true,
+            shards: 16,
+            ..ShardingConfig::default()
+        };
+        let decodes = |line: &str| decode::decode_line_into(line.as_bytes(), WHOLE, Vec::new());
+        // No `metadata.resourceVersion`: the relay cannot place the change.
+        let pod = r#"{"type":"MODIFIED","object":{"kind":"Pod","metadata":{"name":"web","namespace":"team-a","resourceVersion":""}}}"#;
+        assert!(decodes(pod).is_err(), "the line must not decode");
+        assert_eq!(
+            owner_of_undecodable(pod.as_bytes(), &sharding),
+            To::Shard(sharding.shard_of("team-a"))
+        );
+        let node = r#"{"type":"DELETED","object":{"kind":"Node","metadata":{"name":"n1"}}}"#;
+        assert!(decodes(node).is_err());
+        assert_eq!(
+            owner_of_undecodable(node.as_bytes(), &sharding),
+            To::Shard(sharding.shard_of("n1"))
+        );
+        for nameless in [
+            r#"{"type":"MODIFIED","object":{"kind":"Pod","metadata":{"namespace":"team-a","uid":7"#,
+            "not json",
+            r#"{"type":"ERROR","object":{"kind":"Status","code":"x"}}"#,
+        ] {
+            assert_eq!(
+                owner_of_undecodable(nameless.as_bytes(), &sharding),
+                To::All,
+                "{nameless}"
+            );
         }
     }
 }

@@ -439,3 +439,63 @@ fn a_namespace_the_reads_were_not_asked_for_relists_its_shard() {
         vec![Effect::Missed(shards(&[0])), Effect::Seat(Out::Expire(1))]
     );
 }
+
+/// A server whose resourceVersions are not integers: a main watch's lines cannot be set
+/// against a list's position. A catch-up then closes the main watch and its seats relist with
+/// the waiting ones, once: the catch-up goes on as the main watch, and nobody is expired at its
+/// end (before, every seat listed while the main watch ran was, at every catch-up).
+#[test]
+fn positions_that_do_not_compare_relist_once_and_settle() {
+    let t0 = Instant::now();
+    let mut hub = Hub::new(timing(), t0);
+    let item = |shard: u32| Line {
+        to: To::Shard(shard),
+        rv: None,
+        bytes: Bytes::from(format!("item of {shard}")),
+    };
+    let sent = |id: u64, shard: u32| Effect::Seat(Out::Send(id, item(shard).bytes));
+    let mut rows = vec![(0, join(1, 0, None), vec![])];
+    rows.extend(catch_up_begins(500, &[0]));
+    rows.extend([
+        (502, Input::Listed(item(0)), vec![sent(1, 0)]),
+        (
+            503,
+            Input::CaughtUp {
+                rv: "x10".into(),
+                watch: true,
+            },
+            vec![
+                Effect::CatchBecomesMain,
+                Effect::Seat(Out::End(1, "x10".into())),
+            ],
+        ),
+        // Another shard joins: the main watch closes and seat 1 relists with it.
+        (1000, join(2, 1, None), vec![]),
+        (
+            1500,
+            Input::Due,
+            vec![Effect::CloseMain, Effect::Seat(Out::Expire(1))],
+        ),
+        // Seat 1's part rejoins.
+        (1510, join(3, 0, None), vec![]),
+    ]);
+    rows.extend(catch_up_begins(2010, &[0, 1]));
+    rows.extend([
+        (2012, Input::Listed(item(1)), vec![sent(2, 1)]),
+        (2013, Input::Listed(item(0)), vec![sent(3, 0)]),
+        (
+            2014,
+            Input::CaughtUp {
+                rv: "x20".into(),
+                watch: true,
+            },
+            vec![
+                Effect::CatchBecomesMain,
+                Effect::Seat(Out::End(2, "x20".into())),
+                Effect::Seat(Out::End(3, "x20".into())),
+            ],
+        ),
+    ]);
+    run(&mut hub, t0, rows);
+    assert_eq!(hub.deadline(), None, "settled");
+}
