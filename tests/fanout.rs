@@ -7,8 +7,8 @@ mod common;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use common::bed::{eventually, sharded, Bed, Relay};
-use common::view::{assert_published, consumer_view_by, events, pods_by, version};
+use common::bed::{eventually, sharded, Bed, Relay, CHECKPOINT_NAME, CHECKPOINT_NS};
+use common::view::{assert_published, consumer_view_by, events, json, pods_by, version};
 use watchrelay::metrics::Metrics;
 use watchrelay::testing::{Lane, Memory, MemoryGroup};
 use watchrelay_sim::{objects, ChurnSpec, SimConfig};
@@ -245,6 +245,106 @@ async fn handovers_publish_every_change_the_server_holds() {
     assert!(made > 100, "the churn made {made} changes only");
     let journal = bed.journal_after("pods", None, from);
     assert_published(&events(&memory), &journal, "");
+}
+
+/// A release before fan-out relayed a channel over one collection whole, in its channel's shard
+/// (`<channel>._all`). Replicas of this version keep it so, side by side with the older ones: a
+/// new owner of that shard resumes the stream from its checkpoint, no shard runs a part of it,
+/// nothing is retracted, and every change the server made is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_kept_whole_from_before_fan_out_loses_no_change() {
+    let bed = Bed::in_memory_serving(true, &NAMESPACES).await;
+    for ns in NAMESPACES {
+        bed.sim
+            .create("pods", Some(ns), objects::pod(ns, "p1"))
+            .unwrap();
+    }
+    let channel = "  - operationId: watchNamespacedPods\n    allNamespaces: true\n    watchStrategy: clusterWide\n    topic: pods\n";
+    let cfg = sharded(bed.config(channel, ""), 4);
+    // As the older release left it: the stream recorded whole in its channel's shard.
+    let whole = "watchNamespacedPods._all";
+    let home = cfg.sharding.shard_of_stream(whole);
+    bed.sim
+        .create(
+            "configmaps",
+            Some(CHECKPOINT_NS),
+            serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": format!("{CHECKPOINT_NAME}-s{home}"), "namespace": CHECKPOINT_NS},
+                "data": {whole: "{\"rv\":null}"},
+            }),
+        )
+        .unwrap();
+    let memory = Arc::new(Memory::new());
+    let group = MemoryGroup::default();
+    let cluster = || pods_by(&bed.sim, &NAMESPACES, |_| true, version);
+    let consumer = || consumer_view_by(&events(&memory), version);
+    let start = || Relay::start_on_lane(&bed, cfg.clone(), Lane::new(memory.clone()), &group);
+    let pause = || tokio::time::sleep(std::time::Duration::from_millis(400));
+
+    let a = start();
+    owns(&a, Some(4), "A never owned the shards").await;
+    a.wait_up(1).await;
+    eventually(
+        || consumer() == cluster(),
+        || "A never relayed the pods".into(),
+    )
+    .await;
+    let from = bed.sim.current_rv();
+    let churn = bed.sim.start_churn(ChurnSpec {
+        rate_per_sec: 300.0,
+        namespaces: NAMESPACES.iter().map(|n| n.to_string()).collect(),
+        resources: vec!["pods".into()],
+        max_objects_per_kind: 3,
+        total_events: None,
+    });
+    pause().await;
+    let b = start();
+    owns(&b, None, "B never took a shard").await;
+    pause().await;
+    // The stream's shard moves to B, at the latest now.
+    a.kill().await;
+    owns(&b, Some(4), "B never took A's shards").await;
+    pause().await;
+    let c = start();
+    owns(&c, None, "C never took a shard").await;
+    pause().await;
+    c.stop().await;
+    owns(&b, Some(4), "B never took C's shards").await;
+    pause().await;
+    let made = churn.stop().await;
+    eventually(
+        || consumer() == cluster(),
+        || "the consumer's view never became the cluster's".into(),
+    )
+    .await;
+    assert_eq!(
+        b.metrics.fanout_watches.get(),
+        0,
+        "the collection was fanned out"
+    );
+    assert_eq!(b.registry.phases().keys().collect::<Vec<_>>(), [whole]);
+    b.stop().await;
+    assert!(made > 100, "the churn made {made} changes only");
+    for k in 0..4 {
+        let cm = bed.shard_configmap(k).unwrap_or_default();
+        let ids: Vec<&String> = cm["data"]
+            .as_object()
+            .map(|d| d.keys().filter(|id| id.contains("._all")).collect())
+            .unwrap_or_default();
+        let expected: Vec<&str> = if k == home { vec![whole] } else { vec![] };
+        assert_eq!(ids, expected, "shard {k}");
+    }
+    assert!(bed.shard_checkpoint_rv(home, whole).is_some());
+    let log = events(&memory);
+    let retracted = log
+        .iter()
+        .filter(|r| json(r)["watchrelay"]["synthetic"] == true)
+        .count();
+    assert_eq!(retracted, 0, "objects were retracted");
+    let journal = bed.journal_after("pods", None, from);
+    assert_published(&log, &journal, "");
 }
 
 /// Waits until `r` owns `n` shards (some, with `None`).

@@ -170,6 +170,10 @@ pub struct Channel {
     /// Whether this channel is in the built-in catalogue (custom ones are resolved through
     /// discovery and may not exist yet).
     pub builtin: bool,
+    /// With sharding on, a channel over one collection that the release relayed whole before
+    /// fan-out (`<channel>._all`, in its channel's shard) and still does, so that its keys and
+    /// their history stay where they are (see [`crate::config::Config::keeping_whole`]).
+    pub kept_whole: bool,
 }
 
 /// A stream's id, its checkpoint key and metric label: `<channel>.<namespace>`, or
@@ -518,6 +522,7 @@ impl ChannelConfig {
             allow_secret_data: self.allow_secret_data,
             topic: self.topic.clone(),
             builtin,
+            kept_whole: false,
         };
         let mut template = self.topic.clone();
         for var in [

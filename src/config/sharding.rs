@@ -206,7 +206,7 @@ impl ShardingConfig {
     /// `wide`: its namespaces watched cluster-wide), is fanned out to the shards: with sharding
     /// on, always.
     pub fn fans(&self, channel: &Channel, wide: bool) -> bool {
-        self.enabled && (wide || channel.scope == Scope::Cluster)
+        self.enabled && !channel.kept_whole && (wide || channel.scope == Scope::Cluster)
     }
 
     /// With sharding on, a namespaced channel over every namespace (`allNamespaces`) is read
@@ -329,6 +329,28 @@ impl super::Config {
             };
         }
         settled
+    }
+
+    /// This configuration with the channels over one collection that the release's shards hold
+    /// recorded whole (`recorded` has `<channel>._all`, as releases before fan-out ran them in
+    /// their channel's shard) kept whole there: their stream resumes in that shard, from its
+    /// position with its members, instead of every shard's part of it relisting. Replicas of
+    /// the older version run the same stream the same way, so a rolling upgrade hands it over
+    /// like any shard, and every key keeps its history. Decide `auto` first
+    /// ([`Config::settled`](super::Config::settled)): a channel over namespaces is kept whole
+    /// only when read cluster-wide.
+    pub fn keeping_whole(&self, recorded: &[String]) -> Self {
+        let mut kept = self.clone();
+        for channel in &mut kept.channels {
+            let wide = channel.strategy == WatchStrategy::ClusterWide;
+            let whole = channel.stream_id(None).to_string();
+            if self.sharding.fans(channel, wide) && recorded.contains(&whole) {
+                let mut c = (**channel).clone();
+                c.kept_whole = true;
+                *channel = Arc::new(c);
+            }
+        }
+        kept
     }
 }
 

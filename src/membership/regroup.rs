@@ -120,7 +120,9 @@ pub fn plan<'a>(
         let Some(channel) = cfg.channels.iter().find(|c| c.name == name) else {
             continue;
         };
-        if !channel.path.namespaced {
+        // Kept whole in its channel's shard: per-namespace streams in other shards would cross
+        // (refused at start), in its own they are retired.
+        if !channel.path.namespaced || channel.kept_whole {
             continue;
         }
         match namespace {

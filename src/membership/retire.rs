@@ -55,9 +55,10 @@ pub fn still_runs(cfg: &Config, shapes: &Shapes, id: &str) -> Option<bool> {
         return Some(false);
     };
     let wide = shapes.get(name) == Some(&Shape::ClusterWide);
-    // With sharding on, a stream over one collection runs as the shards' parts, without it
-    // whole (see `ShardingConfig::fans`).
-    if ns.is_none() && cfg.sharding.enabled != StreamId::shard_in(id).is_some() {
+    // With sharding on, a stream over one collection runs as the shards' parts (unless the
+    // release kept it whole), without it whole (see `ShardingConfig::fans`).
+    let fanned = cfg.sharding.enabled && !channel.kept_whole;
+    if ns.is_none() && fanned != StreamId::shard_in(id).is_some() {
         return Some(false);
     }
     match (&channel.scope, ns) {
@@ -335,5 +336,18 @@ mod tests {
         assert_eq!(runs("watchNamespacedPods.a"), Some(false));
         assert_eq!(runs("watchNamespacedServices._all"), Some(true));
         assert_eq!(runs("watchNamespacedServices.a"), Some(false));
+
+        // Sharded: a stream over one collection runs as the shards' parts, unless the release
+        // kept it whole (it ran so before fan-out).
+        let mut sharded = cfg.clone();
+        sharded.sharding.enabled = true;
+        sharded.sharding.shards = 4;
+        let runs = |c: &Config, id| still_runs(c, &wide, id);
+        assert_eq!(runs(&sharded, "watchNodes._all"), Some(false));
+        assert_eq!(runs(&sharded, "watchNodes._all-s2"), Some(true));
+        let kept = sharded.keeping_whole(&["watchNodes._all".into()]);
+        assert_eq!(runs(&kept, "watchNodes._all"), Some(true));
+        assert_eq!(runs(&kept, "watchNodes._all-s2"), Some(false));
+        assert_eq!(runs(&kept, "watchNamespacedPods._all-s2"), Some(true));
     }
 }

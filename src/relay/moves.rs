@@ -89,12 +89,16 @@ async fn judge(
             .filter(|id| channel_of(id).is_some_and(|c| !sharded.contains(&c))),
     );
     let selected = super::shapes::count_selectors(cfg, client).await;
-    let settled = cfg.settled(&ids, &selected);
+    let in_shards: Vec<String> = recorded.iter().map(|r| r.id.clone()).collect();
+    let settled = cfg.settled(&ids, &selected).keeping_whole(&in_shards);
     for channel in &settled.channels {
         if let Some(before) = cfg.channels.iter().find(|c| c.name == channel.name) {
             if before.strategy != channel.strategy {
                 tracing::info!(channel = %channel.name, strategy = ?channel.strategy, "watchStrategy auto decided for this replica");
             }
+        }
+        if channel.kept_whole {
+            tracing::info!(channel = %channel.name, shard = cfg.sharding.shard_of_stream(&channel.stream_id(None).to_string()), "relayed whole in its channel's shard, as the release ran it before fan-out: not fanned out");
         }
     }
     let found = crossings(&settled, &recorded);
@@ -208,11 +212,16 @@ impl std::fmt::Display for Crossing {
 /// part, or one stream per namespace (the listed ones, or any).
 enum Runs<'a> {
     Fanned,
+    /// Whole, in its channel's shard, as the release ran it before fan-out.
+    Whole,
     Listed(&'a [String]),
     AnyNamespace,
 }
 
 fn runs<'a>(cfg: &Config, channel: &'a Channel) -> Runs<'a> {
+    if channel.kept_whole {
+        return Runs::Whole;
+    }
     match (&channel.scope, super::shapes::sharded(cfg, channel)) {
         (Scope::Cluster, _) | (_, Some(Shape::ClusterWide)) => Runs::Fanned,
         (Scope::Namespaces(list), _) => Runs::Listed(list),
@@ -242,6 +251,9 @@ pub fn crossings(cfg: &Config, recorded: &[Recorded]) -> Vec<Crossing> {
                 (Runs::Fanned, None) if part
             ) || matches!(
                 (runs(cfg, c), namespace),
+                (Runs::Whole, None) if !part
+            ) || matches!(
+                (runs(cfg, c), namespace),
                 (Runs::Listed(_) | Runs::AnyNamespace, Some(_))
             )
         });
@@ -259,12 +271,18 @@ pub fn crossings(cfg: &Config, recorded: &[Recorded]) -> Vec<Crossing> {
             // One namespaced channel, per namespace or fanned out: either way an object lives
             // in its namespace's shard, whose next term hands the members over (see
             // `membership::regroup`).
-            if c.name == name && c.path.namespaced && (namespace.is_some() || part) {
+            if c.name == name && c.path.namespaced && !c.kept_whole && (namespace.is_some() || part)
+            {
                 continue;
             }
             let announced: Vec<(String, Option<u32>)> = match (runs(cfg, c), namespace) {
                 // Every shard runs its part: some are not the retired stream's.
                 (Runs::Fanned, _) => vec![(format!("{}._all-s<k>", c.name), None)],
+                (Runs::Whole, _) => {
+                    let id = c.stream_id(None).to_string();
+                    let to = sharding.shard_of_stream(&id);
+                    vec![(id, Some(to))]
+                }
                 // Per namespace: the retired stream's own namespace lives in its shard.
                 (_, Some(_)) => Vec::new(),
                 (Runs::Listed(list), None) => list
@@ -423,6 +441,37 @@ mod tests {
             let found = crossings(&c, &recorded);
             assert_eq!(found.len(), want, "{what}: {found:?}");
         }
+    }
+
+    /// A stream over one collection recorded whole stays whole in its channel's shard: no key
+    /// moves, and its parts are not run; a per-namespace stream of another shard still crosses.
+    #[test]
+    fn a_stream_recorded_whole_is_kept_whole() {
+        let nodes = "  - operationId: watchNodes\n    topic: nodes\n";
+        let whole = rec("watchNodes._all", "nodes");
+        let kept = cfg(nodes, 8).keeping_whole(std::slice::from_ref(&whole.id));
+        assert!(kept.channels[0].kept_whole);
+        assert!(!kept.sharding.fans(&kept.channels[0], false));
+        assert!(crossings(&kept, std::slice::from_ref(&whole)).is_empty());
+        // A release that already fanned it out (or never ran it) is not kept whole.
+        let fanned = cfg(nodes, 8).keeping_whole(&["watchNodes._all-s3".into()]);
+        assert!(!fanned.channels[0].kept_whole);
+
+        let probe = cfg(nodes, 8);
+        let (a, _) = apart(&probe);
+        let wide = format!(
+            "  - operationId: watchNamespacedPods\n    namespaces: [{a}]\n    topic: pods\n    watchStrategy: clusterWide\n"
+        );
+        let recorded = [
+            rec("watchNamespacedPods._all", "pods"),
+            rec(&format!("watchNamespacedPods.{a}"), "pods"),
+        ];
+        let ids: Vec<String> = recorded.iter().map(|r| r.id.clone()).collect();
+        let kept = cfg(&wide, 8).keeping_whole(&ids);
+        assert!(kept.channels[0].kept_whole);
+        let found = crossings(&kept, &recorded);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].announced, "watchNamespacedPods._all");
     }
 
     #[test]

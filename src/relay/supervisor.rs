@@ -99,7 +99,7 @@ impl Supervisor {
             match &channel.scope {
                 Scope::Cluster => spawn(channel, None, None),
                 Scope::Namespaces(list) if wide => {
-                    let filter = self.within(NamespaceFilter::fixed(list.iter().cloned()));
+                    let filter = self.within(channel, NamespaceFilter::fixed(list.iter().cloned()));
                     spawn(channel, None, Some(filter));
                 }
                 Scope::Namespaces(list) => {
@@ -109,7 +109,7 @@ impl Supervisor {
                 }
                 Scope::Selector(sel) if wide => {
                     let filter = NamespaceFilter::following(self.feeds.subscribe(sel));
-                    spawn(channel, None, Some(self.within(filter)));
+                    spawn(channel, None, Some(self.within(channel, filter)));
                 }
                 Scope::Selector(sel) => {
                     let follower = self.clone().follow_namespaces(
@@ -133,14 +133,17 @@ impl Supervisor {
     /// over one collection is the shard's part of it.
     fn id_of(&self, channel: &Channel, namespace: Option<&str>) -> StreamId {
         match (namespace, self.wiring.shard) {
-            (None, Some(owner)) => StreamId::fanned(&channel.name, owner.shard),
+            (None, Some(owner)) if !channel.kept_whole => {
+                StreamId::fanned(&channel.name, owner.shard)
+            }
             _ => channel.stream_id(namespace),
         }
     }
 
-    /// A filtered stream's namespaces, with sharding on only its shard's.
-    fn within(&self, filter: NamespaceFilter) -> NamespaceFilter {
-        let Some(owner) = self.wiring.shard else {
+    /// A filtered stream's namespaces, with sharding on only its shard's (all of them for a
+    /// stream kept whole).
+    fn within(&self, channel: &Channel, filter: NamespaceFilter) -> NamespaceFilter {
+        let Some(owner) = self.wiring.shard.filter(|_| !channel.kept_whole) else {
             return filter;
         };
         let sharding = self.wiring.cfg.sharding.clone();
