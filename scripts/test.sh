@@ -70,6 +70,11 @@ echo "== control plane at $(cat "$cluster_dir/apiserver.url")"
 # `kafka_*` need the broker; `tables_*` the broker, a Python with chDB, the Java programs under
 # tests/tables and a schema registry; `cluster_*` also the control plane, and run as a tier of
 # their own.
+# The relay as released in 0.1.0, for the rolling upgrade with both versions side by side: built
+# once from this repository's history into .cache/previous/.
+step "the 0.1.0 relay, for the upgrade test"
+scripts/previous.sh >/dev/null
+took
 step "end-to-end tier (broker at $KAFKA_BOOTSTRAP_SERVERS)"
 cargo test --locked --features e2e --test 'kafka_*'
 took

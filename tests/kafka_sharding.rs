@@ -713,3 +713,125 @@ async fn killed_and_frozen(fanned: bool) {
         r.stop();
     }
 }
+
+/// The relay as released in 0.1.0, built from this repository's history by
+/// `scripts/previous.sh` (which the suite runs before this tier; here it only prints the path
+/// once built).
+fn previous_release() -> std::path::PathBuf {
+    let out = std::process::Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/previous.sh"))
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("scripts/previous.sh runs");
+    assert!(out.status.success(), "building the 0.1.0 relay failed");
+    std::path::PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// A rolling upgrade from 0.1.0, replicas of both versions side by side. Three 0.1.0 replicas
+/// relay `watchAllPods` whole, in its channel's shard (as releases before fan-out did); under
+/// churn they are replaced one by one by this version's, and then one new replica is killed.
+/// The stream stays whole and moves between versions like any shard: every change the API
+/// server made once it had its position is published, nothing is retracted, no shard runs a
+/// part of it, and every key ends as the cluster's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_upgrade_from_0_1_0_keeps_a_whole_streams_history() {
+    let previous = tokio::task::spawn_blocking(previous_release).await.unwrap();
+    let scene = Scene::new(12, "upgrade", None).await;
+    let (bed, topic) = (&scene.bed, &scene.topic);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    bed.sim.write_kubeconfig(&kubeconfig).unwrap();
+    let checkpoint = kafka::unique("relay");
+    // Keys 0.1.0 knows: it refuses any other.
+    let config = format!(
+        "clusterName: test\nkubernetes:\n  kubeconfig: {}\n  backoffInitialMs: 20\n  backoffMaxMs: 300\n\
+         kafka:\n  bootstrapServers: {}\n  oversize: trim\n  properties:\n    linger.ms: \"5\"\n\
+         checkpoint:\n  namespace: {CHECKPOINT_NS}\n  name: {checkpoint}\n  intervalMs: 200\n\
+         sharding:\n  enabled: true\n  shards: {SHARDS}\n  topic: {}\n  sessionTimeoutMs: 6000\n  ownershipDeadlineMs: 3000\n\
+         http:\n  listen: \"\"\n\
+         channels:\n  - operationId: watchAllPods\n    topic: {topic}\n",
+        kubeconfig.display(),
+        bed.bootstrap,
+        kafka::unique("shards"),
+    );
+    let whole = "watchAllPods._all";
+    let home = common::bed::shard_of(SHARDS, "watchAllPods");
+    let mut old: Vec<RelayProcess> = ["o0", "o1", "o2"]
+        .iter()
+        .map(|pod| RelayProcess::replica_of(&previous, dir.path(), &config, pod))
+        .collect();
+    wait_owned_by(bed, &checkpoint, &["o0", "o1", "o2"]).await;
+    let from = positioned_at(bed, &checkpoint, 1).await;
+    let churn = scene.churn(200.0);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // Replaced one by one, as a Deployment's rolling update does: each new replica joins once
+    // an old one has handed its shards over.
+    let mut new = Vec::new();
+    for (i, mut o) in old.drain(..).enumerate() {
+        o.stop();
+        let pod = format!("n{i}");
+        new.push(RelayProcess::replica(dir.path(), &config, &pod));
+        eventually(
+            || {
+                owners(bed, &checkpoint)
+                    .iter()
+                    .any(|o| o.as_deref() == Some(&pod))
+            },
+            || format!("{pod} never took a shard: {:?}", owners(bed, &checkpoint)),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    wait_owned_by(bed, &checkpoint, &["n0", "n1", "n2"]).await;
+    // A crash of the new replica that relays the stream: it moves once more.
+    let owner = owners(bed, &checkpoint)[home as usize].clone().unwrap();
+    let crashed: usize = owner[1..].parse().unwrap();
+    new[crashed].kill();
+    let rest: Vec<String> = (0..3)
+        .filter(|i| *i != crashed)
+        .map(|i| format!("n{i}"))
+        .collect();
+    let rest: Vec<&str> = rest.iter().map(String::as_str).collect();
+    wait_owned_by(bed, &checkpoint, &rest).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    churn.stop().await;
+
+    let msgs = scene.converged(|m| epoch_view(m).0).await;
+    assert_covers(&msgs, &bed.journal_after("pods", None, from));
+    let retracted = msgs
+        .iter()
+        .filter(|m| m.value["watchrelay"]["synthetic"] == true)
+        .count();
+    assert_eq!(retracted, 0, "objects were retracted");
+    for k in 0..SHARDS {
+        let name = ShardingConfig::configmap(&checkpoint, k);
+        let cm = bed.sim.get("configmaps", Some(CHECKPOINT_NS), &name);
+        let ids: Vec<String> = cm
+            .and_then(|cm| cm["data"].as_object().cloned())
+            .map(|d| {
+                d.keys()
+                    .filter(|id| id.contains("._all"))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        let expected: Vec<String> = if k == home {
+            vec![whole.into()]
+        } else {
+            vec![]
+        };
+        assert_eq!(ids, expected, "shard {k}'s streams over the collection");
+    }
+    assert!(
+        new.iter()
+            .any(|r| r.log().contains("relayed whole in its channel's shard")),
+        "no new replica said it kept the stream whole"
+    );
+    eprintln!("{}", scene.per_change(&msgs));
+    for (i, r) in new.iter_mut().enumerate() {
+        if i != crashed {
+            r.stop();
+        }
+    }
+}

@@ -153,6 +153,8 @@ fn script() -> PathBuf {
 /// The relay's binary, run against the cluster with a configuration file of the test's.
 pub struct RelayProcess {
     child: Child,
+    /// The binary it runs: this version's, or an older one's.
+    bin: PathBuf,
     pub log: PathBuf,
     pub config: PathBuf,
     /// `POD_NAME`: the replica's identity in the Lease.
@@ -168,6 +170,11 @@ impl RelayProcess {
     /// [`RelayProcess::start`] as the replica `pod` (its identity in the Lease and the shard
     /// group), its configuration and log in `dir/pod`.
     pub fn replica(dir: &Path, config: &str, pod: &str) -> Self {
+        Self::replica_of(Path::new(BIN), dir, config, pod)
+    }
+
+    /// [`RelayProcess::replica`] of the relay built as `bin` (another version's).
+    pub fn replica_of(bin: &Path, dir: &Path, config: &str, pod: &str) -> Self {
         let dir = dir.join(pod);
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("config.yaml");
@@ -175,6 +182,7 @@ impl RelayProcess {
         let log = dir.join("relay.log");
         let mut p = Self {
             child: Command::new("true").spawn().unwrap(),
+            bin: bin.to_path_buf(),
             log,
             config: path,
             pod: pod.to_string(),
@@ -205,7 +213,7 @@ impl RelayProcess {
             .append(true)
             .open(&self.log)
             .unwrap();
-        self.child = Command::new(BIN)
+        self.child = Command::new(&self.bin)
             .env("POD_NAME", &self.pod)
             .args(["run", "--config"])
             .arg(&self.config)
