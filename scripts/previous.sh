@@ -15,7 +15,11 @@ if [[ -x $out/watchrelay && $(cat "$out/rev" 2>/dev/null) == "$REV" ]]; then
   exit 0
 fi
 if ! git cat-file -e "$REV^{commit}" 2>/dev/null; then
-  echo "previous.sh: commit $REV is not in this clone (a shallow clone?): fetch the history first" >&2
+  # A shallow clone: fetch the commit, or the history, from where it was cloned.
+  git fetch --quiet origin "$REV" 2>/dev/null || git fetch --quiet --unshallow 2>/dev/null || true
+fi
+if ! git cat-file -e "$REV^{commit}" 2>/dev/null; then
+  echo "previous.sh: commit $REV is not in this clone and could not be fetched: clone the history" >&2
   exit 1
 fi
 src=$root/src-0.1.0
