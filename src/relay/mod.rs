@@ -1,11 +1,12 @@
 //! The facade and leadership.
 //!
 //! [`Relay`] starts the whole relay — for `main` and for tests alike: leader election when
-//! configured, then per leadership term: the membership topic verified and read back
-//! ([`membership::Restore`]), the streams the configuration no longer runs retired
-//! ([`membership::Retire`]), then the supervisor (`supervisor.rs`), which spawns one stream per
-//! (channel, namespace) and follows namespace selectors, and the checkpoint writer
-//! (`writer.rs`); at the end everything shuts down in order.
+//! configured (or sharding, `shards.rs`), then a term per leadership term (or per owned
+//! shard), each run by `term/` through its phases: the membership topic verified and read
+//! back ([`membership::Restore`]), the streams the configuration no longer runs retired
+//! ([`membership::Retire`]), then the supervisor, which spawns one stream per (channel,
+//! namespace) and follows namespace selectors, and the checkpoint writer; at the end
+//! everything shuts down in order.
 //!
 //! Shutdown order: streams stop reading and drain their outstanding deliveries, the producer is
 //! flushed, and the checkpoint is written one last time, so a clean stop replays nothing.
@@ -16,30 +17,18 @@ use std::time::Duration;
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
-use crate::checkpoint::{Loaded, Store};
+use crate::checkpoint::Store;
 use crate::config::{Config, RELEASE_RESERVE};
-use crate::envelope::ShardOwner;
 use crate::group::{self, Coordinator};
 use crate::leader::Elector;
-use crate::membership::{self, Log, Owner, Restored};
+use crate::membership::{self, Log, Owner};
 use crate::metrics::Metrics;
 use crate::producer::{self, Producer};
-use crate::registry::{self, Part, Registry, Role};
+use crate::registry::{self, Registry, Role};
 use crate::schemas::Schemas;
-use crate::stream::Wiring;
 use others::Others;
 pub use preflight::preflight;
-use supervisor::Supervisor;
-
-/// How often the producer is checked for a fatal error.
-const FATAL_POLL: Duration = Duration::from_secs(1);
-
-/// The checkpoints of a term, read until the API server answers (see
-/// [`crate::checkpoint::until_read`]), or `None` once `stop` fires: nothing starts before the
-/// positions are known.
-async fn load(store: &Store, stop: &CancellationToken) -> Option<Loaded> {
-    crate::checkpoint::until_read("reading the checkpoints", stop, || store.load()).await
-}
+use term::{Run, Term};
 
 mod feeds;
 mod lifecycle;
@@ -50,33 +39,11 @@ mod preflight;
 mod reach;
 mod shapes;
 mod shards;
-mod supervisor;
+mod term;
 mod topics;
-mod writer;
 
 /// A producer and the membership log it writes to.
 type Outlet = (Arc<dyn Producer>, Arc<dyn Log>);
-
-/// What one term runs: the whole relay's streams, or one shard's.
-struct Term {
-    producer: Arc<dyn Producer>,
-    log: Arc<dyn Log>,
-    /// The checkpoint ConfigMap.
-    store: Store,
-    /// Whose membership records these are.
-    owner: Owner,
-    membership_topic: String,
-    /// Partitions the membership topic is created with (and must have).
-    partitions: i32,
-    /// Which streams it runs.
-    part: Part,
-    /// The shard, and its owner epoch, it runs (with sharding on).
-    shard: Option<ShardOwner>,
-    /// Other releases' claims its streams are checked against, beyond its own topic's.
-    others: Others,
-    /// Called once every stream it starts with watches (a shard's takeover is then complete).
-    watching: Option<Box<dyn FnOnce() + Send>>,
-}
 
 /// How long to wait before trying again what must be read or set up in Kafka before a term.
 const RETRY: Duration = Duration::from_secs(5);
@@ -127,7 +94,7 @@ pub struct Relay {
     feeds: Arc<feeds::Feeds>,
     /// Turns of the checkpoint writers of every term, so a replica's ConfigMap requests stay
     /// bounded whatever it owns.
-    pacer: Arc<writer::Pacer>,
+    pacer: Arc<term::writer::Pacer>,
     /// Restores at once, over every term: each reads with Kafka clients of its own (a
     /// consumer and a producer of end markers), and a replica claiming 64 shards at its start
     /// would otherwise open 128 at once.
@@ -428,7 +395,7 @@ impl Relay {
             ),
             watching: None,
         };
-        self.run_term(plan, stop, fenced).await
+        Run::new(self, plan, stop, fenced).run().await
     }
 
     /// Where this relay's records go, and its membership log. With sharding on, records wait
@@ -450,261 +417,5 @@ impl Relay {
             ),
             Sink::Given(p, log) => (p.clone(), log.clone()),
         })
-    }
-
-    /// Runs the term `plan` describes until `stop` (see [`Relay::term`]).
-    async fn run_term(
-        &self,
-        plan: Term,
-        stop: CancellationToken,
-        fenced: CancellationToken,
-    ) -> Result<(), RelayError> {
-        let Term {
-            producer,
-            log,
-            store,
-            owner,
-            membership_topic,
-            partitions,
-            part,
-            shard,
-            others,
-            watching,
-        } = plan;
-        let mut loaded = if self.checkpoints {
-            let Some(loaded) = load(&store, &stop).await else {
-                return Ok(());
-            };
-            tracing::info!(streams = loaded.streams.len(), %owner, "loaded checkpoints");
-            loaded
-        } else {
-            Loaded::default()
-        };
-        let membership_topic = self.checkpoints.then_some(membership_topic);
-        let mut members = Restored::new(owner.clone(), None);
-        if let Some(topic) = &membership_topic {
-            let membership = &self.cfg.checkpoint.membership;
-            let restore = membership::Restore {
-                producer: &producer,
-                log: &log,
-                store: &store,
-                metrics: &self.metrics,
-                registry: &self.registry,
-                owner: &owner,
-                topic,
-                partitions,
-                replication: membership.replication_factor,
-            };
-            let permit = tokio::select! {
-                _ = stop.cancelled() => return Ok(()),
-                p = self.restores.clone().acquire_owned() => p,
-            };
-            let Some(restored) = restore.run(&mut loaded, &stop).await else {
-                return Ok(());
-            };
-            drop(permit);
-            members = restored;
-            let others = others::for_term(&self.cfg.checkpoint, others, &log, shard, &stop)
-                .await
-                .map_err(RelayError::Refused)?;
-            let Some(others) = others else {
-                return Ok(());
-            };
-            members.add_claims(&others);
-            if let Some(copied) = members.writes.filter(|&w| w > store.writes()) {
-                // The ConfigMap is older than what was relayed from it: the cluster was
-                // restored while the relay was down. No position of it may be resumed.
-                self.metrics.history_rewinds.inc();
-                tracing::error!(configmap = store.writes(), copied, "the checkpoint ConfigMap is behind the copy of its write counter in the membership topic (an etcd restore?): every stream relists and re-announces every object");
-                for saved in loaded.streams.values_mut() {
-                    saved.rv = None;
-                }
-            }
-        }
-        let shapes = shapes::decide(
-            &self.cfg,
-            &self.client,
-            &self.metrics,
-            loaded
-                .streams
-                .keys()
-                .map(String::as_str)
-                .chain(members.streams()),
-        );
-        let shapes = tokio::select! {
-            _ = stop.cancelled() => return Ok(()),
-            shapes = shapes => shapes,
-        };
-        if let Some(topic) = &membership_topic {
-            // A channel that changed shape hands its members over (in the shard), before
-            // anything is retired: what moves is not retracted.
-            let ids = loaded.streams.keys().map(String::as_str);
-            let moves = membership::regroup::plan(
-                &self.cfg,
-                &shapes,
-                shard.map(|s| s.shard),
-                ids.chain(members.streams()),
-            );
-            let regroup = membership::Regroup {
-                producer: &producer,
-                store: &store,
-                metrics: &self.metrics,
-                owner: &owner,
-                topic,
-            };
-            while !moves.is_empty()
-                && !regroup
-                    .run(&moves, &mut members, &mut loaded.streams, &stop)
-                    .await
-            {
-                tokio::select! {
-                    _ = stop.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(Duration::from_secs(5)) => {}
-                }
-            }
-        }
-        let tagger: Option<Box<membership::Tagger>> = self.schemas.clone().map(|s| {
-            Box::new(move |topic: &str, ns: Option<&str>| s.tag(topic, ns))
-                as Box<membership::Tagger>
-        });
-        if let Some(topic) = &membership_topic {
-            let retire = membership::Retire {
-                cfg: &self.cfg,
-                shapes: &shapes,
-                producer: &producer,
-                store: &store,
-                metrics: &self.metrics,
-                owner: &owner,
-                topic,
-                shard,
-                era_floor: loaded.era_floor,
-                tag: tagger.as_deref(),
-            };
-            // Retractions of what is no longer configured come before any announcement.
-            while !retire.run(&mut members, &mut loaded.streams, &stop).await {
-                tokio::select! {
-                    _ = stop.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(Duration::from_secs(5)) => {}
-                }
-            }
-        }
-        if let Some(topic) = &membership_topic {
-            writer::open_term(&store, producer.as_ref(), topic, &owner, &stop).await;
-        }
-        let supervisor = Supervisor::new(
-            Arc::new(Wiring {
-                cfg: self.cfg.clone(),
-                client: self.client.clone(),
-                producer: producer.clone(),
-                metrics: self.metrics.clone(),
-                fenced: fenced.clone(),
-                membership_topic: membership_topic.clone(),
-                owner: owner.clone(),
-                checkpoints: self.checkpoints,
-                syncs: self.syncs.clone(),
-                shard,
-                schemas: self.schemas.clone(),
-                fanouts: self.fanouts.clone(),
-                era_floor: loaded.era_floor,
-            }),
-            self.registry.clone(),
-            loaded.streams,
-            members,
-            shapes,
-            part.clone(),
-            self.feeds.clone(),
-        );
-        let streams_cancel = CancellationToken::new();
-        let started = supervisor.start(&self.cfg.channels, &streams_cancel);
-        let reporter = watching.map(|report| {
-            let registry = self.registry.clone();
-            tokio::spawn(async move {
-                let mut changes = registry.changes();
-                let mut seen = std::collections::BTreeSet::new();
-                while !registry.watching(&started, &mut seen) {
-                    if changes.changed().await.is_err() {
-                        return;
-                    }
-                }
-                report();
-            })
-        });
-        let writer_cancel = CancellationToken::new();
-        let writer = self.checkpoints.then(|| {
-            let copy = membership_topic.clone().map(|topic| writer::Copy {
-                producer: producer.clone(),
-                topic,
-                owner: owner.clone(),
-            });
-            tokio::spawn(writer::run(
-                store,
-                copy,
-                self.registry.clone(),
-                part,
-                self.metrics.clone(),
-                Duration::from_millis(self.cfg.checkpoint.interval_ms),
-                self.pacer.clone(),
-                writer_cancel.clone(),
-                fenced.clone(),
-            ))
-        });
-
-        // A producer that failed fatally delivers nothing more: the process must restart.
-        let watchdog = {
-            let (producer, registry, stop) =
-                (producer.clone(), self.registry.clone(), stop.clone());
-            tokio::spawn(async move {
-                loop {
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        _ = tokio::time::sleep(FATAL_POLL) => {}
-                    }
-                    if let Some(e) = producer.fatal() {
-                        registry.fail(format!("the Kafka producer failed fatally: {e}"));
-                        return;
-                    }
-                }
-            })
-        };
-
-        // A term is fenced from outside (stopped too), or by its writer finding a newer owner.
-        tokio::select! {
-            _ = stop.cancelled() => {}
-            _ = fenced.cancelled() => {}
-        }
-        watchdog.abort();
-        if let Some(reporter) = reporter {
-            reporter.abort();
-        }
-        if fenced.is_cancelled() {
-            tracing::warn!("fenced: purging the producer's queued and in-flight records");
-            producer.purge();
-        }
-        // The shutdown budget: drain and flush by `drained`, the final write within its reserve.
-        let drained = tokio::time::Instant::now() + self.cfg.drain_time();
-        tracing::info!(
-            budget_seconds = self.cfg.shutdown_timeout_seconds,
-            "shutting down: draining streams"
-        );
-        streams_cancel.cancel();
-        supervisor.wait().await;
-        let flush_timeout = if fenced.is_cancelled() {
-            Duration::ZERO
-        } else {
-            drained.saturating_duration_since(tokio::time::Instant::now())
-        };
-        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || producer.flush(flush_timeout)).await
-        {
-            tracing::warn!(error = %e, "producer flush incomplete");
-        }
-        writer_cancel.cancel();
-        if let Some(Err(e)) = match writer {
-            Some(w) => Some(w.await),
-            None => None,
-        } {
-            tracing::error!(error = %e, "checkpoint writer panicked");
-        }
-        tracing::info!("stopped");
-        Ok(())
     }
 }

@@ -55,7 +55,8 @@ use super::lifecycle::{self, Action, Input, Phase};
 use super::migrate::{LegacyCell, Target};
 use super::others::{self, Others};
 use super::reach::{Reach, PROBE};
-use super::{Relay, RelayError, Sink, Term, RETRY};
+use super::term::{Run, Term};
+use super::{Relay, RelayError, Sink, RETRY};
 use crate::checkpoint::{Ownership, Store};
 use crate::config::{Config, ShardingConfig, CHECKPOINT_RESERVE};
 use crate::envelope::ShardOwner;
@@ -491,7 +492,7 @@ impl Relay {
         let was_fenced = fenced.clone();
         let drain = cfg.drain_time();
         let reports = reports.clone();
-        let watching: Box<dyn FnOnce() + Send> = Box::new(move || {
+        let watching: Box<dyn FnOnce() + Send + Sync> = Box::new(move || {
             let _ = reports.send((shard, epoch));
         });
         let term = async move {
@@ -624,7 +625,7 @@ impl Relay {
     }
 
     /// A shard's term: its share of a single leader's state copied first, if that was not done
-    /// yet, then [`Relay::run_term`].
+    /// yet, then the term itself ([`Run`]).
     async fn shard_term(
         &self,
         shard: u32,
@@ -657,7 +658,7 @@ impl Relay {
                 _ = tokio::time::sleep(RETRY) => {}
             }
         }
-        self.run_term(plan, stop, fenced).await
+        Run::new(self, plan, stop, fenced).run().await
     }
 }
 
@@ -686,7 +687,7 @@ async fn pass_on_resyncs(
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(super::writer::RESYNC_POLL) => {}
+            _ = tokio::time::sleep(super::term::writer::RESYNC_POLL) => {}
         }
         if !passes.load(Ordering::Relaxed) {
             continue;

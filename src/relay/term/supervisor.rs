@@ -15,11 +15,11 @@ use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::feeds::Feeds;
 use crate::checkpoint::Saved;
 use crate::config::{Channel, Scope, Shape, Shapes, StreamId};
 use crate::membership::{Claim, Restored};
 use crate::registry::{Part, Registry};
+use crate::relay::feeds::Feeds;
 use crate::stream::{Ended, Lifetime, NamespaceFilter, Namespaces, Resumed, Stream, Wiring};
 
 /// Spawns streams and follows namespace selectors, within one term.
