@@ -337,6 +337,8 @@ impl Membership for Joined {
             })
             .collect();
         if !claims.is_empty() {
+            // A claim is a commit the group accepted: it proves ownership, as in Kafka.
+            m.deadline.renew(tokio::time::Instant::now());
             let _ = m.events.send(Event::Claimed(claims));
         }
     }
