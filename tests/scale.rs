@@ -222,6 +222,54 @@ async fn a_change_of_watch_strategy_across_restarts_loses_nothing_and_leaves_no_
     relay.stop().await;
 }
 
+/// A cluster-wide stream filtered to its namespaces whose scope is settled replays its watch
+/// from the checkpoint after a failed delivery, as any stream does: every change is published,
+/// none collapsed into a list (before, it resynced whole and published only each object's
+/// last state).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_delivery_of_a_settled_cluster_wide_stream_publishes_every_change() {
+    let namespaces = names(3);
+    let refs: Vec<&str> = namespaces.iter().map(String::as_str).collect();
+    let bed = Bed::in_memory(SimConfig::default(), &refs).await;
+    for ns in &refs {
+        bed.label(ns, true);
+        pods(&bed, ns, &["p"]);
+    }
+    let channels = format!("{SELECTED}    watchStrategy: clusterWide\n");
+    let producer = Arc::new(Memory::new());
+    let relay = start(&bed, bed.config(&channels, ""), &producer);
+    converged(&bed, &producer).await;
+    let from = bed.sim.current_rv();
+    producer.fail_next_to("pods", 2);
+    for round in 0..4 {
+        for ns in &refs {
+            bed.sim
+                .merge_patch(
+                    "pods",
+                    Some(ns),
+                    "p",
+                    serde_json::json!({"metadata": {"labels": {"round": round.to_string()}}}),
+                )
+                .unwrap();
+        }
+    }
+    relay
+        .wait_counter("watch_restarts_total", "watchNamespacedPods._all", 1)
+        .await;
+    let journal = bed.journal_after("pods", None, from);
+    common::bed::eventually(
+        || view::unpublished(&events(&producer), &journal).is_empty(),
+        || {
+            format!(
+                "changes never published: {:?}",
+                view::unpublished(&events(&producer), &journal)
+            )
+        },
+    )
+    .await;
+    relay.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_delivery_while_a_namespace_enters_a_cluster_wide_stream_loses_nothing() {
     let _ = tracing_subscriber::fmt()

@@ -559,8 +559,14 @@ impl Stream {
                 Stop::Cancelled | Stop::Closed | Stop::Refused => {}
             }
         }
+        // Its checkpoints carry the fingerprint of the namespaces applied once everything
+        // announced under them is acknowledged (see `scope`): until then, a scope change is not
+        // on its watch.
         let profile = Profile {
-            filtered: self.scope.is_some(),
+            unsettled: self
+                .scope
+                .as_ref()
+                .is_some_and(|s| s.fingerprint() != self.position.query),
         };
         let t = machine::next(state, outcome, &mut self.backoff, profile);
         self.position.full_resync |= t.full;

@@ -16,7 +16,10 @@
 //!   while it was down, or a crash before a change was acknowledged) the position is dropped and
 //!   the stream reconciles its members with a list of the whole collection under the new scope:
 //!   objects re-announced, members out of scope deleted.
-//! - A failed delivery makes it resync whole: what it announced of entering namespaces is not on
+//! - A failed delivery replays its watch from the checkpoint, as any stream's does, once its
+//!   scope is settled (the checkpoints carry the namespaces applied): every change is published
+//!   again in order. During a scope change not acknowledged yet it resyncs whole instead: what
+//!   it announced of entering namespaces (a list) and leaving ones (inferred DELETEDs) is not on
 //!   its watch, so replaying the watch would not announce it again.
 
 use std::collections::{BTreeSet, HashMap};

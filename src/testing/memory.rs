@@ -378,10 +378,12 @@ impl Lane {
         self.state().held.len()
     }
 
-    /// Delivers every held record now, in the order they were sent.
+    /// Delivers every held record now, in the order they were sent: under the lane's lock, so
+    /// that a record sent meanwhile lands after them, as a partition's order has it (the
+    /// shared memory never calls back into a lane).
     pub fn release(&self) {
-        let held: Vec<_> = self.state().held.drain(..).collect();
-        for (record, receipt) in held {
+        let mut s = self.state();
+        while let Some((record, receipt)) = s.held.pop_front() {
             if let Err(refused) = self.memory.send(&record, receipt) {
                 panic!("the shared memory refused a released record: {refused:?}");
             }

@@ -21,7 +21,8 @@
 //!
 //! Every failure but a stall passes through Backoff{then} first; Cancelled leads anywhere to
 //! Done. A failed delivery goes back to the checkpoint: Watch{checkpoint}, or Sync{Start}
-//! without one; a filtered stream (Profile) resyncs whole instead of replaying its watch.
+//! without one; a filtered stream whose scope change is not acknowledged yet (Profile)
+//! resyncs whole instead of replaying its watch.
 //! Sync uses a `sendInitialEvents` watch (Via::InitialEvents), which goes on as the Watch on the
 //! same connection once the initial state has ended; a server that refuses it is synced with
 //! paginated lists (Via::Pages) from then on.
@@ -155,17 +156,20 @@ pub struct Transition<C> {
     pub restart: Option<&'static str>,
     /// The next resync must re-announce every object, not only those changed since the
     /// position: the server's history went back, or a filtered stream's watch cannot replay
-    /// what it announced.
+    /// what it announced of a scope change.
     pub full: bool,
 }
 
 /// What the machine must know of the stream it drives.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Profile {
-    /// A cluster-wide watch filtered to some namespaces: what it announced of namespaces
-    /// entering its scope is not on its watch, so replaying the watch after a failed delivery
-    /// would not announce it again. It resyncs instead.
-    pub filtered: bool,
+    /// A cluster-wide watch filtered to some namespaces whose scope changed since everything it
+    /// announced was last acknowledged: what it announced of namespaces entering or leaving
+    /// (their lists, their inferred DELETEDs) is not on its watch, so replaying the watch after
+    /// a failed delivery would not announce it again. It resyncs instead. Once the change is
+    /// acknowledged its checkpoints are past it, and a failed delivery replays the watch from
+    /// there, as any stream's does.
+    pub unsettled: bool,
 }
 
 impl<C> State<C> {
@@ -434,7 +438,7 @@ pub fn next<C>(
             next: State::Backoff {
                 // A filtered stream's watch cannot replay what it announced (see [`Profile`]).
                 then: Box::new(match checkpoint {
-                    Some(_) if profile.filtered => State::Sync {
+                    Some(_) if profile.unsettled => State::Sync {
                         reason: Reason::Resync,
                         via,
                     },
@@ -443,7 +447,7 @@ pub fn next<C>(
                 delay: backoff.next(),
             },
             restart: Some("delivery_failed"),
-            full: profile.filtered,
+            full: profile.unsettled,
         },
         (
             state,

@@ -344,7 +344,8 @@ fn backoff_grows_with_jitter_and_resets() {
 }
 
 #[test]
-fn a_filtered_stream_resyncs_whole_after_a_failed_delivery_and_a_rewind_asks_for_a_full_one() {
+fn an_unsettled_filtered_stream_resyncs_whole_after_a_failed_delivery_and_a_rewind_asks_for_a_full_one(
+) {
     let failed = |checkpoint: Option<&str>| {
         stopped(
             Stop::Delivery {
@@ -354,7 +355,7 @@ fn a_filtered_stream_resyncs_whole_after_a_failed_delivery_and_a_rewind_asks_for
             None,
         )
     };
-    let filtered = Profile { filtered: true };
+    let filtered = Profile { unsettled: true };
     // (profile, state, outcome, next state once waited, a full resync)
     let table: Vec<(Profile, S, O, S, bool)> = vec![
         (
