@@ -208,34 +208,11 @@ async fn handovers_publish_every_change_the_server_holds() {
     let cluster = || pods_by(&bed.sim, &NAMESPACES, |_| true, version);
     let consumer = || consumer_view_by(&events(&memory), version);
     let start = || Relay::start_on_lane(&bed, cfg.clone(), Lane::new(memory.clone()), &group);
-    let pause = || tokio::time::sleep(std::time::Duration::from_millis(400));
-
     let a = start();
     owns(&a, Some(4), "A never owned the shards").await;
     a.wait_up(4).await;
     // Changes from here on: the first sync before them announced the state as it was.
-    let from = bed.sim.current_rv();
-    let churn = bed.sim.start_churn(ChurnSpec {
-        rate_per_sec: 300.0,
-        namespaces: NAMESPACES.iter().map(|n| n.to_string()).collect(),
-        resources: vec!["pods".into()],
-        max_objects_per_kind: 3,
-        total_events: None,
-    });
-    pause().await;
-    let b = start();
-    owns(&b, None, "B never took a shard").await;
-    pause().await;
-    a.kill().await;
-    owns(&b, Some(4), "B never took A's shards").await;
-    pause().await;
-    let c = start();
-    owns(&c, None, "C never took a shard").await;
-    pause().await;
-    c.stop().await;
-    owns(&b, Some(4), "B never took C's shards").await;
-    pause().await;
-    let made = churn.stop().await;
+    let (b, from, made) = handovers_under_churn(&bed, a, &start).await;
     eventually(
         || consumer() == cluster(),
         || "the consumer's view never became the cluster's".into(),
@@ -281,8 +258,6 @@ async fn a_stream_kept_whole_from_before_fan_out_loses_no_change() {
     let cluster = || pods_by(&bed.sim, &NAMESPACES, |_| true, version);
     let consumer = || consumer_view_by(&events(&memory), version);
     let start = || Relay::start_on_lane(&bed, cfg.clone(), Lane::new(memory.clone()), &group);
-    let pause = || tokio::time::sleep(std::time::Duration::from_millis(400));
-
     let a = start();
     owns(&a, Some(4), "A never owned the shards").await;
     a.wait_up(1).await;
@@ -291,29 +266,8 @@ async fn a_stream_kept_whole_from_before_fan_out_loses_no_change() {
         || "A never relayed the pods".into(),
     )
     .await;
-    let from = bed.sim.current_rv();
-    let churn = bed.sim.start_churn(ChurnSpec {
-        rate_per_sec: 300.0,
-        namespaces: NAMESPACES.iter().map(|n| n.to_string()).collect(),
-        resources: vec!["pods".into()],
-        max_objects_per_kind: 3,
-        total_events: None,
-    });
-    pause().await;
-    let b = start();
-    owns(&b, None, "B never took a shard").await;
-    pause().await;
-    // The stream's shard moves to B, at the latest now.
-    a.kill().await;
-    owns(&b, Some(4), "B never took A's shards").await;
-    pause().await;
-    let c = start();
-    owns(&c, None, "C never took a shard").await;
-    pause().await;
-    c.stop().await;
-    owns(&b, Some(4), "B never took C's shards").await;
-    pause().await;
-    let made = churn.stop().await;
+    // The stream's shard moves to B, at the latest when A is killed.
+    let (b, from, made) = handovers_under_churn(&bed, a, &start).await;
     eventually(
         || consumer() == cluster(),
         || "the consumer's view never became the cluster's".into(),
@@ -345,6 +299,40 @@ async fn a_stream_kept_whole_from_before_fan_out_loses_no_change() {
     assert_eq!(retracted, 0, "objects were retracted");
     let journal = bed.journal_after("pods", None, from);
     assert_published(&log, &journal, "");
+}
+
+/// From A owning every shard, its first sync done: under churn, B joins, A is killed, C joins
+/// and leaves, a pause between each. Returns B, which owns every shard again, the position the
+/// churn's changes come after, and how many it made.
+async fn handovers_under_churn(
+    bed: &Bed,
+    a: Relay,
+    start: &impl Fn() -> Relay,
+) -> (Relay, u64, u64) {
+    let pause = || tokio::time::sleep(std::time::Duration::from_millis(400));
+    let from = bed.sim.current_rv();
+    let churn = bed.sim.start_churn(ChurnSpec {
+        rate_per_sec: 300.0,
+        namespaces: NAMESPACES.iter().map(|n| n.to_string()).collect(),
+        resources: vec!["pods".into()],
+        max_objects_per_kind: 3,
+        total_events: None,
+    });
+    pause().await;
+    let b = start();
+    owns(&b, None, "B never took a shard").await;
+    pause().await;
+    a.kill().await;
+    owns(&b, Some(4), "B never took A's shards").await;
+    pause().await;
+    let c = start();
+    owns(&c, None, "C never took a shard").await;
+    pause().await;
+    c.stop().await;
+    owns(&b, Some(4), "B never took C's shards").await;
+    pause().await;
+    let made = churn.stop().await;
+    (b, from, made)
 }
 
 /// Waits until `r` owns `n` shards (some, with `None`).

@@ -618,12 +618,10 @@ async fn a_killed_replica_and_a_frozen_one_lose_nothing_fanned_out() {
     killed_and_frozen(true).await;
 }
 
-/// Three processes under churn; one killed with SIGKILL, one frozen past its session with
-/// SIGSTOP, then both back. Every key ends as the cluster's, and every change made once every
-/// shard's streams had their positions has its record.
-async fn killed_and_frozen(fanned: bool) {
-    let scene = Scene::new(12, "sharded-proc", None).await;
-    let (bed, names, topic) = (&scene.bed, scene.names(), &scene.topic);
+/// A folder for relay processes of a sharded release on `bed` relaying `channels` (YAML list
+/// items), their configuration and the release's checkpoint name. Only keys 0.1.0 knows too:
+/// it refuses any other.
+fn processes(bed: &Bed, channels: &str) -> (tempfile::TempDir, String, String) {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     bed.sim.write_kubeconfig(&kubeconfig).unwrap();
@@ -634,16 +632,28 @@ async fn killed_and_frozen(fanned: bool) {
          checkpoint:\n  namespace: {CHECKPOINT_NS}\n  name: {checkpoint}\n  intervalMs: 200\n\
          sharding:\n  enabled: true\n  shards: {SHARDS}\n  topic: {}\n  sessionTimeoutMs: 6000\n  ownershipDeadlineMs: 3000\n\
          http:\n  listen: \"\"\n\
-         channels:\n  - operationId: watchNamespacedPods\n    {}\n    topic: {topic}\n",
+         channels:\n{channels}",
         kubeconfig.display(),
         bed.bootstrap,
         kafka::unique("shards"),
-        if fanned {
-            "allNamespaces: true\n    watchStrategy: clusterWide".to_string()
-        } else {
-            format!("namespaces: [{}]", names.join(", "))
-        }
     );
+    (dir, config, checkpoint)
+}
+
+/// Three processes under churn; one killed with SIGKILL, one frozen past its session with
+/// SIGSTOP, then both back. Every key ends as the cluster's, and every change made once every
+/// shard's streams had their positions has its record.
+async fn killed_and_frozen(fanned: bool) {
+    let scene = Scene::new(12, "sharded-proc", None).await;
+    let (bed, names, topic) = (&scene.bed, scene.names(), &scene.topic);
+    let scope = if fanned {
+        "allNamespaces: true\n    watchStrategy: clusterWide".to_string()
+    } else {
+        format!("namespaces: [{}]", names.join(", "))
+    };
+    let channel =
+        format!("  - operationId: watchNamespacedPods\n    {scope}\n    topic: {topic}\n");
+    let (dir, config, checkpoint) = processes(bed, &channel);
     let mut r0 = RelayProcess::replica(dir.path(), &config, "r0");
     let mut r1 = RelayProcess::replica(dir.path(), &config, "r1");
     let mut r2 = RelayProcess::replica(dir.path(), &config, "r2");
@@ -738,22 +748,8 @@ async fn a_rolling_upgrade_from_0_1_0_keeps_a_whole_streams_history() {
     let previous = tokio::task::spawn_blocking(previous_release).await.unwrap();
     let scene = Scene::new(12, "upgrade", None).await;
     let (bed, topic) = (&scene.bed, &scene.topic);
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    bed.sim.write_kubeconfig(&kubeconfig).unwrap();
-    let checkpoint = kafka::unique("relay");
-    // Keys 0.1.0 knows: it refuses any other.
-    let config = format!(
-        "clusterName: test\nkubernetes:\n  kubeconfig: {}\n  backoffInitialMs: 20\n  backoffMaxMs: 300\n\
-         kafka:\n  bootstrapServers: {}\n  oversize: trim\n  properties:\n    linger.ms: \"5\"\n\
-         checkpoint:\n  namespace: {CHECKPOINT_NS}\n  name: {checkpoint}\n  intervalMs: 200\n\
-         sharding:\n  enabled: true\n  shards: {SHARDS}\n  topic: {}\n  sessionTimeoutMs: 6000\n  ownershipDeadlineMs: 3000\n\
-         http:\n  listen: \"\"\n\
-         channels:\n  - operationId: watchAllPods\n    topic: {topic}\n",
-        kubeconfig.display(),
-        bed.bootstrap,
-        kafka::unique("shards"),
-    );
+    let channel = format!("  - operationId: watchAllPods\n    topic: {topic}\n");
+    let (dir, config, checkpoint) = processes(bed, &channel);
     let whole = "watchAllPods._all";
     let home = common::bed::shard_of(SHARDS, "watchAllPods");
     let mut old: Vec<RelayProcess> = ["o0", "o1", "o2"]
