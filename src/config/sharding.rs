@@ -340,9 +340,16 @@ impl super::Config {
     /// ([`Config::settled`](super::Config::settled)): a channel over namespaces is kept whole
     /// only when read cluster-wide.
     pub fn keeping_whole(&self, recorded: &[String]) -> Self {
+        let threshold = self.kubernetes.cluster_wide_above as usize;
         let mut kept = self.clone();
         for channel in &mut kept.channels {
-            let wide = channel.strategy == WatchStrategy::ClusterWide;
+            // Read cluster-wide as every term decides it (`relay::shapes`): a list by its
+            // length under `auto`, never with a topic naming the namespace.
+            let wide = match &channel.scope {
+                Scope::Cluster => None,
+                Scope::Namespaces(list) => channel.shape(list.len(), None, threshold),
+                Scope::Selector(_) => channel.shape(0, None, usize::MAX),
+            } == Some(Shape::ClusterWide);
             let whole = channel.stream_id(None).to_string();
             if self.sharding.fans(channel, wide) && recorded.contains(&whole) {
                 let mut c = (**channel).clone();

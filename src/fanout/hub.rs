@@ -349,7 +349,9 @@ impl Hub {
                 // listed while it ran would be expired at the list's end, again each time.
                 self.close_main(fx);
                 fx.extend(self.board.gap().into_iter().map(Effect::Seat));
+                // Waits for them to rejoin, quiet again, whatever made this catch-up due.
                 self.last_join = now;
+                self.first_waiting = Some(now);
             } else {
                 self.first_waiting = None;
                 fx.push(Effect::BeginCatchUp {

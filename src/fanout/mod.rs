@@ -291,6 +291,7 @@ impl Fanouts {
                         known: None,
                         whole_until: None,
                         waited: false,
+                        unlisted: false,
                     };
                     tokio::spawn(reader.run(rx, self.stop.clone()));
                     Arc::new(HubHandle {
@@ -362,10 +363,13 @@ struct Reader {
     known: Option<Known>,
     /// A watch from a position before the replica's first list of namespaces reads whole (what
     /// was removed before that list is not known): the position past which it is reopened
-    /// narrowed to the shards (`u64::MAX`: once the follower has listed at all).
+    /// narrowed to the shards.
     whole_until: Option<u64>,
     /// The follower's first list was waited for (once per hub).
     waited: bool,
+    /// The main watch reads whole because the follower had not listed yet: it is reopened
+    /// narrowed once it has.
+    unlisted: bool,
 }
 
 /// What a line of the collection is, for the hub.
@@ -437,7 +441,7 @@ impl Reader {
                     comparable(rv).is_some_and(|rv| rv >= until)
                 }
                 // Read whole while the follower had not listed: it has now.
-                (Input::Namespaces(_), Some(u64::MAX)) => true,
+                (Input::Namespaces(_), _) => std::mem::take(&mut self.unlisted),
                 _ => false,
             };
             self.feed(input).await;
@@ -659,6 +663,7 @@ impl Reader {
         }
         let (points, whole_until) = match &*known.borrow_and_update() {
             Namespaces::Known(names) => {
+                self.unlisted = false;
                 let ask = names.to_ask(from, Instant::now());
                 // A watch from a position before the first list of namespaces: narrowed once
                 // its position passes it.
@@ -666,7 +671,10 @@ impl Reader {
                 (ask, from.is_some().then_some(until))
             }
             // Not listed yet: a main watch reads whole until the follower's first list.
-            Namespaces::Listing => (None, from.is_some().then_some(Some(u64::MAX))),
+            Namespaces::Listing => {
+                self.unlisted = from.is_some();
+                (None, from.is_some().then_some(Some(u64::MAX)))
+            }
             Namespaces::Unavailable => {
                 self.server = Server::Whole;
                 // Already counted out while a read was whole for its age.

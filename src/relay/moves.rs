@@ -472,6 +472,19 @@ mod tests {
         let found = crossings(&kept, &recorded);
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].announced, "watchNamespacedPods._all");
+
+        // Read cluster-wide as a term decides it: a list under `auto` by its length, never
+        // with a topic naming the namespace (that one runs per namespace: not kept).
+        let all = ["watchNamespacedPods._all".to_string()];
+        let auto = format!(
+            "  - operationId: watchNamespacedPods\n    namespaces: [{a}, b]\n    topic: pods\n"
+        );
+        let mut long = cfg(&auto, 8);
+        long.kubernetes.cluster_wide_above = 1;
+        assert!(long.keeping_whole(&all).channels[0].kept_whole);
+        let mut per_ns = cfg(&auto.replace("topic: pods", "topic: pods.{namespace}"), 8);
+        per_ns.kubernetes.cluster_wide_above = 1;
+        assert!(!per_ns.keeping_whole(&all).channels[0].kept_whole);
     }
 
     #[test]

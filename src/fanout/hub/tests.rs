@@ -499,3 +499,39 @@ fn positions_that_do_not_compare_relist_once_and_settle() {
     run(&mut hub, t0, rows);
     assert_eq!(hub.deadline(), None, "settled");
 }
+
+/// The same when the catch-up came due by `join_max` (joins never quiet): the seats it expires
+/// are waited for, quiet again, not left out of a catch-up that begins at once.
+#[test]
+fn positions_that_do_not_compare_wait_for_the_expired_seats_whatever_made_the_catch_up_due() {
+    let t0 = Instant::now();
+    let mut hub = Hub::new(timing(), t0);
+    let mut rows = vec![(0, join(1, 0, None), vec![])];
+    rows.extend(catch_up_begins(500, &[0]));
+    rows.push((
+        503,
+        Input::CaughtUp {
+            rv: "x10".into(),
+            watch: true,
+        },
+        vec![
+            Effect::CatchBecomesMain,
+            Effect::Seat(Out::End(1, "x10".into())),
+        ],
+    ));
+    // Joins every 400 ms: never quiet, so the catch-up is due 5 s after the first.
+    for (i, ms) in (1000..6000).step_by(400).enumerate() {
+        rows.push((ms, join(10 + i as u64, 1, None), vec![]));
+    }
+    rows.push((
+        6000,
+        Input::Due,
+        vec![Effect::CloseMain, Effect::Seat(Out::Expire(1))],
+    ));
+    run(&mut hub, t0, rows);
+    assert_eq!(
+        hub.deadline(),
+        Some(t0 + Duration::from_millis(6000) + QUIET),
+        "the expired seat is waited for"
+    );
+}
