@@ -113,11 +113,7 @@ async fn a_server_that_filters_by_shard_sends_each_replica_its_shards_only() {
         ..SimConfig::default()
     };
     let bed = Bed::in_memory(cfg, &NAMESPACES).await;
-    for ns in NAMESPACES {
-        bed.sim
-            .create("pods", Some(ns), objects::pod(ns, "p1"))
-            .unwrap();
-    }
+    pods_p1(&bed);
     let channel = "  - operationId: watchAllPods\n    topic: pods\n";
     let cfg = sharded(bed.config(channel, ""), 4);
     let memory = Arc::new(Memory::new());
@@ -231,11 +227,7 @@ async fn handovers_publish_every_change_the_server_holds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_kept_whole_from_before_fan_out_loses_no_change() {
     let bed = Bed::in_memory_serving(true, &NAMESPACES).await;
-    for ns in NAMESPACES {
-        bed.sim
-            .create("pods", Some(ns), objects::pod(ns, "p1"))
-            .unwrap();
-    }
+    pods_p1(&bed);
     let channel = "  - operationId: watchNamespacedPods\n    allNamespaces: true\n    watchStrategy: clusterWide\n    topic: pods\n";
     let cfg = sharded(bed.config(channel, ""), 4);
     // As the older release left it: the stream recorded whole in its channel's shard.
@@ -333,6 +325,15 @@ async fn handovers_under_churn(
     pause().await;
     let made = churn.stop().await;
     (b, from, made)
+}
+
+/// A pod `p1` in every namespace.
+fn pods_p1(bed: &Bed) {
+    for ns in NAMESPACES {
+        bed.sim
+            .create("pods", Some(ns), objects::pod(ns, "p1"))
+            .unwrap();
+    }
 }
 
 /// Waits until `r` owns `n` shards (some, with `None`).

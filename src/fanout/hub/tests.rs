@@ -440,24 +440,26 @@ fn a_namespace_the_reads_were_not_asked_for_relists_its_shard() {
     );
 }
 
-/// A server whose resourceVersions are not integers: a main watch's lines cannot be set
-/// against a list's position. A catch-up then closes the main watch and its seats relist with
-/// the waiting ones, once: the catch-up goes on as the main watch, and nobody is expired at its
-/// end (before, every seat listed while the main watch ran was, at every catch-up).
-#[test]
-fn positions_that_do_not_compare_relist_once_and_settle() {
-    let t0 = Instant::now();
-    let mut hub = Hub::new(timing(), t0);
-    let item = |shard: u32| Line {
+/// An item of `shard` listed by a server whose resourceVersions are not integers.
+fn unordered_item(shard: u32) -> Line {
+    Line {
         to: To::Shard(shard),
         rv: None,
         bytes: Bytes::from(format!("item of {shard}")),
-    };
-    let sent = |id: u64, shard: u32| Effect::Seat(Out::Send(id, item(shard).bytes));
+    }
+}
+
+/// The rows of seat 1 (shard 0) joining, listed an item, and going live on a main watch at
+/// `x10`, a position that is not an integer.
+fn unordered_live_one() -> Vec<(u64, Input, Vec<Effect>)> {
     let mut rows = vec![(0, join(1, 0, None), vec![])];
     rows.extend(catch_up_begins(500, &[0]));
     rows.extend([
-        (502, Input::Listed(item(0)), vec![sent(1, 0)]),
+        (
+            502,
+            Input::Listed(unordered_item(0)),
+            vec![Effect::Seat(Out::Send(1, unordered_item(0).bytes))],
+        ),
         (
             503,
             Input::CaughtUp {
@@ -469,6 +471,22 @@ fn positions_that_do_not_compare_relist_once_and_settle() {
                 Effect::Seat(Out::End(1, "x10".into())),
             ],
         ),
+    ]);
+    rows
+}
+
+/// A server whose resourceVersions are not integers: a main watch's lines cannot be set
+/// against a list's position. A catch-up then closes the main watch and its seats relist with
+/// the waiting ones, once: the catch-up goes on as the main watch, and nobody is expired at its
+/// end (before, every seat listed while the main watch ran was, at every catch-up).
+#[test]
+fn positions_that_do_not_compare_relist_once_and_settle() {
+    let t0 = Instant::now();
+    let mut hub = Hub::new(timing(), t0);
+    let item = unordered_item;
+    let sent = |id: u64, shard: u32| Effect::Seat(Out::Send(id, item(shard).bytes));
+    let mut rows = unordered_live_one();
+    rows.extend([
         // Another shard joins: the main watch closes and seat 1 relists with it.
         (1000, join(2, 1, None), vec![]),
         (
@@ -506,19 +524,7 @@ fn positions_that_do_not_compare_relist_once_and_settle() {
 fn positions_that_do_not_compare_wait_for_the_expired_seats_whatever_made_the_catch_up_due() {
     let t0 = Instant::now();
     let mut hub = Hub::new(timing(), t0);
-    let mut rows = vec![(0, join(1, 0, None), vec![])];
-    rows.extend(catch_up_begins(500, &[0]));
-    rows.push((
-        503,
-        Input::CaughtUp {
-            rv: "x10".into(),
-            watch: true,
-        },
-        vec![
-            Effect::CatchBecomesMain,
-            Effect::Seat(Out::End(1, "x10".into())),
-        ],
-    ));
+    let mut rows = unordered_live_one();
     // Joins every 400 ms: never quiet, so the catch-up is due 5 s after the first.
     for (i, ms) in (1000..6000).step_by(400).enumerate() {
         rows.push((ms, join(10 + i as u64, 1, None), vec![]));
