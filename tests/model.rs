@@ -4,7 +4,9 @@
 //! recreate under the same name, moving a pod in and out of the label selector, moving a
 //! namespace in and out of the namespace selector, compacting history so positions expire (a
 //! delta resync follows), cutting watches and syncs, asking for a resync, full or delta, as
-//! `watchrelay resync` does, etcd snapshots and restores with and without a bumped revision),
+//! `watchrelay resync` does, etcd snapshots and restores with and without a bumped revision,
+//! followed by the runbook's `watchrelay resync all` where no checkpoint was written between
+//! the snapshot and the restore, the one restore a relay cannot see),
 //! interleaved with relay runs, some of which begin with Kafka refusing records (a
 //! retirement's, a sync's). A run ends in a clean stop or in a
 //! crash at a random point, with Kafka having written a random prefix of what was sent: before
@@ -43,6 +45,7 @@ use std::time::Duration;
 use common::bed::{eventually, Bed, Relay};
 use common::rng::Rng;
 use common::view::{self, consumer_view_by, events, json, version_view_by};
+use watchrelay::checkpoint::WRITES_KEY;
 use watchrelay::config::Config;
 use watchrelay::producer::Producer;
 use watchrelay::testing::{Lane, Memory, MemoryGroup, Order};
@@ -132,15 +135,28 @@ fn pod(ns: &str, name: &str, tier: &str) -> serde_json::Value {
     p
 }
 
+/// An etcd snapshot the history took, with each checkpoint ConfigMap's write counter then.
+struct Taken {
+    snapshot: watchrelay_sim::Snapshot,
+    writes: BTreeMap<String, String>,
+}
+
+/// Each checkpoint ConfigMap's write counter (its `.writes` entry), by name.
+fn write_counters(bed: &Bed) -> BTreeMap<String, String> {
+    bed.sim
+        .list("configmaps", Some(common::bed::CHECKPOINT_NS))
+        .into_iter()
+        .filter_map(|cm| {
+            let name = cm["metadata"]["name"].as_str()?.to_string();
+            Some((name, cm["data"][WRITES_KEY].as_str()?.to_string()))
+        })
+        .collect()
+}
+
 /// One random cluster operation; returns what it did. `snapshot` is the etcd snapshot the
 /// history took last, if any. With `exact`, only changes of pods: nothing that excuses a list
 /// collapsing changes (a compaction, a restore, a resync asked for, a namespace's scope).
-fn operate(
-    bed: &Bed,
-    rng: &mut Rng,
-    snapshot: &mut Option<watchrelay_sim::Snapshot>,
-    exact: bool,
-) -> String {
+fn operate(bed: &Bed, rng: &mut Rng, snapshot: &mut Option<Taken>, exact: bool) -> String {
     let ns = rng.pick(&[NAMESPACES[0], NAMESPACES[1], OTHER]);
     let name = format!("p{}", rng.below(NAMES));
     let tier = rng.pick(&["web", "db"]);
@@ -159,7 +175,7 @@ fn operate(
 fn change(
     bed: &Bed,
     rng: &mut Rng,
-    snapshot: &mut Option<watchrelay_sim::Snapshot>,
+    snapshot: &mut Option<Taken>,
     exact: bool,
     (ns, name, tier, exists): (&str, &str, &str, bool),
 ) -> String {
@@ -216,14 +232,36 @@ fn change(
             }
         }
         11 => {
-            *snapshot = Some(bed.sim.snapshot());
+            *snapshot = Some(Taken {
+                snapshot: bed.sim.snapshot(),
+                writes: write_counters(bed),
+            });
             "etcd snapshot".into()
         }
         12 => match snapshot {
-            Some(s) => {
+            Some(taken) => {
                 let bump = rng.chance(50).then_some(1000);
-                bed.sim.restore(s, bump);
-                format!("etcd restored from the snapshot, bumped {bump:?}")
+                // The restore no relay can see (docs/delivery.md): no checkpoint written
+                // between the snapshot and the restore, so nothing went back. The runbook's
+                // `watchrelay resync all` follows it there.
+                let blind: Vec<String> = write_counters(bed)
+                    .into_iter()
+                    .filter(|(name, writes)| taken.writes.get(name) == Some(writes))
+                    .map(|(name, _)| name)
+                    .collect();
+                bed.sim.restore(&taken.snapshot, bump);
+                let ask = serde_json::json!({"metadata": {"annotations": {"watchrelay.io/resync": "all"}}});
+                for name in &blind {
+                    bed.sim
+                        .merge_patch(
+                            "configmaps",
+                            Some(common::bed::CHECKPOINT_NS),
+                            name,
+                            ask.clone(),
+                        )
+                        .unwrap();
+                }
+                format!("etcd restored from the snapshot, bumped {bump:?}; resync all asked of {blind:?}")
             }
             None => "nothing".into(),
         },
