@@ -136,6 +136,7 @@ async fn a_server_that_filters_by_shard_sends_each_replica_its_shards_only() {
         "the server sent A pods of no shard of its"
     );
 
+    let a_watches = a.metrics.fanout_watches.get();
     let b = Relay::start_on_lane(&bed, cfg.clone(), Lane::new(memory.clone()), &group);
     eventually(
         || b.metrics.shards_owned.get() > 0 && a.metrics.shards_owned.get() < 4,
@@ -160,6 +161,12 @@ async fn a_server_that_filters_by_shard_sends_each_replica_its_shards_only() {
     eventually(
         || b.metrics.fanout_server_filtered.get() == 1,
         || "B's reads were never narrowed to its shards".into(),
+    )
+    .await;
+    // A's watch, reopened a moment after its parts of B's shards left, for its own only.
+    eventually(
+        || a.metrics.fanout_watches.get() > a_watches,
+        || "A's watch was never narrowed to its shards".into(),
     )
     .await;
     let before = (other(&a.metrics), other(&b.metrics));

@@ -39,8 +39,11 @@ use crate::event::comparable;
 /// How long the hub waits, and for what.
 #[derive(Clone, Copy, Debug)]
 pub struct Timing {
-    /// After the last part joined, before a catch-up or a reopen for resuming parts.
+    /// After the last part joined, before a catch-up (a list of the collection).
     pub join_quiet: Duration,
+    /// After the last part joined, before a reopen for resuming parts: a watch re-reading a
+    /// window costs less than a list, and a new owner's parts wait for it.
+    pub resume_quiet: Duration,
     /// After the first part waiting joined, at most.
     pub join_max: Duration,
     /// The first wait after a failed request; it doubles with each failure in a row.
@@ -172,9 +175,9 @@ impl Hub {
             .min()
     }
 
-    /// When joins are quiet enough to act on them.
-    fn quiet_until(&self) -> Instant {
-        let quiet = self.last_join + self.timing.join_quiet;
+    /// When joins have been `quiet` long enough to act on them.
+    fn quiet_until(&self, quiet: Duration) -> Instant {
+        let quiet = self.last_join + quiet;
         self.first_waiting
             .map_or(quiet, |f| quiet.min(f + self.timing.join_max))
     }
@@ -183,14 +186,17 @@ impl Hub {
     /// and the backoff allows.
     fn catch_up_due(&self) -> Option<Instant> {
         (self.board.waiting() && self.catch.is_none())
-            .then(|| self.quiet_until().max(self.retry_at))
+            .then(|| self.quiet_until(self.timing.join_quiet).max(self.retry_at))
     }
 
     /// When the main watch is to be (re)opened, if it is: for resuming seats once joins are
     /// quiet, for a main position without a watch once the backoff allows.
     fn reopen_due(&self) -> Option<Instant> {
         if self.board.resuming() {
-            Some(self.quiet_until().max(self.retry_at))
+            Some(
+                self.quiet_until(self.timing.resume_quiet)
+                    .max(self.retry_at),
+            )
         } else if self.main.is_none() && self.board.position().is_some() {
             Some(self.retry_at)
         } else {

@@ -19,7 +19,8 @@
 //!   part it fed gets a 410 and relists through the next catch-up.
 //! - **Resumes**: a part with a position (a shard claimed from another replica, a watch cut, a
 //!   failed delivery) joins at it, and the main watch is reopened from the lowest position it
-//!   must serve; each part gets only the lines above what it holds. Only a position the server
+//!   must serve (after [`RESUME_QUIET`] without another joining); each part gets only the
+//!   lines above what it holds. Only a position the server
 //!   no longer holds (410) makes a part relist. [`hub`] decides when the reads open, close and
 //!   retry; this module's loop performs its effects.
 //! - **Heartbeats**: every [`HEARTBEAT`] a bookmark at the main watch's position goes to every
@@ -66,6 +67,10 @@ use namespaces::{Known, Namespaces};
 
 /// How long a catch-up waits for more parts to join after the last one did.
 pub const JOIN_QUIET: Duration = Duration::from_millis(500);
+/// How long a reopen for resuming parts waits for more to join after the last one did: the
+/// parts of shards claimed together (a replica's shards after it died) join within a few tens
+/// of milliseconds of each other, and each waits for the reopen before its first line.
+pub const RESUME_QUIET: Duration = Duration::from_millis(100);
 /// How long a catch-up waits at most after the first part waiting joined.
 pub const JOIN_MAX: Duration = Duration::from_secs(5);
 /// How often live parts get a bookmark at the main watch's position (more often when the
@@ -264,6 +269,7 @@ impl Fanouts {
                         hub: hub::Hub::new(
                             hub::Timing {
                                 join_quiet: JOIN_QUIET,
+                                resume_quiet: RESUME_QUIET,
                                 join_max: JOIN_MAX,
                                 retry: RETRY,
                                 retry_max: RETRY_MAX,

@@ -15,6 +15,7 @@ const IDLE: Duration = Duration::from_secs(60);
 fn timing() -> Timing {
     Timing {
         join_quiet: QUIET,
+        resume_quiet: QUIET,
         join_max: Duration::from_secs(5),
         retry: Duration::from_secs(1),
         retry_max: Duration::from_secs(30),
@@ -96,7 +97,12 @@ fn joins_and_lists(ms: u64, id: u64, shard: u32, rv: u64) -> Vec<(u64, Input, Ve
 
 /// A hub whose seat 1 (shard 0) is live on a main watch at 10, at `t0`.
 fn live_one(t0: Instant) -> Hub {
-    let mut hub = Hub::new(timing(), t0);
+    live_one_timed(t0, timing())
+}
+
+/// The same, waiting as `timing` says.
+fn live_one_timed(t0: Instant, timing: Timing) -> Hub {
+    let mut hub = Hub::new(timing, t0);
     run(
         &mut hub,
         t0,
@@ -182,6 +188,51 @@ fn a_resuming_part_reopens_the_main_watch_from_its_position() {
         ],
     );
     assert_eq!(hub.deadline(), None);
+}
+
+/// A resuming part waits for the resume quiet only, shorter than a catch-up's: a new owner's
+/// part reads after one reopen, while a part to be listed beside it waits for joins to be
+/// quiet as long as a list asks.
+#[test]
+fn a_resume_waits_less_than_a_catch_up() {
+    let t0 = Instant::now();
+    let resume_quiet = Duration::from_millis(100);
+    let mut hub = live_one_timed(
+        t0,
+        Timing {
+            resume_quiet,
+            ..timing()
+        },
+    );
+    run(
+        &mut hub,
+        t0,
+        vec![
+            (
+                600,
+                Input::Main(line(To::Shard(0), 20), Some("20".into())),
+                vec![send(1, To::Shard(0), 20)],
+            ),
+            (700, join(2, 1, Some("14")), vec![]),
+            (700, join(3, 2, None), vec![]),
+            (750, Input::Due, vec![]),
+            (
+                800,
+                Input::Due,
+                vec![Effect::CloseMain, open("14", &[0, 1, 2])],
+            ),
+            (801, opened("14"), vec![]),
+            (
+                802,
+                Input::Main(line(To::Shard(1), 15), Some("15".into())),
+                vec![send(2, To::Shard(1), 15)],
+            ),
+        ],
+    );
+    assert_eq!(
+        hub.deadline(),
+        Some(t0 + Duration::from_millis(700) + QUIET)
+    );
 }
 
 #[test]
