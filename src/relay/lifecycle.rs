@@ -1,6 +1,7 @@
 //! A shard's lifecycle on this replica, pure: its phases, what can happen to it, and the one
-//! function that decides what follows. The shard loop (`shards.rs`) feeds it what the group,
-//! the clock and the shard's term report, and performs the [`Action`]s; nothing here does I/O.
+//! function that decides what follows. The shard loop (`shards/replica.rs`) feeds it what the
+//! group, the clock and the shard's term report, and performs the [`Action`]s; nothing here
+//! does I/O.
 //!
 //! ```text
 //!             Claimed(e) ┌──────────────────────────────────────────────┐

@@ -23,9 +23,9 @@ use std::sync::{Arc, Weak};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use super::{shapes, Relay};
+use super::shapes;
 use crate::checkpoint::{encode, CheckpointError, Saved, Store, MIGRATED_KEY};
-use crate::config::{Shape, StreamId};
+use crate::config::{Config, Shape, StreamId};
 use crate::membership::{self, Known, Log, Owner, Restored, SendError, TopicError};
 use crate::producer::Producer;
 
@@ -62,7 +62,7 @@ pub(super) struct Legacy {
 /// hold a single leader's whole membership for its lifetime.
 pub(super) type LegacyCell = Arc<Mutex<Weak<Legacy>>>;
 
-/// How a stream over one collection is shared out (see [`Relay::split`]).
+/// How a stream over one collection is shared out (see [`Migration::split`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Split {
     PerNamespace,
@@ -78,7 +78,13 @@ pub(super) struct Target<'a> {
     pub topic: &'a str,
 }
 
-impl Relay {
+/// The copy of single-leader state into shards, for a release's configuration and cluster.
+pub(super) struct Migration<'a> {
+    pub cfg: &'a Config,
+    pub client: &'a kube::Client,
+}
+
+impl Migration<'_> {
     /// How the single leader's stream `id` over one collection is shared out: per namespace
     /// (an `allNamespaces` channel, or a selector that was watched cluster-wide, now relayed
     /// per namespace), or by shard (now fanned out); `None` for a stream kept as it is.
@@ -87,7 +93,7 @@ impl Relay {
             return None;
         };
         let channel = self.cfg.channels.iter().find(|c| c.name == name)?;
-        let shape = shapes::sharded(&self.cfg, channel);
+        let shape = shapes::sharded(self.cfg, channel);
         if self
             .cfg
             .sharding
@@ -104,7 +110,7 @@ impl Relay {
     /// holding the Lease, but one that never held it relays on until it saw the park. A Lease
     /// that a single leader held has changed hands at the park, and no wait is needed.
     async fn await_handoff(&self) -> Result<(), MigrateError> {
-        let parked_for = crate::leader::parked_unheld_for(&self.client, &self.cfg)
+        let parked_for = crate::leader::parked_unheld_for(self.client, self.cfg)
             .await
             .map_err(MigrateError::Lease)?;
         let Some(parked_for) = parked_for else {
@@ -120,7 +126,7 @@ impl Relay {
 
     /// Reads the single-leader release's ConfigMap and membership topic.
     async fn read_legacy(&self, log: Arc<dyn Log>) -> Result<Legacy, MigrateError> {
-        let cfg = &self.cfg;
+        let cfg = self.cfg;
         let store = Store::new(
             self.client.clone(),
             &cfg.checkpoint.namespace,

@@ -1,7 +1,7 @@
 //! The facade and leadership.
 //!
 //! [`Relay`] starts the whole relay — for `main` and for tests alike: leader election when
-//! configured (or sharding, `shards.rs`), then a term per leadership term (or per owned
+//! configured (or sharding, `shards/`), then a term per leadership term (or per owned
 //! shard), each run by `term/` through its phases: the membership topic verified and read
 //! back ([`membership::Restore`]), the streams the configuration no longer runs retired
 //! ([`membership::Retire`]), then the supervisor, which spawns one stream per (channel,

@@ -1,0 +1,312 @@
+//! A shard's term's share of the replica's producer ([`ShardProducer`]), and how a term's
+//! share ends ([`settle`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus::IntCounter;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::group::Deadline;
+use crate::metrics::Metrics;
+use crate::producer::{FlushError, ProduceError, Producer, Receipt, Record, Refused, Tally};
+
+/// The producer of one shard's term, a share of the replica's producer: its membership records
+/// go to the shard's partition, every record carries the shard and the owner epoch (a stream's
+/// records have them from its route; the others, such as retractions at a start, get them
+/// here), and nothing is taken once the ownership deadline passed or the term is fenced or
+/// over.
+///
+/// Every record it takes is counted in the term's [`Tally`] until reported: its flush waits
+/// for the term's own records only (a handover does not wait for the other shards' traffic),
+/// and a term that ends with records still counted has them purged ([`settle`]), so that none
+/// of them lands after the next owner's.
+pub(super) struct ShardProducer {
+    pub(super) share: Share,
+    pub(super) membership_topic: String,
+    pub(super) shard: u32,
+    pub(super) epoch: String,
+    pub(super) deadline: Arc<Deadline>,
+    pub(super) records: IntCounter,
+}
+
+impl Producer for ShardProducer {
+    fn send(&self, record: &Record, mut receipt: Box<Receipt>) -> Result<(), Refused> {
+        if self.deadline.passed() || self.share.closed.is_cancelled() {
+            return Err(Refused::Failed(ProduceError::retriable(format!(
+                "this replica cannot prove it still owns shard {}: not producing for it",
+                self.shard
+            ))));
+        }
+        self.records.inc();
+        receipt.count_in(&self.share.tally);
+        // A stream's records carry the headers already (its route says its shard).
+        let pinned = record.topic == self.membership_topic;
+        let inner = &self.share.inner;
+        let sent = if !pinned && record.headers.get_bytes("ce_shard").is_some() {
+            inner.send(record, receipt)
+        } else {
+            let mut record = record.clone();
+            if pinned {
+                record.partition = Some(self.shard.cast_signed());
+            }
+            record.headers.push("ce_shard", &[&self.shard.to_string()]);
+            record.headers.push("ce_ownerepoch", &[&self.epoch]);
+            inner.send(&record, receipt)
+        };
+        // A receipt handed back was not taken: it is not the term's to wait for.
+        sent.map_err(|mut refused| {
+            if let Refused::Full(r) | Refused::TooLarge(r) = &mut refused {
+                r.uncount();
+            }
+            refused
+        })
+    }
+
+    /// Waits for this term's records only.
+    fn flush(&self, timeout: Duration) -> Result<(), FlushError> {
+        if self.share.tally.wait(timeout) {
+            return Ok(());
+        }
+        Err(FlushError::Undelivered {
+            pending: self.share.tally.pending(),
+        })
+    }
+
+    /// A fenced term's purge: the share takes nothing more first, so that no record its
+    /// streams hand over while they stop is taken after the purge and delivered.
+    fn purge(&self) {
+        self.share.closed.cancel();
+        self.share.inner.purge()
+    }
+
+    fn fatal(&self) -> Option<String> {
+        self.share.inner.fatal()
+    }
+}
+
+/// A term's share of the replica's producer: the producer, the term's records not yet
+/// reported, and whether the share still takes records ([`settle`] ends it).
+#[derive(Clone)]
+pub(super) struct Share {
+    pub(super) inner: Arc<dyn Producer>,
+    pub(super) tally: Arc<Tally>,
+    /// Cancelled once the term is fenced or over: nothing more is taken.
+    pub(super) closed: CancellationToken,
+}
+
+/// Ends a term's share of the producer, whatever stopped the term (a revoke in any phase,
+/// a fence, a failure): records still unreported get what is left of the drain budget,
+/// counted from the stop (`None`: the term ended by itself, nothing is waited for); any
+/// still unreported then are purged, with every other record of the replica's producer
+/// (their streams replay them from their checkpoints), so that none lands after the next
+/// owner's records. Nothing more is taken for the shard.
+pub(super) async fn settle(
+    metrics: &Metrics,
+    shard: u32,
+    share: Share,
+    stopped: Option<Instant>,
+    drain: Duration,
+) {
+    let budget = stopped.map_or(Duration::ZERO, |at| {
+        (at + drain).saturating_duration_since(Instant::now())
+    });
+    let drained = share.tally.settled(budget).await;
+    share.closed.cancel();
+    if drained {
+        return;
+    }
+    tracing::error!(shard, undelivered = share.tally.pending(), "handing the shard over with records undelivered: purging this replica's producer so that none lands after the next owner's; the other shards replay theirs from their checkpoints");
+    metrics.shard_handover_purges.inc();
+    let _ = tokio::task::spawn_blocking(move || share.inner.purge()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::producer::{Headers, Inbox, Sent};
+    use crate::testing::Memory;
+
+    fn record(topic: &str, headers: Headers) -> Record {
+        Record {
+            topic: topic.into(),
+            key: "k".into(),
+            value: b"{}".to_vec(),
+            headers,
+            tombstone: false,
+            partition: None,
+        }
+    }
+
+    fn receipt() -> Box<Receipt> {
+        Receipt::new(Inbox::new(), 0, Sent::Join)
+    }
+
+    fn producer(memory: &Arc<Memory>, deadline: &Arc<Deadline>) -> ShardProducer {
+        ShardProducer {
+            share: Share {
+                inner: memory.clone(),
+                tally: Tally::new(),
+                closed: CancellationToken::new(),
+            },
+            membership_topic: "m".into(),
+            shard: 5,
+            epoch: "7".into(),
+            deadline: deadline.clone(),
+            records: IntCounter::new("records", "records").unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_shards_flush_waits_for_its_own_records_only() {
+        let memory = Arc::new(Memory::new());
+        let deadline = Arc::new(Deadline::new(Duration::from_secs(60)));
+        deadline.renew(Instant::now());
+        let p = producer(&memory, &deadline);
+        // Another shard's record, stuck in the shared producer.
+        memory.hold(true);
+        memory
+            .send(&record("pods", Headers::default()), receipt())
+            .unwrap();
+        assert!(memory.flush(Duration::ZERO).is_err());
+        assert!(
+            p.flush(Duration::ZERO).is_ok(),
+            "none of its own is pending"
+        );
+        p.send(&record("pods", Headers::default()), receipt())
+            .unwrap();
+        assert_eq!(p.share.tally.pending(), 1);
+        assert!(p.flush(Duration::from_millis(10)).is_err());
+        // Reported (here purged): no longer pending.
+        memory.purge();
+        assert_eq!(p.share.tally.pending(), 0);
+        assert!(p.flush(Duration::ZERO).is_ok());
+    }
+
+    #[test]
+    fn a_closed_share_takes_nothing() {
+        let memory = Arc::new(Memory::new());
+        let deadline = Arc::new(Deadline::new(Duration::from_secs(60)));
+        deadline.renew(Instant::now());
+        let p = producer(&memory, &deadline);
+        p.share.closed.cancel();
+        assert!(matches!(
+            p.send(&record("pods", Headers::default()), receipt()),
+            Err(Refused::Failed(_))
+        ));
+        assert!(memory.log().is_empty());
+    }
+
+    #[test]
+    fn a_shards_records_carry_it_and_its_members_go_to_its_partition() {
+        let memory = Arc::new(Memory::new());
+        let deadline = Arc::new(Deadline::new(Duration::from_secs(60)));
+        deadline.renew(Instant::now());
+        let p = producer(&memory, &deadline);
+        p.send(&record("m", Headers::default()), receipt()).unwrap();
+        p.send(&record("pods", Headers::default()), receipt())
+            .unwrap();
+        // A stream's record has them from its route already: passed as it is.
+        let mut h = Headers::default();
+        h.push("ce_shard", &["5"]);
+        p.send(&record("pods", h), receipt()).unwrap();
+        let log = memory.log();
+        assert_eq!(
+            log[0].partition,
+            Some(5),
+            "a member goes to its shard's partition"
+        );
+        assert_eq!(log[1].partition, None, "an event is placed by its key");
+        for r in &log[..2] {
+            assert_eq!(r.headers.get("ce_shard"), Some("5"));
+            assert_eq!(r.headers.get("ce_ownerepoch"), Some("7"));
+        }
+        assert_eq!(log[2].headers.iter().count(), 1);
+    }
+
+    /// On paused time: a shard's producer takes nothing before ownership is first proven,
+    /// takes records while it is, refuses them from the instant the deadline passes unrenewed,
+    /// and takes them again once renewed.
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_fences_on_the_clock() {
+        let memory = Arc::new(Memory::new());
+        let deadline = Arc::new(Deadline::new(Duration::from_secs(10)));
+        let p = producer(&memory, &deadline);
+        assert!(p
+            .send(&record("pods", Headers::default()), receipt())
+            .is_err());
+        deadline.renew(Instant::now());
+        tokio::time::advance(Duration::from_millis(9_999)).await;
+        p.send(&record("pods", Headers::default()), receipt())
+            .unwrap();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(matches!(
+            p.send(&record("pods", Headers::default()), receipt()),
+            Err(Refused::Failed(_))
+        ));
+        deadline.renew(Instant::now());
+        p.send(&record("pods", Headers::default()), receipt())
+            .unwrap();
+        assert_eq!(memory.log().len(), 2);
+    }
+
+    #[test]
+    fn a_fenced_share_takes_nothing_after_its_purge() {
+        let deadline = Arc::new(Deadline::new(Duration::from_secs(600)));
+        deadline.renew(Instant::now());
+        let memory = Arc::new(Memory::new());
+        memory.hold(true);
+        let p = producer(&memory, &deadline);
+        p.send(&record("pods", Headers::default()), receipt())
+            .unwrap();
+        p.purge();
+        assert!(matches!(
+            p.send(&record("pods", Headers::default()), receipt()),
+            Err(Refused::Failed(_))
+        ));
+        memory.release(crate::testing::Order::Sent);
+        assert!(memory.log().is_empty(), "a record landed after the purge");
+    }
+
+    /// On paused time: a revoked term's records get what is left of the drain budget from the
+    /// stop; reported within it, nothing is purged; still unreported at its end, the replica's
+    /// producer is purged and the share takes nothing more.
+    #[tokio::test(start_paused = true)]
+    async fn a_handover_waits_out_the_drain_then_purges() {
+        let deadline = Arc::new(Deadline::new(Duration::from_secs(600)));
+        deadline.renew(Instant::now());
+        let drain = Duration::from_secs(10);
+        for delivered in [true, false] {
+            let memory = Arc::new(Memory::new());
+            memory.hold(true);
+            let p = producer(&memory, &deadline);
+            p.send(&record("pods", Headers::default()), receipt())
+                .unwrap();
+            let stopped = Instant::now();
+            tokio::time::advance(Duration::from_secs(4)).await;
+            let share = p.share.clone();
+            let settling = tokio::spawn({
+                let metrics = Metrics::new();
+                async move {
+                    settle(&metrics, 5, share, Some(stopped), drain).await;
+                    metrics.shard_handover_purges.get()
+                }
+            });
+            tokio::time::advance(Duration::from_millis(5_999)).await;
+            assert!(!settling.is_finished(), "gave up before the budget ran out");
+            if delivered {
+                memory.release(crate::testing::Order::Sent);
+            } else {
+                tokio::time::advance(Duration::from_millis(1)).await;
+            }
+            let purges = settling.await.unwrap();
+            assert_eq!(purges, u64::from(!delivered));
+            assert_eq!(memory.held(), 0);
+            assert_eq!(memory.log().len(), usize::from(delivered));
+            assert!(p
+                .send(&record("pods", Headers::default()), receipt())
+                .is_err());
+        }
+    }
+}
