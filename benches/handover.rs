@@ -13,6 +13,11 @@
 //!   replica's shards wait for it) and the membership restore the new owners took;
 //! - the revoke-to-answer time of every revoke (`shard_handover_seconds`), p50 and p99.
 //!
+//! `BENCH_GROUP_PROTOCOL=consumer` runs the shard group on KIP-848, whose session and heartbeat
+//! the broker sets (scripts/bench.sh starts one with the release's 10 s session and 1 s
+//! heartbeats); the default is the classic protocol. The churn's start is printed in ms since
+//! the epoch, to line the steps up with the replicas' logs (`BENCH_RELAY_LOG`).
+//!
 //! Run with scripts/bench.sh handover (it starts a broker) or set KAFKA_BOOTSTRAP_SERVERS.
 
 mod common;
@@ -217,7 +222,10 @@ fn scenario(scope: &str, rate: f64, names: &[String], label: &str) -> Run {
             .as_millis() as i64
             - began
     };
-    let mut steps = Vec::new();
+    let mut steps = vec![(
+        "the churn begins (ms since the epoch, for the replicas' logs)",
+        began,
+    )];
     let pause = || std::thread::sleep(Duration::from_secs(3));
     pause();
     steps.push(("scale 3 → 5 begins", since()));

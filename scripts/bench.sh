@@ -17,7 +17,10 @@
 #   scripts/bench.sh handover  scale 3 -> 5 -> 2 and kill -9 of one of two under churn (BENCH_RATE),
 #                              fanned out and per namespace (BENCH_SHAPES=fanned,listed): changes
 #                              lost against the API server's journal, late records of a deposed
-#                              owner, unowned time per shard (p50, p99), revoke to answer
+#                              owner, unowned time per shard (p50, p99), revoke to answer;
+#                              BENCH_GROUP_PROTOCOL=consumer for the shard group on KIP-848 (the
+#                              broker it starts then holds the release's 10 s session, and
+#                              heartbeats every second)
 #   scripts/bench.sh million   BENCH_PODS pods (default 1,000,000) read cluster-wide by three
 #                              sharded replicas on the simulator: first sync vs the pass-through,
 #                              shares, peak RSS, requests; a relist after a 410 (BENCH_CHANGED)
@@ -27,6 +30,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ -z ${KAFKA_BOOTSTRAP_SERVERS:-} ]]; then
+  if [[ ${BENCH_GROUP_PROTOCOL:-classic} == consumer ]]; then
+    # Under KIP-848 the session and the heartbeat are the broker's to set.
+    BROKER_EXTRA=$'group.consumer.session.timeout.ms=10000\ngroup.consumer.min.session.timeout.ms=6000\ngroup.consumer.heartbeat.interval.ms=1000\ngroup.consumer.min.heartbeat.interval.ms=500'
+    export BROKER_EXTRA
+  fi
   dir=$(mktemp -d)
   trap 'scripts/broker.sh stop "$dir"' EXIT
   KAFKA_BOOTSTRAP_SERVERS=$(scripts/broker.sh start "$dir")

@@ -332,11 +332,14 @@ pub fn sharded_replica_over(
 ) -> (KillOnDrop, u16) {
     let port = free_port();
     let config = dir.join(format!("{name}-{r}.yaml"));
+    // `BENCH_GROUP_PROTOCOL=consumer`: the shard group on KIP-848 (the broker's
+    // `group.consumer.*` settings then set the session and the heartbeat).
+    let protocol = std::env::var("BENCH_GROUP_PROTOCOL").unwrap_or_else(|_| "classic".into());
     std::fs::write(
         &config,
         format!(
             "clusterName: bench\nkubernetes:\n  kubeconfig: {}\n  backoffInitialMs: 20\n  backoffMaxMs: 100\nkafka:\n  bootstrapServers: {bootstrap}\n  oversize: trim\n\
-             checkpoint:\n  namespace: watchrelay\n  name: {name}\nsharding:\n  enabled: true\n  shards: {shards}\n  topic: {name}.shards\nhttp:\n  listen: 127.0.0.1:{port}\n\
+             checkpoint:\n  namespace: watchrelay\n  name: {name}\nsharding:\n  enabled: true\n  shards: {shards}\n  topic: {name}.shards\n  groupProtocol: {protocol}\nhttp:\n  listen: 127.0.0.1:{port}\n\
              channels:\n  - operationId: watchNamespacedPods\n    {scope}\n    topic: {name}\n",
             kubeconfig.display(),
         ),
