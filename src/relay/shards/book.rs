@@ -18,6 +18,13 @@ pub(super) struct Running {
     pub(super) fenced: CancellationToken,
     /// When it was claimed.
     pub(super) claimed: Instant,
+    /// The epoch the group claimed it under.
+    pub(super) epoch: u64,
+    /// Which term of the membership this is (counted from 1): its report that every stream
+    /// watches names it, so a report of an earlier term of the shard, still queued when that
+    /// one ended, is not taken for this one's, even under the same epoch (the group's epochs
+    /// start again when its offsets are lost).
+    pub(super) term: u64,
 }
 
 /// A revocation waiting for its shards' terms to end.
@@ -153,6 +160,8 @@ mod tests {
             stop: CancellationToken::new(),
             fenced: CancellationToken::new(),
             claimed: Instant::now(),
+            epoch: 2,
+            term: 1,
         }
     }
 

@@ -35,8 +35,8 @@
 //! Nothing is polled:
 //! - the group's [`Event`](crate::group::Event)s (claims, revokes, a fatal error of its
 //!   client);
-//! - each term's end, and its report (with its shard and claimed epoch) that every stream it
-//!   started watches, which completes the takeover;
+//! - each term's end, and its report (with its shard and which term it is) that every stream
+//!   it started watches, which completes the takeover;
 //! - the clock, only when the book asks for it ([`Book::next_look`](book::Book::next_look)):
 //!   the ownership deadline while a term may still produce, a claim due again, and the API
 //!   server's silence reaching its grace while terms run. A deadline renewed meanwhile is

@@ -31,6 +31,8 @@ use crate::relay::{Relay, RelayError, Sink, RETRY};
 struct Claim {
     shard: u32,
     epoch: u64,
+    /// Which term of this membership it starts (see [`Running::term`]).
+    nth: u64,
 }
 
 /// Why a membership in the group ended.
@@ -130,8 +132,10 @@ impl Replica<'_> {
         };
         let mut terms = FuturesUnordered::new();
         let mut book = Book::default();
-        // Each term says here, with its shard and claimed epoch, once its streams all watch.
+        // Each term says here, with its shard and its count, once its streams all watch.
         let (reports, mut watching) = mpsc::unbounded_channel();
+        // Terms started in this membership: each report names its term by this count.
+        let mut started = 0u64;
         let left = loop {
             // What the machine asks of the loop itself: terms to start, shards to claim again.
             let mut todo: Vec<(u32, Action)> = Vec::new();
@@ -187,8 +191,13 @@ impl Replica<'_> {
                     todo.extend(book.feed(shard, Input::TermEnded, &self.relay.metrics));
                     book.answer(&self.relay.metrics.shard_handover_seconds);
                 }
-                Some((shard, epoch)) = watching.recv() => {
-                    todo.extend(book.feed(shard, Input::Watching(epoch), &self.relay.metrics));
+                Some((shard, term)) = watching.recv() => {
+                    // From the shard's running term only: a report of an earlier one, still
+                    // queued when it ended, is not this claim's (the group's epoch may repeat).
+                    let epoch = book.terms.get(&shard).filter(|r| r.term == term).map(|r| r.epoch);
+                    if let Some(epoch) = epoch {
+                        todo.extend(book.feed(shard, Input::Watching(epoch), &self.relay.metrics));
+                    }
                 }
                 _ = tokio::time::sleep_until(look.unwrap_or(now)), if look.is_some() => {
                     let unfenced = book.unfenced();
@@ -213,8 +222,9 @@ impl Replica<'_> {
             for (shard, action) in todo {
                 match action {
                     Action::Start(epoch) => {
-                        let (run, term) =
-                            self.start_shard(Claim { shard, epoch }, &deadline, &reports);
+                        started += 1;
+                        let claim = Claim { shard, epoch, nth: started };
+                        let (run, term) = self.start_shard(claim, &deadline, &reports);
                         book.terms.insert(shard, run);
                         terms.push(term);
                     }
@@ -257,7 +267,7 @@ impl Replica<'_> {
         Running,
         impl std::future::Future<Output = (u32, Result<(), RelayError>)> + 'a,
     ) {
-        let Claim { shard, epoch } = claim;
+        let Claim { shard, epoch, nth } = claim;
         let member = &self.member;
         let cfg = &self.relay.cfg;
         let share = Share {
@@ -275,13 +285,15 @@ impl Replica<'_> {
             stop: CancellationToken::new(),
             fenced: CancellationToken::new(),
             claimed: Instant::now(),
+            epoch,
+            term: nth,
         };
         let (stop, fenced, legacy) = (run.stop.clone(), run.fenced.clone(), member.legacy.clone());
         let was_fenced = fenced.clone();
         let drain = cfg.drain_time();
         let reports = reports.clone();
         let watching: Box<dyn FnOnce() + Send + Sync> = Box::new(move || {
-            let _ = reports.send((shard, epoch));
+            let _ = reports.send((shard, nth));
         });
         let term = async move {
             let stopped = {
