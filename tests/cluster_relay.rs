@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::time::Duration;
 
-use common::bed::eventually;
+use common::bed::{eventually, shard_of};
 use common::cluster::{unique, Cluster, RelayProcess};
 use common::kafka::{self, Msg};
 use common::schema;
@@ -1259,7 +1259,16 @@ async fn fanned_out(gates: &str, filtered: bool) {
     let prefix = unique("fan");
     let home = format!("{prefix}-relay");
     namespace(&cluster, &home);
-    let apps: Vec<String> = (0..6).map(|i| format!("{prefix}-a{i}")).collect();
+    // One namespace in each shard: whichever shards the second replica takes, it relays pods
+    // (with six names drawn at random, both of its halves could miss all of them).
+    let apps: Vec<String> = (0..SHARDS)
+        .map(|k| {
+            (0..)
+                .map(|i| format!("{prefix}-a{i}"))
+                .find(|ns| shard_of(SHARDS, ns) == k)
+                .unwrap()
+        })
+        .collect();
     for a in &apps {
         namespace(&cluster, a);
         make(&cluster, "pods", a, "p", 0..4);
