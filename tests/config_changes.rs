@@ -61,19 +61,39 @@ fn recorded_as(bed: &Bed, wide: bool) -> bool {
 /// pod DELETED, and ends with the cluster each time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_strategy_switch_hands_each_shards_members_over() {
-    switch(true).await;
+    switch(true, false).await;
+}
+
+/// The same over a namespace selector (as an `allNamespaces` channel relayed per namespace
+/// is): each shard's term lists the namespaces the selector matches now, and as every one had
+/// its stream, the part resumes from the lowest of their positions, and back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_strategy_switch_over_a_selector_loses_no_change() {
+    switch(true, true).await;
 }
 
 /// The same switch, there and back, of a single relay (sharding off): its stream over the
 /// collection takes the per-namespace streams' members, and gives them back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_strategy_switch_of_a_single_relay_retracts_nothing() {
-    switch(false).await;
+    switch(false, false).await;
 }
 
-async fn switch(sharding: bool) {
+/// The same over a namespace selector, of a single relay: the changes made while it was down
+/// are published by its stream over the collection, resumed from the namespaces' streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_strategy_switch_of_a_single_relay_over_a_selector_loses_no_change() {
+    switch(false, true).await;
+}
+
+/// A `watchStrategy` switch there and back, with sharding or without, over the two
+/// namespaces, listed or matched by a selector.
+async fn switch(sharding: bool, selector: bool) {
     let (a, b) = namespaces();
     let bed = Bed::in_memory_serving(true, &[&a, &b]).await;
+    for ns in [&a, &b] {
+        bed.label(ns, true);
+    }
     for ns in [&a, &b] {
         for i in 0..3 {
             bed.sim
@@ -82,7 +102,12 @@ async fn switch(sharding: bool) {
         }
     }
     let channel = |strategy: &str| {
-        let text = format!("  - operationId: {CHANNEL}\n    namespaces: [{a}, {b}]\n    topic: pods\n    watchStrategy: {strategy}\n");
+        let scope = if selector {
+            "namespaceSelector: relay=yes".to_string()
+        } else {
+            format!("namespaces: [{a}, {b}]")
+        };
+        let text = format!("  - operationId: {CHANNEL}\n    {scope}\n    topic: pods\n    watchStrategy: {strategy}\n");
         if sharding {
             config(&bed, &text)
         } else {
@@ -145,7 +170,13 @@ async fn switch(sharding: bool) {
 
     let old = Relay::start_in(&bed, per_ns.clone(), memory.clone(), &group);
     eventually(
-        || consumer() == cluster() && recorded_as(&bed, false),
+        || {
+            consumer() == cluster()
+                && recorded_as(&bed, false)
+                && [&a, &b]
+                    .iter()
+                    .all(|ns| pods_recorded(&bed).contains(&format!("{CHANNEL}.{ns}")))
+        },
         || "the per-namespace streams never relayed and checkpointed".into(),
     )
     .await;

@@ -470,9 +470,10 @@ const SESSION_MARGIN: Duration = Duration::from_secs(3);
 /// offsets lost) and shards' owner epochs are raised by hand on their ConfigMaps. At the end
 /// the consumer's view must be the cluster's, as with one process.
 ///
-/// With `exact`, the history is checked too: the channel covers `namespaces: [a, b]` (per
-/// namespace or fanned out, switched by rollouts), and the cluster's operations are changes of
-/// pods only, so nothing excuses a list collapsing changes; every change the API server made
+/// With `exact`, the history is checked too: the channel covers `namespaces: [a, b]`, a
+/// selector matching both or every namespace, drawn once for the case (per namespace or fanned out, switched by rollouts), and
+/// the cluster's operations are changes of pods only, so nothing excuses a list collapsing
+/// changes; every change the API server made
 /// after the first replica's streams had their positions must have its record, whichever
 /// replica relayed it, through every crash, cut, stall, handover and shape switch.
 async fn replicas_case(seed: u64, exact: bool) {
@@ -480,12 +481,20 @@ async fn replicas_case(seed: u64, exact: bool) {
     let (bed, watch_list) = model_bed(&mut rng).await;
     let producer = Arc::new(Memory::new());
     let group = MemoryGroup::default();
+    // With `exact`, the scope is one for the whole case (a list, a selector matching both
+    // namespaces, or every namespace), so that only the watch strategy switches: a scope that
+    // changes shape relists its new namespaces.
+    let exact_shape = match exact.then(|| rng.below(3)) {
+        Some(1) => Shape::Selector,
+        Some(2) => Shape::All,
+        _ => Shape::List,
+    };
     let draw = |rng: &mut Rng| {
         let run = Run::draw(rng, false);
         if exact {
             Run {
                 selector: false,
-                shape: Shape::List,
+                shape: exact_shape,
                 renamed: false,
                 ..run
             }

@@ -16,16 +16,20 @@
 //! Resource versions are the cluster's, whatever the query, so a position of the old shape is
 //! a position of the new one wherever the old streams covered the new stream's whole scope:
 //! - **Scatter**: each per-namespace stream resumes from the position of the stream over the
-//!   collection, which covered its namespace: every change after it is published.
-//! - **Gather** into a stream over a fixed list of namespaces (`namespaces: [a, b]`), when each
-//!   of the list's namespaces (in the shard) had its stream with a position: the stream resumes
-//!   from the lowest of them. A namespace whose stream was further on has its changes between
-//!   the two published again (the same `watchrelay.id`s), as after a crash.
-//! - Otherwise (gathered into `allNamespaces` or a selector, whose namespaces the old streams
-//!   may not all have covered) the receiving stream starts without a position: its first sync
-//!   lists its scope and, as every sync against known members does, publishes only objects whose
-//!   resourceVersion differs from the member's, and an inferred DELETED for each member the list
-//!   lacks.
+//!   collection, which covered its namespace: every change after it is published. Every
+//!   namespace the scope holds (in the shard) gets the position, with members or not: a fixed
+//!   list's, or for `allNamespaces` and a selector those the term read there before it planned.
+//! - **Gather** into a stream over the collection, when each namespace its scope holds (in the
+//!   shard) had its stream with a position: the stream resumes from the lowest of them. The
+//!   namespaces are a fixed list's, or for `allNamespaces` and a selector those the term read
+//!   there before it planned (a namespace whose objects a watch from that position would not
+//!   show had no stream, so it is one of them). A namespace whose stream was further on has its
+//!   changes between the two published again (the same `watchrelay.id`s), as after a crash.
+//! - Otherwise (a namespace there without a stream: created during the switch, or the
+//!   namespaces could not be read) the receiving stream starts without a position: its first
+//!   sync lists its scope against the members it was handed, announces every object again
+//!   (the versions it holds; changes in between collapse into them) and infers a DELETED for
+//!   each member the list lacks.
 //!
 //! Nothing is published here; the old streams are not running (this runs before any stream of
 //! the term starts), so the new stream continues each key where the old one left it, in the
@@ -92,17 +96,33 @@ pub enum Move {
     },
 }
 
+impl Move {
+    /// The channel whose streams it moves.
+    pub fn channel(&self) -> &str {
+        match self {
+            Move::Gather { from, .. } => StreamId::parts(from).map_or("", |(name, _)| name),
+            Move::Scatter { channel, .. } => channel,
+        }
+    }
+}
+
 /// The moves a term makes before it starts, for the streams `ids` it holds state of
 /// (positions, members), under `cfg` with its channels in `shapes`: shard `shard`'s term with
 /// sharding on, whose stream over the collection is its part, or the whole relay's (`None`),
 /// whose stream over the collection is `<channel>._all`. Only streams the term no longer runs
 /// move, and only to a stream that relays the same channel's objects in the same shard;
 /// everything else is left to the retirement.
+///
+/// `namespaces` holds, by channel, the namespaces a dynamic scope (`allNamespaces`, a
+/// namespace selector) holds now, as the term read them before it planned: with them such a
+/// channel's streams carry their positions across the switch as a fixed list's do. A channel
+/// missing from it relists.
 pub fn plan<'a>(
     cfg: &Config,
     shapes: &Shapes,
     shard: Option<u32>,
     ids: impl IntoIterator<Item = &'a str>,
+    namespaces: &HashMap<String, BTreeSet<String>>,
 ) -> Vec<Move> {
     let ids: BTreeSet<&str> = ids.into_iter().collect();
     let whole = |name: &str| match shard {
@@ -129,9 +149,15 @@ pub fn plan<'a>(
             Some(ns) if shard.is_none_or(|k| cfg.sharding.shard_of(ns) == k) => {
                 let into = whole(name);
                 if still_runs(cfg, shapes, &into) == Some(true) {
-                    // Every listed namespace of the shard had its stream: their positions
-                    // cover the whole scope of the stream over the collection.
-                    let into_query = listed_in(cfg, channel, shard)
+                    let listed = listed_in(cfg, channel, shard, namespaces);
+                    // A namespace the scope no longer holds is not gathered: its stream is
+                    // retired, each member deleted where it was announced.
+                    if listed.as_ref().is_some_and(|l| !l.contains(&ns)) {
+                        continue;
+                    }
+                    // Every namespace of the shard the scope holds had its stream: their
+                    // positions cover the whole scope of the stream over the collection.
+                    let into_query = listed
                         .filter(|listed| {
                             listed.iter().all(|ns| {
                                 ids.contains(StreamId::new(name, Some(ns)).to_string().as_str())
@@ -147,7 +173,7 @@ pub fn plan<'a>(
                 }
             }
             None if id == whole(name) && shapes.get(name) == Some(&Shape::PerNamespace) => {
-                let listed = listed_in(cfg, channel, shard);
+                let listed = listed_in(cfg, channel, shard, namespaces);
                 let query = listed.as_ref().map(|l| part_query(channel, l));
                 let listed: Vec<String> = listed
                     .unwrap_or_default()
@@ -172,15 +198,25 @@ pub fn plan<'a>(
     moves
 }
 
-/// The namespaces of `channel`'s fixed list in `shard` (all of them without sharding), sorted
-/// and once each; `None` for a dynamic scope, whose namespaces cannot be told here.
-fn listed_in<'c>(cfg: &Config, channel: &'c Channel, shard: Option<u32>) -> Option<Vec<&'c str>> {
-    let Scope::Namespaces(list) = &channel.scope else {
-        return None;
+/// The namespaces `channel`'s scope holds in `shard` (all of them without sharding), sorted
+/// and once each: its fixed list, or what a dynamic scope holds in `namespaces`; `None` for a
+/// dynamic scope whose namespaces were not read.
+fn listed_in<'c>(
+    cfg: &Config,
+    channel: &'c Channel,
+    shard: Option<u32>,
+    namespaces: &'c HashMap<String, BTreeSet<String>>,
+) -> Option<Vec<&'c str>> {
+    let list: Vec<&str> = match &channel.scope {
+        Scope::Namespaces(list) => list.iter().map(String::as_str).collect(),
+        Scope::Cluster | Scope::Selector(_) => namespaces
+            .get(&channel.name)?
+            .iter()
+            .map(String::as_str)
+            .collect(),
     };
     let mut listed: Vec<&str> = list
-        .iter()
-        .map(String::as_str)
+        .into_iter()
         .filter(|ns| shard.is_none_or(|k| cfg.sharding.shard_of(ns) == k))
         .collect();
     listed.sort_unstable();
@@ -188,8 +224,13 @@ fn listed_in<'c>(cfg: &Config, channel: &'c Channel, shard: Option<u32>) -> Opti
     Some(listed)
 }
 
-/// The query of the stream over the collection filtered to `listed`, as it stamps it.
+/// The query of the stream over the collection whose scope holds `listed`, as it stamps it:
+/// over every namespace it reads the collection unfiltered; over a list or a selector it is
+/// filtered to them.
 fn part_query(channel: &Channel, listed: &[&str]) -> String {
+    if channel.scope == Scope::Cluster {
+        return channel.query_fingerprint(None, false);
+    }
     Channel::scoped_fingerprint(
         listed.iter().copied(),
         &channel.query_fingerprint(None, true),
@@ -540,6 +581,7 @@ mod tests {
                 shapes,
                 Some(0),
                 recorded.iter().map(String::as_str),
+                &HashMap::new(),
             ));
             assert_eq!(got, expected, "{case}");
         }
@@ -618,21 +660,93 @@ mod tests {
             into_query: resumes.then(String::new),
         };
         let ids = ["watchNamespacedPods.a", "watchNamespacedPods.b"];
+        let none = HashMap::new();
         assert_eq!(
-            strip(plan(&listed("clusterWide"), &wide, None, ids)),
+            strip(plan(&listed("clusterWide"), &wide, None, ids, &none)),
             vec![gather("a", true), gather("b", true)]
         );
         // namespaces: [a, b] becoming allNamespaces: other namespaces were never read.
         assert_eq!(
-            strip(plan(&every, &Shapes::new(), None, ids)),
+            strip(plan(&every, &Shapes::new(), None, ids, &none)),
             vec![gather("a", false), gather("b", false)]
         );
+        // allNamespaces, with the namespaces there now read by the term: when each had its
+        // stream, the stream over the collection resumes, stamped with its own (unfiltered)
+        // query; a namespace without one (created meanwhile, never read) makes it relist.
+        let there = |names: &[&str]| {
+            let names: BTreeSet<String> = names.iter().map(|n| n.to_string()).collect();
+            HashMap::from([("watchNamespacedPods".to_string(), names)])
+        };
+        let unfiltered = every.channels[0].query_fingerprint(None, false);
+        let resumed = plan(&every, &Shapes::new(), None, ids, &there(&["a", "b"]));
+        assert_eq!(
+            strip(resumed.clone()),
+            vec![gather("a", true), gather("b", true)]
+        );
+        assert!(resumed
+            .iter()
+            .all(|m| matches!(m, Move::Gather { into_query: Some(q), .. } if *q == unfiltered)));
+        assert_eq!(
+            strip(plan(
+                &every,
+                &Shapes::new(),
+                None,
+                ids,
+                &there(&["a", "b", "c"])
+            )),
+            vec![gather("a", false), gather("b", false)]
+        );
+        // A selector's per-namespace streams, gathered and scattered back the same way, with
+        // the namespaces it matches now: the stream over the collection is filtered to them.
+        let selector = |strategy: &str| {
+            unsharded(&format!("  - operationId: watchNamespacedPods\n    namespaceSelector: relay=yes\n    watchStrategy: {strategy}"))
+        };
+        let by_selector = |names: &[&str]| {
+            let names: BTreeSet<String> = names.iter().map(|n| n.to_string()).collect();
+            HashMap::from([("watchNamespacedPods".to_string(), names)])
+        };
+        let wide_cfg = selector("clusterWide");
+        let filtered = Channel::scoped_fingerprint(
+            ["a", "b"],
+            &wide_cfg.channels[0].query_fingerprint(None, true),
+        );
+        let gathered = plan(&wide_cfg, &wide, None, ids, &by_selector(&["a", "b"]));
+        assert!(gathered
+            .iter()
+            .all(|m| matches!(m, Move::Gather { into_query: Some(q), .. } if *q == filtered)));
+        assert_eq!(
+            strip(plan(&wide_cfg, &wide, None, ids, &none)),
+            vec![gather("a", false), gather("b", false)],
+            "the selector's namespaces not read: it relists"
+        );
+        assert_eq!(
+            strip(plan(&wide_cfg, &wide, None, ids, &by_selector(&["a"]))),
+            vec![gather("a", true)],
+            "b left the selector: its stream is retired, not gathered"
+        );
+        let scattered = plan(
+            &selector("perNamespace"),
+            &per_ns,
+            None,
+            ["watchNamespacedPods._all"],
+            &by_selector(&["a", "b"]),
+        );
+        assert!(matches!(
+            &scattered[..],
+            [Move::Scatter { listed, query: Some(q), .. }] if *listed == ["a", "b"] && *q == filtered
+        ));
         // Each listed namespace's stream takes the position when the stream over the
         // collection covered exactly those namespaces under the selectors configured now.
         let per_ns_cfg = listed("perNamespace");
         let base = per_ns_cfg.channels[0].query_fingerprint(None, true);
         assert_eq!(
-            plan(&per_ns_cfg, &per_ns, None, ["watchNamespacedPods._all"]),
+            plan(
+                &per_ns_cfg,
+                &per_ns,
+                None,
+                ["watchNamespacedPods._all"],
+                &none
+            ),
             vec![Move::Scatter {
                 from: "watchNamespacedPods._all".into(),
                 channel: "watchNamespacedPods".into(),
@@ -647,7 +761,7 @@ mod tests {
             }]
         );
         assert_eq!(
-            strip(plan(&listed("perNamespace"), &per_ns, None, ids)),
+            strip(plan(&listed("perNamespace"), &per_ns, None, ids, &none)),
             vec![]
         );
         // A part of a sharded release is not this relay's to move.
@@ -656,7 +770,8 @@ mod tests {
                 &listed("perNamespace"),
                 &per_ns,
                 None,
-                ["watchNamespacedPods._all-s3"]
+                ["watchNamespacedPods._all-s3"],
+                &none,
             ),
             vec![]
         );

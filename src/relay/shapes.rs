@@ -2,7 +2,7 @@
 //! ([`Shape`]): before anything is retired or started, since the streams a term runs depend on
 //! it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::ListParams;
@@ -132,4 +132,31 @@ async fn count_namespaces(client: &kube::Client, selector: &str) -> Result<usize
         .await?
         .items
         .len())
+}
+
+/// The namespaces each of `channels` holds now (every namespace, or its selector's), by
+/// channel; a channel whose list failed is left out (its streams then relist at a shape
+/// switch), with a warning.
+pub(super) async fn scope_namespaces(
+    client: &kube::Client,
+    channels: &[&Channel],
+) -> HashMap<String, BTreeSet<String>> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let mut found = HashMap::new();
+    for channel in channels {
+        let params = match &channel.scope {
+            Scope::Selector(sel) => ListParams::default().labels(sel),
+            _ => ListParams::default(),
+        };
+        match api.list_metadata(&params).await {
+            Ok(list) => {
+                let names = list.items.into_iter().filter_map(|n| n.metadata.name);
+                found.insert(channel.name.clone(), names.collect());
+            }
+            Err(e) => {
+                tracing::warn!(channel = %channel.name, error = %e, "listing the namespaces of a channel that changed shape failed; its streams relist");
+            }
+        }
+    }
+    found
 }

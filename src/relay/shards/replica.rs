@@ -223,7 +223,11 @@ impl Replica<'_> {
                 match action {
                     Action::Start(epoch) => {
                         started += 1;
-                        let claim = Claim { shard, epoch, nth: started };
+                        let claim = Claim {
+                            shard,
+                            epoch,
+                            nth: started,
+                        };
                         let (run, term) = self.start_shard(claim, &deadline, &reports);
                         book.terms.insert(shard, run);
                         terms.push(term);

@@ -20,6 +20,7 @@
 pub(super) mod supervisor;
 pub(super) mod writer;
 
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use super::others::{self, Others};
 use super::{shapes, Relay, RelayError};
 use crate::checkpoint::{Loaded, Store};
-use crate::config::Shapes;
+use crate::config::{Channel, Scope, Shapes};
 use crate::envelope::ShardOwner;
 use crate::membership::{self, Log, Owner, Restored};
 use crate::producer::Producer;
@@ -205,13 +206,35 @@ impl<'a> Run<'a> {
         let Held { loaded, members } = held;
         // A channel that changed shape hands its members over (in the shard), before anything
         // is retired: what moves is not retracted.
-        let ids = loaded.streams.keys().map(String::as_str);
-        let moves = membership::regroup::plan(
-            &relay.cfg,
-            shapes,
-            term.shard.map(|s| s.shard),
-            ids.chain(members.streams()),
-        );
+        let ids: Vec<&str> = loaded
+            .streams
+            .keys()
+            .map(String::as_str)
+            .chain(members.streams())
+            .collect();
+        let shard = term.shard.map(|s| s.shard);
+        let plan = |namespaces: &HashMap<String, BTreeSet<String>>| {
+            let ids = ids.iter().copied();
+            membership::regroup::plan(&relay.cfg, shapes, shard, ids, namespaces)
+        };
+        let mut moves = plan(&HashMap::new());
+        // A channel over every namespace or a selector that changed shape: the namespaces its
+        // scope holds now say whether its streams' positions carry over.
+        let dynamic: Vec<&Channel> = relay
+            .cfg
+            .channels
+            .iter()
+            .map(|c| &**c)
+            .filter(|c| !matches!(c.scope, Scope::Namespaces(_)))
+            .filter(|c| moves.iter().any(|m| m.channel() == c.name))
+            .collect();
+        if !dynamic.is_empty() {
+            let namespaces = tokio::select! {
+                _ = stop.cancelled() => return None,
+                n = shapes::scope_namespaces(&relay.client, &dynamic) => n,
+            };
+            moves = plan(&namespaces);
+        }
         let regroup = membership::Regroup {
             producer: &term.producer,
             store: &term.store,
@@ -380,7 +403,7 @@ async fn report_watching(
     report: Box<dyn FnOnce() + Send + Sync>,
 ) {
     let mut changes = registry.changes();
-    let mut seen = std::collections::BTreeSet::new();
+    let mut seen = BTreeSet::new();
     while !registry.watching(&started, &mut seen) {
         if changes.changed().await.is_err() {
             return;
