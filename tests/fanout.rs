@@ -35,18 +35,6 @@ async fn a_collection_is_read_once_per_replica_and_dealt_to_its_shards() {
     let group = MemoryGroup::default();
     let cluster = || pods_by(&bed.sim, &NAMESPACES, |_| true, version);
     let consumer = || consumer_view_by(&events(&memory), version);
-    let change = |value: &str| {
-        for ns in NAMESPACES {
-            bed.sim
-                .merge_patch(
-                    "pods",
-                    Some(ns),
-                    "p1",
-                    serde_json::json!({"metadata": {"labels": {"v": value}}}),
-                )
-                .unwrap();
-        }
-    };
 
     let a = Relay::start_on_lane(&bed, cfg.clone(), Lane::new(memory.clone()), &group);
     eventually(
@@ -64,7 +52,7 @@ async fn a_collection_is_read_once_per_replica_and_dealt_to_its_shards() {
         || "B never took a shard".into(),
     )
     .await;
-    change("2");
+    change_p1(&bed, "2");
     eventually(
         || consumer() == cluster(),
         || "the change never reached the consumer".into(),
@@ -80,7 +68,7 @@ async fn a_collection_is_read_once_per_replica_and_dealt_to_its_shards() {
 
     a.stop().await;
     bed.sim.delete("pods", Some("a"), "p2").unwrap();
-    change("3");
+    change_p1(&bed, "3");
     eventually(
         || consumer() == cluster(),
         || "B never relayed A's shards".into(),
@@ -298,6 +286,106 @@ async fn a_stream_kept_whole_from_before_fan_out_loses_no_change() {
     assert_eq!(retracted, 0, "objects were retracted");
     let journal = bed.journal_after("pods", None, from);
     assert_published(&log, &journal, "");
+}
+
+/// S11: a reopen of the shared watch answered 504 (the server's cache behind the position, as
+/// another API server's may be) is tried again from the same position: no part relists, and
+/// every change is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_cache_at_a_reopen_relists_no_part() {
+    let bed = Bed::in_memory_serving(true, &NAMESPACES).await;
+    pods_p1(&bed);
+    let channel = "  - operationId: watchNamespacedPods\n    allNamespaces: true\n    watchStrategy: clusterWide\n    topic: pods\n";
+    let cfg = sharded(bed.config(channel, ""), 4);
+    let memory = Arc::new(Memory::new());
+    let group = MemoryGroup::default();
+    let a = Relay::start_on_lane(&bed, cfg.clone(), Lane::new(memory.clone()), &group);
+    owns(&a, Some(4), "A never owned the shards").await;
+    a.wait_up(4).await;
+    let cluster = || pods_by(&bed.sim, &NAMESPACES, |_| true, version);
+    let consumer = || consumer_view_by(&events(&memory), version);
+    eventually(
+        || consumer() == cluster(),
+        || "A never relayed the pods".into(),
+    )
+    .await;
+    let lists = a.metrics.fanout_lists.get();
+    let from = bed.sim.current_rv();
+    // The next two watches from a position get 504; the watch is cut, then pods change.
+    bed.sim.lag_next_watches(2);
+    bed.sim.drop_watches();
+    change_p1(&bed, "1");
+    change_p1(&bed, "2");
+    eventually(
+        || consumer() == cluster(),
+        || "the changes never reached the consumer".into(),
+    )
+    .await;
+    assert_eq!(a.metrics.fanout_lists.get(), lists, "a part relisted");
+    a.stop().await;
+    let journal = bed.journal_after("pods", None, from);
+    assert_eq!(journal.len(), 2 * NAMESPACES.len());
+    assert_published(&events(&memory), &journal, "");
+}
+
+/// S13: a failed delivery of a fanned-out part (here filtered to a selector's namespaces)
+/// replays its share of the shared watch from its checkpoint, as any stream's watch does: no
+/// list, no full resync, every change published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_delivery_of_a_part_publishes_every_change() {
+    let bed = Bed::in_memory_serving(true, &NAMESPACES).await;
+    pods_p1(&bed);
+    for ns in NAMESPACES {
+        bed.label(ns, true);
+    }
+    let channel = "  - operationId: watchNamespacedPods\n    namespaceSelector: relay=yes\n    watchStrategy: clusterWide\n    topic: pods\n";
+    let cfg = sharded(bed.config(channel, ""), 4);
+    let memory = Arc::new(Memory::new());
+    let group = MemoryGroup::default();
+    let a = Relay::start_on_lane(&bed, cfg.clone(), Lane::new(memory.clone()), &group);
+    owns(&a, Some(4), "A never owned the shards").await;
+    a.wait_up(4).await;
+    let cluster = || pods_by(&bed.sim, &NAMESPACES, |_| true, version);
+    let consumer = || consumer_view_by(&events(&memory), version);
+    eventually(
+        || consumer() == cluster(),
+        || "A never relayed the pods".into(),
+    )
+    .await;
+    let lists = a.metrics.fanout_lists.get();
+    let from = bed.sim.current_rv();
+    memory.fail_next_to("pods", 2);
+    for round in 0..4 {
+        change_p1(&bed, &round.to_string());
+    }
+    eventually(
+        || {
+            consumer() == cluster()
+                && common::view::unpublished(
+                    &events(&memory),
+                    &bed.journal_after("pods", None, from),
+                )
+                .is_empty()
+        },
+        || "the changes never all reached the consumer".into(),
+    )
+    .await;
+    assert_eq!(a.metrics.fanout_lists.get(), lists, "a part relisted");
+    a.stop().await;
+}
+
+/// Changes pod `p1` of every namespace, labelling it `v`.
+fn change_p1(bed: &Bed, v: &str) {
+    for ns in NAMESPACES {
+        bed.sim
+            .merge_patch(
+                "pods",
+                Some(ns),
+                "p1",
+                serde_json::json!({"metadata": {"labels": {"v": v}}}),
+            )
+            .unwrap();
+    }
 }
 
 /// From A owning every shard, its first sync done: under churn, B joins, A is killed, C joins
