@@ -28,11 +28,11 @@ pub(super) struct Running {
 }
 
 /// A revocation waiting for its shards' terms to end.
-pub(super) struct Handover {
+struct Handover {
     /// Its shards whose part is not done yet.
-    pub(super) pending: BTreeSet<u32>,
-    pub(super) done: std::sync::mpsc::SyncSender<()>,
-    pub(super) revoked: Instant,
+    pending: BTreeSet<u32>,
+    done: std::sync::mpsc::SyncSender<()>,
+    revoked: Instant,
 }
 
 /// The shards of one membership in the group, as this replica holds them: each one's phase of
@@ -41,13 +41,59 @@ pub(super) struct Handover {
 /// shards whose term ended unasked.
 #[derive(Default)]
 pub(super) struct Book {
-    pub(super) phases: BTreeMap<u32, Phase>,
-    pub(super) terms: HashMap<u32, Running>,
-    pub(super) handovers: Vec<Handover>,
-    pub(super) reclaims: BTreeMap<u32, Instant>,
+    phases: BTreeMap<u32, Phase>,
+    terms: HashMap<u32, Running>,
+    handovers: Vec<Handover>,
+    reclaims: BTreeMap<u32, Instant>,
 }
 
 impl Book {
+    /// `shard`'s term started as `run`.
+    pub(super) fn started(&mut self, shard: u32, run: Running) {
+        self.terms.insert(shard, run);
+    }
+
+    /// `shard`'s term ended (feed [`Input::TermEnded`] next).
+    pub(super) fn ended(&mut self, shard: u32) {
+        self.terms.remove(&shard);
+    }
+
+    /// A revoke of `shards`, answered on `done` once each is handed over (feed each its
+    /// input next).
+    pub(super) fn revoked(&mut self, shards: &[u32], done: std::sync::mpsc::SyncSender<()>) {
+        self.handovers.push(Handover {
+            pending: shards.iter().copied().collect(),
+            done,
+            revoked: Instant::now(),
+        });
+    }
+
+    /// The epoch of `shard`'s running term when it is the `term`th of the membership: a
+    /// report of an earlier term, still queued when that one ended, is not this claim's.
+    pub(super) fn running_term(&self, shard: u32, term: u64) -> Option<u64> {
+        self.terms
+            .get(&shard)
+            .filter(|r| r.term == term)
+            .map(|r| r.epoch)
+    }
+
+    /// How many terms run (the shards owned).
+    pub(super) fn running(&self) -> usize {
+        self.terms.len()
+    }
+
+    /// Whether `shard` relays (its term runs under a claim).
+    pub(super) fn relays(&self, shard: u32) -> bool {
+        self.phases.get(&shard).is_some_and(|p| p.relaying())
+    }
+
+    /// Stops every term still running (a handover the group stopped waiting for).
+    pub(super) fn stop_all(&self) {
+        for run in self.terms.values() {
+            run.stop.cancel();
+        }
+    }
+
     /// Steps `shard`'s lifecycle on `input` and performs what concerns its term and the
     /// revokes (stopping, fencing, answering, scheduling a claim); returns the actions the
     /// loop performs itself (starting a term, claiming again), each with its shard.

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::book::{Book, Handover, Running};
+use super::book::{Book, Running};
 use super::resyncs::pass_on_resyncs;
 use super::share::{settle, ShardProducer, Share};
 use crate::checkpoint::{Ownership, Store};
@@ -172,7 +172,7 @@ impl Replica<'_> {
                         let kind = if lost { "lost" } else { "revoked" };
                         tracing::info!(?shards, kind, "shards revoked");
                         let input = if lost { Input::Lost } else { Input::Revoked };
-                        book.handovers.push(Handover { pending: shards.iter().copied().collect(), done, revoked: Instant::now() });
+                        book.revoked(&shards, done);
                         for shard in shards {
                             self.relay.metrics.shard_rebalances.with_label_values(&[kind]).inc();
                             todo.extend(book.feed(shard, input, &self.relay.metrics));
@@ -182,7 +182,7 @@ impl Replica<'_> {
                     }
                 },
                 Some((shard, result)) = terms.next(), if !terms.is_empty() => {
-                    book.terms.remove(&shard);
+                    book.ended(shard);
                     let part = self.relay.cfg.sharding.clone();
                     self.relay.registry.forget(&move |id| part.shard_of_stream(id) == shard);
                     if let Err(e) = result {
@@ -194,8 +194,7 @@ impl Replica<'_> {
                 Some((shard, term)) = watching.recv() => {
                     // From the shard's running term only: a report of an earlier one, still
                     // queued when it ended, is not this claim's (the group's epoch may repeat).
-                    let epoch = book.terms.get(&shard).filter(|r| r.term == term).map(|r| r.epoch);
-                    if let Some(epoch) = epoch {
+                    if let Some(epoch) = book.running_term(shard, term) {
                         todo.extend(book.feed(shard, Input::Watching(epoch), &self.relay.metrics));
                     }
                 }
@@ -212,7 +211,7 @@ impl Replica<'_> {
                         tracing::warn!(shard, "claiming again a shard whose term ended unasked");
                         todo.extend(book.feed(shard, Input::ReclaimDue, &self.relay.metrics));
                     }
-                    if leaving.is_none() && !grace.is_zero() && !book.terms.is_empty() && reach.silent() >= grace {
+                    if leaving.is_none() && !grace.is_zero() && book.running() > 0 && reach.silent() >= grace {
                         tracing::error!(silent_seconds = reach.silent().as_secs(), "the API server has not answered for sharding.apiUnreachableSeconds: leaving the shard group so other replicas relay these shards");
                         leaving = leave(Left::Unreachable, &mut group);
                     }
@@ -229,7 +228,7 @@ impl Replica<'_> {
                             nth: started,
                         };
                         let (run, term) = self.start_shard(claim, &deadline, &reports);
-                        book.terms.insert(shard, run);
+                        book.started(shard, run);
                         terms.push(term);
                     }
                     Action::Reclaim => reclaim.push(shard),
@@ -239,20 +238,15 @@ impl Replica<'_> {
             if let (false, Some(g)) = (reclaim.is_empty(), &group) {
                 g.reclaim(&reclaim);
             }
-            passes.store(
-                book.phases.get(&0).is_some_and(|p| p.relaying()),
-                Ordering::Relaxed,
-            );
+            passes.store(book.relays(0), Ordering::Relaxed);
             self.relay
                 .metrics
                 .shards_owned
-                .set(i64::try_from(book.terms.len()).unwrap_or(i64::MAX));
+                .set(i64::try_from(book.running()).unwrap_or(i64::MAX));
         };
         passes.store(false, Ordering::Relaxed);
         // A handover the group stopped waiting for: stop what still runs.
-        for run in book.terms.values() {
-            run.stop.cancel();
-        }
+        book.stop_all();
         while terms.next().await.is_some() {}
         self.relay.metrics.shards_owned.set(0);
         self.relay.metrics.leader.set(0);
