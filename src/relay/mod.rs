@@ -10,11 +10,13 @@
 //!
 //! Shutdown order: streams stop reading and drain their outstanding deliveries, the producer is
 //! flushed, and the checkpoint is written one last time, so a clean stop replays nothing.
+//!
+//! The relay's shared parts are a `Context` (`context.rs`) that terms and shards borrow: no
+//! part of this folder imports the facade.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::Store;
@@ -26,15 +28,19 @@ use crate::metrics::Metrics;
 use crate::producer::{self, Producer};
 use crate::registry::{self, Registry, Role};
 use crate::schemas::Schemas;
+pub use context::RelayError;
+use context::{Context, Sink};
 use others::Others;
 pub use preflight::preflight;
 use term::{Run, Term};
 
+mod context;
 mod feeds;
 mod lifecycle;
 mod migrate;
 mod moves;
 mod others;
+mod pacer;
 mod preflight;
 mod reach;
 mod shapes;
@@ -42,67 +48,10 @@ mod shards;
 mod term;
 mod topics;
 
-/// A producer and the membership log it writes to.
-type Outlet = (Arc<dyn Producer>, Arc<dyn Log>);
-
-/// How long to wait before trying again what must be read or set up in Kafka before a term.
-const RETRY: Duration = Duration::from_secs(5);
-
-/// Why the relay stopped before its shutdown was asked for.
-#[derive(Debug, Error)]
-pub enum RelayError {
-    /// The Kafka producer could not be created: librdkafka refused its configuration.
-    #[error("cannot create the Kafka producer: {0}")]
-    Producer(String),
-    /// The replica could not join the shard group.
-    #[error(transparent)]
-    Group(#[from] group::GroupError),
-    /// The configuration cannot be applied to the release as it stands; says the safe way.
-    #[error("refusing to start: {0}")]
-    Refused(String),
-    /// The schema registry refused a topic's schema: nothing more may be published under it.
-    #[error("stopped: {0}")]
-    Schema(String),
-}
-
-/// Where records go: a new Kafka producer per leadership term, or one given producer with the
-/// membership log it writes to.
-enum Sink {
-    Kafka,
-    Given(Arc<dyn Producer>, Arc<dyn Log>),
-}
-
 /// The whole relay. Take the handles you need ([`Relay::metrics`], [`Relay::registry`],
 /// [`Relay::shutdown`]) before [`Relay::run`].
 pub struct Relay {
-    cfg: Arc<Config>,
-    client: kube::Client,
-    sink: Sink,
-    metrics: Arc<Metrics>,
-    registry: Registry,
-    shutdown: CancellationToken,
-    /// Load and write checkpoints (off for a dry run).
-    checkpoints: bool,
-    /// Where replicas meet, with sharding on.
-    coordinator: Arc<dyn Coordinator>,
-    /// The permits of `kubernetes.maxConcurrentSyncs`, one set for the process: shared by every
-    /// term, so a replica owning many shards still runs that many syncs at most.
-    syncs: Arc<tokio::sync::Semaphore>,
-    /// Where the API server's reachability probe builds its own client, with sharding on.
-    probe: crate::kubeclient::Target,
-    /// The namespaces each selector matches, followed once for every term of the replica.
-    feeds: Arc<feeds::Feeds>,
-    /// Turns of the checkpoint writers of every term, so a replica's ConfigMap requests stay
-    /// bounded whatever it owns.
-    pacer: Arc<term::writer::Pacer>,
-    /// Restores at once, over every term: each reads with Kafka clients of its own (a
-    /// consumer and a producer of end markers), and a replica claiming 64 shards at its start
-    /// would otherwise open 128 at once.
-    restores: Arc<tokio::sync::Semaphore>,
-    /// With a schema registry: the topics' schema tags, kept registered while the relay runs.
-    schemas: Option<Arc<Schemas>>,
-    /// With sharding on: the collections read once for every shard of the replica.
-    fanouts: Option<Arc<crate::fanout::Fanouts>>,
+    ctx: Context,
 }
 
 /// Restores a replica runs at once ([`Relay`]'s `restores`).
@@ -134,66 +83,68 @@ impl Relay {
             ))
         });
         Self {
-            fanouts,
-            probe: crate::kubeclient::Target::Configured(cfg.kubernetes.clone()),
-            feeds: Arc::new(feeds::Feeds::new(client.clone())),
-            pacer: Arc::default(),
-            restores: Arc::new(tokio::sync::Semaphore::new(RESTORES_AT_ONCE)),
-            cfg: Arc::new(cfg),
-            client,
-            syncs,
-            sink: Sink::Kafka,
-            metrics,
-            registry: Registry::with_stall_bound(stall_bound),
-            shutdown: CancellationToken::new(),
-            checkpoints: true,
-            coordinator: Arc::new(group::Kafka),
-            schemas: None,
+            ctx: Context {
+                fanouts,
+                probe: crate::kubeclient::Target::Configured(cfg.kubernetes.clone()),
+                feeds: Arc::new(feeds::Feeds::new(client.clone())),
+                pacer: Arc::default(),
+                restores: Arc::new(tokio::sync::Semaphore::new(RESTORES_AT_ONCE)),
+                cfg: Arc::new(cfg),
+                client,
+                syncs,
+                sink: Sink::Kafka,
+                metrics,
+                registry: Registry::with_stall_bound(stall_bound),
+                shutdown: CancellationToken::new(),
+                checkpoints: true,
+                coordinator: Arc::new(group::Kafka),
+                schemas: None,
+            },
         }
     }
 
     /// A trial run: envelopes go to standard output as JSON lines, every stream starts with a
     /// list (no checkpoint is read or written), no Lease is taken.
     pub fn dry_run(mut self) -> Self {
-        self.sink = Sink::Given(Arc::new(producer::Stdout), Arc::new(membership::log::Empty));
-        self.checkpoints = false;
+        self.ctx.sink = Sink::Given(Arc::new(producer::Stdout), Arc::new(membership::log::Empty));
+        self.ctx.checkpoints = false;
         self
     }
 
     /// Sends records to `producer` instead of Kafka, and reads the membership topic from
     /// `log`.
     pub fn with_producer(mut self, producer: Arc<dyn Producer>, log: Arc<dyn Log>) -> Self {
-        self.sink = Sink::Given(producer, log);
+        self.ctx.sink = Sink::Given(producer, log);
         self
     }
 
     /// Probes the API server's reachability with a client of `target` (by default, the
     /// cluster `kubernetes` names), built on the probe's own runtime.
     pub fn with_probe(mut self, target: crate::kubeclient::Target) -> Self {
-        self.probe = target;
+        self.ctx.probe = target;
         self
     }
 
     /// Meets the other replicas through `coordinator` instead of Kafka's group coordinator
     /// (with sharding on).
     pub fn with_coordinator(mut self, coordinator: Arc<dyn Coordinator>) -> Self {
-        self.coordinator = coordinator;
+        self.ctx.coordinator = coordinator;
         self
     }
 
     /// The relay's metrics, as `/metrics` serves them.
     pub fn metrics(&self) -> Arc<Metrics> {
-        self.metrics.clone()
+        self.ctx.metrics.clone()
     }
 
     /// The live streams and their phases, behind `/readyz` and the tests' waits.
     pub fn registry(&self) -> Registry {
-        self.registry.clone()
+        self.ctx.registry.clone()
     }
 
     /// Cancel it to stop: the relay drains, writes its last checkpoint and returns.
     pub fn shutdown(&self) -> CancellationToken {
-        self.shutdown.clone()
+        self.ctx.shutdown.clone()
     }
 
     /// Runs until shut down; with leader election on, relays only while this replica holds the
@@ -204,27 +155,27 @@ impl Relay {
     /// With a schema registry, each topic's schema is registered before its first record and
     /// kept registered; a schema the registry refuses stops the relay with that error.
     pub async fn run(mut self) -> Result<(), RelayError> {
-        if self.cfg.sharding.enabled && self.checkpoints {
+        if self.ctx.cfg.sharding.enabled && self.ctx.checkpoints {
             // What the release runs is settled once for the replica's life, before anything
             // reads the channels.
-            let settled = moves::check(&self.cfg, &self.client, &self.shutdown)
+            let settled = moves::check(&self.ctx.cfg, &self.ctx.client, &self.ctx.shutdown)
                 .await
                 .map_err(RelayError::Refused)?;
-            self.cfg = Arc::new(settled);
+            self.ctx.cfg = Arc::new(settled);
         }
         let refused = Arc::new(std::sync::Mutex::new(None));
-        if self.checkpoints {
-            self.schemas = Schemas::new(
-                self.cfg.clone(),
-                self.client.clone(),
-                self.metrics.schema_registry_pending.clone(),
+        if self.ctx.checkpoints {
+            self.ctx.schemas = Schemas::new(
+                self.ctx.cfg.clone(),
+                self.ctx.client.clone(),
+                self.ctx.metrics.schema_registry_pending.clone(),
             )
             .map_err(|e| RelayError::Refused(format!("schema registry client: {e}")))?;
         }
-        let keeper = self.schemas.clone().map(|schemas| {
+        let keeper = self.ctx.schemas.clone().map(|schemas| {
             let (stop, shutdown, refused) = (
-                self.shutdown.child_token(),
-                self.shutdown.clone(),
+                self.ctx.shutdown.child_token(),
+                self.ctx.shutdown.clone(),
                 refused.clone(),
             );
             tokio::spawn(async move {
@@ -248,51 +199,51 @@ impl Relay {
 
     /// [`Relay::run`], once the schemas are kept.
     async fn relay(&self) -> Result<(), RelayError> {
-        let unready = &self.metrics.topics_unready;
-        if self.checkpoints
+        let unready = &self.ctx.metrics.topics_unready;
+        if self.ctx.checkpoints
             && !topics::ready(
-                &self.cfg,
-                self.admin(),
-                &self.registry,
+                &self.ctx.cfg,
+                self.ctx.admin(),
+                &self.ctx.registry,
                 unready,
-                &self.shutdown,
+                &self.ctx.shutdown,
             )
             .await
         {
             return Ok(());
         }
-        if self.cfg.sharding.enabled && self.checkpoints {
-            return self.run_sharded().await;
+        if self.ctx.cfg.sharding.enabled && self.ctx.checkpoints {
+            return shards::run(&self.ctx).await;
         }
-        if self.checkpoints {
-            crate::leader::refuse_unsharding(&self.client, &self.cfg, &self.shutdown)
+        if self.ctx.checkpoints {
+            crate::leader::refuse_unsharding(&self.ctx.client, &self.ctx.cfg, &self.ctx.shutdown)
                 .await
                 .map_err(RelayError::Refused)?;
         }
-        if !self.checkpoints {
-            self.metrics.leader.set(1);
+        if !self.ctx.checkpoints {
+            self.ctx.metrics.leader.set(1);
             return self
-                .term(self.shutdown.clone(), CancellationToken::new())
+                .term(self.ctx.shutdown.clone(), CancellationToken::new())
                 .await;
         }
-        if !self.cfg.leader_election.enabled {
+        if !self.ctx.cfg.leader_election.enabled {
             return self.unelected().await;
         }
-        let le = &self.cfg.leader_election;
-        let namespace = self.cfg.lease_namespace();
-        let mut elector = Elector::new(self.client.clone(), namespace, le);
+        let le = &self.ctx.cfg.leader_election;
+        let namespace = self.ctx.cfg.lease_namespace();
+        let mut elector = Elector::new(self.ctx.client.clone(), namespace, le);
         tracing::info!(lease = %elector.name(), identity = %elector.identity(), "leader election on");
         loop {
-            self.registry.begin_term(Role::Standby);
+            self.ctx.registry.begin_term(Role::Standby);
             // A stop while standing by (or while draining after a loss) ends here; the release
             // covers an attempt that won the Lease just as the stop came.
-            if self.shutdown.is_cancelled() || !elector.acquire(&self.shutdown).await {
+            if self.ctx.shutdown.is_cancelled() || !elector.acquire(&self.ctx.shutdown).await {
                 elector.release(RELEASE_RESERVE).await;
                 return Ok(());
             }
-            self.registry.begin_term(Role::Leader);
-            self.metrics.leader.set(1);
-            let stop = self.shutdown.child_token();
+            self.ctx.registry.begin_term(Role::Leader);
+            self.ctx.metrics.leader.set(1);
+            let stop = self.ctx.shutdown.child_token();
             let fenced = CancellationToken::new();
             let done = CancellationToken::new();
             let relay = async {
@@ -303,14 +254,14 @@ impl Relay {
             let keeper = async {
                 let lost = elector.keep(&done).await;
                 if lost.is_some() {
-                    self.metrics.leader.set(0);
+                    self.ctx.metrics.leader.set(0);
                     fenced.cancel();
                     stop.cancel();
                 }
                 lost
             };
             let (result, lost) = tokio::join!(relay, keeper);
-            self.metrics.leader.set(0);
+            self.ctx.metrics.leader.set(0);
             match (result, lost) {
                 (result, None) => {
                     elector.release(RELEASE_RESERVE).await;
@@ -329,10 +280,10 @@ impl Relay {
     /// [`crate::config::Config::handoff`] of the Lease being parked, so the shards copy the
     /// state it left and never relay alongside it, and refuses to go on.
     async fn unelected(&self) -> Result<(), RelayError> {
-        self.metrics.leader.set(1);
-        let stop = self.shutdown.child_token();
+        self.ctx.metrics.leader.set(1);
+        let stop = self.ctx.shutdown.child_token();
         let sharded = {
-            let (client, cfg, stop) = (self.client.clone(), self.cfg.clone(), stop.clone());
+            let (client, cfg, stop) = (self.ctx.client.clone(), self.ctx.cfg.clone(), stop.clone());
             tokio::spawn(async move {
                 loop {
                     tokio::select! {
@@ -349,7 +300,7 @@ impl Relay {
         };
         let relayed = self.term(stop.clone(), CancellationToken::new()).await;
         stop.cancel();
-        self.metrics.leader.set(0);
+        self.ctx.metrics.leader.set(0);
         match sharded.await.ok().flatten() {
             Some(marker) => Err(RelayError::Refused(format!(
                 "replicas of this release started sharded ({marker}): this single leader, without leader election, stopped and left them its state; remove it (the rollout that turned sharding on does)"
@@ -372,50 +323,44 @@ impl Relay {
         stop: CancellationToken,
         fenced: CancellationToken,
     ) -> Result<(), RelayError> {
-        let (producer, log) = self.sink()?;
+        let (producer, log) = self.ctx.sink()?;
         let plan = Term {
             producer,
             log,
             store: Store::new(
-                self.client.clone(),
-                &self.cfg.checkpoint.namespace,
-                &self.cfg.checkpoint.name,
+                self.ctx.client.clone(),
+                &self.ctx.cfg.checkpoint.namespace,
+                &self.ctx.cfg.checkpoint.name,
             ),
-            owner: Owner::new(&self.cfg.checkpoint.namespace, &self.cfg.checkpoint.name),
-            membership_topic: self.cfg.checkpoint.membership.topic(&self.cfg.cluster_name),
-            partitions: self.cfg.checkpoint.membership.partitions.unwrap_or(1),
+            owner: Owner::new(
+                &self.ctx.cfg.checkpoint.namespace,
+                &self.ctx.cfg.checkpoint.name,
+            ),
+            membership_topic: self
+                .ctx
+                .cfg
+                .checkpoint
+                .membership
+                .topic(&self.ctx.cfg.cluster_name),
+            partitions: self.ctx.cfg.checkpoint.membership.partitions.unwrap_or(1),
             part: registry::whole(),
             shard: None,
             // Sharded releases of the cluster keep their members in the shards' topic.
             others: Others::In(
-                Some(self.cfg.sharding.topic(&self.cfg.cluster_name))
-                    .filter(|t| *t != self.cfg.checkpoint.membership.topic(&self.cfg.cluster_name))
+                Some(self.ctx.cfg.sharding.topic(&self.ctx.cfg.cluster_name))
+                    .filter(|t| {
+                        *t != self
+                            .ctx
+                            .cfg
+                            .checkpoint
+                            .membership
+                            .topic(&self.ctx.cfg.cluster_name)
+                    })
                     .into_iter()
                     .collect(),
             ),
             watching: None,
         };
-        Run::new(self, plan, stop, fenced).run().await
-    }
-
-    /// Where this relay's records go, and its membership log. With sharding on, records wait
-    /// for their delivery at most [`crate::config::ShardingConfig::delivery_timeout`] (unless
-    /// `kafka.properties` says otherwise).
-    /// What creates and describes topics: the membership log's admin.
-    fn admin(&self) -> Arc<dyn Log> {
-        match &self.sink {
-            Sink::Kafka => Arc::new(membership::log::Kafka::new(&self.cfg.kafka)),
-            Sink::Given(_, log) => log.clone(),
-        }
-    }
-
-    fn sink(&self) -> Result<Outlet, RelayError> {
-        Ok(match &self.sink {
-            Sink::Kafka => (
-                producer::Kafka::start(&self.cfg.producer_kafka()).map_err(RelayError::Producer)?,
-                Arc::new(membership::log::Kafka::new(&self.cfg.kafka)),
-            ),
-            Sink::Given(p, log) => (p.clone(), log.clone()),
-        })
+        Run::new(&self.ctx, plan, stop, fenced).run().await
     }
 }

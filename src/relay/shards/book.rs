@@ -9,8 +9,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
+use crate::relay::context::RETRY;
 use crate::relay::lifecycle::{self, Action, Input, Phase};
-use crate::relay::RETRY;
 
 /// A shard's term, as the loop keeps it.
 pub(super) struct Running {

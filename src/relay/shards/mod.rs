@@ -44,13 +44,13 @@
 //!
 //! The module's parts: [`book`] (the shards as held), [`replica`] (the loop and the terms it
 //! starts), [`share`] (a term's share of the producer), [`resyncs`] (resync requests passed on
-//! to the shards). `impl Relay` here only sets the replica up.
+//! to the shards). [`run`] sets the replica up.
 
 use std::sync::Arc;
 
+use super::context::{Context, RelayError};
 use super::migrate::LegacyCell;
 use super::others;
-use super::{Relay, RelayError};
 use crate::registry::Role;
 use replica::{Member, Replica};
 
@@ -59,68 +59,63 @@ mod replica;
 mod resyncs;
 mod share;
 
-impl Relay {
-    /// Relays the shards this replica owns until shut down, then hands them over and leaves
-    /// the group. A replica that cannot reach the API server for
-    /// `sharding.apiUnreachableSeconds` leaves the group too (its shards go to replicas that
-    /// can relay them) and joins again once it answers.
-    pub(super) async fn run_sharded(&self) -> Result<(), RelayError> {
-        let cfg = &self.cfg;
-        self.registry.begin_term(Role::Member);
-        let (producer, log) = self.sink()?;
-        if !replica::ensure_topics(self, &log).await {
-            return Ok(());
-        }
-        // No replica of the single-leader version may lead once shards run.
-        let le = &cfg.leader_election;
-        let lease_ns = cfg.lease_namespace();
-        let mut elector = crate::leader::Elector::new(self.client.clone(), lease_ns, le);
-        if !elector.park(&self.shutdown).await {
-            return Ok(());
-        }
-        let mut topics = vec![cfg.sharding.topic(&cfg.cluster_name)];
-        let single = cfg.checkpoint.membership.topic(&cfg.cluster_name);
-        if !topics.contains(&single) {
-            topics.push(single);
-        }
-        // Read while the replica joins, not before: a partition out of reach (its leader
-        // stalled) must not keep the replica out of the group, and only a term's streams need
-        // the claims. Failing past its session, the terms' streams start unchecked against
-        // them (with a warning) and the read goes on: terms started after it check them.
-        let (found, others) = tokio::sync::watch::channel(None);
-        let read = async {
-            let c = &cfg.checkpoint;
-            let stop = &self.shutdown;
-            let wait = others::claims_wait(&cfg.sharding);
-            let read = match others::read(c, &log, &topics, Some(wait), stop).await {
-                Some(read) => Some(read),
-                None if stop.is_cancelled() => None,
-                None => {
-                    tracing::warn!(?topics, wait_seconds = wait.as_secs(), "other releases' claims still unread: this replica's streams start unchecked against them until they are read");
-                    let _ = found.send(Some(Arc::from([])));
-                    others::read(c, &log, &topics, None, stop).await
-                }
-            };
-            if let Some(read) = read {
-                let _ = found.send(Some(read.others));
+/// Relays the shards this replica owns until shut down, then hands them over and leaves
+/// the group. A replica that cannot reach the API server for
+/// `sharding.apiUnreachableSeconds` leaves the group too (its shards go to replicas that
+/// can relay them) and joins again once it answers.
+pub(super) async fn run(relay: &Context) -> Result<(), RelayError> {
+    let cfg = &relay.cfg;
+    relay.registry.begin_term(Role::Member);
+    let (producer, log) = relay.sink()?;
+    if !replica::ensure_topics(relay, &log).await {
+        return Ok(());
+    }
+    // No replica of the single-leader version may lead once shards run.
+    let le = &cfg.leader_election;
+    let lease_ns = cfg.lease_namespace();
+    let mut elector = crate::leader::Elector::new(relay.client.clone(), lease_ns, le);
+    if !elector.park(&relay.shutdown).await {
+        return Ok(());
+    }
+    let mut topics = vec![cfg.sharding.topic(&cfg.cluster_name)];
+    let single = cfg.checkpoint.membership.topic(&cfg.cluster_name);
+    if !topics.contains(&single) {
+        topics.push(single);
+    }
+    // Read while the replica joins, not before: a partition out of reach (its leader
+    // stalled) must not keep the replica out of the group, and only a term's streams need
+    // the claims. Failing past its session, the terms' streams start unchecked against
+    // them (with a warning) and the read goes on: terms started after it check them.
+    let (found, others) = tokio::sync::watch::channel(None);
+    let read = async {
+        let c = &cfg.checkpoint;
+        let stop = &relay.shutdown;
+        let wait = others::claims_wait(&cfg.sharding);
+        let read = match others::read(c, &log, &topics, Some(wait), stop).await {
+            Some(read) => Some(read),
+            None if stop.is_cancelled() => None,
+            None => {
+                tracing::warn!(?topics, wait_seconds = wait.as_secs(), "other releases' claims still unread: this replica's streams start unchecked against them until they are read");
+                let _ = found.send(Some(Arc::from([])));
+                others::read(c, &log, &topics, None, stop).await
             }
-            std::future::pending::<()>().await;
         };
-        let member = Member {
-            producer,
-            log: log.clone(),
-            identity: crate::leader::identity(&cfg.leader_election),
-            legacy: LegacyCell::default(),
-            passes: Arc::default(),
-            others,
-        };
-        let replica = Replica {
-            relay: self,
-            member,
-        };
-        tokio::select! {
-            relayed = replica.memberships() => relayed,
-            () = read => unreachable!("the read waits forever once done"),
+        if let Some(read) = read {
+            let _ = found.send(Some(read.others));
         }
+        std::future::pending::<()>().await;
+    };
+    let member = Member {
+        producer,
+        log: log.clone(),
+        identity: crate::leader::identity(&cfg.leader_election),
+        legacy: LegacyCell::default(),
+        passes: Arc::default(),
+        others,
+    };
+    let replica = Replica { relay, member };
+    tokio::select! {
+        relayed = replica.memberships() => relayed,
+        () = read => unreachable!("the read waits forever once done"),
     }
 }

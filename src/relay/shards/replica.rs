@@ -20,12 +20,12 @@ use crate::envelope::ShardOwner;
 use crate::group::{Deadline, Event, GroupError, Membership};
 use crate::membership::{self, Log, Owner};
 use crate::producer::{Producer, Tally};
+use crate::relay::context::{Context, RelayError, Sink, RETRY};
 use crate::relay::lifecycle::{Action, Input};
 use crate::relay::migrate::{LegacyCell, Migration, Target};
 use crate::relay::others::Others;
 use crate::relay::reach::{Reach, PROBE};
 use crate::relay::term::{Run, Term};
-use crate::relay::{Relay, RelayError, Sink, RETRY};
 
 /// A shard the group assigned this replica, with its owner epoch.
 struct Claim {
@@ -57,9 +57,9 @@ pub(super) struct Member {
     pub(super) others: tokio::sync::watch::Receiver<Option<Arc<[membership::Claim]>>>,
 }
 
-/// A replica in the shard group: the relay it serves and what its memberships share.
+/// A replica in the shard group: the relay's shared parts and what its memberships share.
 pub(super) struct Replica<'r> {
-    pub(super) relay: &'r Relay,
+    pub(super) relay: &'r Context,
     pub(super) member: Member,
 }
 
@@ -468,7 +468,7 @@ impl Replica<'_> {
 /// Creates the group's topic and the shards' membership topic unless they exist, and
 /// checks each has one partition per shard; retried until they do. `false` when shut down
 /// first.
-pub(super) async fn ensure_topics(relay: &Relay, log: &Arc<dyn Log>) -> bool {
+pub(super) async fn ensure_topics(relay: &Context, log: &Arc<dyn Log>) -> bool {
     let sharding = &relay.cfg.sharding;
     let cluster = &relay.cfg.cluster_name;
     let shards = sharding.shards.cast_signed();

@@ -26,8 +26,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::context::{Context, RelayError};
 use super::others::{self, Others};
-use super::{shapes, Relay, RelayError};
+use super::shapes;
 use crate::checkpoint::{Loaded, Store};
 use crate::config::{Channel, Scope, Shapes};
 use crate::envelope::ShardOwner;
@@ -80,7 +81,7 @@ struct Held {
 /// A term being run: its plan, the relay's shared parts, and how it is stopped (`stop`: drained
 /// and written; `fenced` too: purged, nothing written).
 pub(super) struct Run<'a> {
-    relay: &'a Relay,
+    relay: &'a Context,
     term: Term,
     stop: CancellationToken,
     fenced: CancellationToken,
@@ -88,7 +89,7 @@ pub(super) struct Run<'a> {
 
 impl<'a> Run<'a> {
     pub(super) fn new(
-        relay: &'a Relay,
+        relay: &'a Context,
         term: Term,
         stop: CancellationToken,
         fenced: CancellationToken,

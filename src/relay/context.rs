@@ -1,0 +1,105 @@
+//! What every part of the relay shares: its configuration and clients, its metrics and
+//! registry, where its records go, and the limits every term takes turns under ([`Context`]);
+//! and the relay's error. The facade (`mod.rs`) owns one; terms and shards borrow it, so none of
+//! them depends on the facade.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use thiserror::Error;
+use tokio_util::sync::CancellationToken;
+
+use super::feeds;
+use super::pacer::Pacer;
+use crate::config::Config;
+use crate::group::{self, Coordinator};
+use crate::membership::{self, Log};
+use crate::metrics::Metrics;
+use crate::producer::{self, Producer};
+use crate::registry::Registry;
+use crate::schemas::Schemas;
+
+/// A producer and the membership log it writes to.
+pub(super) type Outlet = (Arc<dyn Producer>, Arc<dyn Log>);
+
+/// How long to wait before trying again what must be read or set up in Kafka before a term.
+pub(super) const RETRY: Duration = Duration::from_secs(5);
+
+/// Why the relay stopped before its shutdown was asked for.
+#[derive(Debug, Error)]
+pub enum RelayError {
+    /// The Kafka producer could not be created: librdkafka refused its configuration.
+    #[error("cannot create the Kafka producer: {0}")]
+    Producer(String),
+    /// The replica could not join the shard group.
+    #[error(transparent)]
+    Group(#[from] group::GroupError),
+    /// The configuration cannot be applied to the release as it stands; says the safe way.
+    #[error("refusing to start: {0}")]
+    Refused(String),
+    /// The schema registry refused a topic's schema: nothing more may be published under it.
+    #[error("stopped: {0}")]
+    Schema(String),
+}
+
+/// Where records go: a new Kafka producer per leadership term, or one given producer with the
+/// membership log it writes to.
+pub(super) enum Sink {
+    Kafka,
+    Given(Arc<dyn Producer>, Arc<dyn Log>),
+}
+
+/// The relay's shared parts (see the module).
+pub(super) struct Context {
+    pub(super) cfg: Arc<Config>,
+    pub(super) client: kube::Client,
+    pub(super) sink: Sink,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) registry: Registry,
+    pub(super) shutdown: CancellationToken,
+    /// Load and write checkpoints (off for a dry run).
+    pub(super) checkpoints: bool,
+    /// Where replicas meet, with sharding on.
+    pub(super) coordinator: Arc<dyn Coordinator>,
+    /// The permits of `kubernetes.maxConcurrentSyncs`, one set for the process: shared by every
+    /// term, so a replica owning many shards still runs that many syncs at most.
+    pub(super) syncs: Arc<tokio::sync::Semaphore>,
+    /// Where the API server's reachability probe builds its own client, with sharding on.
+    pub(super) probe: crate::kubeclient::Target,
+    /// The namespaces each selector matches, followed once for every term of the replica.
+    pub(super) feeds: Arc<feeds::Feeds>,
+    /// Turns of the checkpoint writers of every term, so a replica's ConfigMap requests stay
+    /// bounded whatever it owns.
+    pub(super) pacer: Arc<Pacer>,
+    /// Restores at once, over every term: each reads with Kafka clients of its own (a
+    /// consumer and a producer of end markers), and a replica claiming 64 shards at its start
+    /// would otherwise open 128 at once.
+    pub(super) restores: Arc<tokio::sync::Semaphore>,
+    /// With a schema registry: the topics' schema tags, kept registered while the relay runs.
+    pub(super) schemas: Option<Arc<Schemas>>,
+    /// With sharding on: the collections read once for every shard of the replica.
+    pub(super) fanouts: Option<Arc<crate::fanout::Fanouts>>,
+}
+
+impl Context {
+    /// Where this relay's records go, and its membership log. With sharding on, records wait
+    /// for their delivery at most [`crate::config::ShardingConfig::delivery_timeout`] (unless
+    /// `kafka.properties` says otherwise).
+    /// What creates and describes topics: the membership log's admin.
+    pub(super) fn admin(&self) -> Arc<dyn Log> {
+        match &self.sink {
+            Sink::Kafka => Arc::new(membership::log::Kafka::new(&self.cfg.kafka)),
+            Sink::Given(_, log) => log.clone(),
+        }
+    }
+
+    pub(super) fn sink(&self) -> Result<Outlet, RelayError> {
+        Ok(match &self.sink {
+            Sink::Kafka => (
+                producer::Kafka::start(&self.cfg.producer_kafka()).map_err(RelayError::Producer)?,
+                Arc::new(membership::log::Kafka::new(&self.cfg.kafka)),
+            ),
+            Sink::Given(p, log) => (p.clone(), log.clone()),
+        })
+    }
+}
