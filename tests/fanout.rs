@@ -296,19 +296,10 @@ async fn a_lagging_cache_at_a_reopen_relists_no_part() {
     let bed = Bed::in_memory_serving(true, &NAMESPACES).await;
     pods_p1(&bed);
     let channel = "  - operationId: watchNamespacedPods\n    allNamespaces: true\n    watchStrategy: clusterWide\n    topic: pods\n";
-    let cfg = sharded(bed.config(channel, ""), 4);
     let memory = Arc::new(Memory::new());
-    let group = MemoryGroup::default();
-    let a = Relay::start_on_lane(&bed, cfg.clone(), Lane::new(memory.clone()), &group);
-    owns(&a, Some(4), "A never owned the shards").await;
-    a.wait_up(4).await;
+    let a = relaying_every_shard(&bed, channel, &memory).await;
     let cluster = || pods_by(&bed.sim, &NAMESPACES, |_| true, version);
     let consumer = || consumer_view_by(&events(&memory), version);
-    eventually(
-        || consumer() == cluster(),
-        || "A never relayed the pods".into(),
-    )
-    .await;
     let lists = a.metrics.fanout_lists.get();
     let from = bed.sim.current_rv();
     // The next two watches from a position get 504; the watch is cut, then pods change.
@@ -339,19 +330,10 @@ async fn a_failed_delivery_of_a_part_publishes_every_change() {
         bed.label(ns, true);
     }
     let channel = "  - operationId: watchNamespacedPods\n    namespaceSelector: relay=yes\n    watchStrategy: clusterWide\n    topic: pods\n";
-    let cfg = sharded(bed.config(channel, ""), 4);
     let memory = Arc::new(Memory::new());
-    let group = MemoryGroup::default();
-    let a = Relay::start_on_lane(&bed, cfg.clone(), Lane::new(memory.clone()), &group);
-    owns(&a, Some(4), "A never owned the shards").await;
-    a.wait_up(4).await;
+    let a = relaying_every_shard(&bed, channel, &memory).await;
     let cluster = || pods_by(&bed.sim, &NAMESPACES, |_| true, version);
     let consumer = || consumer_view_by(&events(&memory), version);
-    eventually(
-        || consumer() == cluster(),
-        || "A never relayed the pods".into(),
-    )
-    .await;
     let lists = a.metrics.fanout_lists.get();
     let from = bed.sim.current_rv();
     memory.fail_next_to("pods", 2);
@@ -372,6 +354,25 @@ async fn a_failed_delivery_of_a_part_publishes_every_change() {
     .await;
     assert_eq!(a.metrics.fanout_lists.get(), lists, "a part relisted");
     a.stop().await;
+}
+
+/// One replica of `channel` over 4 shards on `memory`, once it owns every shard and the
+/// consumer holds the cluster's pods.
+async fn relaying_every_shard(bed: &Bed, channel: &str, memory: &Arc<Memory>) -> Relay {
+    let cfg = sharded(bed.config(channel, ""), 4);
+    let group = MemoryGroup::default();
+    let a = Relay::start_on_lane(bed, cfg, Lane::new(memory.clone()), &group);
+    owns(&a, Some(4), "A never owned the shards").await;
+    a.wait_up(4).await;
+    eventually(
+        || {
+            consumer_view_by(&events(memory), version)
+                == pods_by(&bed.sim, &NAMESPACES, |_| true, version)
+        },
+        || "A never relayed the pods".into(),
+    )
+    .await;
+    a
 }
 
 /// Changes pod `p1` of every namespace, labelling it `v`.
