@@ -483,7 +483,8 @@ async fn replicas_case(seed: u64, exact: bool) {
     let group = MemoryGroup::default();
     // With `exact`, the scope is one for the whole case (a list, a selector matching both
     // namespaces, or every namespace), so that only the watch strategy switches: a scope that
-    // changes shape relists its new namespaces.
+    // changes shape relists its new namespaces. Every namespace is always fanned out with
+    // sharding on: those cases switch nothing, and check the history across handovers.
     let exact_shape = match exact.then(|| rng.below(3)) {
         Some(1) => Shape::Selector,
         Some(2) => Shape::All,

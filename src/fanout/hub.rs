@@ -368,7 +368,9 @@ impl Hub {
         if self.reopen_due().is_some_and(|t| t <= now) {
             // A main watch still running is closed: the new one starts at or below it.
             self.close_main(fx);
-            if self.board.resuming() {
+            // Seats waiting for a list keep their first join: resumes in a row, each reopening
+            // sooner than a list is begun, must not put their catch-up off past `join_max`.
+            if self.board.resuming() && !self.board.waiting() {
                 self.first_waiting = None;
             }
             if let Some(from) = self.board.reopen_from() {

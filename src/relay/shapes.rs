@@ -16,8 +16,8 @@ use crate::metrics::Metrics;
 /// (positions, members): they say what each channel ran last time. A selector channel left to
 /// `auto` keeps what it ran last time; it lists its namespaces once to count them, to decide its
 /// first shape, or to say (log and `watch_strategy_switch_pending`) that the count now calls for
-/// the other one: switching relists every stream of the channel, so it takes an explicit
-/// `watchStrategy`. Should counting fail, a channel that never ran watches per namespace.
+/// the other one: a switch moves every stream of the channel (see
+/// [`crate::membership::regroup`]), so it takes an explicit `watchStrategy`. Should counting fail, a channel that never ran watches per namespace.
 pub(super) async fn decide<'a>(
     cfg: &Config,
     client: &kube::Client,
@@ -76,7 +76,7 @@ pub(super) async fn decide<'a>(
             let by_count = channel.shape(count, None, threshold);
             let pending = before.is_some() && by_count != Some(shape);
             if pending {
-                tracing::warn!(channel = %channel.name, namespaces = count, kept = ?shape, by_count = ?by_count, threshold, "watchStrategy auto keeps the shape it ran; the namespace count now calls for the other one. Switching relists the channel's streams: set watchStrategy explicitly to switch");
+                tracing::warn!(channel = %channel.name, namespaces = count, kept = ?shape, by_count = ?by_count, threshold, "watchStrategy auto keeps the shape it ran; the namespace count now calls for the other one. Switching moves every stream of the channel: set watchStrategy explicitly to switch");
             }
             metrics
                 .watch_strategy_switch_pending

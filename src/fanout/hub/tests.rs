@@ -235,6 +235,39 @@ fn a_resume_waits_less_than_a_catch_up() {
     );
 }
 
+/// Parts resuming one after another, each reopening the main watch sooner than a list is
+/// begun, do not put off the catch-up a part waits for: it begins `join_max` after that part
+/// joined at the latest.
+#[test]
+fn resumes_in_a_row_do_not_put_a_waiting_catch_up_off() {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let timing = Timing {
+        resume_quiet: Duration::from_millis(100),
+        ..timing()
+    };
+    let mut hub = live_one_timed(t0, timing);
+    hub.step(
+        Input::Main(line(To::Shard(0), 20), Some("20".into())),
+        at(600),
+    );
+    // A part waits for a list.
+    hub.step(join(2, 1, None), at(700));
+    let mut began = None;
+    for (i, ms) in (700..7000).step_by(400).enumerate() {
+        hub.step(join(10 + i as u64, 2, Some("14")), at(ms));
+        let fx = hub.step(Input::Due, at(ms + 100));
+        if began.is_none() && fx.iter().any(|e| matches!(e, Effect::BeginCatchUp { .. })) {
+            began = Some(ms + 100);
+        }
+    }
+    let began = began.expect("the catch-up never began");
+    assert!(
+        at(began) <= at(700) + timing.join_max + Duration::from_millis(400),
+        "the catch-up began {began} ms in"
+    );
+}
+
 #[test]
 fn a_position_the_server_no_longer_holds_expires_only_the_parts_that_needed_it() {
     let t0 = Instant::now();
