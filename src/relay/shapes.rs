@@ -125,13 +125,26 @@ pub(super) async fn count_selectors(cfg: &Config, client: &kube::Client) -> Hash
     counts
 }
 
-async fn count_namespaces(client: &kube::Client, selector: &str) -> Result<usize, kube::Error> {
+/// The namespaces whose labels match `selector` (every namespace for an empty one).
+async fn namespaces(
+    client: &kube::Client,
+    selector: &str,
+) -> Result<BTreeSet<String>, kube::Error> {
     let api: Api<Namespace> = Api::all(client.clone());
-    Ok(api
-        .list_metadata(&ListParams::default().labels(selector))
-        .await?
+    let params = match selector {
+        "" => ListParams::default(),
+        sel => ListParams::default().labels(sel),
+    };
+    let list = api.list_metadata(&params).await?;
+    Ok(list
         .items
-        .len())
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect())
+}
+
+async fn count_namespaces(client: &kube::Client, selector: &str) -> Result<usize, kube::Error> {
+    namespaces(client, selector).await.map(|n| n.len())
 }
 
 /// The namespaces each of `channels` holds now (every namespace, or its selector's), by
@@ -141,17 +154,15 @@ pub(super) async fn scope_namespaces(
     client: &kube::Client,
     channels: &[&Channel],
 ) -> HashMap<String, BTreeSet<String>> {
-    let api: Api<Namespace> = Api::all(client.clone());
     let mut found = HashMap::new();
     for channel in channels {
-        let params = match &channel.scope {
-            Scope::Selector(sel) => ListParams::default().labels(sel),
-            _ => ListParams::default(),
+        let selector = match &channel.scope {
+            Scope::Selector(sel) => sel.as_str(),
+            _ => "",
         };
-        match api.list_metadata(&params).await {
-            Ok(list) => {
-                let names = list.items.into_iter().filter_map(|n| n.metadata.name);
-                found.insert(channel.name.clone(), names.collect());
+        match namespaces(client, selector).await {
+            Ok(names) => {
+                found.insert(channel.name.clone(), names);
             }
             Err(e) => {
                 tracing::warn!(channel = %channel.name, error = %e, "listing the namespaces of a channel that changed shape failed; its streams relist");
