@@ -356,6 +356,80 @@ async fn a_failed_delivery_of_a_part_publishes_every_change() {
     a.stop().await;
 }
 
+/// S12: a busy shard listed again while the shared watch runs (here: a namespace the reads
+/// were not asked for) holds its live lines until its list ends; lines past what a part may
+/// hold are dropped and the part resumes from its list's position once the list ends, instead
+/// of relisting each time its lines outgrow the bound. One list, every change published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_shard_during_a_long_list_resumes_instead_of_relisting() {
+    let cfg = SimConfig {
+        sharded_list_and_watch: true,
+        watch_list: false,
+        ..SimConfig::default()
+    };
+    let bed = Bed::in_memory(cfg, &NAMESPACES).await;
+    pods_p1(&bed);
+    let channel = "  - operationId: watchAllPods\n    topic: pods\n";
+    let memory = Arc::new(Memory::new());
+    let a = relaying_every_shard(&bed, channel, &memory).await;
+    let lists = a.metrics.fanout_lists.get();
+    let own = || a.metrics.fanout_objects.with_label_values(&["own"]).get();
+    let from = bed.sim.current_rv();
+    // A namespace the reads were not asked for: its shard's part lists again, and that list
+    // takes long while its pod changes, in more bytes than a part may hold meanwhile.
+    bed.sim.hold_next_list("pods");
+    bed.sim
+        .create("namespaces", None, objects::namespace("late"))
+        .unwrap();
+    eventually(
+        || bed.sim.list_held(),
+        || "the late namespace's shard was never listed".into(),
+    )
+    .await;
+    let before = (own(), expired(&a.metrics));
+    let changes = 100;
+    let filler = "x".repeat(100_000);
+    for i in 0..changes {
+        let pod = objects::pod("late", "busy");
+        if i == 0 {
+            bed.sim.create("pods", Some("late"), pod).unwrap();
+        } else {
+            bed.sim
+                .merge_patch(
+                    "pods",
+                    Some("late"),
+                    "busy",
+                    serde_json::json!({"metadata": {"annotations": {"n": i.to_string(), "filler": filler}}}),
+                )
+                .unwrap();
+        }
+    }
+    // The shared watch dealt every change, or the part was let go (relisting).
+    eventually(
+        || own() >= before.0 + changes || expired(&a.metrics) > before.1,
+        || "the shared watch never received the changes".into(),
+    )
+    .await;
+    bed.sim.release_list();
+    let mut namespaces = NAMESPACES.to_vec();
+    namespaces.push("late");
+    eventually(
+        || {
+            consumer_view_by(&events(&memory), version)
+                == pods_by(&bed.sim, &namespaces, |_| true, version)
+                && common::view::unpublished(
+                    &events(&memory),
+                    &bed.journal_after("pods", None, from),
+                )
+                .is_empty()
+        },
+        || "the busy pod's changes never all reached the consumer".into(),
+    )
+    .await;
+    assert_eq!(a.metrics.fanout_lists.get(), lists + 1, "a part relisted");
+    a.stop().await;
+}
+
 /// One replica of `channel` over 4 shards on `memory`, once it owns every shard and the
 /// consumer holds the cluster's pods.
 async fn relaying_every_shard(bed: &Bed, channel: &str, memory: &Arc<Memory>) -> Relay {
@@ -440,6 +514,23 @@ async fn owns(r: &Relay, n: Option<i64>, what: &str) {
         || what.to_string(),
     )
     .await;
+}
+
+/// How many times a stream restarted because its position was gone (a 410 of the hub's).
+fn expired(metrics: &Metrics) -> f64 {
+    metrics
+        .registry
+        .gather()
+        .iter()
+        .filter(|f| f.name().ends_with("watch_restarts_total"))
+        .flat_map(|f| f.get_metric())
+        .filter(|m| {
+            m.get_label()
+                .iter()
+                .any(|l| l.name() == "reason" && l.value() == "expired")
+        })
+        .map(|m| m.get_counter().get_value())
+        .sum()
 }
 
 fn published(metrics: &Metrics) -> f64 {

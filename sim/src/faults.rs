@@ -33,6 +33,12 @@ pub(crate) struct Faults {
     pub fail_continued: AtomicUsize,
     /// Watches from a position still to be refused as too large (504).
     pub lag_watches: AtomicUsize,
+    /// The resource whose next list answer is held back once its page is read.
+    pub hold_list: Mutex<Option<String>>,
+    /// A list answer is held back now.
+    pub holding: AtomicBool,
+    /// Lets a held list answer go.
+    pub release: tokio::sync::Notify,
 }
 
 impl Sim {
@@ -53,6 +59,28 @@ impl Sim {
     /// Fails the next `n` list requests that carry a continue token (a later page), with 500.
     pub fn fail_next_pages(&self, n: usize) {
         self.inner.faults.fail_continued.store(n, Ordering::Relaxed);
+    }
+
+    /// Holds back the answer to the next list of `resource` (its plural) once its page is read
+    /// at its snapshot, until [`Sim::release_list`]: a list that takes long (a large
+    /// collection) while the objects it read go on changing.
+    pub fn hold_next_list(&self, resource: &str) {
+        *self
+            .inner
+            .faults
+            .hold_list
+            .lock()
+            .expect("faults lock poisoned") = Some(resource.to_string());
+    }
+
+    /// Whether a list answer is held back now.
+    pub fn list_held(&self) -> bool {
+        self.inner.faults.holding.load(Ordering::SeqCst)
+    }
+
+    /// Lets the list answer held back by [`Sim::hold_next_list`] go.
+    pub fn release_list(&self) {
+        self.inner.faults.release.notify_one();
     }
 
     /// Fails the next `n` resource requests (discovery and `/version` are spared).

@@ -6,9 +6,12 @@
 //!                    ▲                          │  held lines > L after the
 //!                    │                          │  end of its state, then live lines
 //!                    │       catch_up_failed: expired (its part restarts its sync)
+//!                    │                          │ too much held: its held lines dropped
+//!                    │                          ▼
+//!                    │                  Listing (overflowed) ──caught_up(L)──► Resuming{L}
 //!  join(Some(P)) ──► Resuming{P} ──opened(at ≤ P)──► Live, lines > P only
 //!                        └──── reopen_gone(at ≥ P): expired (P no longer held) ────►
-//!  Listing or Live ──gap / too much held / L below its start / missed──► expired (gone)
+//!  Listing or Live ──gap / L below its start / missed──► expired (gone)
 //! ```
 //! - **Waiting**: joined, its state not listed yet; it receives nothing.
 //! - **Resuming**: joined at a position `P` its part already published up to (a checkpoint,
@@ -18,6 +21,10 @@
 //! - **Listing**: a catch-up (a list of the whole collection) deals it the items of its shard.
 //!   Live lines of its shard that arrive meanwhile on the main watch are held (up to
 //!   [`HELD_BYTES`]), with the main watch's position when the catch-up began (`since`).
+//!   A seat that would hold more (a busy shard during a long list of the whole collection)
+//!   drops what it held and holds nothing more: its list still ends its initial state, and it
+//!   then resumes from the list's position like a new owner's part (the main watch is reopened
+//!   from there), so it goes live without a list again and memory stays bounded.
 //! - **Live**: it receives its shard's live lines and every bookmark.
 //!
 //! Every seat has a floor (`seen`): the highest resourceVersion it was given or already holds
@@ -29,7 +36,7 @@
 //! initial state (a bookmark at `L`), then the lines it held that are newer than `L`: the list
 //! holds every change up to `L`, the held lines every change after `since`, so when `since` is
 //! not above `L` nothing is missed and nothing is given twice. A seat whose `since` is above
-//! `L` (a list older than the watch), whose held lines outgrew their bound, or whose lines the
+//! `L` (a list older than the watch), or whose lines the
 //! main watch can no longer continue (a gap: 410, a failed reopen), or whose shard's lines were
 //! missed (the server, filtering by shard, was not asked for a namespace of it), is expired: it
 //! gets a 410 and leaves, and its stream relists as after any 410. So is a seat whose catch-up
@@ -43,10 +50,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 
-/// What a seat may hold while it is listed, in bytes of lines: past it, the seat is expired.
+/// What a seat may hold while it is listed, in bytes of lines: past it, the seat drops what it
+/// held and resumes from its list's position once the list ends.
 pub const HELD_BYTES: usize = 8 << 20;
-/// What all the seats of a hub may hold together: past it, the seat holding the most is
-/// expired, so that many shards claimed at once cannot hold a replica's memory.
+/// What all the seats of a hub may hold together: past it, the seat holding the most drops
+/// what it held (as past [`HELD_BYTES`]), so that many shards claimed at once cannot hold a
+/// replica's memory.
 pub const HUB_HELD_BYTES: usize = 64 << 20;
 
 /// Where a line goes: one shard's seats, or every seat (bookmarks, undecodable lines).
@@ -87,6 +96,9 @@ enum Phase {
         since: Option<u64>,
         held: Vec<(Option<u64>, Bytes)>,
         held_bytes: usize,
+        /// It held too much and dropped it: it holds nothing more, and resumes from the
+        /// list's position once the list ends.
+        overflowed: bool,
     },
     Live,
 }
@@ -311,6 +323,7 @@ impl Board {
                     since,
                     held: Vec::new(),
                     held_bytes: 0,
+                    overflowed: false,
                 };
             }
         }
@@ -332,7 +345,13 @@ impl Board {
         let end = crate::event::comparable(rv);
         let mut out = Vec::new();
         for (id, seat) in &mut self.seats {
-            let Phase::Listing { since, held, .. } = &mut seat.phase else {
+            let Phase::Listing {
+                since,
+                held,
+                overflowed,
+                ..
+            } = &mut seat.phase
+            else {
                 continue;
             };
             let late = match (*since, end) {
@@ -345,6 +364,15 @@ impl Board {
                 continue;
             }
             out.push(Out::End(*id, rv.to_string()));
+            if *overflowed {
+                // It holds none of the lines after the list: it resumes from the list's end,
+                // which compares (a `None` end is late above).
+                seat.phase = Phase::Resuming {
+                    from: end.unwrap_or_default(),
+                    at: rv.to_string(),
+                };
+                continue;
+            }
             let held = std::mem::take(held);
             seat.phase = Phase::Live;
             seat.raise(end);
@@ -387,7 +415,14 @@ impl Board {
             }
             if !seat.takes(line.to)
                 || matches!(seat.phase, Phase::Waiting | Phase::Resuming { .. })
-                || matches!(seat.phase, Phase::Listing { since: None, .. })
+                || matches!(
+                    seat.phase,
+                    Phase::Listing { since: None, .. }
+                        | Phase::Listing {
+                            overflowed: true,
+                            ..
+                        }
+                )
                 || !seat.fresh(line.rv)
             {
                 continue;
@@ -399,30 +434,27 @@ impl Board {
                 } => {
                     *held_bytes += line.bytes.len();
                     held_total += line.bytes.len();
+                    held.push((line.rv, line.bytes.clone()));
                     if *held_bytes > HELD_BYTES {
-                        // Expired: what it held no longer counts.
                         held_total -= *held_bytes;
-                        out.push(Out::Expire(*id));
-                    } else {
-                        held.push((line.rv, line.bytes.clone()));
+                        overflow(&mut seat.phase);
                     }
                 }
                 Phase::Waiting | Phase::Resuming { .. } => {}
             }
         }
         if held_total > HUB_HELD_BYTES {
-            // Rare: the largest holder still listed goes.
-            let largest = self
+            // Rare: the largest holder drops what it held.
+            if let Some(seat) = self
                 .seats
-                .iter()
-                .filter_map(|(id, s)| match &s.phase {
-                    Phase::Listing { held_bytes, .. } => Some((*held_bytes, *id)),
-                    _ => None,
+                .values_mut()
+                .filter(|s| matches!(s.phase, Phase::Listing { .. }))
+                .max_by_key(|s| match &s.phase {
+                    Phase::Listing { held_bytes, .. } => *held_bytes,
+                    _ => 0,
                 })
-                .filter(|(_, id)| !out.contains(&Out::Expire(*id)))
-                .max();
-            if let Some((_, id)) = largest {
-                out.push(Out::Expire(id));
+            {
+                overflow(&mut seat.phase);
             }
         }
         self.forget(&out);
@@ -483,6 +515,21 @@ impl Board {
                 self.seats.remove(id);
             }
         }
+    }
+}
+
+/// A listed seat that held too much drops it and holds nothing more (see [`HELD_BYTES`]).
+fn overflow(phase: &mut Phase) {
+    if let Phase::Listing {
+        held,
+        held_bytes,
+        overflowed,
+        ..
+    } = phase
+    {
+        *held = Vec::new();
+        *held_bytes = 0;
+        *overflowed = true;
     }
 }
 
@@ -593,30 +640,44 @@ mod tests {
         assert!(b.heartbeat().is_empty());
     }
 
-    #[test]
-    fn held_lines_are_bounded() {
-        let mut b = live_one();
-        b.join(2, 0, None);
-        b.begin_catch_up();
-        let big = Line {
-            to: To::Shard(0),
-            rv: Some(11),
-            bytes: Bytes::from(vec![b'x'; HELD_BYTES / 2 + 1]),
-        };
-        assert_eq!(b.live(&big, Some("11")).len(), 1);
-        let out = b.live(
-            &Line {
-                rv: Some(12),
-                ..big
-            },
-            Some("12"),
-        );
-        assert!(out.contains(&Out::Expire(2)), "{out:?}");
-        assert!(!b.listing());
+    fn big(to: To, rv: u64, len: usize) -> Line {
+        Line {
+            to,
+            rv: Some(rv),
+            bytes: Bytes::from(vec![b'x'; len]),
+        }
     }
 
     #[test]
-    fn what_all_seats_hold_is_bounded_by_expiring_the_largest_holder() {
+    fn a_seat_that_holds_too_much_resumes_from_its_list_instead_of_relisting() {
+        let mut b = live_one();
+        b.join(2, 0, None);
+        b.begin_catch_up();
+        let half = HELD_BYTES / 2 + 1;
+        // Seat 1 gets the lines live; seat 2 holds them, until they outgrow its bound.
+        assert_eq!(b.live(&big(To::Shard(0), 11, half), Some("11")).len(), 1);
+        assert_eq!(b.live(&big(To::Shard(0), 12, half), Some("12")).len(), 1);
+        assert_eq!(b.live(&big(To::Shard(0), 13, half), Some("13")).len(), 1);
+        // Its list still ends its state; it then resumes from there, not from a new list.
+        let out = b.caught_up("12", false);
+        assert_eq!(sent(&out), [(2, "end@12".into())]);
+        assert!(!b.listing());
+        assert!(b.resuming());
+        assert_eq!(b.reopen_from().as_deref(), Some("12"));
+        assert!(b.opened("12").is_empty());
+        // The reopened watch gives it what it dropped, and seat 1 nothing twice.
+        assert_eq!(
+            sent(&b.live(&line(To::Shard(0), 13), Some("13"))),
+            [(2, "Shard(0)@13".into())]
+        );
+        assert_eq!(
+            sent(&b.live(&line(To::Shard(0), 14), Some("14"))),
+            [(1, "Shard(0)@14".into()), (2, "Shard(0)@14".into())]
+        );
+    }
+
+    #[test]
+    fn what_all_seats_hold_is_bounded_by_the_largest_holder_dropping_it() {
         let mut b = live_one();
         let per_seat = HELD_BYTES - 1;
         let seats = (HUB_HELD_BYTES / per_seat) as u64 + 1;
@@ -624,19 +685,19 @@ mod tests {
             b.join(10 + k, 1 + k as u32, None);
         }
         b.begin_catch_up();
-        let mut expired = Vec::new();
         for k in 0..seats {
-            let big = Line {
-                to: To::Shard(1 + k as u32),
-                rv: Some(11 + k),
-                bytes: Bytes::from(vec![b'x'; per_seat - k as usize]),
-            };
-            let out = b.live(&big, Some(&(11 + k).to_string()));
-            expired.extend(out.into_iter().filter(|o| matches!(o, Out::Expire(_))));
+            let line = big(To::Shard(1 + k as u32), 11 + k, per_seat - k as usize);
+            assert!(b.live(&line, Some(&(11 + k).to_string())).is_empty());
         }
-        // The first seat held the most when the hub went over its bound.
-        assert_eq!(expired, [Out::Expire(10)]);
-        assert!(b.listing());
+        let end = (10 + seats).to_string();
+        let out = b.caught_up(&end, false);
+        // The first seat held the most when the hub went over its bound: it alone resumes
+        // from the list's end; every other seat goes live (its held lines are older).
+        assert_eq!(out.len() as u64, seats);
+        assert!(out.iter().all(|o| matches!(o, Out::End(..))));
+        assert_eq!(b.reopen_from().as_deref(), Some(end.as_str()));
+        assert!(b.opened(&end).is_empty());
+        assert!(!b.resuming());
     }
 
     #[test]

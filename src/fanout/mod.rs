@@ -39,7 +39,8 @@
 //! that takes no line for [`SLOW_PART`] is let go and resumes from its position later.
 //! Lines are shared buffers, dealt without copying; a hub holds no objects, only the lines a
 //! part being listed must not miss (bounded by [`board::HELD_BYTES`] a part and
-//! [`board::HUB_HELD_BYTES`] a hub, past which the part holding the most relists).
+//! [`board::HUB_HELD_BYTES`] a hub, past which the part holding the most drops them and,
+//! once its list ends, resumes from the list's position: it never lists again for it).
 
 mod board;
 pub mod cover;

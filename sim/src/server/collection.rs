@@ -63,7 +63,18 @@ pub(super) async fn list(
     if !inner.cfg.list_delay.is_zero() {
         tokio::time::sleep(inner.cfg.list_delay).await;
     }
-    list_page(inner, res, ns, query).unwrap_or_else(|e| error(&e))
+    let page = list_page(inner, res, ns, query).unwrap_or_else(|e| error(&e));
+    let faults = &inner.faults;
+    let hold = {
+        let mut h = faults.hold_list.lock().expect("faults lock poisoned");
+        h.take_if(|r| *r == res.plural).is_some()
+    };
+    if hold {
+        faults.holding.store(true, Ordering::SeqCst);
+        faults.release.notified().await;
+        faults.holding.store(false, Ordering::SeqCst);
+    }
+    page
 }
 
 fn parse_rv(s: &str) -> Result<u64, SimError> {

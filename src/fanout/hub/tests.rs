@@ -8,6 +8,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::*;
+use crate::fanout::board::HELD_BYTES;
 
 const QUIET: Duration = Duration::from_millis(500);
 const IDLE: Duration = Duration::from_secs(60);
@@ -187,6 +188,46 @@ fn a_resuming_part_reopens_the_main_watch_from_its_position() {
             ),
         ],
     );
+    assert_eq!(hub.deadline(), None);
+}
+
+/// A busy shard whose changes outgrow what a seat may hold during a long list does not relist
+/// again and again: its list ends its state, and its part resumes from the list's position.
+#[test]
+fn a_part_that_holds_too_much_during_its_list_resumes_from_the_list() {
+    let t0 = Instant::now();
+    let mut hub = live_one(t0);
+    let big = |rv: u64| Line {
+        to: To::Shard(1),
+        rv: Some(rv),
+        bytes: Bytes::from(vec![b'x'; HELD_BYTES / 2 + 1]),
+    };
+    let mut rows = joins_and_lists(600, 2, 1, 11);
+    rows.extend([
+        (1110, Input::Main(big(12), Some("12".into())), vec![]),
+        (1111, Input::Main(big(13), Some("13".into())), vec![]),
+        (1112, Input::Main(big(14), Some("14".into())), vec![]),
+        (
+            1120,
+            Input::CaughtUp {
+                rv: "12".into(),
+                watch: false,
+            },
+            vec![Effect::CloseCatch, Effect::Seat(Out::End(2, "12".into()))],
+        ),
+        (
+            1620,
+            Input::Due,
+            vec![Effect::CloseMain, open("12", &[0, 1])],
+        ),
+        (1621, opened("12"), vec![]),
+        (
+            1622,
+            Input::Main(line(To::Shard(1), 13), Some("13".into())),
+            vec![send(2, To::Shard(1), 13)],
+        ),
+    ]);
+    run(&mut hub, t0, rows);
     assert_eq!(hub.deadline(), None);
 }
 
