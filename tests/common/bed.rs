@@ -373,7 +373,8 @@ pub fn event_id(e: &JournalEntry) -> String {
     format!("{}/{}", e.uid, e.rv)
 }
 
-/// Asserts every journal entry is in `msgs` with the right type, key and envelope.
+/// Asserts every journal entry is in `msgs` with the right type, key and envelope, each
+/// object's changes first in the order the server made them.
 pub fn assert_covers(msgs: &[Msg], expected: &[JournalEntry]) {
     let by_id: HashMap<&str, &Msg> = msgs
         .iter()
@@ -414,6 +415,17 @@ pub fn assert_covers(msgs: &[Msg], expected: &[JournalEntry]) {
         missing.len(),
         expected.len(),
         &missing[..missing.len().min(5)]
+    );
+    let ids = msgs.iter().filter_map(|m| {
+        let id = m.value["watchrelay"]["id"].as_str()?;
+        Some((id.to_string(), (m.partition, m.offset)))
+    });
+    let late = super::view::out_of_order(ids, expected);
+    assert!(
+        late.is_empty(),
+        "{} changes first published after a later change of their object, e.g. {:?}",
+        late.len(),
+        &late[..late.len().min(5)]
     );
 }
 

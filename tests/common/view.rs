@@ -173,8 +173,10 @@ pub fn kafka_view(msgs: &[Msg]) -> BTreeMap<String, String> {
 }
 
 /// Asserts every change of `journal` has its record in `log`: every change the relay saw or
-/// could still see after its positions, whose `watchrelay.id` is the change's `uid/rv`. A
-/// failure names the first few missing and ends with `context`.
+/// could still see after its positions, whose `watchrelay.id` is the change's `uid/rv`, and
+/// each object's changes first published in the order the server made them (see
+/// [`disordered`]). A failure names the first few missing or out of order and ends with
+/// `context`.
 pub fn assert_published(log: &[Record], journal: &[watchrelay_sim::JournalEntry], context: &str) {
     let lost = unpublished(log, journal);
     assert!(
@@ -184,6 +186,65 @@ pub fn assert_published(log: &[Record], journal: &[watchrelay_sim::JournalEntry]
         journal.len(),
         &lost[..lost.len().min(5)]
     );
+    let late = disordered(log, journal);
+    assert!(
+        late.is_empty(),
+        "{} changes first published after a later change of their object, e.g. {:?}\n{context}",
+        late.len(),
+        &late[..late.len().min(5)]
+    );
+}
+
+/// The changes of `journal` whose first record in `log` comes after the first record of a
+/// later change of the same object (resource, namespace and name, across recreations), as
+/// `uid/rv after uid/rv`: a consumer applying the key's records in order would have held the
+/// later state before the earlier one. A change published again (a redelivery) is judged by
+/// its first record; changes never published are [`unpublished`]'s.
+pub fn disordered(log: &[Record], journal: &[watchrelay_sim::JournalEntry]) -> Vec<String> {
+    let ids = log
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| !r.tombstone)
+        .filter_map(|(i, r)| Some((json(r)["watchrelay"]["id"].as_str()?.to_string(), i)));
+    out_of_order(ids, journal)
+}
+
+/// [`disordered`] over records' ids at positions that order each key's records (an index in
+/// one log, or a partition and offset).
+pub fn out_of_order<P: Ord + Copy>(
+    ids: impl IntoIterator<Item = (String, P)>,
+    journal: &[watchrelay_sim::JournalEntry],
+) -> Vec<String> {
+    let mut first: std::collections::HashMap<String, P> = std::collections::HashMap::new();
+    for (id, at) in ids {
+        first
+            .entry(id)
+            .and_modify(|p| *p = (*p).min(at))
+            .or_insert(at);
+    }
+    type Object<'a> = (&'a str, Option<&'a str>, &'a str);
+    let mut by_object: BTreeMap<Object<'_>, Vec<&watchrelay_sim::JournalEntry>> = BTreeMap::new();
+    for e in journal {
+        by_object
+            .entry((e.resource.as_str(), e.namespace.as_deref(), e.name.as_str()))
+            .or_default()
+            .push(e);
+    }
+    let mut late = Vec::new();
+    for mut changes in by_object.into_values() {
+        changes.sort_by_key(|e| e.rv);
+        // The latest first publication among the object's earlier changes.
+        let mut seen: Option<(P, String)> = None;
+        for e in changes {
+            let id = format!("{}/{}", e.uid, e.rv);
+            let Some(&at) = first.get(&id) else { continue };
+            match &seen {
+                Some((before, by)) if *before > at => late.push(format!("{id} after {by}")),
+                _ => seen = Some((at, id)),
+            }
+        }
+    }
+    late
 }
 
 /// The changes of `journal` that no record of `log` published, as `uid/rv (type key)`.
