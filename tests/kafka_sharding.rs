@@ -15,7 +15,7 @@ use common::kafka::{self, Msg};
 use common::proxy::Proxy;
 use common::view::{kafka_view, pods};
 use watchrelay::config::{Config, GroupProtocol, ShardingConfig};
-use watchrelay_sim::{ChurnHandle, ChurnSpec};
+use watchrelay_sim::{objects, ChurnHandle, ChurnSpec, Fault, SimConfig};
 
 const SHARDS: u32 = 8;
 
@@ -70,20 +70,25 @@ struct Scene {
 impl Scene {
     /// `n` namespaces, on the suite's broker or on `bootstrap`.
     async fn new(n: usize, prefix: &str, bootstrap: Option<&str>) -> Self {
-        let scene = Self::on(n, kafka::unique(prefix), bootstrap).await;
+        Self::served(n, prefix, bootstrap, SimConfig::default()).await
+    }
+
+    /// The same, the API server as `sim` says.
+    async fn served(n: usize, prefix: &str, bootstrap: Option<&str>, sim: SimConfig) -> Self {
+        let scene = Self::on(n, kafka::unique(prefix), bootstrap, sim).await;
         kafka::create_topics_at(&scene.bed.bootstrap, &[&scene.topic], 3).await;
         scene
     }
 
     /// `n` namespaces relayed into `topic`, made already, on `bootstrap`.
     async fn with_topic(n: usize, topic: String, bootstrap: &str) -> Self {
-        Self::on(n, topic, Some(bootstrap)).await
+        Self::on(n, topic, Some(bootstrap), SimConfig::default()).await
     }
 
-    async fn on(n: usize, topic: String, bootstrap: Option<&str>) -> Self {
+    async fn on(n: usize, topic: String, bootstrap: Option<&str>, sim: SimConfig) -> Self {
         let namespaces: Vec<String> = (0..n).map(|i| format!("team-{i}")).collect();
         let names: Vec<&str> = namespaces.iter().map(String::as_str).collect();
-        let mut bed = Bed::new(&names).await;
+        let mut bed = Bed::with(sim, &names).await;
         if let Some(b) = bootstrap {
             bed.bootstrap = b.to_string();
         }
@@ -280,6 +285,107 @@ async fn replicas_share_the_shards_and_handovers_lose_nothing(
     );
 
     e.stop().await;
+}
+
+/// History through a gap: two replicas read a fanned-out collection under churn; their shared
+/// watches cannot reopen while pods change and the server drops its history (a 410), and the
+/// first list after it is cut midway (a later page fails). Only the changes the server no
+/// longer held when the replicas came back are collapsed into lists: every change before the
+/// gap and after it has its record, in order, and no object deleted during the gap, or while a
+/// list was cut, lives on downstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gap_and_a_cut_list_on_the_shared_watch_lose_only_what_the_gap_excuses() {
+    // Catch-ups are paginated lists (no initial-events watches), so that one can be cut.
+    let paged = SimConfig {
+        watch_list: false,
+        ..SimConfig::default()
+    };
+    let scene = Scene::served(12, "sharded-gap", None, paged).await;
+    let (bed, names) = (&scene.bed, scene.names());
+    let mut cfg = sharded(
+        &bed.config(
+            &scene.channel(Some("allNamespaces: true\n    watchStrategy: clusterWide")),
+            "",
+        ),
+        GroupProtocol::Classic,
+    );
+    // Lists of many pages, so that one can be cut midway.
+    cfg.kubernetes.list_page_size = 4;
+    let replicas = [
+        Relay::start(bed, cfg.clone()),
+        Relay::start(bed, cfg.clone()),
+    ];
+    let [a, b] = &replicas;
+    wait_spread(&[a, b]).await;
+    for r in &replicas {
+        r.wait_up(r.metrics.shards_owned.get() as usize).await;
+    }
+    let from = bed.sim.current_rv();
+    let lists = || -> u64 { replicas.iter().map(|r| r.metrics.fanout_lists.get()).sum() };
+
+    // Before the gap: churn, every change relayed.
+    let churn = scene.churn(150.0);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    churn.stop().await;
+    scene.converged(kafka_view).await;
+
+    // The gap: no read reaches the server while pods change, then it drops its history.
+    let before = lists();
+    bed.sim.fail_next(usize::MAX, Fault::ServerError);
+    bed.sim.drop_watches();
+    let gap_from = bed.sim.current_rv();
+    for ns in &names {
+        let live: Vec<String> = pods(&bed.sim, &[ns], |_| true).into_keys().collect();
+        for (i, key) in live.iter().enumerate() {
+            let name = key.rsplit('/').next().unwrap();
+            if i % 2 == 0 {
+                bed.sim.delete("pods", Some(ns), name).unwrap();
+            } else {
+                bed.sim
+                    .merge_patch(
+                        "pods",
+                        Some(ns),
+                        name,
+                        serde_json::json!({"metadata": {"labels": {"gap": "yes"}}}),
+                    )
+                    .unwrap();
+            }
+        }
+        bed.sim
+            .create("pods", Some(ns), objects::pod(ns, "made-in-the-gap"))
+            .unwrap();
+    }
+    let gap_to = bed.sim.current_rv();
+    bed.sim.compact();
+    // The first list after it fails at its second page.
+    bed.sim.fail_next_pages(1);
+    bed.sim.stop_failing();
+    // Each replica lists once, and the cut one lists again.
+    eventually(
+        || lists() >= before + 3,
+        || format!("the replicas never relisted: {} lists", lists() - before),
+    )
+    .await;
+
+    // After the gap: churn again, every change relayed.
+    let churn = scene.churn(150.0);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    churn.stop().await;
+    let msgs = scene.converged(kafka_view).await;
+    let outside_the_gap: Vec<_> = bed
+        .journal_after("pods", None, from)
+        .into_iter()
+        .filter(|e| !(gap_from < e.rv && e.rv <= gap_to))
+        .collect();
+    assert_covers(&msgs, &outside_the_gap);
+    eprintln!(
+        "{}; {} lists for the gap",
+        scene.per_change(&msgs),
+        lists() - before
+    );
+    for r in replicas {
+        r.stop().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,7 +30,8 @@
 //! between shards refused by the first new replica), while the group loses its epochs and
 //! owner epochs are raised by hand on the shards' ConfigMaps, between the same cluster
 //! operations, meeting in an in-memory group that hands shards over as Kafka's cooperative
-//! protocol does; the consumer's view must end as the cluster's all the same.
+//! protocol does; the consumer's view must end as the cluster's all the same. A fourth checks
+//! the history of such cases as well: every change outside a 410's gap is published, in order.
 //!
 //! `WATCHRELAY_MODEL_CASES` sets the cases per test (default 6); `WATCHRELAY_MODEL_SEED` runs one
 //! case. A failing case prints its seed and history.
@@ -49,7 +50,7 @@ use watchrelay::checkpoint::WRITES_KEY;
 use watchrelay::config::Config;
 use watchrelay::producer::Producer;
 use watchrelay::testing::{Lane, Memory, MemoryGroup, Order};
-use watchrelay_sim::{objects, SimConfig};
+use watchrelay_sim::{objects, Fault, SimConfig};
 
 const NAMESPACES: [&str; 2] = ["a", "b"];
 /// The second release's namespace.
@@ -471,11 +472,13 @@ const SESSION_MARGIN: Duration = Duration::from_secs(3);
 /// the consumer's view must be the cluster's, as with one process.
 ///
 /// With `exact`, the history is checked too: the channel covers `namespaces: [a, b]`, a
-/// selector matching both or every namespace, drawn once for the case (per namespace or fanned out, switched by rollouts), and
-/// the cluster's operations are changes of pods only, so nothing excuses a list collapsing
-/// changes; every change the API server made
-/// after the first replica's streams had their positions must have its record, whichever
-/// replica relayed it, through every crash, cut, stall, handover and shape switch.
+/// selector matching both or every namespace, drawn once for the case (per namespace or fanned
+/// out, switched by rollouts), and the cluster's operations are changes of pods only, but for
+/// gaps (see [`gap`]: history dropped while no read reaches the server, then the lists after it
+/// cut midway), the one thing that excuses a list collapsing changes. Every change the API
+/// server made after the first replica's streams had their positions, outside the gaps, must
+/// have its record, each object's in order, whichever replica relayed it, through every crash,
+/// cut, stall, handover, shape switch and gap.
 async fn replicas_case(seed: u64, exact: bool) {
     let mut rng = Rng(seed | 1);
     let (bed, watch_list) = model_bed(&mut rng).await;
@@ -508,6 +511,8 @@ async fn replicas_case(seed: u64, exact: bool) {
         let mut cfg = common::bed::sharded(config(&bed, run), 4);
         // Short, so that a replica cut off fences itself soon.
         cfg.sharding.ownership_deadline_ms = 1_000;
+        // Lists of several pages, so that a gap's list can be cut midway.
+        cfg.kubernetes.list_page_size = 2;
         cfg
     };
     let mut cfg = sharded(run);
@@ -519,6 +524,8 @@ async fn replicas_case(seed: u64, exact: bool) {
     };
     let mut history = format!("seed {seed}: initial events {watch_list}, sharded {run:?}\n");
     let mut snapshot = None;
+    // The windows of changes a gap collapsed into lists: `(after, up to)`.
+    let mut excused: Vec<(u64, u64)> = Vec::new();
     let mut live = vec![start(&cfg)];
     // Where the history checked starts: once every stream of the first replica has its
     // position (before, a first list announces the state as it is).
@@ -673,6 +680,21 @@ async fn replicas_case(seed: u64, exact: bool) {
                 }
                 live.extend(rolled);
             }
+            9 if exact && !live.is_empty() => {
+                let relays: Vec<&Relay> = live.iter().map(|(r, _)| r).collect();
+                let (did, window) = gap(
+                    &bed,
+                    &mut rng,
+                    &mut snapshot,
+                    &relays,
+                    &producer,
+                    from,
+                    watch_list,
+                )
+                .await;
+                let _ = writeln!(history, "{did}");
+                excused.push(window);
+            }
             3 if !live.is_empty() => {
                 producer.hold(true);
                 // Not a wait: a random stretch of work Kafka does not acknowledge.
@@ -703,6 +725,7 @@ async fn replicas_case(seed: u64, exact: bool) {
     let journal: Vec<_> = NAMESPACES
         .iter()
         .flat_map(|ns| bed.journal_after("pods", Some(ns), from))
+        .filter(|e| !excused.iter().any(|(a, b)| *a < e.rv && e.rv <= *b))
         .collect();
     // The view can match before every change is published (an object created and deleted while
     // its shard moved ends absent either way): the history is waited for too (within 30 s),
@@ -748,6 +771,82 @@ async fn replicas_case(seed: u64, exact: bool) {
         );
         *seen = epoch;
     }
+}
+
+/// A gap, the one thing that excuses a list collapsing changes: once every change so far is
+/// published, no read reaches the API server while pods change and it then drops its history,
+/// so every stream's position is gone (410) and its next sync is a list, which is cut midway
+/// (a later page failing, or an initial-events watch cut) and started over. Waits until every
+/// stream is positioned past the gap again. Returns what it did and the window of changes the
+/// lists may collapse, `(after, up to)`: only those go unchecked.
+async fn gap(
+    bed: &Bed,
+    rng: &mut Rng,
+    snapshot: &mut Option<Taken>,
+    relays: &[&Relay],
+    producer: &Memory,
+    from: u64,
+    watch_list: bool,
+) -> (String, (u64, u64)) {
+    let published = || {
+        let journal: Vec<_> = NAMESPACES
+            .iter()
+            .flat_map(|ns| bed.journal_after("pods", Some(ns), from))
+            .collect();
+        view::unpublished(&events(producer), &journal).is_empty()
+    };
+    // Bounded: what is still unpublished then fails the case at its end.
+    for _ in 0..300 {
+        if published() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bed.sim.fail_next(usize::MAX, Fault::ServerError);
+    bed.sim.drop_watches();
+    let after = bed.sim.current_rv();
+    let mut did = String::from("gap:");
+    // Some changes at least, so that every position is gone.
+    for _ in 0..10 {
+        let op = operate(bed, rng, snapshot, true);
+        if op != "nothing" {
+            let _ = write!(did, " {op};");
+        }
+        if bed.sim.current_rv() > after && rng.chance(50) {
+            break;
+        }
+    }
+    let upto = bed.sim.current_rv();
+    bed.sim.compact();
+    if watch_list {
+        bed.sim.cut_next_watch_line();
+    } else {
+        bed.sim.fail_next_pages(1);
+    }
+    bed.sim.stop_failing();
+    // Every stream lists past the gap (a stream's position cannot pass it otherwise).
+    let positioned = || {
+        relays.iter().all(|r| {
+            r.registry.phases().keys().all(|id| {
+                (0..4)
+                    .filter_map(|k| bed.shard_checkpoint_rv(k, id))
+                    .max()
+                    .is_some_and(|rv| rv >= upto)
+            })
+        })
+    };
+    for _ in 0..300 {
+        if positioned() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = write!(
+        did,
+        " history compacted, lists cut once; relisted: {}",
+        positioned()
+    );
+    (did, (after, upto))
 }
 
 fn seeds(salt: u64) -> Vec<u64> {
