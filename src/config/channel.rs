@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::key::KeyTemplate;
-use super::{invalid, is_dns_label, ConfigError};
+use super::syntax::is_dns_label;
+use super::{invalid, ConfigError};
 use crate::catalogue::{self, ChannelPath};
 use crate::event::{EventType, EventTypes};
 
@@ -299,7 +300,7 @@ impl Channel {
             self.label_selector.as_deref().unwrap_or_default(),
             self.field_selector.as_deref().unwrap_or_default()
         );
-        format!("{:016x}", super::fnv1a64(&what))
+        format!("{:016x}", super::hash::fnv1a64(&what))
     }
 
     /// The query fingerprint of a stream filtered to `namespaces` (in order) over the query

@@ -13,6 +13,7 @@ use thiserror::Error;
 
 mod channel;
 mod fields;
+mod hash;
 mod kafka;
 mod validate;
 pub(crate) use kafka::redact;
@@ -20,15 +21,16 @@ mod key;
 mod registry;
 mod selector;
 mod sharding;
+mod syntax;
 
 pub(crate) use channel::{is_topic, topic_rule, topic_rule_for};
 pub use channel::{Channel, ChannelConfig, Scope, Shape, Shapes, StreamId, WatchStrategy};
 pub use fields::field_paths;
+pub use hash::fnv1a64;
 pub use key::KeyTemplate;
 pub use registry::{SchemaRegistryConfig, WireFormat};
-pub use sharding::{fnv1a64, GroupProtocol, ShardingConfig};
-use validate::expand_env;
-pub(crate) use validate::{is_dns_label, is_dns_subdomain};
+pub use sharding::{GroupProtocol, ShardingConfig};
+use syntax::{expand_env, is_dns_label, is_dns_subdomain};
 
 /// Why the configuration cannot be used.
 #[derive(Debug, Error)]

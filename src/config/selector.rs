@@ -2,7 +2,7 @@
 //! configuration error naming the field instead of a 400 retried at run time. The grammar is
 //! the API server's (`k8s.io/apimachinery/pkg/labels` and `pkg/fields`).
 
-use super::validate::is_dns_subdomain;
+use super::syntax::is_dns_subdomain;
 
 /// Checks a label selector: comma-separated requirements `key`, `!key`, `key=value`,
 /// `key==value`, `key!=value`, `key>N`, `key<N`, `key in (v1,v2)`, `key notin (v1,v2)`. An

@@ -22,7 +22,15 @@
 //! processors. Other architectures classify byte by byte, with the same result (a test
 //! compares the two).
 
-use super::ScanError;
+use thiserror::Error;
+
+/// Where a line stops being JSON, and why.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("invalid JSON at byte {at}: {what}")]
+pub struct ScanError {
+    pub at: usize,
+    pub what: &'static str,
+}
 
 /// One block's classes, bit `i` for byte `i`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -12,17 +12,10 @@
 
 mod index;
 
+pub use index::ScanError;
+
 use std::borrow::Cow;
 use std::ops::Range;
-
-use thiserror::Error;
-
-#[derive(Debug, Error, PartialEq, Eq)]
-#[error("invalid JSON at byte {at}: {what}")]
-pub struct ScanError {
-    pub at: usize,
-    pub what: &'static str,
-}
 
 /// Nesting deeper than this is refused: the API server's own JSON decoder refuses it too (Go's
 /// encoding/json, 10,000 levels), so no object the server stores is lost to it. No depth

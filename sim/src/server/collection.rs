@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::Response;
 use serde_json::{json, Value};
 
-use super::{error, json_response, Body, Query};
+use super::wire::{error, json_response, Body, Query};
 use crate::resources::Resource;
 use crate::selector::Selector;
 use crate::shards::ShardSelector;

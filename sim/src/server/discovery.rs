@@ -5,7 +5,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use serde_json::{json, Value};
 
-use super::{error, json_response, Body};
+use super::wire::{error, json_response, Body};
 use crate::sim::Inner;
 use crate::SimError;
 

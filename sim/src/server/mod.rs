@@ -6,13 +6,10 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use http::{Method, Request, Response};
-use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use serde_json::Value;
 use tokio::net::TcpListener;
 
 use crate::resources::Resource;
@@ -22,9 +19,10 @@ use crate::{Fault, SimError};
 mod collection;
 mod discovery;
 mod object;
+mod wire;
 
-/// The body of every response: whole documents and watch streams alike.
-pub(crate) type Body = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+pub(crate) use wire::Body;
+use wire::{error, Query};
 
 /// A self-signed server certificate for 127.0.0.1 and localhost.
 pub struct Tls {
@@ -85,24 +83,6 @@ pub async fn serve(listener: TcpListener, inner: Arc<Inner>) {
             }
         });
     }
-}
-
-fn full(b: impl Into<Bytes>) -> Body {
-    Full::new(b.into())
-        .map_err(|never: Infallible| match never {})
-        .boxed()
-}
-
-fn json_response(code: u16, v: &Value) -> Response<Body> {
-    Response::builder()
-        .status(code)
-        .header("content-type", "application/json")
-        .body(full(serde_json::to_vec(v).expect("json values serialize")))
-        .expect("static parts are valid")
-}
-
-fn error(e: &SimError) -> Response<Body> {
-    json_response(e.code, &e.status())
 }
 
 /// Routes a request: checks it in order, then calls the function that serves its route.
@@ -271,16 +251,4 @@ fn injected_failure(inner: &Inner) -> Option<Response<Body>> {
             r
         }
     })
-}
-
-/// The query string's parameters.
-struct Query(Vec<(String, String)>);
-
-impl Query {
-    fn get(&self, k: &str) -> Option<&str> {
-        self.0
-            .iter()
-            .find(|(qk, _)| qk == k)
-            .map(|(_, v)| v.as_str())
-    }
 }

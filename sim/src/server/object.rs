@@ -8,7 +8,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use serde_json::Value;
 
-use super::{error, json_response, Body};
+use super::wire::{error, json_response, Body};
 use crate::resources::Resource;
 use crate::sim::Inner;
 use crate::SimError;

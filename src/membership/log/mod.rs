@@ -14,10 +14,8 @@ mod replay;
 mod topics;
 mod write;
 
+pub use replay::Apply;
 pub use write::{adopt, send_all, SendError};
-
-/// What reading a topic hands each record to: its key, and its value (`None` for a tombstone).
-pub type Apply<'a> = dyn FnMut(&[u8], Option<&[u8]>) + 'a;
 
 /// Administers and reads the membership topic. Every call blocks.
 pub trait Log: Send + Sync {

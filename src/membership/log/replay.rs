@@ -7,7 +7,10 @@ use rdkafka::config::ClientConfig;
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::Message as _;
 
-use super::{Apply, TopicError};
+use crate::topics::TopicError;
+
+/// What reading a topic hands each record to: its key, and its value (`None` for a tombstone).
+pub type Apply<'a> = dyn FnMut(&[u8], Option<&[u8]>) + 'a;
 
 /// Consumer settings for reading the membership topic, unless kafka.properties sets them: what
 /// is fetched ahead stays small (about 5,000 records or 2 MiB, 1 MiB a fetch; librdkafka's

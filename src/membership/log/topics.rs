@@ -2,8 +2,8 @@
 
 use rdkafka::config::ClientConfig;
 
-use super::{TopicError, TopicState};
 use crate::topics::{admin, Role, Spec};
+use crate::topics::{TopicError, TopicState};
 
 /// Creates `topic` compacted unless it exists, and says what the broker reports of it.
 pub(super) fn ensure_compacted(
