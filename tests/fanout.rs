@@ -302,8 +302,8 @@ async fn a_lagging_cache_at_a_reopen_relists_no_part() {
     let consumer = || consumer_view_by(&events(&memory), version);
     let lists = a.metrics.fanout_lists.get();
     let from = bed.sim.current_rv();
-    // The next two watches from a position get 504; the watch is cut, then pods change.
-    bed.sim.lag_next_watches(2);
+    // The next two watches of pods from a position get 504; the watch is cut, then pods change.
+    bed.sim.lag_next_watches("pods", 2);
     bed.sim.drop_watches();
     change_p1(&bed, "1");
     change_p1(&bed, "2");
@@ -313,6 +313,11 @@ async fn a_lagging_cache_at_a_reopen_relists_no_part() {
     )
     .await;
     assert_eq!(a.metrics.fanout_lists.get(), lists, "a part relisted");
+    assert_eq!(
+        bed.sim.lagging_watches(),
+        0,
+        "the shared watch never met the 504s"
+    );
     a.stop().await;
     let journal = bed.journal_after("pods", None, from);
     assert_eq!(journal.len(), 2 * NAMESPACES.len());

@@ -280,7 +280,7 @@ async fn a_lagging_watch_cache_is_not_taken_for_a_rewind() {
     relay.wait_up(1).await;
     wait_covered(&bed).await;
     let before = events(&producer).len();
-    bed.sim.lag_next_watches(1);
+    bed.sim.lag_next_watches("pods", 1);
     bed.sim.drop_watches();
     relay.wait_counter("resyncs_total", STREAM, 1).await;
     create(&bed, ["late".to_string()]);

@@ -31,8 +31,9 @@ pub(crate) struct Faults {
     pub denied: Mutex<Vec<String>>,
     /// List requests with a continue token still to fail (500).
     pub fail_continued: AtomicUsize,
-    /// Watches from a position still to be refused as too large (504).
-    pub lag_watches: AtomicUsize,
+    /// The resource whose watches from a position are still to be refused as too large (504),
+    /// and how many.
+    pub lag_watches: Mutex<Option<(String, usize)>>,
     /// The resource whose next list answer is held back once its page is read.
     pub hold_list: Mutex<Option<String>>,
     /// A list answer is held back now.
@@ -49,11 +50,28 @@ impl Sim {
         *w = CancellationToken::new();
     }
 
-    /// Refuses the next `n` watches from a position with 504 "Too large resource version", as an
-    /// API server whose watch cache lags the one that served the position does, though the
-    /// position is not ahead of the history: a list from etcd is not behind it.
-    pub fn lag_next_watches(&self, n: usize) {
-        self.inner.faults.lag_watches.store(n, Ordering::Relaxed);
+    /// Refuses the next `n` watches of `resource` (its plural) from a position with 504 "Too
+    /// large resource version", as an API server whose watch cache lags the one that served the
+    /// position does, though the position is not ahead of the history: a list from etcd is not
+    /// behind it.
+    pub fn lag_next_watches(&self, resource: &str, n: usize) {
+        *self
+            .inner
+            .faults
+            .lag_watches
+            .lock()
+            .expect("faults lock poisoned") = Some((resource.to_string(), n));
+    }
+
+    /// How many of the 504s armed by [`Sim::lag_next_watches`] are still to be served.
+    pub fn lagging_watches(&self) -> usize {
+        self.inner
+            .faults
+            .lag_watches
+            .lock()
+            .expect("faults lock poisoned")
+            .as_ref()
+            .map_or(0, |(_, n)| *n)
     }
 
     /// Fails the next `n` list requests that carry a continue token (a later page), with 500.

@@ -29,9 +29,18 @@ pub(super) fn watch(
         // A position the server has not reached (an etcd restore, a copied checkpoint):
         // the API server gives up waiting for it with 504.
         let lagging = || {
-            let lag = &inner.faults.lag_watches;
-            lag.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-                .is_ok()
+            let mut lag = inner
+                .faults
+                .lag_watches
+                .lock()
+                .expect("faults lock poisoned");
+            match lag.as_mut() {
+                Some((r, n)) if *r == res.plural && *n > 0 => {
+                    *n -= 1;
+                    true
+                }
+                _ => false,
+            }
         };
         match p.start {
             Start::Exact(rv) if rv > current || lagging() => Err(SimError::new(
