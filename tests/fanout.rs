@@ -435,6 +435,124 @@ async fn a_busy_shard_during_a_long_list_resumes_instead_of_relisting() {
     a.stop().await;
 }
 
+/// S4: a replica whose namespaces' watch went quiet (a half-open connection) takes shards
+/// over whose positions are gone, and lists them: the list asks the server for every namespace
+/// a fresh list of them finds, not only those the replica's follower knows, so the pods of a
+/// namespace created meanwhile, announced by the former owner, are not taken for deleted. And
+/// the server's answer to those positions (an error event on the reopened shared watch) sends
+/// only the parts that needed them to a list, not the replica's others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_namespaces_lag_takes_no_live_object_for_deleted() {
+    let cfg = SimConfig {
+        sharded_list_and_watch: true,
+        ..SimConfig::default()
+    };
+    let bed = Bed::in_memory(cfg, &NAMESPACES).await;
+    pods_p1(&bed);
+    let channel = "  - operationId: watchAllPods\n    topic: pods\n";
+    let cfg = sharded(bed.config(channel, ""), 4);
+    let memory = Arc::new(Memory::new());
+    let group = MemoryGroup::default();
+    let start = || Relay::start_on_lane(&bed, cfg.clone(), Lane::new(memory.clone()), &group);
+    let a = start();
+    owns(&a, Some(4), "A never owned the shards").await;
+    a.wait_up(4).await;
+    // B's namespaces' watch goes quiet as it opens, after its first list of them.
+    bed.sim.stall_next_watch_of("namespaces");
+    let b = start();
+    eventually(
+        || b.metrics.shards_owned.get() > 0 && a.metrics.shards_owned.get() < 4,
+        || "B never took a shard".into(),
+    )
+    .await;
+    eventually(
+        || !bed.sim.watch_stall_armed(),
+        || "B's namespaces were never watched".into(),
+    )
+    .await;
+    // A namespace in one of A's shards, which only A's follower sees.
+    let a_shards: BTreeSet<u32> = a
+        .registry
+        .phases()
+        .keys()
+        .filter_map(|id| id.rsplit("-s").next()?.parse().ok())
+        .collect();
+    let late = (0..)
+        .map(|i| format!("late-{i}"))
+        .find(|ns| a_shards.contains(&cfg.sharding.shard_of(ns)))
+        .unwrap();
+    bed.sim
+        .create("namespaces", None, objects::namespace(&late))
+        .unwrap();
+    for name in ["p1", "p2", "p3"] {
+        bed.sim
+            .create("pods", Some(&late), objects::pod(&late, name))
+            .unwrap();
+    }
+    let mut namespaces: Vec<&str> = NAMESPACES.to_vec();
+    namespaces.push(&late);
+    let cluster = || pods_by(&bed.sim, &namespaces, |_| true, version);
+    let consumer = || consumer_view_by(&events(&memory), version);
+    eventually(
+        || consumer() == cluster(),
+        || "A never relayed the late namespace's pods".into(),
+    )
+    .await;
+    // A leaves while no request reaches the server and its history is dropped: B takes A's
+    // shards over from positions the server no longer holds, so it lists them, and only them
+    // (its own watch, which has read past the drop, goes on).
+    let before = events(&memory).len();
+    let expired = |r: &Relay, stream: &str| {
+        r.metrics
+            .watch_restarts
+            .with_label_values(&[stream, "expired"])
+            .get()
+    };
+    let b_streams: Vec<(String, u64)> = b
+        .registry
+        .phases()
+        .into_keys()
+        .map(|id| {
+            let n = expired(&b, &id);
+            (id, n)
+        })
+        .collect();
+    bed.sim
+        .fail_next(usize::MAX, watchrelay_sim::Fault::ServerError);
+    a.stop().await;
+    bed.sim.compact();
+    let published_by_b = published(&b.metrics);
+    change_p1(&bed, "after-the-drop");
+    eventually(
+        || published(&b.metrics) > published_by_b,
+        || "B's watch never read past the drop".into(),
+    )
+    .await;
+    bed.sim.stop_failing();
+    owns(&b, Some(4), "B never took A's shards").await;
+    b.wait_up(4).await;
+    eventually(
+        || consumer() == cluster(),
+        || "the consumer's view never came back to the cluster's".into(),
+    )
+    .await;
+    let deleted: Vec<String> = events(&memory)[before..]
+        .iter()
+        .filter(|r| r.key.starts_with(&format!("{late}/")) && json(r)["type"] == "DELETED")
+        .map(|r| r.key.clone())
+        .collect();
+    assert!(
+        deleted.is_empty(),
+        "live pods published as deleted: {deleted:?}"
+    );
+    // The server answered the resuming parts' position with an error event: only they
+    // relisted, not B's own parts, whose positions it still held.
+    for (id, n) in &b_streams {
+        assert_eq!(expired(&b, id), *n, "{id} relisted");
+    }
+    b.stop().await;
+}
+
 /// One replica of `channel` over 4 shards on `memory`, once it owns every shard and the
 /// consumer holds the cluster's pods.
 async fn relaying_every_shard(bed: &Bed, channel: &str, memory: &Arc<Memory>) -> Relay {

@@ -27,6 +27,8 @@ pub(crate) struct Faults {
     pub fail: Mutex<Option<(usize, Fault)>>,
     pub cut_line: AtomicBool,
     pub stall_watch: AtomicBool,
+    /// The resource (`plural[.group]`) whose next watch stalls.
+    pub stall_watch_of: Mutex<Option<String>>,
     pub malformed: AtomicBool,
     pub denied: Mutex<Vec<String>>,
     /// List requests with a continue token still to fail (500).
@@ -130,6 +132,27 @@ impl Sim {
     /// over a half-open connection, until the client gives up on it.
     pub fn stall_next_watch(&self) {
         self.inner.faults.stall_watch.store(true, Ordering::SeqCst);
+    }
+
+    /// The next watch of `resource` (`plural[.group]`) stalls, as [`Sim::stall_next_watch`]
+    /// does: a client whose watch of it went quiet over a half-open connection.
+    pub fn stall_next_watch_of(&self, resource: &str) {
+        *self
+            .inner
+            .faults
+            .stall_watch_of
+            .lock()
+            .expect("faults lock poisoned") = Some(resource.to_string());
+    }
+
+    /// Whether the stall armed by [`Sim::stall_next_watch_of`] still waits for its watch.
+    pub fn watch_stall_armed(&self) -> bool {
+        self.inner
+            .faults
+            .stall_watch_of
+            .lock()
+            .expect("faults lock poisoned")
+            .is_some()
     }
 
     /// The next event written on any watch is preceded by a line that is not JSON.

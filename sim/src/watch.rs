@@ -113,7 +113,14 @@ pub fn start(inner: Arc<Inner>, p: Params) -> Body {
         first.map(|f| (f, sub, store.rv))
     };
     let cancel = inner.watches.lock().expect("watches lock poisoned").clone();
-    let stalled = inner.faults.stall_watch.swap(false, Ordering::SeqCst);
+    let stalled = inner.faults.stall_watch.swap(false, Ordering::SeqCst)
+        || inner
+            .faults
+            .stall_watch_of
+            .lock()
+            .expect("faults lock poisoned")
+            .take_if(|r| *r == p.resource)
+            .is_some();
     tokio::spawn(async move {
         let _open = inner.requests.watch(matches!(p.start, Start::Current));
         if stalled {

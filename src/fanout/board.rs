@@ -143,6 +143,22 @@ pub struct Board {
     seats: BTreeMap<u64, Seat>,
     /// Where the main watch is: every line up to it was dealt. `None` while none runs.
     position: Option<String>,
+    /// The last open of the main watch, until its first line: what it changed, to be undone
+    /// if the server answers it with an error (see [`Board::open_refused`]).
+    opening: Option<Opening>,
+}
+
+/// What [`Board::opened`] changed.
+#[derive(Debug)]
+struct Opening {
+    /// Where the main watch was opened from.
+    at: String,
+    /// The main position before.
+    before: Option<String>,
+    /// The resuming seats it put live, with their positions.
+    resumed: Vec<(u64, u64, String)>,
+    /// The listed seats it made hold lines from `at` (listed without a main watch before).
+    holding: Vec<u64>,
 }
 
 impl Board {
@@ -274,13 +290,23 @@ impl Board {
         let to = crate::event::comparable(at);
         let old = self.position.as_deref().and_then(crate::event::comparable);
         let mut out = Vec::new();
+        let mut opening = Opening {
+            at: at.to_string(),
+            before: self.position.clone(),
+            resumed: Vec::new(),
+            holding: Vec::new(),
+        };
         for (id, seat) in &mut self.seats {
             match &mut seat.phase {
                 Phase::Live | Phase::Listing { since: Some(_), .. } => seat.raise(old),
                 // Held from `at` on (a position that does not compare: expired at the end).
-                Phase::Listing { since, .. } => *since = Some(to.unwrap_or(u64::MAX)),
-                Phase::Resuming { from, .. } => {
+                Phase::Listing { since, .. } => {
+                    *since = Some(to.unwrap_or(u64::MAX));
+                    opening.holding.push(*id);
+                }
+                Phase::Resuming { from, at } => {
                     if to.is_some_and(|to| to <= *from) {
+                        opening.resumed.push((*id, *from, std::mem::take(at)));
                         seat.seen = Some(*from);
                         seat.phase = Phase::Live;
                     } else {
@@ -292,7 +318,36 @@ impl Board {
         }
         self.forget(&out);
         self.position = Some(at.to_string());
+        self.opening = Some(opening);
         out
+    }
+
+    /// The main watch just opened ended with an error before its first line: the server does
+    /// not hold the position it was opened from (a watch is answered so, an error event, where
+    /// a position is gone). That open is undone: the seats it put live resume again, and the
+    /// main position is the one before, so that [`Board::reopen_gone`] expires only the seats
+    /// that needed that position. Returns where it was opened from; `None` once the main watch
+    /// delivered a line (then the error is a gap: see [`Board::gap`]).
+    pub fn open_refused(&mut self) -> Option<String> {
+        let opening = self.opening.take()?;
+        self.position = opening.before;
+        for (id, from, at) in opening.resumed {
+            if let Some(seat) = self.seats.get_mut(&id) {
+                if matches!(seat.phase, Phase::Live) {
+                    seat.phase = Phase::Resuming { from, at };
+                }
+            }
+        }
+        for id in opening.holding {
+            if let Some(Seat {
+                phase: Phase::Listing { since, .. },
+                ..
+            }) = self.seats.get_mut(&id)
+            {
+                *since = None;
+            }
+        }
+        Some(opening.at)
     }
 
     /// The server no longer holds `at`, where the main watch was to be opened (a 410): the
@@ -385,6 +440,7 @@ impl Board {
         self.forget(&out);
         if main {
             self.position = Some(rv.to_string());
+            self.opening = None;
         }
         out
     }
@@ -400,6 +456,7 @@ impl Board {
     /// began under this watch, each only above its floor. Its resourceVersion, if any, is the
     /// main watch's position.
     pub fn live(&mut self, line: &Line, rv: Option<&str>) -> Vec<Out> {
+        self.opening = None;
         if let Some(rv) = rv {
             // The position's buffer is reused: this runs for every line of the collection.
             let position = self.position.get_or_insert_with(String::new);
@@ -484,6 +541,7 @@ impl Board {
     /// those listed without a main watch stay. No main watch runs any more.
     pub fn gap(&mut self) -> Vec<Out> {
         self.position = None;
+        self.opening = None;
         self.expire_where(|s| {
             matches!(s.phase, Phase::Live | Phase::Listing { since: Some(_), .. })
         })

@@ -16,6 +16,7 @@
 //!                  └──OpenFailed: backoff (1 s doubling to 30 s, or Retry-After)
 //!   main watch: lines ──► live seats (above their floors)
 //!               ended, cut, silent for `idle` ──► reopened from its position
+//!               error event before its first line ──► as OpenFailed{gone}: the open undone
 //!               error event ──► gap: the seats it fed expire
 //!   a part leaves ──► the main watch, asking the server for its shard, narrows a moment later
 //!   namespaces the reads were not asked for ──► their shards' seats expire (they relist)
@@ -291,7 +292,12 @@ impl Hub {
             }
             Input::MainError => {
                 self.close_main(&mut fx);
-                self.board.gap()
+                // Before its first line, the error is the server's answer to where the watch
+                // was opened from: only the seats that needed that position relist.
+                match self.board.open_refused() {
+                    Some(at) => self.board.reopen_gone(&at),
+                    None => self.board.gap(),
+                }
             }
             Input::MainEnded => {
                 self.close_main(&mut fx);

@@ -340,6 +340,47 @@ fn a_position_the_server_no_longer_holds_expires_only_the_parts_that_needed_it()
     assert_eq!(hub.board().position(), Some("10"));
 }
 
+/// A real API server answers a watch from a position it no longer holds with an error event,
+/// not a 410 status: the same as a failed open, when it comes before the first line.
+#[test]
+fn an_error_event_answering_a_reopen_expires_only_the_parts_that_needed_it() {
+    let t0 = Instant::now();
+    let mut hub = live_one(t0);
+    run(
+        &mut hub,
+        t0,
+        vec![
+            (600, join(2, 1, Some("3")), vec![]),
+            (
+                1100,
+                Input::Due,
+                vec![Effect::CloseMain, open("3", &[0, 1])],
+            ),
+            (1101, opened("3"), vec![]),
+            (
+                1102,
+                Input::MainError,
+                vec![Effect::CloseMain, Effect::Seat(Out::Expire(2))],
+            ),
+            // The main watch reopens from its own position at once: seat 1 lives on.
+            (1102, Input::Due, vec![open("10", &[0])]),
+            (1103, opened("10"), vec![]),
+            (
+                1104,
+                Input::Main(line(To::Shard(0), 11), Some("11".into())),
+                vec![send(1, To::Shard(0), 11)],
+            ),
+            // Once a line came, an error event is a gap.
+            (
+                1105,
+                Input::MainError,
+                vec![Effect::CloseMain, Effect::Seat(Out::Expire(1))],
+            ),
+        ],
+    );
+    assert_eq!(hub.board().position(), None);
+}
+
 #[test]
 fn failed_reopens_back_off_and_relist_nothing() {
     let t0 = Instant::now();
