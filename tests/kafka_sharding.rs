@@ -287,6 +287,51 @@ async fn replicas_share_the_shards_and_handovers_lose_nothing(
     e.stop().await;
 }
 
+/// Scale 3 -> 5 -> 2 under churn, over a fanned-out collection: two replicas join, then
+/// three leave (one killed, two stopped). Every change after the first replicas' streams had
+/// their positions has its record, each key's in order, and no deposed owner's record lands
+/// after its successor's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_three_to_five_to_two_loses_no_change() {
+    let scene = Scene::new(12, "sharded-352", None).await;
+    let bed = &scene.bed;
+    let cfg = sharded(
+        &bed.config(
+            &scene.channel(Some("allNamespaces: true\n    watchStrategy: clusterWide")),
+            "",
+        ),
+        GroupProtocol::Classic,
+    );
+    let mut live: Vec<Relay> = (0..3).map(|_| Relay::start(bed, cfg.clone())).collect();
+    wait_spread(&live.iter().collect::<Vec<_>>()).await;
+    for r in &live {
+        r.wait_up(r.metrics.shards_owned.get() as usize).await;
+    }
+    let from = bed.sim.current_rv();
+    let churn = scene.churn(150.0);
+    live.extend((0..2).map(|_| Relay::start(bed, cfg.clone())));
+    let up = takeover(&live.iter().collect::<Vec<_>>()).await;
+    live.remove(0).kill().await;
+    live.remove(0).stop().await;
+    live.remove(0).stop().await;
+    let down = takeover(&live.iter().collect::<Vec<_>>()).await;
+    churn.stop().await;
+    let msgs = scene.converged(|m| epoch_view(m).0).await;
+    assert_covers(&msgs, &bed.journal_after("pods", None, from));
+    let late = epoch_view(&msgs).1;
+    eprintln!(
+        "3 -> 5 in {up:?}, 5 -> 2 in {down:?}; {}; late records of a deposed owner: {late}",
+        scene.per_change(&msgs)
+    );
+    assert_eq!(
+        late, 0,
+        "a deposed owner's record landed after its successor's"
+    );
+    for r in live {
+        r.stop().await;
+    }
+}
+
 /// History through a gap: two replicas read a fanned-out collection under churn; their shared
 /// watches cannot reopen while pods change and the server drops its history (a 410), and the
 /// first list after it is cut midway (a later page fails). Only the changes the server no
