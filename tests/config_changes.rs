@@ -61,7 +61,7 @@ fn recorded_as(bed: &Bed, wide: bool) -> bool {
 /// pod DELETED, and ends with the cluster each time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_strategy_switch_hands_each_shards_members_over() {
-    switch(true, false).await;
+    switch(true, false, false).await;
 }
 
 /// The same over a namespace selector (as an `allNamespaces` channel relayed per namespace
@@ -69,27 +69,44 @@ async fn a_watch_strategy_switch_hands_each_shards_members_over() {
 /// its stream, the part resumes from the lowest of their positions, and back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_strategy_switch_over_a_selector_loses_no_change() {
-    switch(true, true).await;
+    switch(true, true, false).await;
 }
 
 /// The same switch, there and back, of a single relay (sharding off): its stream over the
 /// collection takes the per-namespace streams' members, and gives them back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_strategy_switch_of_a_single_relay_retracts_nothing() {
-    switch(false, false).await;
+    switch(false, false, false).await;
 }
 
 /// The same over a namespace selector, of a single relay: the changes made while it was down
 /// are published by its stream over the collection, resumed from the namespaces' streams.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_strategy_switch_of_a_single_relay_over_a_selector_loses_no_change() {
-    switch(false, true).await;
+    switch(false, true, false).await;
+}
+
+/// A namespace created during the switch (here while the single relay is down), with no
+/// stream to hand over but no pod yet either: the stream over the collection still resumes
+/// from the namespaces' streams, and relays the new namespace's pods from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_created_during_a_switch_does_not_make_it_relist() {
+    switch(false, true, true).await;
+}
+
+/// The same with sharding on, the old and new replicas side by side (the old one, still
+/// running, may start the new namespace's stream itself before it hands its shard over).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_created_during_a_sharded_switch_does_not_make_it_relist() {
+    switch(true, true, true).await;
 }
 
 /// A `watchStrategy` switch there and back, with sharding or without, over the two
-/// namespaces, listed or matched by a selector.
-async fn switch(sharding: bool, selector: bool) {
+/// namespaces, listed or matched by a selector; with `new_namespace`, a third namespace in the
+/// selector's scope is created during the switch and gets a pod after it.
+async fn switch(sharding: bool, selector: bool, new_namespace: bool) {
     let (a, b) = namespaces();
+    let c = format!("{a}-new");
     let bed = Bed::in_memory_serving(true, &[&a, &b]).await;
     for ns in [&a, &b] {
         bed.label(ns, true);
@@ -116,7 +133,7 @@ async fn switch(sharding: bool, selector: bool) {
     };
     let memory = Arc::new(Memory::new());
     let group = MemoryGroup::default();
-    let cluster = || pods(&bed.sim, &[&a, &b], |_| true);
+    let cluster = || pods(&bed.sim, &[&a, &b, &c], |_| true);
     let pod_log = || -> Vec<_> {
         events(&memory)
             .into_iter()
@@ -127,6 +144,12 @@ async fn switch(sharding: bool, selector: bool) {
     let (per_ns, wide) = (channel("perNamespace"), channel("clusterWide"));
     // A pod deleted, one created and one changed twice while the switch goes on.
     let change = || {
+        if new_namespace {
+            bed.sim
+                .create("namespaces", None, objects::namespace(&c))
+                .unwrap();
+            bed.label(&c, true);
+        }
         bed.sim.delete("pods", Some(&a), "p0").unwrap();
         bed.sim
             .create("pods", Some(&b), objects::pod(&b, "p9"))
@@ -187,6 +210,16 @@ async fn switch(sharding: bool, selector: bool) {
         || format!("never read cluster-wide: {:?}", pods_recorded(&bed)),
     )
     .await;
+    if new_namespace {
+        bed.sim
+            .create("pods", Some(&c), objects::pod(&c, "p0"))
+            .unwrap();
+        eventually(
+            || consumer() == cluster(),
+            || "the new namespace's pod never reached the consumer".into(),
+        )
+        .await;
+    }
 
     // And back: the members go back to the namespaces' streams.
     let back = roll(new, per_ns, false).await;
@@ -208,7 +241,7 @@ async fn switch(sharding: bool, selector: bool) {
     // And nothing collapsed: the new streams resumed where the old ones stopped, so every
     // change has its record.
     let changes = bed.journal_after("pods", None, from);
-    assert_eq!(changes.len(), 4);
+    assert_eq!(changes.len(), 4 + usize::from(new_namespace));
     common::view::assert_published(&pod_log(), &changes, "");
 }
 

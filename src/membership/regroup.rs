@@ -24,9 +24,12 @@
 //!   namespaces are a fixed list's, or for `allNamespaces` and a selector those the term read
 //!   there before it planned (a namespace whose objects a watch from that position would not
 //!   show had no stream, so it is one of them). A namespace whose stream was further on has its
-//!   changes between the two published again (the same `watchrelay.id`s), as after a crash.
-//! - Otherwise (a namespace there without a stream: created during the switch, or the
-//!   namespaces could not be read) the receiving stream starts without a position: its first
+//!   changes between the two published again (the same `watchrelay.id`s), as after a crash. A
+//!   namespace there without a stream (created during the switch) does not stop the resume
+//!   when the term read it empty of the channel's objects ([`ScopeNow::empty`]): every object
+//!   it will hold appears after that position, so the watch shows each one.
+//! - Otherwise (a namespace there without a stream holding objects, or the namespaces could
+//!   not be read) the receiving stream starts without a position: its first
 //!   sync lists its scope against the members it was handed, announces every object again
 //!   (the versions it holds; changes in between collapse into them) and infers a DELETED for
 //!   each member the list lacks.
@@ -113,16 +116,16 @@ impl Move {
 /// move, and only to a stream that relays the same channel's objects in the same shard;
 /// everything else is left to the retirement.
 ///
-/// `namespaces` holds, by channel, the namespaces a dynamic scope (`allNamespaces`, a
-/// namespace selector) holds now, as the term read them before it planned: with them such a
-/// channel's streams carry their positions across the switch as a fixed list's do. A channel
+/// `namespaces` holds, by channel, what the term read of the namespaces its scope holds now
+/// (see [`ScopeNow`]): with them a dynamic scope's (`allNamespaces`, a namespace selector)
+/// streams carry their positions across the switch as a fixed list's do. A dynamic channel
 /// missing from it relists.
 pub fn plan<'a>(
     cfg: &Config,
     shapes: &Shapes,
     shard: Option<u32>,
     ids: impl IntoIterator<Item = &'a str>,
-    namespaces: &HashMap<String, BTreeSet<String>>,
+    namespaces: &HashMap<String, ScopeNow>,
 ) -> Vec<Move> {
     let ids: BTreeSet<&str> = ids.into_iter().collect();
     let whole = |name: &str| match shard {
@@ -155,13 +158,13 @@ pub fn plan<'a>(
                     if listed.as_ref().is_some_and(|l| !l.contains(&ns)) {
                         continue;
                     }
-                    // Every namespace of the shard the scope holds had its stream: their
-                    // positions cover the whole scope of the stream over the collection.
+                    // Every namespace of the shard the scope holds had its stream, or holds
+                    // none of the channel's objects: their positions cover the whole scope of
+                    // the stream over the collection.
                     let into_query = listed
                         .filter(|listed| {
-                            listed.iter().all(|ns| {
-                                ids.contains(StreamId::new(name, Some(ns)).to_string().as_str())
-                            })
+                            unstreamed(name, listed, &ids)
+                                .all(|ns| empty_in(channel, namespaces).contains(ns))
                         })
                         .map(|listed| part_query(channel, &listed));
                     moves.push(Move::Gather {
@@ -198,6 +201,61 @@ pub fn plan<'a>(
     moves
 }
 
+/// What a term read, before it planned, of the namespaces a channel's scope holds now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScopeNow {
+    /// The namespaces a dynamic scope holds (every namespace, or its selector's); empty for a
+    /// fixed list, whose namespaces are the configuration's.
+    pub namespaces: BTreeSet<String>,
+    /// Namespaces of the scope that had no stream to gather (created during the switch, or
+    /// added to the scope with it) and held none of the channel's objects when read: every
+    /// object they will hold appears after any position taken before, so a watch from the
+    /// gathered streams' lowest position shows each one. The gather resumes over them.
+    pub empty: BTreeSet<String>,
+}
+
+/// The namespaces of `listed` whose stream of channel `name` is not among `ids`.
+fn unstreamed<'l>(
+    name: &'l str,
+    listed: &'l [&'l str],
+    ids: &'l BTreeSet<&str>,
+) -> impl Iterator<Item = &'l str> + 'l {
+    listed
+        .iter()
+        .copied()
+        .filter(move |ns| !ids.contains(StreamId::new(name, Some(ns)).to_string().as_str()))
+}
+
+fn empty_in<'n>(
+    channel: &Channel,
+    namespaces: &'n HashMap<String, ScopeNow>,
+) -> &'n BTreeSet<String> {
+    static NONE: BTreeSet<String> = BTreeSet::new();
+    namespaces.get(&channel.name).map_or(&NONE, |s| &s.empty)
+}
+
+/// The namespaces of `channel`'s scope in `shard` that keep its gather from resuming: those
+/// with no stream among `ids` and not known to be empty (see [`ScopeNow::empty`]). `None`
+/// when its scope's namespaces were not read, or no gather into the stream over the
+/// collection is due.
+pub fn unstreamed_in<'a>(
+    cfg: &Config,
+    channel: &Channel,
+    shard: Option<u32>,
+    ids: impl IntoIterator<Item = &'a str>,
+    namespaces: &HashMap<String, ScopeNow>,
+) -> Option<Vec<String>> {
+    let ids: BTreeSet<&str> = ids.into_iter().collect();
+    let listed = listed_in(cfg, channel, shard, namespaces)?;
+    let empty = empty_in(channel, namespaces);
+    Some(
+        unstreamed(&channel.name, &listed, &ids)
+            .filter(|ns| !empty.contains(*ns))
+            .map(str::to_string)
+            .collect(),
+    )
+}
+
 /// The namespaces `channel`'s scope holds in `shard` (all of them without sharding), sorted
 /// and once each: its fixed list, or what a dynamic scope holds in `namespaces`; `None` for a
 /// dynamic scope whose namespaces were not read.
@@ -205,12 +263,13 @@ fn listed_in<'c>(
     cfg: &Config,
     channel: &'c Channel,
     shard: Option<u32>,
-    namespaces: &'c HashMap<String, BTreeSet<String>>,
+    namespaces: &'c HashMap<String, ScopeNow>,
 ) -> Option<Vec<&'c str>> {
     let list: Vec<&str> = match &channel.scope {
         Scope::Namespaces(list) => list.iter().map(String::as_str).collect(),
         Scope::Cluster | Scope::Selector(_) => namespaces
             .get(&channel.name)?
+            .namespaces
             .iter()
             .map(String::as_str)
             .collect(),
@@ -672,10 +731,14 @@ mod tests {
         );
         // allNamespaces, with the namespaces there now read by the term: when each had its
         // stream, the stream over the collection resumes, stamped with its own (unfiltered)
-        // query; a namespace without one (created meanwhile, never read) makes it relist.
+        // query; a namespace without one (created meanwhile, holding objects) makes it relist.
         let there = |names: &[&str]| {
-            let names: BTreeSet<String> = names.iter().map(|n| n.to_string()).collect();
-            HashMap::from([("watchNamespacedPods".to_string(), names)])
+            let namespaces: BTreeSet<String> = names.iter().map(|n| n.to_string()).collect();
+            let now = ScopeNow {
+                namespaces,
+                ..ScopeNow::default()
+            };
+            HashMap::from([("watchNamespacedPods".to_string(), now)])
         };
         let unfiltered = every.channels[0].query_fingerprint(None, false);
         let resumed = plan(&every, &Shapes::new(), None, ids, &there(&["a", "b"]));
@@ -696,15 +759,34 @@ mod tests {
             )),
             vec![gather("a", false), gather("b", false)]
         );
+        // Unless the namespace without a stream held none of the channel's objects when read.
+        let mut c_empty = there(&["a", "b", "c"]);
+        c_empty.get_mut("watchNamespacedPods").unwrap().empty = ["c".to_string()].into();
+        let with_empty = plan(&every, &Shapes::new(), None, ids, &c_empty);
+        assert_eq!(
+            strip(with_empty.clone()),
+            vec![gather("a", true), gather("b", true)]
+        );
+        assert_eq!(
+            unstreamed_in(
+                &every,
+                &every.channels[0],
+                None,
+                ids,
+                &there(&["a", "b", "c"])
+            ),
+            Some(vec!["c".to_string()])
+        );
+        assert_eq!(
+            unstreamed_in(&every, &every.channels[0], None, ids, &c_empty),
+            Some(vec![])
+        );
         // A selector's per-namespace streams, gathered and scattered back the same way, with
         // the namespaces it matches now: the stream over the collection is filtered to them.
         let selector = |strategy: &str| {
             unsharded(&format!("  - operationId: watchNamespacedPods\n    namespaceSelector: relay=yes\n    watchStrategy: {strategy}"))
         };
-        let by_selector = |names: &[&str]| {
-            let names: BTreeSet<String> = names.iter().map(|n| n.to_string()).collect();
-            HashMap::from([("watchNamespacedPods".to_string(), names)])
-        };
+        let by_selector = there;
         let wide_cfg = selector("clusterWide");
         let filtered = Channel::scoped_fingerprint(
             ["a", "b"],

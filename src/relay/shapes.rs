@@ -10,6 +10,8 @@ use kube::Api;
 
 use crate::config::Config;
 use crate::config::{Channel, Scope, Shape, Shapes, StreamId};
+use crate::kubeapi::{self, Query};
+use crate::membership::regroup::ScopeNow;
 use crate::metrics::Metrics;
 
 /// Each channel's shape this term. `known` are the stream ids the relay holds state of
@@ -153,7 +155,7 @@ async fn count_namespaces(client: &kube::Client, selector: &str) -> Result<usize
 pub(super) async fn scope_namespaces(
     client: &kube::Client,
     channels: &[&Channel],
-) -> HashMap<String, BTreeSet<String>> {
+) -> HashMap<String, ScopeNow> {
     let mut found = HashMap::new();
     for channel in channels {
         let selector = match &channel.scope {
@@ -161,8 +163,12 @@ pub(super) async fn scope_namespaces(
             _ => "",
         };
         match namespaces(client, selector).await {
-            Ok(names) => {
-                found.insert(channel.name.clone(), names);
+            Ok(namespaces) => {
+                let now = ScopeNow {
+                    namespaces,
+                    ..ScopeNow::default()
+                };
+                found.insert(channel.name.clone(), now);
             }
             Err(e) => {
                 tracing::warn!(channel = %channel.name, error = %e, "listing the namespaces of a channel that changed shape failed; its streams relist");
@@ -170,4 +176,33 @@ pub(super) async fn scope_namespaces(
         }
     }
     found
+}
+
+/// Of `namespaces`, those holding none of `channel`'s objects now (under its label and field
+/// selectors): one list of at most one object each. A namespace whose list fails is taken for
+/// one that holds some.
+pub(super) async fn empty_namespaces(
+    client: &kube::Client,
+    channel: &Channel,
+    namespaces: &[String],
+) -> BTreeSet<String> {
+    let query = Query {
+        label_selector: channel.label_selector.as_deref(),
+        field_selector: channel.field_selector.as_deref(),
+        shard_selector: None,
+    };
+    let mut empty = BTreeSet::new();
+    for ns in namespaces {
+        let path = channel.path.collection_url(Some(ns));
+        match kubeapi::list_page(client, &path, &query, Some(1), None).await {
+            Ok(page) if page.items.is_empty() => {
+                empty.insert(ns.clone());
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(channel = %channel.name, namespace = %ns, error = %e, "reading whether a namespace without a stream is empty failed; taken for one that is not");
+            }
+        }
+    }
+    empty
 }

@@ -32,6 +32,7 @@ use super::shapes;
 use crate::checkpoint::{Loaded, Store};
 use crate::config::{Channel, Scope, Shapes};
 use crate::envelope::ShardOwner;
+use crate::membership::regroup::{Move, ScopeNow};
 use crate::membership::{self, Log, Owner, Restored};
 use crate::producer::Producer;
 use crate::registry::Part;
@@ -43,6 +44,10 @@ const FATAL_POLL: Duration = Duration::from_secs(1);
 
 /// How long a term waits before trying again a handover or a retirement that failed.
 const AGAIN: Duration = Duration::from_secs(5);
+
+/// At most how many namespaces without a stream a switching channel reads, to tell whether
+/// they are empty (see [`membership::regroup::ScopeNow::empty`]); past it, the gather relists.
+const EMPTY_PROBES: usize = 32;
 
 /// The checkpoints of a term, read until the API server answers (see
 /// [`crate::checkpoint::until_read`]), or `None` once `stop` fires: nothing starts before the
@@ -214,7 +219,7 @@ impl<'a> Run<'a> {
             .chain(members.streams())
             .collect();
         let shard = term.shard.map(|s| s.shard);
-        let plan = |namespaces: &HashMap<String, BTreeSet<String>>| {
+        let plan = |namespaces: &HashMap<String, ScopeNow>| {
             let ids = ids.iter().copied();
             membership::regroup::plan(&relay.cfg, shapes, shard, ids, namespaces)
         };
@@ -230,10 +235,38 @@ impl<'a> Run<'a> {
             .filter(|c| moves.iter().any(|m| m.channel() == c.name))
             .collect();
         if !dynamic.is_empty() {
-            let namespaces = tokio::select! {
+            let mut namespaces = tokio::select! {
                 _ = stop.cancelled() => return None,
                 n = shapes::scope_namespaces(&relay.client, &dynamic) => n,
             };
+            // A namespace without a stream to gather (created during the switch) keeps the
+            // gather from resuming, unless it holds none of the channel's objects: a few are
+            // read to tell.
+            for channel in &dynamic {
+                let gathers = moves
+                    .iter()
+                    .any(|m| matches!(m, Move::Gather { .. }) && m.channel() == channel.name);
+                let ids = ids.iter().copied();
+                let missing = membership::regroup::unstreamed_in(
+                    &relay.cfg,
+                    channel,
+                    shard,
+                    ids,
+                    &namespaces,
+                );
+                let Some(missing) =
+                    missing.filter(|m| gathers && (1..=EMPTY_PROBES).contains(&m.len()))
+                else {
+                    continue;
+                };
+                let empty = tokio::select! {
+                    _ = stop.cancelled() => return None,
+                    e = shapes::empty_namespaces(&relay.client, channel, &missing) => e,
+                };
+                if let Some(now) = namespaces.get_mut(&channel.name) {
+                    now.empty = empty;
+                }
+            }
             moves = plan(&namespaces);
         }
         let regroup = membership::Regroup {
