@@ -96,14 +96,7 @@ async fn a_collection_is_read_once_per_replica_and_dealt_to_its_shards() {
 /// by its shard's relist. The consumer's view is the cluster's throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_filters_by_shard_sends_each_replica_its_shards_only() {
-    let cfg = SimConfig {
-        sharded_list_and_watch: true,
-        ..SimConfig::default()
-    };
-    let bed = Bed::in_memory(cfg, &NAMESPACES).await;
-    pods_p1(&bed);
-    let channel = "  - operationId: watchAllPods\n    topic: pods\n";
-    let cfg = sharded(bed.config(channel, ""), 4);
+    let (bed, cfg) = filtering_bed().await;
     let memory = Arc::new(Memory::new());
     let group = MemoryGroup::default();
     let mut namespaces: Vec<&str> = NAMESPACES.to_vec();
@@ -443,14 +436,7 @@ async fn a_busy_shard_during_a_long_list_resumes_instead_of_relisting() {
 /// only the parts that needed them to a list, not the replica's others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_whose_namespaces_lag_takes_no_live_object_for_deleted() {
-    let cfg = SimConfig {
-        sharded_list_and_watch: true,
-        ..SimConfig::default()
-    };
-    let bed = Bed::in_memory(cfg, &NAMESPACES).await;
-    pods_p1(&bed);
-    let channel = "  - operationId: watchAllPods\n    topic: pods\n";
-    let cfg = sharded(bed.config(channel, ""), 4);
+    let (bed, cfg) = filtering_bed().await;
     let memory = Arc::new(Memory::new());
     let group = MemoryGroup::default();
     let start = || Relay::start_on_lane(&bed, cfg.clone(), Lane::new(memory.clone()), &group);
@@ -551,6 +537,21 @@ async fn a_replica_whose_namespaces_lag_takes_no_live_object_for_deleted() {
         assert_eq!(expired(&b, id), *n, "{id} relisted");
     }
     b.stop().await;
+}
+
+/// A simulator that filters by shard (serving `shardSelector` as kube-apiserver with
+/// `ShardedListAndWatch` on) holding a pod `p1` in every namespace, and a release over 4
+/// shards of `watchAllPods` on it.
+async fn filtering_bed() -> (Bed, watchrelay::config::Config) {
+    let sim = SimConfig {
+        sharded_list_and_watch: true,
+        ..SimConfig::default()
+    };
+    let bed = Bed::in_memory(sim, &NAMESPACES).await;
+    pods_p1(&bed);
+    let channel = "  - operationId: watchAllPods\n    topic: pods\n";
+    let cfg = sharded(bed.config(channel, ""), 4);
+    (bed, cfg)
 }
 
 /// One replica of `channel` over 4 shards on `memory`, once it owns every shard and the

@@ -141,6 +141,21 @@ fn reaches(graph: &Graph, from: &str, to: &str) -> bool {
     false
 }
 
+/// The arrows of `graph` that close a circle among `left`, each on a line of its own after
+/// `indent`, with the names it imports.
+fn arrows_in_circles(graph: &Graph, left: &BTreeSet<String>, indent: &str) -> String {
+    let mut out = String::new();
+    for m in left {
+        for (to, items) in &graph[m] {
+            if reaches(graph, to, m) {
+                let items: Vec<&str> = items.iter().map(String::as_str).collect();
+                out.push_str(&format!("{indent}{m} -> {to}: {}", items.join(", ")));
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn modules_import_only_modules_below_them() {
     let graph = graph();
@@ -149,15 +164,7 @@ fn modules_import_only_modules_below_them() {
     for (n, layer) in layers.iter().enumerate() {
         println!("layer {n}: {}", layer.join(", "));
     }
-    let mut circle = String::new();
-    for m in &left {
-        for (to, items) in &graph[m] {
-            if reaches(&graph, to, m) {
-                let items: Vec<&str> = items.iter().map(String::as_str).collect();
-                circle.push_str(&format!("\n  {m} -> {to}: {}", items.join(", ")));
-            }
-        }
-    }
+    let circle = arrows_in_circles(&graph, &left, "\n  ");
     assert!(left.is_empty(), "modules in an import circle:{circle}");
 }
 
@@ -467,15 +474,7 @@ fn no_module_imports_its_folders_code_while_that_code_imports_it() {
                 continue;
             }
             let (_, left) = layers(&graph);
-            let mut circle = String::new();
-            for m in &left {
-                for (to, items) in &graph[m] {
-                    if reaches(&graph, to, m) {
-                        let items: Vec<&str> = items.iter().map(String::as_str).collect();
-                        circle.push_str(&format!("\n    {m} -> {to}: {}", items.join(", ")));
-                    }
-                }
-            }
+            let circle = arrows_in_circles(&graph, &left, "\n    ");
             if !left.is_empty() {
                 let at = format!("{krate}src/{folder}");
                 circles.insert(at.trim_end_matches('/').to_string(), circle);

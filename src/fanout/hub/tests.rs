@@ -309,9 +309,9 @@ fn resumes_in_a_row_do_not_put_a_waiting_catch_up_off() {
     );
 }
 
-#[test]
-fn a_position_the_server_no_longer_holds_expires_only_the_parts_that_needed_it() {
-    let t0 = Instant::now();
+/// A hub whose seat 1 is live at 10 and whose seat 2 joined at 600 to resume from 3, the
+/// main watch being reopened there at 1100.
+fn reopening_for_a_resume_at_3(t0: Instant) -> Hub {
     let mut hub = live_one(t0);
     run(
         &mut hub,
@@ -323,6 +323,19 @@ fn a_position_the_server_no_longer_holds_expires_only_the_parts_that_needed_it()
                 Input::Due,
                 vec![Effect::CloseMain, open("3", &[0, 1])],
             ),
+        ],
+    );
+    hub
+}
+
+#[test]
+fn a_position_the_server_no_longer_holds_expires_only_the_parts_that_needed_it() {
+    let t0 = Instant::now();
+    let mut hub = reopening_for_a_resume_at_3(t0);
+    run(
+        &mut hub,
+        t0,
+        vec![
             (
                 1101,
                 Input::OpenFailed {
@@ -345,17 +358,11 @@ fn a_position_the_server_no_longer_holds_expires_only_the_parts_that_needed_it()
 #[test]
 fn an_error_event_answering_a_reopen_expires_only_the_parts_that_needed_it() {
     let t0 = Instant::now();
-    let mut hub = live_one(t0);
+    let mut hub = reopening_for_a_resume_at_3(t0);
     run(
         &mut hub,
         t0,
         vec![
-            (600, join(2, 1, Some("3")), vec![]),
-            (
-                1100,
-                Input::Due,
-                vec![Effect::CloseMain, open("3", &[0, 1])],
-            ),
             (1101, opened("3"), vec![]),
             (
                 1102,
