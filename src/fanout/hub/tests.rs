@@ -62,6 +62,14 @@ fn opened(at: &str) -> Input {
     }
 }
 
+/// The rows of the main watch closed and reopened from `from` at `ms` (for `s`), then opened.
+fn reopens(ms: u64, from: &str, s: &[u32]) -> [(u64, Input, Vec<Effect>); 2] {
+    [
+        (ms, Input::Due, vec![Effect::CloseMain, open(from, s)]),
+        (ms + 1, opened(from), vec![]),
+    ]
+}
+
 /// Steps through `table`, each input at its offset from `t0`, asserting its effects.
 fn run(hub: &mut Hub, t0: Instant, table: Vec<(u64, Input, Vec<Effect>)>) {
     for (i, (ms, input, want)) in table.into_iter().enumerate() {
@@ -164,12 +172,10 @@ fn a_resuming_part_reopens_the_main_watch_from_its_position() {
             (700, join(2, 1, Some("14")), vec![]),
             // Not before joins are quiet.
             (1000, Input::Due, vec![]),
-            (
-                1200,
-                Input::Due,
-                vec![Effect::CloseMain, open("14", &[0, 1])],
-            ),
-            (1201, opened("14"), vec![]),
+        ]
+        .into_iter()
+        .chain(reopens(1200, "14", &[0, 1]))
+        .chain([
             // Every change after 14 reaches it, nothing twice reaches seat 1.
             (
                 1202,
@@ -186,7 +192,8 @@ fn a_resuming_part_reopens_the_main_watch_from_its_position() {
                 Input::Main(line(To::Shard(0), 21), Some("21".into())),
                 vec![send(1, To::Shard(0), 21)],
             ),
-        ],
+        ])
+        .collect(),
     );
     assert_eq!(hub.deadline(), None);
 }
@@ -215,18 +222,13 @@ fn a_part_that_holds_too_much_during_its_list_resumes_from_the_list() {
             },
             vec![Effect::CloseCatch, Effect::Seat(Out::End(2, "12".into()))],
         ),
-        (
-            1620,
-            Input::Due,
-            vec![Effect::CloseMain, open("12", &[0, 1])],
-        ),
-        (1621, opened("12"), vec![]),
-        (
-            1622,
-            Input::Main(line(To::Shard(1), 13), Some("13".into())),
-            vec![send(2, To::Shard(1), 13)],
-        ),
     ]);
+    rows.extend(reopens(1620, "12", &[0, 1]));
+    rows.extend([(
+        1622,
+        Input::Main(line(To::Shard(1), 13), Some("13".into())),
+        vec![send(2, To::Shard(1), 13)],
+    )]);
     run(&mut hub, t0, rows);
     assert_eq!(hub.deadline(), None);
 }
