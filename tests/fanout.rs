@@ -7,10 +7,10 @@ mod common;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use common::bed::{eventually, sharded, Bed, Relay, CHECKPOINT_NAME, CHECKPOINT_NS};
+use common::bed::{eventually, sharded, wait_for, Bed, Relay, CHECKPOINT_NAME, CHECKPOINT_NS};
 use common::view::{assert_published, consumer_view_by, events, json, pods_by, version};
 use watchrelay::metrics::Metrics;
-use watchrelay::testing::{Lane, Memory, MemoryGroup};
+use watchrelay::testing::{Lane, Memory, MemoryGroup, Order};
 use watchrelay_sim::{objects, ChurnSpec, SimConfig};
 
 const NAMESPACES: [&str; 8] = ["a", "b", "c", "d", "e", "f", "g", "h"];
@@ -539,6 +539,61 @@ async fn a_replica_whose_namespaces_lag_takes_no_live_object_for_deleted() {
     b.stop().await;
 }
 
+/// S16: a part that takes no line (its records unacknowledged, as behind the partition of its
+/// keys with its leader stalled) holds its replica's shared watch up for a while at most: it is
+/// let go, and the other shards' parts go on publishing. Once its records are acknowledged it
+/// resumes from its position and publishes every change of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_that_takes_no_line_is_let_go_and_the_others_go_on() {
+    let bed = Bed::in_memory_serving(true, &NAMESPACES).await;
+    pods_p1(&bed);
+    let channel = "  - operationId: watchNamespacedPods\n    allNamespaces: true\n    watchStrategy: clusterWide\n    topic: pods\n";
+    let mut cfg = sharded(bed.config(channel, ""), 4);
+    // The stalled part stops reading after one record.
+    cfg.kafka.max_in_flight_per_stream = 1;
+    let memory = Arc::new(Memory::new());
+    let a = relaying_every_shard_as(&bed, cfg.clone(), &memory).await;
+    let from = bed.sim.current_rv();
+    let stalled = NAMESPACES[0];
+    memory.hold_keys(Some(&format!("{stalled}/")));
+    // More changes of its pod than the part and its share of the shared watch hold.
+    for i in 0..600 {
+        let patch = serde_json::json!({"metadata": {"labels": {"v": i.to_string()}}});
+        bed.sim
+            .merge_patch("pods", Some(stalled), "p1", patch)
+            .unwrap();
+    }
+    change_p1(&bed, "after");
+    let elsewhere: Vec<&str> = NAMESPACES
+        .iter()
+        .copied()
+        .filter(|ns| cfg.sharding.shard_of(ns) != cfg.sharding.shard_of(stalled))
+        .collect();
+    assert!(!elsewhere.is_empty());
+    let others: Vec<_> = elsewhere
+        .iter()
+        .flat_map(|ns| bed.journal_after("pods", Some(ns), from))
+        .collect();
+    wait_for(
+        "the other shards' changes",
+        std::time::Duration::from_secs(120),
+        || common::view::unpublished(&events(&memory), &others).is_empty(),
+    )
+    .await;
+    memory.hold_keys(None);
+    memory.release(Order::Sent);
+    eventually(
+        || {
+            common::view::unpublished(&events(&memory), &bed.journal_after("pods", None, from))
+                .is_empty()
+        },
+        || "the stalled part's changes were never all published".into(),
+    )
+    .await;
+    assert_published(&events(&memory), &bed.journal_after("pods", None, from), "");
+    a.stop().await;
+}
+
 /// A simulator that filters by shard (serving `shardSelector` as kube-apiserver with
 /// `ShardedListAndWatch` on) holding a pod `p1` in every namespace, and a release over 4
 /// shards of `watchAllPods` on it.
@@ -557,7 +612,15 @@ async fn filtering_bed() -> (Bed, watchrelay::config::Config) {
 /// One replica of `channel` over 4 shards on `memory`, once it owns every shard and the
 /// consumer holds the cluster's pods.
 async fn relaying_every_shard(bed: &Bed, channel: &str, memory: &Arc<Memory>) -> Relay {
-    let cfg = sharded(bed.config(channel, ""), 4);
+    relaying_every_shard_as(bed, sharded(bed.config(channel, ""), 4), memory).await
+}
+
+/// The same, configured as `cfg`.
+async fn relaying_every_shard_as(
+    bed: &Bed,
+    cfg: watchrelay::config::Config,
+    memory: &Arc<Memory>,
+) -> Relay {
     let group = MemoryGroup::default();
     let a = Relay::start_on_lane(bed, cfg, Lane::new(memory.clone()), &group);
     owns(&a, Some(4), "A never owned the shards").await;

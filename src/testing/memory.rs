@@ -42,6 +42,8 @@ struct MemoryState {
     hold: bool,
     /// Holds only the records of topics starting with this.
     hold_topic: Option<String>,
+    /// Holds only the records whose key starts with this.
+    hold_key: Option<String>,
     capacity: Option<usize>,
     too_large: Option<(usize, bool)>,
     /// Releases holding a record larger than this fail whole, as a broker refuses a batch.
@@ -95,6 +97,12 @@ impl Memory {
     /// partition below its minimum in-sync replicas would; the others go through.
     pub fn hold_to(&self, prefix: Option<&str>) {
         self.state().hold_topic = prefix.map(str::to_string);
+    }
+
+    /// Holds the records whose key starts with `prefix` (`None`: stops), as the partition of
+    /// those keys would with its leader stalled; the others go through.
+    pub fn hold_keys(&self, prefix: Option<&str>) {
+        self.state().hold_key = prefix.map(str::to_string);
     }
 
     /// Records held, not yet acknowledged: the streams' and their membership records, not the
@@ -257,7 +265,10 @@ impl Producer for Memory {
             let to_held = s
                 .hold_topic
                 .as_ref()
-                .is_some_and(|p| record.topic.starts_with(p.as_str()));
+                .is_some_and(|p| record.topic.starts_with(p.as_str()))
+                || s.hold_key
+                    .as_ref()
+                    .is_some_and(|p| record.key.starts_with(p.as_str()));
             (s.hold || to_held, s.sent)
         };
         if hold {
