@@ -488,6 +488,7 @@ async fn a_replica_whose_namespaces_lag_takes_no_live_object_for_deleted() {
     // shards over from positions the server no longer holds, so it lists them, and only them
     // (its own watch, which has read past the drop, goes on).
     let before = events(&memory).len();
+    let lists = b.metrics.fanout_lists.get();
     let expired = |r: &Relay, stream: &str| {
         r.metrics
             .watch_restarts
@@ -530,6 +531,10 @@ async fn a_replica_whose_namespaces_lag_takes_no_live_object_for_deleted() {
     assert!(
         deleted.is_empty(),
         "live pods published as deleted: {deleted:?}"
+    );
+    assert!(
+        b.metrics.fanout_lists.get() > lists,
+        "B never listed A's shards"
     );
     // The server answered the resuming parts' position with an error event: only they
     // relisted, not B's own parts, whose positions it still held.

@@ -405,12 +405,14 @@ async fn a_gap_and_a_cut_list_on_the_shared_watch_lose_only_what_the_gap_excuses
     // The first list after it fails at its second page.
     bed.sim.fail_next_pages(1);
     bed.sim.stop_failing();
-    // Each replica lists once, and the cut one lists again.
+    // Each replica lists once, and the cut one lists again; every shard has then published
+    // what the gap changed (every namespace changed in it).
     eventually(
         || lists() >= before + 3,
         || format!("the replicas never relisted: {} lists", lists() - before),
     )
     .await;
+    scene.converged(kafka_view).await;
 
     // After the gap: churn again, every change relayed.
     let churn = scene.churn(150.0);

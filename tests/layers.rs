@@ -324,12 +324,24 @@ fn named_paths(code: &str, at: &[String], children: &BTreeSet<String>) -> Vec<Ve
             if bytes.get(j) == Some(&':') && bytes.get(j + 1) == Some(&':') {
                 j += 2;
                 if bytes.get(j) == Some(&'{') {
-                    let close = bytes[j..]
-                        .iter()
-                        .position(|c| *c == '}')
-                        .map_or(bytes.len(), |p| j + p);
-                    let group: String = bytes[j + 1..close].iter().collect();
-                    for item in group.split(',') {
+                    // The group's items at its own depth (a nested group counts by its head).
+                    let mut depth = 0;
+                    let mut close = bytes.len();
+                    let mut items = vec![String::new()];
+                    for (k, c) in bytes.iter().enumerate().skip(j) {
+                        match c {
+                            '{' => depth += 1,
+                            '}' if depth == 1 => {
+                                close = k;
+                                break;
+                            }
+                            '}' => depth -= 1,
+                            ',' if depth == 1 => items.push(String::new()),
+                            _ if depth == 1 => items.last_mut().expect("one item").push(*c),
+                            _ => {}
+                        }
+                    }
+                    for item in items {
                         let name: String = item.trim().chars().take_while(|c| ident(*c)).collect();
                         if !name.is_empty() {
                             out.push((segments.clone(), Some(name)));
@@ -450,14 +462,16 @@ fn folder_graphs(src: &Path) -> BTreeMap<String, Graph> {
 
 /// The circles still standing inside a folder, each with what it would take to undo it. The
 /// test fails when one closes too (remove it here) or a new one appears.
-const FOLDER_CIRCLES: &[(&str, &str)] = &[
+const FOLDER_CIRCLES: &[(&str, &[&str], &str)] = &[
     (
         "src/stream",
+        &["(mod)", "permits", "read", "scope"],
         "`impl Stream` is split over `mod.rs`, `read.rs`, `permits.rs` and `scope.rs`: each part \
          of the loop as a value of its own over the fields it needs",
     ),
     (
         "sim/src",
+        &["churn", "faults", "server", "sim", "watch"],
         "the server, the watches, the faults and the churn hold `sim::Inner` and `impl Sim`: the \
          shared state in a module of its own, below the handle and the server",
     ),
@@ -466,7 +480,7 @@ const FOLDER_CIRCLES: &[(&str, &str)] = &[
 #[test]
 fn no_module_imports_its_folders_code_while_that_code_imports_it() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut circles = BTreeMap::new();
+    let mut circles: BTreeMap<String, (BTreeSet<String>, String)> = BTreeMap::new();
     for (krate, src) in [("", root.join("src")), ("sim/", root.join("sim/src"))] {
         for (folder, graph) in folder_graphs(&src) {
             // The library's top level is the layer table's (see above).
@@ -475,17 +489,30 @@ fn no_module_imports_its_folders_code_while_that_code_imports_it() {
             }
             let (_, left) = layers(&graph);
             let circle = arrows_in_circles(&graph, &left, "\n    ");
-            if !left.is_empty() {
+            // Left unplaced are the modules on a circle and those above them: only the former.
+            let on_circles: BTreeSet<String> = left
+                .iter()
+                .filter(|m| graph[*m].keys().any(|to| reaches(&graph, to, m)))
+                .cloned()
+                .collect();
+            if !on_circles.is_empty() {
                 let at = format!("{krate}src/{folder}");
-                circles.insert(at.trim_end_matches('/').to_string(), circle);
+                circles.insert(at.trim_end_matches('/').to_string(), (on_circles, circle));
             }
         }
     }
-    let known: BTreeSet<&str> = FOLDER_CIRCLES.iter().map(|(f, _)| *f).collect();
-    let found: BTreeSet<&str> = circles.keys().map(String::as_str).collect();
+    // The modules of each circle left, so that none grows unseen.
+    let known: BTreeMap<&str, BTreeSet<String>> = FOLDER_CIRCLES
+        .iter()
+        .map(|(f, modules, _)| (*f, modules.iter().map(|m| m.to_string()).collect()))
+        .collect();
+    let found: BTreeMap<&str, BTreeSet<String>> = circles
+        .iter()
+        .map(|(f, (left, _))| (f.as_str(), left.clone()))
+        .collect();
     let report: String = circles
         .iter()
-        .map(|(f, c)| format!("\n  {f}:{c}"))
+        .map(|(f, (_, c))| format!("\n  {f}:{c}"))
         .collect();
     assert_eq!(found, known, "import circles inside folders:{report}");
 }
@@ -495,7 +522,7 @@ fn the_folder_reader_resolves_relative_paths_and_groups() {
     let at = ["f".to_string(), "m".to_string()];
     let children: BTreeSet<String> = ["child".to_string()].into();
     let code =
-        "use super::{a::B, C};\nfn f() { crate::x::y(); child::z(); self::w::v(); other::q(); }\n";
+        "use super::{a::{B, E}, C};\nfn f() { crate::x::y(); child::z(); self::w::v(); other::q(); }\n";
     let got: Vec<String> = named_paths(code, &at, &children)
         .into_iter()
         .map(|p| p.join("::"))

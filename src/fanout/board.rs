@@ -327,7 +327,8 @@ impl Board {
     /// a position is gone). That open is undone: the seats it put live resume again, and the
     /// main position is the one before, so that [`Board::reopen_gone`] expires only the seats
     /// that needed that position. Returns where it was opened from; `None` once the main watch
-    /// delivered a line (then the error is a gap: see [`Board::gap`]).
+    /// delivered a line, or a catch-up began or ended since the open (then the error is a gap:
+    /// see [`Board::gap`]).
     pub fn open_refused(&mut self) -> Option<String> {
         let opening = self.opening.take()?;
         self.position = opening.before;
@@ -368,6 +369,9 @@ impl Board {
 
     /// A catch-up begins: every waiting seat is listed by it.
     pub fn begin_catch_up(&mut self) {
+        // Its seats hold lines from the main position: an open undone later would move that
+        // position back under them.
+        self.opening = None;
         let since = self
             .position
             .as_deref()
@@ -438,9 +442,11 @@ impl Board {
             }
         }
         self.forget(&out);
+        // The seats that went live hold everything up to `rv`, whatever the main watch does
+        // next: an open undone now would leave them without one.
+        self.opening = None;
         if main {
             self.position = Some(rv.to_string());
-            self.opening = None;
         }
         out
     }
@@ -756,6 +762,30 @@ mod tests {
         assert_eq!(b.reopen_from().as_deref(), Some(end.as_str()));
         assert!(b.opened(&end).is_empty());
         assert!(!b.resuming());
+    }
+
+    #[test]
+    fn an_open_is_not_undone_once_a_catch_up_began_or_ended_under_it() {
+        // A seat listed without a main watch, another resuming from 7.
+        let mut b = Board::default();
+        b.join(1, 0, None);
+        b.begin_catch_up();
+        b.join(2, 1, Some("7"));
+        assert!(b.opened("7").is_empty());
+        // The list ends before the main watch's first line: seat 1 is live on that watch.
+        assert_eq!(sent(&b.caught_up("10", false)), [(1, "end@10".into())]);
+        assert_eq!(
+            b.open_refused(),
+            None,
+            "seat 1 would be left without a main watch"
+        );
+        // Likewise a catch-up begun under the open holds lines from its position.
+        let mut b = live_one();
+        b.join(2, 1, Some("7"));
+        b.opened("7");
+        b.join(3, 1, None);
+        b.begin_catch_up();
+        assert_eq!(b.open_refused(), None);
     }
 
     #[test]

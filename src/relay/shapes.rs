@@ -195,7 +195,8 @@ pub(super) async fn empty_namespaces(
     for ns in namespaces {
         let path = channel.path.collection_url(Some(ns));
         match kubeapi::list_page(client, &path, &query, Some(1), None).await {
-            Ok(page) if page.items.is_empty() => {
+            // A filtered page may come back empty with more to read: only the end counts.
+            Ok(page) if page.items.is_empty() && page.continue_token.is_none() => {
                 empty.insert(ns.clone());
             }
             Ok(_) => {}
