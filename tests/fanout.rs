@@ -330,8 +330,6 @@ async fn a_failed_delivery_of_a_part_publishes_every_change() {
     let channel = "  - operationId: watchNamespacedPods\n    namespaceSelector: relay=yes\n    watchStrategy: clusterWide\n    topic: pods\n";
     let memory = Arc::new(Memory::new());
     let a = relaying_every_shard(&bed, channel, &memory).await;
-    let cluster = || pods_by(&bed.sim, &NAMESPACES, |_| true, version);
-    let consumer = || consumer_view_by(&events(&memory), version);
     let lists = a.metrics.fanout_lists.get();
     let from = bed.sim.current_rv();
     memory.fail_next_to("pods", 2);
@@ -339,14 +337,7 @@ async fn a_failed_delivery_of_a_part_publishes_every_change() {
         change_p1(&bed, &round.to_string());
     }
     eventually(
-        || {
-            consumer() == cluster()
-                && common::view::unpublished(
-                    &events(&memory),
-                    &bed.journal_after("pods", None, from),
-                )
-                .is_empty()
-        },
+        || caught_up(&bed, &memory, &NAMESPACES, from),
         || "the changes never all reached the consumer".into(),
     )
     .await;
@@ -412,15 +403,7 @@ async fn a_busy_shard_during_a_long_list_resumes_instead_of_relisting() {
     let mut namespaces = NAMESPACES.to_vec();
     namespaces.push("late");
     eventually(
-        || {
-            consumer_view_by(&events(&memory), version)
-                == pods_by(&bed.sim, &namespaces, |_| true, version)
-                && common::view::unpublished(
-                    &events(&memory),
-                    &bed.journal_after("pods", None, from),
-                )
-                .is_empty()
-        },
+        || caught_up(&bed, &memory, &namespaces, from),
         || "the busy pod's changes never all reached the consumer".into(),
     )
     .await;
@@ -588,10 +571,7 @@ async fn a_part_that_takes_no_line_is_let_go_and_the_others_go_on() {
     memory.hold_keys(None);
     memory.release(Order::Sent);
     eventually(
-        || {
-            common::view::unpublished(&events(&memory), &bed.journal_after("pods", None, from))
-                .is_empty()
-        },
+        || caught_up(&bed, &memory, &NAMESPACES, from),
         || "the stalled part's changes were never all published".into(),
     )
     .await;
@@ -639,6 +619,14 @@ async fn relaying_every_shard_as(
     )
     .await;
     a
+}
+
+/// Whether the consumer holds the pods of `namespaces` as the cluster does, and every change of
+/// a pod after `from` has its record: the view and the history.
+fn caught_up(bed: &Bed, memory: &Memory, namespaces: &[&str], from: u64) -> bool {
+    let log = events(memory);
+    consumer_view_by(&log, version) == pods_by(&bed.sim, namespaces, |_| true, version)
+        && common::view::unpublished(&log, &bed.journal_after("pods", None, from)).is_empty()
 }
 
 /// Changes pod `p1` of every namespace, labelling it `v`.
