@@ -102,6 +102,8 @@ fn restore(bootstrap: &str, topic: &str, sharding: Option<&watchrelay::config::S
         dead_letter_topic: None,
         unsafe_producer_overrides: false,
         topics: Default::default(),
+        delivery: Default::default(),
+        commit_interval_ms: 100,
     });
     let (kafka, partitions) = match sharding {
         Some(s) => {

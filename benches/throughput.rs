@@ -613,6 +613,8 @@ fn kafka_config(bootstrap: &str) -> watchrelay::config::KafkaConfig {
         dead_letter_topic: None,
         unsafe_producer_overrides: false,
         topics: Default::default(),
+        delivery: Default::default(),
+        commit_interval_ms: 100,
     }
 }
 

@@ -108,6 +108,10 @@ pub struct Metrics {
     pub shard_takeover_seconds: prometheus::Histogram,
     /// Records produced per shard (hot shards show here).
     pub shard_records: IntCounterVec,
+    /// Transactions ended, by outcome (`committed`, `aborted`), with exactly-once delivery.
+    pub transactions: IntCounterVec,
+    /// Seconds a transaction's commit took (its position records written, then committed).
+    pub transaction_commit_seconds: prometheus::Histogram,
     /// Handovers that ended with records of the shard still undelivered: the replica's
     /// producer was purged, so none of them lands after the next owner's.
     pub shard_handover_purges: IntCounter,
@@ -291,6 +295,21 @@ impl Metrics {
             "Records produced for each shard",
             &["shard"],
         );
+        let transactions = counter(
+            "transactions_total",
+            "Kafka transactions ended, by outcome, with exactly-once delivery",
+            &["outcome"],
+        );
+        let transaction_commit_seconds = registered(
+            &registry,
+            prometheus::Histogram::with_opts(
+                HistogramOpts::new(
+                    "transaction_commit_seconds",
+                    "Seconds a transaction's commit took, its positions written first",
+                )
+                .buckets(exponential_buckets(0.001, 2.0, 14).expect("valid buckets")),
+            ),
+        );
         let checkpoint_written = single(
             "checkpoint_last_write_timestamp_seconds",
             "Unix time of the last successful checkpoint write",
@@ -390,6 +409,8 @@ impl Metrics {
             shard_fences,
             shard_takeover_seconds,
             shard_records,
+            transactions,
+            transaction_commit_seconds,
             shard_handover_purges,
             shard_handover_seconds,
             fanout_watches,
@@ -476,6 +497,8 @@ impl Metrics {
             shard_fences,
             shard_takeover_seconds,
             shard_records,
+            transactions,
+            transaction_commit_seconds,
             shard_handover_purges,
             shard_handover_seconds,
             fanout_watches,
@@ -483,7 +506,7 @@ impl Metrics {
             fanout_objects,
             fanout_server_filtered,
         } = self;
-        let collectors: [&dyn Collector; 42] = [
+        let collectors: [&dyn Collector; 44] = [
             events_received,
             events_published,
             events_filtered,
@@ -520,6 +543,8 @@ impl Metrics {
             shard_fences,
             shard_takeover_seconds,
             shard_records,
+            transactions,
+            transaction_commit_seconds,
             shard_handover_purges,
             shard_handover_seconds,
             fanout_watches,

@@ -96,6 +96,14 @@ impl Tracker {
             .is_some_and(|e| !e.done)
     }
 
+    /// The position entry `seq` moves the checkpoint to once delivered, if it has one and is
+    /// pending.
+    pub fn position_of(&self, seq: u64) -> Option<&str> {
+        seq.checked_sub(self.base)
+            .and_then(|i| self.pending.get(i as usize))
+            .and_then(|e| e.rv.as_deref())
+    }
+
     /// Events sent but not yet acknowledged (entries behind them included).
     pub fn in_flight(&self) -> usize {
         self.pending.len()

@@ -223,6 +223,27 @@ pub struct KafkaConfig {
     /// The channel and dead-letter topics: created when missing, checked when present.
     #[serde(default)]
     pub topics: TopicsConfig,
+    /// What a consumer may rely on (see [`Delivery`]).
+    #[serde(default)]
+    pub delivery: Delivery,
+    /// With `delivery: exactlyOnce`: how often the open transaction is committed, in
+    /// milliseconds. A record reaches `read_committed` consumers at most about this long after
+    /// it is handed over.
+    #[serde(default = "default_commit_interval")]
+    pub commit_interval_ms: u64,
+}
+
+/// What a consumer may rely on (`kafka.delivery`).
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum Delivery {
+    /// Every change at least once: after a crash or a handover some are published again, and
+    /// consumers drop them by `watchrelay.id`.
+    #[default]
+    AtLeastOnce,
+    /// Every change once, for `read_committed` consumers: records, memberships and positions
+    /// are committed in Kafka transactions, one producer per term fenced by the next owner's.
+    ExactlyOnce,
 }
 
 /// How the relay treats the topics it publishes to (`kafka.topics`; see the `topics` module).
@@ -255,6 +276,9 @@ impl Default for TopicsConfig {
 
 fn default_in_flight() -> usize {
     10_000
+}
+fn default_commit_interval() -> u64 {
+    100
 }
 fn default_max_message_bytes() -> usize {
     1_000_000

@@ -469,3 +469,62 @@ fn a_malformed_selector_names_its_field() {
         assert!(e.contains(&format!("channels[0].{field}")), "{e}");
     }
 }
+
+#[test]
+fn exactly_once_is_refused_where_it_cannot_hold_and_names_the_field() {
+    let with = |kafka: &str, top: &str| {
+        Config::parse(&format!(
+            "clusterName: prod\nkafka:\n  bootstrapServers: x:1\n  oversize: trim\n{kafka}checkpoint:\n  namespace: w\n{top}channels:\n  - operationId: watchNodes\n"
+        ))
+    };
+    let eo = "  delivery: exactlyOnce\n";
+    let ok = with(eo, "").expect("exactly once without sharding");
+    assert_eq!(ok.kafka.delivery, Delivery::ExactlyOnce);
+    assert_eq!(ok.kafka.commit_interval_ms, 100);
+    assert_eq!(
+        with("", "").unwrap().kafka.delivery,
+        Delivery::AtLeastOnce,
+        "at least once by default"
+    );
+    // (kafka section, top-level sections, the field named, what the message says)
+    let rows = [
+        (
+            format!("{eo}  commitIntervalMs: 5\n"),
+            "",
+            "kafka.commitIntervalMs",
+            "between",
+        ),
+        (
+            format!("{eo}  commitIntervalMs: 600000\n"),
+            "",
+            "kafka.commitIntervalMs",
+            "between",
+        ),
+        (
+            eo.to_string(),
+            "sharding:\n  enabled: true\n",
+            "kafka.delivery",
+            "sharded",
+        ),
+        (
+            format!("{eo}  properties:\n    isolation.level: read_uncommitted\n"),
+            "",
+            "kafka.properties.isolation.level",
+            "read_committed",
+        ),
+        (
+            "  properties:\n    transactional.id: mine\n".to_string(),
+            "",
+            "kafka.properties.transactional.id",
+            "the relay sets it itself",
+        ),
+    ];
+    for (kafka, top, expected, says) in rows {
+        let err = with(&kafka, top).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Invalid { field, message } if *field == expected && message.contains(says)),
+            "{kafka}{top}: {err}"
+        );
+    }
+    assert!(with("  delivery: sometimes\n", "").is_err());
+}

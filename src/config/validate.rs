@@ -3,8 +3,8 @@
 
 use super::syntax::{is_dns_label, is_dns_subdomain};
 use super::{
-    invalid, is_topic, kafka, topic_rule, topic_rule_for, ConfigError, File, OversizePolicy,
-    CHECKPOINT_RESERVE, RELEASE_RESERVE,
+    invalid, is_topic, kafka, topic_rule, topic_rule_for, ConfigError, Delivery, File,
+    OversizePolicy, CHECKPOINT_RESERVE, RELEASE_RESERVE,
 };
 
 impl File {
@@ -74,6 +74,31 @@ impl File {
                 "kubernetes.backoffMaxMs",
                 "must be at least backoffInitialMs",
             ));
+        }
+        if self.kafka.delivery == Delivery::ExactlyOnce {
+            if !(10..=60_000).contains(&self.kafka.commit_interval_ms) {
+                return Err(invalid(
+                    "kafka.commitIntervalMs",
+                    "must be between 10 and 60000",
+                ));
+            }
+            if self.sharding.enabled {
+                return Err(invalid(
+                    "kafka.delivery",
+                    "exactlyOnce does not run sharded yet: turn sharding off (one leader relays, with leader election for standbys) or keep atLeastOnce",
+                ));
+            }
+            if self
+                .kafka
+                .properties
+                .get("isolation.level")
+                .is_some_and(|v| v != "read_committed")
+            {
+                return Err(invalid(
+                    "kafka.properties.isolation.level",
+                    "must be read_committed with delivery: exactlyOnce: the relay reads its membership topic back, and an aborted transaction's members and positions must not count",
+                ));
+            }
         }
         if self.kafka.max_in_flight_per_stream == 0 {
             return Err(invalid("kafka.maxInFlightPerStream", "must be at least 1"));
@@ -214,7 +239,9 @@ fn weakens_delivery(key: &str, value: &str) -> Option<String> {
         "bootstrap.servers" | "metadata.broker.list" => {
             Some("set kafka.bootstrapServers instead".into())
         }
-        "transactional.id" => Some("transactions are not used by the relay".into()),
+        "transactional.id" => Some(
+            "the relay sets it itself, one per term, with kafka.delivery: exactlyOnce".into(),
+        ),
         "allow.auto.create.topics" if v != "false" => Some(
             "a topic the broker creates on demand gets its defaults (a membership topic that is not compacted); the relay creates the topics it needs"
                 .into(),
@@ -244,8 +271,8 @@ fn weakens_delivery(key: &str, value: &str) -> Option<String> {
 /// Left alone, being harmless: `group.id`, `enable.auto.commit`, `enable.auto.offset.store`,
 /// `enable.partition.eof` and `max.poll.interval.ms` (each consumer sets its own after the
 /// properties), `auto.offset.reset` (the membership reader starts at an explicit offset; the shard
-/// group reads no records), `isolation.level` (the relay writes no transactions, so both levels
-/// read the same records).
+/// group reads no records), `isolation.level` (checked with exactly-once delivery, where the membership topic must
+/// be read committed).
 fn breaks_the_group(key: &str) -> Option<&'static str> {
     match key {
         "group.instance.id" => Some(

@@ -63,7 +63,9 @@ mod set;
 pub use known::{Change, Known};
 pub(crate) use ledger::Ledger;
 pub use log::{adopt, send_all, Log, SendError, TopicError, TopicState};
-pub use record::{key, mark_record, record, writes_record, Owner, END_MARKER, WRITES_SUFFIX};
+pub use record::{
+    key, mark_record, position_record, record, writes_record, Owner, END_MARKER, WRITES_SUFFIX,
+};
 pub use regroup::Regroup;
 pub use restore::{verify, Restore};
 pub use restored::{Claim, Restored};

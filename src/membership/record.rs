@@ -89,3 +89,28 @@ pub fn writes_record(topic: &str, owner: &Owner, writes: u64) -> Record {
         partition: None,
     }
 }
+
+/// How the last part of a position record's key begins: `<owner>/~/pos:<stream>`.
+pub(super) const POSITION_PREFIX: &str = "pos:";
+
+/// The record that makes `saved` the position of `owner`'s `stream` in the topic, with
+/// exactly-once delivery: committed in the transaction of the records before it, it is what a
+/// restart resumes from (see [`super::Restored::positions`]); a tombstone once the position is
+/// the ConfigMap's again.
+pub fn position_record(
+    topic: &str,
+    owner: &Owner,
+    stream: &str,
+    saved: Option<&crate::checkpoint::Saved>,
+) -> Record {
+    Record {
+        topic: topic.to_string(),
+        key: format!("{owner}/{MARK}/{POSITION_PREFIX}{stream}"),
+        value: saved
+            .map(|s| crate::checkpoint::encode(s).into_bytes())
+            .unwrap_or_default(),
+        headers: Default::default(),
+        tombstone: saved.is_none(),
+        partition: None,
+    }
+}

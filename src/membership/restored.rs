@@ -2,8 +2,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::record::{END_MARKER, MARK};
+use super::record::{END_MARKER, MARK, POSITION_PREFIX};
 use super::{Known, Members, Owner};
+use crate::checkpoint::Saved;
 
 /// What another owner's live member says: that owner announced objects of `namespace` on
 /// `topic`.
@@ -30,6 +31,9 @@ pub struct Restored {
     pub mark: Option<String>,
     /// The checkpoint ConfigMap's write counter, as last copied here ([`super::writes_record`]).
     pub writes: Option<u64>,
+    /// The streams' positions committed with their records, with exactly-once delivery
+    /// ([`super::position_record`]), by stream id.
+    pub positions: HashMap<String, Saved>,
     /// Records read.
     pub records: u64,
     /// Records of other owners (skipped as members).
@@ -57,6 +61,7 @@ impl Restored {
             legacy: HashMap::new(),
             mark: None,
             writes: None,
+            positions: HashMap::new(),
             records: 0,
             foreign: 0,
             malformed: 0,
@@ -155,6 +160,10 @@ impl Restored {
                     return;
                 }
                 if stream == MARK {
+                    if let Some(id) = uid.strip_prefix(POSITION_PREFIX) {
+                        self.apply_position(id, value);
+                        return;
+                    }
                     let v = value.and_then(|v| serde_json::from_slice::<serde_json::Value>(v).ok());
                     match uid {
                         "writes" => self.writes = v.and_then(|v| v["writes"].as_u64()),
@@ -196,6 +205,25 @@ impl Restored {
                 Err(e) => {
                     self.malformed += 1;
                     tracing::warn!(%stream, %uid, error = %e, "skipping an unreadable membership record");
+                }
+            },
+        }
+    }
+
+    /// A position record of this owner's stream `id`: the latest one decides, a tombstone
+    /// removes it.
+    fn apply_position(&mut self, id: &str, value: Option<&[u8]>) {
+        match value.filter(|v| !v.is_empty()) {
+            None => {
+                self.positions.remove(id);
+            }
+            Some(v) => match serde_json::from_slice::<Saved>(v) {
+                Ok(saved) => {
+                    self.positions.insert(id.to_string(), saved);
+                }
+                Err(e) => {
+                    self.malformed += 1;
+                    tracing::warn!(stream = %id, error = %e, "skipping an unreadable position record");
                 }
             },
         }

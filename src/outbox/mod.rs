@@ -128,6 +128,17 @@ pub struct Outbox {
     era: u64,
     /// Every new era is above it (see [`Outbox::raise_era_floor`]).
     era_floor: u64,
+    /// With a transactional producer: the query, route and kind the stream's positions are
+    /// written with (see [`Outbox::stamp`]).
+    stamp: Option<Stamp>,
+}
+
+/// What a position record says beside the position (see [`Saved`]).
+#[derive(Clone, Debug, Default)]
+struct Stamp {
+    query: String,
+    route: String,
+    kind: Option<String>,
 }
 
 impl Outbox {
@@ -182,6 +193,7 @@ impl Outbox {
             serial: 0,
             era,
             era_floor: 0,
+            stamp: None,
         }
     }
 
@@ -250,10 +262,49 @@ impl Outbox {
     }
 
     /// Forgets the position: what follows is not a replay of the watch from it. The next
-    /// [`Outbox::take_saved`] says so.
+    /// [`Outbox::take_saved`] says so, and with a transactional producer so does the next
+    /// commit, with what follows.
     pub fn forget_position(&mut self) {
         self.tracker.forget_position();
         self.moved = true;
+        self.mark(None);
+    }
+
+    /// The query, route and kind the stream's positions go with from now on: with a
+    /// transactional producer, each position handed over is written with them.
+    pub fn stamp(&mut self, query: &str, route: &str, kind: Option<String>) {
+        self.stamp = Some(Stamp {
+            query: query.to_string(),
+            route: route.to_string(),
+            kind,
+        });
+    }
+
+    /// With a transactional producer: every record before position `rv` (`None`: no position)
+    /// was handed over, so the position commits with them.
+    fn mark(&self, rv: Option<&str>) {
+        let (Some(stamp), Some(topic)) = (&self.stamp, &self.limits.membership_topic) else {
+            return;
+        };
+        if !self.producer.transactional() {
+            return;
+        }
+        let saved = Saved {
+            rv: rv.map(str::to_string),
+            at: None,
+            query: Some(stamp.query.clone()),
+            route: Some(stamp.route.clone()),
+            kind: stamp.kind.clone(),
+            known: None,
+            era: self.era,
+        };
+        let record = crate::membership::position_record(
+            topic,
+            &self.limits.owner,
+            &self.stream,
+            Some(&saved),
+        );
+        self.producer.positioned(&self.inbox, record);
     }
 
     /// Whether the checkpoint moved since [`Outbox::take_saved`] last ran.
@@ -281,11 +332,13 @@ impl Outbox {
     async fn dispatch(&mut self, entry: Held) -> Result<(), OutboxError> {
         match entry {
             Held::Pass(seq) => {
+                self.mark_entry(seq);
                 let moved = self.tracker.ack(seq);
                 self.note(moved);
                 Ok(())
             }
             Held::Send(record, receipt) => {
+                let seq = receipt.seq;
                 // Too large at once, or refused for size by the producer: a reference instead.
                 let refused = if bytes(&receipt) > self.limits.max_message_bytes {
                     Some(receipt)
@@ -300,8 +353,19 @@ impl Outbox {
                     }
                 };
                 self.spare = record.value;
+                if sent.is_ok() {
+                    self.mark_entry(seq);
+                }
                 sent
             }
+        }
+    }
+
+    /// [`Outbox::mark`] of entry `seq`'s position, if it has one (an entry of a list has none
+    /// until the list ends).
+    fn mark_entry(&self, seq: u64) {
+        if let Some(rv) = self.stamp.as_ref().and(self.tracker.position_of(seq)) {
+            self.mark(Some(rv));
         }
     }
 
@@ -319,6 +383,9 @@ impl Outbox {
         );
         let (leaves, wait) = self.membership_change(change, None).await?;
         if !wait && !self.ledger.holding() {
+            if position.is_some() {
+                self.mark(position.as_deref());
+            }
             let moved = self.tracker.push_done(position, leaves);
             self.note(moved);
             return Ok(());
@@ -554,6 +621,7 @@ impl Outbox {
     /// Forgets every unacknowledged entry after a failed delivery and returns the checkpoint to
     /// replay from. Late reports of the forgotten entries are ignored.
     fn rewind(&mut self) -> Option<String> {
+        self.producer.rewound(&self.inbox);
         self.tracker.reset();
         self.ledger.clear_held();
         self.note(false);

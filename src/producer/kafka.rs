@@ -210,6 +210,43 @@ async fn pump(kafka: Weak<Kafka>, sent: Arc<tokio::sync::Notify>) {
     }
 }
 
+/// Why a transactional call failed, and whether the producer survives it.
+#[derive(Debug)]
+pub(crate) struct TxnError {
+    pub(crate) message: String,
+    /// The producer can do nothing more (fenced by a newer one with its id, say).
+    pub(crate) fatal: bool,
+}
+
+impl From<KafkaError> for TxnError {
+    fn from(e: KafkaError) -> Self {
+        let fatal = match &e {
+            KafkaError::Transaction(t) => t.is_fatal(),
+            _ => false,
+        };
+        Self {
+            message: e.to_string(),
+            fatal,
+        }
+    }
+}
+
+/// The transactional calls of a producer created with a `transactional.id`. Each blocks.
+impl Kafka {
+    pub(crate) fn init_transactions(&self, timeout: Duration) -> Result<(), TxnError> {
+        Ok(self.producer.init_transactions(timeout)?)
+    }
+
+    pub(crate) fn begin_transaction(&self) -> Result<(), TxnError> {
+        Ok(self.producer.begin_transaction()?)
+    }
+
+    /// Flushes every record handed over (serving their reports), then commits.
+    pub(crate) fn commit_transaction(&self, timeout: Duration) -> Result<(), TxnError> {
+        Ok(self.producer.commit_transaction(timeout)?)
+    }
+}
+
 impl Producer for Kafka {
     fn send(&self, rec: &Record, receipt: Box<Receipt>) -> Result<(), Refused> {
         let mut headers = OwnedHeaders::new_with_capacity(rec.headers.len());

@@ -17,9 +17,11 @@ use std::time::{Duration, Instant};
 
 mod kafka;
 mod record;
+mod transaction;
 
 pub use kafka::{Kafka, Reporting};
 pub use record::{Headers, Record};
+pub use transaction::{Transactional, TxnMetrics};
 
 /// The `kind` labels of delivery errors: where the record failed.
 pub const ERROR_KINDS: [&str; 2] = ["enqueue", "delivery"];
@@ -132,6 +134,11 @@ impl Inbox {
         }
     }
 
+    /// Drops every ready report: for records whose outcome nobody waits for.
+    pub(crate) fn discard(&self) {
+        self.reports.lock().expect("inbox lock poisoned").clear();
+    }
+
     /// Waits until at least one report is ready, then moves every ready one to the end of
     /// `into`. Cancel-safe: nothing is taken unless it returns.
     pub async fn take(&self, into: &mut VecDeque<Report>) {
@@ -183,6 +190,21 @@ pub enum Sent {
     Unordered,
 }
 
+/// A stream, as a producer tells streams apart: the address of its inbox.
+pub(crate) type StreamKey = usize;
+
+/// The [`StreamKey`] of the stream whose inbox is `inbox`.
+pub(crate) fn stream_key(inbox: &Arc<Inbox>) -> StreamKey {
+    Arc::as_ptr(inbox) as StreamKey
+}
+
+/// What holds a record's report before its stream gets it (its transaction, until the outcome
+/// is known).
+pub(crate) trait Holds: Send + Sync + std::fmt::Debug {
+    /// Takes `report`, to hand it on (through its receipt, which left the hold) later.
+    fn report(&self, report: Report);
+}
+
 /// What travels with a record and comes back in its [`Report`].
 #[derive(Debug)]
 pub struct Receipt {
@@ -194,6 +216,8 @@ pub struct Receipt {
     pub sent: Sent,
     /// The [`Tally`] the record is counted in until it is reported, if any.
     counted: Option<Counted>,
+    /// The transaction the record is in, which holds its report until the outcome is known.
+    hold: Option<Arc<dyn Holds>>,
 }
 
 impl Receipt {
@@ -204,7 +228,13 @@ impl Receipt {
             seq,
             sent,
             counted: None,
+            hold: None,
         })
+    }
+
+    /// Which stream the record is of: the address of its inbox.
+    pub(crate) fn stream(&self) -> StreamKey {
+        stream_key(&self.to)
     }
 
     /// Counts the record in `tally` until it is reported (or its receipt dropped), instead of
@@ -222,6 +252,13 @@ impl Receipt {
     /// the checkpoint covers the record.
     pub fn report(mut self: Box<Self>, result: Result<(), DeliveryError>) {
         self.counted = None;
+        if let Some(hold) = self.hold.take() {
+            hold.report(Report {
+                receipt: self,
+                result,
+            });
+            return;
+        }
         let to = Arc::clone(&self.to);
         to.push(Report {
             receipt: self,
@@ -357,6 +394,21 @@ pub trait Producer: Send + Sync {
     fn fatal(&self) -> Option<String> {
         None
     }
+
+    /// Whether records become durable only with their transaction (`delivery: exactlyOnce`):
+    /// streams then hand their positions over too ([`Producer::positioned`]).
+    fn transactional(&self) -> bool {
+        false
+    }
+
+    /// With transactions: the stream whose inbox is `stream` handed over every record before
+    /// the position `record` writes, which then becomes durable with them (the latest of its
+    /// key is written at the commit).
+    fn positioned(&self, _stream: &Arc<Inbox>, _record: Record) {}
+
+    /// The stream whose inbox is `stream` forgot every record not yet reported and replays
+    /// from its checkpoint.
+    fn rewound(&self, _stream: &Arc<Inbox>) {}
 }
 
 /// Envelopes as JSON lines on standard output, acknowledged as written: `run --dry-run`.

@@ -93,6 +93,54 @@ impl Context {
         }
     }
 
+    /// A term's producer and membership log: with `kafka.delivery: exactlyOnce` a
+    /// transactional producer of its own, whose id is the term's `owner`'s (so the next owner's
+    /// fences it, see [`producer::Transactional`]), built again every [`RETRY`] until Kafka
+    /// answers; `None` once `stop` fires first.
+    pub(super) async fn term_sink(
+        &self,
+        owner: &membership::Owner,
+        stop: &CancellationToken,
+    ) -> Result<Option<Outlet>, RelayError> {
+        let exactly = self.cfg.kafka.delivery == crate::config::Delivery::ExactlyOnce;
+        if !exactly || !matches!(self.sink, Sink::Kafka) {
+            return self.sink().map(Some);
+        }
+        let id = format!("watchrelay/{}/{owner}", self.cfg.cluster_name);
+        let metrics = producer::TxnMetrics {
+            commits: self.metrics.transactions.with_label_values(&["committed"]),
+            aborts: self.metrics.transactions.with_label_values(&["aborted"]),
+            commit_seconds: self.metrics.transaction_commit_seconds.clone(),
+        };
+        let interval = Duration::from_millis(self.cfg.kafka.commit_interval_ms);
+        loop {
+            let started = producer::Transactional::start(
+                &self.cfg.kafka,
+                &id,
+                interval,
+                stop.clone(),
+                metrics.clone(),
+            );
+            let started = tokio::select! {
+                _ = stop.cancelled() => return Ok(None),
+                s = started => s,
+            };
+            match started {
+                Ok(p) => {
+                    let log: Arc<dyn Log> = Arc::new(membership::log::Kafka::new(&self.cfg.kafka));
+                    return Ok(Some((p, log)));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, transactional_id = %id, "starting the transactional producer; trying again");
+                    tokio::select! {
+                        _ = stop.cancelled() => return Ok(None),
+                        _ = tokio::time::sleep(RETRY) => {}
+                    }
+                }
+            }
+        }
+    }
+
     pub(super) fn sink(&self) -> Result<Outlet, RelayError> {
         Ok(match &self.sink {
             Sink::Kafka => (

@@ -323,7 +323,13 @@ impl Relay {
         stop: CancellationToken,
         fenced: CancellationToken,
     ) -> Result<(), RelayError> {
-        let (producer, log) = self.ctx.sink()?;
+        let owner = Owner::new(
+            &self.ctx.cfg.checkpoint.namespace,
+            &self.ctx.cfg.checkpoint.name,
+        );
+        let Some((producer, log)) = self.ctx.term_sink(&owner, &stop).await? else {
+            return Ok(());
+        };
         let plan = Term {
             producer,
             log,
@@ -332,10 +338,7 @@ impl Relay {
                 &self.ctx.cfg.checkpoint.namespace,
                 &self.ctx.cfg.checkpoint.name,
             ),
-            owner: Owner::new(
-                &self.ctx.cfg.checkpoint.namespace,
-                &self.ctx.cfg.checkpoint.name,
-            ),
+            owner,
             membership_topic: self
                 .ctx
                 .cfg

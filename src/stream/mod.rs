@@ -397,6 +397,7 @@ impl Stream {
             }
             self.position.query = query;
         }
+        self.stamp();
         if self.position.query_changed && !self.forget_position().await {
             return self.stop().await;
         }
@@ -405,6 +406,7 @@ impl Stream {
                 return self.stop().await;
             }
             self.position.route_id = route;
+            self.stamp();
         }
         let checkpoint = self.resume_from();
         let mut state = machine::start(self.channel.builtin, checkpoint, via);
@@ -597,6 +599,7 @@ impl Stream {
 
     /// Publishes the checkpoint if it moved since it was last published.
     fn publish_checkpoint(&mut self) {
+        self.stamp();
         if let Some(mut saved) = self.outbox.take_saved() {
             saved.query = Some(self.position.query.clone());
             saved.route = Some(self.position.route_id.clone());
@@ -669,6 +672,13 @@ impl Stream {
                 self.learn_kind(&page);
             }
         }
+    }
+
+    /// Tells the outbox what the stream's positions go with now (see [`Outbox::stamp`]).
+    fn stamp(&mut self) {
+        let kind = self.learned_kind();
+        let (query, route) = (&self.position.query, &self.position.route_id);
+        self.outbox.stamp(query, route, kind);
     }
 
     /// The kind to keep in the stream's checkpoint entry: one learned from the API server, for

@@ -21,8 +21,11 @@ impl Stream {
     /// What follows is announced in a new era (see [`crate::envelope::version`]), saved with
     /// the forgotten position before anything is announced in it.
     pub(super) async fn forget_position(&mut self) -> bool {
-        self.outbox.forget_position();
+        // With a transactional producer the forgotten position is committed with what follows,
+        // under the query and route it follows.
+        self.stamp();
         self.outbox.next_era();
+        self.outbox.forget_position();
         self.position.era_fresh = true;
         let mut saved = self
             .outbox

@@ -224,6 +224,7 @@ impl Stream {
         if query != self.position.query {
             self.drained().await?;
             self.position.query = query;
+            self.stamp();
         }
         Ok(())
     }

@@ -174,6 +174,10 @@ impl<'a> Run<'a> {
             return Ok(None);
         };
         members.add_claims(&others);
+        if !self.positions(&mut loaded, &mut members).await {
+            return Ok(None);
+        }
+        let term = &self.term;
         if let Some(copied) = members.writes.filter(|&w| w > term.store.writes()) {
             // The ConfigMap is older than what was relayed from it: the cluster was restored
             // while the relay was down. No position of it may be resumed.
@@ -184,6 +188,45 @@ impl<'a> Run<'a> {
             }
         }
         Ok(Some(Held { loaded, members }))
+    }
+
+    /// The positions committed with the records in the membership topic: with a
+    /// transactional producer they are the truth (the ConfigMap is written after each commit,
+    /// so it may lag behind, never run ahead) and replace the ConfigMap's; without one, any
+    /// left from an earlier run with exactly-once delivery are removed, so that they cannot
+    /// later replace newer ConfigMap positions. False when stopped first.
+    async fn positions(&self, loaded: &mut Loaded, members: &mut Restored) -> bool {
+        let committed = std::mem::take(&mut members.positions);
+        if self.term.producer.transactional() {
+            for (id, saved) in committed {
+                let entry = loaded.streams.entry(id).or_default();
+                let (era, kind) = (entry.era, entry.kind.take());
+                *entry = saved;
+                entry.era = entry.era.max(era);
+                entry.kind = entry.kind.take().or(kind);
+            }
+            return true;
+        }
+        let Some(topic) = self.topic().filter(|_| !committed.is_empty()) else {
+            return true;
+        };
+        let records: Vec<_> = committed
+            .keys()
+            .map(|id| membership::position_record(topic, &self.term.owner, id, None))
+            .collect();
+        loop {
+            match membership::send_all(&*self.term.producer, records.clone(), &self.stop).await {
+                Ok(()) => return true,
+                Err(membership::SendError::Stopped) => return false,
+                Err(e) => {
+                    tracing::warn!(error = %e, "removing the positions an exactly-once run left in the membership topic; trying again");
+                    tokio::select! {
+                        _ = self.stop.cancelled() => return false,
+                        _ = tokio::time::sleep(AGAIN) => {}
+                    }
+                }
+            }
+        }
     }
 
     /// Phase 2: each channel's shape this term, from what it holds.

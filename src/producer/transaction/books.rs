@@ -1,0 +1,199 @@
+//! The bookkeeping of a transactional producer, apart from its I/O: which reports wait for
+//! their transaction's outcome ([`Hold`]), and which streams' records and positions the open
+//! transaction holds ([`Books`]).
+//!
+//! # States of the open transaction
+//! | state | a send | a position | a report |
+//! |---|---|---|---|
+//! | *open* | taken, its receipt held by the open [`Hold`] | kept for the commit, the latest of its key | held until the outcome |
+//! | *closed* (a commit or an abort under way) | refused as full: offered again shortly | kept for the next transaction | held until the outcome |
+//! | after an abort | refused for the streams it held, until each rewound | ignored for those streams | forwarded as failed |
+//!
+//! # Contract
+//! - A report reaches its stream only once its transaction's outcome is known: as it is when
+//!   committed, as a retriable failure when aborted. So an outbox's checkpoint never covers a
+//!   record a `read_committed` consumer may not see, and a membership join counts only once it
+//!   is committed.
+//! - A position record commits with the records its stream handed before it, never without
+//!   them: after an abort, a stream that had records in it may send nothing, and its positions
+//!   are dropped, until it rewound (replays from its checkpoint). Positions it handed while the
+//!   aborted transaction was closing are dropped too.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use crate::producer::{DeliveryError, Holds, ProduceError, Record, Report, StreamKey};
+
+/// What became of a transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Committed,
+    /// Aborted, and why.
+    Aborted(String),
+}
+
+/// The reports of one transaction, held until its outcome is known.
+#[derive(Debug, Default)]
+pub(crate) struct Hold {
+    state: Mutex<HoldState>,
+}
+
+#[derive(Debug, Default)]
+struct HoldState {
+    outcome: Option<Outcome>,
+    held: Vec<Report>,
+}
+
+impl Holds for Hold {
+    /// A report of a record of this transaction: held while the outcome is unknown, forwarded
+    /// (as it is, or failed) once it is known.
+    fn report(&self, report: Report) {
+        let outcome = {
+            let mut state = self.state.lock().expect("hold lock poisoned");
+            match &state.outcome {
+                None => {
+                    state.held.push(report);
+                    return;
+                }
+                Some(outcome) => outcome.clone(),
+            }
+        };
+        forward(report, &outcome);
+    }
+}
+
+impl Hold {
+    /// The transaction's outcome: every held report is forwarded, and so is any that comes
+    /// later. Decided once; a second decision is ignored.
+    pub(crate) fn decide(&self, outcome: Outcome) {
+        let held = {
+            let mut state = self.state.lock().expect("hold lock poisoned");
+            if state.outcome.is_some() {
+                return;
+            }
+            state.outcome = Some(outcome.clone());
+            std::mem::take(&mut state.held)
+        };
+        for report in held {
+            forward(report, &outcome);
+        }
+    }
+
+    /// Reports waiting for the outcome.
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
+        self.state.lock().expect("hold lock poisoned").held.len()
+    }
+}
+
+/// Hands `report` to its stream: as it is once committed; failed (retriable, whatever it said)
+/// once aborted, since nothing of an aborted transaction is delivered.
+fn forward(report: Report, outcome: &Outcome) {
+    let Report { receipt, result } = report;
+    let result = match outcome {
+        Outcome::Committed => result,
+        Outcome::Aborted(why) => Err(DeliveryError::Failed(ProduceError::retriable(format!(
+            "the record's transaction was aborted: {why}"
+        )))),
+    };
+    // The receipt left its hold when it reported into it: this reaches the stream.
+    receipt.report(result);
+}
+
+/// Why a send is refused.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// A commit or an abort is under way: offer it again shortly.
+    Closed,
+    /// The stream had records in an aborted transaction and has not rewound yet.
+    Replay,
+}
+
+/// The open transaction: its hold, the streams that sent into it, the positions it makes
+/// durable; and the streams that must replay before sending again.
+#[derive(Debug, Default)]
+pub(crate) struct Books {
+    hold: Arc<Hold>,
+    closed: bool,
+    /// Records taken in this transaction.
+    records: usize,
+    /// Streams that sent records in this transaction.
+    sending: HashSet<StreamKey>,
+    /// The latest position record of each key handed in this transaction, and its stream.
+    marks: HashMap<String, (StreamKey, Record)>,
+    /// Streams whose records an abort dropped, until they rewind.
+    replaying: HashSet<StreamKey>,
+}
+
+/// A transaction once closed: what its commit writes and settles.
+#[derive(Debug)]
+pub(crate) struct Closed {
+    pub(crate) hold: Arc<Hold>,
+    /// The position records to write before committing.
+    pub(crate) positions: Vec<Record>,
+    /// Streams that sent records in it.
+    pub(crate) streams: HashSet<StreamKey>,
+}
+
+impl Books {
+    /// A send of `stream`'s record: the hold its receipt goes to, or why it is refused.
+    pub(crate) fn admit(&mut self, stream: StreamKey) -> Result<Arc<Hold>, Refusal> {
+        if self.closed {
+            return Err(Refusal::Closed);
+        }
+        if self.replaying.contains(&stream) {
+            return Err(Refusal::Replay);
+        }
+        self.records += 1;
+        self.sending.insert(stream);
+        Ok(self.hold.clone())
+    }
+
+    /// `stream` handed everything up to the position `record` writes: it commits with the next
+    /// transaction that holds no record of the stream's that an abort dropped.
+    pub(crate) fn mark(&mut self, stream: StreamKey, record: Record) {
+        if self.replaying.contains(&stream) {
+            return;
+        }
+        self.marks.insert(record.key.clone(), (stream, record));
+    }
+
+    /// `stream` forgot everything unacknowledged and replays from its checkpoint.
+    pub(crate) fn rewound(&mut self, stream: StreamKey) {
+        self.replaying.remove(&stream);
+    }
+
+    /// Whether a commit now would write nothing.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.records == 0 && self.marks.is_empty()
+    }
+
+    /// Whether a transaction is closing (a commit or an abort under way).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// Closes the open transaction for its commit: sends are refused until [`Books::open`].
+    /// Positions handed meanwhile belong to the next one.
+    pub(crate) fn close(&mut self) -> Closed {
+        self.closed = true;
+        self.records = 0;
+        Closed {
+            hold: std::mem::take(&mut self.hold),
+            positions: self.marks.drain().map(|(_, (_, r))| r).collect(),
+            streams: std::mem::take(&mut self.sending),
+        }
+    }
+
+    /// The closed transaction was aborted: its streams replay before sending again, and the
+    /// positions they handed since it closed are dropped.
+    pub(crate) fn aborted(&mut self, streams: &HashSet<StreamKey>) {
+        self.marks.retain(|_, (s, _)| !streams.contains(s));
+        self.replaying.extend(streams.iter().copied());
+    }
+
+    /// The next transaction began: sends are taken again.
+    pub(crate) fn open(&mut self) {
+        self.closed = false;
+    }
+}

@@ -1,0 +1,391 @@
+//! Exactly-once delivery (`kafka.delivery: exactlyOnce`): a term's records, the membership
+//! records they need and its streams' positions, committed together in Kafka transactions.
+//!
+//! [`Transactional`] is a [`Producer`] over a librdkafka producer with a `transactional.id` of
+//! the term's own (its checkpoint ConfigMap's). Creating it calls `init_transactions`, which
+//! fences any earlier producer with that id (a deposed owner's, frozen or cut off: it can never
+//! commit again) and aborts what that one left open. Then one transaction is open at a time:
+//! - every [`Transactional::interval`] (`kafka.commitIntervalMs`), or at once when flushed, a
+//!   transaction that took anything is closed, the latest position of each stream handed in it
+//!   is written to the membership topic in it, and it is committed;
+//! - the records' reports reach their streams only then ([`books`]): a checkpoint covers only
+//!   what a `read_committed` consumer can read, and a record announcing an object waits for its
+//!   membership join to be committed, as it waits for the join's acknowledgement without
+//!   transactions;
+//! - a commit that fails aborts the transaction: its records' reports come back failed, so their
+//!   streams replay from their checkpoints, and none of them may send until it did. The
+//!   producer is then rebuilt under the same id (a new epoch): librdkafka lacks KIP-890's second
+//!   part, so a write of the old producer whose request timed out could otherwise join the next
+//!   transaction. A fatal error (fenced by a newer owner) is not rebuilt past: the producer
+//!   reports it ([`Producer::fatal`]) and takes nothing more.
+
+mod books;
+#[cfg(test)]
+mod tests;
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use books::{Books, Closed, Outcome, Refusal};
+
+use super::kafka::TxnError;
+use super::{
+    stream_key, FlushError, Inbox, Kafka, ProduceError, Producer, Receipt, Record, Refused, Sent,
+};
+use crate::config::KafkaConfig;
+
+/// How long `init_transactions`, a commit or an abort may take before it counts as failed.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long to wait before building the producer again after it failed to start.
+const REBUILD_AGAIN: Duration = Duration::from_secs(1);
+/// How often a flush looks whether everything handed over was committed.
+const FLUSH_POLL: Duration = Duration::from_millis(5);
+
+/// The transactions' metrics: commits, aborts, rebuilds.
+#[derive(Clone)]
+pub struct TxnMetrics {
+    /// Transactions committed.
+    pub commits: prometheus::IntCounter,
+    /// Transactions aborted (each followed by a new producer under the id).
+    pub aborts: prometheus::IntCounter,
+    /// Seconds each commit took.
+    pub commit_seconds: prometheus::Histogram,
+}
+
+/// A transactional producer of one term (see the module).
+pub struct Transactional {
+    inside: Mutex<Inside>,
+    cfg: KafkaConfig,
+    /// How often the open transaction is committed.
+    pub interval: Duration,
+    /// Wakes the committer before its interval: a flush waits.
+    commit_now: Arc<tokio::sync::Notify>,
+    fatal: Mutex<Option<String>>,
+    /// Cancelled when the term ends: a failed commit is then not followed by a new producer
+    /// under the id, which would fence the next owner's.
+    owned: CancellationToken,
+    /// Where the reports of position records go, dropped after each commit.
+    scratch: Arc<Inbox>,
+    metrics: TxnMetrics,
+}
+
+struct Inside {
+    books: Books,
+    kafka: Arc<Kafka>,
+}
+
+impl Transactional {
+    /// A producer whose `transactional.id` is `id`, its first transaction begun; `owned` says
+    /// how long the term owning the id lasts. Blocks in `init_transactions` (on a thread of its
+    /// own) until the id's earlier producer is fenced. The error never contains a property's
+    /// value.
+    pub async fn start(
+        cfg: &KafkaConfig,
+        id: &str,
+        interval: Duration,
+        owned: CancellationToken,
+        metrics: TxnMetrics,
+    ) -> Result<Arc<Self>, String> {
+        let cfg = transactional(cfg, id);
+        let kafka = build(&cfg).await.map_err(|e| e.message)?;
+        let txn = Arc::new(Self {
+            inside: Mutex::new(Inside {
+                books: Books::default(),
+                kafka,
+            }),
+            cfg,
+            interval,
+            commit_now: Arc::default(),
+            fatal: Mutex::new(None),
+            owned,
+            scratch: Inbox::new(),
+            metrics,
+        });
+        tokio::spawn(committer(
+            Arc::downgrade(&txn),
+            txn.commit_now.clone(),
+            interval,
+            txn.owned.clone(),
+        ));
+        Ok(txn)
+    }
+
+    fn kafka(&self) -> Arc<Kafka> {
+        self.inside.lock().expect("txn lock poisoned").kafka.clone()
+    }
+
+    fn fail(&self, why: String) {
+        tracing::error!(error = %why, "the transactional producer failed fatally");
+        *self.fatal.lock().expect("fatal lock poisoned") = Some(why);
+    }
+
+    /// Closes the open transaction if it holds anything, writes its positions and commits it;
+    /// aborts it, and builds the producer anew, if that fails. Returns once the next
+    /// transaction is open (or the producer failed for good).
+    async fn commit(&self) {
+        let (closed, kafka) = {
+            let mut inside = self.inside.lock().expect("txn lock poisoned");
+            if inside.books.is_empty() || inside.books.is_closed() {
+                return;
+            }
+            (inside.books.close(), inside.kafka.clone())
+        };
+        let started = std::time::Instant::now();
+        let Closed {
+            hold,
+            positions,
+            streams,
+        } = closed;
+        let written = self.write_positions(&kafka, positions).await;
+        let committed = match written {
+            Err(e) => Err(e),
+            Ok(()) => {
+                let k = kafka.clone();
+                tokio::task::spawn_blocking(move || k.commit_transaction(CALL_TIMEOUT))
+                    .await
+                    .unwrap_or_else(|e| {
+                        Err(TxnError {
+                            message: e.to_string(),
+                            fatal: false,
+                        })
+                    })
+            }
+        };
+        self.scratch.discard();
+        match committed {
+            Ok(()) => {
+                self.metrics.commits.inc();
+                self.metrics
+                    .commit_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                hold.decide(Outcome::Committed);
+                match kafka.begin_transaction() {
+                    Ok(()) => self.reopen(None),
+                    Err(e) => self.rebuild(kafka, e).await,
+                }
+            }
+            Err(e) => {
+                self.metrics.aborts.inc();
+                tracing::warn!(error = %e.message, streams = streams.len(), "a transaction failed to commit: aborting it; its streams replay from their checkpoints");
+                // The streams replay before anything else of theirs is taken, and only then
+                // do their records come back failed.
+                self.inside
+                    .lock()
+                    .expect("txn lock poisoned")
+                    .books
+                    .aborted(&streams);
+                hold.decide(Outcome::Aborted(e.message.clone()));
+                self.rebuild(kafka, e).await;
+            }
+        }
+    }
+
+    /// Hands the position records to the open (closed) transaction.
+    async fn write_positions(&self, kafka: &Kafka, positions: Vec<Record>) -> Result<(), TxnError> {
+        for record in positions {
+            let mut receipt = Receipt::new(self.scratch.clone(), 0, Sent::Unordered);
+            loop {
+                match kafka.send(&record, receipt) {
+                    Ok(()) => break,
+                    Err(Refused::Full(back)) => {
+                        receipt = back;
+                        tokio::time::sleep(FLUSH_POLL).await;
+                    }
+                    Err(Refused::TooLarge(_)) => {
+                        return Err(TxnError {
+                            message: format!("a position record is too large: {}", record.key),
+                            fatal: false,
+                        })
+                    }
+                    Err(Refused::Failed(e)) => {
+                        return Err(TxnError {
+                            message: e.message,
+                            fatal: false,
+                        })
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes sends again, with `kafka` as the producer if given.
+    fn reopen(&self, kafka: Option<Arc<Kafka>>) {
+        let mut inside = self.inside.lock().expect("txn lock poisoned");
+        if let Some(kafka) = kafka {
+            inside.kafka = kafka;
+        }
+        inside.books.open();
+    }
+
+    /// After `error` on `old`: a new producer under the id, its transaction begun; or, when the
+    /// error was fatal or the term is over, none, and the producer fails for good.
+    async fn rebuild(&self, old: Arc<Kafka>, error: TxnError) {
+        // Whatever `old` still holds is of the aborted transaction.
+        old.purge();
+        drop(old);
+        if error.fatal {
+            self.fail(error.message);
+            return;
+        }
+        loop {
+            if self.owned.is_cancelled() {
+                self.fail("the term ended while its producer was being rebuilt".into());
+                return;
+            }
+            match build(&self.cfg).await {
+                Ok(kafka) => {
+                    self.reopen(Some(kafka));
+                    return;
+                }
+                Err(e) if e.fatal => {
+                    self.fail(e.message);
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e.message, "building the transactional producer again");
+                    tokio::select! {
+                        _ = self.owned.cancelled() => {}
+                        _ = tokio::time::sleep(REBUILD_AGAIN) => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `cfg` with the transactional settings: the id, and a delivery timeout within the
+/// transaction's (librdkafka refuses one above it).
+fn transactional(cfg: &KafkaConfig, id: &str) -> KafkaConfig {
+    let mut cfg = cfg.clone();
+    let p = &mut cfg.properties;
+    p.insert("transactional.id".into(), id.into());
+    let timeout = p
+        .entry("transaction.timeout.ms".into())
+        .or_insert_with(|| "60000".into())
+        .clone();
+    p.insert("message.timeout.ms".into(), timeout);
+    cfg
+}
+
+/// A producer of `cfg`, its earlier epochs fenced and its first transaction begun.
+async fn build(cfg: &KafkaConfig) -> Result<Arc<Kafka>, TxnError> {
+    let kafka = Kafka::start(cfg).map_err(|message| TxnError {
+        message,
+        fatal: true,
+    })?;
+    let k = kafka.clone();
+    tokio::task::spawn_blocking(move || {
+        k.init_transactions(CALL_TIMEOUT)?;
+        k.begin_transaction()
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(TxnError {
+            message: e.to_string(),
+            fatal: false,
+        })
+    })?;
+    Ok(kafka)
+}
+
+/// Commits every `interval`, or when `now` is notified, until the producer is dropped or
+/// fails for good, or its term is over (`owned`) and nothing it took is left to commit.
+async fn committer(
+    txn: Weak<Transactional>,
+    now: Arc<tokio::sync::Notify>,
+    interval: Duration,
+    owned: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = now.notified() => {}
+        }
+        let Some(t) = txn.upgrade() else { return };
+        if t.fatal().is_some() {
+            return;
+        }
+        t.commit().await;
+        if owned.is_cancelled() && t.inside.lock().expect("txn lock poisoned").books.is_empty() {
+            return;
+        }
+    }
+}
+
+impl Producer for Transactional {
+    fn send(&self, record: &Record, mut receipt: Box<Receipt>) -> Result<(), Refused> {
+        if let Some(why) = self.fatal() {
+            return Err(Refused::Failed(ProduceError::permanent(why)));
+        }
+        let mut inside = self.inside.lock().expect("txn lock poisoned");
+        match inside.books.admit(receipt.stream()) {
+            Err(Refusal::Closed) => Err(Refused::Full(receipt)),
+            Err(Refusal::Replay) => Err(Refused::Failed(ProduceError::retriable(
+                "the stream's records in an aborted transaction are replayed first",
+            ))),
+            Ok(hold) => {
+                receipt.hold = Some(hold);
+                // Sent under the lock: the record is in the transaction its receipt's hold is.
+                inside.kafka.send(record, receipt).map_err(|mut refused| {
+                    if let Refused::Full(r) | Refused::TooLarge(r) = &mut refused {
+                        r.hold = None;
+                    }
+                    refused
+                })
+            }
+        }
+    }
+
+    /// Commits what was handed over and waits until it was, up to `timeout`.
+    fn flush(&self, timeout: Duration) -> Result<(), FlushError> {
+        let until = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(why) = self.fatal() {
+                return Err(FlushError::Client(why));
+            }
+            let settled = {
+                let inside = self.inside.lock().expect("txn lock poisoned");
+                inside.books.is_empty() && !inside.books.is_closed()
+            };
+            if settled {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= until {
+                return Err(FlushError::Undelivered {
+                    pending: usize::from(!settled),
+                });
+            }
+            self.commit_now.notify_one();
+            std::thread::sleep(FLUSH_POLL);
+        }
+    }
+
+    fn purge(&self) {
+        self.kafka().purge();
+    }
+
+    fn fatal(&self) -> Option<String> {
+        self.fatal
+            .lock()
+            .expect("fatal lock poisoned")
+            .clone()
+            .or_else(|| self.kafka().fatal())
+    }
+
+    fn transactional(&self) -> bool {
+        true
+    }
+
+    fn positioned(&self, stream: &Arc<Inbox>, record: Record) {
+        let mut inside = self.inside.lock().expect("txn lock poisoned");
+        inside.books.mark(stream_key(stream), record);
+    }
+
+    fn rewound(&self, stream: &Arc<Inbox>) {
+        let mut inside = self.inside.lock().expect("txn lock poisoned");
+        inside.books.rewound(stream_key(stream));
+    }
+}

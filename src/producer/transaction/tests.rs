@@ -1,0 +1,151 @@
+//! The books of a transactional producer, as a table of what each step does to sends,
+//! positions and reports.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use super::books::{Books, Hold, Outcome, Refusal};
+use crate::producer::{Holds, Inbox, Receipt, Record, Report, Sent};
+
+fn position(stream: &str, rv: &str) -> Record {
+    Record {
+        topic: "members".into(),
+        key: format!("o/~/pos:{stream}"),
+        value: rv.as_bytes().to_vec(),
+        headers: Default::default(),
+        tombstone: false,
+        partition: None,
+    }
+}
+
+/// A report of entry `seq` into `inbox`, through `hold`.
+fn report_through(hold: &Hold, inbox: &Arc<Inbox>, seq: u64) {
+    hold.report(Report {
+        receipt: Receipt::new(inbox.clone(), seq, Sent::Join),
+        result: Ok(()),
+    });
+}
+
+/// The reports ready in `inbox`, taken without waiting: (seq, delivered).
+fn ready(inbox: &Arc<Inbox>) -> Vec<(u64, bool)> {
+    let mut out = std::collections::VecDeque::new();
+    {
+        let fut = inbox.take(&mut out);
+        tokio::pin!(fut);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let _ = std::future::Future::poll(fut, &mut cx);
+    }
+    out.into_iter()
+        .map(|r| (r.receipt.seq, r.result.is_ok()))
+        .collect()
+}
+
+/// The keys and values of position records, to compare.
+fn written(records: Vec<Record>) -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<_> = records.into_iter().map(|r| (r.key, r.value)).collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn reports_wait_for_the_outcome_and_come_back_as_it_says() {
+    let inbox = Inbox::new();
+    // (outcome, what the stream gets)
+    let rows = [
+        (Outcome::Committed, vec![(1, true), (2, true), (3, true)]),
+        (
+            Outcome::Aborted("timed out".into()),
+            vec![(1, false), (2, false), (3, false)],
+        ),
+    ];
+    for (outcome, expected) in rows {
+        let hold = Hold::default();
+        report_through(&hold, &inbox, 1);
+        report_through(&hold, &inbox, 2);
+        assert_eq!(hold.held(), 2);
+        assert!(ready(&inbox).is_empty(), "nothing before the outcome");
+        hold.decide(outcome.clone());
+        // A report that comes after the outcome follows it at once.
+        report_through(&hold, &inbox, 3);
+        assert_eq!(ready(&inbox), expected, "{outcome:?}");
+        // A second decision changes nothing.
+        hold.decide(Outcome::Committed);
+        assert_eq!(hold.held(), 0);
+    }
+}
+
+#[test]
+fn a_closed_transaction_takes_nothing_until_the_next_one_opens() {
+    let mut books = Books::default();
+    assert!(books.is_empty());
+    let first = books.admit(1).expect("open");
+    books.mark(1, position("a", "5"));
+    assert!(!books.is_empty());
+    let closed = books.close();
+    assert!(Arc::ptr_eq(&closed.hold, &first));
+    assert_eq!(closed.positions.len(), 1);
+    assert_eq!(closed.streams, HashSet::from([1]));
+    assert_eq!(books.admit(1).err(), Some(Refusal::Closed));
+    // A position handed while it closes belongs to the next transaction.
+    books.mark(2, position("b", "7"));
+    books.open();
+    let second = books.admit(1).expect("open again");
+    assert!(!Arc::ptr_eq(&first, &second), "a new hold");
+    let next = books.close();
+    assert_eq!(written(next.positions), written(vec![position("b", "7")]));
+}
+
+#[test]
+fn only_the_latest_position_of_a_stream_is_written() {
+    let mut books = Books::default();
+    books.mark(1, position("a", "5"));
+    books.mark(1, position("a", "6"));
+    books.mark(2, position("b", "1"));
+    let values: Vec<Vec<u8>> = written(books.close().positions)
+        .into_iter()
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(
+        values,
+        vec![b"6".to_vec(), b"1".to_vec()],
+        "by key: a, then b"
+    );
+}
+
+#[test]
+fn after_an_abort_its_streams_send_and_position_nothing_until_they_rewound() {
+    let mut books = Books::default();
+    books.admit(1).expect("open");
+    books.admit(2).expect("open");
+    let closed = books.close();
+    // While it closed: stream 1 handed a position (after its aborted records), stream 3 too.
+    books.mark(1, position("a", "9"));
+    books.mark(3, position("c", "4"));
+    books.aborted(&closed.streams);
+    books.open();
+    // (stream, send, position kept)
+    let rows = [
+        (1, Err(Refusal::Replay)),
+        (2, Err(Refusal::Replay)),
+        (3, Ok(())),
+    ];
+    for (stream, expected) in rows {
+        assert_eq!(books.admit(stream).map(|_| ()), expected, "stream {stream}");
+    }
+    books.mark(2, position("b", "8"));
+    let next = books.close();
+    assert_eq!(
+        written(next.positions),
+        written(vec![position("c", "4")]),
+        "the aborted streams' positions are dropped"
+    );
+    books.open();
+    books.rewound(1);
+    assert!(books.admit(1).is_ok(), "a stream that rewound sends again");
+    assert_eq!(books.admit(2).err(), Some(Refusal::Replay));
+    books.mark(1, position("a", "2"));
+    assert_eq!(
+        written(books.close().positions),
+        written(vec![position("a", "2")])
+    );
+}
