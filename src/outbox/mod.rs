@@ -273,6 +273,9 @@ impl Outbox {
     /// The query, route and kind the stream's positions go with from now on: with a
     /// transactional producer, each position handed over is written with them.
     pub fn stamp(&mut self, query: &str, route: &str, kind: Option<String>) {
+        if !self.producer.transactional() {
+            return;
+        }
         self.stamp = Some(Stamp {
             query: query.to_string(),
             route: route.to_string(),
