@@ -478,7 +478,8 @@ fn exactly_once_is_refused_where_it_cannot_hold_and_names_the_field() {
         ))
     };
     let eo = "  delivery: exactlyOnce\n";
-    let ok = with(eo, "").expect("exactly once without sharding");
+    let ok = with(eo, "").expect("exactly once");
+    with(eo, "sharding:\n  enabled: true\n").expect("exactly once, sharded");
     assert_eq!(ok.kafka.delivery, Delivery::ExactlyOnce);
     assert_eq!(ok.kafka.commit_interval_ms, 100);
     assert_eq!(
@@ -499,12 +500,6 @@ fn exactly_once_is_refused_where_it_cannot_hold_and_names_the_field() {
             "",
             "kafka.commitIntervalMs",
             "between",
-        ),
-        (
-            eo.to_string(),
-            "sharding:\n  enabled: true\n",
-            "kafka.delivery",
-            "sharded",
         ),
         (
             format!("{eo}  properties:\n    isolation.level: read_uncommitted\n"),

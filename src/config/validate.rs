@@ -82,12 +82,6 @@ impl File {
                     "must be between 10 and 60000",
                 ));
             }
-            if self.sharding.enabled {
-                return Err(invalid(
-                    "kafka.delivery",
-                    "exactlyOnce does not run sharded yet: turn sharding off (one leader relays, with leader election for standbys) or keep atLeastOnce",
-                ));
-            }
             if self
                 .kafka
                 .properties

@@ -57,7 +57,11 @@ impl Outbox {
             Admission::Join(join) => join,
         };
         let receipt = Receipt::new(self.inbox.clone(), join.n, Sent::Join);
-        if self.offer(&join.record, receipt).await?.is_some() {
+        if self
+            .offer(&join.record, receipt, None, false)
+            .await?
+            .is_some()
+        {
             return Err(self.fail(Failure::MembershipTooLarge));
         }
         self.ledger.joined(join);

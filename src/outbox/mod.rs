@@ -72,8 +72,9 @@ pub struct Limits {
     reason = "every send passes through one; boxing would allocate for each"
 )]
 enum Held {
-    /// A record, handed to the producer once released.
-    Send(Record, Box<Receipt>),
+    /// A record, handed to the producer once released; `true`: the stream's next record is its
+    /// pair (a DELETED's tombstone), in the same transaction.
+    Send(Record, Box<Receipt>, bool),
     /// A position that needs no delivery, acknowledged once released.
     Pass(u64),
 }
@@ -286,12 +287,16 @@ impl Outbox {
     /// With a transactional producer: every record before position `rv` (`None`: no position)
     /// was handed over, so the position commits with them.
     fn mark(&self, rv: Option<&str>) {
-        let (Some(stamp), Some(topic)) = (&self.stamp, &self.limits.membership_topic) else {
-            return;
-        };
-        if !self.producer.transactional() {
-            return;
+        if let Some(record) = self.position(rv) {
+            self.producer.positioned(&self.inbox, record);
         }
+    }
+
+    /// The record of position `rv` with the stream's stamp, with a transactional producer.
+    fn position(&self, rv: Option<&str>) -> Option<Record> {
+        let (Some(stamp), Some(topic)) = (&self.stamp, &self.limits.membership_topic) else {
+            return None;
+        };
         let saved = Saved {
             rv: rv.map(str::to_string),
             at: None,
@@ -301,13 +306,12 @@ impl Outbox {
             known: None,
             era: self.era,
         };
-        let record = crate::membership::position_record(
+        Some(crate::membership::position_record(
             topic,
             &self.limits.owner,
             &self.stream,
             Some(&saved),
-        );
-        self.producer.positioned(&self.inbox, record);
+        ))
     }
 
     /// Whether the checkpoint moved since [`Outbox::take_saved`] last ran.
@@ -340,13 +344,14 @@ impl Outbox {
                 self.note(moved);
                 Ok(())
             }
-            Held::Send(record, receipt) => {
+            Held::Send(record, receipt, more) => {
                 let seq = receipt.seq;
                 // Too large at once, or refused for size by the producer: a reference instead.
                 let refused = if bytes(&receipt) > self.limits.max_message_bytes {
                     Some(receipt)
                 } else {
-                    self.offer(&record, receipt).await?
+                    let position = self.position_record(seq);
+                    self.offer(&record, receipt, position, more).await?
                 };
                 let sent = match refused {
                     None => Ok(()),
@@ -356,19 +361,22 @@ impl Outbox {
                     }
                 };
                 self.spare = record.value;
-                if sent.is_ok() {
-                    self.mark_entry(seq);
-                }
                 sent
             }
         }
     }
 
-    /// [`Outbox::mark`] of entry `seq`'s position, if it has one (an entry of a list has none
-    /// until the list ends).
+    /// The position record of entry `seq`, with a transactional producer, if it has a
+    /// position (an entry of a list has none until the list ends).
+    fn position_record(&self, seq: u64) -> Option<Record> {
+        let rv = self.stamp.as_ref().and(self.tracker.position_of(seq))?;
+        self.position(Some(rv))
+    }
+
+    /// [`Outbox::mark`] of entry `seq`'s position, if it has one.
     fn mark_entry(&self, seq: u64) {
-        if let Some(rv) = self.stamp.as_ref().and(self.tracker.position_of(seq)) {
-            self.mark(Some(rv));
+        if let Some(record) = self.position_record(seq) {
+            self.producer.positioned(&self.inbox, record);
         }
     }
 
@@ -415,13 +423,14 @@ impl Outbox {
         a.era = self.era;
         if self.limits.tombstones && a.event_type == EventType::Deleted {
             let record = envelope::tombstone(&self.route, &a);
-            self.send_one(&a, object, arrived, None, None).await?;
+            self.send_one(&a, object, arrived, None, None, true).await?;
             let seq = self.tracker.push(position, leaves(change));
             self.note(false);
             let receipt = self.receipt(seq, arrived, 0);
-            return self.hand(Held::Send(record, receipt), false).await;
+            return self.hand(Held::Send(record, receipt, false), false).await;
         }
-        self.send_one(&a, object, arrived, position, change).await
+        self.send_one(&a, object, arrived, position, change, false)
+            .await
     }
 
     async fn send_one(
@@ -431,13 +440,14 @@ impl Outbox {
         arrived: Instant,
         position: Option<String>,
         change: Option<Change>,
+        more: bool,
     ) -> Result<(), OutboxError> {
         let (leaves, wait) = self.membership_change(change, Some(&a.meta)).await?;
         let seq = self.tracker.push(position, leaves);
         self.note(false);
         let record = envelope::record(&self.route, a, object, std::mem::take(&mut self.spare));
         let receipt = self.receipt(seq, arrived, record.value.len());
-        self.hand(Held::Send(record, receipt), wait).await
+        self.hand(Held::Send(record, receipt, more), wait).await
     }
 
     /// What travels with entry `seq`'s record and comes back in its report. While records go
@@ -459,10 +469,15 @@ impl Outbox {
         &mut self,
         record: &Record,
         mut receipt: Box<Receipt>,
+        position: Option<Record>,
+        more: bool,
     ) -> Result<Option<Box<Receipt>>, OutboxError> {
         let mut wait = FULL_RETRY;
         loop {
-            match self.producer.send(record, receipt) {
+            match self
+                .producer
+                .send_at(record, receipt, position.clone(), more)
+            {
                 Ok(()) => return Ok(None),
                 Err(Refused::TooLarge(back)) => return Ok(Some(back)),
                 Err(Refused::Full(back)) => {
@@ -603,12 +618,14 @@ impl Outbox {
             .push(None, tombstone.is_none().then(|| uid.clone()));
         self.note(false);
         let receipt = self.receipt(seq, Instant::now(), record.value.len());
-        self.hand(Held::Send(record, receipt), false).await?;
+        let more = tombstone.is_some();
+        self.hand(Held::Send(record, receipt, more), false).await?;
         if let Some(tombstone) = tombstone {
             let seq = self.tracker.push(None, Some(uid));
             self.note(false);
             let receipt = self.receipt(seq, Instant::now(), 0);
-            self.hand(Held::Send(tombstone, receipt), false).await?;
+            self.hand(Held::Send(tombstone, receipt, false), false)
+                .await?;
         }
         Ok(())
     }
@@ -624,11 +641,32 @@ impl Outbox {
     /// Forgets every unacknowledged entry after a failed delivery and returns the checkpoint to
     /// replay from. Late reports of the forgotten entries are ignored.
     fn rewind(&mut self) -> Option<String> {
+        if self.stamp.is_some() {
+            self.absorb_delivered();
+        }
         self.producer.rewound(&self.inbox);
         self.tracker.reset();
         self.ledger.clear_held();
         self.note(false);
         self.tracker.checkpoint().map(str::to_string)
+    }
+
+    /// Before a rewind with a transactional producer: the entries already reported delivered
+    /// (committed) move the checkpoint, so that the replay does not publish them again. Other
+    /// reports stay ready, settled as before.
+    fn absorb_delivered(&mut self) {
+        self.inbox.take_ready(&mut self.ready);
+        let mut moved = false;
+        let tracker = &mut self.tracker;
+        self.ready.retain(|r| {
+            let delivered = matches!(r.receipt.sent, Sent::Entry { .. }) && r.result.is_ok();
+            if delivered && tracker.is_pending(r.receipt.seq) {
+                moved |= tracker.ack(r.receipt.seq);
+                return false;
+            }
+            true
+        });
+        self.note(moved);
     }
 
     /// At stop: waits until `deadline` for outstanding acknowledgements, so the final checkpoint

@@ -36,7 +36,9 @@ impl Outbox {
         };
         let record = envelope::reference(&self.route, &announcement, bytes, &topic);
         tracing::warn!(stream = %self.stream, bytes, key = %record.key, action, "event too large for Kafka; sending a reference");
-        match self.offer(&record, receipt).await? {
+        // The reference takes the entry's place, and its position with it.
+        let position = self.position_record(receipt.seq);
+        match self.offer(&record, receipt, position, false).await? {
             None => Ok(()),
             Some(_) => Err(self.fail(Failure::ReferenceTooLarge)),
         }

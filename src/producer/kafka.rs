@@ -210,23 +210,40 @@ async fn pump(kafka: Weak<Kafka>, sent: Arc<tokio::sync::Notify>) {
     }
 }
 
-/// Why a transactional call failed, and whether the producer survives it.
+/// Why a transactional call failed, and what it takes to get past it.
 #[derive(Debug)]
 pub(crate) struct TxnError {
     pub(crate) message: String,
     /// The producer can do nothing more (fenced by a newer one with its id, say).
     pub(crate) fatal: bool,
+    /// The call may be made again as it is (its outcome is not known yet: a commit that timed
+    /// out may still be committed).
+    pub(crate) retriable: bool,
+}
+
+impl TxnError {
+    /// An error after which the transaction is aborted.
+    pub(crate) fn abortable(message: &str) -> Self {
+        Self {
+            message: message.to_string(),
+            fatal: false,
+            retriable: false,
+        }
+    }
 }
 
 impl From<KafkaError> for TxnError {
     fn from(e: KafkaError) -> Self {
-        let fatal = match &e {
-            KafkaError::Transaction(t) => t.is_fatal(),
-            _ => false,
+        let (fatal, retriable) = match &e {
+            KafkaError::Transaction(t) => {
+                (t.is_fatal(), t.is_retriable() && !t.txn_requires_abort())
+            }
+            _ => (false, false),
         };
         Self {
             message: e.to_string(),
             fatal,
+            retriable,
         }
     }
 }
@@ -244,6 +261,10 @@ impl Kafka {
     /// Flushes every record handed over (serving their reports), then commits.
     pub(crate) fn commit_transaction(&self, timeout: Duration) -> Result<(), TxnError> {
         Ok(self.producer.commit_transaction(timeout)?)
+    }
+
+    pub(crate) fn abort_transaction(&self, timeout: Duration) -> Result<(), TxnError> {
+        Ok(self.producer.abort_transaction(timeout)?)
     }
 }
 

@@ -111,10 +111,23 @@ impl DeliveryError {
 /// Where one stream's delivery reports gather. The producer's threads push; the stream takes
 /// every ready report in one pass ([`Inbox::take`]). Only a push into an empty inbox wakes the
 /// stream, so a batch of reports costs one wake-up, not one per record.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Inbox {
     reports: Mutex<Vec<Report>>,
     ready: tokio::sync::Notify,
+    /// Unique in the process: what tells its stream apart ([`StreamKey`]).
+    id: StreamKey,
+}
+
+impl Default for Inbox {
+    fn default() -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        Self {
+            reports: Mutex::default(),
+            ready: tokio::sync::Notify::new(),
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+        }
+    }
 }
 
 impl Inbox {
@@ -137,6 +150,11 @@ impl Inbox {
     /// Drops every ready report: for records whose outcome nobody waits for.
     pub(crate) fn discard(&self) {
         self.reports.lock().expect("inbox lock poisoned").clear();
+    }
+
+    /// Moves every ready report to the end of `into`, without waiting.
+    pub(crate) fn take_ready(&self, into: &mut VecDeque<Report>) {
+        into.extend(self.reports.lock().expect("inbox lock poisoned").drain(..));
     }
 
     /// Waits until at least one report is ready, then moves every ready one to the end of
@@ -190,12 +208,12 @@ pub enum Sent {
     Unordered,
 }
 
-/// A stream, as a producer tells streams apart: the address of its inbox.
+/// A stream, as a producer tells streams apart: the id of its inbox.
 pub(crate) type StreamKey = usize;
 
 /// The [`StreamKey`] of the stream whose inbox is `inbox`.
 pub(crate) fn stream_key(inbox: &Arc<Inbox>) -> StreamKey {
-    Arc::as_ptr(inbox) as StreamKey
+    inbox.id
 }
 
 /// What holds a record's report before its stream gets it (its transaction, until the outcome
@@ -232,9 +250,13 @@ impl Receipt {
         })
     }
 
-    /// Which stream the record is of: the address of its inbox.
-    pub(crate) fn stream(&self) -> StreamKey {
-        stream_key(&self.to)
+    /// Which stream the record is of, if it is in its stream's order (an entry, or a join an
+    /// entry waits for); `None` for a record nothing waits for.
+    pub(crate) fn stream(&self) -> Option<StreamKey> {
+        match self.sent {
+            Sent::Entry { .. } | Sent::Join => Some(stream_key(&self.to)),
+            Sent::Unordered => None,
+        }
     }
 
     /// Counts the record in `tally` until it is reported (or its receipt dropped), instead of
@@ -405,6 +427,25 @@ pub trait Producer: Send + Sync {
     /// the position `record` writes, which then becomes durable with them (the latest of its
     /// key is written at the commit).
     fn positioned(&self, _stream: &Arc<Inbox>, _record: Record) {}
+
+    /// [`Producer::send`], with transactions also [`Producer::positioned`] with `position`
+    /// if given, in the same transaction as the record; `more`: the stream's next record goes
+    /// in the same transaction too (a DELETED and its tombstone).
+    fn send_at(
+        &self,
+        record: &Record,
+        receipt: Box<Receipt>,
+        position: Option<Record>,
+        more: bool,
+    ) -> Result<(), Refused> {
+        let _ = more;
+        let stream = receipt.to.clone();
+        self.send(record, receipt)?;
+        if let Some(position) = position {
+            self.positioned(&stream, position);
+        }
+        Ok(())
+    }
 
     /// The stream whose inbox is `stream` forgot every record not yet reported and replays
     /// from its checkpoint.

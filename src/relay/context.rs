@@ -49,6 +49,16 @@ pub(super) enum Sink {
     Given(Arc<dyn Producer>, Arc<dyn Log>),
 }
 
+/// What [`Context::transactional`] gave.
+pub(super) enum Transactions {
+    /// At-least-once delivery (or a given sink): the shared producer serves.
+    Off,
+    /// Stopped before Kafka answered.
+    Stopped,
+    /// The term's own transactional producer.
+    On(Arc<dyn Producer>),
+}
+
 /// The relay's shared parts (see the module).
 pub(super) struct Context {
     pub(super) cfg: Arc<Config>,
@@ -94,17 +104,35 @@ impl Context {
     }
 
     /// A term's producer and membership log: with `kafka.delivery: exactlyOnce` a
-    /// transactional producer of its own, whose id is the term's `owner`'s (so the next owner's
-    /// fences it, see [`producer::Transactional`]), built again every [`RETRY`] until Kafka
-    /// answers; `None` once `stop` fires first.
+    /// transactional producer of its own ([`Context::transactional`]); `None` once `stop` fires
+    /// first.
     pub(super) async fn term_sink(
         &self,
         owner: &membership::Owner,
         stop: &CancellationToken,
+        fenced: &CancellationToken,
     ) -> Result<Option<Outlet>, RelayError> {
+        let sink = self.sink()?;
+        match self.transactional(owner, stop, fenced).await {
+            Transactions::Off => Ok(Some(sink)),
+            Transactions::Stopped => Ok(None),
+            Transactions::On(p) => Ok(Some((p, sink.1))),
+        }
+    }
+
+    /// With `kafka.delivery: exactlyOnce` and Kafka as the sink, a transactional producer whose
+    /// id is the term's `owner`'s, so that the next owner's fences it (see
+    /// [`producer::Transactional`]): built again every [`RETRY`] until Kafka answers, or until
+    /// `stop` fires. Once `fenced` fires, it is never built again under the id.
+    pub(super) async fn transactional(
+        &self,
+        owner: &membership::Owner,
+        stop: &CancellationToken,
+        fenced: &CancellationToken,
+    ) -> Transactions {
         let exactly = self.cfg.kafka.delivery == crate::config::Delivery::ExactlyOnce;
         if !exactly || !matches!(self.sink, Sink::Kafka) {
-            return self.sink().map(Some);
+            return Transactions::Off;
         }
         let id = format!("watchrelay/{}/{owner}", self.cfg.cluster_name);
         let metrics = producer::TxnMetrics {
@@ -113,27 +141,25 @@ impl Context {
             commit_seconds: self.metrics.transaction_commit_seconds.clone(),
         };
         let interval = Duration::from_millis(self.cfg.kafka.commit_interval_ms);
+        let kafka = self.cfg.producer_kafka();
         loop {
             let started = producer::Transactional::start(
-                &self.cfg.kafka,
+                &kafka,
                 &id,
                 interval,
-                stop.clone(),
+                fenced.clone(),
                 metrics.clone(),
             );
             let started = tokio::select! {
-                _ = stop.cancelled() => return Ok(None),
+                _ = stop.cancelled() => return Transactions::Stopped,
                 s = started => s,
             };
             match started {
-                Ok(p) => {
-                    let log: Arc<dyn Log> = Arc::new(membership::log::Kafka::new(&self.cfg.kafka));
-                    return Ok(Some((p, log)));
-                }
+                Ok(p) => return Transactions::On(p),
                 Err(e) => {
                     tracing::warn!(error = %e, transactional_id = %id, "starting the transactional producer; trying again");
                     tokio::select! {
-                        _ = stop.cancelled() => return Ok(None),
+                        _ = stop.cancelled() => return Transactions::Stopped,
                         _ = tokio::time::sleep(RETRY) => {}
                     }
                 }

@@ -327,7 +327,7 @@ impl Relay {
             &self.ctx.cfg.checkpoint.namespace,
             &self.ctx.cfg.checkpoint.name,
         );
-        let Some((producer, log)) = self.ctx.term_sink(&owner, &stop).await? else {
+        let Some((producer, log)) = self.ctx.term_sink(&owner, &stop, &fenced).await? else {
             return Ok(());
         };
         let plan = Term {

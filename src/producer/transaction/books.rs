@@ -9,15 +9,22 @@
 //! | *closed* (a commit or an abort under way) | refused as full: offered again shortly | kept for the next transaction | held until the outcome |
 //! | after an abort | refused for the streams it held, until each rewound | ignored for those streams | forwarded as failed |
 //!
+//! A record in its stream's order (an entry, a join) belongs to its stream; a record in no
+//! stream's order (a membership tombstone, a mark) to none, and is never refused for a replay.
+//! A stream may pin the open transaction for its next record (a DELETED for its tombstone): it
+//! is not closed until that one is taken. A stream that rewinds for a cause of its own while
+//! it has records in the open transaction dooms it: it aborts instead of committing.
+//!
 //! # Contract
 //! - A report reaches its stream only once its transaction's outcome is known: as it is when
-//!   committed, as a retriable failure when aborted. So an outbox's checkpoint never covers a
-//!   record a `read_committed` consumer may not see, and a membership join counts only once it
-//!   is committed.
+//!   committed; when aborted, with its own error if it failed, else as a retriable failure. So
+//!   an outbox's checkpoint never covers a record a `read_committed` consumer may not see, and
+//!   a membership join counts only once it is committed.
 //! - A position record commits with the records its stream handed before it, never without
-//!   them: after an abort, a stream that had records in it may send nothing, and its positions
-//!   are dropped, until it rewound (replays from its checkpoint). Positions it handed while the
-//!   aborted transaction was closing are dropped too.
+//!   them: a record and its position are taken in one step; after an abort, a stream that had
+//!   records in it may send nothing, and its positions are dropped, until it rewound (replays
+//!   from its checkpoint). Positions it handed while the aborted transaction was closing are
+//!   dropped too.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -86,15 +93,17 @@ impl Hold {
     }
 }
 
-/// Hands `report` to its stream: as it is once committed; failed (retriable, whatever it said)
-/// once aborted, since nothing of an aborted transaction is delivered.
+/// Hands `report` to its stream: as it is once committed; once aborted, failed (retriable)
+/// unless it failed by itself, when it keeps its own error, since nothing of an aborted
+/// transaction is delivered.
 fn forward(report: Report, outcome: &Outcome) {
     let Report { receipt, result } = report;
-    let result = match outcome {
-        Outcome::Committed => result,
-        Outcome::Aborted(why) => Err(DeliveryError::Failed(ProduceError::retriable(format!(
-            "the record's transaction was aborted: {why}"
-        )))),
+    let result = match (outcome, result) {
+        (Outcome::Committed, result) => result,
+        (Outcome::Aborted(_), Err(own)) => Err(own),
+        (Outcome::Aborted(why), Ok(())) => Err(DeliveryError::Failed(ProduceError::retriable(
+            format!("the record's transaction was aborted: {why}"),
+        ))),
     };
     // The receipt left its hold when it reported into it: this reaches the stream.
     receipt.report(result);
@@ -123,6 +132,12 @@ pub(crate) struct Books {
     marks: HashMap<String, (StreamKey, Record)>,
     /// Streams whose records an abort dropped, until they rewind.
     replaying: HashSet<StreamKey>,
+    /// Streams whose last record said the next one goes in the same transaction: it is not
+    /// closed before that one is taken.
+    pinned: HashSet<StreamKey>,
+    /// A stream rewound with records in the open transaction: it must abort, or they would be
+    /// committed and replayed.
+    doomed: bool,
 }
 
 /// A transaction once closed: what its commit writes and settles.
@@ -136,17 +151,41 @@ pub(crate) struct Closed {
 }
 
 impl Books {
-    /// A send of `stream`'s record: the hold its receipt goes to, or why it is refused.
-    pub(crate) fn admit(&mut self, stream: StreamKey) -> Result<Arc<Hold>, Refusal> {
-        if self.closed {
+    /// A send of a record of `stream` (`None`: a record in no stream's order, such as a
+    /// membership tombstone): the hold its receipt goes to, or why it is refused. `more`: the
+    /// stream's next record must go in the same transaction.
+    pub(crate) fn admit(
+        &mut self,
+        stream: Option<StreamKey>,
+        more: bool,
+    ) -> Result<Arc<Hold>, Refusal> {
+        let pinned = stream.is_some_and(|s| self.pinned.contains(&s));
+        if self.closed && !pinned {
             return Err(Refusal::Closed);
         }
-        if self.replaying.contains(&stream) {
-            return Err(Refusal::Replay);
+        if let Some(s) = stream {
+            if self.replaying.contains(&s) {
+                return Err(Refusal::Replay);
+            }
+            self.sending.insert(s);
+            if more {
+                self.pinned.insert(s);
+            } else {
+                self.pinned.remove(&s);
+            }
         }
         self.records += 1;
-        self.sending.insert(stream);
         Ok(self.hold.clone())
+    }
+
+    /// Whether a stream's pair of records is half taken: the transaction cannot close yet.
+    pub(crate) fn is_pinned(&self) -> bool {
+        !self.pinned.is_empty()
+    }
+
+    /// Whether the open transaction must abort (see [`Books::rewound`]).
+    pub(crate) fn is_doomed(&self) -> bool {
+        self.doomed
     }
 
     /// `stream` handed everything up to the position `record` writes: it commits with the next
@@ -158,9 +197,16 @@ impl Books {
         self.marks.insert(record.key.clone(), (stream, record));
     }
 
-    /// `stream` forgot everything unacknowledged and replays from its checkpoint.
+    /// `stream` forgot everything unacknowledged and replays from its checkpoint. Records it
+    /// has in the open transaction (it rewound for a cause of its own, not an abort) doom the
+    /// transaction: committed, they would be published again by the replay.
     pub(crate) fn rewound(&mut self, stream: StreamKey) {
         self.replaying.remove(&stream);
+        self.pinned.remove(&stream);
+        self.marks.retain(|_, (s, _)| *s != stream);
+        if self.sending.contains(&stream) {
+            self.doomed = true;
+        }
     }
 
     /// Whether a commit now would write nothing.
@@ -178,6 +224,7 @@ impl Books {
     pub(crate) fn close(&mut self) -> Closed {
         self.closed = true;
         self.records = 0;
+        self.doomed = false;
         Closed {
             hold: std::mem::take(&mut self.hold),
             positions: self.marks.drain().map(|(_, (_, r))| r).collect(),

@@ -12,12 +12,16 @@
 //!   what a `read_committed` consumer can read, and a record announcing an object waits for its
 //!   membership join to be committed, as it waits for the join's acknowledgement without
 //!   transactions;
-//! - a commit that fails aborts the transaction: its records' reports come back failed, so their
-//!   streams replay from their checkpoints, and none of them may send until it did. The
-//!   producer is then rebuilt under the same id (a new epoch): librdkafka lacks KIP-890's second
-//!   part, so a write of the old producer whose request timed out could otherwise join the next
-//!   transaction. A fatal error (fenced by a newer owner) is not rebuilt past: the producer
-//!   reports it ([`Producer::fatal`]) and takes nothing more.
+//! - a commit whose outcome is unknown (it timed out, the coordinator moved) is tried again,
+//!   never taken for an abort. One that requires an abort is aborted, and only once the abort
+//!   succeeded do its records' reports come back failed: their streams replay from their
+//!   checkpoints, and none of them may send until it did. The producer is then rebuilt under
+//!   the same id (a new epoch): librdkafka lacks KIP-890's second part, so a write of the old
+//!   producer whose request timed out could otherwise join the next transaction. A fatal error
+//!   (fenced by a newer owner) decides nothing and is not rebuilt past: the producer reports it
+//!   ([`Producer::fatal`]) and takes nothing more. Once its term is fenced it is never rebuilt
+//!   either (that would fence the next owner's): it takes nothing more, and the next owner's
+//!   producer settles what it left.
 
 mod books;
 #[cfg(test)]
@@ -63,9 +67,13 @@ pub struct Transactional {
     /// Wakes the committer before its interval: a flush waits.
     commit_now: Arc<tokio::sync::Notify>,
     fatal: Mutex<Option<String>>,
-    /// Cancelled when the term ends: a failed commit is then not followed by a new producer
-    /// under the id, which would fence the next owner's.
+    /// Cancelled once the term lost what it owns (fenced): a failed commit is then not followed
+    /// by a new producer under the id, which could fence the next owner's; the producer takes
+    /// nothing more ([`Transactional::ended`]).
     owned: CancellationToken,
+    /// Set once a commit failed after the term lost its ownership: sends are refused, without
+    /// failing the relay.
+    ended: std::sync::atomic::AtomicBool,
     /// Where the reports of position records go, dropped after each commit.
     scratch: Arc<Inbox>,
     metrics: TxnMetrics,
@@ -77,8 +85,8 @@ struct Inside {
 }
 
 impl Transactional {
-    /// A producer whose `transactional.id` is `id`, its first transaction begun; `owned` says
-    /// how long the term owning the id lasts. Blocks in `init_transactions` (on a thread of its
+    /// A producer whose `transactional.id` is `id`, its first transaction begun; `owned` is
+    /// cancelled when the term owning the id is fenced. Blocks in `init_transactions` (on a thread of its
     /// own) until the id's earlier producer is fenced. The error never contains a property's
     /// value.
     pub async fn start(
@@ -100,6 +108,7 @@ impl Transactional {
             commit_now: Arc::default(),
             fatal: Mutex::new(None),
             owned,
+            ended: std::sync::atomic::AtomicBool::new(false),
             scratch: Inbox::new(),
             metrics,
         });
@@ -107,7 +116,6 @@ impl Transactional {
             Arc::downgrade(&txn),
             txn.commit_now.clone(),
             interval,
-            txn.owned.clone(),
         ));
         Ok(txn)
     }
@@ -122,39 +130,44 @@ impl Transactional {
     }
 
     /// Closes the open transaction if it holds anything, writes its positions and commits it;
-    /// aborts it, and builds the producer anew, if that fails. Returns once the next
-    /// transaction is open (or the producer failed for good).
+    /// aborts it, and builds the producer anew, if the commit cannot succeed. Returns once the
+    /// next transaction is open, or the producer failed for good, or its term was fenced.
+    ///
+    /// A commit that failed retriably (its outcome unknown: the coordinator may have it) is
+    /// tried again, never taken for an abort; only an error that requires an abort leads to
+    /// one, and the records are reported failed only once the abort succeeded. A fatal error
+    /// decides nothing: the next owner's producer settles the transaction.
     async fn commit(&self) {
         let (closed, kafka) = {
             let mut inside = self.inside.lock().expect("txn lock poisoned");
-            if inside.books.is_empty() || inside.books.is_closed() {
+            let books = &inside.books;
+            if books.is_empty() || books.is_closed() || books.is_pinned() {
                 return;
             }
-            (inside.books.close(), inside.kafka.clone())
+            let doomed = books.is_doomed();
+            ((inside.books.close(), doomed), inside.kafka.clone())
         };
         let started = std::time::Instant::now();
-        let Closed {
-            hold,
-            positions,
-            streams,
-        } = closed;
-        let written = self.write_positions(&kafka, positions).await;
-        let committed = match written {
-            Err(e) => Err(e),
-            Ok(()) => {
-                let k = kafka.clone();
-                tokio::task::spawn_blocking(move || k.commit_transaction(CALL_TIMEOUT))
-                    .await
-                    .unwrap_or_else(|e| {
-                        Err(TxnError {
-                            message: e.to_string(),
-                            fatal: false,
-                        })
-                    })
-            }
+        let (
+            Closed {
+                hold,
+                positions,
+                streams,
+            },
+            doomed,
+        ) = closed;
+        let committed = match doomed {
+            true => Err(TxnError::abortable("a stream rewound with records in it")),
+            false => match self.write_positions(&kafka, positions).await {
+                Err(e) => Err(e),
+                Ok(()) => {
+                    self.call(&kafka, |k| k.commit_transaction(CALL_TIMEOUT))
+                        .await
+                }
+            },
         };
         self.scratch.discard();
-        match committed {
+        let e = match committed {
             Ok(()) => {
                 self.metrics.commits.inc();
                 self.metrics
@@ -165,19 +178,53 @@ impl Transactional {
                     Ok(()) => self.reopen(None),
                     Err(e) => self.rebuild(kafka, e).await,
                 }
+                return;
             }
-            Err(e) => {
-                self.metrics.aborts.inc();
-                tracing::warn!(error = %e.message, streams = streams.len(), "a transaction failed to commit: aborting it; its streams replay from their checkpoints");
-                // The streams replay before anything else of theirs is taken, and only then
-                // do their records come back failed.
-                self.inside
-                    .lock()
-                    .expect("txn lock poisoned")
-                    .books
-                    .aborted(&streams);
-                hold.decide(Outcome::Aborted(e.message.clone()));
-                self.rebuild(kafka, e).await;
+            Err(e) if e.fatal => return self.fail(e.message),
+            Err(_) if self.owned.is_cancelled() => return self.end(),
+            Err(e) => e,
+        };
+        tracing::warn!(error = %e.message, streams = streams.len(), "a transaction cannot commit: aborting it; its streams replay from their checkpoints");
+        if let Err(a) = self
+            .call(&kafka, |k| k.abort_transaction(CALL_TIMEOUT))
+            .await
+        {
+            if a.fatal {
+                return self.fail(a.message);
+            }
+            // Fenced meanwhile: the next owner's producer aborts it.
+            return self.end();
+        }
+        self.metrics.aborts.inc();
+        // The streams replay before anything else of theirs is taken, and only then do their
+        // records come back failed.
+        self.inside
+            .lock()
+            .expect("txn lock poisoned")
+            .books
+            .aborted(&streams);
+        hold.decide(Outcome::Aborted(e.message.clone()));
+        self.rebuild(kafka, e).await;
+    }
+
+    /// Runs the blocking transactional `call` on a thread of its own, again while it fails
+    /// retriably (every [`REBUILD_AGAIN`]) and the term is not fenced.
+    async fn call(
+        &self,
+        kafka: &Arc<Kafka>,
+        call: fn(&Kafka) -> Result<(), TxnError>,
+    ) -> Result<(), TxnError> {
+        loop {
+            let k = kafka.clone();
+            let result = tokio::task::spawn_blocking(move || call(&k))
+                .await
+                .unwrap_or_else(|e| Err(TxnError::abortable(&e.to_string())));
+            match result {
+                Err(e) if e.retriable && !self.owned.is_cancelled() => {
+                    tracing::warn!(error = %e.message, "a transactional call failed; trying it again");
+                    tokio::time::sleep(REBUILD_AGAIN).await;
+                }
+                result => return result,
             }
         }
     }
@@ -194,56 +241,54 @@ impl Transactional {
                         tokio::time::sleep(FLUSH_POLL).await;
                     }
                     Err(Refused::TooLarge(_)) => {
-                        return Err(TxnError {
-                            message: format!("a position record is too large: {}", record.key),
-                            fatal: false,
-                        })
+                        return Err(TxnError::abortable(&format!(
+                            "a position record is too large: {}",
+                            record.key
+                        )))
                     }
-                    Err(Refused::Failed(e)) => {
-                        return Err(TxnError {
-                            message: e.message,
-                            fatal: false,
-                        })
-                    }
+                    Err(Refused::Failed(e)) => return Err(TxnError::abortable(&e.message)),
                 }
             }
         }
         Ok(())
     }
 
-    /// Takes sends again, with `kafka` as the producer if given.
+    /// Takes sends again, with `kafka` as the producer if given (the old one dropped outside
+    /// the lock: its destruction may wait).
     fn reopen(&self, kafka: Option<Arc<Kafka>>) {
-        let mut inside = self.inside.lock().expect("txn lock poisoned");
-        if let Some(kafka) = kafka {
-            inside.kafka = kafka;
-        }
-        inside.books.open();
+        let old = {
+            let mut inside = self.inside.lock().expect("txn lock poisoned");
+            inside.books.open();
+            kafka.map(|k| std::mem::replace(&mut inside.kafka, k))
+        };
+        drop(old);
     }
 
-    /// After `error` on `old`: a new producer under the id, its transaction begun; or, when the
-    /// error was fatal or the term is over, none, and the producer fails for good.
+    /// The term was fenced with a transaction unsettled: the producer takes nothing more, and
+    /// the next owner's settles the transaction. The relay goes on.
+    fn end(&self) {
+        tracing::info!(
+            "a transaction was left unsettled by a fenced term: its producer takes nothing more"
+        );
+        self.ended.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// After `error` on `old` (its transaction aborted, or not begun): a new producer under the
+    /// id, its transaction begun; none once the term is fenced, or when the error was fatal.
     async fn rebuild(&self, old: Arc<Kafka>, error: TxnError) {
-        // Whatever `old` still holds is of the aborted transaction.
-        old.purge();
         drop(old);
         if error.fatal {
-            self.fail(error.message);
-            return;
+            return self.fail(error.message);
         }
         loop {
             if self.owned.is_cancelled() {
-                self.fail("the term ended while its producer was being rebuilt".into());
-                return;
+                return self.end();
             }
             match build(&self.cfg).await {
-                Ok(kafka) => {
-                    self.reopen(Some(kafka));
-                    return;
-                }
-                Err(e) if e.fatal => {
-                    self.fail(e.message);
-                    return;
-                }
+                // A producer built after the fence would fence the next owner's: dropped.
+                Ok(_) if self.owned.is_cancelled() => return self.end(),
+                Ok(kafka) => return self.reopen(Some(kafka)),
+                Err(e) if e.fatal => return self.fail(e.message),
                 Err(e) => {
                     tracing::warn!(error = %e.message, "building the transactional producer again");
                     tokio::select! {
@@ -275,6 +320,7 @@ async fn build(cfg: &KafkaConfig) -> Result<Arc<Kafka>, TxnError> {
     let kafka = Kafka::start(cfg).map_err(|message| TxnError {
         message,
         fatal: true,
+        retriable: false,
     })?;
     let k = kafka.clone();
     tokio::task::spawn_blocking(move || {
@@ -282,23 +328,13 @@ async fn build(cfg: &KafkaConfig) -> Result<Arc<Kafka>, TxnError> {
         k.begin_transaction()
     })
     .await
-    .unwrap_or_else(|e| {
-        Err(TxnError {
-            message: e.to_string(),
-            fatal: false,
-        })
-    })?;
+    .unwrap_or_else(|e| Err(TxnError::abortable(&e.to_string())))?;
     Ok(kafka)
 }
 
 /// Commits every `interval`, or when `now` is notified, until the producer is dropped or
-/// fails for good, or its term is over (`owned`) and nothing it took is left to commit.
-async fn committer(
-    txn: Weak<Transactional>,
-    now: Arc<tokio::sync::Notify>,
-    interval: Duration,
-    owned: CancellationToken,
-) {
+/// fails for good.
+async fn committer(txn: Weak<Transactional>, now: Arc<tokio::sync::Notify>, interval: Duration) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
@@ -309,19 +345,34 @@ async fn committer(
             return;
         }
         t.commit().await;
-        if owned.is_cancelled() && t.inside.lock().expect("txn lock poisoned").books.is_empty() {
-            return;
-        }
     }
 }
 
 impl Producer for Transactional {
-    fn send(&self, record: &Record, mut receipt: Box<Receipt>) -> Result<(), Refused> {
+    fn send(&self, record: &Record, receipt: Box<Receipt>) -> Result<(), Refused> {
+        self.send_at(record, receipt, None, false)
+    }
+
+    /// The record and its position in one transaction, under one lock: the committer cannot
+    /// close the transaction between them.
+    fn send_at(
+        &self,
+        record: &Record,
+        mut receipt: Box<Receipt>,
+        position: Option<Record>,
+        more: bool,
+    ) -> Result<(), Refused> {
         if let Some(why) = self.fatal() {
             return Err(Refused::Failed(ProduceError::permanent(why)));
         }
+        if self.ended.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Refused::Failed(ProduceError::retriable(
+                "the term was fenced: its transactional producer takes nothing more",
+            )));
+        }
+        let stream = receipt.stream();
         let mut inside = self.inside.lock().expect("txn lock poisoned");
-        match inside.books.admit(receipt.stream()) {
+        match inside.books.admit(stream, more) {
             Err(Refusal::Closed) => Err(Refused::Full(receipt)),
             Err(Refusal::Replay) => Err(Refused::Failed(ProduceError::retriable(
                 "the stream's records in an aborted transaction are replayed first",
@@ -329,12 +380,16 @@ impl Producer for Transactional {
             Ok(hold) => {
                 receipt.hold = Some(hold);
                 // Sent under the lock: the record is in the transaction its receipt's hold is.
-                inside.kafka.send(record, receipt).map_err(|mut refused| {
+                let sent = inside.kafka.send(record, receipt).map_err(|mut refused| {
                     if let Refused::Full(r) | Refused::TooLarge(r) = &mut refused {
                         r.hold = None;
                     }
                     refused
-                })
+                });
+                if let (Ok(()), Some(s), Some(p)) = (&sent, stream, position) {
+                    inside.books.mark(s, p);
+                }
+                sent
             }
         }
     }

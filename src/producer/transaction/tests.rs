@@ -78,18 +78,18 @@ fn reports_wait_for_the_outcome_and_come_back_as_it_says() {
 fn a_closed_transaction_takes_nothing_until_the_next_one_opens() {
     let mut books = Books::default();
     assert!(books.is_empty());
-    let first = books.admit(1).expect("open");
+    let first = books.admit(Some(1), false).expect("open");
     books.mark(1, position("a", "5"));
     assert!(!books.is_empty());
     let closed = books.close();
     assert!(Arc::ptr_eq(&closed.hold, &first));
     assert_eq!(closed.positions.len(), 1);
     assert_eq!(closed.streams, HashSet::from([1]));
-    assert_eq!(books.admit(1).err(), Some(Refusal::Closed));
+    assert_eq!(books.admit(Some(1), false).err(), Some(Refusal::Closed));
     // A position handed while it closes belongs to the next transaction.
     books.mark(2, position("b", "7"));
     books.open();
-    let second = books.admit(1).expect("open again");
+    let second = books.admit(Some(1), false).expect("open again");
     assert!(!Arc::ptr_eq(&first, &second), "a new hold");
     let next = books.close();
     assert_eq!(written(next.positions), written(vec![position("b", "7")]));
@@ -115,8 +115,8 @@ fn only_the_latest_position_of_a_stream_is_written() {
 #[test]
 fn after_an_abort_its_streams_send_and_position_nothing_until_they_rewound() {
     let mut books = Books::default();
-    books.admit(1).expect("open");
-    books.admit(2).expect("open");
+    books.admit(Some(1), false).expect("open");
+    books.admit(Some(2), false).expect("open");
     let closed = books.close();
     // While it closed: stream 1 handed a position (after its aborted records), stream 3 too.
     books.mark(1, position("a", "9"));
@@ -130,7 +130,11 @@ fn after_an_abort_its_streams_send_and_position_nothing_until_they_rewound() {
         (3, Ok(())),
     ];
     for (stream, expected) in rows {
-        assert_eq!(books.admit(stream).map(|_| ()), expected, "stream {stream}");
+        assert_eq!(
+            books.admit(Some(stream), false).map(|_| ()),
+            expected,
+            "stream {stream}"
+        );
     }
     books.mark(2, position("b", "8"));
     let next = books.close();
@@ -141,11 +145,69 @@ fn after_an_abort_its_streams_send_and_position_nothing_until_they_rewound() {
     );
     books.open();
     books.rewound(1);
-    assert!(books.admit(1).is_ok(), "a stream that rewound sends again");
-    assert_eq!(books.admit(2).err(), Some(Refusal::Replay));
+    assert!(
+        books.admit(Some(1), false).is_ok(),
+        "a stream that rewound sends again"
+    );
+    assert_eq!(books.admit(Some(2), false).err(), Some(Refusal::Replay));
     books.mark(1, position("a", "2"));
     assert_eq!(
         written(books.close().positions),
         written(vec![position("a", "2")])
     );
+}
+
+#[test]
+fn a_pair_of_records_is_never_split_between_two_transactions() {
+    let mut books = Books::default();
+    // A DELETED, its tombstone to follow.
+    books.admit(Some(1), true).expect("open");
+    assert!(books.is_pinned(), "the committer waits");
+    books.admit(Some(2), false).expect("open");
+    books.admit(Some(1), false).expect("the tombstone");
+    assert!(!books.is_pinned());
+    let closed = books.close();
+    assert_eq!(closed.streams, HashSet::from([1, 2]));
+    // While closed, only a pinned stream's second record would be taken; none is pinned.
+    assert_eq!(books.admit(Some(1), true).err(), Some(Refusal::Closed));
+}
+
+#[test]
+fn records_in_no_streams_order_are_never_kept_out() {
+    let mut books = Books::default();
+    books.admit(None, false).expect("open");
+    books.admit(Some(1), false).expect("open");
+    let closed = books.close();
+    assert_eq!(
+        closed.streams,
+        HashSet::from([1]),
+        "only ordered records count"
+    );
+    books.aborted(&closed.streams);
+    books.open();
+    assert!(
+        books.admit(None, false).is_ok(),
+        "a membership tombstone, a mark"
+    );
+    assert_eq!(books.admit(Some(1), false).err(), Some(Refusal::Replay));
+}
+
+#[test]
+fn a_stream_that_rewinds_with_records_in_the_open_transaction_dooms_it() {
+    // (records of the stream in the open transaction, doomed)
+    for (sent, doomed) in [(true, true), (false, false)] {
+        let mut books = Books::default();
+        books.admit(Some(2), false).expect("open");
+        if sent {
+            books.admit(Some(1), false).expect("open");
+        }
+        books.mark(1, position("a", "3"));
+        books.rewound(1);
+        assert_eq!(books.is_doomed(), doomed, "sent: {sent}");
+        assert!(
+            books.close().positions.is_empty(),
+            "a rewound stream's positions go"
+        );
+        assert!(!books.is_doomed(), "the next transaction starts clean");
+    }
 }

@@ -20,7 +20,7 @@ use crate::envelope::ShardOwner;
 use crate::group::{Deadline, Event, GroupError, Membership};
 use crate::membership::{self, Log, Owner};
 use crate::producer::{Producer, Tally};
-use crate::relay::context::{Context, RelayError, Sink, RETRY};
+use crate::relay::context::{Context, RelayError, Sink, Transactions, RETRY};
 use crate::relay::lifecycle::{Action, Input};
 use crate::relay::migrate::{LegacyCell, Migration, Target};
 use crate::relay::others::Others;
@@ -268,7 +268,7 @@ impl Replica<'_> {
         let Claim { shard, epoch, nth } = claim;
         let member = &self.member;
         let cfg = &self.relay.cfg;
-        let share = Share {
+        let mut share = Share {
             inner: member.producer.clone(),
             tally: Tally::new(),
             closed: CancellationToken::new(),
@@ -301,7 +301,24 @@ impl Replica<'_> {
                     Instant::now()
                 })
             };
-            let result = match self.stamp_epoch(shard, epoch, &identity, &stop).await {
+            let stamped = match self.stamp_epoch(shard, epoch, &identity, &stop).await {
+                // With exactly-once delivery the term has a producer of its own, fencing the
+                // previous owner's before anything of the shard is read back.
+                Some(epoch) => match self
+                    .relay
+                    .transactional(&self.shard_owner(shard), &stop, &fenced)
+                    .await
+                {
+                    Transactions::Off => Some(epoch),
+                    Transactions::Stopped => None,
+                    Transactions::On(p) => {
+                        share.inner = p;
+                        Some(epoch)
+                    }
+                },
+                None => None,
+            };
+            let result = match stamped {
                 Some(epoch) => {
                     let others = Others::Reading(others);
                     let (mut plan, old_log) = self.plan(
@@ -368,6 +385,14 @@ impl Replica<'_> {
         }
     }
 
+    /// Whose membership records, positions and transactions a term of `shard` keeps: its
+    /// checkpoint ConfigMap's.
+    fn shard_owner(&self, shard: u32) -> Owner {
+        let cfg = &self.relay.cfg;
+        let name = ShardingConfig::configmap(&cfg.checkpoint.name, shard);
+        Owner::new(&cfg.checkpoint.namespace, &name)
+    }
+
     /// What a term of `shard` under `epoch` works with, and the single leader's membership
     /// log its copy reads.
     fn plan(
@@ -412,7 +437,7 @@ impl Replica<'_> {
                     epoch,
                 },
             ),
-            owner: Owner::new(&cfg.checkpoint.namespace, &name),
+            owner: self.shard_owner(shard),
             membership_topic,
             partitions: sharding.shards.cast_signed(),
             part: Arc::new(move |id| sharding.shard_of_stream(id) == shard),

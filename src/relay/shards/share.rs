@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::group::Deadline;
 use crate::metrics::Metrics;
-use crate::producer::{FlushError, ProduceError, Producer, Receipt, Record, Refused, Tally};
+use crate::producer::{FlushError, Inbox, ProduceError, Producer, Receipt, Record, Refused, Tally};
 
 /// The producer of one shard's term, a share of the replica's producer: its membership records
 /// go to the shard's partition, every record carries the shard and the owner epoch (a stream's
@@ -32,7 +32,20 @@ pub(super) struct ShardProducer {
 }
 
 impl Producer for ShardProducer {
-    fn send(&self, record: &Record, mut receipt: Box<Receipt>) -> Result<(), Refused> {
+    fn send(&self, record: &Record, receipt: Box<Receipt>) -> Result<(), Refused> {
+        self.send_at(record, receipt, None, false)
+    }
+
+    /// A position goes to the shard's partition of the membership topic, as its members do,
+    /// with its record in one call (see [`Producer::send_at`]).
+    fn send_at(
+        &self,
+        record: &Record,
+        mut receipt: Box<Receipt>,
+        position: Option<Record>,
+        more: bool,
+    ) -> Result<(), Refused> {
+        let position = position.map(|p| self.pinned(p));
         if self.deadline.passed() || self.share.closed.is_cancelled() {
             return Err(Refused::Failed(ProduceError::retriable(format!(
                 "this replica cannot prove it still owns shard {}: not producing for it",
@@ -45,7 +58,7 @@ impl Producer for ShardProducer {
         let pinned = record.topic == self.membership_topic;
         let inner = &self.share.inner;
         let sent = if !pinned && record.headers.get_bytes("ce_shard").is_some() {
-            inner.send(record, receipt)
+            inner.send_at(record, receipt, position, more)
         } else {
             let mut record = record.clone();
             if pinned {
@@ -53,7 +66,7 @@ impl Producer for ShardProducer {
             }
             record.headers.push("ce_shard", &[&self.shard.to_string()]);
             record.headers.push("ce_ownerepoch", &[&self.epoch]);
-            inner.send(&record, receipt)
+            inner.send_at(&record, receipt, position, more)
         };
         // A receipt handed back was not taken: it is not the term's to wait for.
         sent.map_err(|mut refused| {
@@ -83,6 +96,28 @@ impl Producer for ShardProducer {
 
     fn fatal(&self) -> Option<String> {
         self.share.inner.fatal()
+    }
+
+    fn transactional(&self) -> bool {
+        self.share.inner.transactional()
+    }
+
+    fn positioned(&self, stream: &Arc<Inbox>, record: Record) {
+        self.share.inner.positioned(stream, self.pinned(record));
+    }
+
+    fn rewound(&self, stream: &Arc<Inbox>) {
+        self.share.inner.rewound(stream);
+    }
+}
+
+impl ShardProducer {
+    /// `record`, if of the membership topic, pinned to the shard's partition.
+    fn pinned(&self, mut record: Record) -> Record {
+        if record.topic == self.membership_topic {
+            record.partition = Some(self.shard.cast_signed());
+        }
+        record
     }
 }
 

@@ -191,27 +191,34 @@ impl<'a> Run<'a> {
     }
 
     /// The positions committed with the records in the membership topic: with a
-    /// transactional producer they are the truth (the ConfigMap is written after each commit,
-    /// so it may lag behind, never run ahead) and replace the ConfigMap's; without one, any
-    /// left from an earlier run with exactly-once delivery are removed, so that they cannot
-    /// later replace newer ConfigMap positions. False when stopped first.
+    /// transactional producer they are the truth for the streams the ConfigMap holds (it is
+    /// written after each commit, so it may lag behind, never run ahead) and replace its
+    /// positions. The others are removed from the topic: a stream retired, or handed to
+    /// another shape, since its last commit would otherwise resume from a stale position
+    /// should it come back (a new stream's first position is lost with them, which costs a
+    /// list compared with its committed members). Without a transactional producer all are
+    /// removed, so that none can later replace newer ConfigMap positions. False when stopped
+    /// first.
     async fn positions(&self, loaded: &mut Loaded, members: &mut Restored) -> bool {
         let committed = std::mem::take(&mut members.positions);
-        if self.term.producer.transactional() {
-            for (id, saved) in committed {
-                let entry = loaded.streams.entry(id).or_default();
-                let (era, kind) = (entry.era, entry.kind.take());
-                *entry = saved;
-                entry.era = entry.era.max(era);
-                entry.kind = entry.kind.take().or(kind);
+        let transactional = self.term.producer.transactional();
+        let mut stale = Vec::new();
+        for (id, saved) in committed {
+            match loaded.streams.get_mut(&id).filter(|_| transactional) {
+                Some(entry) => {
+                    let (era, kind) = (entry.era, entry.kind.take());
+                    *entry = saved;
+                    entry.era = entry.era.max(era);
+                    entry.kind = entry.kind.take().or(kind);
+                }
+                None => stale.push(id),
             }
-            return true;
         }
-        let Some(topic) = self.topic().filter(|_| !committed.is_empty()) else {
+        let Some(topic) = self.topic().filter(|_| !stale.is_empty()) else {
             return true;
         };
-        let records: Vec<_> = committed
-            .keys()
+        let records: Vec<_> = stale
+            .iter()
             .map(|id| membership::position_record(topic, &self.term.owner, id, None))
             .collect();
         loop {
@@ -219,7 +226,7 @@ impl<'a> Run<'a> {
                 Ok(()) => return true,
                 Err(membership::SendError::Stopped) => return false,
                 Err(e) => {
-                    tracing::warn!(error = %e, "removing the positions an exactly-once run left in the membership topic; trying again");
+                    tracing::warn!(error = %e, "removing stale positions from the membership topic; trying again");
                     tokio::select! {
                         _ = self.stop.cancelled() => return false,
                         _ = tokio::time::sleep(AGAIN) => {}
