@@ -11,14 +11,18 @@
 //!    each line to the same producer as is: the floor of any relay on this bed, with the
 //!    simulator in the loop as it is for the relay.
 //! 4. Relay: the real binary starts from a checkpoint just before those events, so its watch
-//!    replays them as fast as it can read, envelope and publish them.
+//!    replays them as fast as it can read, envelope and publish them. Before it, each round, the
+//!    same with `kafka.delivery: exactlyOnce` (its records committed in Kafka transactions every
+//!    100 ms) into a topic of its own, counted as its records are committed.
 //!
 //! Steps 2 to 4 alternate for BENCH_ROUNDS rounds (default 3) and each side is reported by its
 //! median round. Each first sends a warm-up of W events (connections, producer id, topic
 //! metadata); the clock and the CPU count run from the acknowledgement of the warm-up to that of
 //! the N events after it, so every figure is a steady-state rate.
 //! 5. Latency: the same relay then follows live churn at a fixed rate; the publish latency (watch
-//!    arrival to Kafka acknowledgement) comes from its own histogram.
+//!    arrival to Kafka acknowledgement) comes from its own histogram. Then a relay with
+//!    exactly-once delivery follows the same churn: its latency runs to the commit of the
+//!    record's transaction (what a `read_committed` consumer waits for).
 //!
 //! The peer: with OTELCOL_BIN set (scripts/bench.sh builds it), each round also runs the
 //! OpenTelemetry Collector (k8sobjects receiver watching the same pods from the same
@@ -157,17 +161,45 @@ fn main() {
     let kubeconfig = dir.path().join("kubeconfig");
     sim.write_kubeconfig(&kubeconfig).unwrap();
     let port = free_port();
-    let config = dir.path().join("config.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "clusterName: bench\nkubernetes:\n  kubeconfig: {}\nkafka:\n  bootstrapServers: {bootstrap}\n  oversize: trim\n  maxInFlightPerStream: {in_flight}\n\
-             checkpoint:\n  namespace: watchrelay\n  membership:\n    topic: {topic_relay}.membership\nhttp:\n  listen: 127.0.0.1:{port}\n\
-             channels:\n  - operationId: watchNamespacedPods\n    namespaces: [{NS}]\n    topic: {topic_relay}\n",
-            kubeconfig.display()
-        ),
-    )
-    .unwrap();
+    // A relay's configuration: its checkpoint ConfigMap `name` (made with the position before
+    // the warm-up, unless it exists), its topic, its delivery.
+    let relay_config = |file: &str, name: &str, topic: &str, delivery: &str| {
+        let config = dir.path().join(file);
+        std::fs::write(
+            &config,
+            format!(
+                "clusterName: bench\nkubernetes:\n  kubeconfig: {}\nkafka:\n  bootstrapServers: {bootstrap}\n  oversize: trim\n  maxInFlightPerStream: {in_flight}\n  delivery: {delivery}\n\
+                 checkpoint:\n  namespace: watchrelay\n  name: {name}\n  membership:\n    topic: {topic}.membership\nhttp:\n  listen: 127.0.0.1:{port}\n\
+                 channels:\n  - operationId: watchNamespacedPods\n    namespaces: [{NS}]\n    topic: {topic}\n",
+                kubeconfig.display()
+            ),
+        )
+        .unwrap();
+        config
+    };
+    let config = relay_config(
+        "config.yaml",
+        "watchrelay-checkpoints",
+        &topic_relay,
+        "atLeastOnce",
+    );
+    let topic_exact = format!("bench-exactly-{}", std::process::id());
+    rt.block_on(create_topics(&bootstrap, &[&topic_exact]));
+    // A relay with exactly-once delivery resuming from `rv`, under a checkpoint of its own:
+    // its positions live in Kafka, so each run is a new owner.
+    let mut exact_runs = 0;
+    let mut exact_at = |rv: u64| {
+        exact_runs += 1;
+        let name = format!("watchrelay-exactly-{exact_runs}");
+        let data = json!({ "rv": rv.to_string() }).to_string();
+        sim.create(
+            "configmaps",
+            Some("watchrelay"),
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "watchrelay"}, "data": {STREAM: data}}),
+        )
+        .unwrap();
+        relay_config(&format!("{name}.yaml"), &name, &topic_exact, "exactlyOnce")
+    };
 
     // 2 to 4, alternating for several rounds: this machine's noise is larger than the
     // differences measured, so each side is reported by its median round.
@@ -175,6 +207,7 @@ fn main() {
     let mut pass_rounds = Vec::new();
     let mut relay_rounds = Vec::new();
     let mut otel_rounds = Vec::new();
+    let mut exact_rounds = Vec::new();
     let mut relay = None;
     for round in 1..=rounds {
         let b = Round::of_child(
@@ -199,6 +232,14 @@ fn main() {
             ],
             n,
         );
+
+        // Exactly once, resuming just before the warm-up and the N events.
+        if let Some(previous) = relay.take() {
+            stop(previous);
+        }
+        let (e, exact) = relay_round(&exact_at(start_rv), port, warmup, n);
+        stop(exact);
+        exact_rounds.push(e);
 
         // The relay, resuming just before the warm-up and the N events.
         if let Some(previous) = relay.take() {
@@ -241,8 +282,8 @@ fn main() {
             rss_kib: peak_rss_kib(pid),
         };
         println!(
-            "round {round}: bare producer {:.0} events/s, {:.2} µs/event; pass-through {:.0} events/s, {:.2} µs/event; watchrelay {:.0} events/s, {:.2} µs/event",
-            b.rate, b.cpu_us, p.rate, p.cpu_us, r.rate, r.cpu_us
+            "round {round}: bare producer {:.0} events/s, {:.2} µs/event; pass-through {:.0} events/s, {:.2} µs/event; watchrelay {:.0} events/s, {:.2} µs/event; exactly once {:.0} events/s, {:.2} µs/event",
+            b.rate, b.cpu_us, p.rate, p.cpu_us, r.rate, r.cpu_us, exact_rounds[round - 1].rate, exact_rounds[round - 1].cpu_us
         );
         if let Some(bin) = &otelcol {
             let o = otel_round(
@@ -274,41 +315,15 @@ fn main() {
     let rss_after_replay = rel.rss_kib;
 
     // 5. Live churn at a fixed rate: publish latency from the relay's own histogram.
-    let before = histogram(port);
-    let churn_secs = 5.0;
-    let rv0 = sim.current_rv();
-    // Paced replacements of pre-built objects: the simulator's cheapest write path, so it can
-    // keep up with the target rate on a small machine.
-    let total = (rate * churn_secs) as usize;
-    let objs: Vec<serde_json::Value> = (0..total)
-        .map(|i| {
-            let mut o = objects::pod(NS, &format!("pod-{}", i % pods));
-            o["metadata"]["annotations"]["bench/live"] = json!(i.to_string());
-            o
-        })
-        .collect();
-    let paced = Instant::now();
-    for (i, o) in objs.into_iter().enumerate() {
-        let due = Duration::from_secs_f64(i as f64 / rate);
-        if let Some(wait) = due.checked_sub(paced.elapsed()) {
-            if wait > Duration::from_micros(500) {
-                std::thread::sleep(wait);
-            }
-        }
-        sim.update("pods", Some(NS), o).unwrap();
-    }
-    let churn_secs = paced.elapsed().as_secs_f64();
-    std::thread::sleep(Duration::from_millis(1000));
-    let achieved = (sim.current_rv() - rv0) as f64 / churn_secs;
-    let after = histogram(port);
-    let delta: Vec<(f64, f64)> = after
-        .iter()
-        .zip(&before)
-        .map(|((le, a), (_, b))| (*le, a - b))
-        .collect();
-    let (p50, p99) = (quantile(&delta, 0.50) * 1e3, quantile(&delta, 0.99) * 1e3);
+    let (achieved, p50, p99) = live_latency(&sim, port, rate, pods);
     let peak_rss = peak_rss_kib(pid);
     stop(relay);
+    // The same churn, followed by a relay with exactly-once delivery from where it is now.
+    let exact = spawn_relay(&exact_at(sim.current_rv()));
+    wait_watching(port);
+    let (exact_achieved, exact_p50, exact_p99) = live_latency(&sim, port, rate, pods);
+    stop(exact);
+    let exact_round = Round::median(&exact_rounds);
 
     println!();
     println!(
@@ -359,6 +374,17 @@ fn main() {
     println!(
         "publish latency at {achieved:.0} events/s (target {rate:.0}): p50 {p50:.2} ms, p99 {p99:.2} ms (watch arrival to Kafka ack)"
     );
+    println!(
+        "{:<34} {:>14.0} events/s ({:.2}x at least once), {:.2} µs/event ({:.2}x): transactions committed every 100 ms",
+        "exactly once",
+        exact_round.rate,
+        exact_round.rate / rel.rate,
+        exact_round.cpu_us,
+        exact_round.cpu_us / rel.cpu_us
+    );
+    println!(
+        "exactly-once latency at {exact_achieved:.0} events/s (target {rate:.0}): p50 {exact_p50:.2} ms, p99 {exact_p99:.2} ms (watch arrival to the commit of its transaction)"
+    );
     let mut peer = String::new();
     if !otel_rounds.is_empty() {
         let otel = Round::median(&otel_rounds);
@@ -379,12 +405,15 @@ fn main() {
     }
     // One machine-readable line: the ratios, each side's median of the same rounds.
     println!(
-        "bench: cpu_vs_bare={:.2} eps_vs_passthrough={:.2} eps_vs_bare={:.2} p99_ms={:.0} rss_mib={:.0}{peer}",
+        "bench: cpu_vs_bare={:.2} eps_vs_passthrough={:.2} eps_vs_bare={:.2} p99_ms={:.0} rss_mib={:.0} exactly_eps_vs_at_least={:.2} exactly_cpu_vs_at_least={:.2} exactly_p99_ms={:.0}{peer}",
         rel.cpu_us / base.cpu_us,
         rel.rate / pass.rate,
         rel.rate / base.rate,
         p99,
-        peak_rss as f64 / 1024.0
+        peak_rss as f64 / 1024.0,
+        exact_round.rate / rel.rate,
+        exact_round.cpu_us / rel.cpu_us,
+        exact_p99
     );
 }
 
@@ -843,4 +872,96 @@ fn quantile(buckets: &[(f64, f64)], q: f64) -> f64 {
         prev = (le, count);
     }
     prev.0
+}
+
+/// Starts the relay binary with `config`.
+fn spawn_relay(config: &Path) -> KillOnDrop {
+    let child = Command::new(common::relay_bin())
+        .args(["run", "--config"])
+        .arg(config)
+        .env("WATCHRELAY_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("relay starts");
+    KillOnDrop(child)
+}
+
+/// Waits until the relay serving metrics on `port` watches its stream.
+fn wait_watching(port: u16) {
+    let series = format!("watchrelay_stream_up{{stream=\"{STREAM}\"}}");
+    let since = Instant::now();
+    while metric(port, &series).unwrap_or(0.0) < 1.0 {
+        assert!(
+            since.elapsed() < Duration::from_secs(120),
+            "relay never watched"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A round of the relay with `config` (resuming just before the warm-up): its rate and CPU
+/// from the warm-up's last record published to the N events' last, counted by its own
+/// metric, and the relay, still running.
+fn relay_round(config: &Path, port: u16, warmup: usize, n: usize) -> (Round, KillOnDrop) {
+    let spawned = Instant::now();
+    let relay = spawn_relay(config);
+    let pid = relay.0.id();
+    let published = |count: usize| loop {
+        let series = format!("watchrelay_events_published_total{{stream=\"{STREAM}\"}}");
+        if metric(port, &series).unwrap_or(0.0) as usize >= count {
+            return (Instant::now(), cpu_seconds(pid));
+        }
+        assert!(
+            spawned.elapsed() < Duration::from_secs(600),
+            "relay did not publish {count} events"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let (t0, cpu0) = published(warmup);
+    let (t1, cpu1) = published(warmup + n);
+    let round = Round {
+        rate: n as f64 / (t1 - t0).as_secs_f64(),
+        cpu_us: (cpu1 - cpu0) * 1e6 / n as f64,
+        rss_kib: peak_rss_kib(pid),
+    };
+    (round, relay)
+}
+
+/// Live churn at `rate` a second for 5 s over `pods` pods, followed by the relay serving
+/// metrics on `port`: the rate achieved, and the p50 and p99 of its publish latency (ms).
+fn live_latency(sim: &watchrelay_sim::Sim, port: u16, rate: f64, pods: usize) -> (f64, f64, f64) {
+    let before = histogram(port);
+    let churn_secs = 5.0;
+    let rv0 = sim.current_rv();
+    // Paced replacements of pre-built objects: the simulator's cheapest write path, so it can
+    // keep up with the target rate on a small machine.
+    let total = (rate * churn_secs) as usize;
+    let objs: Vec<serde_json::Value> = (0..total)
+        .map(|i| {
+            let mut o = objects::pod(NS, &format!("pod-{}", i % pods));
+            o["metadata"]["annotations"]["bench/live"] = json!(i.to_string());
+            o
+        })
+        .collect();
+    let paced = Instant::now();
+    for (i, o) in objs.into_iter().enumerate() {
+        let due = Duration::from_secs_f64(i as f64 / rate);
+        if let Some(wait) = due.checked_sub(paced.elapsed()) {
+            if wait > Duration::from_micros(500) {
+                std::thread::sleep(wait);
+            }
+        }
+        sim.update("pods", Some(NS), o).unwrap();
+    }
+    let churn_secs = paced.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_millis(1000));
+    let achieved = (sim.current_rv() - rv0) as f64 / churn_secs;
+    let after = histogram(port);
+    let delta: Vec<(f64, f64)> = after
+        .iter()
+        .zip(&before)
+        .map(|((le, a), (_, b))| (*le, a - b))
+        .collect();
+    let (p50, p99) = (quantile(&delta, 0.50) * 1e3, quantile(&delta, 0.99) * 1e3);
+    (achieved, p50, p99)
 }

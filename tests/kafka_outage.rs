@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::bed::{assert_covers, Bed, Relay};
-use common::broker::OwnBroker;
+use common::broker::{Options, OwnBroker};
 use common::kafka;
 use common::proxy::Proxy;
 use watchrelay_sim::ChurnSpec;
@@ -74,5 +74,70 @@ async fn broker_outage_loses_nothing_and_never_checkpoints_ahead() {
     let msgs = bed.read_covering(&topic, &expected).await;
     assert_covers(&msgs, &expected);
     bed.wait_checkpoint_current(STREAM).await;
+    relay.stop().await;
+}
+
+/// With `delivery: exactlyOnce`, a cut between the relay and the broker that outlasts the
+/// transaction timeout: the coordinator aborts the open transaction, the relay's commit fails,
+/// it aborts and builds its producer again (a new epoch), its stream replays from the committed
+/// position, and a `read_committed` consumer reads every change once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_through_a_cut_past_the_transaction_timeout() {
+    let (mut proxy, listener) = Proxy::bind().await;
+    let broker = OwnBroker::start(Options {
+        advertised: Some(proxy.port),
+        // The coordinator looks for timed-out transactions every second, not every 10 s.
+        extra: vec!["transaction.abort.timed.out.transaction.cleanup.interval.ms=1000".into()],
+        ..Options::default()
+    });
+    proxy.forward_to(listener, broker.port);
+    let mut bed = Bed::new(&["a"]).await;
+    bed.bootstrap = format!("127.0.0.1:{}", proxy.port);
+    let topic = kafka::unique("eos-cut");
+    kafka::create_topics_at(&bed.bootstrap, &[&topic], 3).await;
+    let cfg = bed.config(
+        &format!("  - operationId: watchNamespacedPods\n    namespaces: [a]\n    topic: {topic}\n"),
+        "    transaction.timeout.ms: \"3000\"\n  delivery: exactlyOnce\n",
+    );
+    let relay = Relay::start(&bed, cfg);
+    relay.wait_up(1).await;
+    let before = bed.journal("pods", Some("a")).len();
+    let churn = bed.sim.start_churn(ChurnSpec {
+        rate_per_sec: 200.0,
+        namespaces: vec!["a".into()],
+        resources: vec!["pods".into()],
+        max_objects_per_kind: 30,
+        total_events: None,
+    });
+    bed.wait_pods_relayed(STREAM, "a", before, 200).await;
+    proxy.cut();
+    let rv_at_cut = bed.sim.current_rv();
+    // Past the transaction timeout and the coordinator's look for it: the cut's length is the
+    // test's.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    proxy.restore();
+    bed.wait_checkpoint_past(STREAM, rv_at_cut).await;
+    churn.stop().await;
+    let expected = bed.journal("pods", Some("a"));
+    let msgs = bed.read_covering(&topic, &expected).await;
+    assert_covers(&msgs, &expected);
+    let mut count = std::collections::HashMap::<&str, usize>::new();
+    for m in &msgs {
+        *count
+            .entry(m.value["watchrelay"]["id"].as_str().unwrap_or_default())
+            .or_default() += 1;
+    }
+    let repeated = count.values().filter(|n| **n > 1).count();
+    assert_eq!(repeated, 0, "records published more than once");
+    let aborted = relay
+        .metrics
+        .transactions
+        .with_label_values(&["aborted"])
+        .get();
+    assert!(aborted > 0, "the cut aborted a transaction");
+    eprintln!(
+        "{} changes, each once; {aborted} transactions aborted",
+        expected.len()
+    );
     relay.stop().await;
 }

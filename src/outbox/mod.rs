@@ -356,7 +356,7 @@ impl Outbox {
                 let sent = match refused {
                     None => Ok(()),
                     Some(receipt) => {
-                        self.send_reference(receipt, record.key.as_bytes(), &record.value)
+                        self.send_reference(receipt, record.key.as_bytes(), &record.value, more)
                             .await
                     }
                 };
@@ -547,7 +547,7 @@ impl Outbox {
             }
             Err(DeliveryError::TooLarge { key, value }) => {
                 let (key, value) = (key.unwrap_or_default(), value.unwrap_or_default());
-                self.send_reference(receipt, &key, &value).await
+                self.send_reference(receipt, &key, &value, false).await
             }
             Err(DeliveryError::Failed(e)) => {
                 self.m.error(IN_REPORT, e.class);

@@ -14,6 +14,7 @@ impl Outbox {
         receipt: Box<Receipt>,
         key: &[u8],
         value: &[u8],
+        more: bool,
     ) -> Result<(), OutboxError> {
         let Sent::Entry { bytes, .. } = receipt.sent else {
             return Err(self.fail(Failure::MembershipTooLarge));
@@ -38,7 +39,7 @@ impl Outbox {
         tracing::warn!(stream = %self.stream, bytes, key = %record.key, action, "event too large for Kafka; sending a reference");
         // The reference takes the entry's place, and its position with it.
         let position = self.position_record(receipt.seq);
-        match self.offer(&record, receipt, position, false).await? {
+        match self.offer(&record, receipt, position, more).await? {
             None => Ok(()),
             Some(_) => Err(self.fail(Failure::ReferenceTooLarge)),
         }

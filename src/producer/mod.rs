@@ -273,7 +273,7 @@ impl Receipt {
     /// Reports the outcome. A stream that stopped meanwhile no longer listens; its replay from
     /// the checkpoint covers the record.
     pub fn report(mut self: Box<Self>, result: Result<(), DeliveryError>) {
-        self.counted = None;
+        // Held by its transaction, it stays counted until the outcome is known.
         if let Some(hold) = self.hold.take() {
             hold.report(Report {
                 receipt: self,
@@ -281,6 +281,7 @@ impl Receipt {
             });
             return;
         }
+        self.counted = None;
         let to = Arc::clone(&self.to);
         to.push(Report {
             receipt: self,

@@ -112,11 +112,10 @@ impl Context {
         stop: &CancellationToken,
         fenced: &CancellationToken,
     ) -> Result<Option<Outlet>, RelayError> {
-        let sink = self.sink()?;
         match self.transactional(owner, stop, fenced).await {
-            Transactions::Off => Ok(Some(sink)),
+            Transactions::Off => self.sink().map(Some),
             Transactions::Stopped => Ok(None),
-            Transactions::On(p) => Ok(Some((p, sink.1))),
+            Transactions::On(p) => Ok(Some((p, self.admin()))),
         }
     }
 

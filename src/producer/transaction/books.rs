@@ -12,8 +12,10 @@
 //! A record in its stream's order (an entry, a join) belongs to its stream; a record in no
 //! stream's order (a membership tombstone, a mark) to none, and is never refused for a replay.
 //! A stream may pin the open transaction for its next record (a DELETED for its tombstone): it
-//! is not closed until that one is taken. A stream that rewinds for a cause of its own while
-//! it has records in the open transaction dooms it: it aborts instead of committing.
+//! is not closed until that one is taken, or for a commit interval at most. A stream that
+//! rewinds for a cause of its own while it has records in the open transaction dooms it: it
+//! aborts instead of committing; so does a transaction being committed, if its commit has not
+//! begun yet. A send changes the books only once the producer took the record.
 //!
 //! # Contract
 //! - A report reaches its stream only once its transaction's outcome is known: as it is when
@@ -133,11 +135,17 @@ pub(crate) struct Books {
     /// Streams whose records an abort dropped, until they rewind.
     replaying: HashSet<StreamKey>,
     /// Streams whose last record said the next one goes in the same transaction: it is not
-    /// closed before that one is taken.
+    /// closed before that one is taken (or the pin is older than a commit interval), and since
+    /// when the first of them pinned it.
     pinned: HashSet<StreamKey>,
+    pinned_at: Option<std::time::Instant>,
     /// A stream rewound with records in the open transaction: it must abort, or they would be
     /// committed and replayed.
     doomed: bool,
+    /// The streams of the transaction being committed, and whether one of them rewound since
+    /// it closed (then it aborts, if its commit has not begun).
+    closing: HashSet<StreamKey>,
+    closing_doomed: bool,
 }
 
 /// A transaction once closed: what its commit writes and settles.
@@ -151,36 +159,46 @@ pub(crate) struct Closed {
 }
 
 impl Books {
-    /// A send of a record of `stream` (`None`: a record in no stream's order, such as a
-    /// membership tombstone): the hold its receipt goes to, or why it is refused. `more`: the
-    /// stream's next record must go in the same transaction.
-    pub(crate) fn admit(
-        &mut self,
-        stream: Option<StreamKey>,
-        more: bool,
-    ) -> Result<Arc<Hold>, Refusal> {
+    /// Whether a record of `stream` (`None`: a record in no stream's order, such as a
+    /// membership tombstone) may be sent now: the hold its receipt goes to, or why not. Nothing
+    /// changes until it is [`Books::taken`].
+    pub(crate) fn admit(&self, stream: Option<StreamKey>) -> Result<Arc<Hold>, Refusal> {
         let pinned = stream.is_some_and(|s| self.pinned.contains(&s));
         if self.closed && !pinned {
             return Err(Refusal::Closed);
         }
-        if let Some(s) = stream {
-            if self.replaying.contains(&s) {
-                return Err(Refusal::Replay);
-            }
-            self.sending.insert(s);
-            if more {
-                self.pinned.insert(s);
-            } else {
-                self.pinned.remove(&s);
-            }
+        if stream.is_some_and(|s| self.replaying.contains(&s)) {
+            return Err(Refusal::Replay);
         }
-        self.records += 1;
         Ok(self.hold.clone())
     }
 
-    /// Whether a stream's pair of records is half taken: the transaction cannot close yet.
-    pub(crate) fn is_pinned(&self) -> bool {
-        !self.pinned.is_empty()
+    /// The admitted record was taken by the producer; `more`: the stream's next record must go
+    /// in the same transaction.
+    pub(crate) fn taken(&mut self, stream: Option<StreamKey>, more: bool) {
+        self.records += 1;
+        let Some(s) = stream else { return };
+        self.sending.insert(s);
+        if more {
+            if self.pinned.is_empty() {
+                self.pinned_at = Some(std::time::Instant::now());
+            }
+            self.pinned.insert(s);
+        } else {
+            self.pinned.remove(&s);
+        }
+    }
+
+    /// Whether a stream's pair of records is half taken, for less than `bound`: the
+    /// transaction does not close yet. A pin older than that (its stream stopped between the
+    /// two) holds it no longer.
+    pub(crate) fn is_pinned(&self, bound: std::time::Duration) -> bool {
+        !self.pinned.is_empty() && self.pinned_at.is_some_and(|at| at.elapsed() < bound)
+    }
+
+    /// Whether a stream of the transaction being committed rewound since it closed.
+    pub(crate) fn is_closing_doomed(&self) -> bool {
+        self.closing_doomed
     }
 
     /// Whether the open transaction must abort (see [`Books::rewound`]).
@@ -207,6 +225,9 @@ impl Books {
         if self.sending.contains(&stream) {
             self.doomed = true;
         }
+        if self.closing.contains(&stream) {
+            self.closing_doomed = true;
+        }
     }
 
     /// Whether a commit now would write nothing.
@@ -225,10 +246,14 @@ impl Books {
         self.closed = true;
         self.records = 0;
         self.doomed = false;
+        self.pinned.clear();
+        self.pinned_at = None;
+        self.closing = std::mem::take(&mut self.sending);
+        self.closing_doomed = false;
         Closed {
             hold: std::mem::take(&mut self.hold),
             positions: self.marks.drain().map(|(_, (_, r))| r).collect(),
-            streams: std::mem::take(&mut self.sending),
+            streams: self.closing.clone(),
         }
     }
 
@@ -242,5 +267,7 @@ impl Books {
     /// The next transaction began: sends are taken again.
     pub(crate) fn open(&mut self) {
         self.closed = false;
+        self.closing.clear();
+        self.closing_doomed = false;
     }
 }

@@ -141,7 +141,7 @@ impl Transactional {
         let (closed, kafka) = {
             let mut inside = self.inside.lock().expect("txn lock poisoned");
             let books = &inside.books;
-            if books.is_empty() || books.is_closed() || books.is_pinned() {
+            if books.is_empty() || books.is_closed() || books.is_pinned(self.interval) {
                 return;
             }
             let doomed = books.is_doomed();
@@ -156,15 +156,19 @@ impl Transactional {
             },
             doomed,
         ) = closed;
-        let committed = match doomed {
-            true => Err(TxnError::abortable("a stream rewound with records in it")),
-            false => match self.write_positions(&kafka, positions).await {
-                Err(e) => Err(e),
-                Ok(()) => {
-                    self.call(&kafka, |k| k.commit_transaction(CALL_TIMEOUT))
-                        .await
-                }
-            },
+        let doomed = || {
+            doomed || {
+                let inside = self.inside.lock().expect("txn lock poisoned");
+                inside.books.is_closing_doomed()
+            }
+        };
+        let committed = match self.write_positions(&kafka, positions).await {
+            Err(e) => Err(e),
+            Ok(()) if doomed() => Err(TxnError::abortable("a stream rewound with records in it")),
+            Ok(()) => {
+                self.call(&kafka, |k| k.commit_transaction(CALL_TIMEOUT))
+                    .await
+            }
         };
         self.scratch.discard();
         let e = match committed {
@@ -185,11 +189,15 @@ impl Transactional {
             Err(e) => e,
         };
         tracing::warn!(error = %e.message, streams = streams.len(), "a transaction cannot commit: aborting it; its streams replay from their checkpoints");
+        // Its records delivered or failed first: an abort with records in flight can fail
+        // fatally in librdkafka.
+        let k = kafka.clone();
+        let _ = tokio::task::spawn_blocking(move || Producer::flush(&*k, CALL_TIMEOUT)).await;
         if let Err(a) = self
             .call(&kafka, |k| k.abort_transaction(CALL_TIMEOUT))
             .await
         {
-            if a.fatal {
+            if a.fatal || !self.owned.is_cancelled() {
                 return self.fail(a.message);
             }
             // Fenced meanwhile: the next owner's producer aborts it.
@@ -372,7 +380,7 @@ impl Producer for Transactional {
         }
         let stream = receipt.stream();
         let mut inside = self.inside.lock().expect("txn lock poisoned");
-        match inside.books.admit(stream, more) {
+        match inside.books.admit(stream) {
             Err(Refusal::Closed) => Err(Refused::Full(receipt)),
             Err(Refusal::Replay) => Err(Refused::Failed(ProduceError::retriable(
                 "the stream's records in an aborted transaction are replayed first",
@@ -386,8 +394,11 @@ impl Producer for Transactional {
                     }
                     refused
                 });
-                if let (Ok(()), Some(s), Some(p)) = (&sent, stream, position) {
-                    inside.books.mark(s, p);
+                if sent.is_ok() {
+                    inside.books.taken(stream, more);
+                    if let (Some(s), Some(p)) = (stream, position) {
+                        inside.books.mark(s, p);
+                    }
                 }
                 sent
             }

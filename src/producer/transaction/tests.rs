@@ -3,9 +3,10 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::books::{Books, Hold, Outcome, Refusal};
-use crate::producer::{Holds, Inbox, Receipt, Record, Report, Sent};
+use crate::producer::{Holds, Inbox, Receipt, Record, Report, Sent, StreamKey};
 
 fn position(stream: &str, rv: &str) -> Record {
     Record {
@@ -16,6 +17,13 @@ fn position(stream: &str, rv: &str) -> Record {
         tombstone: false,
         partition: None,
     }
+}
+
+/// A send of a record of `stream` that the producer takes: admitted, then taken.
+fn take(books: &mut Books, stream: Option<StreamKey>, more: bool) -> Result<Arc<Hold>, Refusal> {
+    let hold = books.admit(stream)?;
+    books.taken(stream, more);
+    Ok(hold)
 }
 
 /// A report of entry `seq` into `inbox`, through `hold`.
@@ -78,18 +86,21 @@ fn reports_wait_for_the_outcome_and_come_back_as_it_says() {
 fn a_closed_transaction_takes_nothing_until_the_next_one_opens() {
     let mut books = Books::default();
     assert!(books.is_empty());
-    let first = books.admit(Some(1), false).expect("open");
+    let first = take(&mut books, Some(1), false).expect("open");
     books.mark(1, position("a", "5"));
     assert!(!books.is_empty());
     let closed = books.close();
     assert!(Arc::ptr_eq(&closed.hold, &first));
     assert_eq!(closed.positions.len(), 1);
     assert_eq!(closed.streams, HashSet::from([1]));
-    assert_eq!(books.admit(Some(1), false).err(), Some(Refusal::Closed));
+    assert_eq!(
+        take(&mut books, Some(1), false).err(),
+        Some(Refusal::Closed)
+    );
     // A position handed while it closes belongs to the next transaction.
     books.mark(2, position("b", "7"));
     books.open();
-    let second = books.admit(Some(1), false).expect("open again");
+    let second = take(&mut books, Some(1), false).expect("open again");
     assert!(!Arc::ptr_eq(&first, &second), "a new hold");
     let next = books.close();
     assert_eq!(written(next.positions), written(vec![position("b", "7")]));
@@ -115,8 +126,8 @@ fn only_the_latest_position_of_a_stream_is_written() {
 #[test]
 fn after_an_abort_its_streams_send_and_position_nothing_until_they_rewound() {
     let mut books = Books::default();
-    books.admit(Some(1), false).expect("open");
-    books.admit(Some(2), false).expect("open");
+    take(&mut books, Some(1), false).expect("open");
+    take(&mut books, Some(2), false).expect("open");
     let closed = books.close();
     // While it closed: stream 1 handed a position (after its aborted records), stream 3 too.
     books.mark(1, position("a", "9"));
@@ -131,7 +142,7 @@ fn after_an_abort_its_streams_send_and_position_nothing_until_they_rewound() {
     ];
     for (stream, expected) in rows {
         assert_eq!(
-            books.admit(Some(stream), false).map(|_| ()),
+            take(&mut books, Some(stream), false).map(|_| ()),
             expected,
             "stream {stream}"
         );
@@ -146,10 +157,13 @@ fn after_an_abort_its_streams_send_and_position_nothing_until_they_rewound() {
     books.open();
     books.rewound(1);
     assert!(
-        books.admit(Some(1), false).is_ok(),
+        take(&mut books, Some(1), false).is_ok(),
         "a stream that rewound sends again"
     );
-    assert_eq!(books.admit(Some(2), false).err(), Some(Refusal::Replay));
+    assert_eq!(
+        take(&mut books, Some(2), false).err(),
+        Some(Refusal::Replay)
+    );
     books.mark(1, position("a", "2"));
     assert_eq!(
         written(books.close().positions),
@@ -161,22 +175,29 @@ fn after_an_abort_its_streams_send_and_position_nothing_until_they_rewound() {
 fn a_pair_of_records_is_never_split_between_two_transactions() {
     let mut books = Books::default();
     // A DELETED, its tombstone to follow.
-    books.admit(Some(1), true).expect("open");
-    assert!(books.is_pinned(), "the committer waits");
-    books.admit(Some(2), false).expect("open");
-    books.admit(Some(1), false).expect("the tombstone");
-    assert!(!books.is_pinned());
+    take(&mut books, Some(1), true).expect("open");
+    assert!(
+        books.is_pinned(Duration::from_secs(1)),
+        "the committer waits"
+    );
+    assert!(
+        !books.is_pinned(Duration::ZERO),
+        "a pin older than a commit interval holds no longer"
+    );
+    take(&mut books, Some(2), false).expect("open");
+    take(&mut books, Some(1), false).expect("the tombstone");
+    assert!(!books.is_pinned(Duration::from_secs(1)));
     let closed = books.close();
     assert_eq!(closed.streams, HashSet::from([1, 2]));
     // While closed, only a pinned stream's second record would be taken; none is pinned.
-    assert_eq!(books.admit(Some(1), true).err(), Some(Refusal::Closed));
+    assert_eq!(take(&mut books, Some(1), true).err(), Some(Refusal::Closed));
 }
 
 #[test]
 fn records_in_no_streams_order_are_never_kept_out() {
     let mut books = Books::default();
-    books.admit(None, false).expect("open");
-    books.admit(Some(1), false).expect("open");
+    take(&mut books, None, false).expect("open");
+    take(&mut books, Some(1), false).expect("open");
     let closed = books.close();
     assert_eq!(
         closed.streams,
@@ -186,10 +207,13 @@ fn records_in_no_streams_order_are_never_kept_out() {
     books.aborted(&closed.streams);
     books.open();
     assert!(
-        books.admit(None, false).is_ok(),
+        take(&mut books, None, false).is_ok(),
         "a membership tombstone, a mark"
     );
-    assert_eq!(books.admit(Some(1), false).err(), Some(Refusal::Replay));
+    assert_eq!(
+        take(&mut books, Some(1), false).err(),
+        Some(Refusal::Replay)
+    );
 }
 
 #[test]
@@ -197,9 +221,9 @@ fn a_stream_that_rewinds_with_records_in_the_open_transaction_dooms_it() {
     // (records of the stream in the open transaction, doomed)
     for (sent, doomed) in [(true, true), (false, false)] {
         let mut books = Books::default();
-        books.admit(Some(2), false).expect("open");
+        take(&mut books, Some(2), false).expect("open");
         if sent {
-            books.admit(Some(1), false).expect("open");
+            take(&mut books, Some(1), false).expect("open");
         }
         books.mark(1, position("a", "3"));
         books.rewound(1);
@@ -210,4 +234,28 @@ fn a_stream_that_rewinds_with_records_in_the_open_transaction_dooms_it() {
         );
         assert!(!books.is_doomed(), "the next transaction starts clean");
     }
+}
+
+#[test]
+fn a_record_the_producer_did_not_take_changes_nothing() {
+    let mut books = Books::default();
+    books.admit(Some(1)).expect("open");
+    assert!(books.is_empty(), "admitted, not taken");
+    books.rewound(1);
+    assert!(
+        !books.is_doomed(),
+        "nothing of the stream is in the transaction"
+    );
+}
+
+#[test]
+fn a_stream_that_rewinds_while_its_transaction_closes_dooms_it() {
+    let mut books = Books::default();
+    take(&mut books, Some(1), false).expect("open");
+    let _closed = books.close();
+    assert!(!books.is_closing_doomed());
+    books.rewound(1);
+    assert!(books.is_closing_doomed(), "aborted instead of committed");
+    books.open();
+    assert!(!books.is_closing_doomed(), "the next one starts clean");
 }

@@ -46,6 +46,15 @@ impl Producer for ShardProducer {
         more: bool,
     ) -> Result<(), Refused> {
         let position = position.map(|p| self.pinned(p));
+        if self.deadline.passed()
+            && !self.share.closed.is_cancelled()
+            && self.share.inner.transactional()
+        {
+            // A stream refused for good would rewind, and its records in a transaction being
+            // committed would be published again by its replay: it waits instead, until the
+            // deadline is renewed or the term is fenced.
+            return Err(Refused::Full(receipt));
+        }
         if self.deadline.passed() || self.share.closed.is_cancelled() {
             return Err(Refused::Failed(ProduceError::retriable(format!(
                 "this replica cannot prove it still owns shard {}: not producing for it",

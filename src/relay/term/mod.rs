@@ -437,6 +437,9 @@ impl<'a> Run<'a> {
             producer.clone(),
             relay.registry.clone(),
             stop.clone(),
+            // A shard's own transactional producer fenced by a newer one: the shard moved on,
+            // only its term ends.
+            (term.shard.is_some() && producer.transactional()).then(|| fenced.clone()),
         ));
 
         // A term is fenced from outside (stopped too), or by its writer finding a newer owner.
@@ -497,11 +500,13 @@ async fn report_watching(
 }
 
 /// Fails the relay's health once `producer` failed fatally (it delivers nothing more: the
-/// process must restart), until `stop`.
+/// process must restart), until `stop`; or, when the producer is the term's own (`fence`),
+/// fences the term alone.
 async fn watch_fatal(
     producer: Arc<dyn Producer>,
     registry: crate::registry::Registry,
     stop: CancellationToken,
+    fence: Option<CancellationToken>,
 ) {
     loop {
         tokio::select! {
@@ -509,7 +514,13 @@ async fn watch_fatal(
             _ = tokio::time::sleep(FATAL_POLL) => {}
         }
         if let Some(e) = producer.fatal() {
-            registry.fail(format!("the Kafka producer failed fatally: {e}"));
+            match fence {
+                Some(fence) => {
+                    tracing::warn!(error = %e, "the term's transactional producer was fenced by a newer one: the term ends");
+                    fence.cancel();
+                }
+                None => registry.fail(format!("the Kafka producer failed fatally: {e}")),
+            }
             return;
         }
     }
