@@ -183,14 +183,14 @@ fn main() {
         &topic_relay,
         "atLeastOnce",
     );
-    let topic_exact = format!("bench-exactly-{}", std::process::id());
-    rt.block_on(create_topics(&bootstrap, &[&topic_exact]));
-    // A relay with exactly-once delivery resuming from `rv`, under a checkpoint of its own:
-    // its positions live in Kafka, so each run is a new owner.
+    // A relay with exactly-once delivery resuming from `rv`, under a checkpoint and into a
+    // topic of its own: its positions live in Kafka, so each run is a new release.
     let mut exact_runs = 0;
     let mut exact_at = |rv: u64| {
         exact_runs += 1;
         let name = format!("watchrelay-exactly-{exact_runs}");
+        let topic_exact = format!("bench-exactly-{}-{exact_runs}", std::process::id());
+        rt.block_on(create_topics(&bootstrap, &[&topic_exact]));
         let data = json!({ "rv": rv.to_string() }).to_string();
         sim.create(
             "configmaps",
@@ -238,6 +238,12 @@ fn main() {
             stop(previous);
         }
         let (e, exact) = relay_round(&exact_at(start_rv), port, warmup, n);
+        let commits = metric(port, "watchrelay_transaction_commit_seconds_count").unwrap_or(0.0);
+        let committing = metric(port, "watchrelay_transaction_commit_seconds_sum").unwrap_or(0.0);
+        println!(
+            "round {round}: exactly once: {commits:.0} commits, {:.1} ms each on average",
+            1e3 * committing / commits.max(1.0)
+        );
         stop(exact);
         exact_rounds.push(e);
 

@@ -824,16 +824,33 @@ async fn gap(
         bed.sim.fail_next_pages(1);
     }
     bed.sim.stop_failing();
-    // Every stream lists past the gap (a stream's position cannot pass it otherwise).
-    let positioned = || {
-        relays.iter().all(|r| {
-            r.registry.phases().keys().all(|id| {
-                (0..4)
-                    .filter_map(|k| bed.shard_checkpoint_rv(k, id))
-                    .max()
-                    .is_some_and(|rv| rv >= upto)
+    // Every stream lists past the gap (a stream's position cannot pass it otherwise): those
+    // running now, and every stream a shard's checkpoint ConfigMap records, whether or not a
+    // term runs it at the moment (a term deposed meanwhile, its shard not yet claimed again,
+    // left its pre-gap position there, which its next owner can only relist from).
+    let recorded = || {
+        (0..4).all(|k| {
+            bed.shard_configmap(k).is_none_or(|cm| {
+                watchrelay::checkpoint::read(&serde_json::from_value(cm).expect("a ConfigMap"))
+                    .values()
+                    .all(|s| {
+                        s.rv.as_deref()
+                            .and_then(|rv| rv.parse::<u64>().ok())
+                            .is_some_and(|rv| rv >= upto)
+                    })
             })
         })
+    };
+    let positioned = || {
+        recorded()
+            && relays.iter().all(|r| {
+                r.registry.phases().keys().all(|id| {
+                    (0..4)
+                        .filter_map(|k| bed.shard_checkpoint_rv(k, id))
+                        .max()
+                        .is_some_and(|rv| rv >= upto)
+                })
+            })
     };
     for _ in 0..300 {
         if positioned() {
