@@ -18,6 +18,9 @@ pub(crate) struct Gate<T> {
     joining: HashMap<String, u64>,
     next: u64,
     held: VecDeque<(u64, T)>,
+    /// Joins numbered below this were pending at a rewind that let them go (see
+    /// [`Gate::let_go`]): a failure of one is no cause to replay again.
+    stale_before: u64,
 }
 
 impl<T> Gate<T> {
@@ -27,7 +30,21 @@ impl<T> Gate<T> {
             joining: HashMap::new(),
             next: 0,
             held: VecDeque::new(),
+            stale_before: 0,
         }
+    }
+
+    /// At a rewind: the pending joins no longer stand for their objects, whose replay joins
+    /// them anew; each still makes its object a member if acknowledged, and its failure, which
+    /// the replay already answers, asks for nothing more.
+    pub fn let_go(&mut self) {
+        self.joining.clear();
+        self.stale_before = self.next;
+    }
+
+    /// Whether join `n` was let go at a rewind.
+    pub fn stale(&self, n: u64) -> bool {
+        n < self.stale_before
     }
 
     /// Whether `uid`'s join is pending.
@@ -142,5 +159,30 @@ mod tests {
             "a rewind keeps pending joins"
         );
         assert!(g.settled(b).is_some());
+    }
+
+    #[test]
+    fn joins_let_go_at_a_rewind_make_members_but_ask_for_no_replay() {
+        let mut g: Gate<&'static str> = Gate::new();
+        let first = join(&mut g, "a");
+        let second = join(&mut g, "b");
+        g.let_go();
+        assert!(
+            !g.joining("a") && !g.joining("b"),
+            "the replay joins them anew"
+        );
+        assert!(g.stale(first) && g.stale(second));
+        let again = join(&mut g, "a");
+        assert!(!g.stale(again));
+        assert!(g.joining("a"));
+        // The old join's report does not take the new one's place.
+        assert!(g.settled(first).is_some());
+        assert!(g.joining("a"), "the new join still stands for a");
+        // An entry held behind the new join waits for the stale one still pending too.
+        assert_eq!(g.admit("behind", true), None);
+        assert!(g.settled(again).is_some());
+        assert_eq!(released(&mut g), Vec::<&str>::new());
+        assert!(g.settled(second).is_some());
+        assert_eq!(released(&mut g), vec!["behind"]);
     }
 }

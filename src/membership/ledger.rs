@@ -157,12 +157,15 @@ impl<T> Ledger<T> {
 
     /// Join `n` was reported, `delivered` or not.
     pub fn settle_join(&mut self, n: u64, delivered: bool) -> Settled {
+        let stale = self.gate.stale(n);
         match self.gate.settled(n) {
             None => Settled::Unknown,
             Some((uid, known)) if delivered => {
                 self.members.insert(&uid, &known);
                 Settled::Member
             }
+            // Let go at a rewind: the replay joins its object again.
+            Some(_) if stale => Settled::Unknown,
             Some(_) => Settled::Failed,
         }
     }
@@ -190,6 +193,14 @@ impl<T> Ledger<T> {
     /// Forgets every waiting entry (a rewind replays them); pending joins stay.
     pub fn clear_held(&mut self) {
         self.gate.clear_held();
+    }
+
+    /// Forgets every waiting entry, and lets the pending joins go (see [`Gate::let_go`]): a
+    /// rewind whose failed joins would otherwise each cause a replay of their own (a
+    /// transaction's abort fails them all at once).
+    pub fn clear_all(&mut self) {
+        self.gate.clear_held();
+        self.gate.let_go();
     }
 
     /// `uids` left: their DELETEDs were delivered. Each member among them owes a tombstone.

@@ -646,7 +646,11 @@ impl Outbox {
         }
         self.producer.rewound(&self.inbox);
         self.tracker.reset();
-        self.ledger.clear_held();
+        if self.stamp.is_some() {
+            self.ledger.clear_all();
+        } else {
+            self.ledger.clear_held();
+        }
         self.note(false);
         self.tracker.checkpoint().map(str::to_string)
     }

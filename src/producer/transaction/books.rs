@@ -6,7 +6,7 @@
 //! | state | a send | a position | a report |
 //! |---|---|---|---|
 //! | *open* | taken, its receipt held by the open [`Hold`] | kept for the commit, the latest of its key | held until the outcome |
-//! | *closed* (a commit or an abort under way) | refused as full: offered again shortly | kept for the next transaction | held until the outcome |
+//! | *closed* (a commit or an abort under way) | taken for the next transaction, sent once it began | kept for the next transaction | held until the outcome |
 //! | after an abort | refused for the streams it held, until each rewound | ignored for those streams | forwarded as failed |
 //!
 //! A record in its stream's order (an entry, a join) belongs to its stream; a record in no
@@ -257,11 +257,24 @@ impl Books {
         }
     }
 
-    /// The closed transaction was aborted: its streams replay before sending again, and the
-    /// positions they handed since it closed are dropped.
+    /// The closed transaction was aborted: its streams replay before sending again, and what
+    /// they handed since it closed (positions, records) is dropped from the next one.
     pub(crate) fn aborted(&mut self, streams: &HashSet<StreamKey>) {
         self.marks.retain(|_, (s, _)| !streams.contains(s));
+        self.sending.retain(|s| !streams.contains(s));
+        self.pinned.retain(|s| !streams.contains(s));
         self.replaying.extend(streams.iter().copied());
+    }
+
+    /// The hold of the transaction after the one closing: what a record taken while it closes
+    /// reports into.
+    pub(crate) fn next_hold(&self) -> Arc<Hold> {
+        self.hold.clone()
+    }
+
+    /// The open transaction must abort (a record it was to hold was refused).
+    pub(crate) fn doom(&mut self) {
+        self.doomed = true;
     }
 
     /// The next transaction began: sends are taken again.

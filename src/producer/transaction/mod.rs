@@ -5,9 +5,11 @@
 //! the term's own (its checkpoint ConfigMap's). Creating it calls `init_transactions`, which
 //! fences any earlier producer with that id (a deposed owner's, frozen or cut off: it can never
 //! commit again) and aborts what that one left open. Then one transaction is open at a time:
-//! - every [`Transactional::interval`] (`kafka.commitIntervalMs`), or at once when flushed, a
-//!   transaction that took anything is closed, the latest position of each stream handed in it
-//!   is written to the membership topic in it, and it is committed;
+//! - every [`Transactional::interval`] (`kafka.commitIntervalMs`, from one commit's start to the
+//!   next), or at once when flushed, a transaction that took anything is closed, the latest
+//!   position of each stream handed in it is written to the membership topic in it, and it is
+//!   committed; what streams hand over meanwhile waits in memory for the next transaction,
+//!   sent in order once it has begun, so no stream waits for a commit;
 //! - the records' reports reach their streams only then ([`books`]): a checkpoint covers only
 //!   what a `read_committed` consumer can read, and a record announcing an object waits for its
 //!   membership join to be committed, as it waits for the join's acknowledgement without
@@ -17,11 +19,13 @@
 //!   succeeded do its records' reports come back failed: their streams replay from their
 //!   checkpoints, and none of them may send until it did. The producer is then rebuilt under
 //!   the same id (a new epoch): librdkafka lacks KIP-890's second part, so a write of the old
-//!   producer whose request timed out could otherwise join the next transaction. A fatal error
-//!   (fenced by a newer owner) decides nothing and is not rebuilt past: the producer reports it
-//!   ([`Producer::fatal`]) and takes nothing more. Once its term is fenced it is never rebuilt
-//!   either (that would fence the next owner's): it takes nothing more, and the next owner's
-//!   producer settles what it left.
+//!   producer whose request timed out could otherwise join the next transaction. A fenced
+//!   instance, while its term still owns the id (its lease or its shard proven), can only have
+//!   been fenced by the coordinator aborting a transaction past `transaction.timeout.ms`: the
+//!   transaction is taken for aborted and the producer rebuilt the same way. Once its term is
+//!   fenced it is never rebuilt (that would fence the next owner's): it takes nothing more,
+//!   and the next owner's producer settles what it left. Other fatal errors fail the producer
+//!   ([`Producer::fatal`]).
 
 mod books;
 #[cfg(test)]
@@ -36,7 +40,8 @@ use books::{Books, Closed, Outcome, Refusal};
 
 use super::kafka::TxnError;
 use super::{
-    stream_key, FlushError, Inbox, Kafka, ProduceError, Producer, Receipt, Record, Refused, Sent,
+    stream_key, DeliveryError, FlushError, Inbox, Kafka, ProduceError, Producer, Receipt, Record,
+    Refused, Sent, StreamKey,
 };
 use crate::config::KafkaConfig;
 
@@ -82,6 +87,16 @@ pub struct Transactional {
 struct Inside {
     books: Books,
     kafka: Arc<Kafka>,
+    /// Records taken while a transaction was being committed, in order: for the next one,
+    /// sent once it has begun. A stream never waits for a commit.
+    pending: Vec<Pending>,
+}
+
+/// A record taken while a transaction closed, its receipt already held by the next one.
+struct Pending {
+    record: Record,
+    receipt: Box<Receipt>,
+    stream: Option<StreamKey>,
 }
 
 impl Transactional {
@@ -102,6 +117,7 @@ impl Transactional {
             inside: Mutex::new(Inside {
                 books: Books::default(),
                 kafka,
+                pending: Vec::new(),
             }),
             cfg,
             interval,
@@ -126,7 +142,25 @@ impl Transactional {
 
     fn fail(&self, why: String) {
         tracing::error!(error = %why, "the transactional producer failed fatally");
-        *self.fatal.lock().expect("fatal lock poisoned") = Some(why);
+        *self.fatal.lock().expect("fatal lock poisoned") = Some(why.clone());
+        self.drop_pending(|_| true, &why);
+    }
+
+    /// Reports the pending records of the streams `which` selects failed, unsent: their
+    /// streams replay them.
+    fn drop_pending(&self, which: impl Fn(Option<StreamKey>) -> bool, why: &str) {
+        let dropped: Vec<Pending> = {
+            let mut inside = self.inside.lock().expect("txn lock poisoned");
+            let (dropped, kept) = std::mem::take(&mut inside.pending)
+                .into_iter()
+                .partition(|p| which(p.stream));
+            inside.pending = kept;
+            dropped
+        };
+        for Pending { mut receipt, .. } in dropped {
+            receipt.hold = None;
+            receipt.report(Err(DeliveryError::Failed(ProduceError::retriable(why))));
+        }
     }
 
     /// Closes the open transaction if it holds anything, writes its positions and commits it;
@@ -135,8 +169,9 @@ impl Transactional {
     ///
     /// A commit that failed retriably (its outcome unknown: the coordinator may have it) is
     /// tried again, never taken for an abort; only an error that requires an abort leads to
-    /// one, and the records are reported failed only once the abort succeeded. A fatal error
-    /// decides nothing: the next owner's producer settles the transaction.
+    /// one, and the records are reported failed only once the abort succeeded. Once the term
+    /// is fenced nothing is decided: the next owner's producer settles the transaction. A
+    /// fenced instance of a term that still owns the id counts as an abort (see the module).
     async fn commit(&self) {
         let (closed, kafka) = {
             let mut inside = self.inside.lock().expect("txn lock poisoned");
@@ -179,29 +214,37 @@ impl Transactional {
                     .observe(started.elapsed().as_secs_f64());
                 hold.decide(Outcome::Committed);
                 match kafka.begin_transaction() {
-                    Ok(()) => self.reopen(None),
+                    Ok(()) => self.reopen(None).await,
                     Err(e) => self.rebuild(kafka, e).await,
                 }
                 return;
             }
-            Err(e) if e.fatal => return self.fail(e.message),
             Err(_) if self.owned.is_cancelled() => return self.end(),
             Err(e) => e,
         };
-        tracing::warn!(error = %e.message, streams = streams.len(), "a transaction cannot commit: aborting it; its streams replay from their checkpoints");
-        // Its records delivered or failed first: an abort with records in flight can fail
-        // fatally in librdkafka.
-        let k = kafka.clone();
-        let _ = tokio::task::spawn_blocking(move || Producer::flush(&*k, CALL_TIMEOUT)).await;
-        if let Err(a) = self
-            .call(&kafka, |k| k.abort_transaction(CALL_TIMEOUT))
-            .await
-        {
-            if a.fatal || !self.owned.is_cancelled() {
-                return self.fail(a.message);
+        if e.fatal {
+            // The instance is dead. While the term owns the id (its lease or its shard is
+            // proven), only the coordinator can have fenced it, by aborting the transaction
+            // past `transaction.timeout.ms` (a new epoch): the transaction did not commit.
+            tracing::warn!(error = %e.message, streams = streams.len(), "a transaction outlived its timeout and was aborted by the coordinator; its streams replay from their checkpoints");
+        } else {
+            tracing::warn!(error = %e.message, streams = streams.len(), "a transaction cannot commit: aborting it; its streams replay from their checkpoints");
+            // Its records delivered or failed first: an abort with records in flight can fail
+            // fatally in librdkafka.
+            let k = kafka.clone();
+            let _ = tokio::task::spawn_blocking(move || Producer::flush(&*k, CALL_TIMEOUT)).await;
+            if let Err(a) = self
+                .call(&kafka, |k| k.abort_transaction(CALL_TIMEOUT))
+                .await
+            {
+                if !a.fatal && !self.owned.is_cancelled() {
+                    return self.fail(a.message);
+                }
+                // Fenced meanwhile: the next owner's producer aborts it; or dead, as above.
+                if self.owned.is_cancelled() {
+                    return self.end();
+                }
             }
-            // Fenced meanwhile: the next owner's producer aborts it.
-            return self.end();
         }
         self.metrics.aborts.inc();
         // The streams replay before anything else of theirs is taken, and only then do their
@@ -211,8 +254,13 @@ impl Transactional {
             .expect("txn lock poisoned")
             .books
             .aborted(&streams);
+        // What they handed over while it closed goes too: they replay it.
+        self.drop_pending(
+            |s| s.is_some_and(|s| streams.contains(&s)),
+            "the stream's records in an aborted transaction are replayed first",
+        );
         hold.decide(Outcome::Aborted(e.message.clone()));
-        self.rebuild(kafka, e).await;
+        self.rebuild(kafka, TxnError::abortable(&e.message)).await;
     }
 
     /// Runs the blocking transactional `call` on a thread of its own, again while it fails
@@ -262,14 +310,57 @@ impl Transactional {
     }
 
     /// Takes sends again, with `kafka` as the producer if given (the old one dropped outside
-    /// the lock: its destruction may wait).
-    fn reopen(&self, kafka: Option<Arc<Kafka>>) {
+    /// the lock: its destruction may wait), once the records taken meanwhile are sent, in
+    /// order, into the transaction just begun. One the producer refuses dooms it (it aborts):
+    /// its stream's later records must not commit without it.
+    async fn reopen(&self, kafka: Option<Arc<Kafka>>) {
         let old = {
             let mut inside = self.inside.lock().expect("txn lock poisoned");
-            inside.books.open();
             kafka.map(|k| std::mem::replace(&mut inside.kafka, k))
         };
         drop(old);
+        while !self.send_pending() {
+            tokio::time::sleep(FLUSH_POLL).await;
+        }
+    }
+
+    /// Sends the pending records, in order, into the open transaction, and takes sends again;
+    /// false when the producer's queue was full (the rest stays pending, sends still wait).
+    fn send_pending(&self) -> bool {
+        let mut inside = self.inside.lock().expect("txn lock poisoned");
+        let mut rest = std::mem::take(&mut inside.pending).into_iter();
+        while let Some(Pending {
+            record,
+            receipt,
+            stream,
+        }) = rest.next()
+        {
+            match inside.kafka.send(&record, receipt) {
+                Ok(()) => {}
+                Err(Refused::Full(back)) => {
+                    let full = Pending {
+                        record,
+                        receipt: back,
+                        stream,
+                    };
+                    inside.pending = std::iter::once(full).chain(rest).collect();
+                    return false;
+                }
+                Err(Refused::TooLarge(back)) => {
+                    inside.books.doom();
+                    back.report(Err(DeliveryError::TooLarge {
+                        key: Some(record.key.into_bytes()),
+                        value: Some(record.value),
+                    }));
+                }
+                Err(Refused::Failed(e)) => {
+                    inside.books.doom();
+                    tracing::warn!(error = %e, "a record taken during a commit was refused");
+                }
+            }
+        }
+        inside.books.open();
+        true
     }
 
     /// The term was fenced with a transaction unsettled: the producer takes nothing more, and
@@ -279,6 +370,7 @@ impl Transactional {
             "a transaction was left unsettled by a fenced term: its producer takes nothing more"
         );
         self.ended.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.drop_pending(|_| true, "the term was fenced");
     }
 
     /// After `error` on `old` (its transaction aborted, or not begun): a new producer under the
@@ -295,7 +387,7 @@ impl Transactional {
             match build(&self.cfg).await {
                 // A producer built after the fence would fence the next owner's: dropped.
                 Ok(_) if self.owned.is_cancelled() => return self.end(),
-                Ok(kafka) => return self.reopen(Some(kafka)),
+                Ok(kafka) => return self.reopen(Some(kafka)).await,
                 Err(e) if e.fatal => return self.fail(e.message),
                 Err(e) => {
                     tracing::warn!(error = %e.message, "building the transactional producer again");
@@ -342,17 +434,23 @@ async fn build(cfg: &KafkaConfig) -> Result<Arc<Kafka>, TxnError> {
 
 /// Commits every `interval`, or when `now` is notified, until the producer is dropped or
 /// fails for good.
+///
+/// Commits begin at a steady cadence, `interval` apart, not `interval` after the last one ended:
+/// a commit's own time does not stretch the cycle.
 async fn committer(txn: Weak<Transactional>, now: Arc<tokio::sync::Notify>, interval: Duration) {
+    let mut next = tokio::time::Instant::now() + interval;
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
+            _ = tokio::time::sleep_until(next) => {}
             _ = now.notified() => {}
         }
+        let began = tokio::time::Instant::now();
         let Some(t) = txn.upgrade() else { return };
         if t.fatal().is_some() {
             return;
         }
         t.commit().await;
+        next = began + interval;
     }
 }
 
@@ -381,7 +479,20 @@ impl Producer for Transactional {
         let stream = receipt.stream();
         let mut inside = self.inside.lock().expect("txn lock poisoned");
         match inside.books.admit(stream) {
-            Err(Refusal::Closed) => Err(Refused::Full(receipt)),
+            Err(Refusal::Closed) => {
+                // Taken for the next transaction, sent once it has begun.
+                receipt.hold = Some(inside.books.next_hold());
+                inside.books.taken(stream, more);
+                if let (Some(s), Some(p)) = (stream, position) {
+                    inside.books.mark(s, p);
+                }
+                inside.pending.push(Pending {
+                    record: record.clone(),
+                    receipt,
+                    stream,
+                });
+                Ok(())
+            }
             Err(Refusal::Replay) => Err(Refused::Failed(ProduceError::retriable(
                 "the stream's records in an aborted transaction are replayed first",
             ))),
@@ -433,12 +544,10 @@ impl Producer for Transactional {
         self.kafka().purge();
     }
 
+    /// Only what this producer decided is fatal: a fatal error of its librdkafka instance is
+    /// met by the next transactional call, and may be outlived (see [`Transactional::commit`]).
     fn fatal(&self) -> Option<String> {
-        self.fatal
-            .lock()
-            .expect("fatal lock poisoned")
-            .clone()
-            .or_else(|| self.kafka().fatal())
+        self.fatal.lock().expect("fatal lock poisoned").clone()
     }
 
     fn transactional(&self) -> bool {

@@ -259,3 +259,24 @@ fn a_stream_that_rewinds_while_its_transaction_closes_dooms_it() {
     books.open();
     assert!(!books.is_closing_doomed(), "the next one starts clean");
 }
+
+#[test]
+fn what_a_closing_transaction_takes_belongs_to_the_next_and_an_abort_drops_its_streams_share() {
+    let mut books = Books::default();
+    take(&mut books, Some(1), false).expect("open");
+    let closed = books.close();
+    // While it closes: streams 1 and 2 hand records over, for the next transaction.
+    let next = books.next_hold();
+    assert!(!Arc::ptr_eq(&next, &closed.hold));
+    books.taken(Some(1), false);
+    books.taken(Some(2), false);
+    books.aborted(&closed.streams);
+    books.open();
+    books.rewound(1);
+    assert!(
+        !books.is_doomed(),
+        "stream 1's records taken while it closed were dropped with the abort"
+    );
+    books.rewound(2);
+    assert!(books.is_doomed(), "stream 2's are in the next transaction");
+}
