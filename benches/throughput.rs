@@ -233,20 +233,6 @@ fn main() {
             n,
         );
 
-        // Exactly once, resuming just before the warm-up and the N events.
-        if let Some(previous) = relay.take() {
-            stop(previous);
-        }
-        let (e, exact) = relay_round(&exact_at(start_rv), port, warmup, n);
-        let commits = metric(port, "watchrelay_transaction_commit_seconds_count").unwrap_or(0.0);
-        let committing = metric(port, "watchrelay_transaction_commit_seconds_sum").unwrap_or(0.0);
-        println!(
-            "round {round}: exactly once: {commits:.0} commits, {:.1} ms each on average",
-            1e3 * committing / commits.max(1.0)
-        );
-        stop(exact);
-        exact_rounds.push(e);
-
         // The relay, resuming just before the warm-up and the N events.
         if let Some(previous) = relay.take() {
             stop(previous);
@@ -258,6 +244,17 @@ fn main() {
             )
             .unwrap();
         }
+        // Exactly once, resuming just before the warm-up and the N events.
+        let (e, exact) = relay_round(&exact_at(start_rv), port, warmup, n);
+        let commits = metric(port, "watchrelay_transaction_commit_seconds_count").unwrap_or(0.0);
+        let committing = metric(port, "watchrelay_transaction_commit_seconds_sum").unwrap_or(0.0);
+        println!(
+            "round {round}: exactly once: {commits:.0} commits, {:.1} ms each on average",
+            1e3 * committing / commits.max(1.0)
+        );
+        stop(exact);
+        exact_rounds.push(e);
+
         let spawned = Instant::now();
         let child = Command::new(common::relay_bin())
             .args(["run", "--config"])
