@@ -23,7 +23,6 @@ use common::{
     stop, KillOnDrop,
 };
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -125,15 +124,8 @@ struct Run {
 /// returns it still running.
 fn run_until_checkpointed(config: &Path, port: u16, sim: &Sim, rv: u64) -> (KillOnDrop, Run) {
     let started = Instant::now();
-    let child = Command::new(common::relay_bin())
-        .args(["run", "--config"])
-        .arg(config)
-        .env("WATCHRELAY_LOG", "warn")
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("relay starts");
-    let pid = child.id();
-    let relay = KillOnDrop(child);
+    let relay = common::spawn_relay(config);
+    let pid = relay.0.id();
     loop {
         let saved = sim
             .get("configmaps", Some("watchrelay"), "watchrelay-checkpoints")

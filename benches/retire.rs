@@ -13,10 +13,9 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{env_or, fill_membership, free_port, metric, peak_rss_kib, KillOnDrop};
+use common::{env_or, fill_membership, free_port, metric, peak_rss_kib};
 
 fn main() {
     let bootstrap = std::env::var("KAFKA_BOOTSTRAP_SERVERS")
@@ -60,18 +59,8 @@ fn main() {
     .unwrap();
     create_topic(&bootstrap, "nodes");
     let started = Instant::now();
-    let child = Command::new(common::relay_bin())
-        .args(["run", "--config"])
-        .arg(&config)
-        .env(
-            "WATCHRELAY_LOG",
-            std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("relay starts");
-    let pid = child.id();
-    let relay = KillOnDrop(child);
+    let relay = common::spawn_relay(&config);
+    let pid = relay.0.id();
     // Done once every DELETED is on `prod.pods` (the stream's metrics go with it once retired).
     let consumer: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)

@@ -36,8 +36,8 @@
 mod common;
 
 use common::{
-    bench_bed, cpu_seconds, create_topics, free_port, metric, peak_rss_kib, scrape, stop,
-    KillOnDrop,
+    bench_bed, cpu_seconds, create_topics, free_port, metric, peak_rss_kib, scrape, spawn_relay,
+    stop, KillOnDrop,
 };
 use std::io::{BufRead, Write};
 use std::path::Path;
@@ -255,35 +255,8 @@ fn main() {
         stop(exact);
         exact_rounds.push(e);
 
-        let spawned = Instant::now();
-        let child = Command::new(common::relay_bin())
-            .args(["run", "--config"])
-            .arg(&config)
-            .env("WATCHRELAY_LOG", "warn")
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("relay starts");
-        let pid = child.id();
-        relay = Some(KillOnDrop(child));
-        let published = |count: usize| loop {
-            let series = format!("watchrelay_events_published_total{{stream=\"{STREAM}\"}}");
-            if metric(port, &series).unwrap_or(0.0) as usize >= count {
-                return (Instant::now(), cpu_seconds(pid));
-            }
-            assert!(
-                spawned.elapsed() < Duration::from_secs(600),
-                "relay did not publish {count} events"
-            );
-            // Coarse enough that scraping costs the relay next to nothing.
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        let (t0, cpu0) = published(warmup);
-        let (t1, cpu1) = published(warmup + n);
-        let r = Round {
-            rate: n as f64 / (t1 - t0).as_secs_f64(),
-            cpu_us: (cpu1 - cpu0) * 1e6 / n as f64,
-            rss_kib: peak_rss_kib(pid),
-        };
+        let (r, child) = relay_round(&config, port, warmup, n);
+        relay = Some(child);
         println!(
             "round {round}: bare producer {:.0} events/s, {:.2} µs/event; pass-through {:.0} events/s, {:.2} µs/event; watchrelay {:.0} events/s, {:.2} µs/event; exactly once {:.0} events/s, {:.2} µs/event",
             b.rate, b.cpu_us, p.rate, p.cpu_us, r.rate, r.cpu_us, exact_rounds[round - 1].rate, exact_rounds[round - 1].cpu_us
@@ -877,18 +850,6 @@ fn quantile(buckets: &[(f64, f64)], q: f64) -> f64 {
     prev.0
 }
 
-/// Starts the relay binary with `config`.
-fn spawn_relay(config: &Path) -> KillOnDrop {
-    let child = Command::new(common::relay_bin())
-        .args(["run", "--config"])
-        .arg(config)
-        .env("WATCHRELAY_LOG", "warn")
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("relay starts");
-    KillOnDrop(child)
-}
-
 /// Waits until the relay serving metrics on `port` watches its stream.
 fn wait_watching(port: u16) {
     let series = format!("watchrelay_stream_up{{stream=\"{STREAM}\"}}");
@@ -918,6 +879,7 @@ fn relay_round(config: &Path, port: u16, warmup: usize, n: usize) -> (Round, Kil
             spawned.elapsed() < Duration::from_secs(600),
             "relay did not publish {count} events"
         );
+        // Coarse enough that scraping costs the relay next to nothing.
         std::thread::sleep(Duration::from_millis(10));
     };
     let (t0, cpu0) = published(warmup);

@@ -5,7 +5,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::bed::{assert_covers, event_id, Bed, Relay};
+use common::bed::{assert_covers, assert_once, event_id, Bed, Relay};
 use common::kafka;
 use watchrelay_sim::{objects, ChurnSpec, SimConfig};
 
@@ -133,19 +133,7 @@ async fn exactly_once_crashes_during_churn_publish_every_change_once() {
     );
     let msgs = bed.read_covering(&topic, &expected).await;
     assert_covers(&msgs, &expected);
-    let mut count: HashMap<String, usize> = HashMap::new();
-    for m in &msgs {
-        let id = m.value["watchrelay"]["id"].as_str().unwrap_or_default();
-        *count.entry(id.to_string()).or_default() += 1;
-    }
-    let repeated: Vec<(&String, &usize)> = count.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        repeated.is_empty(),
-        "{} of {} records published more than once, e.g. {:?}",
-        repeated.len(),
-        msgs.len(),
-        &repeated[..repeated.len().min(5)]
-    );
+    assert_once(&msgs);
     eprintln!(
         "{} changes, {} records, none twice over 4 crashes",
         expected.len(),

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::bed::{assert_covers, Bed, Relay};
+use common::bed::{assert_covers, assert_once, Bed, Relay};
 use common::broker::{Options, OwnBroker};
 use common::kafka;
 use common::proxy::Proxy;
@@ -14,31 +14,70 @@ use watchrelay_sim::ChurnSpec;
 
 const STREAM: &str = "watchNamespacedPods.a";
 
+/// A relay of pods in `a` to a topic of its own (named after `prefix`), with `kafka` added to
+/// its Kafka settings, on a broker of its own (`broker_extra` in its settings) behind a proxy
+/// the test cuts, relaying churn of 200 changes a second.
+struct Cut {
+    proxy: Proxy,
+    broker: OwnBroker,
+    bed: Bed,
+    topic: String,
+    relay: Relay,
+    churn: watchrelay_sim::ChurnHandle,
+}
+
+impl Cut {
+    async fn churning(broker_extra: Vec<String>, prefix: &str, kafka: &str) -> Self {
+        let (mut proxy, listener) = Proxy::bind().await;
+        let broker = OwnBroker::start(Options {
+            advertised: Some(proxy.port),
+            extra: broker_extra,
+            ..Options::default()
+        });
+        proxy.forward_to(listener, broker.port);
+        let mut bed = Bed::new(&["a"]).await;
+        bed.bootstrap = format!("127.0.0.1:{}", proxy.port);
+        let topic = kafka::unique(prefix);
+        kafka::create_topics_at(&bed.bootstrap, &[&topic], 3).await;
+        let cfg = bed.config(
+            &format!(
+                "  - operationId: watchNamespacedPods\n    namespaces: [a]\n    topic: {topic}\n"
+            ),
+            kafka,
+        );
+        let relay = Relay::start(&bed, cfg);
+        relay.wait_up(1).await;
+        let before = bed.journal("pods", Some("a")).len();
+        let churn = bed.sim.start_churn(ChurnSpec {
+            rate_per_sec: 200.0,
+            namespaces: vec!["a".into()],
+            resources: vec!["pods".into()],
+            max_objects_per_kind: 30,
+            total_events: None,
+        });
+        // The cut comes during churn the relay keeps up with.
+        bed.wait_pods_relayed(STREAM, "a", before, 200).await;
+        Self {
+            proxy,
+            broker,
+            bed,
+            topic,
+            relay,
+            churn,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_outage_loses_nothing_and_never_checkpoints_ahead() {
-    let (mut proxy, listener) = Proxy::bind().await;
-    let broker = OwnBroker::start_advertising(proxy.port);
-    proxy.forward_to(listener, broker.port);
-    let mut bed = Bed::new(&["a"]).await;
-    bed.bootstrap = format!("127.0.0.1:{}", proxy.port);
-    let topic = kafka::unique("outage");
-    kafka::create_topics_at(&bed.bootstrap, &[&topic], 3).await;
-    let cfg = bed.config(
-        &format!("  - operationId: watchNamespacedPods\n    namespaces: [a]\n    topic: {topic}\n"),
-        "  maxInFlightPerStream: 64\n",
-    );
-    let relay = Relay::start(&bed, cfg);
-    relay.wait_up(1).await;
-    let before = bed.journal("pods", Some("a")).len();
-    let churn = bed.sim.start_churn(ChurnSpec {
-        rate_per_sec: 200.0,
-        namespaces: vec!["a".into()],
-        resources: vec!["pods".into()],
-        max_objects_per_kind: 30,
-        total_events: None,
-    });
-    // The cut comes during churn the relay keeps up with.
-    bed.wait_pods_relayed(STREAM, "a", before, 200).await;
+    let Cut {
+        proxy,
+        broker: _broker,
+        bed,
+        topic,
+        relay,
+        churn,
+    } = Cut::churning(Vec::new(), "outage", "  maxInFlightPerStream: 64\n").await;
 
     proxy.cut();
     // From the cut on the checkpoint may not pass this: Kafka can acknowledge only what was sent
@@ -83,58 +122,49 @@ async fn broker_outage_loses_nothing_and_never_checkpoints_ahead() {
 /// position, and a `read_committed` consumer reads every change once, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_once_through_a_cut_past_the_transaction_timeout() {
-    let (mut proxy, listener) = Proxy::bind().await;
-    let broker = OwnBroker::start(Options {
-        advertised: Some(proxy.port),
-        // The coordinator looks for timed-out transactions every second, not every 10 s.
-        extra: vec!["transaction.abort.timed.out.transaction.cleanup.interval.ms=1000".into()],
-        ..Options::default()
-    });
-    proxy.forward_to(listener, broker.port);
-    let mut bed = Bed::new(&["a"]).await;
-    bed.bootstrap = format!("127.0.0.1:{}", proxy.port);
-    let topic = kafka::unique("eos-cut");
-    kafka::create_topics_at(&bed.bootstrap, &[&topic], 3).await;
-    let cfg = bed.config(
-        &format!("  - operationId: watchNamespacedPods\n    namespaces: [a]\n    topic: {topic}\n"),
+    // The coordinator looks for timed-out transactions every second, not every 10 s.
+    let every_second = "transaction.abort.timed.out.transaction.cleanup.interval.ms=1000";
+    let Cut {
+        proxy,
+        broker: _broker,
+        bed,
+        topic,
+        relay,
+        churn,
+    } = Cut::churning(
+        vec![every_second.into()],
+        "eos-cut",
         "    transaction.timeout.ms: \"3000\"\n  delivery: exactlyOnce\n",
-    );
-    let relay = Relay::start(&bed, cfg);
-    relay.wait_up(1).await;
-    let before = bed.journal("pods", Some("a")).len();
-    let churn = bed.sim.start_churn(ChurnSpec {
-        rate_per_sec: 200.0,
-        namespaces: vec!["a".into()],
-        resources: vec!["pods".into()],
-        max_objects_per_kind: 30,
-        total_events: None,
-    });
-    bed.wait_pods_relayed(STREAM, "a", before, 200).await;
-    proxy.cut();
-    let rv_at_cut = bed.sim.current_rv();
-    // Past the transaction timeout and the coordinator's look for it: the cut's length is the
-    // test's.
-    tokio::time::sleep(Duration::from_secs(7)).await;
-    proxy.restore();
-    bed.wait_checkpoint_past(STREAM, rv_at_cut).await;
+    )
+    .await;
+    let aborted = || {
+        relay
+            .metrics
+            .transactions
+            .with_label_values(&["aborted"])
+            .get()
+    };
+    // A cut just after a commit's request left lets that commit complete, and holds no open
+    // transaction: cut again until one is aborted (the first cut nearly always does).
+    for _ in 0..3 {
+        proxy.cut();
+        let rv_at_cut = bed.sim.current_rv();
+        // Past the transaction timeout and the coordinator's look for it: the cut's length is
+        // the test's.
+        tokio::time::sleep(Duration::from_secs(7)).await;
+        proxy.restore();
+        bed.wait_checkpoint_past(STREAM, rv_at_cut).await;
+        if aborted() > 0 {
+            break;
+        }
+    }
     churn.stop().await;
     let expected = bed.journal("pods", Some("a"));
     let msgs = bed.read_covering(&topic, &expected).await;
     assert_covers(&msgs, &expected);
-    let mut count = std::collections::HashMap::<&str, usize>::new();
-    for m in &msgs {
-        *count
-            .entry(m.value["watchrelay"]["id"].as_str().unwrap_or_default())
-            .or_default() += 1;
-    }
-    let repeated = count.values().filter(|n| **n > 1).count();
-    assert_eq!(repeated, 0, "records published more than once");
-    let aborted = relay
-        .metrics
-        .transactions
-        .with_label_values(&["aborted"])
-        .get();
-    assert!(aborted > 0, "the cut aborted a transaction");
+    assert_once(&msgs);
+    let aborted = aborted();
+    assert!(aborted > 0, "a cut aborted a transaction");
     eprintln!(
         "{} changes, each once; {aborted} transactions aborted",
         expected.len()

@@ -5,10 +5,10 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::bed::{assert_covers, eventually, Bed, Relay, CHECKPOINT_NS};
+use common::bed::{assert_covers, assert_once, eventually, Bed, Relay, CHECKPOINT_NS};
 use common::broker::{Options, OwnBroker};
 use common::cluster::RelayProcess;
 use common::kafka::{self, Msg};
@@ -353,23 +353,6 @@ async fn exactly_once_sharded_kills_during_churn_publish_every_change_once() {
     eprintln!("{}", scene.per_change(&msgs));
     steady.stop().await;
     killed.stop().await;
-}
-
-/// Asserts no record was published twice (by its `watchrelay.id`).
-fn assert_once(msgs: &[Msg]) {
-    let mut count: HashMap<&str, usize> = HashMap::new();
-    for m in msgs {
-        let id = m.value["watchrelay"]["id"].as_str().unwrap_or_default();
-        *count.entry(id).or_default() += 1;
-    }
-    let repeated: Vec<_> = count.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        repeated.is_empty(),
-        "{} of {} records published more than once, e.g. {:?}",
-        repeated.len(),
-        msgs.len(),
-        &repeated[..repeated.len().min(5)]
-    );
 }
 
 /// Three replicas, then five, then two (one killed, two stopped) under churn, with `kafka`

@@ -60,6 +60,21 @@ pub fn stop(mut relay: KillOnDrop) {
 /// Kills the relay if the benchmark fails half-way.
 pub struct KillOnDrop(pub std::process::Child);
 
+/// Starts the relay binary with `config`, logging at `BENCH_LOG` (warn when unset).
+pub fn spawn_relay(config: &std::path::Path) -> KillOnDrop {
+    let child = Command::new(relay_bin())
+        .args(["run", "--config"])
+        .arg(config)
+        .env(
+            "WATCHRELAY_LOG",
+            std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .expect("relay starts");
+    KillOnDrop(child)
+}
+
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         let _ = self.0.kill();

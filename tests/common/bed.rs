@@ -373,6 +373,24 @@ pub fn event_id(e: &JournalEntry) -> String {
     format!("{}/{}", e.uid, e.rv)
 }
 
+/// Asserts no record was published twice (by its `watchrelay.id`): what a `read_committed`
+/// reader of a relay with exactly-once delivery may rely on.
+pub fn assert_once(msgs: &[Msg]) {
+    let mut count: HashMap<&str, usize> = HashMap::new();
+    for m in msgs {
+        let id = m.value["watchrelay"]["id"].as_str().unwrap_or_default();
+        *count.entry(id).or_default() += 1;
+    }
+    let repeated: Vec<_> = count.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        repeated.is_empty(),
+        "{} of {} records published more than once, e.g. {:?}",
+        repeated.len(),
+        msgs.len(),
+        &repeated[..repeated.len().min(5)]
+    );
+}
+
 /// Asserts every journal entry is in `msgs` with the right type, key and envelope, each
 /// object's changes first in the order the server made them.
 pub fn assert_covers(msgs: &[Msg], expected: &[JournalEntry]) {

@@ -545,7 +545,7 @@ impl Producer for Transactional {
     }
 
     /// Only what this producer decided is fatal: a fatal error of its librdkafka instance is
-    /// met by the next transactional call, and may be outlived (see [`Transactional::commit`]).
+    /// met by the next transactional call, and may be outlived (see the module).
     fn fatal(&self) -> Option<String> {
         self.fatal.lock().expect("fatal lock poisoned").clone()
     }
