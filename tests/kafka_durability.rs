@@ -23,6 +23,35 @@ fn pod_churn(rate: f64, namespaces: &[&str]) -> ChurnSpec {
     }
 }
 
+/// Relays pods in `a` and `b` with `cfg` under 400 changes a second, crashing the relay four
+/// times (the first `pause.0` ms in, each next one `pause.1` ms later than the last) and
+/// starting another each time, after `killed` looked at what the crash left. Returns once the
+/// last one relayed, on both streams, changes made since it started, and churn stopped.
+async fn crash_four_times(
+    bed: &Bed,
+    cfg: &watchrelay::config::Config,
+    pause: (u64, u64),
+    mut killed: impl FnMut(&Bed),
+) -> Relay {
+    let mut relay = Relay::start(bed, cfg.clone());
+    relay.wait_up(2).await;
+    let churn = bed.sim.start_churn(pod_churn(400.0, &["a", "b"]));
+    for round in 0..4u64 {
+        // Not a wait: the crash instants are the test's, a different one each round, wherever the
+        // relay is then (starting, restoring, relaying).
+        tokio::time::sleep(Duration::from_millis(pause.0 + pause.1 * round)).await;
+        relay.kill().await;
+        killed(bed);
+        relay = Relay::start(bed, cfg.clone());
+    }
+    let restarted = bed.sim.current_rv();
+    for stream in ["watchNamespacedPods.a", "watchNamespacedPods.b"] {
+        bed.wait_checkpoint_past(stream, restarted).await;
+    }
+    churn.stop().await;
+    relay
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crashes_during_churn_lose_nothing_and_duplicate_only_the_unacknowledged_tail() {
     let bed = Bed::new(&["a", "b"]).await;
@@ -30,31 +59,17 @@ async fn crashes_during_churn_lose_nothing_and_duplicate_only_the_unacknowledged
     kafka::create_topics(&[&topic], 3).await;
     let cfg = bed.config(&pods_channel(&topic, "a, b"), "");
 
-    let relay = Relay::start(&bed, cfg.clone());
-    relay.wait_up(2).await;
-    let churn = bed.sim.start_churn(pod_churn(400.0, &["a", "b"]));
     // The checkpoint each restart resumed from, per stream.
     let mut resumed_from: Vec<HashMap<String, u64>> = Vec::new();
-    let mut relay = Some(relay);
-    for round in 0..4u64 {
-        // Not a wait: the crash instants are the test's, a different one each round, wherever the
-        // relay is then (starting, restoring, relaying).
-        tokio::time::sleep(Duration::from_millis(600 + 250 * round)).await;
-        relay.take().unwrap().kill().await;
+    let relay = crash_four_times(&bed, &cfg, (600, 250), |bed| {
         let cps = bed.checkpoints();
         resumed_from.push(
             cps.iter()
                 .filter_map(|(k, v)| Some((k.clone(), v.rv.as_ref()?.parse().ok()?)))
                 .collect(),
         );
-        relay = Some(Relay::start(&bed, cfg.clone()));
-    }
-    // Churn goes on until the last start relays, on both streams, changes made since it began.
-    let restarted = bed.sim.current_rv();
-    for stream in ["watchNamespacedPods.a", "watchNamespacedPods.b"] {
-        bed.wait_checkpoint_past(stream, restarted).await;
-    }
-    churn.stop().await;
+    })
+    .await;
 
     let expected = bed.journal("pods", None);
     assert!(
@@ -93,7 +108,7 @@ async fn crashes_during_churn_lose_nothing_and_duplicate_only_the_unacknowledged
         "{} changes, {duplicated} delivered more than once over 4 crashes",
         expected.len()
     );
-    relay.unwrap().stop().await;
+    relay.stop().await;
 }
 
 /// With `delivery: exactlyOnce`, a `read_committed` consumer (the test's reader) sees every
@@ -110,21 +125,7 @@ async fn exactly_once_crashes_during_churn_publish_every_change_once() {
         "  delivery: exactlyOnce\n  commitIntervalMs: 50\n",
     );
 
-    let relay = Relay::start(&bed, cfg.clone());
-    relay.wait_up(2).await;
-    let churn = bed.sim.start_churn(pod_churn(400.0, &["a", "b"]));
-    let mut relay = Some(relay);
-    for round in 0..4u64 {
-        // The crash instants are the test's, a different one each round.
-        tokio::time::sleep(Duration::from_millis(700 + 230 * round)).await;
-        relay.take().unwrap().kill().await;
-        relay = Some(Relay::start(&bed, cfg.clone()));
-    }
-    let restarted = bed.sim.current_rv();
-    for stream in ["watchNamespacedPods.a", "watchNamespacedPods.b"] {
-        bed.wait_checkpoint_past(stream, restarted).await;
-    }
-    churn.stop().await;
+    let relay = crash_four_times(&bed, &cfg, (700, 230), |_| {}).await;
     let expected = bed.journal("pods", None);
     assert!(
         expected.len() > 500,
@@ -139,7 +140,7 @@ async fn exactly_once_crashes_during_churn_publish_every_change_once() {
         expected.len(),
         msgs.len()
     );
-    relay.unwrap().stop().await;
+    relay.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -369,8 +369,9 @@ impl Outbox {
     /// The position record of entry `seq`, with a transactional producer, if it has a
     /// position (an entry of a list has none until the list ends).
     fn position_record(&self, seq: u64) -> Option<Record> {
-        let rv = self.stamp.as_ref().and(self.tracker.position_of(seq))?;
-        self.position(Some(rv))
+        // Without a transactional producer (no stamp), nothing is looked up.
+        self.stamp.as_ref()?;
+        self.position(Some(self.tracker.position_of(seq)?))
     }
 
     /// [`Outbox::mark`] of entry `seq`'s position, if it has one.
@@ -641,12 +642,13 @@ impl Outbox {
     /// Forgets every unacknowledged entry after a failed delivery and returns the checkpoint to
     /// replay from. Late reports of the forgotten entries are ignored.
     fn rewind(&mut self) -> Option<String> {
-        if self.stamp.is_some() {
+        let transactional = self.producer.transactional();
+        if transactional {
             self.absorb_delivered();
         }
         self.producer.rewound(&self.inbox);
         self.tracker.reset();
-        if self.stamp.is_some() {
+        if transactional {
             self.ledger.clear_all();
         } else {
             self.ledger.clear_held();

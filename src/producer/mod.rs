@@ -440,11 +440,12 @@ pub trait Producer: Send + Sync {
         more: bool,
     ) -> Result<(), Refused> {
         let _ = more;
+        let Some(position) = position else {
+            return self.send(record, receipt);
+        };
         let stream = receipt.to.clone();
         self.send(record, receipt)?;
-        if let Some(position) = position {
-            self.positioned(&stream, position);
-        }
+        self.positioned(&stream, position);
         Ok(())
     }
 

@@ -516,7 +516,7 @@ async fn watch_fatal(
         if let Some(e) = producer.fatal() {
             match fence {
                 Some(fence) => {
-                    tracing::warn!(error = %e, "the term's transactional producer was fenced by a newer one: the term ends");
+                    tracing::warn!(error = %e, "the term's transactional producer failed for good: the term ends; the shard is claimed again if still assigned");
                     fence.cancel();
                 }
                 None => registry.fail(format!("the Kafka producer failed fatally: {e}")),
