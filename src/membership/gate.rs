@@ -49,7 +49,12 @@ impl<T> Gate<T> {
 
     /// Whether `uid`'s join is pending.
     pub fn joining(&self, uid: &str) -> bool {
-        self.joining.contains_key(uid)
+        self.joining_number(uid).is_some()
+    }
+
+    /// The number of `uid`'s pending join.
+    pub fn joining_number(&self, uid: &str) -> Option<u64> {
+        self.joining.get(uid).copied()
     }
 
     /// The number the next join's record carries.

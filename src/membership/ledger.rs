@@ -7,7 +7,7 @@
 //! | change | member already | with a topic | without one (dry run) |
 //! |---|---|---|---|
 //! | join / announced | [`Admission::Free`] | [`Admission::Join`] (first time), then [`Admission::Waits`] while pending | becomes a member, [`Admission::Free`] |
-//! | leave | the uid leaves once its entry is delivered ([`Ledger::left`]) | its tombstone is owed | nothing owed |
+//! | leave | the uid leaves once its entry is delivered ([`Ledger::left`]); one whose join is still pending leaves once the join is delivered | its tombstone is owed | nothing owed |
 //! | none | [`Admission::Free`] | | |
 
 use std::collections::HashMap;
@@ -74,6 +74,10 @@ pub struct Ledger<T> {
     gate: Gate<T>,
     /// Members that left whose tombstone is still to be handed to the producer.
     leaving: Vec<String>,
+    /// Objects that left while their join was pending (its report may come after their
+    /// DELETED's, when both are committed in one transaction), by the number of that join:
+    /// they leave once it is delivered.
+    left_joining: HashMap<String, u64>,
     /// Tombstones handed to the producer, by number, until reported.
     leaves_out: HashMap<u64, String>,
     next_leave: u64,
@@ -89,6 +93,7 @@ impl<T> Ledger<T> {
             members,
             gate: Gate::new(),
             leaving: Vec::new(),
+            left_joining: HashMap::new(),
             leaves_out: HashMap::new(),
             next_leave: 0,
         }
@@ -161,12 +166,26 @@ impl<T> Ledger<T> {
         match self.gate.settled(n) {
             None => Settled::Unknown,
             Some((uid, known)) if delivered => {
-                self.members.insert(&uid, &known);
+                if self.left_joining.get(&uid) == Some(&n) {
+                    self.left_joining.remove(&uid);
+                    self.members.remove(&uid);
+                    self.leaving.push(uid);
+                } else {
+                    self.members.insert(&uid, &known);
+                }
                 Settled::Member
             }
-            // Let go at a rewind: the replay joins its object again.
-            Some(_) if stale => Settled::Unknown,
-            Some(_) => Settled::Failed,
+            Some((uid, _)) => {
+                if self.left_joining.get(&uid) == Some(&n) {
+                    self.left_joining.remove(&uid);
+                }
+                // Let go at a rewind: the replay joins its object again.
+                if stale {
+                    Settled::Unknown
+                } else {
+                    Settled::Failed
+                }
+            }
         }
     }
 
@@ -203,11 +222,14 @@ impl<T> Ledger<T> {
         self.gate.let_go();
     }
 
-    /// `uids` left: their DELETEDs were delivered. Each member among them owes a tombstone.
+    /// `uids` left: their DELETEDs were delivered. Each member among them owes a tombstone;
+    /// so does each whose join is pending, once that join is delivered.
     pub fn left(&mut self, uids: impl IntoIterator<Item = String>) {
         for uid in uids {
             if self.members.remove(&uid) && self.topic.is_some() {
                 self.leaving.push(uid);
+            } else if let Some(n) = self.gate.joining_number(&uid) {
+                self.left_joining.insert(uid, n);
             }
         }
     }
@@ -401,5 +423,35 @@ mod tests {
         let mut dry = ledger(false);
         dry.left(["m".to_string()]);
         assert!(dry.next_tombstone().is_none() && dry.leaves_pending() == 0);
+    }
+
+    #[test]
+    fn an_object_that_left_while_its_join_was_pending_leaves_once_the_join_is_delivered() {
+        // In one transaction a DELETED's report may come before its object's join's.
+        let mut l = ledger(true);
+        assert_eq!(decide(&mut l, join("n"), None), "join 0 w/cm/pods.a/n");
+        l.left(["n".to_string()]);
+        assert!(l.next_tombstone().is_none(), "not a member yet");
+        assert_eq!(l.settle_join(0, true), Settled::Member);
+        assert!(!l.members().contains("n"), "it left already");
+        let t = l.next_tombstone().expect("its tombstone, after its join");
+        assert_eq!(t.record.key, "w/cm/pods.a/n");
+
+        // A join let go at a rewind and delivered late does not undo a leave recorded for the
+        // replay's join of the same object.
+        assert_eq!(decide(&mut l, join("r"), None), "join 1 w/cm/pods.a/r");
+        l.clear_all();
+        assert_eq!(decide(&mut l, join("r"), None), "join 2 w/cm/pods.a/r");
+        l.left(["r".to_string()]);
+        assert_eq!(l.settle_join(1, true), Settled::Member);
+        assert!(l.members().contains("r"), "the stale join made it a member");
+        assert_eq!(l.settle_join(2, true), Settled::Member);
+        assert!(!l.members().contains("r"), "the replay's join ends it");
+
+        // A leave recorded for a join that fails is forgotten.
+        assert_eq!(decide(&mut l, join("f"), None), "join 3 w/cm/pods.a/f");
+        l.left(["f".to_string()]);
+        assert_eq!(l.settle_join(3, false), Settled::Failed);
+        assert!(l.left_joining.is_empty());
     }
 }

@@ -79,6 +79,8 @@ impl Outbox {
             Settled::Unknown => Ok(()),
             Settled::Member => {
                 self.m.members.set(gauge(self.ledger.members().len()));
+                // It may have left already (its DELETED reported first): its tombstone goes.
+                self.send_leaves();
                 self.release().await
             }
             Settled::Failed => {

@@ -444,6 +444,9 @@ impl Outbox {
         more: bool,
     ) -> Result<(), OutboxError> {
         let (leaves, wait) = self.membership_change(change, Some(&a.meta)).await?;
+        // In a transaction the record commits with its object's join, taken before it, or
+        // after it: neither lands without the other, and nothing need wait for the join.
+        let wait = wait && !self.producer.transactional();
         let seq = self.tracker.push(position, leaves);
         self.note(false);
         let record = envelope::record(&self.route, a, object, std::mem::take(&mut self.spare));

@@ -205,6 +205,29 @@ async fn an_object_joins_before_anything_announcing_it_is_sent_and_leaves_after_
 }
 
 #[tokio::test(start_paused = true)]
+async fn in_a_transaction_nothing_waits_for_a_join_and_a_deleted_reported_first_still_leaves() {
+    let mut b = bed(|l| l.membership_topic = Some(MEMBERSHIP.into()));
+    b.producer.transactional(true);
+    b.producer.hold(true);
+    b.send(EventType::Added, meta("a", 10), 0).await.unwrap();
+    assert_eq!(b.producer.held(), 2, "the join and the ADDED, at once");
+    b.send(EventType::Deleted, meta("a", 11), 0).await.unwrap();
+    assert_eq!(b.producer.held(), 3);
+    // One transaction's reports, the DELETED's first.
+    b.producer.release(Order::Reversed);
+    b.settle_ready().await.unwrap();
+    assert!(!b.outbox.members().contains(meta("a", 10).uid()));
+    assert_eq!(b.outbox.checkpoint(), Some("11"));
+    assert_eq!(b.producer.held(), 1, "its tombstone, once its join is in");
+    b.producer.release(Order::Sent);
+    b.settle_ready().await.unwrap();
+    let log = b.log();
+    let topics: Vec<&str> = log.iter().map(|(t, _, _)| t.as_str()).collect();
+    assert_eq!(topics, [MEMBERSHIP, "test.pods", "test.pods", MEMBERSHIP]);
+    assert!(log[3].2, "the last membership record is a tombstone");
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_deleted_is_followed_by_its_tombstone_and_the_checkpoint_waits_for_both() {
     let mut b = bed(|l| l.tombstones = true);
     b.producer.hold(true);

@@ -64,6 +64,8 @@ struct MemoryState {
     replayed: usize,
     /// Sends refused as [`Refused::Full`].
     refused_full: usize,
+    /// Says it is transactional ([`Memory::transactional`]).
+    transactional: bool,
 }
 
 impl Memory {
@@ -86,6 +88,14 @@ impl Memory {
         let mut log = self.state().log.clone();
         log.sort_by_key(|(n, _)| *n);
         log.into_iter().map(|(_, r)| r).collect()
+    }
+
+    /// Says records become durable only with their transaction, as `delivery: exactlyOnce`'s
+    /// producer does: what a stream hands over then needs no join acknowledged first. Reports
+    /// still come as [`Memory::release`] orders them (a transaction's, across partitions, in
+    /// any order).
+    pub fn transactional(&self, on: bool) {
+        self.state().transactional = on;
     }
 
     /// Holds records unacknowledged (`true`) or acknowledges them as they come (`false`).
@@ -293,6 +303,10 @@ impl Producer for Memory {
 
     fn fatal(&self) -> Option<String> {
         self.state().fatal.clone()
+    }
+
+    fn transactional(&self) -> bool {
+        self.state().transactional
     }
 }
 
