@@ -18,6 +18,10 @@
 //!    relists: the time until every shard of the
 //!    release resynced and published the changes, and the records it published meanwhile.
 //!
+//! Steps 3 and 4 run once for each `kafka.delivery` in `BENCH_DELIVERY` (default
+//! `atLeastOnce,exactlyOnce`), each release with a topic, checkpoint and shard group of its own,
+//! against the same pass-through.
+//!
 //! Every shard relays its part of the collection, each replica reading it once for its shards:
 //! the shares say how evenly the replicas split it, the objects each replica received of
 //! other replicas' shards what it read to drop. By default the simulator, like an API server
@@ -75,7 +79,7 @@ fn main() {
     create_small_pods(&sim, n, |i| format!("ns-{}", i % namespaces));
     let name = format!("bench.million.{}", run_stamp());
     let floor = format!("{name}.passthrough");
-    rt.block_on(create_topics(&bootstrap, &[&name, &floor]));
+    rt.block_on(create_topics(&bootstrap, &[&floor]));
     let kubeconfig = dir.path().join("kubeconfig");
     sim.write_kubeconfig(&kubeconfig).unwrap();
 
@@ -87,20 +91,82 @@ fn main() {
         .unwrap();
     let floor: Value = serde_json::from_slice(out.stdout.trim_ascii()).unwrap();
 
-    // 3. The release.
+    let floor_secs = floor["secs"].as_f64().unwrap();
+    println!(
+        "{:<34} {:>9} {:>12} {:>8} {:>13}",
+        format!(
+            "{n} pods, {namespaces} namespaces{}",
+            if server_shards { ", sharded reads" } else { "" }
+        ),
+        "time s",
+        "records",
+        "share",
+        "peak RSS MiB"
+    );
+    println!(
+        "{:<34} {floor_secs:>9.1} {:>12} {:>8} {:>13.0}",
+        "pass-through (one process)",
+        floor["records"],
+        "",
+        floor["rss_kib"].as_f64().unwrap() / 1024.0
+    );
+    let deliveries =
+        std::env::var("BENCH_DELIVERY").unwrap_or_else(|_| "atLeastOnce,exactlyOnce".to_string());
+    let bed = Bed {
+        sim: &sim,
+        dir: dir.path(),
+        kubeconfig: &kubeconfig,
+        bootstrap: &bootstrap,
+        n,
+        namespaces,
+        replicas,
+        floor_secs,
+    };
+    for (generation, delivery) in deliveries.split(',').enumerate() {
+        let topic = format!("{name}.{}", delivery.to_lowercase());
+        rt.block_on(create_topics(&bootstrap, &[&topic]));
+        release(&bed, delivery, &topic, generation + 1);
+    }
+}
+
+/// What every release of the run shares.
+struct Bed<'a> {
+    sim: &'a watchrelay_sim::Sim,
+    dir: &'a std::path::Path,
+    kubeconfig: &'a std::path::Path,
+    bootstrap: &'a str,
+    n: usize,
+    namespaces: usize,
+    replicas: usize,
+    floor_secs: f64,
+}
+
+/// 3 and 4 for one release with `kafka.delivery: delivery`, publishing to `topic`; the pods
+/// the relist changes are annotated with `generation`.
+fn release(bed: &Bed<'_>, delivery: &str, topic: &str, generation: usize) {
+    let Bed {
+        sim,
+        dir,
+        kubeconfig,
+        bootstrap,
+        n,
+        namespaces,
+        replicas,
+        floor_secs,
+    } = *bed;
     let verb = |v: &str| sim.requests_for("pods").get(v).copied().unwrap_or(0);
     let lists = || verb("list");
     let watches = || verb("watch");
     let (lists0, watches0) = (lists(), watches());
     let started = Instant::now();
     let release = pods_release(
-        dir.path(),
+        dir,
         replicas,
         SHARDS,
-        &kubeconfig,
-        &bootstrap,
-        &name,
-        "  maxInFlightPerStream: 20000\n",
+        kubeconfig,
+        bootstrap,
+        topic,
+        &format!("  maxInFlightPerStream: 20000\n  delivery: {delivery}\n"),
     );
     let ports: Vec<u16> = release.iter().map(|(_, p, _)| *p).collect();
     let published = |ports: &[u16]| total(ports, "watchrelay_events_published_total");
@@ -112,7 +178,6 @@ fn main() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let secs = started.elapsed().as_secs_f64();
-    let floor_secs = floor["secs"].as_f64().unwrap();
     let (lists1, watches1) = (lists(), watches());
     let inferred = total(&ports, "watchrelay_synthetic_deletes_total");
 
@@ -131,7 +196,7 @@ fn main() {
             "pods",
             Some(&ns),
             &format!("web-{i:07}"),
-            json!({"metadata": {"annotations": {"bench/generation": "1"}}}),
+            json!({"metadata": {"annotations": {"bench/generation": generation.to_string()}}}),
         )
         .unwrap();
     }
@@ -151,24 +216,7 @@ fn main() {
     }
     let relist_secs = relist.elapsed().as_secs_f64();
     let relisted = published(&ports) - published0;
-    println!(
-        "{:<34} {:>9} {:>12} {:>8} {:>13}",
-        format!(
-            "{n} pods, {namespaces} namespaces{}",
-            if server_shards { ", sharded reads" } else { "" }
-        ),
-        "time s",
-        "records",
-        "share",
-        "peak RSS MiB"
-    );
-    println!(
-        "{:<34} {floor_secs:>9.1} {:>12} {:>8} {:>13.0}",
-        "pass-through (one process)",
-        floor["records"],
-        "",
-        floor["rss_kib"].as_f64().unwrap() / 1024.0
-    );
+    println!("{delivery}:");
     let mut shares = Vec::new();
     for (r, (_, port, pid)) in release.iter().enumerate() {
         let records = published(&[*port]).max(0.0);
@@ -207,7 +255,7 @@ fn main() {
         .map(|(_, _, pid)| (peak_rss_kib(*pid) / 1024).to_string())
         .collect();
     println!(
-        "BENCH million pods={n} replicas={replicas} first_sync_vs_passthrough={:.2} relist_s={relist_secs:.1} relist_records={relisted:.0} shares={} rss_mib={}",
+        "BENCH million delivery={delivery} pods={n} replicas={replicas} first_sync_vs_passthrough={:.2} relist_s={relist_secs:.1} relist_records={relisted:.0} shares={} rss_mib={}",
         secs / floor_secs,
         shares
             .iter()
