@@ -200,8 +200,11 @@ fn decoded(topic: &str) -> usize {
         .unwrap_or_else(|| panic!("the deserializer said {out:?}"))
 }
 
-/// Writes `records` to a new one-partition topic of the broker, in order, with their headers;
-/// its name.
+/// Writes `records` to a new one-partition topic of the broker, in order, with their headers,
+/// in a committed transaction, as `delivery: exactlyOnce` does; then, in a transaction it
+/// aborts, a DELETED of every object that a later version than its last record's carries (what
+/// a relay whose transaction was aborted may have written). A reader that reads committed, as
+/// the recipes do, never sees those. Its name.
 fn publish(records: &[Record]) -> String {
     use rdkafka::message::{Header, OwnedHeaders};
     use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer as _, ThreadedProducer};
@@ -215,9 +218,22 @@ fn publish(records: &[Record]) -> String {
     );
     let producer: ThreadedProducer<DefaultProducerContext> = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", env("KAFKA_BOOTSTRAP_SERVERS"))
-        .set("enable.idempotence", "true")
+        .set("transactional.id", &topic)
         .create()
         .unwrap();
+    let timeout = std::time::Duration::from_secs(30);
+    producer.init_transactions(timeout).unwrap();
+    let send = |key: &str, value: Option<&[u8]>, headers: OwnedHeaders| {
+        let mut record = BaseRecord::<str, [u8]>::to(&topic)
+            .key(key)
+            .partition(0)
+            .headers(headers);
+        if let Some(value) = value {
+            record = record.payload(value);
+        }
+        producer.send(record).map_err(|(e, _)| e).unwrap();
+    };
+    producer.begin_transaction().unwrap();
     for r in records {
         let mut headers = OwnedHeaders::new();
         for (key, value) in r.headers.iter() {
@@ -226,16 +242,32 @@ fn publish(records: &[Record]) -> String {
                 value: Some(value),
             });
         }
-        let mut record = BaseRecord::<str, [u8]>::to(&topic)
-            .key(&r.key)
-            .partition(0)
-            .headers(headers);
-        if !r.tombstone {
-            record = record.payload(&r.value);
-        }
-        producer.send(record).map_err(|(e, _)| e).unwrap();
+        send(&r.key, (!r.tombstone).then_some(&r.value[..]), headers);
     }
-    producer.flush(std::time::Duration::from_secs(30)).unwrap();
+    producer.commit_transaction(timeout).unwrap();
+    let mut last = BTreeMap::new();
+    for r in records.iter().filter(|r| !r.tombstone) {
+        if let Ok(serde_json::Value::Object(v)) = serde_json::from_slice(&r.value) {
+            last.insert(&r.key, v);
+        }
+    }
+    producer.begin_transaction().unwrap();
+    for (key, mut v) in last {
+        let Some(later) = v
+            .get("watchrelay")
+            .and_then(|w| w["version"].as_str())
+            .and_then(|n| n.parse::<u128>().ok())
+            .map(|n| (n + 1).to_string())
+        else {
+            continue;
+        };
+        v["watchrelay"]["version"] = later.into();
+        v.insert("type".into(), "DELETED".into());
+        let value = serde_json::to_vec(&v).unwrap();
+        send(key, Some(&value), OwnedHeaders::new());
+    }
+    producer.flush(timeout).unwrap();
+    producer.abort_transaction(timeout).unwrap();
     topic
 }
 

@@ -24,7 +24,9 @@ ORDER BY key;
 
 -- The topic, read by ClickHouse's Kafka engine: each record's value as it is (plain JSON, or
 -- JSON behind Confluent's 5-byte prefix with `schemaRegistry.wireFormat: confluent`), its key
--- as the virtual column _key.
+-- as the virtual column _key. The engine's client (librdkafka) reads committed records only
+-- by default, which `delivery: exactlyOnce` needs: keep `<kafka><isolation_level>` unset or
+-- `read_committed` in the server's configuration.
 CREATE TABLE pods_queue (raw String)
 ENGINE = Kafka
 SETTINGS kafka_broker_list = 'kafka:9092',

@@ -1,12 +1,13 @@
 -- Several resource kinds of several clusters in one DuckDB table, from dumps of several
 -- watchrelay topics: every release's topics (pods, deployments, nodes, ...) of every cluster.
 --
--- Each dump is what `kcat -C -b BROKER -t TOPIC -e -J > dumps/TOPIC.jsonl` writes, one JSON
--- object a record, its Kafka key as `key` and its value as the string `payload` (null for a
--- tombstone); any number of dumps, records in any order. A row is an object: its cluster
--- (`watchrelay.cluster`, the release's clusterName), its kind and its key. Each keeps its record
--- of the highest watchrelay.version (DuckDB's unsigned 128-bit integer), which never goes back
--- on a key; a row whose highest record is a DELETED is gone. Values in Confluent's framing
+-- Each dump is what `kcat -C -b BROKER -t TOPIC -e -J -X isolation.level=read_committed >
+-- dumps/TOPIC.jsonl` writes (committed records only), one JSON object a record, its Kafka key
+-- as `key` and its value as the string `payload` (null for a tombstone); any number of dumps,
+-- records in any order. A row is an object: its cluster (`watchrelay.cluster`, the release's
+-- clusterName), its kind and its key. Each keeps its record of the highest watchrelay.version
+-- (DuckDB's unsigned 128-bit integer), which never goes back on a key; a row whose highest
+-- record is a DELETED is gone. Values in Confluent's framing
 -- (`schemaRegistry.wireFormat: confluent`) are read from their sixth character. Markers
 -- (BOOKMARK records) and tombstones are skipped. Copy this file and change the dumps' path.
 

@@ -1,8 +1,10 @@
 -- The cluster's pods in DuckDB, from a dump of a watchrelay topic: now, or as they were at any
 -- moment the topic covers.
 --
--- The dump is what `kcat -C -b BROKER -t TOPIC -e -J > pods.jsonl` writes: one JSON object a
--- record, its Kafka key as `key` and its value as the string `payload` (null for a tombstone).
+-- The dump is what `kcat -C -b BROKER -t TOPIC -e -J -X isolation.level=read_committed >
+-- pods.jsonl` writes: committed records only (librdkafka's default, which `delivery:
+-- exactlyOnce` needs), one JSON object a record, its Kafka key as `key` and its value as the
+-- string `payload` (null for a tombstone).
 -- Records may come in any order (several partitions, several dumps): each key keeps its record
 -- of the highest watchrelay.version, which never goes back on a key (etcd restores, resyncs,
 -- same-name recreates included), read as DuckDB's unsigned 128-bit integer. A key whose

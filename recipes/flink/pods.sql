@@ -20,7 +20,10 @@
 -- an unsigned 128-bit integer written as a decimal string; it is read as a STRING and cast to
 -- DECIMAL(38, 0), Flink's widest exact number, which holds every version the relay stamps (an
 -- era of milliseconds since 1970 times 2^64, plus a resourceVersion); a larger one would fail
--- the query rather than be ranked wrong. Copy this file, and change the broker, the topic
+-- the query rather than be ranked wrong. Every table reads committed records only
+-- ('properties.isolation.level' = 'read_committed'; Kafka's Java consumer reads uncommitted
+-- ones by default): with `delivery: exactlyOnce` it never sees a record of an aborted
+-- transaction, nor any of an open one; with `atLeastOnce` it changes nothing. Copy this file, and change the broker, the topic
 -- (`{cluster}.pods` by default, `{cluster}` the `clusterName`), the group and the names.
 
 -- (a) The topic as an upsert changelog. upsert-kafka always reads from the earliest offset.
@@ -34,6 +37,7 @@ CREATE TABLE pods_changelog (
     'connector' = 'upsert-kafka',
     'topic' = 'prod-eu-1.pods',
     'properties.bootstrap.servers' = 'kafka:9092',
+    'properties.isolation.level' = 'read_committed',
     'key.format' = 'raw',
     'value.format' = 'json',
     'value.json.ignore-parse-errors' = 'false',
@@ -62,6 +66,7 @@ CREATE TABLE pods_log (
     'connector' = 'kafka',
     'topic' = 'prod-eu-1.pods',
     'properties.bootstrap.servers' = 'kafka:9092',
+    'properties.isolation.level' = 'read_committed',
     'properties.group.id' = 'flink-pods',
     'scan.startup.mode' = 'earliest-offset',
     'key.format' = 'raw',
@@ -108,6 +113,7 @@ CREATE TABLE pods_framed (
     'connector' = 'kafka',
     'topic' = 'prod-eu-1.pods',
     'properties.bootstrap.servers' = 'kafka:9092',
+    'properties.isolation.level' = 'read_committed',
     'properties.group.id' = 'flink-pods-framed',
     'scan.startup.mode' = 'earliest-offset',
     'key.format' = 'raw',
