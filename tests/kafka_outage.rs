@@ -1,6 +1,7 @@
 //! A broker outage is backpressure: with the network to the broker cut for 20 s during churn,
 //! nothing is lost, memory stays bounded, and the checkpoint never moves past what Kafka
-//! acknowledged.
+//! acknowledged. With `delivery: exactlyOnce`, neither a cut past the transaction timeout nor
+//! requests held past their timeouts show a `read_committed` consumer a change twice.
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::time::Duration;
 use common::bed::{assert_covers, assert_once, Bed, Relay};
 use common::broker::{Options, OwnBroker};
 use common::kafka;
-use common::proxy::Proxy;
+use common::proxy::{Hold, Proxy};
 use watchrelay_sim::ChurnSpec;
 
 const STREAM: &str = "watchNamespacedPods.a";
@@ -168,6 +169,76 @@ async fn exactly_once_through_a_cut_past_the_transaction_timeout() {
     eprintln!(
         "{} changes, each once; {aborted} transactions aborted",
         expected.len()
+    );
+    relay.stop().await;
+}
+
+/// With `delivery: exactlyOnce`, Produce and EndTxn requests held past the client's timeouts
+/// (`WATCHRELAY_TXN_TIMEOUTS` of them, 20 by default), each reaching the broker late, after the
+/// client gave up on it: a Produce timed out makes its transaction abortable (aborted, the
+/// producer built again under a new epoch, its streams replayed from their committed
+/// positions), an EndTxn timed out leaves a commit's outcome unknown (tried again, never taken
+/// for an abort). A `read_committed` consumer reads every change once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_through_requests_held_past_their_timeouts() {
+    const PRODUCE: i16 = 0;
+    const END_TXN: i16 = 26;
+    let timeouts: u64 = std::env::var("WATCHRELAY_TXN_TIMEOUTS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(20);
+    let Cut {
+        proxy,
+        broker: _broker,
+        bed,
+        topic,
+        relay,
+        churn,
+    } = Cut::churning(
+        Vec::new(),
+        "eos-timeouts",
+        "    request.timeout.ms: \"400\"\n    socket.timeout.ms: \"400\"\n  delivery: exactlyOnce\n  commitIntervalMs: 50\n",
+    )
+    .await;
+    let transactions = |outcome: &str| {
+        relay
+            .metrics
+            .transactions
+            .with_label_values(&[outcome])
+            .get()
+    };
+    // Held past the 400 ms the client waits, and past the next of its once-a-second looks
+    // for requests that timed out.
+    proxy.hold(Hold::new(
+        &[PRODUCE, END_TXN],
+        4,
+        Duration::from_millis(1600),
+        timeouts,
+    ));
+    let rv_at_start = bed.sim.current_rv();
+    // Each hold costs its delay and the recovery after it: the wait is bounded by the count.
+    for _ in 0..timeouts * 50 {
+        if proxy.held() >= timeouts {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(proxy.held(), timeouts, "every request to hold was held");
+    bed.wait_checkpoint_past(STREAM, rv_at_start).await;
+    churn.stop().await;
+    let expected = bed.journal("pods", Some("a"));
+    let msgs = bed.read_covering(&topic, &expected).await;
+    assert_covers(&msgs, &expected);
+    assert_once(&msgs);
+    eprintln!(
+        "{} changes, each once; {timeouts} requests held past their timeouts; transactions: {} committed, {} aborted",
+        expected.len(),
+        transactions("committed"),
+        transactions("aborted"),
+    );
+    assert!(
+        transactions("aborted") > 0,
+        "a held request aborted a transaction"
     );
     relay.stop().await;
 }

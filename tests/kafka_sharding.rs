@@ -14,7 +14,7 @@ use common::cluster::RelayProcess;
 use common::kafka::{self, Msg};
 use common::proxy::Proxy;
 use common::view::{kafka_view, pods};
-use watchrelay::config::{Config, GroupProtocol, ShardingConfig};
+use watchrelay::config::{Config, Delivery, GroupProtocol, ShardingConfig};
 use watchrelay_sim::{objects, ChurnHandle, ChurnSpec, Fault, SimConfig};
 
 const SHARDS: u32 = 8;
@@ -639,10 +639,24 @@ async fn a_replica_cut_from_the_api_server_gives_its_shards_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_restart_loses_nothing() {
+    broker_restart(Delivery::AtLeastOnce).await;
+}
+
+/// The same with `delivery: exactlyOnce`: a `read_committed` consumer reads every change once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_through_a_broker_restart_publishes_every_change_once() {
+    let msgs = broker_restart(Delivery::ExactlyOnce).await;
+    assert_once(&msgs);
+}
+
+/// Two sharded replicas under churn while their only broker restarts; every change after the
+/// streams' positions is published. The records read.
+async fn broker_restart(delivery: Delivery) -> Vec<Msg> {
     let mut broker = OwnBroker::start(Options::default());
     let scene = Scene::new(8, "sharded-restart", Some(&broker.bootstrap)).await;
     let bed = &scene.bed;
-    let cfg = scene.sharded(GroupProtocol::Classic);
+    let mut cfg = scene.sharded(GroupProtocol::Classic);
+    cfg.kafka.delivery = delivery;
     let a = Relay::start(bed, cfg.clone());
     let b = Relay::start(bed, cfg.clone());
     wait_spread(&[&a, &b]).await;
@@ -665,6 +679,7 @@ async fn a_broker_restart_loses_nothing() {
     assert_covers(&msgs, &bed.journal_after("pods", None, from));
     a.stop().await;
     b.stop().await;
+    msgs
 }
 
 /// A revoke while the broker leading the channel topic's partitions is away and the group
@@ -828,27 +843,46 @@ fn positioned(bed: &Bed, checkpoint: &str, streams: usize) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_replica_and_a_frozen_one_lose_nothing() {
-    killed_and_frozen(false).await;
+    killed_and_frozen(false, "").await;
+}
+
+/// The same over a fanned-out collection with `delivery: exactlyOnce`: a `read_committed`
+/// consumer reads every change once, and nothing of a fenced owner after its successor's
+/// first record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_through_a_kill_and_a_freeze_publishes_every_change_once() {
+    let msgs = killed_and_frozen(true, "  delivery: exactlyOnce\n").await;
+    assert_once(&msgs);
+    assert_eq!(
+        epoch_view(&msgs).1,
+        0,
+        "a deposed owner's record after its successor's"
+    );
 }
 
 /// The same over a fanned-out collection (`watchAllPods`'s shape: every namespace, one read per
 /// replica): each moved shard's part resumes where its owner stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_replica_and_a_frozen_one_lose_nothing_fanned_out() {
-    killed_and_frozen(true).await;
+    killed_and_frozen(true, "").await;
 }
 
 /// A folder for relay processes of a sharded release on `bed` relaying `channels` (YAML list
 /// items), their configuration and the release's checkpoint name. Only keys 0.1.0 knows too:
 /// it refuses any other.
 fn processes(bed: &Bed, channels: &str) -> (tempfile::TempDir, String, String) {
+    processes_with(bed, channels, "")
+}
+
+/// [`processes`], with `kafka` (YAML lines) added to the Kafka settings.
+fn processes_with(bed: &Bed, channels: &str, kafka: &str) -> (tempfile::TempDir, String, String) {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     bed.sim.write_kubeconfig(&kubeconfig).unwrap();
     let checkpoint = kafka::unique("relay");
     let config = format!(
         "clusterName: test\nkubernetes:\n  kubeconfig: {}\n  backoffInitialMs: 20\n  backoffMaxMs: 300\n\
-         kafka:\n  bootstrapServers: {}\n  oversize: trim\n  properties:\n    linger.ms: \"5\"\n\
+         kafka:\n  bootstrapServers: {}\n  oversize: trim\n{kafka}  properties:\n    linger.ms: \"5\"\n\
          checkpoint:\n  namespace: {CHECKPOINT_NS}\n  name: {checkpoint}\n  intervalMs: 200\n\
          sharding:\n  enabled: true\n  shards: {SHARDS}\n  topic: {}\n  sessionTimeoutMs: 6000\n  ownershipDeadlineMs: 3000\n\
          http:\n  listen: \"\"\n\
@@ -860,10 +894,11 @@ fn processes(bed: &Bed, channels: &str) -> (tempfile::TempDir, String, String) {
     (dir, config, checkpoint)
 }
 
-/// Three processes under churn; one killed with SIGKILL, one frozen past its session with
-/// SIGSTOP, then both back. Every key ends as the cluster's, and every change made once every
-/// shard's streams had their positions has its record.
-async fn killed_and_frozen(fanned: bool) {
+/// Three processes under churn, with `kafka` (YAML lines) added to their Kafka settings; one
+/// killed with SIGKILL, one frozen past its session with SIGSTOP, then both back. Every key ends
+/// as the cluster's, and every change made once every shard's streams had their positions has
+/// its record. The records read.
+async fn killed_and_frozen(fanned: bool, kafka: &str) -> Vec<Msg> {
     let scene = Scene::new(12, "sharded-proc", None).await;
     let (bed, names, topic) = (&scene.bed, scene.names(), &scene.topic);
     let scope = if fanned {
@@ -873,7 +908,7 @@ async fn killed_and_frozen(fanned: bool) {
     };
     let channel =
         format!("  - operationId: watchNamespacedPods\n    {scope}\n    topic: {topic}\n");
-    let (dir, config, checkpoint) = processes(bed, &channel);
+    let (dir, config, checkpoint) = processes_with(bed, &channel, kafka);
     let mut r0 = RelayProcess::replica(dir.path(), &config, "r0");
     let mut r1 = RelayProcess::replica(dir.path(), &config, "r1");
     let mut r2 = RelayProcess::replica(dir.path(), &config, "r2");
@@ -942,6 +977,7 @@ async fn killed_and_frozen(fanned: bool) {
     for r in [&mut r0, &mut r1, &mut r2] {
         r.stop();
     }
+    msgs
 }
 
 /// The relay as released in 0.1.0, built from this repository's history by

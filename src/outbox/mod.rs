@@ -48,6 +48,10 @@ use crate::tracker::Tracker;
 /// not worth a wake-up every few milliseconds).
 const FULL_RETRY: Duration = Duration::from_millis(5);
 const FULL_RETRY_MAX: Duration = Duration::from_millis(100);
+/// How many in-flight bounds of acknowledged entries may wait for their transaction's commit
+/// beyond the bound itself ([`Outbox::has_room`]): each holds its report only (about 200
+/// bytes), not its record.
+const AWAITING_WINDOWS: usize = 3;
 
 /// The outbox's limits and oversize route, from the configuration.
 #[derive(Clone, Debug)]
@@ -212,9 +216,25 @@ impl Outbox {
         }
     }
 
+    /// Entries that count against the in-flight bound: those whose record may still be in the
+    /// producer's queue. With a transactional producer, an entry Kafka acknowledged waits for
+    /// its transaction's commit ([`Inbox::awaiting`]), its record's bytes gone: it counts no
+    /// more, up to [`AWAITING_WINDOWS`] bounds' worth, so a stream is not held to one bound a
+    /// commit cycle.
+    fn unacknowledged(&self) -> usize {
+        let awaiting = self.inbox.awaiting().min(AWAITING_WINDOWS * self.limit());
+        self.in_flight().saturating_sub(awaiting)
+    }
+
     /// Whether another entry may be handed over without exceeding the in-flight bound.
     pub fn has_room(&self) -> bool {
-        self.in_flight() < self.limit()
+        self.unacknowledged() < self.limit()
+    }
+
+    /// What wakes once a transaction holds one more of the stream's reports: there may be room
+    /// again ([`Outbox::has_room`], [`Inbox::held_more`]).
+    pub fn acknowledgements(&self) -> Arc<Inbox> {
+        self.inbox.clone()
     }
 
     /// The position of the longest acknowledged prefix.
@@ -589,7 +609,15 @@ impl Outbox {
 
     /// Settles reports until there is room for one more entry.
     pub async fn wait_for_room(&mut self) -> Result<(), OutboxError> {
-        self.wait_until(self.limit() - 1).await
+        while !self.has_room() {
+            tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => return Err(OutboxError::Cancelled),
+                r = self.inbox.next(&mut self.ready) => self.settle(r).await?,
+                () = self.inbox.held_more() => {}
+            }
+        }
+        Ok(())
     }
 
     /// Settles reports until no join is pending: every object announced so far is then a

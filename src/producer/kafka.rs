@@ -52,6 +52,9 @@ impl ProducerContext for Reporting {
 
     fn delivery(&self, result: &DeliveryResult<'_>, receipt: Box<Receipt>) {
         self.reported.fetch_add(1, Ordering::Relaxed);
+        if let (Ok(m), Some(hold)) = (result, &receipt.hold) {
+            hold.witness(m.topic(), m.partition(), m.offset());
+        }
         receipt.report(match result {
             Ok(_) => Ok(()),
             Err((e, msg)) if is_too_large(e) => Err(DeliveryError::TooLarge {
@@ -266,6 +269,57 @@ impl Kafka {
     pub(crate) fn abort_transaction(&self, timeout: Duration) -> Result<(), TxnError> {
         Ok(self.producer.abort_transaction(timeout)?)
     }
+}
+
+/// Whether the record Kafka wrote at `offset` of `topic`'s `partition` is committed: a
+/// `read_committed` reader (with `cfg`'s connection) positioned there first sees it, or, its
+/// transaction aborted, skips it. Only once the transaction is settled (a newer producer under
+/// its id was initialized) is the answer final. Blocks, up to `timeout`, while records before it
+/// are still in open transactions.
+pub(crate) fn committed_at(
+    cfg: &KafkaConfig,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    timeout: Duration,
+) -> Result<bool, String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer as _};
+    use rdkafka::{Offset, TopicPartitionList};
+    let mut settings = cfg.connection_config();
+    settings
+        .remove("transactional.id")
+        .remove("transaction.timeout.ms")
+        .set("group.id", "watchrelay-outcome")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", "read_committed");
+    let consumer: BaseConsumer = settings.create().map_err(|e| e.to_string())?;
+    let mut at = TopicPartitionList::new();
+    at.add_partition_offset(topic, partition, Offset::Offset(offset))
+        .map_err(|e| e.to_string())?;
+    consumer.assign(&at).map_err(|e| e.to_string())?;
+    let deadline = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(100)) {
+            // The first committed record at or past it.
+            Some(Ok(m)) => return Ok(m.offset() == offset),
+            Some(Err(KafkaError::PartitionEOF(_))) => {
+                let position = consumer.position().ok().and_then(|p| {
+                    p.find_partition(topic, partition)
+                        .and_then(|p| p.offset().to_raw())
+                });
+                // Read to the last stable offset past it without seeing it: aborted.
+                if position.is_some_and(|p| p > offset) {
+                    return Ok(false);
+                }
+            }
+            Some(Err(e)) => return Err(e.to_string()),
+            None => {}
+        }
+    }
+    Err(format!(
+        "{topic} [{partition}] was not readable past offset {offset} within {timeout:?}"
+    ))
 }
 
 impl Producer for Kafka {

@@ -117,6 +117,11 @@ pub struct Inbox {
     ready: tokio::sync::Notify,
     /// Unique in the process: what tells its stream apart ([`StreamKey`]).
     id: StreamKey,
+    /// Reports of the stream's entries that Kafka acknowledged and their transaction holds
+    /// until its outcome ([`Holds`]).
+    awaiting: AtomicUsize,
+    /// Woken when one more is held.
+    held: tokio::sync::Notify,
 }
 
 impl Default for Inbox {
@@ -126,6 +131,8 @@ impl Default for Inbox {
             reports: Mutex::default(),
             ready: tokio::sync::Notify::new(),
             id: NEXT.fetch_add(1, Ordering::Relaxed),
+            awaiting: AtomicUsize::new(0),
+            held: tokio::sync::Notify::new(),
         }
     }
 }
@@ -144,6 +151,34 @@ impl Inbox {
         };
         if was_empty {
             self.ready.notify_one();
+        }
+    }
+
+    /// Reports of the stream's entries that left the producer (Kafka acknowledged them, or
+    /// failed them) and wait for their transaction's outcome: their records' bytes are no
+    /// longer held anywhere.
+    pub fn awaiting(&self) -> usize {
+        self.awaiting.load(Ordering::Relaxed)
+    }
+
+    /// Waits until a transaction holds one more of the stream's reports (see
+    /// [`Inbox::awaiting`]). Cancel-safe; a hold while nobody waits wakes the next wait.
+    pub async fn held_more(&self) {
+        self.held.notified().await;
+    }
+
+    /// A transaction holds `report` until its outcome.
+    fn hold(&self, report: &Report) {
+        if matches!(report.receipt.sent, Sent::Entry { .. }) {
+            self.awaiting.fetch_add(1, Ordering::Relaxed);
+            self.held.notify_one();
+        }
+    }
+
+    /// A held `report` is forwarded: its transaction's outcome is known.
+    fn unhold(&self, report: &Report) {
+        if matches!(report.receipt.sent, Sent::Entry { .. }) {
+            self.awaiting.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -221,6 +256,10 @@ pub(crate) fn stream_key(inbox: &Arc<Inbox>) -> StreamKey {
 pub(crate) trait Holds: Send + Sync + std::fmt::Debug {
     /// Takes `report`, to hand it on (through its receipt, which left the hold) later.
     fn report(&self, report: Report);
+
+    /// Kafka wrote one of its records at `offset` of `topic`'s `partition`: where to look, if
+    /// its outcome is ever unknown, whether it committed.
+    fn witness(&self, _topic: &str, _partition: i32, _offset: i64) {}
 }
 
 /// What travels with a record and comes back in its [`Report`].
@@ -236,6 +275,8 @@ pub struct Receipt {
     counted: Option<Counted>,
     /// The transaction the record is in, which holds its report until the outcome is known.
     hold: Option<Arc<dyn Holds>>,
+    /// Its report was held by its transaction ([`Inbox::awaiting`] counts it until forwarded).
+    was_held: bool,
 }
 
 impl Receipt {
@@ -247,6 +288,7 @@ impl Receipt {
             sent,
             counted: None,
             hold: None,
+            was_held: false,
         })
     }
 
@@ -275,18 +317,25 @@ impl Receipt {
     pub fn report(mut self: Box<Self>, result: Result<(), DeliveryError>) {
         // Held by its transaction, it stays counted until the outcome is known.
         if let Some(hold) = self.hold.take() {
-            hold.report(Report {
+            self.was_held = true;
+            let report = Report {
                 receipt: self,
                 result,
-            });
+            };
+            report.receipt.to.hold(&report);
+            hold.report(report);
             return;
         }
         self.counted = None;
         let to = Arc::clone(&self.to);
-        to.push(Report {
+        let report = Report {
             receipt: self,
             result,
-        });
+        };
+        if report.receipt.was_held {
+            to.unhold(&report);
+        }
+        to.push(report);
     }
 }
 

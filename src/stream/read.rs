@@ -12,6 +12,7 @@ use crate::event::EventType;
 use crate::event::WatchEvent;
 use crate::kubeapi::{self, ApiError, WatchFrom};
 use crate::membership::Change;
+use crate::producer::Inbox;
 use crate::registry::Phase;
 use crate::stream::machine::{Cursor, Outcome, Reason, Stop};
 
@@ -42,6 +43,7 @@ impl Stream {
                 self.lend_permit();
             }
             let moved = self.outbox.moved();
+            let acks = (!room).then(|| self.outbox.acknowledgements());
             tokio::select! {
                 biased;
                 _ = self.life.stop.cancelled() => return Err(Stop::Cancelled),
@@ -59,6 +61,8 @@ impl Stream {
                         rearm(&mut self.timers.idle);
                     }
                 }
+                // Kafka acknowledged an entry its transaction holds: room again, maybe.
+                () = acknowledged(acks.as_deref()), if !room => {}
                 _ = &mut self.timers.publish, if moved => self.publish_checkpoint(),
                 delta = self.reporter.resync_requested() => {
                     self.position.full_resync = !delta;
@@ -349,5 +353,13 @@ impl Feed {
             Feed::Api(w) => w.buffered_line(),
             Feed::Fanned(s) => s.buffered_line(),
         }
+    }
+}
+
+/// Waits for [`Inbox::held_more`] of `inbox`, if any.
+async fn acknowledged(inbox: Option<&Inbox>) {
+    match inbox {
+        Some(inbox) => inbox.held_more().await,
+        None => std::future::pending().await,
     }
 }

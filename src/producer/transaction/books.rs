@@ -51,9 +51,31 @@ pub(crate) struct Hold {
 struct HoldState {
     outcome: Option<Outcome>,
     held: Vec<Report>,
+    /// Where Kafka wrote the first of its records it acknowledged.
+    witness: Option<Witness>,
+}
+
+/// Where Kafka wrote a record of a transaction: a `read_committed` reader sees it there once
+/// the transaction committed, and never if it aborted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Witness {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
 }
 
 impl Holds for Hold {
+    fn witness(&self, topic: &str, partition: i32, offset: i64) {
+        let mut state = self.state.lock().expect("hold lock poisoned");
+        if state.witness.is_none() {
+            state.witness = Some(Witness {
+                topic: topic.to_string(),
+                partition,
+                offset,
+            });
+        }
+    }
+
     /// A report of a record of this transaction: held while the outcome is unknown, forwarded
     /// (as it is, or failed) once it is known.
     fn report(&self, report: Report) {
@@ -86,6 +108,15 @@ impl Hold {
         for report in held {
             forward(report, &outcome);
         }
+    }
+
+    /// Where Kafka wrote the first of its records it acknowledged, if any.
+    pub(crate) fn witness(&self) -> Option<Witness> {
+        self.state
+            .lock()
+            .expect("hold lock poisoned")
+            .witness
+            .clone()
     }
 
     /// Reports waiting for the outcome.

@@ -11,15 +11,20 @@
 //!   committed; what streams hand over meanwhile waits in memory for the next transaction,
 //!   sent in order once it has begun, so no stream waits for a commit;
 //! - the records' reports reach their streams only then ([`books`]): a checkpoint covers only
-//!   what a `read_committed` consumer can read, and a record announcing an object waits for its
-//!   membership join to be committed, as it waits for the join's acknowledgement without
-//!   transactions;
-//! - a commit whose outcome is unknown (it timed out, the coordinator moved) is tried again,
-//!   never taken for an abort. One that requires an abort is aborted, and only once the abort
-//!   succeeded do its records' reports come back failed: their streams replay from their
-//!   checkpoints, and none of them may send until it did. The producer is then rebuilt under
-//!   the same id (a new epoch): librdkafka lacks KIP-890's second part, so a write of the old
-//!   producer whose request timed out could otherwise join the next transaction. A fenced
+//!   what a `read_committed` consumer can read, and a membership join counts only once
+//!   committed (the records announcing its object go in the same transaction or a later one);
+//! - a commit is asked once, and given up before librdkafka's own request for it times out
+//!   (and is sent again): librdkafka lacks KIP-890's second part, every transaction of a
+//!   producer has the same epoch, so a commit request arriving late would end the next
+//!   transaction early, and a write whose request timed out could join it. Once a commit
+//!   failed, for whatever reason, its outcome is not taken from the error: the producer is
+//!   built again under the same id (a new epoch, fencing every late request of the old one),
+//!   which settles the transaction (committed if the coordinator had the commit, else
+//!   aborted), and a `read_committed` reader positioned at one of its records (its
+//!   [`Witness`](books::Witness)) says which. Aborted, its records' reports come back failed:
+//!   their streams replay from their checkpoints, and none of them may send until it did;
+//! - a transaction that must abort before its commit was asked (a stream rewound with records
+//!   in it, a record refused) is aborted, and the producer built again the same way. A fenced
 //!   instance, while its term still owns the id (its lease or its shard proven), can only have
 //!   been fenced by the coordinator aborting a transaction past `transaction.timeout.ms`: the
 //!   transaction is taken for aborted and the producer rebuilt the same way. Once its term is
@@ -31,12 +36,13 @@ mod books;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use books::{Books, Closed, Outcome, Refusal};
+use books::{Books, Closed, Hold, Outcome, Refusal};
 
 use super::kafka::TxnError;
 use super::{
@@ -45,7 +51,8 @@ use super::{
 };
 use crate::config::KafkaConfig;
 
-/// How long `init_transactions`, a commit or an abort may take before it counts as failed.
+/// How long `init_transactions` or an abort may take before it counts as failed, and a commit
+/// at most (see [`commit_timeout`]).
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long to wait before building the producer again after it failed to start.
 const REBUILD_AGAIN: Duration = Duration::from_secs(1);
@@ -81,6 +88,8 @@ pub struct Transactional {
     ended: std::sync::atomic::AtomicBool,
     /// Where the reports of position records go, dropped after each commit.
     scratch: Arc<Inbox>,
+    /// How long a commit may take before its outcome is learnt from a new producer.
+    commit_timeout: Duration,
     metrics: TxnMetrics,
 }
 
@@ -112,6 +121,7 @@ impl Transactional {
         metrics: TxnMetrics,
     ) -> Result<Arc<Self>, String> {
         let cfg = transactional(cfg, id);
+        let commit_timeout = commit_timeout(&cfg);
         let kafka = build(&cfg).await.map_err(|e| e.message)?;
         let txn = Arc::new(Self {
             inside: Mutex::new(Inside {
@@ -126,6 +136,7 @@ impl Transactional {
             owned,
             ended: std::sync::atomic::AtomicBool::new(false),
             scratch: Inbox::new(),
+            commit_timeout,
             metrics,
         });
         tokio::spawn(committer(
@@ -167,11 +178,11 @@ impl Transactional {
     /// aborts it, and builds the producer anew, if the commit cannot succeed. Returns once the
     /// next transaction is open, or the producer failed for good, or its term was fenced.
     ///
-    /// A commit that failed retriably (its outcome unknown: the coordinator may have it) is
-    /// tried again, never taken for an abort; only an error that requires an abort leads to
-    /// one, and the records are reported failed only once the abort succeeded. Once the term
-    /// is fenced nothing is decided: the next owner's producer settles the transaction. A
-    /// fenced instance of a term that still owns the id counts as an abort (see the module).
+    /// A commit that failed is never taken for an abort by its error: a new producer settles
+    /// it, and one of its records read back says how it ended; the records are reported failed
+    /// only once it is known aborted. Once the term is fenced nothing is decided: the next
+    /// owner's producer settles the transaction. A fenced instance of a term that still owns
+    /// the id, before a commit was asked, counts as an abort (see the module).
     async fn commit(&self) {
         let (closed, kafka) = {
             let mut inside = self.inside.lock().expect("txn lock poisoned");
@@ -197,22 +208,28 @@ impl Transactional {
                 inside.books.is_closing_doomed()
             }
         };
-        let committed = match self.write_positions(&kafka, positions).await {
+        // Whether a commit was asked for: from then on only Kafka knows the outcome.
+        let mut asked = false;
+        let committed = match self.write_positions(&kafka, positions, &hold).await {
             Err(e) => Err(e),
             Ok(()) if doomed() => Err(TxnError::abortable("a stream rewound with records in it")),
             Ok(()) => {
-                self.call(&kafka, |k| k.commit_transaction(CALL_TIMEOUT))
+                // Asked once, and given up before librdkafka's own request times out (and is
+                // sent again): a commit request that arrives late could otherwise end the next
+                // transaction early, since librdkafka lacks KIP-890's second part and every
+                // transaction of a producer has the same epoch. A producer built anew fences
+                // the old one's late requests.
+                asked = true;
+                let (k, timeout) = (kafka.clone(), self.commit_timeout);
+                tokio::task::spawn_blocking(move || k.commit_transaction(timeout))
                     .await
+                    .unwrap_or_else(|e| Err(TxnError::abortable(&e.to_string())))
             }
         };
         self.scratch.discard();
         let e = match committed {
             Ok(()) => {
-                self.metrics.commits.inc();
-                self.metrics
-                    .commit_seconds
-                    .observe(started.elapsed().as_secs_f64());
-                hold.decide(Outcome::Committed);
+                self.committed(&hold, started);
                 match kafka.begin_transaction() {
                     Ok(()) => self.reopen(None).await,
                     Err(e) => self.rebuild(kafka, e).await,
@@ -222,6 +239,55 @@ impl Transactional {
             Err(_) if self.owned.is_cancelled() => return self.end(),
             Err(e) => e,
         };
+        if asked {
+            // A commit was asked for and failed: its request may have reached the coordinator
+            // after all (timed out on the way, or held up), so no error tells the outcome. A new
+            // producer under the id settles the transaction (committed if the coordinator had
+            // the commit, else aborted) and fences the old one, whose late requests are then
+            // refused; where Kafka wrote one of its records then says how it ended.
+            tracing::warn!(error = %e.message, "a commit failed: building the producer again to learn the outcome");
+            drop(kafka);
+            let Some(kafka) = self.build_again().await else {
+                return;
+            };
+            let committed = match hold.witness() {
+                // Nothing of it acknowledged: nothing of it can be read either way.
+                None => Ok(false),
+                Some(w) => {
+                    let cfg = self.cfg.clone();
+                    tokio::task::spawn_blocking(move || {
+                        super::kafka::committed_at(
+                            &cfg,
+                            &w.topic,
+                            w.partition,
+                            w.offset,
+                            CALL_TIMEOUT,
+                        )
+                    })
+                    .await
+                    .unwrap_or_else(|e| Err(e.to_string()))
+                }
+            };
+            match committed {
+                Ok(true) => {
+                    tracing::info!("the transaction had committed");
+                    self.committed(&hold, started);
+                }
+                Ok(false) => {
+                    tracing::info!(
+                        "the transaction was aborted; its streams replay from their checkpoints"
+                    );
+                    self.aborted(&hold, &streams, &e.message);
+                }
+                Err(why) => {
+                    return self.fail(format!(
+                    "the outcome of a transaction is unknown ({}), and reading it failed: {why}",
+                    e.message
+                ))
+                }
+            }
+            return self.reopen(Some(kafka)).await;
+        }
         if e.fatal {
             // The instance is dead. While the term owns the id (its lease or its shard is
             // proven), only the coordinator can have fenced it, by aborting the transaction
@@ -246,6 +312,21 @@ impl Transactional {
                 }
             }
         }
+        self.aborted(&hold, &streams, &e.message);
+        self.rebuild(kafka, TxnError::abortable(&e.message)).await;
+    }
+
+    /// The closed transaction of `hold`, begun at `started`, committed.
+    fn committed(&self, hold: &Hold, started: std::time::Instant) {
+        self.metrics.commits.inc();
+        self.metrics
+            .commit_seconds
+            .observe(started.elapsed().as_secs_f64());
+        hold.decide(Outcome::Committed);
+    }
+
+    /// The closed transaction of `hold`, which `streams` sent into, aborted (`why`).
+    fn aborted(&self, hold: &Hold, streams: &HashSet<StreamKey>, why: &str) {
         self.metrics.aborts.inc();
         // The streams replay before anything else of theirs is taken, and only then do their
         // records come back failed.
@@ -253,14 +334,13 @@ impl Transactional {
             .lock()
             .expect("txn lock poisoned")
             .books
-            .aborted(&streams);
+            .aborted(streams);
         // What they handed over while it closed goes too: they replay it.
         self.drop_pending(
             |s| s.is_some_and(|s| streams.contains(&s)),
             "the stream's records in an aborted transaction are replayed first",
         );
-        hold.decide(Outcome::Aborted(e.message.clone()));
-        self.rebuild(kafka, TxnError::abortable(&e.message)).await;
+        hold.decide(Outcome::Aborted(why.to_string()));
     }
 
     /// Runs the blocking transactional `call` on a thread of its own, again while it fails
@@ -285,10 +365,17 @@ impl Transactional {
         }
     }
 
-    /// Hands the position records to the open (closed) transaction.
-    async fn write_positions(&self, kafka: &Kafka, positions: Vec<Record>) -> Result<(), TxnError> {
+    /// Hands the position records to the open (closed) transaction of `hold`, which learns
+    /// where Kafka wrote them ([`Holds::witness`]).
+    async fn write_positions(
+        &self,
+        kafka: &Kafka,
+        positions: Vec<Record>,
+        hold: &Arc<Hold>,
+    ) -> Result<(), TxnError> {
         for record in positions {
             let mut receipt = Receipt::new(self.scratch.clone(), 0, Sent::Unordered);
+            receipt.hold = Some(hold.clone());
             loop {
                 match kafka.send(&record, receipt) {
                     Ok(()) => break,
@@ -380,15 +467,31 @@ impl Transactional {
         if error.fatal {
             return self.fail(error.message);
         }
+        if let Some(kafka) = self.build_again().await {
+            self.reopen(Some(kafka)).await;
+        }
+    }
+
+    /// A new producer under the id (fencing the old one and settling its transaction), its
+    /// transaction begun; none once the term is fenced ([`Transactional::end`]) or when building
+    /// it failed fatally ([`Transactional::fail`]).
+    async fn build_again(&self) -> Option<Arc<Kafka>> {
         loop {
             if self.owned.is_cancelled() {
-                return self.end();
+                self.end();
+                return None;
             }
             match build(&self.cfg).await {
                 // A producer built after the fence would fence the next owner's: dropped.
-                Ok(_) if self.owned.is_cancelled() => return self.end(),
-                Ok(kafka) => return self.reopen(Some(kafka)).await,
-                Err(e) if e.fatal => return self.fail(e.message),
+                Ok(_) if self.owned.is_cancelled() => {
+                    self.end();
+                    return None;
+                }
+                Ok(kafka) => return Some(kafka),
+                Err(e) if e.fatal => {
+                    self.fail(e.message);
+                    return None;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e.message, "building the transactional producer again");
                     tokio::select! {
@@ -399,6 +502,17 @@ impl Transactional {
             }
         }
     }
+}
+
+/// How long a commit may take: [`CALL_TIMEOUT`], or less than librdkafka's own timeout of the
+/// commit's request (`socket.timeout.ms`), after which it would send the request again.
+fn commit_timeout(cfg: &KafkaConfig) -> Duration {
+    let socket = cfg
+        .properties
+        .get("socket.timeout.ms")
+        .and_then(|ms| ms.trim().parse::<u64>().ok())
+        .map_or(Duration::from_secs(60), Duration::from_millis);
+    CALL_TIMEOUT.min(socket / 2)
 }
 
 /// `cfg` with the transactional settings: the id, and a delivery timeout within the

@@ -83,6 +83,42 @@ fn reports_wait_for_the_outcome_and_come_back_as_it_says() {
 }
 
 #[test]
+fn an_acknowledged_entry_awaiting_its_commit_is_counted_apart_until_the_outcome() {
+    let inbox = Inbox::new();
+    let hold = Arc::new(Hold::default());
+    let entry = |seq| {
+        let mut r = Receipt::new(
+            inbox.clone(),
+            seq,
+            Sent::Entry {
+                arrived: std::time::Instant::now(),
+                bytes: 10,
+                alone: false,
+            },
+        );
+        r.hold = Some(hold.clone());
+        r
+    };
+    entry(1).report(Ok(()));
+    entry(2).report(Ok(()));
+    // A join's report is held too, but it is no entry of the stream's in-flight bound.
+    let mut join = Receipt::new(inbox.clone(), 7, Sent::Join);
+    join.hold = Some(hold.clone());
+    join.report(Ok(()));
+    assert_eq!(inbox.awaiting(), 2);
+    {
+        // Each hold woke whoever waits for room.
+        let fut = inbox.held_more();
+        tokio::pin!(fut);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(std::future::Future::poll(fut, &mut cx).is_ready());
+    }
+    hold.decide(Outcome::Committed);
+    assert_eq!(inbox.awaiting(), 0, "forwarded");
+    assert_eq!(ready(&inbox), [(1, true), (2, true), (7, true)]);
+}
+
+#[test]
 fn a_closed_transaction_takes_nothing_until_the_next_one_opens() {
     let mut books = Books::default();
     assert!(books.is_empty());
