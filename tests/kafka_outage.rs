@@ -67,6 +67,28 @@ impl Cut {
             churn,
         }
     }
+
+    /// Stops the churn, then the relay: a `read_committed` consumer finds every change once,
+    /// in order. How many changes there were, and the transactions aborted.
+    async fn every_change_once(self) -> (usize, u64) {
+        self.churn.stop().await;
+        let expected = self.bed.journal("pods", Some("a"));
+        let msgs = self.bed.read_covering(&self.topic, &expected).await;
+        assert_covers(&msgs, &expected);
+        assert_once(&msgs);
+        let aborted = transactions(&self.relay, "aborted");
+        self.relay.stop().await;
+        (expected.len(), aborted)
+    }
+}
+
+/// The transactions of `relay` that ended with `outcome`.
+fn transactions(relay: &Relay, outcome: &str) -> u64 {
+    relay
+        .metrics
+        .transactions
+        .with_label_values(&[outcome])
+        .get()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -119,66 +141,45 @@ async fn broker_outage_loses_nothing_and_never_checkpoints_ahead() {
 
 /// With `delivery: exactlyOnce`, a cut between the relay and the broker that outlasts the
 /// transaction timeout: the coordinator aborts the open transaction, the relay's commit fails,
-/// it aborts and builds its producer again (a new epoch), its stream replays from the committed
-/// position, and a `read_committed` consumer reads every change once, in order.
+/// it builds its producer again (a new epoch) and reads the outcome back, its stream replays
+/// from the committed position, and a `read_committed` consumer reads every change once, in
+/// order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_once_through_a_cut_past_the_transaction_timeout() {
     // The coordinator looks for timed-out transactions every second, not every 10 s.
     let every_second = "transaction.abort.timed.out.transaction.cleanup.interval.ms=1000";
-    let Cut {
-        proxy,
-        broker: _broker,
-        bed,
-        topic,
-        relay,
-        churn,
-    } = Cut::churning(
+    let cut = Cut::churning(
         vec![every_second.into()],
         "eos-cut",
         "    transaction.timeout.ms: \"3000\"\n  delivery: exactlyOnce\n",
     )
     .await;
-    let aborted = || {
-        relay
-            .metrics
-            .transactions
-            .with_label_values(&["aborted"])
-            .get()
-    };
     // A cut just after a commit's request left lets that commit complete, and holds no open
     // transaction: cut again until one is aborted (the first cut nearly always does).
     for _ in 0..3 {
-        proxy.cut();
-        let rv_at_cut = bed.sim.current_rv();
+        cut.proxy.cut();
+        let rv_at_cut = cut.bed.sim.current_rv();
         // Past the transaction timeout and the coordinator's look for it: the cut's length is
         // the test's.
         tokio::time::sleep(Duration::from_secs(7)).await;
-        proxy.restore();
-        bed.wait_checkpoint_past(STREAM, rv_at_cut).await;
-        if aborted() > 0 {
+        cut.proxy.restore();
+        cut.bed.wait_checkpoint_past(STREAM, rv_at_cut).await;
+        if transactions(&cut.relay, "aborted") > 0 {
             break;
         }
     }
-    churn.stop().await;
-    let expected = bed.journal("pods", Some("a"));
-    let msgs = bed.read_covering(&topic, &expected).await;
-    assert_covers(&msgs, &expected);
-    assert_once(&msgs);
-    let aborted = aborted();
+    let (changes, aborted) = cut.every_change_once().await;
     assert!(aborted > 0, "a cut aborted a transaction");
-    eprintln!(
-        "{} changes, each once; {aborted} transactions aborted",
-        expected.len()
-    );
-    relay.stop().await;
+    eprintln!("{changes} changes, each once; {aborted} transactions aborted");
 }
 
 /// With `delivery: exactlyOnce`, Produce and EndTxn requests held past the client's timeouts
 /// (`WATCHRELAY_TXN_TIMEOUTS` of them, 20 by default), each reaching the broker late, after the
-/// client gave up on it: a Produce timed out makes its transaction abortable (aborted, the
-/// producer built again under a new epoch, its streams replayed from their committed
-/// positions), an EndTxn timed out leaves a commit's outcome unknown (tried again, never taken
-/// for an abort). A `read_committed` consumer reads every change once, in order.
+/// client gave up on it: a Produce timed out makes its transaction abortable, an EndTxn timed
+/// out leaves a commit's outcome unknown. Either way the producer is built again under a new
+/// epoch (the late request is fenced), the outcome is read back, and an aborted transaction's
+/// stream replays from its committed position. A `read_committed` consumer reads every change
+/// once, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_once_through_requests_held_past_their_timeouts() {
     const PRODUCE: i16 = 0;
@@ -187,58 +188,34 @@ async fn exactly_once_through_requests_held_past_their_timeouts() {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(20);
-    let Cut {
-        proxy,
-        broker: _broker,
-        bed,
-        topic,
-        relay,
-        churn,
-    } = Cut::churning(
+    let cut = Cut::churning(
         Vec::new(),
         "eos-timeouts",
         "    request.timeout.ms: \"400\"\n    socket.timeout.ms: \"400\"\n  delivery: exactlyOnce\n  commitIntervalMs: 50\n",
     )
     .await;
-    let transactions = |outcome: &str| {
-        relay
-            .metrics
-            .transactions
-            .with_label_values(&[outcome])
-            .get()
-    };
     // Held past the 400 ms the client waits, and past the next of its once-a-second looks
     // for requests that timed out.
-    proxy.hold(Hold::new(
+    cut.proxy.hold(Hold::new(
         &[PRODUCE, END_TXN],
         4,
         Duration::from_millis(1600),
         timeouts,
     ));
-    let rv_at_start = bed.sim.current_rv();
+    let rv_at_start = cut.bed.sim.current_rv();
     // Each hold costs its delay and the recovery after it: the wait is bounded by the count.
     for _ in 0..timeouts * 50 {
-        if proxy.held() >= timeouts {
+        if cut.proxy.held() >= timeouts {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(proxy.held(), timeouts, "every request to hold was held");
-    bed.wait_checkpoint_past(STREAM, rv_at_start).await;
-    churn.stop().await;
-    let expected = bed.journal("pods", Some("a"));
-    let msgs = bed.read_covering(&topic, &expected).await;
-    assert_covers(&msgs, &expected);
-    assert_once(&msgs);
+    assert_eq!(cut.proxy.held(), timeouts, "every request to hold was held");
+    cut.bed.wait_checkpoint_past(STREAM, rv_at_start).await;
+    let committed = transactions(&cut.relay, "committed");
+    let (changes, aborted) = cut.every_change_once().await;
     eprintln!(
-        "{} changes, each once; {timeouts} requests held past their timeouts; transactions: {} committed, {} aborted",
-        expected.len(),
-        transactions("committed"),
-        transactions("aborted"),
+        "{changes} changes, each once; {timeouts} requests held past their timeouts; transactions: {committed} committed, {aborted} aborted"
     );
-    assert!(
-        transactions("aborted") > 0,
-        "a held request aborted a transaction"
-    );
-    relay.stop().await;
+    assert!(aborted > 0, "a held request aborted a transaction");
 }

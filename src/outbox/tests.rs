@@ -132,6 +132,15 @@ impl Bed {
         Ok(n)
     }
 
+    /// The producer delivered an object's join, two records of it, then its membership
+    /// tombstone.
+    fn assert_joined_announced_left(&self) {
+        let log = self.log();
+        let topics: Vec<&str> = log.iter().map(|(t, _, _)| t.as_str()).collect();
+        assert_eq!(topics, [MEMBERSHIP, "test.pods", "test.pods", MEMBERSHIP]);
+        assert!(log[3].2, "the last membership record is a tombstone");
+    }
+
     /// What the producer delivered: (topic, key, whether a tombstone).
     fn log(&self) -> Vec<(String, String, bool)> {
         self.producer
@@ -197,10 +206,7 @@ async fn an_object_joins_before_anything_announcing_it_is_sent_and_leaves_after_
     assert!(!b.outbox.members().contains(meta("a", 10).uid()));
     b.producer.release(Order::Sent);
     b.settle_ready().await.unwrap();
-    let log = b.log();
-    let topics: Vec<&str> = log.iter().map(|(t, _, _)| t.as_str()).collect();
-    assert_eq!(topics, [MEMBERSHIP, "test.pods", "test.pods", MEMBERSHIP]);
-    assert!(log[3].2, "the last membership record is a tombstone");
+    b.assert_joined_announced_left();
     assert_eq!(b.outbox.checkpoint(), Some("11"));
 }
 
@@ -221,10 +227,7 @@ async fn in_a_transaction_nothing_waits_for_a_join_and_a_deleted_reported_first_
     assert_eq!(b.producer.held(), 1, "its tombstone, once its join is in");
     b.producer.release(Order::Sent);
     b.settle_ready().await.unwrap();
-    let log = b.log();
-    let topics: Vec<&str> = log.iter().map(|(t, _, _)| t.as_str()).collect();
-    assert_eq!(topics, [MEMBERSHIP, "test.pods", "test.pods", MEMBERSHIP]);
-    assert!(log[3].2, "the last membership record is a tombstone");
+    b.assert_joined_announced_left();
 }
 
 #[tokio::test(start_paused = true)]
