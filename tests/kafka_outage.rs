@@ -36,7 +36,13 @@ impl Cut {
             ..Options::default()
         });
         proxy.forward_to(listener, broker.port);
-        let mut bed = Bed::new(&["a"]).await;
+        // The API server's history as long as any replay needs (50 s of churn), and no longer:
+        // a run with a thousand held requests lasts most of an hour.
+        let sim = watchrelay_sim::SimConfig {
+            history_limit: 10_000,
+            ..Default::default()
+        };
+        let mut bed = Bed::with(sim, &["a"]).await;
         bed.bootstrap = format!("127.0.0.1:{}", proxy.port);
         let topic = kafka::unique(prefix);
         kafka::create_topics_at(&bed.bootstrap, &[&topic], 3).await;
@@ -195,15 +201,17 @@ async fn exactly_once_through_requests_held_past_their_timeouts() {
     )
     .await;
     // Held past the 400 ms the client waits, and past the next of its once-a-second looks
-    // for requests that timed out.
+    // for requests that timed out; then half a second for the relay to get a transaction
+    // through, or the history it must replay would outrun the API server's.
     cut.proxy.hold(Hold::new(
         &[PRODUCE, END_TXN],
         4,
         Duration::from_millis(1600),
+        Duration::from_millis(500),
         timeouts,
     ));
     let rv_at_start = cut.bed.sim.current_rv();
-    // Each hold costs its delay and the recovery after it: the wait is bounded by the count.
+    // Each hold costs its delay and the gap after it: the wait is bounded by the count.
     for _ in 0..timeouts * 50 {
         if cut.proxy.held() >= timeouts {
             break;

@@ -26,30 +26,44 @@ pub struct Hold {
     pub delay: Duration,
     /// How many to hold in all.
     pub limit: u64,
+    /// How long after a held request went on before another may be held: time for the client
+    /// to recover and get something through.
+    pub gap: Duration,
     seen: u64,
     held: u64,
+    /// Until when no request is held.
+    quiet_until: Option<std::time::Instant>,
 }
 
 impl Hold {
-    pub fn new(api_keys: &[i16], every: u64, delay: Duration, limit: u64) -> Self {
+    pub fn new(api_keys: &[i16], every: u64, delay: Duration, gap: Duration, limit: u64) -> Self {
         Self {
             api_keys: api_keys.to_vec(),
             every,
             delay,
             limit,
+            gap,
             seen: 0,
             held: 0,
+            quiet_until: None,
         }
     }
 
     /// Whether a request with `api_key` is held.
     fn take(&mut self, api_key: i16) -> bool {
-        if self.held >= self.limit || !self.api_keys.contains(&api_key) {
+        let now = std::time::Instant::now();
+        if self.held >= self.limit
+            || !self.api_keys.contains(&api_key)
+            || self.quiet_until.is_some_and(|t| now < t)
+        {
             return false;
         }
         self.seen += 1;
         let hold = self.seen.is_multiple_of(self.every);
-        self.held += u64::from(hold);
+        if hold {
+            self.held += 1;
+            self.quiet_until = Some(now + self.delay + self.gap);
+        }
         hold
     }
 }

@@ -250,41 +250,17 @@ impl Transactional {
             let Some(kafka) = self.build_again().await else {
                 return;
             };
-            let committed = match hold.witness() {
-                // Nothing of it acknowledged: nothing of it can be read either way.
-                None => Ok(false),
-                Some(w) => {
-                    let cfg = self.cfg.clone();
-                    tokio::task::spawn_blocking(move || {
-                        super::kafka::committed_at(
-                            &cfg,
-                            &w.topic,
-                            w.partition,
-                            w.offset,
-                            CALL_TIMEOUT,
-                        )
-                    })
-                    .await
-                    .unwrap_or_else(|e| Err(e.to_string()))
-                }
+            let Some(committed) = self.outcome(&hold).await else {
+                return self.end();
             };
-            match committed {
-                Ok(true) => {
-                    tracing::info!("the transaction had committed");
-                    self.committed(&hold, started);
-                }
-                Ok(false) => {
-                    tracing::info!(
-                        "the transaction was aborted; its streams replay from their checkpoints"
-                    );
-                    self.aborted(&hold, &streams, &e.message);
-                }
-                Err(why) => {
-                    return self.fail(format!(
-                    "the outcome of a transaction is unknown ({}), and reading it failed: {why}",
-                    e.message
-                ))
-                }
+            if committed {
+                tracing::info!("the transaction had committed");
+                self.committed(&hold, started);
+            } else {
+                tracing::info!(
+                    "the transaction was aborted; its streams replay from their checkpoints"
+                );
+                self.aborted(&hold, &streams, &e.message);
             }
             return self.reopen(Some(kafka)).await;
         }
@@ -314,6 +290,33 @@ impl Transactional {
         }
         self.aborted(&hold, &streams, &e.message);
         self.rebuild(kafka, TxnError::abortable(&e.message)).await;
+    }
+
+    /// Whether the transaction of `hold`, settled by a newer producer under the id, committed:
+    /// read at its [`Witness`](books::Witness) (none: nothing of it was written, so nothing of
+    /// it can be read). Asked again while the answer waits (another producer's transaction open
+    /// before it in the partition holds the reader back, at most until that one's timeout);
+    /// `None` once the term is fenced.
+    async fn outcome(&self, hold: &Hold) -> Option<bool> {
+        let Some(w) = hold.witness() else {
+            return Some(false);
+        };
+        loop {
+            let (cfg, w) = (self.cfg.clone(), w.clone());
+            let read = tokio::task::spawn_blocking(move || {
+                super::kafka::committed_at(&cfg, &w.topic, w.partition, w.offset, CALL_TIMEOUT)
+            })
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()));
+            match read {
+                Ok(committed) => return Some(committed),
+                Err(_) if self.owned.is_cancelled() => return None,
+                Err(why) => {
+                    tracing::warn!(error = %why, "reading whether a transaction committed; trying again");
+                    tokio::time::sleep(REBUILD_AGAIN).await;
+                }
+            }
+        }
     }
 
     /// The closed transaction of `hold`, begun at `started`, committed.
