@@ -75,9 +75,10 @@ pub struct Ledger<T> {
     /// Members that left whose tombstone is still to be handed to the producer.
     leaving: Vec<String>,
     /// Objects that left while their join was pending (its report may come after their
-    /// DELETED's, when both are committed in one transaction), by the number of that join:
-    /// they leave once it is delivered.
-    left_joining: HashMap<String, u64>,
+    /// DELETED's, when both are committed in one transaction): the number of that join, and
+    /// whether they left as members (their tombstone is owed already). Once it is delivered,
+    /// it does not make them members again.
+    left_joining: HashMap<String, (u64, bool)>,
     /// Tombstones handed to the producer, by number, until reported.
     leaves_out: HashMap<u64, String>,
     next_leave: u64,
@@ -166,17 +167,21 @@ impl<T> Ledger<T> {
         match self.gate.settled(n) {
             None => Settled::Unknown,
             Some((uid, known)) if delivered => {
-                if self.left_joining.get(&uid) == Some(&n) {
-                    self.left_joining.remove(&uid);
-                    self.members.remove(&uid);
-                    self.leaving.push(uid);
-                } else {
-                    self.members.insert(&uid, &known);
+                match self.left_joining.get(&uid) {
+                    Some(&(j, owed)) if j == n => {
+                        self.left_joining.remove(&uid);
+                        // A join let go at a rewind may have made it a member meanwhile.
+                        self.members.remove(&uid);
+                        if !owed {
+                            self.leaving.push(uid);
+                        }
+                    }
+                    _ => self.members.insert(&uid, &known),
                 }
                 Settled::Member
             }
             Some((uid, _)) => {
-                if self.left_joining.get(&uid) == Some(&n) {
+                if self.left_joining.get(&uid).is_some_and(|&(j, _)| j == n) {
                     self.left_joining.remove(&uid);
                 }
                 // Let go at a rewind: the replay joins its object again.
@@ -226,10 +231,12 @@ impl<T> Ledger<T> {
     /// so does each whose join is pending, once that join is delivered.
     pub fn left(&mut self, uids: impl IntoIterator<Item = String>) {
         for uid in uids {
-            if self.members.remove(&uid) && self.topic.is_some() {
+            let owed = self.members.remove(&uid) && self.topic.is_some();
+            if let Some(n) = self.gate.joining_number(&uid) {
+                self.left_joining.insert(uid.clone(), (n, owed));
+            }
+            if owed {
                 self.leaving.push(uid);
-            } else if let Some(n) = self.gate.joining_number(&uid) {
-                self.left_joining.insert(uid, n);
             }
         }
     }
@@ -448,10 +455,23 @@ mod tests {
         assert_eq!(l.settle_join(2, true), Settled::Member);
         assert!(!l.members().contains("r"), "the replay's join ends it");
 
+        // A member (made so by a join let go at a rewind) that leaves while the replay's join
+        // of it is pending: that join, delivered, does not bring it back, nor owe a second
+        // tombstone.
+        assert_eq!(decide(&mut l, join("s"), None), "join 3 w/cm/pods.a/s");
+        l.clear_all();
+        assert_eq!(decide(&mut l, join("s"), None), "join 4 w/cm/pods.a/s");
+        assert_eq!(l.settle_join(3, true), Settled::Member);
+        l.left(["s".to_string()]);
+        assert_eq!(l.settle_join(4, true), Settled::Member);
+        assert!(!l.members().contains("s"), "left for good");
+        let owed: Vec<String> = std::iter::from_fn(|| l.next_tombstone().map(|t| t.uid)).collect();
+        assert_eq!(owed.iter().filter(|u| *u == "s").count(), 1, "{owed:?}");
+
         // A leave recorded for a join that fails is forgotten.
-        assert_eq!(decide(&mut l, join("f"), None), "join 3 w/cm/pods.a/f");
+        assert_eq!(decide(&mut l, join("f"), None), "join 5 w/cm/pods.a/f");
         l.left(["f".to_string()]);
-        assert_eq!(l.settle_join(3, false), Settled::Failed);
+        assert_eq!(l.settle_join(5, false), Settled::Failed);
         assert!(l.left_joining.is_empty());
     }
 }

@@ -31,9 +31,10 @@
 //!    Records wait in stream order behind pending joins (the outbox holds them), so nothing about
 //!    an object precedes its join. Joins are pipelined: creations cost one extra round trip of
 //!    latency, other changes nothing. With a transactional producer (`delivery: exactlyOnce`)
-//!    nothing waits: the join is handed over first and commits in the same transaction as the
-//!    records after it, or in an earlier one, and a consumer reading committed sees neither
-//!    without the other. A DELETED whose report comes before its join's (they travel on
+//!    no record waits for its object's join: the join is handed over first and commits in the
+//!    same transaction as the records after it, or in an earlier one, and a consumer reading
+//!    committed sees neither without the other (a position passed without a record still
+//!    waits for the join's commit). A DELETED whose report comes before its join's (they travel on
 //!    different partitions) leaves once the join is reported.
 //! 2. **Leaving comes last.** The tombstone is produced only after the object's DELETED (real or
 //!    inferred) was acknowledged, so a consumer that may still hold the object always finds it a

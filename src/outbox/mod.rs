@@ -17,9 +17,13 @@
 //!   ignored), and the error carries the checkpoint the stream replays from.
 //! - An object joins the members before anything announcing it is sent: with a membership topic,
 //!   its membership record is acknowledged first, and the stream's records wait in order behind
-//!   pending joins (the ledger's join gate). It leaves once its DELETED is in the acknowledged prefix,
-//!   and its membership tombstone is produced then (see [`crate::membership`] for why this
-//!   leaves no hole after a crash).
+//!   pending joins (the ledger's join gate). With a transactional producer the record goes at
+//!   once, after its join: both commit together, or the join earlier. It leaves once its
+//!   DELETED is in the acknowledged prefix, and its membership tombstone is produced then (see
+//!   [`crate::membership`] for why this leaves no hole after a crash).
+//! - At most [`Limits::max_in_flight`] entries are handed over and unacknowledged; with a
+//!   transactional producer, entries Kafka acknowledged that wait for their commit count apart,
+//!   up to [`AWAITING_WINDOWS`] bounds more.
 
 use std::collections::VecDeque;
 use std::sync::Arc;

@@ -53,7 +53,11 @@ impl ProducerContext for Reporting {
     fn delivery(&self, result: &DeliveryResult<'_>, receipt: Box<Receipt>) {
         self.reported.fetch_add(1, Ordering::Relaxed);
         if let (Ok(m), Some(hold)) = (result, &receipt.hold) {
-            hold.witness(m.topic(), m.partition(), m.offset());
+            // A duplicate the broker dropped is acknowledged without an offset: no witness.
+            if m.offset() >= 0 {
+                let entry = matches!(receipt.sent, super::Sent::Entry { .. });
+                hold.witness(m.topic(), m.partition(), m.offset(), entry);
+            }
         }
         receipt.report(match result {
             Ok(_) => Ok(()),
@@ -271,33 +275,49 @@ impl Kafka {
     }
 }
 
+/// Why the outcome of a transaction could not be read.
+#[derive(Debug)]
+pub(crate) struct Unread {
+    pub(crate) message: String,
+    /// Asking again cannot help (no permission to read, the record gone): only a restart from
+    /// the committed positions can.
+    pub(crate) fatal: bool,
+}
+
 /// Whether the record Kafka wrote at `offset` of `topic`'s `partition` is committed: a
-/// `read_committed` reader (with `cfg`'s connection) positioned there first sees it, or, its
-/// transaction aborted, skips it. Only once the transaction is settled (a newer producer under
-/// its id was initialized) is the answer final. Blocks, up to `timeout`, while records before it
-/// are still in open transactions.
+/// `read_committed` reader (with `cfg`'s connection, in the membership reader's group, which
+/// it never joins or commits in) positioned there first sees it, or, its transaction aborted,
+/// skips it. Only once the transaction is settled (a newer producer under its id was
+/// initialized) is the answer final. Blocks, up to `timeout`, while records before it are still
+/// in open transactions.
 pub(crate) fn committed_at(
     cfg: &KafkaConfig,
     topic: &str,
     partition: i32,
     offset: i64,
     timeout: Duration,
-) -> Result<bool, String> {
+) -> Result<bool, Unread> {
     use rdkafka::consumer::{BaseConsumer, Consumer as _};
     use rdkafka::{Offset, TopicPartitionList};
+    let transient = |e: KafkaError| Unread {
+        fatal: false,
+        message: e.to_string(),
+    };
     let mut settings = cfg.connection_config();
     settings
         .remove("transactional.id")
         .remove("transaction.timeout.ms")
-        .set("group.id", "watchrelay-outcome")
+        .set("group.id", crate::membership::log::GROUP)
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
+        // Gone (retention, compaction): never read past it as if it were aborted.
+        .set("auto.offset.reset", "error")
         .set("isolation.level", "read_committed");
-    let consumer: BaseConsumer = settings.create().map_err(|e| e.to_string())?;
+    let consumer: BaseConsumer = settings.create().map_err(transient)?;
     let mut at = TopicPartitionList::new();
     at.add_partition_offset(topic, partition, Offset::Offset(offset))
-        .map_err(|e| e.to_string())?;
-    consumer.assign(&at).map_err(|e| e.to_string())?;
+        .map_err(transient)?;
+    consumer.assign(&at).map_err(transient)?;
     let deadline = std::time::Instant::now() + timeout;
     while std::time::Instant::now() < deadline {
         match consumer.poll(Duration::from_millis(100)) {
@@ -313,13 +333,32 @@ pub(crate) fn committed_at(
                     return Ok(false);
                 }
             }
-            Some(Err(e)) => return Err(e.to_string()),
+            Some(Err(e)) => {
+                use RDKafkaErrorCode as C;
+                let fatal = matches!(
+                    e.rdkafka_error_code(),
+                    Some(
+                        C::TopicAuthorizationFailed
+                            | C::GroupAuthorizationFailed
+                            | C::ClusterAuthorizationFailed
+                            | C::OffsetOutOfRange
+                            | C::AutoOffsetReset
+                    )
+                );
+                return Err(Unread {
+                    fatal,
+                    message: e.to_string(),
+                });
+            }
             None => {}
         }
     }
-    Err(format!(
-        "{topic} [{partition}] was not readable past offset {offset} within {timeout:?}"
-    ))
+    Err(Unread {
+        fatal: false,
+        message: format!(
+            "{topic} [{partition}] was not readable past offset {offset} within {timeout:?}"
+        ),
+    })
 }
 
 impl Producer for Kafka {

@@ -257,9 +257,10 @@ pub(crate) trait Holds: Send + Sync + std::fmt::Debug {
     /// Takes `report`, to hand it on (through its receipt, which left the hold) later.
     fn report(&self, report: Report);
 
-    /// Kafka wrote one of its records at `offset` of `topic`'s `partition`: where to look, if
-    /// its outcome is ever unknown, whether it committed.
-    fn witness(&self, _topic: &str, _partition: i32, _offset: i64) {}
+    /// Kafka wrote one of its records at `offset` of `topic`'s `partition` (`entry`: a stream's
+    /// entry in a channel topic; otherwise a membership record): where to look, if its outcome
+    /// is ever unknown, whether it committed.
+    fn witness(&self, _topic: &str, _partition: i32, _offset: i64, _entry: bool) {}
 }
 
 /// What travels with a record and comes back in its [`Report`].

@@ -15,6 +15,7 @@ mod topics;
 mod write;
 
 pub use replay::Apply;
+pub(crate) use replay::GROUP;
 pub use write::{adopt, send_all, SendError};
 
 /// Administers and reads the membership topic. Every call blocks.

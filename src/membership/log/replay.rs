@@ -56,7 +56,7 @@ fn consumer_settings(connection: &ClientConfig) -> ClientConfig {
 
 /// The consumer group the reading consumer names (it commits nothing; an ACL may still ask
 /// for Read on it).
-const GROUP: &str = "watchrelay-membership";
+pub(crate) const GROUP: &str = "watchrelay-membership";
 
 /// How long the membership topic may go without a record before its reading is given up.
 const REPLAY_IDLE: Duration = Duration::from_secs(60);

@@ -51,8 +51,11 @@ pub(crate) struct Hold {
 struct HoldState {
     outcome: Option<Outcome>,
     held: Vec<Report>,
-    /// Where Kafka wrote the first of its records it acknowledged.
+    /// Where Kafka wrote the first of its membership records (positions, joins, tombstones) it
+    /// acknowledged, and the first of its entries: the relay may read the membership topic,
+    /// and with sharding a shard's partition of it has no other writer.
     witness: Option<Witness>,
+    entry_witness: Option<Witness>,
 }
 
 /// Where Kafka wrote a record of a transaction: a `read_committed` reader sees it there once
@@ -65,10 +68,15 @@ pub(crate) struct Witness {
 }
 
 impl Holds for Hold {
-    fn witness(&self, topic: &str, partition: i32, offset: i64) {
+    fn witness(&self, topic: &str, partition: i32, offset: i64, entry: bool) {
         let mut state = self.state.lock().expect("hold lock poisoned");
-        if state.witness.is_none() {
-            state.witness = Some(Witness {
+        let slot = if entry {
+            &mut state.entry_witness
+        } else {
+            &mut state.witness
+        };
+        if slot.is_none() {
+            *slot = Some(Witness {
                 topic: topic.to_string(),
                 partition,
                 offset,
@@ -110,13 +118,14 @@ impl Hold {
         }
     }
 
-    /// Where Kafka wrote the first of its records it acknowledged, if any.
+    /// Where Kafka wrote one of its records it acknowledged, if any: a membership record's
+    /// place first, else an entry's.
     pub(crate) fn witness(&self) -> Option<Witness> {
-        self.state
-            .lock()
-            .expect("hold lock poisoned")
+        let state = self.state.lock().expect("hold lock poisoned");
+        state
             .witness
             .clone()
+            .or_else(|| state.entry_witness.clone())
     }
 
     /// Reports waiting for the outcome.

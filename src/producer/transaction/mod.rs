@@ -251,7 +251,10 @@ impl Transactional {
                 return;
             };
             let Some(committed) = self.outcome(&hold).await else {
-                return self.end();
+                if self.owned.is_cancelled() {
+                    self.end();
+                }
+                return;
             };
             if committed {
                 tracing::info!("the transaction had committed");
@@ -264,29 +267,27 @@ impl Transactional {
             }
             return self.reopen(Some(kafka)).await;
         }
-        if e.fatal {
-            // The instance is dead. While the term owns the id (its lease or its shard is
-            // proven), only the coordinator can have fenced it, by aborting the transaction
-            // past `transaction.timeout.ms` (a new epoch): the transaction did not commit.
-            tracing::warn!(error = %e.message, streams = streams.len(), "a transaction outlived its timeout and was aborted by the coordinator; its streams replay from their checkpoints");
-        } else {
-            tracing::warn!(error = %e.message, streams = streams.len(), "a transaction cannot commit: aborting it; its streams replay from their checkpoints");
-            // Its records delivered or failed first: an abort with records in flight can fail
-            // fatally in librdkafka.
-            let k = kafka.clone();
-            let _ = tokio::task::spawn_blocking(move || Producer::flush(&*k, CALL_TIMEOUT)).await;
-            if let Err(a) = self
-                .call(&kafka, |k| k.abort_transaction(CALL_TIMEOUT))
-                .await
-            {
-                if !a.fatal && !self.owned.is_cancelled() {
-                    return self.fail(a.message);
-                }
-                // Fenced meanwhile: the next owner's producer aborts it; or dead, as above.
-                if self.owned.is_cancelled() {
-                    return self.end();
-                }
+        // No commit was asked: the transaction cannot have committed.
+        tracing::warn!(error = %e.message, streams = streams.len(), "a transaction cannot commit: aborting it; its streams replay from their checkpoints");
+        // Its records delivered or failed first: an abort with records in flight can fail
+        // fatally in librdkafka.
+        let k = kafka.clone();
+        let _ = tokio::task::spawn_blocking(move || Producer::flush(&*k, CALL_TIMEOUT)).await;
+        if let Err(a) = self
+            .call(&kafka, |k| k.abort_transaction(CALL_TIMEOUT))
+            .await
+        {
+            if !a.fatal && !self.owned.is_cancelled() {
+                return self.fail(a.message);
             }
+            // Fenced meanwhile: the next owner's producer aborts it. Otherwise the instance is
+            // dead: while the term owns the id (its lease or its shard proven), only the
+            // coordinator can have fenced it, by aborting the transaction past
+            // `transaction.timeout.ms` (a new epoch).
+            if self.owned.is_cancelled() {
+                return self.end();
+            }
+            tracing::warn!(error = %a.message, "the transaction outlived its timeout and was aborted by the coordinator");
         }
         self.aborted(&hold, &streams, &e.message);
         self.rebuild(kafka, TxnError::abortable(&e.message)).await;
@@ -296,7 +297,9 @@ impl Transactional {
     /// read at its [`Witness`](books::Witness) (none: nothing of it was written, so nothing of
     /// it can be read). Asked again while the answer waits (another producer's transaction open
     /// before it in the partition holds the reader back, at most until that one's timeout);
-    /// `None` once the term is fenced.
+    /// `None` once the term is fenced, or once reading it failed for good (no permission to
+    /// read, the record gone): the producer then fails ([`Transactional::fail`]), and a restart
+    /// resumes from the committed positions.
     async fn outcome(&self, hold: &Hold) -> Option<bool> {
         let Some(w) = hold.witness() else {
             return Some(false);
@@ -307,12 +310,24 @@ impl Transactional {
                 super::kafka::committed_at(&cfg, &w.topic, w.partition, w.offset, CALL_TIMEOUT)
             })
             .await
-            .unwrap_or_else(|e| Err(e.to_string()));
+            .unwrap_or_else(|e| {
+                Err(super::kafka::Unread {
+                    fatal: false,
+                    message: e.to_string(),
+                })
+            });
             match read {
                 Ok(committed) => return Some(committed),
                 Err(_) if self.owned.is_cancelled() => return None,
+                Err(why) if why.fatal => {
+                    self.fail(format!(
+                        "whether a transaction committed cannot be read: {}",
+                        why.message
+                    ));
+                    return None;
+                }
                 Err(why) => {
-                    tracing::warn!(error = %why, "reading whether a transaction committed; trying again");
+                    tracing::warn!(error = %why.message, "reading whether a transaction committed; trying again");
                     tokio::time::sleep(REBUILD_AGAIN).await;
                 }
             }
