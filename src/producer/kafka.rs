@@ -275,6 +275,10 @@ impl Kafka {
     }
 }
 
+/// The consumer group the relay's readers of the membership topic name: they never join it or
+/// commit in it, but an ACL may ask for Read on it.
+pub(crate) const MEMBERSHIP_GROUP: &str = "watchrelay-membership";
+
 /// Why the outcome of a transaction could not be read.
 #[derive(Debug)]
 pub(crate) struct Unread {
@@ -307,7 +311,7 @@ pub(crate) fn committed_at(
     settings
         .remove("transactional.id")
         .remove("transaction.timeout.ms")
-        .set("group.id", crate::membership::log::GROUP)
+        .set("group.id", MEMBERSHIP_GROUP)
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
         // Gone (retention, compaction): never read past it as if it were aborted.

@@ -19,6 +19,7 @@ mod kafka;
 mod record;
 mod transaction;
 
+pub(crate) use kafka::MEMBERSHIP_GROUP;
 pub use kafka::{Kafka, Reporting};
 pub use record::{Headers, Record};
 pub use transaction::{Transactional, TxnMetrics};

@@ -15,7 +15,6 @@ mod topics;
 mod write;
 
 pub use replay::Apply;
-pub(crate) use replay::GROUP;
 pub use write::{adopt, send_all, SendError};
 
 /// Administers and reads the membership topic. Every call blocks.

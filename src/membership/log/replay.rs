@@ -56,7 +56,7 @@ fn consumer_settings(connection: &ClientConfig) -> ClientConfig {
 
 /// The consumer group the reading consumer names (it commits nothing; an ACL may still ask
 /// for Read on it).
-pub(crate) const GROUP: &str = "watchrelay-membership";
+const GROUP: &str = crate::producer::MEMBERSHIP_GROUP;
 
 /// How long the membership topic may go without a record before its reading is given up.
 const REPLAY_IDLE: Duration = Duration::from_secs(60);
