@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::bed::{assert_covers, assert_once, Bed, Relay};
 use common::broker::{Options, OwnBroker};
 use common::kafka;
-use common::proxy::{Hold, Proxy};
+use common::proxy::{Hold, Proxy, Wire};
 use watchrelay_sim::ChurnSpec;
 
 const STREAM: &str = "watchNamespacedPods.a";
@@ -35,7 +35,7 @@ impl Cut {
             extra: broker_extra,
             ..Options::default()
         });
-        proxy.forward_to(listener, broker.port);
+        proxy.forward_to(listener, broker.port, Wire::Kafka);
         // The API server's history as long as any replay needs (50 s of churn), and no longer:
         // a run with a thousand held requests lasts most of an hour.
         let sim = watchrelay_sim::SimConfig {

@@ -12,7 +12,7 @@ use common::bed::{assert_covers, assert_once, eventually, Bed, Relay, CHECKPOINT
 use common::broker::{Options, OwnBroker};
 use common::cluster::RelayProcess;
 use common::kafka::{self, Msg};
-use common::proxy::Proxy;
+use common::proxy::{Proxy, Wire};
 use common::view::{kafka_view, pods};
 use watchrelay::config::{Config, Delivery, GroupProtocol, ShardingConfig};
 use watchrelay_sim::{objects, ChurnHandle, ChurnSpec, Fault, SimConfig};
@@ -610,7 +610,7 @@ async fn a_replica_cut_from_the_api_server_gives_its_shards_up() {
         .trim_end_matches('/')
         .parse()
         .unwrap();
-    proxy.forward_to(listener, sim_port);
+    proxy.forward_to(listener, sim_port, Wire::Bytes);
     let url = bed
         .sim
         .url()

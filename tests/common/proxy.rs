@@ -1,5 +1,6 @@
-//! A TCP proxy the test controls, to cut the network between the relay and the broker while
-//! both stay up, or to hold some of the relay's Kafka requests past their timeouts.
+//! A TCP proxy the test controls, to cut the network between the relay and the broker (or the
+//! API server) while both stay up, or to hold some of the relay's Kafka requests past their
+//! timeouts.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -68,6 +69,16 @@ impl Hold {
     }
 }
 
+/// What the proxied connections speak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wire {
+    /// Any protocol (HTTP to the API server): bytes are copied as they come, and requests
+    /// cannot be held.
+    Bytes,
+    /// Kafka's protocol: requests are read frame by frame, so that some can be held.
+    Kafka,
+}
+
 pub struct Proxy {
     pub port: u16,
     state: Arc<Mutex<State>>,
@@ -87,8 +98,9 @@ impl Proxy {
         (proxy, listener)
     }
 
-    /// Forwards every connection accepted on `listener` to `target` on loopback.
-    pub fn forward_to(&mut self, listener: TcpListener, target: u16) {
+    /// Forwards every connection accepted on `listener` to `target` on loopback, speaking
+    /// `wire`.
+    pub fn forward_to(&mut self, listener: TcpListener, target: u16, wire: Wire) {
         let state = self.state.clone();
         self.accept = tokio::spawn(async move {
             loop {
@@ -112,6 +124,11 @@ impl Proxy {
                     // Request by request: a held one goes on after its delay, even once the
                     // client gave up on it and left (a late write), and holds those behind it.
                     let requests = async move {
+                        if wire == Wire::Bytes {
+                            let _ = tokio::io::copy(&mut from_client, &mut to_server).await;
+                            let _ = to_server.shutdown().await;
+                            return;
+                        }
                         let mut frame = Vec::new();
                         loop {
                             let mut len = [0u8; 4];
