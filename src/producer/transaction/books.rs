@@ -7,7 +7,7 @@
 //! |---|---|---|---|
 //! | *open* | taken, its receipt held by the open [`Hold`] | kept for the commit, the latest of its key | held until the outcome |
 //! | *closed* (a commit or an abort under way) | taken for the next transaction, sent once it began | kept for the next transaction | held until the outcome |
-//! | after an abort | refused for the streams it held, until each rewound | ignored for those streams | forwarded as failed |
+//! | after an abort (from its decision, while the next one opens too) | refused for the streams it held, until each rewound | ignored for those streams | forwarded as failed |
 //!
 //! A record in its stream's order (an entry, a join) belongs to its stream; a record in no
 //! stream's order (a membership tombstone, a mark) to none, and is never refused for a replay.
@@ -202,13 +202,18 @@ impl Books {
     /// Whether a record of `stream` (`None`: a record in no stream's order, such as a
     /// membership tombstone) may be sent now: the hold its receipt goes to, or why not. Nothing
     /// changes until it is [`Books::taken`].
+    ///
+    /// A replay comes first: from the moment an abort is decided, a stream it dropped records
+    /// of sends nothing until it rewound, even while the transaction after it is still being
+    /// opened; taken for that one, its newer records would commit ahead of its replay. While a
+    /// transaction closes, every record (a pinned stream's second one too) is for the next:
+    /// none may join the closing one behind its back.
     pub(crate) fn admit(&self, stream: Option<StreamKey>) -> Result<Arc<Hold>, Refusal> {
-        let pinned = stream.is_some_and(|s| self.pinned.contains(&s));
-        if self.closed && !pinned {
-            return Err(Refusal::Closed);
-        }
         if stream.is_some_and(|s| self.replaying.contains(&s)) {
             return Err(Refusal::Replay);
+        }
+        if self.closed {
+            return Err(Refusal::Closed);
         }
         Ok(self.hold.clone())
     }

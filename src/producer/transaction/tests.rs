@@ -225,8 +225,35 @@ fn a_pair_of_records_is_never_split_between_two_transactions() {
     assert!(!books.is_pinned(Duration::from_secs(1)));
     let closed = books.close();
     assert_eq!(closed.streams, HashSet::from([1, 2]));
-    // While closed, only a pinned stream's second record would be taken; none is pinned.
+    // While closed, every record is for the next transaction, a pinned stream's second too:
+    // none joins the closing one.
     assert_eq!(take(&mut books, Some(1), true).err(), Some(Refusal::Closed));
+    books.taken(Some(1), true);
+    assert_eq!(
+        books.admit(Some(1)).err(),
+        Some(Refusal::Closed),
+        "the tombstone follows its DELETED into the next transaction"
+    );
+}
+
+#[test]
+fn once_an_abort_is_decided_its_streams_send_nothing_while_the_next_transaction_opens() {
+    let mut books = Books::default();
+    take(&mut books, Some(1), false).expect("open");
+    let closed = books.close();
+    books.aborted(&closed.streams);
+    // Still closed: the new producer's transaction is being opened, what was taken meanwhile
+    // sent into it. A newer record of stream 1 taken now would commit before its replay.
+    assert_eq!(books.admit(Some(1)).err(), Some(Refusal::Replay));
+    assert_eq!(
+        books.admit(Some(2)).err(),
+        Some(Refusal::Closed),
+        "another stream's is for the next transaction"
+    );
+    books.open();
+    assert_eq!(books.admit(Some(1)).err(), Some(Refusal::Replay));
+    books.rewound(1);
+    assert!(books.admit(Some(1)).is_ok(), "once it rewound");
 }
 
 #[test]
