@@ -32,6 +32,10 @@
 //! operations, meeting in an in-memory group that hands shards over as Kafka's cooperative
 //! protocol does; the consumer's view must end as the cluster's all the same. A fourth checks
 //! the history of such cases as well: every change outside a 410's gap is published, in order.
+//! A fifth runs those cases with `delivery: exactlyOnce` over transactions in memory (each
+//! term's producer fenced by the next owner's, a stalled partition failing commits, commits'
+//! answers lost so the relay must read their outcome): the committed log must hold every change
+//! once, in order.
 //!
 //! `WATCHRELAY_MODEL_CASES` sets the cases per test (default 6); `WATCHRELAY_MODEL_SEED` runs one
 //! case. A failing case prints its seed and history.
@@ -48,8 +52,8 @@ use common::rng::Rng;
 use common::view::{self, consumer_view_by, events, json, version_view_by};
 use watchrelay::checkpoint::WRITES_KEY;
 use watchrelay::config::Config;
-use watchrelay::producer::Producer;
-use watchrelay::testing::{Lane, Memory, MemoryGroup, Order};
+use watchrelay::producer::{Producer, Record};
+use watchrelay::testing::{Lane, Memory, MemoryGroup, Order, Transactions};
 use watchrelay_sim::{objects, Fault, SimConfig};
 
 const NAMESPACES: [&str; 2] = ["a", "b"];
@@ -479,10 +483,13 @@ const SESSION_MARGIN: Duration = Duration::from_secs(3);
 /// server made after the first replica's streams had their positions, outside the gaps, must
 /// have its record, each object's in order, whichever replica relayed it, through every crash,
 /// cut, stall, handover, shape switch and gap.
-async fn replicas_case(seed: u64, exact: bool) {
+/// A sharded case (see the module); `exact`: its history is checked too; `once`: with
+/// `delivery: exactlyOnce`, every change is published once.
+async fn replicas_case(seed: u64, exact: bool, once: bool) {
     let mut rng = Rng(seed | 1);
     let (bed, watch_list) = model_bed(&mut rng).await;
     let producer = Arc::new(Memory::new());
+    let txns = once.then(|| Transactions::new(producer.clone()));
     let group = MemoryGroup::default();
     // With `exact`, the scope is one for the whole case (a list, a selector matching both
     // namespaces, or every namespace), so that only the watch strategy switches: a scope that
@@ -513,16 +520,22 @@ async fn replicas_case(seed: u64, exact: bool) {
         cfg.sharding.ownership_deadline_ms = 1_000;
         // Lists of several pages, so that a gap's list can be cut midway.
         cfg.kubernetes.list_page_size = 2;
+        if once {
+            cfg.kafka.delivery = watchrelay::config::Delivery::ExactlyOnce;
+        }
         cfg
     };
     let mut cfg = sharded(run);
     // Each replica has a producer of its own over the shared log, as each process has.
     let start = |cfg: &Config| {
         let lane = Lane::new(producer.clone());
-        let relay = Relay::start_on_lane(&bed, cfg.clone(), lane.clone(), &group);
+        let relay =
+            Relay::start_on_lane_with(&bed, cfg.clone(), lane.clone(), &group, txns.as_ref());
         (relay, lane)
     };
-    let mut history = format!("seed {seed}: initial events {watch_list}, sharded {run:?}\n");
+    let mut history = format!(
+        "seed {seed}: initial events {watch_list}, sharded {run:?}, exactly once: {once}\n"
+    );
     let mut snapshot = None;
     // The windows of changes a gap collapsed into lists: `(after, up to)`.
     let mut excused: Vec<(u64, u64)> = Vec::new();
@@ -608,7 +621,12 @@ async fn replicas_case(seed: u64, exact: bool) {
                 // after their new owner's records.
                 let i = rng.below(live.len() as u64) as usize;
                 let lane = live[i].1.clone();
-                lane.hold_to(Some("pods"));
+                // In transactions, every replica's: their commits wait, and fail past their
+                // timeout.
+                match &txns {
+                    Some(t) => t.hold_to(Some("pods")),
+                    None => lane.hold_to(Some("pods")),
+                }
                 let _ = writeln!(history, "replica {i}'s data partition stalls");
                 for _ in 0..3 {
                     let _ = writeln!(
@@ -636,6 +654,9 @@ async fn replicas_case(seed: u64, exact: bool) {
                 lane.hold_to(None);
                 let _ = writeln!(history, "the partition comes back: {} held", lane.held());
                 lane.release();
+                if let Some(t) = &txns {
+                    t.hold_to(None);
+                }
             }
             8 if !live.is_empty() => {
                 // A rolling update to another configuration: each replica replaced by one of
@@ -695,6 +716,11 @@ async fn replicas_case(seed: u64, exact: bool) {
                 let _ = writeln!(history, "{did}");
                 excused.push(window);
             }
+            10 if txns.is_some() => {
+                let n = 1 + rng.below(3) as usize;
+                txns.as_ref().expect("transactions").lose_commit_answers(n);
+                let _ = writeln!(history, "the answers of {n} commits are lost");
+            }
             3 if !live.is_empty() => {
                 producer.hold(true);
                 // Not a wait: a random stretch of work Kafka does not acknowledge.
@@ -744,12 +770,21 @@ async fn replicas_case(seed: u64, exact: bool) {
     if !converged {
         fail(seed, &history, &producer, &want);
     }
+    let reproduce =
+        format!("{history}reproduce: WATCHRELAY_MODEL_SEED={seed} cargo test --test model");
     if exact {
-        view::assert_published(
-            &events(&producer),
-            &journal,
-            &format!("{history}reproduce: WATCHRELAY_MODEL_SEED={seed} cargo test --test model"),
+        view::assert_published(&events(&producer), &journal, &reproduce);
+    }
+    if let Some(t) = &txns {
+        let (committed, aborted) = t.settled_records();
+        eprintln!("seed {seed}: {committed} records committed, {aborted} aborted");
+        assert!(
+            committed > 0,
+            "nothing went through a transaction\n{reproduce}"
         );
+    }
+    if once {
+        assert_once(&events(&producer), &reproduce);
     }
     // Every record came from a shard's owner, and per key and shard the owner epochs never go
     // down in partition order (the consumer's epoch rule), whatever happened to the group's
@@ -771,6 +806,38 @@ async fn replicas_case(seed: u64, exact: bool) {
         );
         *seen = epoch;
     }
+}
+
+/// Asserts that `log` holds each change once. Only a list repeats one: a list cut midway and
+/// started over (a gap's) announces again, from the same position, what its first attempt
+/// committed (the same id, the same version: no state the cluster did not have). Those are
+/// counted, not failed.
+fn assert_once(log: &[Record], context: &str) {
+    let mut copies: BTreeMap<String, Vec<(usize, bool)>> = BTreeMap::new();
+    for (i, r) in log.iter().enumerate().filter(|(_, r)| !r.tombstone) {
+        let v = json(r);
+        if let Some(id) = v["watchrelay"]["id"].as_str() {
+            let resync = v["watchrelay"]["resync"].as_bool() == Some(true);
+            copies.entry(id.to_string()).or_default().push((i, resync));
+        }
+    }
+    let repeated: Vec<_> = copies.iter().filter(|(_, c)| c.len() > 1).collect();
+    let relisted = repeated
+        .iter()
+        .filter(|(_, c)| c.iter().skip(1).all(|(_, resync)| *resync))
+        .count();
+    let twice: Vec<String> = repeated
+        .iter()
+        .filter(|(_, c)| !c.iter().skip(1).all(|(_, resync)| *resync))
+        .map(|(id, c)| format!("{id} at {c:?} (index, resync)"))
+        .collect();
+    eprintln!("{relisted} changes announced again by a list started over");
+    assert!(
+        twice.is_empty(),
+        "{} changes published more than once, e.g. {:?}\n{context}",
+        twice.len(),
+        &twice[..twice.len().min(5)]
+    );
 }
 
 /// A gap, the one thing that excuses a list collapsing changes: once every change so far is
@@ -900,13 +967,20 @@ async fn more_random_histories_with_crashes_converge() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_histories_with_replicas_converge() {
     for seed in seeds(3) {
-        replicas_case(seed, false).await;
+        replicas_case(seed, false, false).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_histories_with_replicas_publish_every_change() {
     for seed in seeds(4) {
-        replicas_case(seed, true).await;
+        replicas_case(seed, true, false).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_histories_with_replicas_publish_every_change_once_in_transactions() {
+    for seed in seeds(5) {
+        replicas_case(seed, true, true).await;
     }
 }

@@ -52,12 +52,8 @@ impl ProducerContext for Reporting {
 
     fn delivery(&self, result: &DeliveryResult<'_>, receipt: Box<Receipt>) {
         self.reported.fetch_add(1, Ordering::Relaxed);
-        if let (Ok(m), Some(hold)) = (result, &receipt.hold) {
-            // A duplicate the broker dropped is acknowledged without an offset: no witness.
-            if m.offset() >= 0 {
-                let entry = matches!(receipt.sent, super::Sent::Entry { .. });
-                hold.witness(m.topic(), m.partition(), m.offset(), entry);
-            }
+        if let Ok(m) = result {
+            receipt.witnessed(m.topic(), m.partition(), m.offset());
         }
         receipt.report(match result {
             Ok(_) => Ok(()),

@@ -19,10 +19,11 @@ mod kafka;
 mod record;
 mod transaction;
 
-pub(crate) use kafka::MEMBERSHIP_GROUP;
 pub use kafka::{Kafka, Reporting};
+pub(crate) use kafka::{TxnError, Unread, MEMBERSHIP_GROUP};
 pub use record::{Headers, Record};
-pub use transaction::{Transactional, TxnMetrics};
+pub(crate) use transaction::{Client, Connect, KafkaConnect, Witness};
+pub use transaction::{Transactional, TxnMetrics, TxnSource};
 
 /// The `kind` labels of delivery errors: where the record failed.
 pub const ERROR_KINDS: [&str; 2] = ["enqueue", "delivery"];
@@ -292,6 +293,16 @@ impl Receipt {
             hold: None,
             was_held: false,
         })
+    }
+
+    /// Kafka wrote the record at `offset` of `topic`'s `partition`: its transaction, if it is
+    /// in one, learns where to look for its outcome should it ever be unknown. A duplicate the
+    /// broker dropped is acknowledged without an offset: no witness.
+    pub(crate) fn witnessed(&self, topic: &str, partition: i32, offset: i64) {
+        if let (Some(hold), true) = (&self.hold, offset >= 0) {
+            let entry = matches!(self.sent, Sent::Entry { .. });
+            hold.witness(topic, partition, offset, entry);
+        }
     }
 
     /// Which stream the record is of, if it is in its stream's order (an entry, or a join an

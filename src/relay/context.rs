@@ -46,7 +46,9 @@ pub enum RelayError {
 /// membership log it writes to.
 pub(super) enum Sink {
     Kafka,
-    Given(Arc<dyn Producer>, Arc<dyn Log>),
+    /// A given producer and membership log; with `delivery: exactlyOnce`, the terms'
+    /// transactional producers connect through the source given too.
+    Given(Arc<dyn Producer>, Arc<dyn Log>, Option<producer::TxnSource>),
 }
 
 /// What [`Context::transactional`] gave.
@@ -99,7 +101,7 @@ impl Context {
     pub(super) fn admin(&self) -> Arc<dyn Log> {
         match &self.sink {
             Sink::Kafka => Arc::new(membership::log::Kafka::new(&self.cfg.kafka)),
-            Sink::Given(_, log) => log.clone(),
+            Sink::Given(_, log, _) => log.clone(),
         }
     }
 
@@ -130,21 +132,22 @@ impl Context {
         fenced: &CancellationToken,
     ) -> Transactions {
         let exactly = self.cfg.kafka.delivery == crate::config::Delivery::ExactlyOnce;
-        if !exactly || !matches!(self.sink, Sink::Kafka) {
-            return Transactions::Off;
-        }
         let id = format!("watchrelay/{}/{owner}", self.cfg.cluster_name);
+        let connect: Arc<dyn producer::Connect> = match &self.sink {
+            _ if !exactly => return Transactions::Off,
+            Sink::Kafka => Arc::new(producer::KafkaConnect::new(&self.cfg.producer_kafka(), &id)),
+            Sink::Given(_, _, Some(source)) => (source.0)(&id),
+            Sink::Given(_, _, None) => return Transactions::Off,
+        };
         let metrics = producer::TxnMetrics {
             commits: self.metrics.transactions.with_label_values(&["committed"]),
             aborts: self.metrics.transactions.with_label_values(&["aborted"]),
             commit_seconds: self.metrics.transaction_commit_seconds.clone(),
         };
         let interval = Duration::from_millis(self.cfg.kafka.commit_interval_ms);
-        let kafka = self.cfg.producer_kafka();
         loop {
-            let started = producer::Transactional::start(
-                &kafka,
-                &id,
+            let started = producer::Transactional::start_with(
+                connect.clone(),
                 interval,
                 fenced.clone(),
                 metrics.clone(),
@@ -172,7 +175,7 @@ impl Context {
                 producer::Kafka::start(&self.cfg.producer_kafka()).map_err(RelayError::Producer)?,
                 Arc::new(membership::log::Kafka::new(&self.cfg.kafka)),
             ),
-            Sink::Given(p, log) => (p.clone(), log.clone()),
+            Sink::Given(p, log, _) => (p.clone(), log.clone()),
         })
     }
 }

@@ -106,7 +106,11 @@ impl Relay {
     /// A trial run: envelopes go to standard output as JSON lines, every stream starts with a
     /// list (no checkpoint is read or written), no Lease is taken.
     pub fn dry_run(mut self) -> Self {
-        self.ctx.sink = Sink::Given(Arc::new(producer::Stdout), Arc::new(membership::log::Empty));
+        self.ctx.sink = Sink::Given(
+            Arc::new(producer::Stdout),
+            Arc::new(membership::log::Empty),
+            None,
+        );
         self.ctx.checkpoints = false;
         self
     }
@@ -114,7 +118,16 @@ impl Relay {
     /// Sends records to `producer` instead of Kafka, and reads the membership topic from
     /// `log`.
     pub fn with_producer(mut self, producer: Arc<dyn Producer>, log: Arc<dyn Log>) -> Self {
-        self.ctx.sink = Sink::Given(producer, log);
+        self.ctx.sink = Sink::Given(producer, log, None);
+        self
+    }
+
+    /// With a given producer ([`Relay::with_producer`]) and `delivery: exactlyOnce`: the terms'
+    /// transactional producers connect through `source` (a test double's transactions).
+    pub fn with_transactions(mut self, source: producer::TxnSource) -> Self {
+        if let Sink::Given(_, _, txns) = &mut self.ctx.sink {
+            *txns = Some(source);
+        }
         self
     }
 

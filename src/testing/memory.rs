@@ -83,6 +83,20 @@ impl Memory {
         self.state.lock().expect("memory producer lock poisoned")
     }
 
+    /// The place in the send order of the next record sent: what a transactional double
+    /// takes for a record's offset when it hands it to its open transaction.
+    pub(crate) fn next_place(&self) -> u64 {
+        let mut s = self.state();
+        s.sent += 1;
+        s.sent
+    }
+
+    /// Delivers `records` at once, each at the place in the send order it was given: what a
+    /// committed transaction makes readable.
+    pub(crate) fn deliver(&self, records: Vec<(u64, Record)>) {
+        self.state().log.extend(records);
+    }
+
     /// Every record delivered so far, in the order it was sent.
     pub fn log(&self) -> Vec<Record> {
         let mut log = self.state().log.clone();

@@ -12,7 +12,7 @@ use watchrelay::membership::Log;
 use watchrelay::metrics::Metrics;
 use watchrelay::producer::Producer;
 use watchrelay::registry::{Phase, Registry};
-use watchrelay::testing::{Lane, Memory, MemoryGroup};
+use watchrelay::testing::{Lane, Memory, MemoryGroup, Transactions};
 use watchrelay::RelayError;
 use watchrelay_sim::{JournalEntry, Sim, SimConfig};
 
@@ -513,12 +513,35 @@ impl Relay {
         Self::start_on(bed, cfg, Some((lane.clone(), lane)), None, Some(group))
     }
 
+    /// [`Relay::start_on_lane`], with `txns` for the transactions of `delivery: exactlyOnce`.
+    pub fn start_on_lane_with(
+        bed: &Bed,
+        cfg: Config,
+        lane: Arc<Lane>,
+        group: &MemoryGroup,
+        txns: Option<&Arc<Transactions>>,
+    ) -> Self {
+        let sink = Some((lane.clone() as Arc<dyn Producer>, lane as Arc<dyn Log>));
+        Self::start_at_with(bed, cfg, sink, None, Some(group), txns)
+    }
+
     fn start_on(
         bed: &Bed,
         cfg: Config,
         producer: Option<(Arc<dyn Producer>, Arc<dyn Log>)>,
         url: Option<&str>,
         group: Option<&MemoryGroup>,
+    ) -> Self {
+        Self::start_at_with(bed, cfg, producer, url, group, None)
+    }
+
+    fn start_at_with(
+        bed: &Bed,
+        cfg: Config,
+        producer: Option<(Arc<dyn Producer>, Arc<dyn Log>)>,
+        url: Option<&str>,
+        group: Option<&MemoryGroup>,
+        txns: Option<&Arc<Transactions>>,
     ) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -536,6 +559,9 @@ impl Relay {
         let mut relay = watchrelay::Relay::new(cfg, client).with_probe(probe);
         if let Some((p, log)) = producer {
             relay = relay.with_producer(p, log);
+        }
+        if let Some(txns) = txns {
+            relay = relay.with_transactions(txns.source());
         }
         if let Some(g) = group {
             relay = relay.with_coordinator(Arc::new(g.clone()));

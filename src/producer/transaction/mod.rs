@@ -33,6 +33,7 @@
 //!   ([`Producer::fatal`]).
 
 mod books;
+mod client;
 #[cfg(test)]
 mod tests;
 
@@ -42,12 +43,15 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+pub(crate) use books::Witness;
 use books::{Books, Closed, Hold, Outcome, Refusal};
+pub use client::TxnSource;
+pub(crate) use client::{Client, Connect, KafkaConnect};
 
 use super::kafka::TxnError;
 use super::{
-    stream_key, DeliveryError, FlushError, Inbox, Kafka, ProduceError, Producer, Receipt, Record,
-    Refused, Sent, StreamKey,
+    stream_key, DeliveryError, FlushError, Inbox, ProduceError, Producer, Receipt, Record, Refused,
+    Sent, StreamKey,
 };
 use crate::config::KafkaConfig;
 
@@ -73,7 +77,8 @@ pub struct TxnMetrics {
 /// A transactional producer of one term (see the module).
 pub struct Transactional {
     inside: Mutex<Inside>,
-    cfg: KafkaConfig,
+    /// Where its instances come from, and outcomes are read.
+    connect: Arc<dyn Connect>,
     /// How often the open transaction is committed.
     pub interval: Duration,
     /// Wakes the committer before its interval: a flush waits.
@@ -95,7 +100,7 @@ pub struct Transactional {
 
 struct Inside {
     books: Books,
-    kafka: Arc<Kafka>,
+    kafka: Arc<dyn Client>,
     /// Records taken while a transaction was being committed, in order: for the next one,
     /// sent once it has begun. A stream never waits for a commit.
     pending: Vec<Pending>,
@@ -120,16 +125,26 @@ impl Transactional {
         owned: CancellationToken,
         metrics: TxnMetrics,
     ) -> Result<Arc<Self>, String> {
-        let cfg = transactional(cfg, id);
-        let commit_timeout = commit_timeout(&cfg);
-        let kafka = build(&cfg).await.map_err(|e| e.message)?;
+        let connect = Arc::new(KafkaConnect::new(cfg, id));
+        Self::start_with(connect, interval, owned, metrics).await
+    }
+
+    /// [`Transactional::start`], its instances from `connect`.
+    pub(crate) async fn start_with(
+        connect: Arc<dyn Connect>,
+        interval: Duration,
+        owned: CancellationToken,
+        metrics: TxnMetrics,
+    ) -> Result<Arc<Self>, String> {
+        let commit_timeout = connect.commit_timeout();
+        let kafka = build(&*connect).await.map_err(|e| e.message)?;
         let txn = Arc::new(Self {
             inside: Mutex::new(Inside {
                 books: Books::default(),
                 kafka,
                 pending: Vec::new(),
             }),
-            cfg,
+            connect,
             interval,
             commit_now: Arc::default(),
             fatal: Mutex::new(None),
@@ -147,7 +162,7 @@ impl Transactional {
         Ok(txn)
     }
 
-    fn kafka(&self) -> Arc<Kafka> {
+    fn kafka(&self) -> Arc<dyn Client> {
         self.inside.lock().expect("txn lock poisoned").kafka.clone()
     }
 
@@ -210,7 +225,7 @@ impl Transactional {
         };
         // Whether a commit was asked for: from then on only Kafka knows the outcome.
         let mut asked = false;
-        let committed = match self.write_positions(&kafka, positions, &hold).await {
+        let committed = match self.write_positions(&*kafka, positions, &hold).await {
             Err(e) => Err(e),
             Ok(()) if doomed() => Err(TxnError::abortable("a stream rewound with records in it")),
             Ok(()) => {
@@ -305,17 +320,15 @@ impl Transactional {
             return Some(false);
         };
         loop {
-            let (cfg, w) = (self.cfg.clone(), w.clone());
-            let read = tokio::task::spawn_blocking(move || {
-                super::kafka::committed_at(&cfg, &w.topic, w.partition, w.offset, CALL_TIMEOUT)
-            })
-            .await
-            .unwrap_or_else(|e| {
-                Err(super::kafka::Unread {
-                    fatal: false,
-                    message: e.to_string(),
-                })
-            });
+            let (connect, w) = (self.connect.clone(), w.clone());
+            let read = tokio::task::spawn_blocking(move || connect.committed_at(&w, CALL_TIMEOUT))
+                .await
+                .unwrap_or_else(|e| {
+                    Err(super::kafka::Unread {
+                        fatal: false,
+                        message: e.to_string(),
+                    })
+                });
             match read {
                 Ok(committed) => return Some(committed),
                 Err(_) if self.owned.is_cancelled() => return None,
@@ -365,12 +378,12 @@ impl Transactional {
     /// retriably (every [`REBUILD_AGAIN`]) and the term is not fenced.
     async fn call(
         &self,
-        kafka: &Arc<Kafka>,
-        call: fn(&Kafka) -> Result<(), TxnError>,
+        kafka: &Arc<dyn Client>,
+        call: fn(&dyn Client) -> Result<(), TxnError>,
     ) -> Result<(), TxnError> {
         loop {
             let k = kafka.clone();
-            let result = tokio::task::spawn_blocking(move || call(&k))
+            let result = tokio::task::spawn_blocking(move || call(&*k))
                 .await
                 .unwrap_or_else(|e| Err(TxnError::abortable(&e.to_string())));
             match result {
@@ -387,7 +400,7 @@ impl Transactional {
     /// where Kafka wrote them ([`Holds::witness`]).
     async fn write_positions(
         &self,
-        kafka: &Kafka,
+        kafka: &dyn Client,
         positions: Vec<Record>,
         hold: &Arc<Hold>,
     ) -> Result<(), TxnError> {
@@ -418,7 +431,7 @@ impl Transactional {
     /// the lock: its destruction may wait), once the records taken meanwhile are sent, in
     /// order, into the transaction just begun. One the producer refuses dooms it (it aborts):
     /// its stream's later records must not commit without it.
-    async fn reopen(&self, kafka: Option<Arc<Kafka>>) {
+    async fn reopen(&self, kafka: Option<Arc<dyn Client>>) {
         let old = {
             let mut inside = self.inside.lock().expect("txn lock poisoned");
             kafka.map(|k| std::mem::replace(&mut inside.kafka, k))
@@ -480,7 +493,7 @@ impl Transactional {
 
     /// After `error` on `old` (its transaction aborted, or not begun): a new producer under the
     /// id, its transaction begun; none once the term is fenced, or when the error was fatal.
-    async fn rebuild(&self, old: Arc<Kafka>, error: TxnError) {
+    async fn rebuild(&self, old: Arc<dyn Client>, error: TxnError) {
         drop(old);
         if error.fatal {
             return self.fail(error.message);
@@ -493,13 +506,13 @@ impl Transactional {
     /// A new producer under the id (fencing the old one and settling its transaction), its
     /// transaction begun; none once the term is fenced ([`Transactional::end`]) or when building
     /// it failed fatally ([`Transactional::fail`]).
-    async fn build_again(&self) -> Option<Arc<Kafka>> {
+    async fn build_again(&self) -> Option<Arc<dyn Client>> {
         loop {
             if self.owned.is_cancelled() {
                 self.end();
                 return None;
             }
-            match build(&self.cfg).await {
+            match build(&*self.connect).await {
                 // A producer built after the fence would fence the next owner's: dropped.
                 Ok(_) if self.owned.is_cancelled() => {
                     self.end();
@@ -522,34 +535,9 @@ impl Transactional {
     }
 }
 
-/// How long a commit may take: [`CALL_TIMEOUT`], or less than librdkafka's own timeout of the
-/// commit's request (`socket.timeout.ms`), after which it would send the request again.
-fn commit_timeout(cfg: &KafkaConfig) -> Duration {
-    let socket = cfg
-        .properties
-        .get("socket.timeout.ms")
-        .and_then(|ms| ms.trim().parse::<u64>().ok())
-        .map_or(Duration::from_secs(60), Duration::from_millis);
-    CALL_TIMEOUT.min(socket / 2)
-}
-
-/// `cfg` with the transactional settings: the id, and a delivery timeout within the
-/// transaction's (librdkafka refuses one above it).
-fn transactional(cfg: &KafkaConfig, id: &str) -> KafkaConfig {
-    let mut cfg = cfg.clone();
-    let p = &mut cfg.properties;
-    p.insert("transactional.id".into(), id.into());
-    let timeout = p
-        .entry("transaction.timeout.ms".into())
-        .or_insert_with(|| "60000".into())
-        .clone();
-    p.insert("message.timeout.ms".into(), timeout);
-    cfg
-}
-
-/// A producer of `cfg`, its earlier epochs fenced and its first transaction begun.
-async fn build(cfg: &KafkaConfig) -> Result<Arc<Kafka>, TxnError> {
-    let kafka = Kafka::start(cfg).map_err(|message| TxnError {
+/// A new instance from `connect`, its earlier epochs fenced and its first transaction begun.
+async fn build(connect: &dyn Connect) -> Result<Arc<dyn Client>, TxnError> {
+    let kafka = connect.client().map_err(|message| TxnError {
         message,
         fatal: true,
         retriable: false,
