@@ -34,8 +34,8 @@
 //! the history of such cases as well: every change outside a 410's gap is published, in order.
 //! A fifth runs those cases with `delivery: exactlyOnce` over transactions in memory (each
 //! term's producer fenced by the next owner's, a stalled partition failing commits, commits'
-//! answers lost so the relay must read their outcome): the committed log must hold every change
-//! once, in order.
+//! answers lost so the relay must read their outcome, the broker restarting past every
+//! replica's session): the committed log must hold every change once, in order.
 //!
 //! `WATCHRELAY_MODEL_CASES` sets the cases per test (default 6); `WATCHRELAY_MODEL_SEED` runs one
 //! case. A failing case prints its seed and history.
@@ -715,6 +715,26 @@ async fn replicas_case(seed: u64, exact: bool, once: bool) {
                 .await;
                 let _ = writeln!(history, "{did}");
                 excused.push(window);
+            }
+            11 if txns.is_some() && !live.is_empty() => {
+                // The broker restarts, away past the sessions: every replica fences itself
+                // with its transactions open or being committed, and claims again once back.
+                let t = txns.as_ref().expect("transactions");
+                t.away(true);
+                let g = group.clone();
+                tokio::task::spawn_blocking(move || g.cut_all(SESSION_MARGIN))
+                    .await
+                    .unwrap();
+                let _ = writeln!(history, "the broker restarts: every replica cut off");
+                let _ = writeln!(
+                    history,
+                    "  {}",
+                    operate(&bed, &mut rng, &mut snapshot, exact)
+                );
+                t.away(false);
+                let g = group.clone();
+                tokio::task::spawn_blocking(move || g.heal()).await.unwrap();
+                let _ = writeln!(history, "the broker is back");
             }
             10 if txns.is_some() => {
                 let n = 1 + rng.below(3) as usize;

@@ -68,20 +68,42 @@ impl MemoryGroup {
             }
             members[k % members.len()].clone()
         };
-        member.renewing.store(false, Ordering::Relaxed);
-        while !member.deadline.passed() {
+        self.cut_off(&[member], session);
+        true
+    }
+
+    /// Cuts every member off at once, as the coordinator's broker going away past the
+    /// sessions does: each fences itself, and the shards wait, owned by none, until
+    /// [`MemoryGroup::heal`]. Blocks until every deadline and `session` more passed.
+    pub fn cut_all(&self, session: Duration) {
+        let members: Vec<Member> = {
+            let st = self.inner.state.lock().expect("group lock poisoned");
+            st.members
+                .values()
+                .filter(|m| m.cut.is_none())
+                .cloned()
+                .collect()
+        };
+        self.cut_off(&members, session);
+    }
+
+    fn cut_off(&self, members: &[Member], session: Duration) {
+        for member in members {
+            member.renewing.store(false, Ordering::Relaxed);
+        }
+        while !members.iter().all(|m| m.deadline.passed()) {
             std::thread::sleep(Duration::from_millis(20));
         }
         std::thread::sleep(session);
         {
             let mut st = self.inner.state.lock().expect("group lock poisoned");
-            let Some(m) = st.members.get_mut(&member.id) else {
-                return true;
-            };
-            m.cut = Some(std::mem::take(&mut m.owned).into_iter().collect());
+            for member in members {
+                if let Some(m) = st.members.get_mut(&member.id) {
+                    m.cut = Some(std::mem::take(&mut m.owned).into_iter().collect());
+                }
+            }
         }
         self.rebalance();
-        true
     }
 
     /// Fails every member's client fatally, as a Kafka consumer fenced as a static member.

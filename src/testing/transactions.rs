@@ -26,6 +26,7 @@ const COMMIT_POLL: Duration = Duration::from_millis(10);
 ///
 /// Faults: [`Transactions::hold_to`] leaves records unacknowledged (a stalled partition), so a
 /// commit waits for them and, past its timeout, fails, its transaction aborted;
+/// [`Transactions::away`] takes the brokers away (a restart);
 /// [`Transactions::lose_commit_answers`] loses commits' answers, so the relay must learn their
 /// outcome (they alternate: committed, then not).
 pub struct Transactions {
@@ -41,6 +42,8 @@ struct State {
     /// Whether the transaction of the record at each place committed, once settled.
     settled: HashMap<u64, bool>,
     hold_topic: Option<String>,
+    /// The brokers are away: nothing is acknowledged, no instance initialized, no outcome read.
+    away: bool,
     lost_answers: usize,
     lost_so_far: u64,
 }
@@ -83,8 +86,22 @@ impl Transactions {
     /// Leaves the records of topics starting with `prefix` unacknowledged (`None`: stops, and
     /// acknowledges those held, as a partition that comes back).
     pub fn hold_to(&self, prefix: Option<&str>) {
-        self.state().hold_topic = prefix.map(str::to_string);
-        if prefix.is_none() {
+        let away = {
+            let mut s = self.state();
+            s.hold_topic = prefix.map(str::to_string);
+            s.away
+        };
+        if prefix.is_none() && !away {
+            self.acknowledge_held();
+        }
+    }
+
+    /// Takes the brokers away (`true`): records stay unacknowledged, commits fail past their
+    /// timeout, new instances cannot initialize and outcomes cannot be read; or brings them back,
+    /// acknowledging what was held (as a producer's queue drains into a broker that restarted).
+    pub fn away(&self, away: bool) {
+        self.state().away = away;
+        if !away {
             self.acknowledge_held();
         }
     }
@@ -186,6 +203,12 @@ impl Connect for Connection {
     fn committed_at(&self, w: &Witness, _timeout: Duration) -> Result<bool, Unread> {
         let place = u64::try_from(w.offset).unwrap_or(u64::MAX);
         let s = self.store.state();
+        if s.away {
+            return Err(Unread {
+                message: "no broker answers".into(),
+                fatal: false,
+            });
+        }
         match s.settled.get(&place) {
             Some(committed) => Ok(*committed),
             None => Err(Unread {
@@ -238,6 +261,11 @@ impl Client for Instance {
     fn init_transactions(&self, _timeout: Duration) -> Result<(), TxnError> {
         let unacked = {
             let mut s = self.store.state();
+            if s.away {
+                return Err(TxnError::abortable(
+                    "the transaction coordinator is not available",
+                ));
+            }
             let epoch = s.epochs.get(&self.id).copied().unwrap_or(0) + 1;
             s.epochs.insert(self.id.clone(), epoch);
             self.epoch.store(epoch, Ordering::SeqCst);
@@ -320,10 +348,10 @@ impl Producer for Instance {
                     "fenced: a newer producer with the same transactional id",
                 )));
             }
-            let held = s
-                .hold_topic
-                .as_ref()
-                .is_some_and(|p| record.topic.starts_with(p.as_str()));
+            let held = s.away
+                || s.hold_topic
+                    .as_ref()
+                    .is_some_and(|p| record.topic.starts_with(p.as_str()));
             let epoch = self.epoch();
             let open = s.open.entry(self.id.clone()).or_insert_with(|| Open {
                 epoch,
