@@ -17,7 +17,7 @@ const STREAM: &str = "watchNamespacedPods.a";
 
 /// A relay of pods in `a` to a topic of its own (named after `prefix`), with `kafka` added to
 /// its Kafka settings, on a broker of its own (`broker_extra` in its settings) behind a proxy
-/// the test cuts, relaying churn of 200 changes a second.
+/// the test cuts, relaying churn of 200 changes a second (see [`churn_rate`]).
 struct Cut {
     proxy: Proxy,
     broker: OwnBroker,
@@ -56,7 +56,7 @@ impl Cut {
         relay.wait_up(1).await;
         let before = bed.journal("pods", Some("a")).len();
         let churn = bed.sim.start_churn(ChurnSpec {
-            rate_per_sec: 200.0,
+            rate_per_sec: churn_rate(),
             namespaces: vec!["a".into()],
             resources: vec!["pods".into()],
             max_objects_per_kind: 30,
@@ -86,6 +86,15 @@ impl Cut {
         self.relay.stop().await;
         (expected.len(), aborted)
     }
+}
+
+/// Changes a second the churn makes: 200, or `WATCHRELAY_CHURN_RATE` (a long run of held
+/// requests, in which the relay publishes more slowly than at 200 a second, takes fewer).
+fn churn_rate() -> f64 {
+    std::env::var("WATCHRELAY_CHURN_RATE")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(200.0)
 }
 
 /// The transactions of `relay` that ended with `outcome`.
