@@ -19,10 +19,14 @@ mod kafka;
 mod record;
 mod transaction;
 
+pub(crate) use kafka::MEMBERSHIP_GROUP;
 pub use kafka::{Kafka, Reporting};
-pub(crate) use kafka::{TxnError, Unread, MEMBERSHIP_GROUP};
+#[cfg(any(test, feature = "testing"))]
+pub(crate) use kafka::{TxnError, Unread};
 pub use record::{Headers, Record};
-pub(crate) use transaction::{Client, Connect, KafkaConnect, Witness};
+#[cfg(any(test, feature = "testing"))]
+pub(crate) use transaction::{Client, Witness};
+pub(crate) use transaction::{Connect, KafkaConnect};
 pub use transaction::{Transactional, TxnMetrics, TxnSource};
 
 /// The `kind` labels of delivery errors: where the record failed.

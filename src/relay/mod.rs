@@ -340,7 +340,11 @@ impl Relay {
             &self.ctx.cfg.checkpoint.namespace,
             &self.ctx.cfg.checkpoint.name,
         );
-        let Some((producer, log)) = self.ctx.term_sink(&owner, &stop, &fenced).await? else {
+        // The transactional producer owns its id until the term is fenced or over: a commit
+        // failing after that never builds it again (that would fence the next leader's).
+        let owns = fenced.child_token();
+        let _owns = owns.clone().drop_guard();
+        let Some((producer, log)) = self.ctx.term_sink(&owner, &stop, &owns).await? else {
             return Ok(());
         };
         let plan = Term {

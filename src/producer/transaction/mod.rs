@@ -43,6 +43,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+#[cfg(any(test, feature = "testing"))]
 pub(crate) use books::Witness;
 use books::{Books, Closed, Hold, Outcome, Refusal};
 pub use client::TxnSource;

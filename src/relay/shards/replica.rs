@@ -293,6 +293,10 @@ impl Replica<'_> {
         let watching: Box<dyn FnOnce() + Send + Sync> = Box::new(move || {
             let _ = reports.send((shard, nth));
         });
+        // Whether the term still owns the shard's transactional id: until it is fenced or over.
+        // A commit that fails after that never builds the producer again (which would fence the
+        // next owner's).
+        let owns = fenced.child_token();
         let term = async move {
             let stopped = {
                 let stop = stop.clone();
@@ -306,7 +310,7 @@ impl Replica<'_> {
                 // previous owner's before anything of the shard is read back.
                 Some(epoch) => match self
                     .relay
-                    .transactional(&self.shard_owner(shard), &stop, &fenced)
+                    .transactional(&self.shard_owner(shard), &stop, &owns)
                     .await
                 {
                     Transactions::Off => Some(epoch),
@@ -344,6 +348,7 @@ impl Replica<'_> {
                 }
             };
             settle(&self.relay.metrics, shard, share, stopped, drain).await;
+            owns.cancel();
             (shard, result)
         };
         (run, term)
