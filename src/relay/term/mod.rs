@@ -191,9 +191,10 @@ impl<'a> Run<'a> {
     }
 
     /// The positions committed with the records in the membership topic: with a
-    /// transactional producer they are the truth for the streams the ConfigMap holds (it is
-    /// written after each commit, so it may lag behind, never run ahead) and replace its
-    /// positions. The others are removed from the topic: a stream retired, or handed to
+    /// transactional producer they are the truth for the streams the ConfigMap holds and
+    /// replace its positions. The ConfigMap may lag behind them; it runs ahead only by a
+    /// position no record needs (a bookmark's, handed to the next commit), never past a record
+    /// not yet committed, so either is safe to resume from. The others are removed from the topic: a stream retired, or handed to
     /// another shape, since its last commit would otherwise resume from a stale position
     /// should it come back (a new stream's first position is lost with them, which costs a
     /// list compared with its committed members). Without a transactional producer all are
