@@ -81,6 +81,11 @@ impl Sim {
         self.inner.faults.fail_continued.store(n, Ordering::Relaxed);
     }
 
+    /// How many of the failures armed by [`Sim::fail_next_pages`] are still to be served.
+    pub fn pages_to_fail(&self) -> usize {
+        self.inner.faults.fail_continued.load(Ordering::Relaxed)
+    }
+
     /// Holds back the answer to the next list of `resource` (its plural) once its page is read
     /// at its snapshot, until [`Sim::release_list`]: a list that takes long (a large
     /// collection) while the objects it read go on changing.

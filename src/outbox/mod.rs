@@ -135,6 +135,8 @@ pub struct Outbox {
     /// The stream's era, stamped on every record it sends (see [`envelope::version`]) and
     /// saved with its position.
     era: u64,
+    /// Rewinds so far (see [`Outbox::rewinds`]).
+    rewinds: u64,
     /// Every new era is above it (see [`Outbox::raise_era_floor`]).
     era_floor: u64,
     /// With a transactional producer: the query, route and kind the stream's positions are
@@ -201,6 +203,7 @@ impl Outbox {
             ledger,
             serial: 0,
             era,
+            rewinds: 0,
             era_floor: 0,
             stamp: None,
         }
@@ -244,6 +247,11 @@ impl Outbox {
     /// The position of the longest acknowledged prefix.
     pub fn checkpoint(&self) -> Option<&str> {
         self.tracker.checkpoint()
+    }
+
+    /// How many times the outbox rewound (a delivery failed for good) so far.
+    pub fn rewinds(&self) -> u64 {
+        self.rewinds
     }
 
     /// Where the stream's records go.
@@ -677,6 +685,7 @@ impl Outbox {
     /// Forgets every unacknowledged entry after a failed delivery and returns the checkpoint to
     /// replay from. Late reports of the forgotten entries are ignored.
     fn rewind(&mut self) -> Option<String> {
+        self.rewinds += 1;
         let transactional = self.producer.transactional();
         if transactional {
             self.absorb_delivered();

@@ -12,6 +12,7 @@ pub mod machine;
 mod permits;
 mod position;
 mod read;
+mod relist;
 mod resume;
 mod scope;
 mod sync;
@@ -64,6 +65,7 @@ enum Reading {
     Initial {
         reason: Reason,
         announced: Announced,
+        relisting: relist::Relisting,
     },
     Live {
         at: Option<String>,
@@ -130,6 +132,8 @@ pub struct Stream {
     syncs: Syncs,
     /// A cluster-wide stream filtered to some namespaces (see [`scope`]).
     scope: Option<scope::Scoped>,
+    /// What its last list announced, if it failed midway (see [`relist`]).
+    relist: Option<relist::Relist>,
 }
 
 /// What a stream reads and how it decodes it.
@@ -325,6 +329,7 @@ impl Stream {
                 held: Permit::None,
             },
             scope: filter.map(|f| scope::Scoped::new(f, base, saved_query)),
+            relist: None,
             checkpoints: wiring.checkpoints,
             source: Source {
                 path,

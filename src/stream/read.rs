@@ -150,7 +150,12 @@ impl Stream {
                 tracing::warn!(stream = %self.id, %rv, "the initial events ended below the stream's position");
                 Err(Stop::Rewound)
             }
-            (EventType::Bookmark, Reading::Initial { reason, announced }) => {
+            (
+                EventType::Bookmark,
+                Reading::Initial {
+                    reason, announced, ..
+                },
+            ) => {
                 let (reason, announced) = (*reason, std::mem::take(announced));
                 let (objects, unchanged) = (announced.len(), announced.skipped());
                 self.finish_sync(announced, reason, &rv).await?;
@@ -185,17 +190,32 @@ impl Stream {
                     // The initial state (sent as ADDED): like list items, no position until all
                     // of it has been announced.
                     Reading::Initial { .. } if !self.holds(&ev.meta) => {}
-                    Reading::Initial { reason, announced } => {
+                    Reading::Initial {
+                        reason,
+                        announced,
+                        relisting,
+                    } => {
+                        let noted = (t != EventType::Deleted).then(|| {
+                            (
+                                ev.meta.uid().to_string(),
+                                ev.meta.resource_version().to_string(),
+                            )
+                        });
                         if t == EventType::Deleted {
                             announced.remove(ev.meta.uid());
                         } else {
                             self.announce_replacement(announced, &ev.meta).await?;
-                            if announced.unchanged(&ev.meta, self.outbox.members()) {
+                            if relisting.again(ev.meta.uid(), ev.meta.resource_version())
+                                || announced.unchanged(&ev.meta, self.outbox.members())
+                            {
                                 return Ok(None);
                             }
                         }
                         let resync = *reason == Reason::Resync;
                         self.emit(ev, arrived, None, change, resync).await?;
+                        if let Some((uid, rv)) = noted {
+                            relisting.now.note(&uid, &rv);
+                        }
                     }
                     Reading::Live { at } => {
                         *at = Some(rv.clone());

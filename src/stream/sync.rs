@@ -26,6 +26,7 @@
 
 use std::time::Instant;
 
+use super::relist::Relisting;
 use super::{Announced, Reading, Step, Stream};
 use crate::decode;
 use crate::envelope::{self, Announcement};
@@ -198,8 +199,14 @@ impl Stream {
         let mut reading = Reading::Initial {
             reason,
             announced: self.announced(reason),
+            relisting: self.relisting(),
         };
-        match self.read(&mut w, &mut reading).await {
+        let read = self.read(&mut w, &mut reading).await;
+        // Cut before its state ended: what it announced is left for the next.
+        if let (Ok(None) | Err(_), Reading::Initial { relisting, .. }) = (&read, reading) {
+            self.relist = Some(relisting.now);
+        }
+        match read {
             Ok(Some(rv)) => Outcome::Synced { rv, open: Some(w) },
             Ok(None) => Self::stopped(Stop::Closed),
             Err(why) => Self::stopped(why),
@@ -214,10 +221,36 @@ impl Stream {
         }
     }
 
-    async fn list(&mut self, mut reason: Reason) -> Result<String, Stop> {
+    /// A list (see [`Stream::list_noting`]); one that fails midway leaves what it announced
+    /// for the list that starts over after it (see [`super::relist`]).
+    async fn list(&mut self, reason: Reason) -> Result<String, Stop> {
+        let mut relisting = None;
+        let listed = self.list_noting(reason, &mut relisting).await;
+        if listed.is_err() {
+            self.relist = relisting.map(|r| r.now);
+        }
+        listed
+    }
+
+    /// The list that begins now, carrying on from the stream's last one if that failed
+    /// midway.
+    pub(super) fn relisting(&mut self) -> Relisting {
+        let (from, rewinds) = (self.outbox.checkpoint(), self.outbox.rewinds());
+        Relisting::begin(self.relist.take(), from, rewinds)
+    }
+
+    /// The whole current state, page by page, each object announced unless a delta resync
+    /// finds it unchanged or the list this one starts over after announced it at its version
+    /// already; `relisting` notes what this one announced.
+    async fn list_noting(
+        &mut self,
+        mut reason: Reason,
+        relisting: &mut Option<Relisting>,
+    ) -> Result<String, Stop> {
         if reason == Reason::Resync {
             self.drained().await?;
         }
+        let relisting = relisting.insert(self.relisting());
         let mut announced = self.announced(reason);
         let mut token: Option<String> = None;
         // Paginated, unless a continue token expired: the snapshot it pinned outlived its
@@ -270,9 +303,16 @@ impl Stream {
                     continue;
                 }
                 self.announce_replacement(&mut announced, &ev.meta).await?;
-                if announced.unchanged(&ev.meta, self.outbox.members()) {
+                if relisting.again(ev.meta.uid(), ev.meta.resource_version())
+                    || announced.unchanged(&ev.meta, self.outbox.members())
+                {
                     continue;
                 }
+                // Noted once handed over (the emit takes the object's identity with it).
+                let (uid, rv) = (
+                    ev.meta.uid().to_string(),
+                    ev.meta.resource_version().to_string(),
+                );
                 let change = Some(Change::Announced);
                 self.emit(
                     &mut ev,
@@ -282,6 +322,7 @@ impl Stream {
                     reason == Reason::Resync,
                 )
                 .await?;
+                relisting.now.note(&uid, &rv);
             }
             match page.continue_token {
                 Some(c) => token = Some(c),
