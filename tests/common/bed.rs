@@ -494,23 +494,30 @@ impl Relay {
 
     /// Starts the relay reaching the API server at `url` (a proxy the test controls).
     pub fn start_at(bed: &Bed, cfg: Config, url: &str) -> Self {
-        Self::start_on(bed, cfg, None, Some(url), None)
+        Self::start_on(bed, cfg, None, Some(url), None, None)
     }
 
     /// Starts the relay; with `producer`, its records go there instead of Kafka.
     pub fn start_with(bed: &Bed, cfg: Config, producer: Option<Arc<Memory>>) -> Self {
-        Self::start_on(bed, cfg, producer.map(sink), None, None)
+        Self::start_on(bed, cfg, producer.map(sink), None, None, None)
     }
 
     /// Starts a replica of a sharded release whose records go to `producer` and which meets
     /// the other replicas in `group`.
     pub fn start_in(bed: &Bed, cfg: Config, producer: Arc<Memory>, group: &MemoryGroup) -> Self {
-        Self::start_on(bed, cfg, Some(sink(producer)), None, Some(group))
+        Self::start_on(bed, cfg, Some(sink(producer)), None, Some(group), None)
     }
 
     /// [`Relay::start_in`] with a producer of its own, `lane`, over the shared memory.
     pub fn start_on_lane(bed: &Bed, cfg: Config, lane: Arc<Lane>, group: &MemoryGroup) -> Self {
-        Self::start_on(bed, cfg, Some((lane.clone(), lane)), None, Some(group))
+        Self::start_on(
+            bed,
+            cfg,
+            Some((lane.clone(), lane)),
+            None,
+            Some(group),
+            None,
+        )
     }
 
     /// [`Relay::start_on_lane`], with `txns` for the transactions of `delivery: exactlyOnce`.
@@ -522,20 +529,10 @@ impl Relay {
         txns: Option<&Arc<Transactions>>,
     ) -> Self {
         let sink = Some((lane.clone() as Arc<dyn Producer>, lane as Arc<dyn Log>));
-        Self::start_at_with(bed, cfg, sink, None, Some(group), txns)
+        Self::start_on(bed, cfg, sink, None, Some(group), txns)
     }
 
     fn start_on(
-        bed: &Bed,
-        cfg: Config,
-        producer: Option<(Arc<dyn Producer>, Arc<dyn Log>)>,
-        url: Option<&str>,
-        group: Option<&MemoryGroup>,
-    ) -> Self {
-        Self::start_at_with(bed, cfg, producer, url, group, None)
-    }
-
-    fn start_at_with(
         bed: &Bed,
         cfg: Config,
         producer: Option<(Arc<dyn Producer>, Arc<dyn Log>)>,
