@@ -65,7 +65,7 @@ enum Reading {
     Initial {
         reason: Reason,
         announced: Announced,
-        relisting: relist::Relisting,
+        relisting: Box<relist::Relisting>,
     },
     Live {
         at: Option<String>,

@@ -199,7 +199,7 @@ impl Stream {
         let mut reading = Reading::Initial {
             reason,
             announced: self.announced(reason),
-            relisting: self.relisting(),
+            relisting: Box::new(self.relisting()),
         };
         let read = self.read(&mut w, &mut reading).await;
         // Cut before its state ended: what it announced is left for the next.
