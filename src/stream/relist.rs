@@ -5,7 +5,8 @@
 //! position: a delta resync skips only members unchanged since that position, so every object
 //! the first attempt announced would be announced again, with the same id and version (a
 //! duplicate even for a `read_committed` consumer of an exactly-once relay). [`Relist`] keeps
-//! the versions an unfinished list announced (or found unchanged). The next list of the stream
+//! the versions an unfinished list announced (those a delta skipped need no memory: the next
+//! delta skips them too). The next list of the stream
 //! skips those objects while they still have that version, but only if nothing in between could
 //! have undone them:
 //! - the stream's acknowledged position is the same (no other sync finished meanwhile), and
@@ -44,7 +45,7 @@ impl Relist {
         }
     }
 
-    /// The object `uid` at `rv` was announced by this list, or need not be (unchanged).
+    /// The object `uid` at `rv` was announced by this list (or by the list it carries on).
     pub(super) fn note(&mut self, uid: &str, rv: &str) {
         if self.overflowed {
             return;
