@@ -254,6 +254,11 @@ impl Outbox {
         self.rewinds
     }
 
+    /// The era the stream's records are stamped with now.
+    pub fn era(&self) -> u64 {
+        self.era
+    }
+
     /// Where the stream's records go.
     pub fn route(&self) -> &Route {
         &self.route

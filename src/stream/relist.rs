@@ -9,9 +9,11 @@
 //! delta skips them too). The next list of the stream
 //! skips those objects while they still have that version, but only if nothing in between could
 //! have undone them:
-//! - the stream's acknowledged position is the same (no other sync finished meanwhile), and
+//! - the stream's acknowledged position is the same (no other sync finished meanwhile),
 //! - no delivery failed (a failure rewinds the stream, which replays everything after its
-//!   position, the failed list's records among them).
+//!   position, the failed list's records among them), and
+//! - the stream is in the same era and the list is not a full resync: after an etcd restore
+//!   the same version may stand for other content, so everything is announced again.
 //!
 //! A record the first attempt handed over that fails later rewinds the stream in turn, so a
 //! skip never stands in for a record that was lost. Memory is bounded: past [`CAP`] objects a
@@ -30,17 +32,21 @@ pub(super) struct Relist {
     from: Option<String>,
     /// The outbox's rewinds when the list began.
     rewinds: u64,
+    /// The stream's era when the list began.
+    era: u64,
     announced: HashMap<Box<str>, Box<str>>,
     /// More than [`CAP`] objects: nothing is kept.
     overflowed: bool,
 }
 
 impl Relist {
-    /// A list beginning at the acknowledged position `from`, after `rewinds` rewinds.
-    pub(super) fn new(from: Option<&str>, rewinds: u64) -> Self {
+    /// A list beginning at the acknowledged position `from`, after `rewinds` rewinds, in
+    /// `era`.
+    pub(super) fn new(from: Option<&str>, rewinds: u64, era: u64) -> Self {
         Self {
             from: from.map(str::to_string),
             rewinds,
+            era,
             ..Self::default()
         }
     }
@@ -59,9 +65,10 @@ impl Relist {
     }
 
     /// This unfinished list, for the next list of the stream, which begins at `from` after
-    /// `rewinds` rewinds: kept only if nothing in between can have undone what it announced.
-    pub(super) fn carried(self, from: Option<&str>, rewinds: u64) -> Option<Self> {
-        let same = self.from.as_deref() == from && self.rewinds == rewinds;
+    /// `rewinds` rewinds in `era`: kept only if nothing in between can have undone what it
+    /// announced.
+    pub(super) fn carried(self, from: Option<&str>, rewinds: u64, era: u64) -> Option<Self> {
+        let same = self.from.as_deref() == from && self.rewinds == rewinds && self.era == era;
         (same && !self.overflowed && !self.announced.is_empty()).then_some(self)
     }
 
@@ -80,13 +87,25 @@ pub(super) struct Relisting {
 }
 
 impl Relisting {
-    /// A list beginning at the acknowledged position `from` after `rewinds` rewinds, carrying
-    /// on from `earlier` (the stream's last list, if it failed midway) when that still holds.
-    pub(super) fn begin(earlier: Option<Relist>, from: Option<&str>, rewinds: u64) -> Self {
+    /// A list beginning at the acknowledged position `from` after `rewinds` rewinds in `era`,
+    /// carrying on from `earlier` (the stream's last list, if it failed midway) when that
+    /// still holds.
+    pub(super) fn begin(
+        earlier: Option<Relist>,
+        from: Option<&str>,
+        rewinds: u64,
+        era: u64,
+    ) -> Self {
         Self {
-            earlier: earlier.and_then(|r| r.carried(from, rewinds)),
-            now: Relist::new(from, rewinds),
+            earlier: earlier.and_then(|r| r.carried(from, rewinds, era)),
+            now: Relist::new(from, rewinds, era),
         }
+    }
+
+    /// The list turned into a full resync (the server's history went back): nothing is
+    /// skipped for the list before it.
+    pub(super) fn forget_earlier(&mut self) {
+        self.earlier = None;
     }
 
     /// Whether the object `uid` at `rv` need not be announced: the list this one starts over
@@ -106,10 +125,10 @@ mod tests {
 
     #[test]
     fn a_list_started_over_skips_only_what_it_announced_at_the_same_version() {
-        let mut first = Relist::new(Some("10"), 0);
+        let mut first = Relist::new(Some("10"), 0, 1);
         first.note("a", "12");
         first.note("b", "9");
-        let next = first.carried(Some("10"), 0).expect("carried");
+        let next = first.carried(Some("10"), 0, 1).expect("carried");
         // (uid, version listed now, skipped)
         let rows = [
             ("a", "12", true),
@@ -123,34 +142,41 @@ mod tests {
     }
 
     #[test]
-    fn nothing_is_carried_past_a_new_position_a_rewind_or_the_cap() {
+    fn nothing_is_carried_past_a_new_position_a_rewind_a_new_era_or_the_cap() {
         let list = || {
-            let mut r = Relist::new(Some("10"), 2);
+            let mut r = Relist::new(Some("10"), 2, 5);
             r.note("a", "12");
             r
         };
-        // (position now, rewinds now, carried)
+        // (position now, rewinds now, era now, carried)
         let rows = [
-            (Some("10"), 2, true),
-            (Some("14"), 2, false),
-            (None, 2, false),
-            (Some("10"), 3, false),
+            (Some("10"), 2, 5, true),
+            (Some("14"), 2, 5, false),
+            (None, 2, 5, false),
+            (Some("10"), 3, 5, false),
+            (Some("10"), 2, 6, false),
         ];
-        for (from, rewinds, carried) in rows {
+        for (from, rewinds, era, carried) in rows {
             assert_eq!(
-                list().carried(from, rewinds).is_some(),
+                list().carried(from, rewinds, era).is_some(),
                 carried,
-                "{from:?} {rewinds}"
+                "{from:?} {rewinds} {era}"
             );
         }
         assert!(
-            Relist::new(Some("10"), 0).carried(Some("10"), 0).is_none(),
+            Relist::new(Some("10"), 0, 1)
+                .carried(Some("10"), 0, 1)
+                .is_none(),
             "nothing announced, nothing to carry"
         );
-        let mut long = Relist::new(None, 0);
+        let mut long = Relist::new(None, 0, 1);
         for i in 0..=CAP {
             long.note(&i.to_string(), "1");
         }
-        assert!(long.carried(None, 0).is_none(), "past the cap");
+        assert!(long.carried(None, 0, 1).is_none(), "past the cap");
+        let mut full = Relisting::begin(Some(list()), Some("10"), 2, 5);
+        assert!(full.again("a", "12"));
+        full.forget_earlier();
+        assert!(!full.again("a", "12"), "a full resync skips nothing");
     }
 }

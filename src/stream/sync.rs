@@ -235,8 +235,12 @@ impl Stream {
     /// The list that begins now, carrying on from the stream's last one if that failed
     /// midway.
     pub(super) fn relisting(&mut self) -> Relisting {
-        let (from, rewinds) = (self.outbox.checkpoint(), self.outbox.rewinds());
-        Relisting::begin(self.relist.take(), from, rewinds)
+        let (from, rewinds, era) = (
+            self.outbox.checkpoint(),
+            self.outbox.rewinds(),
+            self.outbox.era(),
+        );
+        Relisting::begin(self.relist.take(), from, rewinds, era)
     }
 
     /// The whole current state, page by page, each object announced unless a delta resync
@@ -290,6 +294,7 @@ impl Stream {
             if announced.rewound(&page.resource_version) {
                 tracing::warn!(stream = %self.id, rv = %page.resource_version, "the list is older than the stream's position (an etcd restore?); re-announcing every object");
                 announced.full();
+                relisting.forget_earlier();
                 // As for any full resync: a crash midway must not resume from the position.
                 if !self.forget_position().await {
                     return Err(Stop::Cancelled);
