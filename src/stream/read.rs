@@ -195,7 +195,7 @@ impl Stream {
                         announced,
                         relisting,
                     } => {
-                        let noted = (t != EventType::Deleted).then(|| {
+                        let noted = (t != EventType::Deleted && relisting.now.keeps()).then(|| {
                             (
                                 ev.meta.uid().to_string(),
                                 ev.meta.resource_version().to_string(),

@@ -64,6 +64,12 @@ impl Relist {
         self.announced.insert(uid.into(), rv.into());
     }
 
+    /// Whether it still keeps what it is told: past [`CAP`] objects it keeps nothing, and
+    /// callers need not copy an object's identity for it.
+    pub(super) fn keeps(&self) -> bool {
+        !self.overflowed
+    }
+
     /// This unfinished list, for the next list of the stream, which begins at `from` after
     /// `rewinds` rewinds in `era`: kept only if nothing in between can have undone what it
     /// announced.

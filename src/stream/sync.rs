@@ -314,10 +314,12 @@ impl Stream {
                     continue;
                 }
                 // Noted once handed over (the emit takes the object's identity with it).
-                let (uid, rv) = (
-                    ev.meta.uid().to_string(),
-                    ev.meta.resource_version().to_string(),
-                );
+                let noted = relisting.now.keeps().then(|| {
+                    (
+                        ev.meta.uid().to_string(),
+                        ev.meta.resource_version().to_string(),
+                    )
+                });
                 let change = Some(Change::Announced);
                 self.emit(
                     &mut ev,
@@ -327,7 +329,9 @@ impl Stream {
                     reason == Reason::Resync,
                 )
                 .await?;
-                relisting.now.note(&uid, &rv);
+                if let Some((uid, rv)) = noted {
+                    relisting.now.note(&uid, &rv);
+                }
             }
             match page.continue_token {
                 Some(c) => token = Some(c),
