@@ -504,23 +504,34 @@ async fn a_gap_and_a_cut_list_on_the_shared_watch_lose_only_what_the_gap_excuses
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_leader_release_moves_to_sharding_under_churn() {
-    moves_to_sharding(false).await;
+    moves_to_sharding(false, "", false).await;
 }
 
 /// The single leader's one stream over every namespace is split by namespace, each part to its
 /// namespace's shard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_leader_over_every_namespace_moves_to_sharding() {
-    moves_to_sharding(true).await;
+    moves_to_sharding(true, "", false).await;
+}
+
+/// With `delivery: exactlyOnce`, a single leader killed under churn (its ConfigMap behind its
+/// last commits, a transaction left open) hands over to sharded replicas: its id is fenced
+/// before its state is copied, the shards resume from the positions it committed, and a
+/// `read_committed` consumer reads every change once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_a_killed_single_leader_moves_to_sharding_without_repeating() {
+    let msgs = moves_to_sharding(false, "  delivery: exactlyOnce\n", true).await;
+    assert_once(&msgs);
 }
 
 /// A single-leader release of pods in eight namespaces (listed, or `allNamespaces`) moves to
-/// sharding under churn.
-async fn moves_to_sharding(all: bool) {
+/// sharding under churn, the single leader stopped (or `kill`ed), with `kafka` added to the
+/// Kafka settings. Returns what was read.
+async fn moves_to_sharding(all: bool, kafka: &str, kill: bool) -> Vec<Msg> {
     let scene = Scene::new(8, "migrated", None).await;
     let (bed, names) = (&scene.bed, scene.names());
     let channels = scene.channel(all.then_some("allNamespaces: true"));
-    let mut old = bed.config(&channels, "");
+    let mut old = bed.config(&channels, kafka);
     old.checkpoint.name = kafka::unique("relay");
     let le = &mut old.leader_election;
     le.enabled = true;
@@ -540,7 +551,7 @@ async fn moves_to_sharding(all: bool) {
 
     // The new version: the same release, sharded.
     // The same file with sharding on (an `allNamespaces` channel is then relayed per namespace).
-    let mut new = bed.config_with(&channels, "", "sharding:\n  enabled: true\n");
+    let mut new = bed.config_with(&channels, kafka, "sharding:\n  enabled: true\n");
     new.sharding = sharded(&old, GroupProtocol::Classic).sharding;
     new.checkpoint = old.checkpoint.clone();
     new.leader_election = old.leader_election.clone();
@@ -554,7 +565,11 @@ async fn moves_to_sharding(all: bool) {
         [0, 0],
         "shards ran beside the single leader"
     );
-    single.stop().await;
+    if kill {
+        single.kill().await;
+    } else {
+        single.stop().await;
+    }
     let moved = takeover(&[&a, &b]).await;
 
     // A replica configured as before, sharding off, never leads again: it refuses to start,
@@ -592,6 +607,7 @@ async fn moves_to_sharding(all: bool) {
     eprintln!("resyncs after the move: {resynced}");
     a.stop().await;
     b.stop().await;
+    msgs
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

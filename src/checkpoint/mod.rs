@@ -271,6 +271,18 @@ pub struct Saved {
     pub era: u64,
 }
 
+impl Saved {
+    /// This ConfigMap position replaced by `committed`, the one committed with the stream's
+    /// records in the membership topic (exactly once), which it may lag: the era never goes
+    /// back, and a kind the committed position lacks is kept.
+    pub fn take_committed(&mut self, committed: Saved) {
+        let (era, kind) = (self.era, self.kind.take());
+        *self = committed;
+        self.era = self.era.max(era);
+        self.kind = self.kind.take().or(kind);
+    }
+}
+
 /// The `data` entry of a stream's checkpoint.
 #[derive(Serialize)]
 struct Position<'a> {

@@ -24,9 +24,9 @@ pub use kafka::{Kafka, Reporting};
 #[cfg(any(test, feature = "testing"))]
 pub(crate) use kafka::{TxnError, Unread};
 pub use record::{Headers, Record};
+pub(crate) use transaction::{fence, Connect, KafkaConnect};
 #[cfg(any(test, feature = "testing"))]
 pub(crate) use transaction::{Client, Witness};
-pub(crate) use transaction::{Connect, KafkaConnect};
 pub use transaction::{Transactional, TxnMetrics, TxnSource};
 
 /// The `kind` labels of delivery errors: where the record failed.

@@ -131,13 +131,8 @@ impl Context {
         stop: &CancellationToken,
         fenced: &CancellationToken,
     ) -> Transactions {
-        let exactly = self.cfg.kafka.delivery == crate::config::Delivery::ExactlyOnce;
-        let id = format!("watchrelay/{}/{owner}", self.cfg.cluster_name);
-        let connect: Arc<dyn producer::Connect> = match &self.sink {
-            _ if !exactly => return Transactions::Off,
-            Sink::Kafka => Arc::new(producer::KafkaConnect::new(&self.cfg.producer_kafka(), &id)),
-            Sink::Given(_, _, Some(source)) => (source.0)(&id),
-            Sink::Given(_, _, None) => return Transactions::Off,
+        let Some((id, connect)) = self.txn_connect(owner) else {
+            return Transactions::Off;
         };
         let metrics = producer::TxnMetrics {
             commits: self.metrics.transactions.with_label_values(&["committed"]),
@@ -167,6 +162,24 @@ impl Context {
                 }
             }
         }
+    }
+
+    /// With `kafka.delivery: exactlyOnce` and Kafka (or a given source) as the sink, the
+    /// transactional id of `owner`'s terms and what connects it; `None` otherwise.
+    pub(super) fn txn_connect(
+        &self,
+        owner: &membership::Owner,
+    ) -> Option<(String, Arc<dyn producer::Connect>)> {
+        if self.cfg.kafka.delivery != crate::config::Delivery::ExactlyOnce {
+            return None;
+        }
+        let id = format!("watchrelay/{}/{owner}", self.cfg.cluster_name);
+        let connect: Arc<dyn producer::Connect> = match &self.sink {
+            Sink::Kafka => Arc::new(producer::KafkaConnect::new(&self.cfg.producer_kafka(), &id)),
+            Sink::Given(_, _, Some(source)) => (source.0)(&id),
+            Sink::Given(_, _, None) => return None,
+        };
+        Some((id, connect))
     }
 
     pub(super) fn sink(&self) -> Result<Outlet, RelayError> {

@@ -27,7 +27,7 @@ use super::shapes;
 use crate::checkpoint::{encode, CheckpointError, Saved, Store, MIGRATED_KEY};
 use crate::config::{Config, Shape, StreamId};
 use crate::membership::{self, Known, Log, Owner, Restored, SendError, TopicError};
-use crate::producer::Producer;
+use crate::producer::{self, Connect, Producer};
 
 /// Why copying a shard's share of the single-leader state failed (it is tried again).
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +44,9 @@ pub(super) enum MigrateError {
     /// The leader Lease, which says when the single leader was parked, could not be read.
     #[error("reading the leader Lease: {0}")]
     Lease(kube::Error),
+    /// The single leader's transactional id could not be fenced.
+    #[error("fencing the single leader's transactional producer: {0}")]
+    Fence(String),
     /// Reading the topic panicked.
     #[error("reading the single leader's membership topic panicked: {0}")]
     Panicked(String),
@@ -82,6 +85,9 @@ pub(super) struct Target<'a> {
 pub(super) struct Migration<'a> {
     pub cfg: &'a Config,
     pub client: &'a kube::Client,
+    /// With exactly-once delivery, what connects the single leader's transactional id: it is
+    /// fenced before its state is read (see [`Migration::read_legacy`]).
+    pub leader: Option<Arc<dyn Connect>>,
 }
 
 impl Migration<'_> {
@@ -125,6 +131,13 @@ impl Migration<'_> {
     }
 
     /// Reads the single-leader release's ConfigMap and membership topic.
+    ///
+    /// With exactly-once delivery the last leader's transactional id is fenced first: a leader
+    /// that crashed rather than stopped left a transaction open, which this aborts (or
+    /// completes, had its commit reached the coordinator) instead of leaving it to
+    /// `transaction.timeout.ms`, and no instance of it can commit after the copy. The positions
+    /// committed with its records are then the truth, as at any term's start: its ConfigMap
+    /// may lag them by its last commits, whose changes would otherwise be published again.
     async fn read_legacy(&self, log: Arc<dyn Log>) -> Result<Legacy, MigrateError> {
         let cfg = self.cfg;
         let store = Store::new(
@@ -132,9 +145,14 @@ impl Migration<'_> {
             &cfg.checkpoint.namespace,
             &cfg.checkpoint.name,
         );
-        let loaded = store.load().await?;
+        let mut loaded = store.load().await?;
         if !loaded.streams.is_empty() {
             self.await_handoff().await?;
+        }
+        if let Some(leader) = &self.leader {
+            producer::fence(leader.as_ref())
+                .await
+                .map_err(MigrateError::Fence)?;
         }
         let topic = cfg.checkpoint.membership.topic(&cfg.cluster_name);
         let owner = Owner::new(&cfg.checkpoint.namespace, &cfg.checkpoint.name);
@@ -142,7 +160,7 @@ impl Migration<'_> {
             "{}/{} and {topic}",
             cfg.checkpoint.namespace, cfg.checkpoint.name
         );
-        let members = tokio::task::spawn_blocking(move || {
+        let mut members = tokio::task::spawn_blocking(move || {
             let mut restored = Restored::new(owner, None);
             log.replay(&topic, &mut |k, v| restored.apply(k, v), &|| false)?;
             restored.finish();
@@ -150,6 +168,13 @@ impl Migration<'_> {
         })
         .await
         .map_err(|e| MigrateError::Panicked(e.to_string()))??;
+        let committed = std::mem::take(&mut members.positions);
+        let transactional = self.leader.is_some();
+        for (id, saved) in committed {
+            if let Some(entry) = loaded.streams.get_mut(&id).filter(|_| transactional) {
+                entry.take_committed(saved);
+            }
+        }
         tracing::info!(
             positions = loaded.streams.len(),
             members = members.members(),

@@ -536,6 +536,18 @@ impl Transactional {
     }
 }
 
+/// Fences every producer under `connect`'s transactional id and settles what the last one left
+/// open (committed if its commit had reached the coordinator, else aborted), with an instance
+/// dropped at once: for a term that takes over another id's state without producing under it
+/// (a shard copying the single leader's). Blocks in `init_transactions` on a thread of its own.
+pub(crate) async fn fence(connect: &dyn Connect) -> Result<(), String> {
+    let kafka = connect.client()?;
+    tokio::task::spawn_blocking(move || kafka.init_transactions(CALL_TIMEOUT))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.message)
+}
+
 /// A new instance from `connect`, its earlier epochs fenced and its first transaction begun.
 async fn build(connect: &dyn Connect) -> Result<Arc<dyn Client>, TxnError> {
     let kafka = connect.client().map_err(|message| TxnError {

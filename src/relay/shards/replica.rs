@@ -464,9 +464,12 @@ impl Replica<'_> {
         stop: CancellationToken,
         fenced: CancellationToken,
     ) -> Result<(), RelayError> {
+        let cfg = &self.relay.cfg;
+        let leader = Owner::new(&cfg.checkpoint.namespace, &cfg.checkpoint.name);
         let migration = Migration {
-            cfg: &self.relay.cfg,
+            cfg,
             client: &self.relay.client,
+            leader: self.relay.txn_connect(&leader).map(|(_, connect)| connect),
         };
         loop {
             let to = Target {

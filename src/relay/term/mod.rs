@@ -206,12 +206,7 @@ impl<'a> Run<'a> {
         let mut stale = Vec::new();
         for (id, saved) in committed {
             match loaded.streams.get_mut(&id).filter(|_| transactional) {
-                Some(entry) => {
-                    let (era, kind) = (entry.era, entry.kind.take());
-                    *entry = saved;
-                    entry.era = entry.era.max(era);
-                    entry.kind = entry.kind.take().or(kind);
-                }
+                Some(entry) => entry.take_committed(saved),
                 None => stale.push(id),
             }
         }
