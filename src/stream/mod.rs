@@ -8,11 +8,13 @@
 //! reading.
 
 mod announced;
+mod feed;
 pub mod machine;
 mod permits;
 mod position;
 mod read;
 mod relist;
+mod rescope;
 mod resume;
 mod scope;
 mod sync;
@@ -41,10 +43,11 @@ use crate::metrics::Metrics;
 use crate::outbox::{Limits, Outbox, OutboxError};
 use crate::producer::Producer;
 use crate::registry::{Phase, Reporter};
+use feed::Feed;
 use machine::{Backoff, Outcome, Profile, Reason, State, Stop, Via};
 use permits::{Permit, Syncs};
 
-type Step = Outcome<read::Feed>;
+type Step = Outcome<Feed>;
 
 /// Pre-labelled metric handles for one stream.
 struct StreamMetrics {
@@ -510,8 +513,43 @@ impl Stream {
         Some((reason, outcome))
     }
 
+    /// Settles reports until the outbox has room, its sync permit lent meanwhile.
+    async fn room(&mut self) -> Result<(), Stop> {
+        if self.outbox.has_room() {
+            return Ok(());
+        }
+        self.syncs.lend();
+        self.outbox.wait_for_room().await?;
+        self.syncs.reclaim(&self.life.stop).await
+    }
+
+    /// Settles reports until nothing is in flight, its sync permit lent meanwhile.
+    async fn drained(&mut self) -> Result<(), Stop> {
+        if self.outbox.in_flight() == 0 {
+            return Ok(());
+        }
+        self.syncs.lend();
+        self.outbox.wait_until(0).await?;
+        self.syncs.reclaim(&self.life.stop).await
+    }
+
+    /// Waits a random delay below `syncJitterMs`, then for one of the relay's sync permits;
+    /// `None` when cancelled first.
+    async fn sync_permit(&mut self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let jitter = self.cfg.kubernetes.sync_jitter_ms;
+        let delay = Duration::from_millis(if jitter == 0 {
+            0
+        } else {
+            self.backoff.random() % jitter
+        });
+        self.set_phase(Phase::Waiting);
+        let permit = self.syncs.take(delay, &self.life.stop).await?;
+        self.set_phase(Phase::Syncing);
+        Some(permit)
+    }
+
     /// Logs and counts what a step reported, then moves the machine.
-    fn transition(&mut self, state: State<read::Feed>, outcome: Step) -> State<read::Feed> {
+    fn transition(&mut self, state: State<Feed>, outcome: Step) -> State<Feed> {
         if let Outcome::Stopped { why, .. } = &outcome {
             match why {
                 Stop::Gone => {

@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::feed::Feed;
 use super::{join, Reading, Step, Stream};
 use crate::decode;
 use crate::envelope::Announcement;
@@ -38,9 +39,9 @@ impl Stream {
             let room = self.outbox.has_room();
             // A sync waiting for Kafka lends its permit meanwhile.
             if room {
-                self.reclaim_permit().await?;
+                self.syncs.reclaim(&self.life.stop).await?;
             } else {
-                self.lend_permit();
+                self.syncs.lend();
             }
             let moved = self.outbox.moved();
             let acks = (!room).then(|| self.outbox.acknowledgements());
@@ -348,31 +349,6 @@ impl Stream {
             unreachable!("a live watch stays live")
         };
         Outcome::Stopped { why, at }
-    }
-}
-
-/// What a stream reads its lines from: a watch of its own, or its part of a fanned-out
-/// collection's hub.
-pub(super) enum Feed {
-    Api(kubeapi::Watch),
-    Fanned(crate::fanout::Subscription),
-}
-
-impl Feed {
-    /// The next complete line; `Ok(None)` at a clean end.
-    async fn next_line(&mut self) -> Result<Option<bytes::Bytes>, ApiError> {
-        match self {
-            Feed::Api(w) => w.next_line().await,
-            Feed::Fanned(s) => Ok(s.next_line().await),
-        }
-    }
-
-    /// A line already received, if any.
-    fn buffered_line(&mut self) -> Option<bytes::Bytes> {
-        match self {
-            Feed::Api(w) => w.buffered_line(),
-            Feed::Fanned(s) => s.buffered_line(),
-        }
     }
 }
 

@@ -24,16 +24,10 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Instant;
 
 use tokio::sync::watch;
 
-use super::Stream;
 use crate::event::comparable;
-use crate::kubeapi::ApiError;
-use crate::membership::Change;
-use crate::membership::Key;
-use crate::stream::machine::Stop;
 
 /// The namespaces in scope; `None` until they are known (a selector not listed yet).
 pub type Namespaces = Option<Arc<BTreeSet<String>>>;
@@ -154,6 +148,29 @@ impl Scoped {
         }
     }
 
+    /// The namespaces that left the scope and those that entered it since the stream applied
+    /// it, the scope's latest taken as seen; `None` while it is not known yet.
+    pub(super) fn take_moves(&mut self) -> Option<(Vec<String>, Vec<String>)> {
+        let learned = self.filter.desired.borrow_and_update().clone()?;
+        let desired = self.filter.kept(&learned);
+        let left = self.applied.difference(&desired).cloned().collect();
+        let entered = desired.difference(&self.applied).cloned().collect();
+        Some((left, entered))
+    }
+
+    /// Namespace `ns` left: its objects no longer belong to the stream.
+    pub(super) fn leave(&mut self, ns: &str) {
+        self.applied.remove(ns);
+        self.fences.remove(ns);
+    }
+
+    /// Namespace `ns` entered, listed at `fence`: its live events at or below it are dropped
+    /// (the list held them).
+    pub(super) fn enter(&mut self, ns: &str, fence: u64) {
+        self.applied.insert(ns.to_string());
+        self.fences.insert(ns.to_string(), fence);
+    }
+
     /// Before a sync: waits for the scope to be known, then takes it whole. Should its source
     /// go away before it is known, this waits for the stream to stop: syncing under an empty
     /// scope would delete every member.
@@ -173,133 +190,5 @@ pub(super) async fn changed(scoped: &mut Option<Scoped>) {
     match scoped {
         Some(s) => s.changed().await,
         None => std::future::pending().await,
-    }
-}
-
-impl Stream {
-    /// While watching: applies the scope's latest namespaces. Those that left have their
-    /// members deleted; those that entered are listed and announced. A stop leaves the rest to
-    /// the next pass (the stream's state stays consistent after each namespace).
-    pub(super) async fn rescope(&mut self) -> Result<(), Stop> {
-        let Some(scoped) = self.scope.as_mut() else {
-            return Ok(());
-        };
-        let Some(learned) = scoped.filter.desired.borrow_and_update().clone() else {
-            return Ok(());
-        };
-        let desired = scoped.filter.kept(&learned);
-        let left: Vec<String> = scoped.applied.difference(&desired).cloned().collect();
-        let entered: Vec<String> = desired.difference(&scoped.applied).cloned().collect();
-        if left.is_empty() && entered.is_empty() {
-            return self.settle_scope().await;
-        }
-        // What is still joining is announced: it must be deleted too. And nothing in flight
-        // may bring a position back once it is forgotten.
-        self.outbox.settle_joins().await?;
-        self.drained().await?;
-        // Before the first DELETED or ADDED, the position goes: a start resuming from it
-        // under the same fingerprint (the namespace back in scope, or the entering one out of
-        // it again) would never undo a leave cut short, nor delete what an entry cut short
-        // announced. Without it, that start reconciles its members with the scope it finds.
-        // The DELETEDs name the position as it was.
-        let rv = self.outbox.checkpoint().unwrap_or_default().to_string();
-        if !self.forget_position().await {
-            return Err(Stop::Cancelled);
-        }
-        for ns in left {
-            self.leave_namespace(&ns, &rv).await?;
-        }
-        for ns in entered {
-            self.enter_namespace(&ns, &rv).await?;
-        }
-        self.settle_scope().await
-    }
-
-    /// Once everything announced under the namespaces applied is acknowledged, the checkpoints
-    /// carry them (see the module's doc); until then they carry the namespaces before.
-    pub(super) async fn settle_scope(&mut self) -> Result<(), Stop> {
-        let Some(query) = self.scope.as_ref().map(Scoped::fingerprint) else {
-            return Ok(());
-        };
-        if query != self.position.query {
-            self.drained().await?;
-            self.position.query = query;
-            self.stamp();
-        }
-        Ok(())
-    }
-
-    async fn leave_namespace(&mut self, ns: &str, rv: &str) -> Result<(), Stop> {
-        if let Some(s) = self.scope.as_mut() {
-            s.applied.remove(ns);
-            s.fences.remove(ns);
-        }
-        let n = self.delete_members_of(ns, rv).await?;
-        tracing::info!(stream = %self.id, namespace = %ns, objects = n, "namespace left the scope: deleted what was announced of it");
-        Ok(())
-    }
-
-    /// Publishes the inferred DELETED of every member of namespace `ns`; returns how many.
-    async fn delete_members_of(&mut self, ns: &str, rv: &str) -> Result<usize, Stop> {
-        let gone: Vec<Key> = self.outbox.members().keys_in(ns).collect();
-        for k in &gone {
-            let Some((uid, known)) = self.outbox.members().get_key(k) else {
-                continue;
-            };
-            self.infer_delete(uid, known, rv).await?;
-        }
-        Ok(gone.len())
-    }
-
-    /// Lists namespace `ns` and announces its objects. Members of it an earlier attempt
-    /// announced (one cut short by a failed page) are deleted first: any of them may have gone
-    /// while the namespace was not applied, its watch event dropped.
-    async fn enter_namespace(&mut self, ns: &str, rv: &str) -> Result<(), Stop> {
-        let stale = self.delete_members_of(ns, rv).await?;
-        if stale > 0 {
-            tracing::info!(stream = %self.id, namespace = %ns, objects = stale, "an earlier entry of the namespace was cut short: deleted what it announced before listing again");
-        }
-        let path = self.channel.path.collection_url(Some(ns));
-        let mut token: Option<String> = None;
-        let mut objects = 0usize;
-        let list_rv = loop {
-            let size = Some(self.cfg.kubernetes.list_page_size);
-            let page = match self.list_page(&path, size, token.as_deref()).await? {
-                Ok(p) => p,
-                // The namespace's listing cannot go on: a resync takes the whole scope anew.
-                Err(ApiError::Gone(_)) => return Err(Stop::Requested),
-                Err(e) => return Err(self.api_stopped(e)),
-            };
-            self.learn_kind(&page);
-            for item in &page.items {
-                let Some(mut ev) = self.listed(item).await? else {
-                    continue;
-                };
-                objects += 1;
-                self.emit(
-                    &mut ev,
-                    Instant::now(),
-                    None,
-                    Some(Change::Announced),
-                    false,
-                )
-                .await?;
-            }
-            match page.continue_token {
-                Some(c) => token = Some(c),
-                None => break page.resource_version,
-            }
-        };
-        let Some(fence) = comparable(&list_rv) else {
-            tracing::info!(stream = %self.id, namespace = %ns, rv = %list_rv, "a resourceVersion that does not compare; resyncing to take the namespace in");
-            self.m.full_fallbacks.inc();
-            return Err(Stop::Requested);
-        };
-        if let Some(s) = self.scope.as_mut() {
-            s.applied.insert(ns.to_string());
-            s.fences.insert(ns.to_string(), fence);
-        }
-        tracing::info!(stream = %self.id, namespace = %ns, objects, rv = %list_rv, "namespace entered the scope: announced its objects");
-        Ok(())
     }
 }
