@@ -502,6 +502,17 @@ impl Relay {
         Self::start_on(bed, cfg, producer.map(sink), None, None, None)
     }
 
+    /// [`Relay::start_with`] over `producer`, with `txns` for the transactions of
+    /// `delivery: exactlyOnce`.
+    pub fn start_with_txns(
+        bed: &Bed,
+        cfg: Config,
+        producer: Arc<Memory>,
+        txns: Option<&Arc<Transactions>>,
+    ) -> Self {
+        Self::start_on(bed, cfg, Some(sink(producer)), None, None, txns)
+    }
+
     /// Starts a replica of a sharded release whose records go to `producer` and which meets
     /// the other replicas in `group`.
     pub fn start_in(bed: &Bed, cfg: Config, producer: Arc<Memory>, group: &MemoryGroup) -> Self {
