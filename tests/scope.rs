@@ -186,3 +186,65 @@ async fn a_leave_whose_deletes_kafka_refuses_tries_again_in_the_same_run() {
     assert!(versioned, "every record carries its version");
     relay.stop().await;
 }
+
+/// A cluster-wide stream filtered to its namespaces, stopped while one namespace enters its
+/// scope and another leaves it, and the pods of the one that stays change twice each: the next
+/// start resumes from its position and takes the move in (the entering namespace listed, the
+/// leaving one's members deleted). Every change of the namespace that stayed is published once,
+/// none collapsed into a list of the whole scope.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scope_that_moved_while_down_resumes_and_takes_the_move_in() {
+    let bed = Bed::in_memory(SimConfig::default(), &["a", "b", "c"]).await;
+    for ns in ["a", "b", "c"] {
+        for i in 0..5 {
+            bed.sim
+                .create("pods", Some(ns), objects::pod(ns, &format!("p{i}")))
+                .unwrap();
+        }
+    }
+    bed.label("a", true);
+    bed.label("b", true);
+    let producer = Arc::new(Memory::new());
+    let relay = start(&bed, &producer, true);
+    converged(&bed, &producer).await;
+    relay.stop().await;
+    let from = bed.sim.current_rv();
+    for i in 0..5 {
+        for step in 0..2 {
+            let patch = serde_json::json!({"metadata": {"labels": {"step": step.to_string()}}});
+            bed.sim
+                .merge_patch("pods", Some("a"), &format!("p{i}"), patch)
+                .unwrap();
+        }
+    }
+    bed.label("c", true);
+    bed.label("b", false);
+
+    let relay = start(&bed, &producer, true);
+    let want = pods(&bed.sim, &["a", "c"], |_| true);
+    eventually(
+        || consumer_view(&events(&producer)) == want,
+        || {
+            format!(
+                "the consumer holds {:?}",
+                consumer_view(&events(&producer)).keys()
+            )
+        },
+    )
+    .await;
+    relay.stop().await;
+    let log = events(&producer);
+    common::view::assert_published(
+        &log,
+        &bed.journal_after("pods", Some("a"), from),
+        "the changes of a namespace that stayed in scope while the scope moved",
+    );
+    let of_a = log
+        .iter()
+        .filter(|r| !r.tombstone && r.key.starts_with("a/"))
+        .count();
+    assert_eq!(
+        of_a, 15,
+        "each pod of a announced once and each of its changes published once"
+    );
+}

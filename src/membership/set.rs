@@ -13,7 +13,7 @@
 //! entries grow past a quarter of it. Removals leave garbage in the arena, reclaimed in the same
 //! pass once it outweighs what is live.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::arena::Arena;
@@ -287,6 +287,31 @@ impl Members {
                 }
             })
             .map(|(k, _)| k)
+    }
+
+    /// The namespaces the members are in (read in place, as [`Members::keys_in`] does).
+    pub fn namespaces(&self) -> BTreeSet<String> {
+        let mut found: BTreeSet<&str> = BTreeSet::new();
+        let entries = self.base.iter().copied().filter(|(_, at)| *at != REMOVED);
+        for (_, at) in entries.chain(self.delta.iter().map(|(k, at)| (*k, *at))) {
+            let mut r = Reader {
+                bytes: self.arena.entry(at),
+                at: 0,
+            };
+            let flags = r.byte();
+            if flags & OTHER_UID != 0 {
+                r.str();
+            }
+            if flags & NO_NAMESPACE != 0 {
+                continue;
+            }
+            if flags & USUAL_NAMESPACE != 0 {
+                found.extend(self.usual_namespace.as_deref());
+            } else {
+                found.insert(r.str());
+            }
+        }
+        found.into_iter().map(str::to_string).collect()
     }
 
     /// Every member, in no particular order.
@@ -634,6 +659,29 @@ mod tests {
             rv: rv.into(),
             ..Known::default()
         }
+    }
+
+    #[test]
+    fn the_namespaces_of_the_members_are_read_in_place() {
+        let mut m = Members::default();
+        assert!(m.namespaces().is_empty());
+        m.insert(
+            "0f1e2d3c-4b5a-4697-8877-66554433aa11",
+            &known("p", Some("a"), "1"),
+        );
+        m.insert(
+            "0f1e2d3c-4b5a-4697-8877-66554433aa12",
+            &known("q", Some("a"), "2"),
+        );
+        m.insert("not-a-uuid", &known("r", Some("b"), "3"));
+        m.insert(
+            "0f1e2d3c-4b5a-4697-8877-66554433aa13",
+            &known("node", None, "4"),
+        );
+        let names = |m: &Members| m.namespaces().into_iter().collect::<Vec<_>>();
+        assert_eq!(names(&m), ["a", "b"]);
+        m.remove("not-a-uuid");
+        assert_eq!(names(&m), ["a"]);
     }
 
     #[test]

@@ -398,12 +398,20 @@ impl Stream {
                 _ = self.life.stop.cancelled() => return self.stop().await,
                 _ = scoped.take_all() => {}
             }
-            let query = scoped.fingerprint();
-            if scoped.saved_query().is_some_and(|q| *q != query) {
-                tracing::info!(stream = %self.id, "the stream's namespaces changed since its checkpoint; reconciling with them");
-                self.position.query_changed = true;
+            let saved = scoped.saved_query().filter(|q| **q != scoped.fingerprint());
+            if let Some(saved) = saved.cloned() {
+                // The position covers other namespaces: resumed if it can be told which (its
+                // first live read then takes the difference in), else the scope is reconciled.
+                let positioned = self.outbox.checkpoint().is_some();
+                let held = self.outbox.members().namespaces();
+                if positioned && scoped.resume_under(&saved, held) {
+                    tracing::info!(stream = %self.id, "the stream's namespaces changed since its checkpoint; resuming from it, then taking the change in");
+                } else {
+                    tracing::info!(stream = %self.id, "the stream's namespaces changed since its checkpoint; reconciling with them");
+                    self.position.query_changed = true;
+                }
             }
-            self.position.query = query;
+            self.position.query = scoped.fingerprint();
         }
         self.stamp();
         if self.position.query_changed && !self.forget_position().await {

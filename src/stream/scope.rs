@@ -12,10 +12,13 @@
 //!   stream's order, after everything the stream published about them.
 //! - The stream's query fingerprint includes its namespaces, and is stamped on its checkpoints
 //!   only once everything announced under them is acknowledged. A restart under the same
-//!   namespaces resumes the watch from the position; under others (namespaces entered or left
-//!   while it was down, or a crash before a change was acknowledged) the position is dropped and
-//!   the stream reconciles its members with a list of the whole collection under the new scope:
-//!   objects re-announced, members out of scope deleted.
+//!   namespaces resumes the watch from the position. Under others (namespaces entered or left
+//!   while it was down) it resumes too when the members' namespaces tell which ones the
+//!   position covered ([`Scoped::resume_under`]), and takes the difference in as a move of its
+//!   scope; otherwise (a namespace in scope then without an object, the selectors changed, or
+//!   a crash before a move was acknowledged, which forgot the position) the position is
+//!   dropped and the stream reconciles its members with a list of the whole collection under
+//!   the new scope: objects re-announced, members out of scope deleted.
 //! - A failed delivery replays its watch from the checkpoint, as any stream's does, once its
 //!   scope is settled (the checkpoints carry the namespaces applied): every change is published
 //!   again in order. During a scope change not acknowledged yet it resyncs whole instead: what
@@ -148,6 +151,30 @@ impl Scoped {
         }
     }
 
+    /// At a start whose checkpoint was saved under other namespaces (`saved`, its fingerprint):
+    /// takes for applied the namespaces the position covers, if they can be told, so that the
+    /// stream resumes from it and then takes the difference in as a move of its scope (those
+    /// that left deleted, those that entered listed), instead of reconciling the whole scope
+    /// with a list. `held` are the namespaces of the stream's members: the position covered
+    /// them, or them and the namespaces in scope now (only namespaces left since, or none). A
+    /// fingerprint that matches neither (a namespace in scope then without an object, or the
+    /// selectors changed) is not resumed. False then.
+    pub(super) fn resume_under(&mut self, saved: &str, held: BTreeSet<String>) -> bool {
+        let with_now: BTreeSet<String> = held.union(&self.applied).cloned().collect();
+        for covered in [held, with_now] {
+            let fingerprint = crate::config::Channel::scoped_fingerprint(
+                covered.iter().map(String::as_str),
+                &self.base,
+            );
+            if fingerprint == saved {
+                self.applied = covered;
+                self.fences.clear();
+                return true;
+            }
+        }
+        false
+    }
+
     /// The namespaces that left the scope and those that entered it since the stream applied
     /// it, the scope's latest taken as seen; `None` while it is not known yet.
     pub(super) fn take_moves(&mut self) -> Option<(Vec<String>, Vec<String>)> {
@@ -190,5 +217,67 @@ pub(super) async fn changed(scoped: &mut Option<Scoped>) {
     match scoped {
         Some(s) => s.changed().await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|n| n.to_string()).collect()
+    }
+
+    /// A scope of `a` and `c` now, as a start takes it.
+    async fn now() -> Scoped {
+        let filter = NamespaceFilter::fixed(["a".to_string(), "c".to_string()]);
+        let mut scoped = Scoped::new(filter, "base".into(), None);
+        scoped.take_all().await;
+        scoped
+    }
+
+    #[tokio::test]
+    async fn a_start_resumes_under_the_namespaces_its_position_covered_when_they_can_be_told() {
+        // (the selectors then, saved under, the members' namespaces) -> applied, or no resume.
+        type Row = (
+            &'static str,
+            &'static [&'static str],
+            &'static [&'static str],
+            Option<&'static [&'static str]>,
+        );
+        let rows: [Row; 5] = [
+            // `c` entered while down, `b` left: the members tell the old scope.
+            ("base", &["a", "b"], &["a", "b"], Some(&["a", "b"])),
+            // `b` left, nothing entered: the members and the scope now.
+            (
+                "base",
+                &["a", "b", "c"],
+                &["a", "b"],
+                Some(&["a", "b", "c"]),
+            ),
+            // `c` entered; `a` had no member but was in scope: its changes while down cannot
+            // be told from a namespace entering with objects.
+            ("base", &["a"], &[], None),
+            // A namespace in scope then without a member, and not in scope now.
+            ("base", &["a", "x"], &["a"], None),
+            // The selectors changed: never resumed.
+            ("other", &["a"], &["a"], None),
+        ];
+        for (i, (base, saved, held, applied)) in rows.into_iter().enumerate() {
+            let mut scoped = now().await;
+            let saved = crate::config::Channel::scoped_fingerprint(saved.iter().copied(), base);
+            let resumed = scoped.resume_under(&saved, set(held));
+            assert_eq!(resumed, applied.is_some(), "row {i}");
+            assert_eq!(
+                scoped.applied,
+                set(applied.unwrap_or(&["a", "c"])),
+                "row {i}"
+            );
+            assert_eq!(
+                scoped.moved(),
+                resumed,
+                "row {i}: a resumed scope moves at once"
+            );
+        }
     }
 }
