@@ -61,7 +61,7 @@ fn recorded_as(bed: &Bed, wide: bool) -> bool {
 /// pod DELETED, and ends with the cluster each time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_strategy_switch_hands_each_shards_members_over() {
-    switch(true, false, false).await;
+    switch(true, false, Joins::No).await;
 }
 
 /// The same over a namespace selector (as an `allNamespaces` channel relayed per namespace
@@ -69,21 +69,21 @@ async fn a_watch_strategy_switch_hands_each_shards_members_over() {
 /// its stream, the part resumes from the lowest of their positions, and back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_strategy_switch_over_a_selector_loses_no_change() {
-    switch(true, true, false).await;
+    switch(true, true, Joins::No).await;
 }
 
 /// The same switch, there and back, of a single relay (sharding off): its stream over the
 /// collection takes the per-namespace streams' members, and gives them back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_strategy_switch_of_a_single_relay_retracts_nothing() {
-    switch(false, false, false).await;
+    switch(false, false, Joins::No).await;
 }
 
 /// The same over a namespace selector, of a single relay: the changes made while it was down
 /// are published by its stream over the collection, resumed from the namespaces' streams.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_strategy_switch_of_a_single_relay_over_a_selector_loses_no_change() {
-    switch(false, true, false).await;
+    switch(false, true, Joins::No).await;
 }
 
 /// A namespace created during the switch (here while the single relay is down), with no
@@ -91,25 +91,61 @@ async fn a_watch_strategy_switch_of_a_single_relay_over_a_selector_loses_no_chan
 /// from the namespaces' streams, and relays the new namespace's pods from there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_created_during_a_switch_does_not_make_it_relist() {
-    switch(false, true, true).await;
+    switch(false, true, Joins::Created).await;
 }
 
 /// The same with sharding on, the old and new replicas side by side (the old one, still
 /// running, may start the new namespace's stream itself before it hands its shard over).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_created_during_a_sharded_switch_does_not_make_it_relist() {
-    switch(true, true, true).await;
+    switch(true, true, Joins::Created).await;
+}
+
+/// A namespace an old one, with pods, labelled into the selector during the switch (here
+/// while the single relay is down): the stream over the collection resumes from the other
+/// namespaces' streams, and lists the new one as a namespace entering its scope.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_labelled_into_the_selector_during_a_switch_does_not_make_it_relist() {
+    switch(false, true, Joins::Labelled).await;
+}
+
+/// The same with sharding on, the old and new replicas side by side (the old one, still
+/// running, may start the namespace's stream itself before it hands its shard over; when it
+/// does not, the part resumes over the others and lists it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_labelled_into_the_selector_during_a_sharded_switch_does_not_make_it_relist() {
+    switch(true, true, Joins::Labelled).await;
+}
+
+/// How a third namespace joins the selector's scope during a switch.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Joins {
+    No,
+    /// Created, with no pod until after the switch.
+    Created,
+    /// An old namespace with pods, labelled.
+    Labelled,
 }
 
 /// A `watchStrategy` switch there and back, with sharding or without, over the two
-/// namespaces, listed or matched by a selector; with `new_namespace`, a third namespace in the
-/// selector's scope is created during the switch and gets a pod after it.
-async fn switch(sharding: bool, selector: bool, new_namespace: bool) {
+/// namespaces, listed or matched by a selector; a third namespace may join the selector's
+/// scope during the switch (`joins`), and gets a pod after it.
+async fn switch(sharding: bool, selector: bool, joins: Joins) {
     let (a, b) = namespaces();
     let c = format!("{a}-new");
     let bed = Bed::in_memory_serving(true, &[&a, &b]).await;
     for ns in [&a, &b] {
         bed.label(ns, true);
+    }
+    if joins == Joins::Labelled {
+        bed.sim
+            .create("namespaces", None, objects::namespace(&c))
+            .unwrap();
+        for i in 0..3 {
+            bed.sim
+                .create("pods", Some(&c), objects::pod(&c, &format!("p{i}")))
+                .unwrap();
+        }
     }
     for ns in [&a, &b] {
         for i in 0..3 {
@@ -133,7 +169,19 @@ async fn switch(sharding: bool, selector: bool, new_namespace: bool) {
     };
     let memory = Arc::new(Memory::new());
     let group = MemoryGroup::default();
-    let cluster = || pods(&bed.sim, &[&a, &b, &c], |_| true);
+    let cluster = || {
+        let labelled = |ns: &&String| {
+            bed.sim
+                .get("namespaces", None, ns)
+                .is_some_and(|n| n["metadata"]["labels"]["relay"] == "yes")
+        };
+        let scope: Vec<&str> = [&a, &b, &c]
+            .into_iter()
+            .filter(labelled)
+            .map(String::as_str)
+            .collect();
+        pods(&bed.sim, &scope, |_| true)
+    };
     let pod_log = || -> Vec<_> {
         events(&memory)
             .into_iter()
@@ -144,10 +192,12 @@ async fn switch(sharding: bool, selector: bool, new_namespace: bool) {
     let (per_ns, wide) = (channel("perNamespace"), channel("clusterWide"));
     // A pod deleted, one created and one changed twice while the switch goes on.
     let change = || {
-        if new_namespace {
+        if joins == Joins::Created {
             bed.sim
                 .create("namespaces", None, objects::namespace(&c))
                 .unwrap();
+        }
+        if joins != Joins::No {
             bed.label(&c, true);
         }
         bed.sim.delete("pods", Some(&a), "p0").unwrap();
@@ -210,9 +260,9 @@ async fn switch(sharding: bool, selector: bool, new_namespace: bool) {
         || format!("never read cluster-wide: {:?}", pods_recorded(&bed)),
     )
     .await;
-    if new_namespace {
+    if joins != Joins::No {
         bed.sim
-            .create("pods", Some(&c), objects::pod(&c, "p0"))
+            .create("pods", Some(&c), objects::pod(&c, "p9"))
             .unwrap();
         eventually(
             || consumer() == cluster(),
@@ -241,7 +291,7 @@ async fn switch(sharding: bool, selector: bool, new_namespace: bool) {
     // And nothing collapsed: the new streams resumed where the old ones stopped, so every
     // change has its record.
     let changes = bed.journal_after("pods", None, from);
-    assert_eq!(changes.len(), 4 + usize::from(new_namespace));
+    assert_eq!(changes.len(), 4 + usize::from(joins != Joins::No));
     common::view::assert_published(&pod_log(), &changes, "");
 }
 

@@ -28,8 +28,13 @@
 //!   namespace there without a stream (created during the switch) does not stop the resume
 //!   when the term read it empty of the channel's objects ([`ScopeNow::empty`]): every object
 //!   it will hold appears after that position, so the watch shows each one.
-//! - Otherwise (a namespace there without a stream holding objects, or the namespaces could
-//!   not be read) the receiving stream starts without a position: its first
+//! - **Gather, partly**, when a namespace there without a stream holds objects (one that
+//!   entered a fixed list or a selector during the switch): the stream resumes from the lowest
+//!   position over the namespaces of the members it was handed, and takes the others in as
+//!   namespaces entering its scope, each listed (see `stream::scope`). The changes of a
+//!   namespace that had its stream but no member collapse into that list.
+//! - Otherwise (`allNamespaces` with such a namespace, or the namespaces could not be read)
+//!   the receiving stream starts without a position: its first
 //!   sync lists its scope against the members it was handed, announces every object again
 //!   (the versions it holds; changes in between collapse into them) and infers a DELETED for
 //!   each member the list lacks.
@@ -76,8 +81,16 @@ pub enum Move {
         /// When the streams gathered into `into` cover its whole scope (a fixed list whose
         /// every namespace of the shard had its stream), the query `into` has under the
         /// configuration now: it then resumes from the lowest of their positions, stamped with
-        /// this query so that a later move can check it in turn. `None`: it relists.
+        /// this query so that a later move can check it in turn. `None`: see `partly`.
         into_query: Option<String>,
+        /// Without `into_query`, when the scope's namespaces are known and filter the stream
+        /// (a fixed list or a selector, not every namespace), but one there without a stream
+        /// holds objects (one that entered the scope during the switch): the base of the
+        /// stream's fingerprint (its selectors). It then resumes from the lowest of the
+        /// positions over the namespaces of the members it was handed, stamped with their
+        /// fingerprint, and takes the others in as namespaces entering its scope, each listed
+        /// (see `stream::scope`). `None`: it relists.
+        partly: Option<String>,
     },
     /// The members of the stream over the collection, each to the stream of its namespace.
     Scatter {
@@ -162,16 +175,22 @@ pub fn plan<'a>(
                     // none of the channel's objects: their positions cover the whole scope of
                     // the stream over the collection.
                     let into_query = listed
+                        .as_ref()
                         .filter(|listed| {
                             unstreamed(name, listed, &ids)
                                 .all(|ns| empty_in(channel, namespaces).contains(ns))
                         })
-                        .map(|listed| part_query(channel, &listed));
+                        .map(|listed| part_query(channel, listed));
+                    let partly = (into_query.is_none()
+                        && listed.is_some()
+                        && channel.scope != Scope::Cluster)
+                        .then(|| channel.query_fingerprint(None, true));
                     moves.push(Move::Gather {
                         from: id.to_string(),
                         into,
                         query: channel.query_fingerprint(Some(ns), false),
                         into_query,
+                        partly,
                     });
                 }
             }
@@ -388,8 +407,20 @@ impl Regroup<'_> {
                         let ns = StreamId::parts(&id).and_then(|(_, ns)| ns);
                         (rv, ns.and_then(|ns| queries.get(ns).cloned()))
                     }
-                    Move::Gather { into_query, .. } => {
-                        (gathered.get(&id).cloned().flatten(), into_query.clone())
+                    Move::Gather {
+                        into_query, partly, ..
+                    } => {
+                        // Partly: over the namespaces of every member handed over so far (the
+                        // last gather into the stream writes its entry).
+                        let over_held = || {
+                            let held = restored.get(&id).map(Members::namespaces);
+                            let held = held.unwrap_or_default();
+                            let base = partly.as_deref()?;
+                            let names = held.iter().map(String::as_str);
+                            Some(Channel::scoped_fingerprint(names, base))
+                        };
+                        let query = into_query.clone().or_else(over_held);
+                        (gathered.get(&id).cloned().flatten(), query)
                     }
                 };
                 let entry = receiving(saved.get(&id), &old, rv, query);
@@ -444,8 +475,9 @@ fn receiving(own: Option<&Saved>, old: &Saved, rv: Option<String>, query: Option
     }
 }
 
-/// For each stream that gathers members from streams that covered its whole scope, the lowest
-/// of their positions; `None` when one of them has none, or one that does not compare.
+/// For each stream that gathers members from streams that covered its whole scope (or part of
+/// it, see [`Move::Gather`]'s `partly`), the lowest of their positions; `None` when one of them
+/// has none, or one that does not compare.
 fn gathered_positions(
     moves: &[Move],
     saved: &HashMap<String, Saved>,
@@ -457,6 +489,7 @@ fn gathered_positions(
             into,
             query,
             into_query,
+            partly,
         } = m
         else {
             continue;
@@ -465,7 +498,7 @@ fn gathered_positions(
             .get(from)
             .filter(|s| s.query.as_ref().is_none_or(|q| q == query))
             .and_then(|s| s.rv.as_deref())
-            .filter(|_| into_query.is_some())
+            .filter(|_| into_query.is_some() || partly.is_some())
             .and_then(|rv| Some((crate::event::comparable(rv)?, rv.to_string())));
         let entry = lowest.entry(into.clone()).or_insert_with(|| rv.clone());
         *entry = match (entry.take(), rv) {
@@ -493,12 +526,14 @@ mod tests {
                     from,
                     into,
                     into_query,
+                    partly,
                     ..
                 } => Move::Gather {
                     from,
                     into,
                     query: String::new(),
                     into_query: into_query.map(|_| String::new()),
+                    partly: partly.map(|_| String::new()),
                 },
                 Move::Scatter {
                     from,
@@ -556,6 +591,15 @@ mod tests {
             into: part.clone(),
             query: String::new(),
             into_query: resumes.then(String::new),
+            partly: None,
+        };
+        // Over the namespaces of its members, the others taken in as entering its scope.
+        let gather_partly = Move::Gather {
+            from: ns_stream.clone(),
+            into: part.clone(),
+            query: String::new(),
+            into_query: None,
+            partly: Some(String::new()),
         };
         // Each listed namespace of the shard gets the part's position, members or not.
         let scatter = Move::Scatter {
@@ -584,11 +628,11 @@ mod tests {
                 vec![gather(true)],
             ),
             (
-                "a listed namespace of the shard had no stream: the part relists",
+                "a listed namespace of the shard had no stream: the part resumes partly",
                 listed("clusterWide", &format!("{ours}, {also}")),
                 &cluster_wide,
                 vec![ns_stream.clone(), part.clone()],
-                vec![gather(false)],
+                vec![gather_partly],
             ),
             (
                 "fanned out, now per namespace",
@@ -655,6 +699,7 @@ mod tests {
             ..Saved::default()
         };
         let gather = |from: &str, into: &str, resumes: bool| Move::Gather {
+            partly: None,
             from: from.into(),
             into: into.into(),
             query: "q".into(),
@@ -717,6 +762,7 @@ mod tests {
             into: "watchNamespacedPods._all".into(),
             query: String::new(),
             into_query: resumes.then(String::new),
+            partly: None,
         };
         let ids = ["watchNamespacedPods.a", "watchNamespacedPods.b"];
         let none = HashMap::new();
