@@ -128,11 +128,7 @@ impl Members {
 
     /// Every member's key, in no particular order.
     pub fn keys(&self) -> impl Iterator<Item = Key> + '_ {
-        self.base
-            .iter()
-            .filter(|(_, at)| *at != REMOVED)
-            .map(|(k, _)| *k)
-            .chain(self.delta.keys().copied())
+        self.entries().map(|(k, _)| k)
     }
 
     /// Where `k`'s entry is in the arena.
@@ -263,65 +259,51 @@ impl Members {
     /// namespace is read, in place: nothing is decoded or allocated per member, so a
     /// namespace's members are found in a stream of a million in milliseconds.
     pub fn keys_in<'a>(&'a self, namespace: &'a str) -> impl Iterator<Item = Key> + 'a {
-        let usual = self.usual_namespace.as_deref() == Some(namespace);
+        self.entries()
+            .filter(move |&(_, at)| self.namespace_at(at) == Some(namespace))
+            .map(|(k, _)| k)
+    }
+
+    /// The namespaces the members are in, read in place as [`Members::keys_in`] does.
+    pub fn namespaces(&self) -> BTreeSet<String> {
+        let found: BTreeSet<&str> = self
+            .entries()
+            .filter_map(|(_, at)| self.namespace_at(at))
+            .collect();
+        found.into_iter().map(str::to_string).collect()
+    }
+
+    /// Every live entry: its key and where it is in the arena.
+    fn entries(&self) -> impl Iterator<Item = (Key, u32)> + '_ {
         self.base
             .iter()
             .copied()
             .filter(|(_, at)| *at != REMOVED)
             .chain(self.delta.iter().map(|(k, at)| (*k, *at)))
-            .filter(move |&(_, at)| {
-                let mut r = Reader {
-                    bytes: self.arena.entry(at),
-                    at: 0,
-                };
-                let flags = r.byte();
-                if flags & OTHER_UID != 0 {
-                    r.str();
-                }
-                if flags & NO_NAMESPACE != 0 {
-                    false
-                } else if flags & USUAL_NAMESPACE != 0 {
-                    usual
-                } else {
-                    r.str() == namespace
-                }
-            })
-            .map(|(k, _)| k)
     }
 
-    /// The namespaces the members are in (read in place, as [`Members::keys_in`] does).
-    pub fn namespaces(&self) -> BTreeSet<String> {
-        let mut found: BTreeSet<&str> = BTreeSet::new();
-        let entries = self.base.iter().copied().filter(|(_, at)| *at != REMOVED);
-        for (_, at) in entries.chain(self.delta.iter().map(|(k, at)| (*k, *at))) {
-            let mut r = Reader {
-                bytes: self.arena.entry(at),
-                at: 0,
-            };
-            let flags = r.byte();
-            if flags & OTHER_UID != 0 {
-                r.str();
-            }
-            if flags & NO_NAMESPACE != 0 {
-                continue;
-            }
-            if flags & USUAL_NAMESPACE != 0 {
-                found.extend(self.usual_namespace.as_deref());
-            } else {
-                found.insert(r.str());
-            }
+    /// The namespace of the entry at `at`, read in place; `None` for a cluster-scoped object.
+    fn namespace_at(&self, at: u32) -> Option<&str> {
+        let mut r = Reader {
+            bytes: self.arena.entry(at),
+            at: 0,
+        };
+        let flags = r.byte();
+        if flags & OTHER_UID != 0 {
+            r.str();
         }
-        found.into_iter().map(str::to_string).collect()
+        if flags & NO_NAMESPACE != 0 {
+            None
+        } else if flags & USUAL_NAMESPACE != 0 {
+            self.usual_namespace.as_deref()
+        } else {
+            Some(r.str())
+        }
     }
 
     /// Every member, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (String, Known)> + '_ {
-        self.base
-            .iter()
-            .copied()
-            .filter(|(_, at)| *at != REMOVED)
-            .chain(self.delta.iter().map(|(k, at)| (*k, *at)))
-            .map(|(k, at)| self.decode(k, at))
+        self.entries().map(|(k, at)| self.decode(k, at))
     }
 
     /// Appends `uid`'s entry to the arena; returns its offset.
