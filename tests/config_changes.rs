@@ -335,3 +335,66 @@ async fn a_replica_with_another_shard_count_refuses_to_start() {
     .await;
     again.stop().await;
 }
+
+/// `allNamespaces` read by one unfiltered stream, narrowed to `namespaces: [a, b]` relayed per
+/// namespace across a restart while pods change: the unfiltered position covers every
+/// namespace, so each namespace's stream resumes from it, and every change of `a` and `b` made
+/// while the relay was down is published; the namespace left out has its pods deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn narrowing_every_namespace_to_a_list_resumes_each_namespace_from_the_position() {
+    let (a, b) = namespaces();
+    let c = format!("{a}-out");
+    let bed = Bed::in_memory_serving(true, &[&a, &b, &c]).await;
+    for ns in [&a, &b, &c] {
+        for i in 0..3 {
+            bed.sim
+                .create("pods", Some(ns), objects::pod(ns, &format!("p{i}")))
+                .unwrap();
+        }
+    }
+    let memory = Arc::new(Memory::new());
+    let pod_log = || -> Vec<_> {
+        events(&memory)
+            .into_iter()
+            .filter(|r| r.topic == "pods")
+            .collect()
+    };
+    let every = bed.config(
+        &format!("  - operationId: {CHANNEL}\n    allNamespaces: true\n    topic: pods\n    watchStrategy: clusterWide\n"),
+        "",
+    );
+    let relay = Relay::start_with(&bed, every, Some(memory.clone()));
+    eventually(
+        || consumer_view(&pod_log()) == pods(&bed.sim, &[&a, &b, &c], |_| true),
+        || "the stream over every namespace never relayed".into(),
+    )
+    .await;
+    relay.stop().await;
+    let from = bed.sim.current_rv();
+    bed.sim.delete("pods", Some(&a), "p0").unwrap();
+    bed.sim
+        .create("pods", Some(&b), objects::pod(&b, "p9"))
+        .unwrap();
+    for v in ["1", "2"] {
+        let patch = serde_json::json!({"metadata": {"labels": {"v": v}}});
+        bed.sim.merge_patch("pods", Some(&a), "p1", patch).unwrap();
+    }
+
+    let listed = bed.config(
+        &format!("  - operationId: {CHANNEL}\n    namespaces: [{a}, {b}]\n    topic: pods\n    watchStrategy: perNamespace\n"),
+        "",
+    );
+    let relay = Relay::start_with(&bed, listed, Some(memory.clone()));
+    eventually(
+        || consumer_view(&pod_log()) == pods(&bed.sim, &[&a, &b], |_| true),
+        || format!("the consumer holds {:?}", consumer_view(&pod_log()).keys()),
+    )
+    .await;
+    relay.stop().await;
+    let changes: Vec<_> = [&a, &b]
+        .iter()
+        .flat_map(|ns| bed.journal_after("pods", Some(ns), from))
+        .collect();
+    assert_eq!(changes.len(), 4);
+    common::view::assert_published(&pod_log(), &changes, "narrowed to a list");
+}

@@ -16,7 +16,8 @@
 //! Resource versions are the cluster's, whatever the query, so a position of the old shape is
 //! a position of the new one wherever the old streams covered the new stream's whole scope:
 //! - **Scatter**: each per-namespace stream resumes from the position of the stream over the
-//!   collection, which covered its namespace: every change after it is published. Every
+//!   collection, which covered its namespace (read under the same scope, or unfiltered over
+//!   every namespace under the same selectors): every change after it is published. Every
 //!   namespace the scope holds (in the shard) gets the position, with members or not: a fixed
 //!   list's, or for `allNamespaces` and a selector those the term read there before it planned.
 //! - **Gather** into a stream over the collection, when each namespace its scope holds (in the
@@ -106,6 +107,10 @@ pub enum Move {
         /// the selectors configured now. `None` (a dynamic scope, whose namespaces then cannot
         /// be told): the receiving streams relist.
         query: Option<String>,
+        /// With `query`, the other query whose position stands for each namespace: the
+        /// collection read unfiltered under the selectors configured now (an `allNamespaces`
+        /// stream, narrowed to a list or a selector), whose position covers every namespace.
+        whole: String,
         /// The query each listed namespace's stream has under the configuration now, stamped
         /// with a carried position.
         queries: BTreeMap<String, String>,
@@ -211,6 +216,7 @@ pub fn plan<'a>(
                     channel: name.to_string(),
                     listed,
                     query,
+                    whole: channel.query_fingerprint(None, false),
                     queries,
                 });
             }
@@ -399,11 +405,14 @@ impl Regroup<'_> {
                 // Only a position taken under the query the receiving streams cover now; it is
                 // stamped with their query, for the next move to check.
                 let (rv, query) = match m {
-                    Move::Scatter { query, queries, .. } => {
-                        let rv = old
-                            .rv
-                            .clone()
-                            .filter(|_| query.is_some() && old.query == *query);
+                    Move::Scatter {
+                        query,
+                        whole,
+                        queries,
+                        ..
+                    } => {
+                        let covered = old.query == *query || old.query.as_ref() == Some(whole);
+                        let rv = old.rv.clone().filter(|_| query.is_some() && covered);
                         let ns = StreamId::parts(&id).and_then(|(_, ns)| ns);
                         (rv, ns.and_then(|ns| queries.get(ns).cloned()))
                     }
@@ -545,6 +554,7 @@ mod tests {
                     channel,
                     listed,
                     query: None,
+                    whole: String::new(),
                     queries: BTreeMap::new(),
                 },
             })
@@ -607,6 +617,7 @@ mod tests {
             channel: PODS.into(),
             listed: vec![ours.clone()],
             query: None,
+            whole: String::new(),
             queries: BTreeMap::new(),
         };
         // (case, configuration, shapes, recorded streams, moves)
@@ -880,6 +891,7 @@ mod tests {
                 channel: "watchNamespacedPods".into(),
                 listed: vec!["a".into(), "b".into()],
                 query: Some(Channel::scoped_fingerprint(["a", "b"], &base)),
+                whole: per_ns_cfg.channels[0].query_fingerprint(None, false),
                 queries: ["a", "b"]
                     .map(|ns| {
                         let q = per_ns_cfg.channels[0].query_fingerprint(Some(ns), false);
