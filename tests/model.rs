@@ -8,7 +8,8 @@
 //! followed by the runbook's `watchrelay resync all` where no checkpoint was written between
 //! the snapshot and the restore, the one restore a relay cannot see),
 //! interleaved with relay runs, some of which begin with Kafka refusing records (a
-//! retirement's, a sync's). A run ends in a clean stop or in a
+//! retirement's, a sync's), and namespaces moving in or out of the selector while no relay
+//! runs. A run ends in a clean stop or in a
 //! crash at a random point, with Kafka having written a random prefix of what was sent: before
 //! or after acknowledgements, between a membership record and its event. Between runs the
 //! configuration may change: the label selector on or off, the scope's shape (a namespace
@@ -376,7 +377,10 @@ async fn case(seed: u64, once: bool) {
     let mut run = Run::draw(&mut rng, other);
     let mut snapshot = None;
     for _ in 0..2 + rng.below(3) {
-        run = Run::draw(&mut rng, other);
+        // A restart keeps the configuration as often as not.
+        if rng.chance(60) {
+            run = Run::draw(&mut rng, other);
+        }
         let _ = writeln!(history, "start {run:?}");
         // Kafka refuses the first records of the run: a retirement's, a sync's.
         if rng.chance(25) {
@@ -425,6 +429,14 @@ async fn case(seed: u64, once: bool) {
             let did = operate(&bed, &mut rng, &mut snapshot, exact);
             restored(&did);
             let _ = writeln!(history, "  down: {did}");
+        }
+        // A namespace moving in or out of the selector while the relay is down, more often
+        // than the operations draw it: the next start resumes across the move when it can.
+        if rng.chance(40) {
+            let ns = rng.pick(&NAMESPACES);
+            let on = rng.chance(50);
+            bed.label(ns, on);
+            let _ = writeln!(history, "  down: namespace {ns} in scope: {on}");
         }
     }
     if rng.chance(50) {
