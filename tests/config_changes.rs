@@ -101,7 +101,7 @@ async fn a_namespace_created_during_a_sharded_switch_does_not_make_it_relist() {
     switch(true, true, Joins::Created).await;
 }
 
-/// A namespace an old one, with pods, labelled into the selector during the switch (here
+/// An old namespace, with pods, labelled into the selector during the switch (here
 /// while the single relay is down): the stream over the collection resumes from the other
 /// namespaces' streams, and lists the new one as a namespace entering its scope.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -397,4 +397,68 @@ async fn narrowing_every_namespace_to_a_list_resumes_each_namespace_from_the_pos
         .collect();
     assert_eq!(changes.len(), 4);
     common::view::assert_published(&pod_log(), &changes, "narrowed to a list");
+}
+
+/// A switch of a single relay from `namespaces: [a, b]` per namespace to one stream over the
+/// collection, whose handing over fails midway (Kafka refusing a membership record of the
+/// second namespace's move, after the first's was made) and is tried again: the stream over
+/// the collection still resumes from the namespaces' positions, so every change made while the
+/// relay was down is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switch_whose_hand_over_is_tried_again_still_resumes() {
+    let (a, b) = namespaces();
+    let bed = Bed::in_memory_serving(true, &[&a, &b]).await;
+    for ns in [&a, &b] {
+        for i in 0..3 {
+            bed.sim
+                .create("pods", Some(ns), objects::pod(ns, &format!("p{i}")))
+                .unwrap();
+        }
+    }
+    let memory = Arc::new(Memory::new());
+    let pod_log = || -> Vec<_> {
+        events(&memory)
+            .into_iter()
+            .filter(|r| r.topic == "pods")
+            .collect()
+    };
+    let channel = |strategy: &str| {
+        bed.config(
+            &format!("  - operationId: {CHANNEL}\n    namespaces: [{a}, {b}]\n    topic: pods\n    watchStrategy: {strategy}\n"),
+            "",
+        )
+    };
+    let relay = Relay::start_with(&bed, channel("perNamespace"), Some(memory.clone()));
+    eventually(
+        || {
+            consumer_view(&pod_log()) == pods(&bed.sim, &[&a, &b], |_| true)
+                && recorded_as(&bed, false)
+        },
+        || "the per-namespace streams never relayed and checkpointed".into(),
+    )
+    .await;
+    relay.stop().await;
+    let from = bed.sim.current_rv();
+    bed.sim.delete("pods", Some(&a), "p0").unwrap();
+    for v in ["1", "2"] {
+        let patch = serde_json::json!({"metadata": {"labels": {"v": v}}});
+        bed.sim.merge_patch("pods", Some(&b), "p1", patch).unwrap();
+    }
+
+    // The first namespace's move writes its 3 members under the new stream and tombstones them
+    // under the old one; the second's first record fails.
+    memory.fail_to_after(&bed.membership, 7, 1);
+    let relay = Relay::start_with(&bed, channel("clusterWide"), Some(memory.clone()));
+    eventually(
+        || {
+            consumer_view(&pod_log()) == pods(&bed.sim, &[&a, &b], |_| true)
+                && recorded_as(&bed, true)
+        },
+        || format!("never read cluster-wide: {:?}", pods_recorded(&bed)),
+    )
+    .await;
+    relay.stop().await;
+    let changes = bed.journal_after("pods", None, from);
+    assert_eq!(changes.len(), 3);
+    common::view::assert_published(&pod_log(), &changes, "a hand-over tried again");
 }

@@ -338,8 +338,24 @@ pub struct Regroup<'a> {
 impl Regroup<'_> {
     /// Makes `moves` on `restored` and `saved`, in memory as in the topic and the ConfigMap.
     /// Returns false when stopped first, or when a write failed (try again before any stream
-    /// starts).
+    /// starts). `saved` changes only once every move is made: a move made before the failure
+    /// removed its old stream's entry, whose position a gather or scatter tried again needs.
     pub async fn run(
+        &self,
+        moves: &[Move],
+        restored: &mut Restored,
+        saved: &mut HashMap<String, Saved>,
+        stop: &CancellationToken,
+    ) -> bool {
+        let mut moved = saved.clone();
+        let done = self.make(moves, restored, &mut moved, stop).await;
+        if done {
+            *saved = moved;
+        }
+        done
+    }
+
+    async fn make(
         &self,
         moves: &[Move],
         restored: &mut Restored,

@@ -49,8 +49,9 @@ struct MemoryState {
     /// Releases holding a record larger than this fail whole, as a broker refuses a batch.
     batch_limit: Option<usize>,
     fail_next: usize,
-    /// Fails the next deliveries to topics starting with the prefix, so many of them.
-    fail_topic: Option<(String, usize)>,
+    /// Fails deliveries to topics starting with the prefix: so many let through first, then
+    /// so many failed.
+    fail_topic: Option<(String, usize, usize)>,
     fatal: Option<String>,
     /// What `ensure_compacted` reports of each topic (created compacted when first asked).
     topics: std::collections::HashMap<String, TopicState>,
@@ -165,7 +166,13 @@ impl Memory {
 
     /// Fails the next `n` deliveries to topics whose name starts with `prefix`.
     pub fn fail_next_to(&self, prefix: &str, n: usize) {
-        self.state().fail_topic = Some((prefix.to_string(), n));
+        self.fail_to_after(prefix, 0, n);
+    }
+
+    /// Lets the next `skip` deliveries to topics whose name starts with `prefix` through, then
+    /// fails `n` of them.
+    pub fn fail_to_after(&self, prefix: &str, skip: usize, n: usize) {
+        self.state().fail_topic = Some((prefix.to_string(), skip, n));
     }
 
     /// Sets what the broker reports of `topic`.
@@ -243,7 +250,13 @@ impl Memory {
         let result = {
             let mut s = self.state();
             let to_topic = match &mut s.fail_topic {
-                Some((prefix, n)) if *n > 0 && record.topic.starts_with(prefix.as_str()) => {
+                Some((prefix, skip, _))
+                    if *skip > 0 && record.topic.starts_with(prefix.as_str()) =>
+                {
+                    *skip -= 1;
+                    false
+                }
+                Some((prefix, _, n)) if *n > 0 && record.topic.starts_with(prefix.as_str()) => {
                     *n -= 1;
                     true
                 }
