@@ -482,8 +482,16 @@ impl Stream {
         // crash midway must not leave a later start to resume from it, or to take a delta
         // from it, when that is exactly what this resync is for. It does so even without a
         // position: after a rewind the checkpoint writer drops this stream's positions until
-        // it sees that its resync began.
-        if reason == Reason::Resync && self.position.full_resync {
+        // it sees that its resync began. So does a sync under namespaces other than the
+        // position's (the scope moved while the stream was not watching): its DELETEDs and
+        // ADDEDs of the namespaces that moved are no replay from that position, and a start
+        // resuming from it under the old namespaces would never undo them.
+        let scope_moved = self
+            .scope
+            .as_ref()
+            .is_some_and(|s| s.fingerprint() != self.position.query)
+            && self.outbox.checkpoint().is_some();
+        if (reason == Reason::Resync && self.position.full_resync) || scope_moved {
             if let Err(why) = self.drained().await {
                 // Not held through the backoff that follows.
                 self.syncs.held = Permit::None;
