@@ -54,6 +54,25 @@ fn recorded_as(bed: &Bed, wide: bool) -> bool {
     !ids.is_empty() && ids.iter().all(|id| id.contains("._all") == wide)
 }
 
+/// Creates pods `p0`, `p1` and `p2` in each of `namespaces`.
+fn three_pods_in(bed: &Bed, namespaces: &[&String]) {
+    for ns in namespaces {
+        for i in 0..3 {
+            bed.sim
+                .create("pods", Some(ns), objects::pod(ns, &format!("p{i}")))
+                .unwrap();
+        }
+    }
+}
+
+/// The records `memory` holds of the pods topic.
+fn pod_records(memory: &Memory) -> Vec<watchrelay::producer::Record> {
+    events(memory)
+        .into_iter()
+        .filter(|r| r.topic == "pods")
+        .collect()
+}
+
 /// A rollout from per-namespace streams to one watch fanned out to the shards, with the old
 /// and the new replicas side by side while pods change, then back: an object lives in its
 /// namespace's shard in either shape, so no start is refused and each shard hands its members
@@ -141,19 +160,9 @@ async fn switch(sharding: bool, selector: bool, joins: Joins) {
         bed.sim
             .create("namespaces", None, objects::namespace(&c))
             .unwrap();
-        for i in 0..3 {
-            bed.sim
-                .create("pods", Some(&c), objects::pod(&c, &format!("p{i}")))
-                .unwrap();
-        }
+        three_pods_in(&bed, &[&c]);
     }
-    for ns in [&a, &b] {
-        for i in 0..3 {
-            bed.sim
-                .create("pods", Some(ns), objects::pod(ns, &format!("p{i}")))
-                .unwrap();
-        }
-    }
+    three_pods_in(&bed, &[&a, &b]);
     let channel = |strategy: &str| {
         let scope = if selector {
             "namespaceSelector: relay=yes".to_string()
@@ -182,12 +191,7 @@ async fn switch(sharding: bool, selector: bool, joins: Joins) {
             .collect();
         pods(&bed.sim, &scope, |_| true)
     };
-    let pod_log = || -> Vec<_> {
-        events(&memory)
-            .into_iter()
-            .filter(|r| r.topic == "pods")
-            .collect()
-    };
+    let pod_log = || pod_records(&memory);
     let consumer = || consumer_view(&pod_log());
     let (per_ns, wide) = (channel("perNamespace"), channel("clusterWide"));
     // A pod deleted, one created and one changed twice while the switch goes on.
@@ -345,20 +349,9 @@ async fn narrowing_every_namespace_to_a_list_resumes_each_namespace_from_the_pos
     let (a, b) = namespaces();
     let c = format!("{a}-out");
     let bed = Bed::in_memory_serving(true, &[&a, &b, &c]).await;
-    for ns in [&a, &b, &c] {
-        for i in 0..3 {
-            bed.sim
-                .create("pods", Some(ns), objects::pod(ns, &format!("p{i}")))
-                .unwrap();
-        }
-    }
+    three_pods_in(&bed, &[&a, &b, &c]);
     let memory = Arc::new(Memory::new());
-    let pod_log = || -> Vec<_> {
-        events(&memory)
-            .into_iter()
-            .filter(|r| r.topic == "pods")
-            .collect()
-    };
+    let pod_log = || pod_records(&memory);
     let every = bed.config(
         &format!("  - operationId: {CHANNEL}\n    allNamespaces: true\n    topic: pods\n    watchStrategy: clusterWide\n"),
         "",
@@ -408,20 +401,9 @@ async fn narrowing_every_namespace_to_a_list_resumes_each_namespace_from_the_pos
 async fn a_switch_whose_hand_over_is_tried_again_still_resumes() {
     let (a, b) = namespaces();
     let bed = Bed::in_memory_serving(true, &[&a, &b]).await;
-    for ns in [&a, &b] {
-        for i in 0..3 {
-            bed.sim
-                .create("pods", Some(ns), objects::pod(ns, &format!("p{i}")))
-                .unwrap();
-        }
-    }
+    three_pods_in(&bed, &[&a, &b]);
     let memory = Arc::new(Memory::new());
-    let pod_log = || -> Vec<_> {
-        events(&memory)
-            .into_iter()
-            .filter(|r| r.topic == "pods")
-            .collect()
-    };
+    let pod_log = || pod_records(&memory);
     let channel = |strategy: &str| {
         bed.config(
             &format!("  - operationId: {CHANNEL}\n    namespaces: [{a}, {b}]\n    topic: pods\n    watchStrategy: {strategy}\n"),
