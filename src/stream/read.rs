@@ -196,14 +196,11 @@ impl Stream {
                         announced,
                         relisting,
                     } => {
-                        let noted = (t != EventType::Deleted && relisting.now.keeps()).then(|| {
-                            (
-                                ev.meta.uid().to_string(),
-                                ev.meta.resource_version().to_string(),
-                            )
-                        });
-                        if t == EventType::Deleted {
+                        // Noted once handed over (the emit takes the object's identity with
+                        // it), and only what is announced.
+                        let noted = if t == EventType::Deleted {
                             announced.remove(ev.meta.uid());
+                            None
                         } else {
                             self.announce_replacement(announced, &ev.meta).await?;
                             if relisting.again(ev.meta.uid(), ev.meta.resource_version())
@@ -211,7 +208,13 @@ impl Stream {
                             {
                                 return Ok(None);
                             }
-                        }
+                            relisting.now.keeps().then(|| {
+                                (
+                                    ev.meta.uid().to_string(),
+                                    ev.meta.resource_version().to_string(),
+                                )
+                            })
+                        };
                         let resync = *reason == Reason::Resync;
                         self.emit(ev, arrived, None, change, resync).await?;
                         if let Some((uid, rv)) = noted {
