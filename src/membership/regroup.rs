@@ -364,7 +364,17 @@ impl Regroup<'_> {
     ) -> bool {
         let mut updates: BTreeMap<String, Option<String>> = BTreeMap::new();
         let gathered = gathered_positions(moves, saved);
-        for m in moves {
+        // The last gather into each stream: only its entry, written over the others', needs
+        // the namespaces of every member handed over.
+        let last_gather: HashMap<&str, usize> = moves
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| match m {
+                Move::Gather { into, .. } => Some((into.as_str(), i)),
+                Move::Scatter { .. } => None,
+            })
+            .collect();
+        for (i, m) in moves.iter().enumerate() {
             let from = match m {
                 Move::Gather { from, .. } | Move::Scatter { from, .. } => from,
             };
@@ -435,9 +445,12 @@ impl Regroup<'_> {
                     Move::Gather {
                         into_query, partly, ..
                     } => {
-                        // Partly: over the namespaces of every member handed over so far (the
-                        // last gather into the stream writes its entry).
+                        // Partly: over the namespaces of every member handed over, once the
+                        // last gather into the stream made its move (one pass over them).
                         let over_held = || {
+                            if last_gather.get(id.as_str()) != Some(&i) {
+                                return None;
+                            }
                             let held = restored.get(&id).map(Members::namespaces);
                             let held = held.unwrap_or_default();
                             let base = partly.as_deref()?;
