@@ -24,7 +24,8 @@
 //! runs such cases with both releases on `delivery: exactlyOnce`, over the transactions in
 //! memory described below (a crash leaves its transaction open, for the next run's producer to
 //! abort; Kafka that stops acknowledging stalls the commits): the committed log must also hold
-//! each change once, but for what a list announces again (a requested full resync, a restore).
+//! each change once, but for what a list announces again (a requested full resync, a restore)
+//! and what a retired stream's successor announces after retracting it (see `assert_once`).
 //!
 //! A third test runs a sharded release instead: up to three replicas, each with a producer of
 //! its own over the shared log, join, leave cleanly, crash (Kafka having written a random prefix
@@ -879,8 +880,8 @@ async fn replicas_case(seed: u64, exact: bool, once: bool) {
     }
 }
 
-/// Asserts that `log` holds each change once. Two things may repeat one, and are counted, not
-/// failed:
+/// Asserts that `log` holds each change once. Three things may repeat one, and are counted,
+/// not failed:
 /// - a list: one cut midway and started over skips what its first attempt announced
 ///   (`stream::relist`), unless it could not know (past its cap, a delivery failed between),
 ///   and then announces it again, the same id and version, no state the cluster did not have;

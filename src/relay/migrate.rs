@@ -168,11 +168,11 @@ impl Migration<'_> {
         })
         .await
         .map_err(|e| MigrateError::Panicked(e.to_string()))??;
-        let committed = std::mem::take(&mut members.positions);
-        let transactional = self.leader.is_some();
-        for (id, saved) in committed {
-            if let Some(entry) = loaded.streams.get_mut(&id).filter(|_| transactional) {
-                entry.take_committed(saved);
+        if self.leader.is_some() {
+            for (id, committed) in std::mem::take(&mut members.positions) {
+                if let Some(entry) = loaded.streams.get_mut(&id) {
+                    entry.take_committed(committed);
+                }
             }
         }
         tracing::info!(
