@@ -90,6 +90,38 @@ async fn a_collection_is_read_once_per_replica_and_dealt_to_its_shards() {
     assert!(shards.len() > 1, "one shard relayed everything: {shards:?}");
 }
 
+/// A replica that owns many shards at once reads the collection once for their first sync.
+/// Each shard's stream saves its new era before it reads, and a replica's checkpoint writers
+/// take turns; were those writes paced, the streams would join the read one turn apart, and
+/// the read would begin before most had joined and be read again for the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_owning_many_shards_reads_the_collection_once_to_sync_them() {
+    const SHARDS: i64 = 32;
+    let bed = Bed::in_memory_serving(true, &NAMESPACES).await;
+    pods_p1(&bed);
+    let channel = "  - operationId: watchAllPods\n    topic: pods\n";
+    let cfg = sharded(bed.config(channel, ""), SHARDS as u32);
+    let memory = Arc::new(Memory::new());
+    let group = MemoryGroup::default();
+    let a = Relay::start_on_lane(&bed, cfg, Lane::new(memory.clone()), &group);
+    owns(&a, Some(SHARDS), "A never owned the shards").await;
+    eventually(
+        || {
+            consumer_view_by(&events(&memory), version)
+                == pods_by(&bed.sim, &NAMESPACES, |_| true, version)
+        },
+        || "A never relayed the pods".into(),
+    )
+    .await;
+    a.wait_up(SHARDS as usize).await;
+    assert_eq!(
+        a.metrics.fanout_lists.get(),
+        1,
+        "the collection was read more than once for {SHARDS} shards claimed together"
+    );
+    a.stop().await;
+}
+
 /// Where the API server filters by shard (the simulator serving `shardSelector` as
 /// kube-apiserver with `ShardedListAndWatch` on), each replica is sent its shards' pods only,
 /// before and after a second replica takes shards over; a namespace created later is taken in

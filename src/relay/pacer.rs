@@ -11,7 +11,8 @@ pub const PACE: Duration = Duration::from_millis(250);
 /// its positions move, would otherwise cost the API server a read and a replace per shard and
 /// interval. With many shards each is written less often (every `PACE` times the shards with
 /// something to write); a single leader's writer, alone, is never held up. The last write of a
-/// term is not paced.
+/// term is not paced, nor a write a stream waits for before it reads on (at its start, a
+/// resync, a change of scope): those come once per stream and event, not with churn.
 #[derive(Debug)]
 pub struct Pacer {
     next: tokio::sync::Mutex<tokio::time::Instant>,

@@ -20,7 +20,8 @@
 //! It also takes resync requests left on the ConfigMap ([`crate::checkpoint::RESYNC_ANNOTATION`]),
 //! with each write or, when none was made, looking every [`RESYNC_POLL`] ([`SHARD_RESYNC_POLL`]
 //! for a shard's), and passes them to the registry. The writers of a replica's shards take
-//! turns ([`Pacer`]), so its ConfigMap requests stay bounded whatever it owns.
+//! turns ([`Pacer`]), so its ConfigMap requests stay bounded whatever it owns; a write a stream
+//! waits for before it reads on (a forgotten position, a new era) takes no turn.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -164,20 +165,24 @@ pub async fn run(
         false => RESYNC_POLL,
     };
     loop {
-        let last = tokio::select! {
+        // `awaited`: a stream of this part waits for its checkpoint (a forgotten position, a
+        // new era) before it reads on: written now, without waiting for a turn. Such writes
+        // come once per stream start, resync or change of scope, never from churn, so they
+        // need no pacing; paced, the streams of a replica's shards claimed together would
+        // start one turn apart, and the reads they share would begin before most had joined.
+        let (last, awaited) = tokio::select! {
             _ = fenced.cancelled() => {
                 tracing::warn!(unwritten = unwritten.len(), "fenced: no checkpoint is written after the Lease was lost");
                 return;
             }
-            _ = cancel.cancelled() => true,
-            _ = tokio::time::sleep_until(next) => false,
-            // A stream of this part waits for its checkpoint (a forgotten position, a new
-            // era): now; another part's waits for its own writer.
+            _ = cancel.cancelled() => (true, false),
+            _ = tokio::time::sleep_until(next) => (false, false),
+            // Another part's stream waits for its own writer.
             _ = wanted.changed() => {
                 if !registry.take_wanted(&*part) {
                     continue;
                 }
-                false
+                (false, true)
             }
         };
         next = tokio::time::Instant::now() + interval;
@@ -189,7 +194,8 @@ pub async fn run(
                 _ = pacer.turn() => true,
             }
         };
-        if !last && polled.elapsed() >= poll {
+        // An awaited write takes the requests with it.
+        if !last && !awaited && polled.elapsed() >= poll {
             if !paced().await {
                 continue;
             }
@@ -229,7 +235,7 @@ pub async fn run(
             } else {
                 WRITE_TIMEOUT
             };
-            if !last && !paced().await {
+            if !last && !awaited && !paced().await {
                 continue;
             }
             // A request is taken with a write, but not with the last: nobody would act on it.
