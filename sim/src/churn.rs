@@ -128,3 +128,10 @@ pub(crate) fn start(sim: Sim, spec: ChurnSpec) -> ChurnHandle {
         task: Some(task),
     }
 }
+
+impl Sim {
+    /// Starts background churn as `spec` describes, until the handle is stopped or dropped.
+    pub fn start_churn(&self, spec: ChurnSpec) -> ChurnHandle {
+        start(self.clone(), spec)
+    }
+}

@@ -1,48 +1,13 @@
 //! Fault injection: the faults tests arm on a [`Sim`] (failed requests, failed later pages,
-//! broken, stalled or dropped watches, denied resources) and the state the server consumes them
-//! from.
+//! broken, stalled or dropped watches, denied resources). The server consumes them from the
+//! shared state (`state`).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::state::Fault;
 use crate::Sim;
-
-/// A fault for the next requests.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fault {
-    /// 500 Internal Server Error.
-    ServerError,
-    /// 429 Too Many Requests with a Retry-After header.
-    TooManyRequests {
-        /// Seconds the Retry-After header asks the client to wait.
-        retry_after_secs: u32,
-    },
-}
-
-/// Faults armed by tests, consumed by the server.
-#[derive(Default)]
-pub(crate) struct Faults {
-    pub fail: Mutex<Option<(usize, Fault)>>,
-    pub cut_line: AtomicBool,
-    pub stall_watch: AtomicBool,
-    /// The resource (`plural[.group]`) whose next watch stalls.
-    pub stall_watch_of: Mutex<Option<String>>,
-    pub malformed: AtomicBool,
-    pub denied: Mutex<Vec<String>>,
-    /// List requests with a continue token still to fail (500).
-    pub fail_continued: AtomicUsize,
-    /// The resource whose watches from a position are still to be refused as too large (504),
-    /// and how many.
-    pub lag_watches: Mutex<Option<(String, usize)>>,
-    /// The resource whose next list answer is held back once its page is read.
-    pub hold_list: Mutex<Option<String>>,
-    /// A list answer is held back now.
-    pub holding: AtomicBool,
-    /// Lets a held list answer go.
-    pub release: tokio::sync::Notify,
-}
 
 impl Sim {
     /// Ends every open watch cleanly, as an API server restart or a load balancer would.

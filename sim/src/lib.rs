@@ -6,10 +6,11 @@
 //! so that real clients (`kubectl`, the `kube` crate) work against it. Tests drive it through
 //! [`Sim`]: they change objects, inject faults and read the journal of every change.
 //!
-//! Modules: `sim` (the [`Sim`] handle), `faults` (fault injection), `config` ([`SimConfig`]),
-//! `error` ([`SimError`]), `store` (objects, history, journal), `server` (HTTP), `watch` (watch
-//! streams), `openapi`, `requests` (request counters), `churn` (background changes), and the
-//! public [`objects`], [`resources`] and [`selector`].
+//! Modules: `sim` (the [`Sim`] handle), `faults` (fault injection) and `churn` (background
+//! changes), which add to it; `state` (what the handle shares with the server), `config`
+//! ([`SimConfig`]), `error` ([`SimError`]), `store` (objects, history, journal), `server`
+//! (HTTP), `wire` (bodies and queries), `tls`, `watch` (watch streams), `openapi`, `requests`
+//! (request counters), and the public [`objects`], [`resources`] and [`selector`].
 
 mod churn;
 mod config;
@@ -23,14 +24,17 @@ pub mod selector;
 mod server;
 pub mod shards;
 mod sim;
+mod state;
 mod store;
+mod tls;
 mod watch;
+mod wire;
 
 pub use churn::{ChurnHandle, ChurnSpec};
 pub use config::SimConfig;
 pub use error::SimError;
-pub use faults::Fault;
 pub use requests::RequestCounts;
 pub use resources::Resource;
 pub use sim::Sim;
+pub use state::Fault;
 pub use store::{JournalEntry, Snapshot};

@@ -1,6 +1,6 @@
 //! The [`Sim`] handle: starting a simulator, reaching it (URL, CA, kubeconfig), changing and
-//! reading its objects, its journal and snapshots, churn and shutdown; and [`Inner`], the state
-//! the handle shares with the server. Fault injection is in `faults`.
+//! reading its objects, its journal and snapshots, and shutdown. Fault injection is in `faults`,
+//! churn in `churn`, the state the handle shares with the server in `state`.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -9,25 +9,13 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::churn::{self, ChurnHandle, ChurnSpec};
-use crate::faults::Faults;
 use crate::requests::{RequestCounts, Requests};
 use crate::resources::{self, Resource};
-use crate::server::{self, Tls};
+use crate::server;
+use crate::state::{Faults, Inner};
 use crate::store::{JournalEntry, Snapshot, Store};
+use crate::tls::Tls;
 use crate::{SimConfig, SimError};
-
-/// The state shared by the [`Sim`] handles and the server.
-pub(crate) struct Inner {
-    pub store: Mutex<Store>,
-    pub faults: Faults,
-    pub cfg: SimConfig,
-    /// Cancelled to drop every open watch; replaced by a fresh token afterwards.
-    pub watches: Mutex<CancellationToken>,
-    pub shutdown: CancellationToken,
-    pub tls: Option<Tls>,
-    pub requests: Requests,
-}
 
 /// Handle to a running simulator; cheap to clone.
 #[derive(Clone)]
@@ -245,11 +233,6 @@ impl Sim {
     /// Every change so far, oldest first (only the newest `journal_limit` when one is set).
     pub fn journal(&self) -> Vec<JournalEntry> {
         self.store().journal.iter().cloned().collect()
-    }
-
-    /// Starts background churn as `spec` describes, until the handle is stopped or dropped.
-    pub fn start_churn(&self, spec: ChurnSpec) -> ChurnHandle {
-        churn::start(self.clone(), spec)
     }
 
     /// Stops serving: every open watch ends and the server accepts no more requests.

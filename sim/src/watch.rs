@@ -18,9 +18,9 @@ use serde_json::{json, Value};
 use tokio::sync::{broadcast, mpsc};
 
 use crate::selector::Selector;
-use crate::server::Body;
-use crate::sim::Inner;
+use crate::state::Inner;
 use crate::store::{watch_line, Change};
+use crate::wire::Body;
 
 pub enum Start {
     /// resourceVersion unset or "0": synthetic ADDED for the current state first.

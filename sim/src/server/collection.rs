@@ -9,12 +9,12 @@ use std::time::Duration;
 use http::Response;
 use serde_json::{json, Value};
 
-use super::wire::{error, json_response, Body, Query};
 use crate::resources::Resource;
 use crate::selector::Selector;
 use crate::shards::ShardSelector;
-use crate::sim::Inner;
+use crate::state::Inner;
 use crate::watch::{self, Params, Start};
+use crate::wire::{error, json_response, Body, Query};
 use crate::SimError;
 
 /// `GET` a collection with `?watch=true`: a chunked stream of watch events.

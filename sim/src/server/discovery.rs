@@ -5,8 +5,8 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use serde_json::{json, Value};
 
-use super::wire::{error, json_response, Body};
-use crate::sim::Inner;
+use crate::state::Inner;
+use crate::wire::{error, json_response, Body};
 use crate::SimError;
 
 /// `GET /version`: the server's version info.

@@ -1,7 +1,8 @@
-//! HTTP: the accept loop, TLS, authentication and the router, which checks a request in order
+//! HTTP: the accept loop, authentication and the router, which checks a request in order
 //! (token, route, resource, denial, injected failure) and hands it to one function per route.
 //! Discovery and OpenAPI are in `discovery`, collection lists and watches in `collection`,
-//! single-object requests in `object`; watch streams themselves are in `crate::watch`.
+//! single-object requests in `object`; watch streams themselves are in `crate::watch`, what
+//! goes over the wire in `crate::wire`, the certificate in `crate::tls`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -13,45 +14,13 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
 use crate::resources::Resource;
-use crate::sim::Inner;
-use crate::{Fault, SimError};
+use crate::state::{Fault, Inner};
+use crate::wire::{error, Body, Query};
+use crate::SimError;
 
 mod collection;
 mod discovery;
 mod object;
-mod wire;
-
-pub(crate) use wire::Body;
-use wire::{error, Query};
-
-/// A self-signed server certificate for 127.0.0.1 and localhost.
-pub struct Tls {
-    pub cert_pem: String,
-    acceptor: tokio_rustls::TlsAcceptor,
-}
-
-impl Tls {
-    pub fn self_signed() -> Result<Self, String> {
-        let ck = rcgen::generate_simple_self_signed(vec![
-            "127.0.0.1".to_string(),
-            "localhost".to_string(),
-        ])
-        .map_err(|e| e.to_string())?;
-        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(ck.signing_key.serialize_der().into());
-        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_no_client_auth()
-        .with_single_cert(vec![ck.cert.der().clone()], key)
-        .map_err(|e| e.to_string())?;
-        Ok(Self {
-            cert_pem: ck.cert.pem(),
-            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
-        })
-    }
-}
 
 pub async fn serve(listener: TcpListener, inner: Arc<Inner>) {
     loop {

@@ -8,9 +8,9 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use serde_json::Value;
 
-use super::wire::{error, json_response, Body};
 use crate::resources::Resource;
-use crate::sim::Inner;
+use crate::state::Inner;
+use crate::wire::{error, json_response, Body};
 use crate::SimError;
 
 /// `GET` an object.

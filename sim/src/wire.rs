@@ -13,13 +13,13 @@ use crate::SimError;
 /// The body of every response: whole documents and watch streams alike.
 pub(crate) type Body = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
 
-pub(super) fn full(b: impl Into<Bytes>) -> Body {
+pub(crate) fn full(b: impl Into<Bytes>) -> Body {
     Full::new(b.into())
         .map_err(|never: Infallible| match never {})
         .boxed()
 }
 
-pub(super) fn json_response(code: u16, v: &Value) -> Response<Body> {
+pub(crate) fn json_response(code: u16, v: &Value) -> Response<Body> {
     Response::builder()
         .status(code)
         .header("content-type", "application/json")
@@ -27,15 +27,15 @@ pub(super) fn json_response(code: u16, v: &Value) -> Response<Body> {
         .expect("static parts are valid")
 }
 
-pub(super) fn error(e: &SimError) -> Response<Body> {
+pub(crate) fn error(e: &SimError) -> Response<Body> {
     json_response(e.code, &e.status())
 }
 
 /// The query string's parameters.
-pub(super) struct Query(pub(super) Vec<(String, String)>);
+pub(crate) struct Query(pub(crate) Vec<(String, String)>);
 
 impl Query {
-    pub(super) fn get(&self, k: &str) -> Option<&str> {
+    pub(crate) fn get(&self, k: &str) -> Option<&str> {
         self.0
             .iter()
             .find(|(qk, _)| qk == k)
