@@ -4,8 +4,9 @@
 //! clock: every input comes with the time it happened at.
 //!
 //! ```text
-//!             parts join ─────────────────────┐ quiet for JOIN_QUIET (at most JOIN_MAX)
-//!                                             ▼
+//!             parts join ─────────────────────┐ quiet for JOIN_QUIET (at most JOIN_MAX), and
+//!                                             │ the shards claimed here started (at most
+//!                                             ▼ START_MAX)
 //!   waiting seats ──► BeginCatchUp ──CatchBegun──► catch-up runs ──CaughtUp──► seats live
 //!                        │                           │ (its watch goes on as the main one
 //!                        └──CatchFailed──► backoff   │  when no main position is there)
@@ -47,6 +48,10 @@ pub struct Timing {
     pub resume_quiet: Duration,
     /// After the first part waiting joined, at most.
     pub join_max: Duration,
+    /// After the first part waiting joined, at most, while shards claimed by the replica are
+    /// still starting their streams (restoring, building their producers): their parts will
+    /// join, and a catch-up begun without them is read again for them.
+    pub start_max: Duration,
     /// The first wait after a failed request; it doubles with each failure in a row.
     pub retry: Duration,
     pub retry_max: Duration,
@@ -101,6 +106,8 @@ pub enum Input {
     Namespaces(std::sync::Arc<Points>),
     /// The heartbeat; `gone` the seats whose parts went away unnoticed.
     Beat { gone: Vec<u64> },
+    /// Shards claimed by the replica are starting their streams (`true`), or none is any more.
+    Starting(bool),
 }
 
 /// What the loop does.
@@ -145,6 +152,8 @@ pub struct Hub {
     /// When the main watch, asking for shards no seat reads any more, narrows.
     narrow_at: Option<Instant>,
     last_line: Instant,
+    /// Shards claimed by the replica are starting their streams.
+    starting: bool,
 }
 
 impl Hub {
@@ -160,6 +169,7 @@ impl Hub {
             failures: 0,
             narrow_at: None,
             last_line: now,
+            starting: false,
         }
     }
 
@@ -184,10 +194,16 @@ impl Hub {
     }
 
     /// When a catch-up is to begin, if one is: seats wait and none runs, once joins are quiet
-    /// and the backoff allows.
+    /// and no shard claimed here is still starting (or `start_max` passed), and the backoff
+    /// allows.
     fn catch_up_due(&self) -> Option<Instant> {
-        (self.board.waiting() && self.catch.is_none())
-            .then(|| self.quiet_until(self.timing.join_quiet).max(self.retry_at))
+        (self.board.waiting() && self.catch.is_none()).then(|| {
+            let quiet = match (self.starting, self.first_waiting) {
+                (true, Some(first)) => first + self.timing.start_max,
+                _ => self.quiet_until(self.timing.join_quiet),
+            };
+            quiet.max(self.retry_at)
+        })
     }
 
     /// When the main watch is to be (re)opened, if it is: for resuming seats once joins are
@@ -328,6 +344,16 @@ impl Hub {
                     fx.push(Effect::Missed(missed));
                 }
                 out
+            }
+            Input::Starting(starting) => {
+                // The last shard started: its parts join a moment later, counted from now.
+                if std::mem::replace(&mut self.starting, starting) && !starting {
+                    self.last_join = now;
+                    if self.first_waiting.is_some() {
+                        self.first_waiting = Some(now);
+                    }
+                }
+                Vec::new()
             }
             Input::Beat { gone } => {
                 for id in gone {

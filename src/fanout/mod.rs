@@ -53,7 +53,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -74,6 +74,9 @@ pub const JOIN_QUIET: Duration = Duration::from_millis(500);
 pub const RESUME_QUIET: Duration = Duration::from_millis(100);
 /// How long a catch-up waits at most after the first part waiting joined.
 pub const JOIN_MAX: Duration = Duration::from_secs(5);
+/// How long a catch-up waits at most after the first part waiting joined while shards claimed
+/// by the replica are still starting their streams ([`Fanouts::starting`]).
+pub const START_MAX: Duration = Duration::from_secs(30);
 /// How often live parts get a bookmark at the main watch's position (more often when the
 /// streams' idle timeout is short).
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
@@ -163,6 +166,19 @@ pub struct Fanouts {
     stop: CancellationToken,
     metrics: Arc<crate::metrics::Metrics>,
     follow: Arc<Follow>,
+    /// Shards claimed here still starting their streams.
+    starting: Arc<watch::Sender<usize>>,
+}
+
+/// A shard claimed by the replica, starting its streams: while one is held, the hubs' catch-ups
+/// wait for its parts to join (at most [`START_MAX`]), so that the shards claimed together are
+/// read once. Dropped once the shard's streams are started, or its term ends first.
+pub struct Starting(Arc<watch::Sender<usize>>);
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
 }
 
 impl Drop for Fanouts {
@@ -245,7 +261,14 @@ impl Fanouts {
             stop,
             metrics,
             follow,
+            starting: Arc::new(watch::Sender::new(0)),
         }
+    }
+
+    /// Marks a shard claimed by the replica as starting its streams, until the mark is dropped.
+    pub fn starting(&self) -> Starting {
+        self.starting.send_modify(|n| *n += 1);
+        Starting(self.starting.clone())
     }
 
     /// Subscribes shard `shard`'s part to `collection`; its hub starts on the first call.
@@ -272,6 +295,7 @@ impl Fanouts {
                                 join_quiet: JOIN_QUIET,
                                 resume_quiet: RESUME_QUIET,
                                 join_max: JOIN_MAX,
+                                start_max: START_MAX,
                                 retry: RETRY,
                                 retry_max: RETRY_MAX,
                                 idle: self.settings.idle,
@@ -299,6 +323,7 @@ impl Fanouts {
                         whole_until: None,
                         waited: false,
                         unlisted: false,
+                        starting: self.starting.subscribe(),
                     };
                     tokio::spawn(reader.run(rx, self.stop.clone()));
                     Arc::new(HubHandle {
@@ -377,6 +402,8 @@ struct Reader {
     /// The main watch reads whole because the follower had not listed yet: it is reopened
     /// narrowed once it has.
     unlisted: bool,
+    /// How many shards claimed here are starting their streams.
+    starting: watch::Receiver<usize>,
 }
 
 /// What a line of the collection is, for the hub.
@@ -393,6 +420,8 @@ impl Reader {
     async fn run(mut self, mut joins: mpsc::UnboundedReceiver<Seat>, stop: CancellationToken) {
         let mut beat = tokio::time::interval(HEARTBEAT.min(self.settings.idle / 3));
         beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let starting = *self.starting.borrow_and_update() > 0;
+        self.feed(Input::Starting(starting)).await;
         loop {
             let deadline = self.hub.deadline();
             let input = tokio::select! {
@@ -437,6 +466,7 @@ impl Reader {
                     }
                 },
                 points = namespaces_changed(&mut self.known) => Input::Namespaces(points),
+                Ok(()) = self.starting.changed() => Input::Starting(*self.starting.borrow_and_update() > 0),
                 _ = beat.tick() => {
                     self.lines.retain(|_, l| !l.tx.is_closed());
                     let gone = self.hub.board().ids().filter(|id| !self.lines.contains_key(id)).collect();

@@ -380,6 +380,7 @@ impl Relay {
                     .collect(),
             ),
             watching: None,
+            starting: None,
         };
         Run::new(&self.ctx, plan, stop, fenced).run().await
     }

@@ -12,12 +12,14 @@ use crate::fanout::board::HELD_BYTES;
 
 const QUIET: Duration = Duration::from_millis(500);
 const IDLE: Duration = Duration::from_secs(60);
+const START_MAX: Duration = Duration::from_secs(30);
 
 fn timing() -> Timing {
     Timing {
         join_quiet: QUIET,
         resume_quiet: QUIET,
         join_max: Duration::from_secs(5),
+        start_max: START_MAX,
         retry: Duration::from_secs(1),
         retry_max: Duration::from_secs(30),
         idle: IDLE,
@@ -153,6 +155,50 @@ fn a_first_catch_up_waits_for_quiet_joins_and_goes_on_as_the_main_watch() {
         "nothing to do while the main watch runs"
     );
     assert_eq!(hub.board().position(), Some("10"));
+}
+
+/// Shards claimed together start their streams over seconds (restores a few at a time, a
+/// producer each): the catch-up waits for every part, past the quiet and `join_max`, so the
+/// collection is read once for all of them; counted from the last one's start, the quiet
+/// still holds.
+#[test]
+fn a_catch_up_waits_for_the_shards_still_starting() {
+    let t0 = Instant::now();
+    let mut hub = Hub::new(timing(), t0);
+    run(
+        &mut hub,
+        t0,
+        vec![
+            (0, Input::Starting(true), vec![]),
+            (0, join(1, 0, None), vec![]),
+        ],
+    );
+    assert_eq!(hub.deadline(), Some(t0 + START_MAX));
+    run(
+        &mut hub,
+        t0,
+        vec![
+            (6_000, join(2, 1, None), vec![]),
+            (8_000, Input::Starting(false), vec![]),
+        ],
+    );
+    assert_eq!(hub.deadline(), Some(t0 + Duration::from_millis(8_500)));
+    let mut rows = vec![(8_100, join(3, 2, None), vec![])];
+    rows.extend(catch_up_begins(8_600, &[0, 1, 2]));
+    run(&mut hub, t0, rows);
+}
+
+/// A shard that never finishes starting holds the others' catch-up for `start_max` at most.
+#[test]
+fn a_shard_that_never_starts_holds_a_catch_up_for_start_max_at_most() {
+    let t0 = Instant::now();
+    let mut hub = Hub::new(timing(), t0);
+    let mut rows = vec![
+        (0, Input::Starting(true), vec![]),
+        (0, join(1, 0, None), vec![]),
+    ];
+    rows.extend(catch_up_begins(30_000, &[0]));
+    run(&mut hub, t0, rows);
 }
 
 #[test]

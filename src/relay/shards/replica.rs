@@ -293,6 +293,9 @@ impl Replica<'_> {
         let watching: Box<dyn FnOnce() + Send + Sync> = Box::new(move || {
             let _ = reports.send((shard, nth));
         });
+        // Taken at the claim, so that the shards claimed together are all counted before the
+        // first of them joins a read.
+        let starting = self.relay.fanouts.as_ref().map(|f| f.starting());
         // Whether the term still owns the shard's transactional id: until it is fenced or over.
         // A commit that fails after that never builds the producer again (which would fence the
         // next owner's).
@@ -334,6 +337,7 @@ impl Replica<'_> {
                         others,
                     );
                     plan.watching = Some(watching);
+                    plan.starting = starting;
                     self.shard_term(shard, plan, &legacy, &old_log, stop, fenced)
                         .await
                 }
@@ -449,6 +453,7 @@ impl Replica<'_> {
             shard: Some(owner),
             others,
             watching: None,
+            starting: None,
         };
         (plan, old_log)
     }

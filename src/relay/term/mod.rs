@@ -75,6 +75,9 @@ pub(super) struct Term {
     pub(super) others: Others,
     /// Called once every stream it starts with watches (a shard's takeover is then complete).
     pub(super) watching: Option<Box<dyn FnOnce() + Send + Sync>>,
+    /// A claimed shard's mark, held until its streams are started (see
+    /// [`crate::fanout::Starting`]).
+    pub(super) starting: Option<crate::fanout::Starting>,
 }
 
 /// What a term holds once restored: its streams' positions, and their members.
@@ -407,6 +410,7 @@ impl<'a> Run<'a> {
         );
         let streams_cancel = CancellationToken::new();
         let started = supervisor.start(&relay.cfg.channels, &streams_cancel);
+        drop(term.starting);
         let reporter = term
             .watching
             .map(|report| tokio::spawn(report_watching(relay.registry.clone(), started, report)));
