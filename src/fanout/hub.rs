@@ -49,8 +49,9 @@ pub struct Timing {
     /// After the first part waiting joined, at most.
     pub join_max: Duration,
     /// After the first part waiting joined, at most, while shards claimed by the replica are
-    /// still starting their streams (restoring, building their producers): their parts will
-    /// join, and a catch-up begun without them is read again for them.
+    /// still starting their streams (restoring, building their producers), and until
+    /// `join_quiet` after the last of them started: their parts will join, and a catch-up begun
+    /// without them is read again for them.
     pub start_max: Duration,
     /// The first wait after a failed request; it doubles with each failure in a row.
     pub retry: Duration,
@@ -154,6 +155,8 @@ pub struct Hub {
     last_line: Instant,
     /// Shards claimed by the replica are starting their streams.
     starting: bool,
+    /// When the last of them started.
+    started: Option<Instant>,
 }
 
 impl Hub {
@@ -170,6 +173,7 @@ impl Hub {
             narrow_at: None,
             last_line: now,
             starting: false,
+            started: None,
         }
     }
 
@@ -198,9 +202,18 @@ impl Hub {
     /// allows.
     fn catch_up_due(&self) -> Option<Instant> {
         (self.board.waiting() && self.catch.is_none()).then(|| {
-            let quiet = match (self.starting, self.first_waiting) {
-                (true, Some(first)) => first + self.timing.start_max,
-                _ => self.quiet_until(self.timing.join_quiet),
+            let t = &self.timing;
+            let quiet = match (self.first_waiting, self.started) {
+                (Some(first), _) if self.starting => first + t.start_max,
+                // The last shard claimed started while seats waited: its parts join a moment
+                // later, so the quiet counts from its start too.
+                (Some(first), Some(started)) if started >= first => {
+                    let cap = (first + t.join_max)
+                        .max(started + t.join_quiet)
+                        .min(first + t.start_max);
+                    (self.last_join.max(started) + t.join_quiet).min(cap)
+                }
+                _ => self.quiet_until(t.join_quiet),
             };
             quiet.max(self.retry_at)
         })
@@ -346,12 +359,8 @@ impl Hub {
                 out
             }
             Input::Starting(starting) => {
-                // The last shard started: its parts join a moment later, counted from now.
                 if std::mem::replace(&mut self.starting, starting) && !starting {
-                    self.last_join = now;
-                    if self.first_waiting.is_some() {
-                        self.first_waiting = Some(now);
-                    }
+                    self.started = Some(now);
                 }
                 Vec::new()
             }

@@ -10,7 +10,9 @@
 //! shard's live changes and every bookmark. [`board`] decides who gets which line; the hub's
 //! loop performs the I/O:
 //! - **Catch-up**: once parts wait (after [`JOIN_QUIET`] without another joining, at most
-//!   [`JOIN_MAX`] after the first), one list of the collection serves all of them: a
+//!   [`JOIN_MAX`] after the first; while shards claimed here are still starting their streams
+//!   ([`Fanouts::starting`]), until they have, at most [`START_MAX`] after the first), one
+//!   list of the collection serves all of them: a
 //!   `sendInitialEvents` watch, or paginated lists where the server refuses it. Without a main
 //!   watch, the catch-up's watch goes on as the main one (or, after pages, a watch opens from
 //!   the list's resourceVersion).
@@ -170,14 +172,30 @@ pub struct Fanouts {
     starting: Arc<watch::Sender<usize>>,
 }
 
-/// A shard claimed by the replica, starting its streams: while one is held, the hubs' catch-ups
-/// wait for its parts to join (at most [`START_MAX`]), so that the shards claimed together are
-/// read once. Dropped once the shard's streams are started, or its term ends first.
-pub struct Starting(Arc<watch::Sender<usize>>);
+/// A shard claimed by the replica, starting its streams: while one counts, the hubs' catch-ups
+/// wait for its parts to join, so that the shards claimed together are read once. Dropped once
+/// the shard's streams are started, or its term ends first; a shard that takes longer than
+/// [`START_MAX`] (its term retrying against a Kafka or an API server that refuses) stops
+/// counting then, so that it holds no catch-up of the others' longer.
+pub struct Starting(Arc<Mark>);
+
+/// What a [`Starting`] and its expiry share: whether it still counts.
+struct Mark {
+    counts: AtomicBool,
+    starting: Arc<watch::Sender<usize>>,
+}
+
+impl Mark {
+    fn end(&self) {
+        if self.counts.swap(false, Ordering::Relaxed) {
+            self.starting.send_modify(|n| *n = n.saturating_sub(1));
+        }
+    }
+}
 
 impl Drop for Starting {
     fn drop(&mut self) {
-        self.0.send_modify(|n| *n = n.saturating_sub(1));
+        self.0.end();
     }
 }
 
@@ -265,10 +283,22 @@ impl Fanouts {
         }
     }
 
-    /// Marks a shard claimed by the replica as starting its streams, until the mark is dropped.
+    /// Marks a shard claimed by the replica as starting its streams, until the mark is dropped
+    /// or [`START_MAX`] passed.
     pub fn starting(&self) -> Starting {
         self.starting.send_modify(|n| *n += 1);
-        Starting(self.starting.clone())
+        let mark = Arc::new(Mark {
+            counts: AtomicBool::new(true),
+            starting: self.starting.clone(),
+        });
+        let expiry = Arc::downgrade(&mark);
+        tokio::spawn(async move {
+            tokio::time::sleep(START_MAX).await;
+            if let Some(mark) = expiry.upgrade() {
+                mark.end();
+            }
+        });
+        Starting(mark)
     }
 
     /// Subscribes shard `shard`'s part to `collection`; its hub starts on the first call.

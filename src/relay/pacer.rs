@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-/// The least time between two ConfigMap operations (a checkpoint write, a look for resync
-/// requests) of the writers of one replica, together.
+/// The least time between two paced ConfigMap operations (a checkpoint write, a look for
+/// resync requests) of the writers of one replica, together.
 pub const PACE: Duration = Duration::from_millis(250);
 
 /// Spaces the ConfigMap operations of every checkpoint writer of a replica by [`PACE`]: a
@@ -11,8 +11,9 @@ pub const PACE: Duration = Duration::from_millis(250);
 /// its positions move, would otherwise cost the API server a read and a replace per shard and
 /// interval. With many shards each is written less often (every `PACE` times the shards with
 /// something to write); a single leader's writer, alone, is never held up. The last write of a
-/// term is not paced, nor a write a stream waits for before it reads on (at its start, a
-/// resync, a change of scope): those come once per stream and event, not with churn.
+/// term is not paced, nor the writes its streams wait for in its first seconds (their new eras,
+/// with each claim): paced, the streams of shards claimed together would start one turn
+/// apart.
 #[derive(Debug)]
 pub struct Pacer {
     next: tokio::sync::Mutex<tokio::time::Instant>,

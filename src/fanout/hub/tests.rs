@@ -184,7 +184,25 @@ fn a_catch_up_waits_for_the_shards_still_starting() {
     );
     assert_eq!(hub.deadline(), Some(t0 + Duration::from_millis(8_500)));
     let mut rows = vec![(8_100, join(3, 2, None), vec![])];
-    rows.extend(catch_up_begins(8_600, &[0, 1, 2]));
+    rows.extend(catch_up_begins(8_500, &[0, 1, 2]));
+    run(&mut hub, t0, rows);
+}
+
+/// Shards claimed one after another, each starting as the last ended, do not put a waiting
+/// seat's catch-up off past `start_max` after its join.
+#[test]
+fn claims_in_a_row_hold_a_catch_up_for_start_max_at_most() {
+    let t0 = Instant::now();
+    let mut hub = Hub::new(timing(), t0);
+    let mut rows = vec![
+        (0, Input::Starting(true), vec![]),
+        (0, join(1, 0, None), vec![]),
+    ];
+    for at in (10_000..30_000).step_by(10_000) {
+        rows.push((at, Input::Starting(false), vec![]));
+        rows.push((at + 100, Input::Starting(true), vec![]));
+    }
+    rows.extend(catch_up_begins(30_000, &[0]));
     run(&mut hub, t0, rows);
 }
 

@@ -410,6 +410,8 @@ impl<'a> Run<'a> {
         );
         let streams_cancel = CancellationToken::new();
         let started = supervisor.start(&relay.cfg.channels, &streams_cancel);
+        // Its streams join their reads once their new eras are written (within the hub's quiet,
+        // those writes taking no turn).
         drop(term.starting);
         let reporter = term
             .watching

@@ -20,8 +20,9 @@
 //! It also takes resync requests left on the ConfigMap ([`crate::checkpoint::RESYNC_ANNOTATION`]),
 //! with each write or, when none was made, looking every [`RESYNC_POLL`] ([`SHARD_RESYNC_POLL`]
 //! for a shard's), and passes them to the registry. The writers of a replica's shards take
-//! turns ([`Pacer`]), so its ConfigMap requests stay bounded whatever it owns; a write a stream
-//! waits for before it reads on (a forgotten position, a new era) takes no turn.
+//! turns ([`Pacer`]), so its ConfigMap requests stay bounded whatever it owns, but for the
+//! writes its streams wait for in the term's first seconds (their new eras): those come with
+//! claims.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -117,6 +118,9 @@ pub async fn open_term(
     copy_counter(producer, topic, owner, writes, stop).await;
 }
 
+/// How long after a term's start the writes its streams wait for take no turn.
+const OPENING: Duration = Duration::from_secs(5);
+
 /// How long a checkpoint write may take before it is abandoned (and retried with the next).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -164,12 +168,15 @@ pub async fn run(
         true => SHARD_RESYNC_POLL,
         false => RESYNC_POLL,
     };
+    // The writes its streams wait for in the term's first [`OPENING`] (their new eras, at the
+    // term's start) take no turn: they come with claims, not with churn. Paced, the streams of
+    // a replica's shards claimed together would start one turn apart, and the read they share
+    // would begin before most had joined. Later ones (a resync, a namespace entering or
+    // leaving the scope) come with churn and take their turn.
+    let opening = tokio::time::Instant::now() + OPENING;
     loop {
         // `awaited`: a stream of this part waits for its checkpoint (a forgotten position, a
-        // new era) before it reads on: written now, without waiting for a turn. Such writes
-        // come once per stream start, resync or change of scope, never from churn, so they
-        // need no pacing; paced, the streams of a replica's shards claimed together would
-        // start one turn apart, and the reads they share would begin before most had joined.
+        // new era) before it reads on.
         let (last, awaited) = tokio::select! {
             _ = fenced.cancelled() => {
                 tracing::warn!(unwritten = unwritten.len(), "fenced: no checkpoint is written after the Lease was lost");
@@ -194,8 +201,9 @@ pub async fn run(
                 _ = pacer.turn() => true,
             }
         };
-        // An awaited write takes the requests with it.
-        if !last && !awaited && polled.elapsed() >= poll {
+        let unpaced = awaited && tokio::time::Instant::now() < opening;
+        // An opening write takes the requests with it.
+        if !last && !unpaced && polled.elapsed() >= poll {
             if !paced().await {
                 continue;
             }
@@ -235,7 +243,7 @@ pub async fn run(
             } else {
                 WRITE_TIMEOUT
             };
-            if !last && !awaited && !paced().await {
+            if !last && !unpaced && !paced().await {
                 continue;
             }
             // A request is taken with a write, but not with the last: nobody would act on it.
