@@ -157,6 +157,14 @@ fn a_first_catch_up_waits_for_quiet_joins_and_goes_on_as_the_main_watch() {
     assert_eq!(hub.board().position(), Some("10"));
 }
 
+/// The rows of shards claimed here starting, and seat 1 (shard 0) joining to be listed, at 0.
+fn a_seat_while_shards_start() -> Vec<(u64, Input, Vec<Effect>)> {
+    vec![
+        (0, Input::Starting(true), vec![]),
+        (0, join(1, 0, None), vec![]),
+    ]
+}
+
 /// Shards claimed together start their streams over seconds (restores a few at a time, a
 /// producer each): the catch-up waits for every part, past the quiet and `join_max`, so the
 /// collection is read once for all of them; counted from the last one's start, the quiet
@@ -165,14 +173,7 @@ fn a_first_catch_up_waits_for_quiet_joins_and_goes_on_as_the_main_watch() {
 fn a_catch_up_waits_for_the_shards_still_starting() {
     let t0 = Instant::now();
     let mut hub = Hub::new(timing(), t0);
-    run(
-        &mut hub,
-        t0,
-        vec![
-            (0, Input::Starting(true), vec![]),
-            (0, join(1, 0, None), vec![]),
-        ],
-    );
+    run(&mut hub, t0, a_seat_while_shards_start());
     assert_eq!(hub.deadline(), Some(t0 + START_MAX));
     run(
         &mut hub,
@@ -194,10 +195,7 @@ fn a_catch_up_waits_for_the_shards_still_starting() {
 fn claims_in_a_row_hold_a_catch_up_for_start_max_at_most() {
     let t0 = Instant::now();
     let mut hub = Hub::new(timing(), t0);
-    let mut rows = vec![
-        (0, Input::Starting(true), vec![]),
-        (0, join(1, 0, None), vec![]),
-    ];
+    let mut rows = a_seat_while_shards_start();
     for at in (10_000..30_000).step_by(10_000) {
         rows.push((at, Input::Starting(false), vec![]));
         rows.push((at + 100, Input::Starting(true), vec![]));
@@ -211,10 +209,7 @@ fn claims_in_a_row_hold_a_catch_up_for_start_max_at_most() {
 fn a_shard_that_never_starts_holds_a_catch_up_for_start_max_at_most() {
     let t0 = Instant::now();
     let mut hub = Hub::new(timing(), t0);
-    let mut rows = vec![
-        (0, Input::Starting(true), vec![]),
-        (0, join(1, 0, None), vec![]),
-    ];
+    let mut rows = a_seat_while_shards_start();
     rows.extend(catch_up_begins(30_000, &[0]));
     run(&mut hub, t0, rows);
 }
