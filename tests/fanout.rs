@@ -90,10 +90,11 @@ async fn a_collection_is_read_once_per_replica_and_dealt_to_its_shards() {
     assert!(shards.len() > 1, "one shard relayed everything: {shards:?}");
 }
 
-/// A replica that owns many shards at once reads the collection once for their first sync.
-/// Each shard's stream saves its new era before it reads, and a replica's checkpoint writers
-/// take turns; were those writes paced, the streams would join the read one turn apart, and
-/// the read would begin before most had joined and be read again for the rest.
+/// A replica that owns many shards at once reads the collection once for their first sync,
+/// then publishes every change from that one read on. Each shard's stream saves its new era
+/// before it reads, and a replica's checkpoint writers take turns; were those writes paced,
+/// the streams would join the read one turn apart, and the read would begin before most had
+/// joined and be read again for the rest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_owning_many_shards_reads_the_collection_once_to_sync_them() {
     const SHARDS: i64 = 32;
@@ -118,6 +119,20 @@ async fn a_replica_owning_many_shards_reads_the_collection_once_to_sync_them() {
         a.metrics.fanout_lists.get(),
         1,
         "the collection was read more than once for {SHARDS} shards claimed together"
+    );
+    let from = bed.sim.current_rv();
+    for round in 0..3 {
+        change_p1(&bed, &round.to_string());
+    }
+    eventually(
+        || caught_up(&bed, &memory, &NAMESPACES, from),
+        || "the changes after the first sync never all reached the consumer".into(),
+    )
+    .await;
+    assert_eq!(
+        a.metrics.fanout_lists.get(),
+        1,
+        "a live change was relisted"
     );
     a.stop().await;
 }
