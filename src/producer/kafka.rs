@@ -37,6 +37,8 @@ const QUIET_AFTER: u32 = 32;
 const QUIET_TICK: Duration = Duration::from_millis(10);
 /// The most events one serving takes, so a flood of reports cannot hold the runtime's thread.
 const EVENTS_PER_SERVE: usize = 64;
+/// How often a flush looks whether everything handed over was delivered (see [`Kafka::drain`]).
+const DRAIN_TICK: Duration = Duration::from_millis(1);
 
 /// librdkafka's context: turns its delivery callback into a [`Report`](super::Report).
 #[derive(Default)]
@@ -179,6 +181,27 @@ impl Kafka {
         let served = reported.load(Ordering::Relaxed) != start;
         (self.producer.in_flight_count() > 0, served)
     }
+
+    /// Waits until every record handed over was delivered and its report served, up to
+    /// `timeout`; whether it was. Blocks.
+    ///
+    /// rdkafka's own flush waits in slices of 100 ms (its poll returns only at its deadline),
+    /// so a flush with anything in flight took 100 ms at least, a whole commit interval for a
+    /// transaction. This one looks every [`DRAIN_TICK`], each look asking librdkafka to send
+    /// what lingers at once.
+    fn drain(&self, timeout: Duration) -> bool {
+        let until = std::time::Instant::now() + timeout;
+        loop {
+            if self.producer.flush(Duration::ZERO).is_ok() {
+                return true;
+            }
+            if std::time::Instant::now() >= until {
+                return false;
+            }
+            self.producer.poll(Duration::ZERO);
+            std::thread::sleep(DRAIN_TICK);
+        }
+    }
 }
 
 /// Serves `kafka`'s delivery reports until it is dropped; `sent` is its send notification.
@@ -261,9 +284,14 @@ impl Kafka {
         Ok(self.producer.begin_transaction()?)
     }
 
-    /// Flushes every record handed over (serving their reports), then commits.
+    /// Flushes every record handed over (serving their reports), then commits, all within
+    /// `timeout`.
     pub(crate) fn commit_transaction(&self, timeout: Duration) -> Result<(), TxnError> {
-        Ok(self.producer.commit_transaction(timeout)?)
+        let began = std::time::Instant::now();
+        // What is left after the drain, if anything, the commit's own flush delivers.
+        self.drain(timeout);
+        let left = timeout.saturating_sub(began.elapsed());
+        Ok(self.producer.commit_transaction(left)?)
     }
 
     pub(crate) fn abort_transaction(&self, timeout: Duration) -> Result<(), TxnError> {
@@ -393,7 +421,10 @@ impl Producer for Kafka {
     }
 
     fn flush(&self, timeout: Duration) -> Result<(), FlushError> {
-        self.producer.flush(timeout).map_err(|e| match e {
+        if self.drain(timeout) {
+            return Ok(());
+        }
+        self.producer.flush(Duration::ZERO).map_err(|e| match e {
             KafkaError::Flush(_) => FlushError::Undelivered {
                 pending: usize::try_from(self.producer.in_flight_count()).unwrap_or(0),
             },
