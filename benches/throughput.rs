@@ -301,6 +301,9 @@ fn main() {
     let mut peak_rss = 0;
     for _ in 0..rounds {
         let alo = relay.take().unwrap_or_else(|| {
+            // No relay runs: the history so far goes, so the simulator's memory stays that of
+            // one round (the relay resumes where the churn is).
+            sim.compact();
             let data = json!({ "rv": sim.current_rv().to_string() }).to_string();
             sim.merge_patch(
                 "configmaps",
@@ -318,6 +321,7 @@ fn main() {
             peak_rss = peak_rss_kib(pid);
         }
         stop(alo);
+        sim.compact();
         let exact = spawn_relay(&exact_at(sim.current_rv()));
         wait_watching(port);
         exact_latencies.push(live_latency(&sim, port, rate, pods));
