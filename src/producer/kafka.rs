@@ -37,8 +37,9 @@ const QUIET_AFTER: u32 = 32;
 const QUIET_TICK: Duration = Duration::from_millis(10);
 /// The most events one serving takes, so a flood of reports cannot hold the runtime's thread.
 const EVENTS_PER_SERVE: usize = 64;
-/// How often a flush looks whether everything handed over was delivered (see [`Kafka::drain`]).
-const DRAIN_TICK: Duration = Duration::from_millis(1);
+/// The longest a flush waits before it looks again whether everything handed over was delivered,
+/// if no serving of the pump wakes it first (see [`Kafka::drain`]).
+const DRAIN_TICK: Duration = Duration::from_millis(10);
 
 /// librdkafka's context: turns its delivery callback into a [`Report`](super::Report).
 #[derive(Default)]
@@ -131,6 +132,8 @@ pub struct Kafka {
     producer: BaseProducer<Reporting>,
     /// Told of every send, so an idle pump wakes for its report.
     sent: Arc<tokio::sync::Notify>,
+    /// Counts the servings that handed reports on, for a flush waiting for the last one.
+    served: Served,
 }
 
 impl Kafka {
@@ -163,6 +166,7 @@ impl Kafka {
                 .client_config()
                 .create_with_context(Reporting::default())?,
             sent: Arc::default(),
+            served: Served::default(),
         })
     }
 
@@ -179,6 +183,9 @@ impl Kafka {
             }
         }
         let served = reported.load(Ordering::Relaxed) != start;
+        if served {
+            self.served.one_more();
+        }
         (self.producer.in_flight_count() > 0, served)
     }
 
@@ -187,20 +194,63 @@ impl Kafka {
     ///
     /// rdkafka's own flush waits in slices of 100 ms (its poll returns only at its deadline),
     /// so a flush with anything in flight took 100 ms at least, a whole commit interval for a
-    /// transaction. This one looks every [`DRAIN_TICK`], each look asking librdkafka to send
-    /// what lingers at once.
+    /// transaction. This one looks again after each serving of the pump that handed reports on,
+    /// or after [`DRAIN_TICK`] at most: it wakes with the reports, not on a clock of its own.
     fn drain(&self, timeout: Duration) -> bool {
         let until = std::time::Instant::now() + timeout;
         loop {
-            if self.producer.flush(Duration::ZERO).is_ok() {
+            let seen = self.served.count();
+            // Nothing queued, in flight or with its report unserved (a record counts until its
+            // report was handed on). Not a flush: that wakes every broker thread each time.
+            if self.producer.in_flight_count() == 0 {
                 return true;
             }
-            if std::time::Instant::now() >= until {
+            let now = std::time::Instant::now();
+            if now >= until {
                 return false;
             }
+            // A producer no pump serves is served here, one event a look.
+            let reported = &self.producer.context().reported;
+            let before = reported.load(Ordering::Relaxed);
             self.producer.poll(Duration::ZERO);
-            std::thread::sleep(DRAIN_TICK);
+            if reported.load(Ordering::Relaxed) != before {
+                continue;
+            }
+            self.served.wait(seen, (until - now).min(DRAIN_TICK));
         }
+    }
+}
+
+/// How many servings handed reports on, and the wake-up of a [`Kafka::drain`] waiting for one.
+#[derive(Default)]
+struct Served {
+    /// The servings so far, and how many drains wait (a serving wakes none when none waits).
+    state: std::sync::Mutex<(u64, usize)>,
+    wake: std::sync::Condvar,
+}
+
+impl Served {
+    fn count(&self) -> u64 {
+        self.state.lock().expect("served lock poisoned").0
+    }
+
+    fn one_more(&self) {
+        let mut state = self.state.lock().expect("served lock poisoned");
+        state.0 += 1;
+        if state.1 > 0 {
+            self.wake.notify_all();
+        }
+    }
+
+    /// Waits until a serving after the `seen`th, or `most`.
+    fn wait(&self, seen: u64, most: Duration) {
+        let mut state = self.state.lock().expect("served lock poisoned");
+        state.1 += 1;
+        let (mut state, _) = self
+            .wake
+            .wait_timeout_while(state, most, |s| s.0 == seen)
+            .expect("served lock poisoned");
+        state.1 -= 1;
     }
 }
 
@@ -284,14 +334,16 @@ impl Kafka {
         Ok(self.producer.begin_transaction()?)
     }
 
-    /// Flushes every record handed over (serving their reports), then commits, all within
-    /// `timeout`.
+    /// Waits for every record handed over (their reports served) up to `timeout`, then
+    /// commits, the commit's request given `timeout` of its own. Records still undelivered
+    /// when the wait ran out fail the commit before it is asked.
     pub(crate) fn commit_transaction(&self, timeout: Duration) -> Result<(), TxnError> {
-        let began = std::time::Instant::now();
-        // What is left after the drain, if anything, the commit's own flush delivers.
-        self.drain(timeout);
-        let left = timeout.saturating_sub(began.elapsed());
-        Ok(self.producer.commit_transaction(left)?)
+        if !self.drain(timeout) {
+            return Err(TxnError::abortable(&format!(
+                "records of the transaction were not acknowledged within {timeout:?}"
+            )));
+        }
+        Ok(self.producer.commit_transaction(timeout)?)
     }
 
     pub(crate) fn abort_transaction(&self, timeout: Duration) -> Result<(), TxnError> {
