@@ -127,7 +127,7 @@ fn is_too_large(e: &KafkaError) -> bool {
 /// The idempotent Kafka producer every stream of a process shares.
 ///
 /// Its delivery reports are served on the runtime by the pump [`Kafka::start`] spawns, and by
-/// [`Producer::flush`] (librdkafka's own poll) while it waits.
+/// [`Producer::flush`] while it waits (one event a look).
 pub struct Kafka {
     producer: BaseProducer<Reporting>,
     /// Told of every send, so an idle pump wakes for its report.
@@ -500,6 +500,25 @@ impl Producer for Kafka {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A flush waits for the next serving, however it interleaves with it: a serving before
+    /// the wait began ends it at once, one after wakes it (else this test would hang).
+    #[test]
+    fn a_waiting_flush_wakes_at_the_next_serving() {
+        let served = Arc::new(Served::default());
+        for _ in 0..100 {
+            let seen = served.count();
+            let waiter = {
+                let served = served.clone();
+                std::thread::spawn(move || served.wait(seen, Duration::from_secs(3600)))
+            };
+            served.one_more();
+            waiter.join().unwrap();
+            assert_eq!(served.count(), seen + 1);
+        }
+        // No wait left behind.
+        assert_eq!(served.state.lock().unwrap().1, 0);
+    }
 
     #[test]
     fn kafka_errors_are_classed_by_what_it_takes_to_get_past_them() {
