@@ -200,9 +200,9 @@ impl Kafka {
         let until = std::time::Instant::now() + timeout;
         loop {
             let seen = self.served.count();
-            // Nothing queued, in flight or with its report unserved (a record counts until its
-            // report was handed on). Not a flush: that wakes every broker thread each time.
-            if self.producer.in_flight_count() == 0 {
+            // Every record's report handed on. Not the queue's length: that counts librdkafka's
+            // other events too (its logs), which can keep it above zero.
+            if self.producer.flush(Duration::ZERO).is_ok() {
                 return true;
             }
             let now = std::time::Instant::now();
