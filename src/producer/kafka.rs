@@ -126,8 +126,8 @@ fn is_too_large(e: &KafkaError) -> bool {
 
 /// The idempotent Kafka producer every stream of a process shares.
 ///
-/// Its delivery reports are served on the runtime by the pump [`Kafka::start`] spawns, and by
-/// [`Producer::flush`] while it waits (one event a look).
+/// Its delivery reports are served on the runtime by the pump [`Kafka::start`] spawns, and, one
+/// event a look, by a flush or a commit while it waits for them.
 pub struct Kafka {
     producer: BaseProducer<Reporting>,
     /// Told of every send, so an idle pump wakes for its report.
@@ -145,9 +145,8 @@ impl Kafka {
         Ok(kafka)
     }
 
-    /// A producer with `cfg` whose reports nothing serves but [`Producer::flush`]: for the topic
-    /// admin and the membership topic's reader. Records are sent through [`Kafka::start`]'s.
-    /// The error never contains a property's value.
+    /// A producer with `cfg` whose reports nothing serves but a flush;
+    /// [`Kafka::start`] adds the pump. The error never contains a property's value.
     pub fn new(cfg: &KafkaConfig) -> Result<Self, String> {
         Self::create(cfg).map_err(|e| match e {
             KafkaError::ClientConfig(_, message, key, value) => {
@@ -194,8 +193,10 @@ impl Kafka {
     ///
     /// rdkafka's own flush waits in slices of 100 ms (its poll returns only at its deadline),
     /// so a flush with anything in flight took 100 ms at least, a whole commit interval for a
-    /// transaction. This one looks again after each serving of the pump that handed reports on,
-    /// or after [`DRAIN_TICK`] at most: it wakes with the reports, not on a clock of its own.
+    /// transaction. This one looks again after each serving that handed reports on (the pump's,
+    /// or its own of one event), or after [`DRAIN_TICK`] at most: it wakes with the reports, not
+    /// on a clock of its own. Each look is a flush without a wait, which wakes the producer's
+    /// broker threads once; a commit takes a handful of looks.
     fn drain(&self, timeout: Duration) -> bool {
         let until = std::time::Instant::now() + timeout;
         loop {
@@ -209,11 +210,13 @@ impl Kafka {
             if now >= until {
                 return false;
             }
-            // A producer no pump serves is served here, one event a look.
+            // One event served here too (all of them, for a producer no pump serves); a serving
+            // of reports wakes any other drain waiting on this producer.
             let reported = &self.producer.context().reported;
             let before = reported.load(Ordering::Relaxed);
             self.producer.poll(Duration::ZERO);
             if reported.load(Ordering::Relaxed) != before {
+                self.served.one_more();
                 continue;
             }
             self.served.wait(seen, (until - now).min(DRAIN_TICK));
@@ -501,21 +504,28 @@ impl Producer for Kafka {
 mod tests {
     use super::*;
 
-    /// A flush waits for the next serving, however it interleaves with it: a serving before
-    /// the wait began ends it at once, one after wakes it (else this test would hang).
+    /// A flush waits for the next serving in either order: a serving before the wait began
+    /// ends it at once, one while it waits wakes it (else this test would hang).
     #[test]
     fn a_waiting_flush_wakes_at_the_next_serving() {
         let served = Arc::new(Served::default());
-        for _ in 0..100 {
-            let seen = served.count();
-            let waiter = {
-                let served = served.clone();
-                std::thread::spawn(move || served.wait(seen, Duration::from_secs(3600)))
-            };
-            served.one_more();
-            waiter.join().unwrap();
-            assert_eq!(served.count(), seen + 1);
+        let waiter = |seen: u64| {
+            let served = served.clone();
+            std::thread::spawn(move || served.wait(seen, Duration::from_secs(3600)))
+        };
+        // The serving first.
+        let seen = served.count();
+        served.one_more();
+        waiter(seen).join().unwrap();
+        // The wait first: the serving comes once it waits.
+        let seen = served.count();
+        let waiting = waiter(seen);
+        while served.state.lock().unwrap().1 == 0 {
+            std::thread::yield_now();
         }
+        served.one_more();
+        waiting.join().unwrap();
+        assert_eq!(served.count(), seen + 1);
         // No wait left behind.
         assert_eq!(served.state.lock().unwrap().1, 0);
     }
