@@ -34,8 +34,9 @@ pub(crate) trait Connect: Send + Sync {
     /// [`crate::producer::kafka::committed_at`]); blocks up to `timeout`.
     fn committed_at(&self, witness: &Witness, timeout: Duration) -> Result<bool, Unread>;
 
-    /// How long a commit may take before its outcome is learnt from a new instance: less than
-    /// the client's own timeout of the commit's request, after which it would send it again.
+    /// How long a commit may wait for its records, and then its request, before its outcome is
+    /// learnt from a new instance: less than the client's own timeout of the commit's request,
+    /// after which it would send it again.
     fn commit_timeout(&self) -> Duration;
 }
 
@@ -110,8 +111,9 @@ impl Connect for KafkaConnect {
     }
 }
 
-/// How long a commit may take: [`super::CALL_TIMEOUT`], or less than librdkafka's own timeout
-/// of the commit's request (`socket.timeout.ms`), after which it would send the request again.
+/// How long a commit may wait for its records, and then its request: [`super::CALL_TIMEOUT`],
+/// or less than librdkafka's own timeout of the commit's request (`socket.timeout.ms`), after
+/// which it would send the request again.
 fn commit_timeout(cfg: &KafkaConfig) -> Duration {
     let socket = cfg
         .properties

@@ -94,7 +94,8 @@ pub struct Transactional {
     ended: std::sync::atomic::AtomicBool,
     /// Where the reports of position records go, dropped after each commit.
     scratch: Arc<Inbox>,
-    /// How long a commit may take before its outcome is learnt from a new producer.
+    /// How long a commit may wait for its records, and then its request, before its outcome
+    /// is learnt from a new producer.
     commit_timeout: Duration,
     metrics: TxnMetrics,
 }
