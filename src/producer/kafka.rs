@@ -44,8 +44,19 @@ const DRAIN_TICK: Duration = Duration::from_millis(10);
 /// librdkafka's context: turns its delivery callback into a [`Report`](super::Report).
 #[derive(Default)]
 pub struct Reporting {
+    /// Records handed to librdkafka so far (counted before the hand-over, taken back if it
+    /// refused one), so never fewer than `reported`.
+    handed: AtomicU64,
     /// Delivery reports handed on so far: tells the pump whether a poll found any.
     reported: AtomicU64,
+}
+
+impl Reporting {
+    /// Whether a record handed over still waits for its report to be handed on: two loads, no
+    /// call into librdkafka (whose flush wakes every broker thread).
+    fn awaited(&self) -> bool {
+        self.handed.load(Ordering::Acquire) != self.reported.load(Ordering::Acquire)
+    }
 }
 
 impl ClientContext for Reporting {}
@@ -54,7 +65,7 @@ impl ProducerContext for Reporting {
     type DeliveryOpaque = Box<Receipt>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, receipt: Box<Receipt>) {
-        self.reported.fetch_add(1, Ordering::Relaxed);
+        self.reported.fetch_add(1, Ordering::Release);
         if let Ok(m) = result {
             receipt.witnessed(m.topic(), m.partition(), m.offset());
         }
@@ -126,8 +137,8 @@ fn is_too_large(e: &KafkaError) -> bool {
 
 /// The idempotent Kafka producer every stream of a process shares.
 ///
-/// Its delivery reports are served on the runtime by the pump [`Kafka::start`] spawns, and, one
-/// event a look, by a flush or a commit while it waits for them.
+/// Its delivery reports are served on the runtime by the pump [`Kafka::start`] spawns, and by a
+/// flush or a commit while it waits for them.
 pub struct Kafka {
     producer: BaseProducer<Reporting>,
     /// Told of every send, so an idle pump wakes for its report.
@@ -175,9 +186,17 @@ impl Kafka {
         let reported = &self.producer.context().reported;
         let start = reported.load(Ordering::Relaxed);
         for _ in 0..EVENTS_PER_SERVE {
-            let before = reported.load(Ordering::Relaxed);
+            let (before, queued) = (
+                reported.load(Ordering::Relaxed),
+                self.producer.in_flight_count(),
+            );
             self.producer.poll(Duration::ZERO);
-            if reported.load(Ordering::Relaxed) == before {
+            // Taking any event shortens the queue, a report also counts: a log line taken
+            // (librdkafka queues them with the reports) does not end the serving, an empty
+            // poll does. A send meanwhile may end it early, as an empty poll would.
+            if reported.load(Ordering::Relaxed) == before
+                && self.producer.in_flight_count() >= queued
+            {
                 break;
             }
         }
@@ -194,29 +213,25 @@ impl Kafka {
     /// rdkafka's own flush waits in slices of 100 ms (its poll returns only at its deadline),
     /// so a flush with anything in flight took 100 ms at least, a whole commit interval for a
     /// transaction. This one looks again after each serving that handed reports on (the pump's,
-    /// or its own of one event), or after [`DRAIN_TICK`] at most: it wakes with the reports, not
-    /// on a clock of its own. Each look is a flush without a wait, which wakes the producer's
-    /// broker threads once; a commit takes a handful of looks.
+    /// or its own), or after [`DRAIN_TICK`] at most: it wakes with the reports, not on a clock
+    /// of its own. A look counts the reports against the records handed over; only once they
+    /// match does it ask librdkafka (a flush without a wait, which wakes the producer's broker
+    /// threads), which frees a record just after its report was handed on.
     fn drain(&self, timeout: Duration) -> bool {
         let until = std::time::Instant::now() + timeout;
         loop {
             let seen = self.served.count();
             // Every record's report handed on. Not the queue's length: that counts librdkafka's
             // other events too (its logs), which can keep it above zero.
-            if self.producer.flush(Duration::ZERO).is_ok() {
+            if !self.producer.context().awaited() && self.producer.flush(Duration::ZERO).is_ok() {
                 return true;
             }
             let now = std::time::Instant::now();
             if now >= until {
                 return false;
             }
-            // One event served here too (all of them, for a producer no pump serves); a serving
-            // of reports wakes any other drain waiting on this producer.
-            let reported = &self.producer.context().reported;
-            let before = reported.load(Ordering::Relaxed);
-            self.producer.poll(Duration::ZERO);
-            if reported.load(Ordering::Relaxed) != before {
-                self.served.one_more();
+            // Served here too; a serving of reports wakes any other drain of this producer.
+            if self.serve().1 {
                 continue;
             }
             self.served.wait(seen, (until - now).min(DRAIN_TICK));
@@ -462,7 +477,13 @@ impl Producer for Kafka {
         if !rec.tombstone {
             record = record.payload(&rec.value);
         }
-        match self.producer.send(record) {
+        let handed = &self.producer.context().handed;
+        handed.fetch_add(1, Ordering::Release);
+        let sent = self.producer.send(record);
+        if sent.is_err() {
+            handed.fetch_sub(1, Ordering::Release);
+        }
+        match sent {
             Ok(()) => {
                 self.sent.notify_one();
                 Ok(())
@@ -505,13 +526,20 @@ mod tests {
     use super::*;
 
     /// A flush waits for the next serving in either order: a serving before the wait began
-    /// ends it at once, one while it waits wakes it (else this test would hang).
+    /// ends it at once, one while it waits wakes it, long before the wait's bound.
     #[test]
     fn a_waiting_flush_wakes_at_the_next_serving() {
         let served = Arc::new(Served::default());
         let waiter = |seen: u64| {
             let served = served.clone();
-            std::thread::spawn(move || served.wait(seen, Duration::from_secs(3600)))
+            std::thread::spawn(move || {
+                let began = std::time::Instant::now();
+                served.wait(seen, Duration::from_secs(60));
+                assert!(
+                    began.elapsed() < Duration::from_secs(30),
+                    "woken by its bound"
+                );
+            })
         };
         // The serving first.
         let seen = served.count();
@@ -528,6 +556,53 @@ mod tests {
         assert_eq!(served.count(), seen + 1);
         // No wait left behind.
         assert_eq!(served.state.lock().unwrap().1, 0);
+    }
+
+    /// A producer whose broker never answers: records stay queued.
+    fn unreachable() -> Kafka {
+        Kafka::new(&KafkaConfig {
+            bootstrap_servers: "127.0.0.1:1".into(),
+            properties: Default::default(),
+            max_in_flight_per_stream: 10,
+            max_message_bytes: 1_000_000,
+            oversize: crate::config::OversizePolicy::Trim,
+            dead_letter_topic: None,
+            unsafe_producer_overrides: false,
+            topics: Default::default(),
+            delivery: Default::default(),
+            commit_interval_ms: 100,
+        })
+        .unwrap()
+    }
+
+    /// A drain of nothing handed over ends at once; one with a record unacknowledged ends at
+    /// its timeout, saying so, and the record is still counted as awaited.
+    #[test]
+    fn a_drain_waits_for_every_record_handed_over_and_no_longer_than_asked() {
+        let kafka = unreachable();
+        assert!(kafka.drain(Duration::from_secs(60)), "nothing handed over");
+        let rec = Record {
+            topic: "t".into(),
+            key: "k".into(),
+            value: b"{}".to_vec(),
+            headers: Default::default(),
+            tombstone: false,
+            partition: None,
+        };
+        let receipt = Receipt::new(
+            crate::producer::Inbox::new(),
+            0,
+            crate::producer::Sent::Unordered,
+        );
+        Producer::send(&kafka, &rec, receipt).unwrap();
+        let began = std::time::Instant::now();
+        assert!(!kafka.drain(Duration::from_millis(50)));
+        assert!(began.elapsed() >= Duration::from_millis(50));
+        assert!(kafka.producer.context().awaited());
+        // What is left is the caller's to purge: its report comes, the drain ends.
+        Producer::purge(&kafka);
+        assert!(kafka.drain(Duration::from_secs(60)));
+        assert!(!kafka.producer.context().awaited());
     }
 
     #[test]

@@ -56,8 +56,9 @@ use super::{
 };
 use crate::config::KafkaConfig;
 
-/// How long `init_transactions` or an abort may take before it counts as failed, and a commit
-/// at most (see [`commit_timeout`]).
+/// How long `init_transactions` or an abort may take before it counts as failed, and the most
+/// each of a commit's two waits may take, for its records and then for its request (see
+/// [`commit_timeout`]): a commit may block for twice this.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long to wait before building the producer again after it failed to start.
 const REBUILD_AGAIN: Duration = Duration::from_secs(1);
