@@ -307,7 +307,8 @@ fn claim(consumer: &BaseConsumer<Context>, deadline: &Deadline, shards: &[u32]) 
     }
 }
 
-/// Commits the claimed shards' epochs every [`RENEW`]: each success renews the deadline.
+/// Commits the claimed shards' epochs every [`RENEW`]: each success renews the deadline, and
+/// one that took [`RENEW`] or more (a broker stalling) is logged with what is left of it.
 fn renew(consumer: &BaseConsumer<Context>, deadline: &Deadline, stop: &AtomicBool) {
     let cx = consumer.context();
     while !stop.load(Ordering::Relaxed) {
@@ -318,7 +319,17 @@ fn renew(consumer: &BaseConsumer<Context>, deadline: &Deadline, stop: &AtomicBoo
         }
         let sent = tokio::time::Instant::now();
         match consumer.commit(&epochs(&cx.topic, &owned), CommitMode::Sync) {
-            Ok(()) => deadline.renew(sent),
+            Ok(()) => {
+                deadline.renew(sent);
+                let took = sent.elapsed();
+                if took >= RENEW {
+                    tracing::warn!(
+                        took_ms = took.as_millis() as u64,
+                        left_ms = deadline.left().as_millis() as u64,
+                        "renewing shard ownership was slow"
+                    );
+                }
+            }
             Err(e) => {
                 tracing::warn!(error = %e, left_ms = deadline.left().as_millis() as u64, "renewing shard ownership failed")
             }
