@@ -120,15 +120,7 @@ async fn a_replica_owning_many_shards_reads_the_collection_once_to_sync_them() {
         1,
         "the collection was read more than once for {SHARDS} shards claimed together"
     );
-    let from = bed.sim.current_rv();
-    for round in 0..3 {
-        change_p1(&bed, &round.to_string());
-    }
-    eventually(
-        || caught_up(&bed, &memory, &NAMESPACES, from),
-        || "the changes after the first sync never all reached the consumer".into(),
-    )
-    .await;
+    changes_all_reach_the_consumer(&bed, &memory, 3).await;
     assert_eq!(
         a.metrics.fanout_lists.get(),
         1,
@@ -378,16 +370,8 @@ async fn a_failed_delivery_of_a_part_publishes_every_change() {
     let memory = Arc::new(Memory::new());
     let a = relaying_every_shard(&bed, channel, &memory).await;
     let lists = a.metrics.fanout_lists.get();
-    let from = bed.sim.current_rv();
     memory.fail_next_to("pods", 2);
-    for round in 0..4 {
-        change_p1(&bed, &round.to_string());
-    }
-    eventually(
-        || caught_up(&bed, &memory, &NAMESPACES, from),
-        || "the changes never all reached the consumer".into(),
-    )
-    .await;
+    changes_all_reach_the_consumer(&bed, &memory, 4).await;
     assert_eq!(a.metrics.fanout_lists.get(), lists, "a part relisted");
     a.stop().await;
 }
@@ -674,6 +658,20 @@ fn caught_up(bed: &Bed, memory: &Memory, namespaces: &[&str], from: u64) -> bool
     let log = events(memory);
     consumer_view_by(&log, version) == pods_by(&bed.sim, namespaces, |_| true, version)
         && common::view::unpublished(&log, &bed.journal_after("pods", None, from)).is_empty()
+}
+
+/// Changes pod `p1` of every namespace `rounds` times, then waits until the consumer holds the
+/// pods as the cluster does, with a record for every one of those changes.
+async fn changes_all_reach_the_consumer(bed: &Bed, memory: &Memory, rounds: usize) {
+    let from = bed.sim.current_rv();
+    for round in 0..rounds {
+        change_p1(bed, &round.to_string());
+    }
+    eventually(
+        || caught_up(bed, memory, &NAMESPACES, from),
+        || format!("the {rounds} rounds of changes never all reached the consumer"),
+    )
+    .await;
 }
 
 /// Changes pod `p1` of every namespace, labelling it `v`.
