@@ -3,7 +3,8 @@
 //! `BENCH_NAMESPACES` namespaces (default 24), the pods read cluster-wide once per replica and
 //! fanned out to 16 shards (the shape `auto` gives a new release's `allNamespaces` channels).
 //!
-//! Afterwards the whole topic is read back and checked against the API server's journal:
+//! Afterwards, once the topic took no record for 5 s, the whole topic is read back and checked
+//! against the API server's journal:
 //! - **changes lost**: changes made once the first replicas' streams ran that have no record
 //!   (every shard that moves resumes where its owner stopped; nothing here excuses a list);
 //! - **late records**: per shard and partition, records of an older owner epoch after the
@@ -79,6 +80,34 @@ struct Read {
 }
 
 /// Every record of `topic`, partition by partition in offset order.
+/// Waits until `topic`'s partitions took no record for 5 s (at most 3 minutes).
+fn settle(bootstrap: &str, topic: &str) {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    let ends = || -> Vec<i64> {
+        (0..PARTITIONS)
+            .map(|p| {
+                consumer
+                    .fetch_watermarks(topic, p, Duration::from_secs(10))
+                    .unwrap()
+                    .1
+            })
+            .collect()
+    };
+    let (mut last, mut quiet) = (ends(), 0);
+    for _ in 0..180 {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = ends();
+        quiet = if now == last { quiet + 1 } else { 0 };
+        if quiet >= 5 {
+            return;
+        }
+        last = now;
+    }
+}
+
 fn read_all(bootstrap: &str, topic: &str) -> Vec<Read> {
     #[derive(serde::Deserialize)]
     struct Value {
@@ -249,8 +278,10 @@ fn scenario(scope: &str, rate: f64, names: &[String], label: &str) -> Run {
     steps.push(("owned by the last one", since()));
     pause();
     let changes = rt.block_on(churn.stop()) as usize;
-    // Not a wait: the last changes reach the topic.
-    std::thread::sleep(Duration::from_secs(5));
+    // The last owner catches up (on a busy machine it may be tens of seconds behind): the
+    // release is stopped once the topic stopped growing, so what is missing was never
+    // published, not still on its way.
+    settle(&bootstrap, &name);
     for r in live.drain(..) {
         leave(r, false);
     }
