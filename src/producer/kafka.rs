@@ -158,8 +158,9 @@ impl Kafka {
         Ok(kafka)
     }
 
-    /// A producer with `cfg` whose reports nothing serves but a flush;
-    /// [`Kafka::start`] adds the pump. The error never contains a property's value.
+    /// A producer with `cfg` whose reports nothing serves but a flush: for the topic admin and
+    /// the membership topic's reader (records are sent through [`Kafka::start`]'s, which adds
+    /// the pump). The error never contains a property's value.
     pub fn new(cfg: &KafkaConfig) -> Result<Self, String> {
         Self::create(cfg).map_err(|e| match e {
             KafkaError::ClientConfig(_, message, key, value) => {
