@@ -557,6 +557,7 @@ mod tests {
             rv: Some(rv.into()),
             at: None,
             query: None,
+            base: None,
             route: None,
             kind: None,
             known: None,

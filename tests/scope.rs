@@ -248,3 +248,84 @@ async fn a_scope_that_moved_while_down_resumes_and_takes_the_move_in() {
         "each pod of a announced once and each of its changes published once"
     );
 }
+
+/// As above, but a namespace (`d`) was in scope at the position without an object, so the
+/// members cannot tell which namespaces the position covered. While the relay is down, `d`
+/// gets pods that change, `c` enters, `b` leaves and `a`'s pods change: the next start still
+/// resumes from the position (the selectors are the same), and takes `c` and `d` in from it.
+/// Every change of `a` and `d` after the position is published once, none collapsed into a
+/// list, and `c`'s pods are announced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scope_with_an_empty_namespace_that_moved_while_down_still_resumes() {
+    let bed = Bed::in_memory(SimConfig::default(), &["a", "b", "c", "d"]).await;
+    for ns in ["a", "b", "c"] {
+        for i in 0..5 {
+            bed.sim
+                .create("pods", Some(ns), objects::pod(ns, &format!("p{i}")))
+                .unwrap();
+        }
+    }
+    for ns in ["a", "b", "d"] {
+        bed.label(ns, true);
+    }
+    let producer = Arc::new(Memory::new());
+    let relay = start(&bed, &producer, true);
+    converged(&bed, &producer).await;
+    relay.stop().await;
+    let from = bed.sim.current_rv();
+    for i in 0..5 {
+        for step in 0..2 {
+            let patch = serde_json::json!({"metadata": {"labels": {"step": step.to_string()}}});
+            bed.sim
+                .merge_patch("pods", Some("a"), &format!("p{i}"), patch)
+                .unwrap();
+        }
+    }
+    for i in 0..3 {
+        bed.sim
+            .create("pods", Some("d"), objects::pod("d", &format!("p{i}")))
+            .unwrap();
+        let patch = serde_json::json!({"metadata": {"labels": {"step": "1"}}});
+        bed.sim
+            .merge_patch("pods", Some("d"), &format!("p{i}"), patch)
+            .unwrap();
+    }
+    bed.label("c", true);
+    bed.label("b", false);
+
+    let relay = start(&bed, &producer, true);
+    let want = pods(&bed.sim, &["a", "c", "d"], |_| true);
+    eventually(
+        || consumer_view(&events(&producer)) == want,
+        || {
+            format!(
+                "the consumer holds {:?}",
+                consumer_view(&events(&producer)).keys()
+            )
+        },
+    )
+    .await;
+    relay.stop().await;
+    let log = events(&producer);
+    for ns in ["a", "d"] {
+        common::view::assert_published(
+            &log,
+            &bed.journal_after("pods", Some(ns), from),
+            &format!(
+                "the changes of namespace {ns}, in scope at the position, while the scope moved"
+            ),
+        );
+    }
+    let of = |ns: &str| {
+        log.iter()
+            .filter(|r| !r.tombstone && r.key.starts_with(&format!("{ns}/")))
+            .count()
+    };
+    assert_eq!(
+        of("a"),
+        15,
+        "each pod of a announced once and each of its changes published once"
+    );
+    assert_eq!(of("d"), 6, "each change of d's pods published once");
+    assert_eq!(of("c"), 5, "each pod of c announced once");
+}

@@ -251,6 +251,11 @@ pub struct Saved {
     /// position is never resumed under another query. Absent in older entries.
     #[serde(default)]
     pub query: Option<String>,
+    /// A cluster-wide stream filtered to some namespaces: the fingerprint of its query without
+    /// the namespaces (path, selectors). Under the same one, a position whose namespaces moved
+    /// is still resumed (see `stream::scope`). Absent in older entries and for other streams.
+    #[serde(default)]
+    pub base: Option<String>,
     /// Where the stream published, as `<topic> <key template>`: under another route its
     /// members are retracted where they were announced and the stream reconciles. Absent in
     /// older entries.
@@ -292,6 +297,8 @@ struct Position<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     query: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    base: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     route: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     kind: Option<&'a str>,
@@ -309,6 +316,7 @@ pub fn encode(saved: &Saved) -> String {
         rv: saved.rv.as_deref(),
         at: saved.at.as_deref(),
         query: saved.query.as_deref(),
+        base: saved.base.as_deref(),
         route: saved.route.as_deref(),
         kind: saved.kind.as_deref(),
         era: saved.era,
@@ -412,6 +420,7 @@ mod tests {
             rv: Some("4711".into()),
             at: Some("2026-01-01T00:00:00Z".into()),
             query: Some("q1".into()),
+            base: Some("b1".into()),
             route: None,
             kind: None,
             known: Some(serde_json::json!({"u": {"name": "n", "rv": "1"}})),
@@ -419,7 +428,7 @@ mod tests {
         };
         let entry = encode(&saved);
         assert_eq!(
-            entry, r#"{"rv":"4711","at":"2026-01-01T00:00:00Z","query":"q1"}"#,
+            entry, r#"{"rv":"4711","at":"2026-01-01T00:00:00Z","query":"q1","base":"b1"}"#,
             "no set is ever written"
         );
         let read = read(&ConfigMap {

@@ -148,6 +148,7 @@ pub struct Outbox {
 #[derive(Clone, Debug, Default)]
 struct Stamp {
     query: String,
+    base: Option<String>,
     route: String,
     kind: Option<String>,
 }
@@ -278,6 +279,7 @@ impl Outbox {
             rv: self.tracker.checkpoint().map(str::to_string),
             at: Some(envelope::now_rfc3339()),
             query: None,
+            base: None,
             route: None,
             kind: None,
             known: None,
@@ -308,14 +310,16 @@ impl Outbox {
         self.mark(None);
     }
 
-    /// The query, route and kind the stream's positions go with from now on: with a
-    /// transactional producer, each position handed over is written with them.
-    pub fn stamp(&mut self, query: &str, route: &str, kind: Option<String>) {
+    /// The query (and a filtered stream's `base`, see [`Saved::base`]), route and kind the
+    /// stream's positions go with from now on: with a transactional producer, each position
+    /// handed over is written with them.
+    pub fn stamp(&mut self, query: &str, base: Option<&str>, route: &str, kind: Option<String>) {
         if !self.producer.transactional() {
             return;
         }
         self.stamp = Some(Stamp {
             query: query.to_string(),
+            base: base.map(str::to_string),
             route: route.to_string(),
             kind,
         });
@@ -338,6 +342,7 @@ impl Outbox {
             rv: rv.map(str::to_string),
             at: None,
             query: Some(stamp.query.clone()),
+            base: stamp.base.clone(),
             route: Some(stamp.route.clone()),
             kind: stamp.kind.clone(),
             known: None,

@@ -187,6 +187,8 @@ struct Timers {
 struct Position {
     /// The fingerprint of this stream's query, stamped on every checkpoint it publishes.
     query: String,
+    /// A filtered stream's query without its namespaces (see [`Saved::base`]), stamped beside.
+    base: Option<String>,
     /// The saved position belongs to another query: it is forgotten in the ConfigMap before the
     /// stream publishes anything (see [`Stream::forget_position`]).
     query_changed: bool,
@@ -239,6 +241,7 @@ impl Stream {
         let id = reporter.id().to_string();
         let query = channel.query_fingerprint(namespace.as_deref(), filter.is_some());
         let saved_query = saved.as_ref().and_then(|s| s.query.clone());
+        let saved_base = saved.as_ref().and_then(|s| s.base.clone());
         let base = query.clone();
         let path = channel.path.collection_url(namespace.as_deref());
         let route =
@@ -320,6 +323,7 @@ impl Stream {
                 idle_after: Duration::from_secs(u64::from(k.watch_idle_timeout_seconds)),
             },
             position: Position {
+                base: filter.is_some().then(|| base.clone()),
                 query,
                 query_changed: plan.query_changed,
                 route_id: plan.route_id,
@@ -331,7 +335,7 @@ impl Stream {
                 permits: wiring.syncs.clone(),
                 held: Permit::None,
             },
-            scope: filter.map(|f| scope::Scoped::new(f, base, saved_query)),
+            scope: filter.map(|f| scope::Scoped::new(f, base, saved_query, saved_base)),
             relist: None,
             checkpoints: wiring.checkpoints,
             source: Source {
@@ -402,9 +406,9 @@ impl Stream {
             if let Some(saved) = saved.cloned() {
                 // The position covers other namespaces: resumed if it can be told which (its
                 // first live read then takes the difference in), else the scope is reconciled.
-                let positioned = self.outbox.checkpoint().is_some();
+                let position = self.outbox.checkpoint().map(str::to_string);
                 let held = self.outbox.members().namespaces();
-                if positioned && scoped.resume_under(&saved, held) {
+                if position.is_some_and(|at| scoped.resume_under(&saved, held, &at)) {
                     tracing::info!(stream = %self.id, "the stream's namespaces changed since its checkpoint; resuming from it, then taking the change in");
                 } else {
                     tracing::info!(stream = %self.id, "the stream's namespaces changed since its checkpoint; reconciling with them");
@@ -661,6 +665,7 @@ impl Stream {
         self.stamp();
         if let Some(mut saved) = self.outbox.take_saved() {
             saved.query = Some(self.position.query.clone());
+            saved.base = self.position.base.clone();
             saved.route = Some(self.position.route_id.clone());
             saved.kind = self.learned_kind();
             self.reporter.checkpoint(saved);
@@ -737,7 +742,8 @@ impl Stream {
     fn stamp(&mut self) {
         let kind = self.learned_kind();
         let (query, route) = (&self.position.query, &self.position.route_id);
-        self.outbox.stamp(query, route, kind);
+        let base = self.position.base.as_deref();
+        self.outbox.stamp(query, base, route, kind);
     }
 
     /// The kind to keep in the stream's checkpoint entry: one learned from the API server, for

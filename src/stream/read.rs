@@ -35,6 +35,9 @@ impl Stream {
         if live && self.scope.as_ref().is_some_and(|s| s.moved()) {
             self.rescope().await?;
         }
+        if let (true, Some(scoped)) = (live, self.scope.as_mut()) {
+            scoped.floor_passed();
+        }
         loop {
             let room = self.outbox.has_room();
             // A sync waiting for Kafka lends its permit meanwhile.

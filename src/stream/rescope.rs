@@ -82,7 +82,12 @@ impl Stream {
     /// Lists namespace `ns` and announces its objects. Members of it an earlier attempt
     /// announced (one cut short by a failed page) are deleted first: any of them may have gone
     /// while the namespace was not applied, its watch event dropped.
+    ///
+    /// At a start that resumed from a position under other namespaces ([`Scoped::floor`]),
+    /// only the objects at or below the position are announced, and the namespace's watch
+    /// events above it are published: the resumed watch replays them.
     async fn enter_namespace(&mut self, ns: &str, rv: &str) -> Result<(), Stop> {
+        let floor = self.scope.as_ref().and_then(Scoped::floor);
         let stale = self.delete_members_of(ns, rv).await?;
         if stale > 0 {
             tracing::info!(stream = %self.id, namespace = %ns, objects = stale, "an earlier entry of the namespace was cut short: deleted what it announced before listing again");
@@ -103,6 +108,18 @@ impl Stream {
                 let Some(mut ev) = self.listed(item).await? else {
                     continue;
                 };
+                if let Some(floor) = floor {
+                    match comparable(ev.meta.resource_version()) {
+                        // Changed since the position: the resumed watch publishes it.
+                        Some(at) if at > floor => continue,
+                        Some(_) => {}
+                        None => {
+                            tracing::info!(stream = %self.id, namespace = %ns, "an object's resourceVersion does not compare; resyncing to take the namespace in");
+                            self.m.full_fallbacks.inc();
+                            return Err(Stop::Requested);
+                        }
+                    }
+                }
                 objects += 1;
                 self.emit(
                     &mut ev,
@@ -124,7 +141,7 @@ impl Stream {
             return Err(Stop::Requested);
         };
         if let Some(s) = self.scope.as_mut() {
-            s.enter(ns, fence);
+            s.enter(ns, floor.unwrap_or(fence));
         }
         tracing::info!(stream = %self.id, namespace = %ns, objects, rv = %list_rv, "namespace entered the scope: announced its objects");
         Ok(())

@@ -11,14 +11,16 @@
 //! - A namespace leaving scope has its members deleted (inferred, flagged `synthetic`), in the
 //!   stream's order, after everything the stream published about them.
 //! - The stream's query fingerprint includes its namespaces, and is stamped on its checkpoints
-//!   only once everything announced under them is acknowledged. A restart under the same
-//!   namespaces resumes the watch from the position. Under others (namespaces entered or left
-//!   while it was down) it resumes too when the members' namespaces tell which ones the
-//!   position covered ([`Scoped::resume_under`]), and takes the difference in as a move of its
-//!   scope; otherwise (a namespace in scope then without an object, the selectors changed, or
-//!   a crash before a move was acknowledged, which forgot the position) the position is
-//!   dropped and the stream reconciles its members with a list of the whole collection under
-//!   the new scope: objects re-announced, members out of scope deleted.
+//!   only once everything announced under them is acknowledged, beside the fingerprint of its
+//!   selectors alone. A restart under the same namespaces resumes the watch from the position.
+//!   Under others (namespaces entered or left while it was down) it resumes too, under the
+//!   same selectors ([`Scoped::resume_under`]), and takes the difference in as a move of its
+//!   scope: those that left have their members deleted, and those it does not resume over are
+//!   taken in from the position ([`Scoped::floor`]), so every change after it is published.
+//!   Otherwise (the selectors changed or are not known, or a crash before a move was
+//!   acknowledged, which forgot the position) the position is dropped and the stream
+//!   reconciles its members with a list of the whole collection under the new scope: objects
+//!   re-announced, members out of scope deleted.
 //! - A failed delivery replays its watch from the checkpoint, as any stream's does, once its
 //!   scope is settled (the checkpoints carry the namespaces applied): every change is published
 //!   again in order. During a scope change not acknowledged yet it resyncs whole instead: what
@@ -89,21 +91,35 @@ pub(super) struct Scoped {
     base: String,
     /// The fingerprint the stream's checkpoint was saved under.
     saved_query: Option<String>,
+    /// The fingerprint without the namespaces the checkpoint was saved under (see
+    /// [`crate::checkpoint::Saved::base`]); absent in older entries.
+    saved_base: Option<String>,
     /// The namespaces whose objects the stream has announced (or is announcing).
     applied: BTreeSet<String>,
     /// Per namespace that entered while watching: the resourceVersion of its entry list. Its
     /// watch events at or below it are already covered.
     fences: HashMap<String, u64>,
+    /// Set by a start that resumed from a position under other namespaces, until its first live
+    /// read took the move in: the position, which the namespaces entering then are taken in from
+    /// (see [`Scoped::floor`]).
+    floor: Option<u64>,
 }
 
 impl Scoped {
-    pub(super) fn new(filter: NamespaceFilter, base: String, saved_query: Option<String>) -> Self {
+    pub(super) fn new(
+        filter: NamespaceFilter,
+        base: String,
+        saved_query: Option<String>,
+        saved_base: Option<String>,
+    ) -> Self {
         Self {
             filter,
             base,
             saved_query,
+            saved_base,
             applied: BTreeSet::new(),
             fences: HashMap::new(),
+            floor: None,
         }
     }
 
@@ -151,28 +167,57 @@ impl Scoped {
         }
     }
 
-    /// At a start whose checkpoint was saved under other namespaces (`saved`, its fingerprint):
-    /// takes for applied the namespaces the position covers, if they can be told, so that the
+    /// At a start whose checkpoint was saved under other namespaces (`saved`, its fingerprint)
+    /// at position `at`: takes for applied the namespaces the position covers, so that the
     /// stream resumes from it and then takes the difference in as a move of its scope (those
-    /// that left deleted, those that entered listed), instead of reconciling the whole scope
-    /// with a list. `held` are the namespaces of the stream's members: the position covered
-    /// them, or them and the namespaces in scope now (only namespaces left since, or none). A
-    /// fingerprint that matches neither (a namespace in scope then without an object, or the
-    /// selectors changed) is not resumed. False then.
-    pub(super) fn resume_under(&mut self, saved: &str, held: BTreeSet<String>) -> bool {
+    /// that left deleted, those that entered taken in from the position, see [`Scoped::floor`]),
+    /// instead of reconciling the whole scope with a list. `held` are the namespaces of the
+    /// stream's members.
+    /// - The position covered `held`, or them and the namespaces in scope now (only namespaces
+    ///   left since, or none), when the fingerprint says so: applied exactly.
+    /// - Otherwise (a namespace in scope then without an object), under the same selectors
+    ///   (`saved_base`): `held`. A namespace in scope then without an object and in scope now
+    ///   is taken in from the position as if it entered, which publishes each of its changes
+    ///   after it; one no longer in scope had nothing to delete.
+    ///
+    /// Not resumed (false) when the selectors changed, or are not known to be the same (an older
+    /// entry), or when `at` is no integer: what the position covers is not known then.
+    pub(super) fn resume_under(&mut self, saved: &str, held: BTreeSet<String>, at: &str) -> bool {
+        let Some(floor) = comparable(at) else {
+            return false;
+        };
         let with_now: BTreeSet<String> = held.union(&self.applied).cloned().collect();
-        for covered in [held, with_now] {
-            let fingerprint = crate::config::Channel::scoped_fingerprint(
+        let told = [held.clone(), with_now].into_iter().find(|covered| {
+            crate::config::Channel::scoped_fingerprint(
                 covered.iter().map(String::as_str),
                 &self.base,
-            );
-            if fingerprint == saved {
-                self.applied = covered;
-                self.fences.clear();
-                return true;
-            }
-        }
-        false
+            ) == saved
+        });
+        let same_selectors = self.saved_base.as_deref() == Some(self.base.as_str());
+        let Some(covered) = told.or_else(|| same_selectors.then_some(held)) else {
+            return false;
+        };
+        self.applied = covered;
+        self.fences.clear();
+        self.floor = Some(floor);
+        true
+    }
+
+    /// The position a start resumed from under other namespaces, while its first live read has
+    /// not taken the move in (`None` otherwise). A namespace entering then is taken in from it,
+    /// not from a list: the list announces only its objects at or below the position (they
+    /// have not changed since), and its watch events above the position are published, as the
+    /// resumed watch replays them. So every change after the position is published, whether the
+    /// namespace was in scope then (without an object: the list holds nothing at or below it)
+    /// or entered since.
+    pub(super) fn floor(&self) -> Option<u64> {
+        self.floor
+    }
+
+    /// The first live read took the move in (or had none to take): namespaces entering from now
+    /// on are listed, as they enter while the stream watches.
+    pub(super) fn floor_passed(&mut self) {
+        self.floor = None;
     }
 
     /// The namespaces that left the scope and those that entered it since the stream applied
@@ -209,6 +254,7 @@ impl Scoped {
         drop(d);
         self.applied = self.filter.kept(&learned);
         self.fences.clear();
+        self.floor = None;
     }
 }
 
@@ -228,45 +274,73 @@ mod tests {
         names.iter().map(|n| n.to_string()).collect()
     }
 
-    /// A scope of `a` and `c` now, as a start takes it.
-    async fn now() -> Scoped {
+    /// A scope of `a` and `c` now, as a start takes it, its checkpoint saved under the
+    /// selectors `saved_base` (`None`: an older entry).
+    async fn now(saved_base: Option<&str>) -> Scoped {
         let filter = NamespaceFilter::fixed(["a".to_string(), "c".to_string()]);
-        let mut scoped = Scoped::new(filter, "base".into(), None);
+        let mut scoped = Scoped::new(filter, "base".into(), None, saved_base.map(String::from));
         scoped.take_all().await;
         scoped
     }
 
     #[tokio::test]
     async fn a_start_resumes_under_the_namespaces_its_position_covered_when_they_can_be_told() {
-        // (the selectors then, saved under, the members' namespaces) -> applied, or no resume.
+        // (the selectors then, saved under, the selectors beside it, the members' namespaces,
+        // the position) -> applied, or no resume.
         type Row = (
             &'static str,
             &'static [&'static str],
+            Option<&'static str>,
             &'static [&'static str],
+            &'static str,
             Option<&'static [&'static str]>,
         );
-        let rows: [Row; 5] = [
+        let rows: [Row; 10] = [
             // `c` entered while down, `b` left: the members tell the old scope.
-            ("base", &["a", "b"], &["a", "b"], Some(&["a", "b"])),
+            (
+                "base",
+                &["a", "b"],
+                None,
+                &["a", "b"],
+                "100",
+                Some(&["a", "b"]),
+            ),
             // `b` left, nothing entered: the members and the scope now.
             (
                 "base",
                 &["a", "b", "c"],
+                None,
                 &["a", "b"],
+                "100",
                 Some(&["a", "b", "c"]),
             ),
-            // `c` entered; `a` had no member but was in scope: its changes while down cannot
-            // be told from a namespace entering with objects.
-            ("base", &["a"], &[], None),
+            // `c` entered; `a` had no member but was in scope. An older entry does not say the
+            // selectors are the same: not resumed.
+            ("base", &["a"], None, &[], "100", None),
+            // The same under the same selectors: resumed over the members' namespaces (none),
+            // `a` and `c` then taken in from the position.
+            ("base", &["a"], Some("base"), &[], "100", Some(&[])),
             // A namespace in scope then without a member, and not in scope now.
-            ("base", &["a", "x"], &["a"], None),
+            ("base", &["a", "x"], None, &["a"], "100", None),
+            (
+                "base",
+                &["a", "x"],
+                Some("base"),
+                &["a"],
+                "100",
+                Some(&["a"]),
+            ),
             // The selectors changed: never resumed.
-            ("other", &["a"], &["a"], None),
+            ("other", &["a"], None, &["a"], "100", None),
+            ("other", &["a"], Some("other"), &["a"], "100", None),
+            ("other", &["a"], Some("other"), &[], "100", None),
+            // A position that is no integer: what it covers cannot be compared.
+            ("base", &["a", "b"], Some("base"), &["a", "b"], "x1", None),
         ];
-        for (i, (base, saved, held, applied)) in rows.into_iter().enumerate() {
-            let mut scoped = now().await;
+        for (i, (base, saved, saved_base, held, at, applied)) in rows.into_iter().enumerate() {
+            let mut scoped = now(saved_base).await;
             let saved = crate::config::Channel::scoped_fingerprint(saved.iter().copied(), base);
-            let resumed = scoped.resume_under(&saved, set(held));
+            let resumed = scoped.resume_under(&saved, set(held), at);
             assert_eq!(resumed, applied.is_some(), "row {i}");
             assert_eq!(
                 scoped.applied,
@@ -278,6 +352,27 @@ mod tests {
                 resumed,
                 "row {i}: a resumed scope moves at once"
             );
+            assert_eq!(
+                scoped.floor(),
+                resumed.then_some(100),
+                "row {i}: what enters is taken in from the position"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn the_floor_holds_until_the_first_live_read_or_a_sync() {
+        let saved = crate::config::Channel::scoped_fingerprint(["a"], "base");
+        for sync in [false, true] {
+            let mut scoped = now(Some("base")).await;
+            assert!(scoped.resume_under(&saved, set(&[]), "7"));
+            assert_eq!(scoped.floor(), Some(7));
+            if sync {
+                scoped.take_all().await;
+            } else {
+                scoped.floor_passed();
+            }
+            assert_eq!(scoped.floor(), None, "sync: {sync}");
         }
     }
 }
