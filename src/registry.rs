@@ -558,6 +558,7 @@ mod tests {
             at: None,
             query: None,
             base: None,
+            fences: Default::default(),
             route: None,
             kind: None,
             known: None,

@@ -4,14 +4,15 @@
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::bed::{eventually, shard_of, sharded, Bed, Relay, CHECKPOINT_NAME, CHECKPOINT_NS};
 use common::view::{consumer_view, events, pods};
 use watchrelay::config::Config;
 use watchrelay::testing::{Memory, MemoryGroup};
-use watchrelay_sim::objects;
+use watchrelay_sim::{objects, SimConfig};
 
 const SHARDS: u32 = 4;
 const CHANNEL: &str = "watchNamespacedPods";
@@ -47,6 +48,22 @@ fn pods_recorded(bed: &Bed) -> Vec<String> {
     .collect()
 }
 
+/// The position the checkpoint ConfigMaps hold for `stream`, if any.
+fn recorded_rv(bed: &Bed, stream: &str) -> Option<u64> {
+    let maps = (0..SHARDS)
+        .filter_map(|k| bed.shard_configmap(k))
+        .chain(
+            bed.sim
+                .get("configmaps", Some(CHECKPOINT_NS), CHECKPOINT_NAME),
+        );
+    maps.filter_map(|cm| {
+        let entry = cm["data"][stream].as_str()?.to_string();
+        let saved: serde_json::Value = serde_json::from_str(&entry).ok()?;
+        saved["rv"].as_str()?.parse().ok()
+    })
+    .next()
+}
+
 /// Whether every recorded pods stream is over the collection (`wide`: the stream `._all`, or a
 /// shard's part of it) or a namespace's stream, and there is one.
 fn recorded_as(bed: &Bed, wide: bool) -> bool {
@@ -80,7 +97,7 @@ fn pod_records(memory: &Memory) -> Vec<watchrelay::producer::Record> {
 /// pod DELETED, and ends with the cluster each time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_strategy_switch_hands_each_shards_members_over() {
-    switch(true, false, Joins::No).await;
+    switch(true, false, Joins::No, Bookmarks::Often).await;
 }
 
 /// The same over a namespace selector (as an `allNamespaces` channel relayed per namespace
@@ -88,21 +105,21 @@ async fn a_watch_strategy_switch_hands_each_shards_members_over() {
 /// its stream, the part resumes from the lowest of their positions, and back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_strategy_switch_over_a_selector_loses_no_change() {
-    switch(true, true, Joins::No).await;
+    switch(true, true, Joins::No, Bookmarks::Often).await;
 }
 
 /// The same switch, there and back, of a single relay (sharding off): its stream over the
 /// collection takes the per-namespace streams' members, and gives them back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_strategy_switch_of_a_single_relay_retracts_nothing() {
-    switch(false, false, Joins::No).await;
+    switch(false, false, Joins::No, Bookmarks::Often).await;
 }
 
 /// The same over a namespace selector, of a single relay: the changes made while it was down
 /// are published by its stream over the collection, resumed from the namespaces' streams.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_strategy_switch_of_a_single_relay_over_a_selector_loses_no_change() {
-    switch(false, true, Joins::No).await;
+    switch(false, true, Joins::No, Bookmarks::Often).await;
 }
 
 /// A namespace created during the switch (here while the single relay is down), with no
@@ -110,14 +127,14 @@ async fn a_watch_strategy_switch_of_a_single_relay_over_a_selector_loses_no_chan
 /// from the namespaces' streams, and relays the new namespace's pods from there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_created_during_a_switch_does_not_make_it_relist() {
-    switch(false, true, Joins::Created).await;
+    switch(false, true, Joins::Created, Bookmarks::Often).await;
 }
 
 /// The same with sharding on, the old and new replicas side by side (the old one, still
 /// running, may start the new namespace's stream itself before it hands its shard over).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_created_during_a_sharded_switch_does_not_make_it_relist() {
-    switch(true, true, Joins::Created).await;
+    switch(true, true, Joins::Created, Bookmarks::Often).await;
 }
 
 /// An old namespace, with pods, labelled into the selector during the switch (here
@@ -125,7 +142,7 @@ async fn a_namespace_created_during_a_sharded_switch_does_not_make_it_relist() {
 /// namespaces' streams, and lists the new one as a namespace entering its scope.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_labelled_into_the_selector_during_a_switch_does_not_make_it_relist() {
-    switch(false, true, Joins::Labelled).await;
+    switch(false, true, Joins::Labelled, Bookmarks::Often).await;
 }
 
 /// The same with sharding on, the old and new replicas side by side (the old one, still
@@ -133,7 +150,31 @@ async fn a_namespace_labelled_into_the_selector_during_a_switch_does_not_make_it
 /// does not, the part resumes over the others and lists it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_labelled_into_the_selector_during_a_sharded_switch_does_not_make_it_relist() {
-    switch(true, true, Joins::Labelled).await;
+    switch(true, true, Joins::Labelled, Bookmarks::Often).await;
+}
+
+/// Without bookmarks (a real API server sends them about once a minute), a per-namespace
+/// stream's position stays at its namespace's last change: the namespaces' streams stop at
+/// different positions, and the stream over the collection resumes from the lowest. It
+/// publishes none of what the others had published past it: nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switch_from_streams_at_different_positions_publishes_nothing_twice() {
+    switch(false, false, Joins::No, Bookmarks::Never).await;
+}
+
+/// The same with sharding on, the old and new replicas side by side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_switch_from_streams_at_different_positions_publishes_nothing_twice() {
+    switch(true, false, Joins::No, Bookmarks::Never).await;
+}
+
+/// How often the API server sends bookmarks during a switch.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Bookmarks {
+    /// Every second (the simulator's default).
+    Often,
+    /// Never while the test runs.
+    Never,
 }
 
 /// How a third namespace joins the selector's scope during a switch.
@@ -149,10 +190,17 @@ enum Joins {
 /// A `watchStrategy` switch there and back, with sharding or without, over the two
 /// namespaces, listed or matched by a selector; a third namespace may join the selector's
 /// scope during the switch (`joins`), and gets a pod after it.
-async fn switch(sharding: bool, selector: bool, joins: Joins) {
+async fn switch(sharding: bool, selector: bool, joins: Joins, bookmarks: Bookmarks) {
     let (a, b) = namespaces();
     let c = format!("{a}-new");
-    let bed = Bed::in_memory_serving(true, &[&a, &b]).await;
+    let sim = SimConfig {
+        bookmark_interval: match bookmarks {
+            Bookmarks::Often => Duration::from_secs(1),
+            Bookmarks::Never => Duration::from_secs(3600),
+        },
+        ..SimConfig::default()
+    };
+    let bed = Bed::in_memory(sim, &[&a, &b]).await;
     for ns in [&a, &b] {
         bed.label(ns, true);
     }
@@ -257,6 +305,22 @@ async fn switch(sharding: bool, selector: bool, joins: Joins) {
         || "the per-namespace streams never relayed and checkpointed".into(),
     )
     .await;
+    if bookmarks == Bookmarks::Never {
+        // One namespace's stream moves on, the other's stays: their positions differ.
+        let patch = serde_json::json!({"metadata": {"labels": {"before": "switch"}}});
+        bed.sim.merge_patch("pods", Some(&b), "p2", patch).unwrap();
+        let at = bed.sim.current_rv();
+        let stream = format!("{CHANNEL}.{b}");
+        eventually(
+            || recorded_rv(&bed, &stream).is_some_and(|rv| rv >= at),
+            || format!("{stream} never checkpointed its last change"),
+        )
+        .await;
+        assert!(
+            recorded_rv(&bed, &format!("{CHANNEL}.{a}")).is_some_and(|rv| rv < at),
+            "the namespaces' streams stand at the same position"
+        );
+    }
     let from = bed.sim.current_rv();
     let new = roll(old, wide, true).await;
     eventually(
@@ -297,6 +361,16 @@ async fn switch(sharding: bool, selector: bool, joins: Joins) {
     let changes = bed.journal_after("pods", None, from);
     assert_eq!(changes.len(), 4 + usize::from(joins != Joins::No));
     common::view::assert_published(&pod_log(), &changes, "");
+    // And nothing was published twice: a stream resuming from the lowest of the positions it
+    // gathered publishes none of what a namespace's own stream had published past it.
+    let mut copies: BTreeMap<String, usize> = BTreeMap::new();
+    for r in pod_log().iter().filter(|r| !r.tombstone) {
+        if let Some(id) = common::view::json(r)["watchrelay"]["id"].as_str() {
+            *copies.entry(id.to_string()).or_default() += 1;
+        }
+    }
+    let twice: Vec<_> = copies.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "published more than once: {twice:?}");
 }
 
 /// The shard count is the release's for good: a replica configured with another count (and

@@ -256,6 +256,12 @@ pub struct Saved {
     /// is still resumed (see `stream::scope`). Absent in older entries and for other streams.
     #[serde(default)]
     pub base: Option<String>,
+    /// A filtered stream's namespaces whose changes up to a resourceVersion above `rv` were
+    /// published already (by the namespace's own stream, gathered into it at a switch of
+    /// `watchStrategy`, or by the list that took the namespace in), each with that version: a
+    /// resume from `rv` does not publish them again. Empty in older entries.
+    #[serde(default)]
+    pub fences: BTreeMap<String, String>,
     /// Where the stream published, as `<topic> <key template>`: under another route its
     /// members are retracted where they were announced and the stream reconciles. Absent in
     /// older entries.
@@ -298,6 +304,8 @@ struct Position<'a> {
     query: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     base: Option<&'a str>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    fences: &'a BTreeMap<String, String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     route: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -317,6 +325,7 @@ pub fn encode(saved: &Saved) -> String {
         at: saved.at.as_deref(),
         query: saved.query.as_deref(),
         base: saved.base.as_deref(),
+        fences: &saved.fences,
         route: saved.route.as_deref(),
         kind: saved.kind.as_deref(),
         era: saved.era,
@@ -421,6 +430,7 @@ mod tests {
             at: Some("2026-01-01T00:00:00Z".into()),
             query: Some("q1".into()),
             base: Some("b1".into()),
+            fences: BTreeMap::from([("a".to_string(), "4800".to_string())]),
             route: None,
             kind: None,
             known: Some(serde_json::json!({"u": {"name": "n", "rv": "1"}})),
@@ -428,7 +438,8 @@ mod tests {
         };
         let entry = encode(&saved);
         assert_eq!(
-            entry, r#"{"rv":"4711","at":"2026-01-01T00:00:00Z","query":"q1","base":"b1"}"#,
+            entry,
+            r#"{"rv":"4711","at":"2026-01-01T00:00:00Z","query":"q1","base":"b1","fences":{"a":"4800"}}"#,
             "no set is ever written"
         );
         let read = read(&ConfigMap {

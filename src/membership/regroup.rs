@@ -461,7 +461,10 @@ impl Regroup<'_> {
                         (gathered.get(&id).cloned().flatten(), query)
                     }
                 };
-                let entry = receiving(saved.get(&id), &old, rv, query);
+                let mut entry = receiving(saved.get(&id), &old, rv, query);
+                if let Move::Gather { query, .. } = m {
+                    entry.fences = ahead(saved.get(&id), &old, query, from, entry.rv.as_deref());
+                }
                 updates.insert(id.clone(), Some(encode(&entry)));
                 saved.insert(id, entry);
             }
@@ -511,6 +514,37 @@ fn receiving(own: Option<&Saved>, old: &Saved, rv: Option<String>, query: Option
         era: own.map_or(0, |s| s.era).max(old.era),
         ..Saved::default()
     }
+}
+
+/// The fences of a stream resuming from `rv`, the lowest of the positions it gathers, once it
+/// gathered `old`, the entry of per-namespace stream `from` (under `query`, as
+/// [`gathered_positions`] takes it): those of the gathers before it into the same position
+/// (`own`), and `from`'s namespace at `old`'s position when that is above `rv`. Its
+/// changes up to there were published by `from`: the stream resuming from `rv` does not
+/// publish them again (see `stream::scope`).
+fn ahead(
+    own: Option<&Saved>,
+    old: &Saved,
+    query: &str,
+    from: &str,
+    rv: Option<&str>,
+) -> BTreeMap<String, String> {
+    let Some(at) = rv.and_then(crate::event::comparable) else {
+        return BTreeMap::new();
+    };
+    let mut fences = own
+        .filter(|own| own.rv.as_deref() == rv)
+        .map(|own| own.fences.clone())
+        .unwrap_or_default();
+    let ns = StreamId::parts(from).and_then(|(_, ns)| ns);
+    let position = Some(old)
+        .filter(|s| s.query.as_ref().is_none_or(|q| q == query))
+        .and_then(|s| s.rv.as_deref())
+        .filter(|rv| crate::event::comparable(rv).is_some_and(|rv| rv > at));
+    if let (Some(ns), Some(position)) = (ns, position) {
+        fences.insert(ns.to_string(), position.to_string());
+    }
+    fences
 }
 
 /// For each stream that gathers members from streams that covered its whole scope (or part of
@@ -781,6 +815,38 @@ mod tests {
         // Without a position, no query is stamped.
         let entry = receiving(None, &saved["p.c"], None, Some("q".into()));
         assert_eq!((entry.rv, entry.query), (None, None));
+
+        // Gathered into `x` from 7: `a`'s stream had published up to 10, so `a` is fenced at
+        // 10; `b`'s stood at 7, nothing to fence. A position under another query, or no
+        // position for the receiver, fences nothing.
+        let fenced = ahead(None, &saved["p.a"], "q", "p.a", Some("7"));
+        assert_eq!(
+            fenced,
+            BTreeMap::from([("a".to_string(), "10".to_string())])
+        );
+        let own = Saved {
+            rv: Some("7".into()),
+            fences: fenced,
+            ..Saved::default()
+        };
+        let both = ahead(Some(&own), &saved["p.d"], "q", "p.d", Some("7"));
+        assert_eq!(both.keys().collect::<Vec<_>>(), ["a", "d"]);
+        assert!(ahead(None, &saved["p.b"], "q", "p.b", Some("7")).is_empty());
+        let under_q = Saved {
+            query: Some("q".into()),
+            ..saved["p.a"].clone()
+        };
+        assert!(ahead(None, &under_q, "other", "p.a", Some("7")).is_empty());
+        assert!(ahead(None, &saved["p.a"], "q", "p.a", None).is_empty());
+        // An entry of the receiver at another position is not this gather's: its fences go.
+        let stale = Saved {
+            rv: Some("3".into()),
+            ..own
+        };
+        assert_eq!(
+            ahead(Some(&stale), &saved["p.b"], "q", "p.b", Some("7")),
+            BTreeMap::new()
+        );
     }
 
     #[test]

@@ -25,7 +25,7 @@
 //!   transactional producer, entries Kafka acknowledged that wait for their commit count apart,
 //!   up to [`AWAITING_WINDOWS`] bounds more.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -146,11 +146,35 @@ pub struct Outbox {
 
 /// What a position record says beside the position (see [`Saved`]).
 #[derive(Clone, Debug, Default)]
-struct Stamp {
-    query: String,
-    base: Option<String>,
-    route: String,
-    kind: Option<String>,
+pub struct Stamp {
+    /// [`Saved::query`].
+    pub query: String,
+    /// [`Saved::base`].
+    pub base: Option<String>,
+    /// [`Saved::fences`], as integers: each record keeps those above its position.
+    pub fences: BTreeMap<String, u64>,
+    /// [`Saved::route`].
+    pub route: String,
+    /// [`Saved::kind`].
+    pub kind: Option<String>,
+}
+
+impl Stamp {
+    /// The fences above position `rv` (none without one: a stream without a position
+    /// resumes nothing).
+    pub fn fences_above(
+        fences: &BTreeMap<String, u64>,
+        rv: Option<&str>,
+    ) -> BTreeMap<String, String> {
+        let Some(at) = rv.and_then(crate::event::comparable) else {
+            return BTreeMap::new();
+        };
+        fences
+            .iter()
+            .filter(|(_, f)| **f > at)
+            .map(|(ns, f)| (ns.clone(), f.to_string()))
+            .collect()
+    }
 }
 
 impl Outbox {
@@ -280,6 +304,7 @@ impl Outbox {
             at: Some(envelope::now_rfc3339()),
             query: None,
             base: None,
+            fences: BTreeMap::new(),
             route: None,
             kind: None,
             known: None,
@@ -310,19 +335,12 @@ impl Outbox {
         self.mark(None);
     }
 
-    /// The query (and a filtered stream's `base`, see [`Saved::base`]), route and kind the
-    /// stream's positions go with from now on: with a transactional producer, each position
-    /// handed over is written with them.
-    pub fn stamp(&mut self, query: &str, base: Option<&str>, route: &str, kind: Option<String>) {
-        if !self.producer.transactional() {
-            return;
+    /// What the stream's positions go with from now on: with a transactional producer, each
+    /// position handed over is written with it.
+    pub fn stamp(&mut self, stamp: Stamp) {
+        if self.producer.transactional() {
+            self.stamp = Some(stamp);
         }
-        self.stamp = Some(Stamp {
-            query: query.to_string(),
-            base: base.map(str::to_string),
-            route: route.to_string(),
-            kind,
-        });
     }
 
     /// With a transactional producer: every record before position `rv` (`None`: no position)
@@ -343,6 +361,7 @@ impl Outbox {
             at: None,
             query: Some(stamp.query.clone()),
             base: stamp.base.clone(),
+            fences: Stamp::fences_above(&stamp.fences, rv),
             route: Some(stamp.route.clone()),
             kind: stamp.kind.clone(),
             known: None,

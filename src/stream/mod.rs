@@ -40,7 +40,7 @@ use crate::kubeapi::{self, ApiError, Query};
 use crate::membership::Members;
 use crate::membership::{Change, Known};
 use crate::metrics::Metrics;
-use crate::outbox::{Limits, Outbox, OutboxError};
+use crate::outbox::{Limits, Outbox, OutboxError, Stamp};
 use crate::producer::Producer;
 use crate::registry::{Phase, Reporter};
 use feed::Feed;
@@ -242,6 +242,7 @@ impl Stream {
         let query = channel.query_fingerprint(namespace.as_deref(), filter.is_some());
         let saved_query = saved.as_ref().and_then(|s| s.query.clone());
         let saved_base = saved.as_ref().and_then(|s| s.base.clone());
+        let saved_fences = saved.as_ref().map(|s| s.fences.clone()).unwrap_or_default();
         let base = query.clone();
         let path = channel.path.collection_url(namespace.as_deref());
         let route =
@@ -335,7 +336,8 @@ impl Stream {
                 permits: wiring.syncs.clone(),
                 held: Permit::None,
             },
-            scope: filter.map(|f| scope::Scoped::new(f, base, saved_query, saved_base)),
+            scope: filter
+                .map(|f| scope::Scoped::new(f, base, saved_query, saved_base, saved_fences)),
             relist: None,
             checkpoints: wiring.checkpoints,
             source: Source {
@@ -414,6 +416,9 @@ impl Stream {
                     tracing::info!(stream = %self.id, "the stream's namespaces changed since its checkpoint; reconciling with them");
                     self.position.query_changed = true;
                 }
+            }
+            if let Some(at) = self.outbox.checkpoint() {
+                scoped.keep_fences(at);
             }
             self.position.query = scoped.fingerprint();
         }
@@ -666,6 +671,9 @@ impl Stream {
         if let Some(mut saved) = self.outbox.take_saved() {
             saved.query = Some(self.position.query.clone());
             saved.base = self.position.base.clone();
+            saved.fences = self.scope.as_ref().map_or_else(Default::default, |s| {
+                Stamp::fences_above(&s.fences(), saved.rv.as_deref())
+            });
             saved.route = Some(self.position.route_id.clone());
             saved.kind = self.learned_kind();
             self.reporter.checkpoint(saved);
@@ -740,10 +748,18 @@ impl Stream {
 
     /// Tells the outbox what the stream's positions go with now (see [`Outbox::stamp`]).
     fn stamp(&mut self) {
-        let kind = self.learned_kind();
-        let (query, route) = (&self.position.query, &self.position.route_id);
-        let base = self.position.base.as_deref();
-        self.outbox.stamp(query, base, route, kind);
+        let stamp = Stamp {
+            query: self.position.query.clone(),
+            base: self.position.base.clone(),
+            fences: self
+                .scope
+                .as_ref()
+                .map(scope::Scoped::fences)
+                .unwrap_or_default(),
+            route: self.position.route_id.clone(),
+            kind: self.learned_kind(),
+        };
+        self.outbox.stamp(stamp);
     }
 
     /// The kind to keep in the stream's checkpoint entry: one learned from the API server, for

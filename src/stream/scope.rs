@@ -27,7 +27,7 @@
 //!   it announced of entering namespaces (a list) and leaving ones (inferred DELETEDs) is not on
 //!   its watch, so replaying the watch would not announce it again.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -94,10 +94,14 @@ pub(super) struct Scoped {
     /// The fingerprint without the namespaces the checkpoint was saved under (see
     /// [`crate::checkpoint::Saved::base`]); absent in older entries.
     saved_base: Option<String>,
+    /// The fences the checkpoint was saved with (see [`crate::checkpoint::Saved::fences`]).
+    saved_fences: BTreeMap<String, String>,
     /// The namespaces whose objects the stream has announced (or is announcing).
     applied: BTreeSet<String>,
-    /// Per namespace that entered while watching: the resourceVersion of its entry list. Its
-    /// watch events at or below it are already covered.
+    /// Per namespace that entered while watching: the resourceVersion of its entry list; per
+    /// namespace whose changes were published past the position the stream resumed from (by its
+    /// own stream, before a switch gathered it here): that position. Its watch events at or
+    /// below it are already covered. Kept in the checkpoints while above their position.
     fences: HashMap<String, u64>,
     /// Set by a start that resumed from a position under other namespaces, until its first live
     /// read took the move in: the position, which the namespaces entering then are taken in from
@@ -111,12 +115,14 @@ impl Scoped {
         base: String,
         saved_query: Option<String>,
         saved_base: Option<String>,
+        saved_fences: BTreeMap<String, String>,
     ) -> Self {
         Self {
             filter,
             base,
             saved_query,
             saved_base,
+            saved_fences,
             applied: BTreeSet::new(),
             fences: HashMap::new(),
             floor: None,
@@ -203,6 +209,32 @@ impl Scoped {
         true
     }
 
+    /// At a start resuming from position `at` (after [`Scoped::resume_under`], if it ran): the
+    /// checkpoint's fences above `at` fence their namespaces' watch events again, so that what
+    /// was published past the position is not published twice. A namespace not applied yet
+    /// keeps its fence for when it is taken in from the position ([`Scoped::enter`]).
+    pub(super) fn keep_fences(&mut self, at: &str) {
+        let Some(at) = comparable(at) else {
+            return;
+        };
+        for (ns, fence) in std::mem::take(&mut self.saved_fences) {
+            if let Some(fence) = comparable(&fence).filter(|f| *f > at) {
+                self.fence(ns, fence);
+            }
+        }
+    }
+
+    /// Fences namespace `ns`'s watch events at or below `at`, or keeps a higher fence.
+    fn fence(&mut self, ns: String, at: u64) {
+        let kept = self.fences.entry(ns).or_insert(at);
+        *kept = (*kept).max(at);
+    }
+
+    /// The fences, to keep in the stream's checkpoints (those above each one's position).
+    pub(super) fn fences(&self) -> BTreeMap<String, u64> {
+        self.fences.iter().map(|(ns, f)| (ns.clone(), *f)).collect()
+    }
+
     /// The position a start resumed from under other namespaces, while its first live read has
     /// not taken the move in (`None` otherwise). A namespace entering then is taken in from it,
     /// not from a list: the list announces only its objects at or below the position (they
@@ -237,10 +269,10 @@ impl Scoped {
     }
 
     /// Namespace `ns` entered, listed at `fence`: its live events at or below it are dropped
-    /// (the list held them).
+    /// (the list held them), or below a higher fence it kept from the checkpoint.
     pub(super) fn enter(&mut self, ns: &str, fence: u64) {
         self.applied.insert(ns.to_string());
-        self.fences.insert(ns.to_string(), fence);
+        self.fence(ns.to_string(), fence);
     }
 
     /// Before a sync: waits for the scope to be known, then takes it whole. Should its source
@@ -278,7 +310,13 @@ mod tests {
     /// selectors `saved_base` (`None`: an older entry).
     async fn now(saved_base: Option<&str>) -> Scoped {
         let filter = NamespaceFilter::fixed(["a".to_string(), "c".to_string()]);
-        let mut scoped = Scoped::new(filter, "base".into(), None, saved_base.map(String::from));
+        let mut scoped = Scoped::new(
+            filter,
+            "base".into(),
+            None,
+            saved_base.map(String::from),
+            BTreeMap::from([("a".to_string(), "150".to_string())]),
+        );
         scoped.take_all().await;
         scoped
     }
@@ -357,6 +395,38 @@ mod tests {
                 resumed.then_some(100),
                 "row {i}: what enters is taken in from the position"
             );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_checkpoints_fences_above_its_position_fence_the_namespaces_applied() {
+        // (position, the scope now) -> whether `a`'s events at 150 and at 151 are published,
+        // and whether the next checkpoint at the position keeps the fence.
+        type Row = (&'static str, &'static [&'static str], bool, bool, bool);
+        let rows: [Row; 4] = [
+            // Published past the position up to 150: only what came after.
+            ("100", &["a", "c"], false, true, true),
+            // The position passed the fence: nothing is fenced.
+            ("150", &["a", "c"], true, true, false),
+            ("200", &["a", "c"], true, true, false),
+            // `a` is out of scope now: nothing published; its fence is kept for an entry.
+            ("100", &["c"], false, false, true),
+        ];
+        for (i, (at, scope, at_fence, after, kept)) in rows.into_iter().enumerate() {
+            let filter = NamespaceFilter::fixed(scope.iter().map(|s| s.to_string()));
+            let fences = BTreeMap::from([("a".to_string(), "150".to_string())]);
+            let mut scoped = Scoped::new(filter, "base".into(), None, None, fences);
+            scoped.take_all().await;
+            scoped.keep_fences(at);
+            assert_eq!(scoped.admits(Some("a"), "150"), at_fence, "row {i}");
+            assert_eq!(scoped.admits(Some("a"), "151"), after, "row {i}");
+            let fences = crate::outbox::Stamp::fences_above(&scoped.fences(), Some(at));
+            assert_eq!(fences.contains_key("a"), kept, "row {i}");
+            if kept {
+                // Taken in from the position later, it stays fenced at 150.
+                scoped.enter("a", 100);
+                assert!(!scoped.admits(Some("a"), "150"), "row {i}");
+            }
         }
     }
 
