@@ -557,7 +557,6 @@ mod tests {
             rv: Some(rv.into()),
             at: None,
             query: None,
-            base: None,
             fences: Default::default(),
             route: None,
             kind: None,

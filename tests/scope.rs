@@ -252,7 +252,8 @@ async fn a_scope_that_moved_while_down_resumes_and_takes_the_move_in() {
 /// As above, but a namespace (`d`) was in scope at the position without an object, so the
 /// members cannot tell which namespaces the position covered. While the relay is down, `d`
 /// gets pods that change, `c` enters, `b` leaves and `a`'s pods change: the next start still
-/// resumes from the position (the selectors are the same), and takes `c` and `d` in from it.
+/// resumes from the position (the members' namespaces with `d` match its fingerprint), and
+/// takes `c` in from it.
 /// Every change of `a` and `d` after the position is published once, none collapsed into a
 /// list, and `c`'s pods are announced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -251,15 +251,12 @@ pub struct Saved {
     /// position is never resumed under another query. Absent in older entries.
     #[serde(default)]
     pub query: Option<String>,
-    /// A cluster-wide stream filtered to some namespaces: the fingerprint of its query without
-    /// the namespaces (path, selectors). Under the same one, a position whose namespaces moved
-    /// is still resumed (see `stream::scope`). Absent in older entries and for other streams.
-    #[serde(default)]
-    pub base: Option<String>,
-    /// A filtered stream's namespaces whose changes up to a resourceVersion above `rv` were
+    /// A cluster-wide stream filtered to its namespaces (a list or a selector): the namespaces
+    /// whose changes up to a resourceVersion above `rv` were
     /// published already (by the namespace's own stream, gathered into it at a switch of
     /// `watchStrategy`, or by the list that took the namespace in), each with that version: a
-    /// resume from `rv` does not publish them again. Empty in older entries.
+    /// resume from `rv` does not publish them again. Empty in older entries. An unfiltered
+    /// stream writes none, and one handed to it at a switch goes unused.
     #[serde(default)]
     pub fences: BTreeMap<String, String>,
     /// Where the stream published, as `<topic> <key template>`: under another route its
@@ -302,8 +299,6 @@ struct Position<'a> {
     at: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     query: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    base: Option<&'a str>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     fences: &'a BTreeMap<String, String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -324,7 +319,6 @@ pub fn encode(saved: &Saved) -> String {
         rv: saved.rv.as_deref(),
         at: saved.at.as_deref(),
         query: saved.query.as_deref(),
-        base: saved.base.as_deref(),
         fences: &saved.fences,
         route: saved.route.as_deref(),
         kind: saved.kind.as_deref(),
@@ -429,7 +423,6 @@ mod tests {
             rv: Some("4711".into()),
             at: Some("2026-01-01T00:00:00Z".into()),
             query: Some("q1".into()),
-            base: Some("b1".into()),
             fences: BTreeMap::from([("a".to_string(), "4800".to_string())]),
             route: None,
             kind: None,
@@ -439,7 +432,7 @@ mod tests {
         let entry = encode(&saved);
         assert_eq!(
             entry,
-            r#"{"rv":"4711","at":"2026-01-01T00:00:00Z","query":"q1","base":"b1","fences":{"a":"4800"}}"#,
+            r#"{"rv":"4711","at":"2026-01-01T00:00:00Z","query":"q1","fences":{"a":"4800"}}"#,
             "no set is ever written"
         );
         let read = read(&ConfigMap {

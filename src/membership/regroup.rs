@@ -24,16 +24,16 @@
 //!   shard) had its stream with a position: the stream resumes from the lowest of them. The
 //!   namespaces are a fixed list's, or for `allNamespaces` and a selector those the term read
 //!   there before it planned (a namespace whose objects a watch from that position would not
-//!   show had no stream, so it is one of them). A namespace whose stream was further on has its
-//!   changes between the two published again (the same `watchrelay.id`s), as after a crash. A
-//!   namespace there without a stream (created during the switch) does not stop the resume
+//!   show had no stream, so it is one of them). A namespace whose stream was further on is
+//!   fenced at its own position (the receiving entry's `fences`): a stream over a list or a
+//!   selector does not publish its changes up to there again; an unfiltered one (`allNamespaces`)
+//!   still does (the same `watchrelay.id`s), as after a crash. A namespace there without a stream (created during the switch) does not stop the resume
 //!   when the term read it empty of the channel's objects ([`ScopeNow::empty`]): every object
 //!   it will hold appears after that position, so the watch shows each one.
 //! - **Gather, partly**, when a namespace there without a stream holds objects (one that
 //!   entered a fixed list or a selector during the switch): the stream resumes from the lowest
 //!   position over the namespaces of the members it was handed, and takes the others in as
-//!   namespaces entering its scope, each listed (see `stream::scope`). The changes of a
-//!   namespace that had its stream but no member collapse into that list.
+//!   namespaces entering its scope (see `stream::scope`).
 //! - Otherwise (`allNamespaces` with such a namespace, or the namespaces could not be read)
 //!   the receiving stream starts without a position: its first
 //!   sync lists its scope against the members it was handed, announces every object again
@@ -440,6 +440,19 @@ impl Regroup<'_> {
                         let covered = old.query == *query || old.query.as_ref() == Some(whole);
                         let rv = old.rv.clone().filter(|_| query.is_some() && covered);
                         let ns = StreamId::parts(&id).and_then(|(_, ns)| ns);
+                        // A namespace the old stream had published past its position (its
+                        // fence) resumes from there: what it published is not published again.
+                        let rv = rv.map(|rv| {
+                            let fence = ns.and_then(|ns| old.fences.get(ns));
+                            match fence.and_then(|f| Some((crate::event::comparable(f)?, f))) {
+                                Some((f, fence))
+                                    if crate::event::comparable(&rv).is_some_and(|at| f > at) =>
+                                {
+                                    fence.clone()
+                                }
+                                _ => rv,
+                            }
+                        });
                         (rv, ns.and_then(|ns| queries.get(ns).cloned()))
                     }
                     Move::Gather {

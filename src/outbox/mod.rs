@@ -149,8 +149,6 @@ pub struct Outbox {
 pub struct Stamp {
     /// [`Saved::query`].
     pub query: String,
-    /// [`Saved::base`].
-    pub base: Option<String>,
     /// [`Saved::fences`], as integers: each record keeps those above its position.
     pub fences: BTreeMap<String, u64>,
     /// [`Saved::route`].
@@ -303,7 +301,6 @@ impl Outbox {
             rv: self.tracker.checkpoint().map(str::to_string),
             at: Some(envelope::now_rfc3339()),
             query: None,
-            base: None,
             fences: BTreeMap::new(),
             route: None,
             kind: None,
@@ -360,7 +357,6 @@ impl Outbox {
             rv: rv.map(str::to_string),
             at: None,
             query: Some(stamp.query.clone()),
-            base: stamp.base.clone(),
             fences: Stamp::fences_above(&stamp.fences, rv),
             route: Some(stamp.route.clone()),
             kind: stamp.kind.clone(),

@@ -187,8 +187,6 @@ struct Timers {
 struct Position {
     /// The fingerprint of this stream's query, stamped on every checkpoint it publishes.
     query: String,
-    /// A filtered stream's query without its namespaces (see [`Saved::base`]), stamped beside.
-    base: Option<String>,
     /// The saved position belongs to another query: it is forgotten in the ConfigMap before the
     /// stream publishes anything (see [`Stream::forget_position`]).
     query_changed: bool,
@@ -241,7 +239,6 @@ impl Stream {
         let id = reporter.id().to_string();
         let query = channel.query_fingerprint(namespace.as_deref(), filter.is_some());
         let saved_query = saved.as_ref().and_then(|s| s.query.clone());
-        let saved_base = saved.as_ref().and_then(|s| s.base.clone());
         let saved_fences = saved.as_ref().map(|s| s.fences.clone()).unwrap_or_default();
         let base = query.clone();
         let path = channel.path.collection_url(namespace.as_deref());
@@ -324,7 +321,6 @@ impl Stream {
                 idle_after: Duration::from_secs(u64::from(k.watch_idle_timeout_seconds)),
             },
             position: Position {
-                base: filter.is_some().then(|| base.clone()),
                 query,
                 query_changed: plan.query_changed,
                 route_id: plan.route_id,
@@ -336,8 +332,7 @@ impl Stream {
                 permits: wiring.syncs.clone(),
                 held: Permit::None,
             },
-            scope: filter
-                .map(|f| scope::Scoped::new(f, base, saved_query, saved_base, saved_fences)),
+            scope: filter.map(|f| scope::Scoped::new(f, base, saved_query, saved_fences)),
             relist: None,
             checkpoints: wiring.checkpoints,
             source: Source {
@@ -486,6 +481,8 @@ impl Stream {
                 _ = self.life.stop.cancelled() => return None,
                 _ = scoped.take_all() => {}
             }
+            // Its fences are gone: positions committed from now on carry none.
+            self.stamp();
         }
         // A full resync (asked for, or the history went back) forgets the position first: a
         // crash midway must not leave a later start to resume from it, or to take a delta
@@ -670,7 +667,6 @@ impl Stream {
         self.stamp();
         if let Some(mut saved) = self.outbox.take_saved() {
             saved.query = Some(self.position.query.clone());
-            saved.base = self.position.base.clone();
             saved.fences = self.scope.as_ref().map_or_else(Default::default, |s| {
                 Stamp::fences_above(&s.fences(), saved.rv.as_deref())
             });
@@ -750,7 +746,6 @@ impl Stream {
     fn stamp(&mut self) {
         let stamp = Stamp {
             query: self.position.query.clone(),
-            base: self.position.base.clone(),
             fences: self
                 .scope
                 .as_ref()

@@ -32,7 +32,6 @@ impl Stream {
             .take_saved()
             .expect("forgetting the position moves it");
         saved.query = Some(self.position.query.clone());
-        saved.base = self.position.base.clone();
         saved.route = Some(self.position.route_id.clone());
         saved.kind = self.learned_kind();
         let saved = self.reporter.checkpoint(saved);

@@ -11,16 +11,17 @@
 //! - A namespace leaving scope has its members deleted (inferred, flagged `synthetic`), in the
 //!   stream's order, after everything the stream published about them.
 //! - The stream's query fingerprint includes its namespaces, and is stamped on its checkpoints
-//!   only once everything announced under them is acknowledged, beside the fingerprint of its
-//!   selectors alone. A restart under the same namespaces resumes the watch from the position.
-//!   Under others (namespaces entered or left while it was down) it resumes too, under the
-//!   same selectors ([`Scoped::resume_under`]), and takes the difference in as a move of its
-//!   scope: those that left have their members deleted, and those it does not resume over are
-//!   taken in from the position ([`Scoped::floor`]), so every change after it is published.
-//!   Otherwise (the selectors changed or are not known, or a crash before a move was
-//!   acknowledged, which forgot the position) the position is dropped and the stream
-//!   reconciles its members with a list of the whole collection under the new scope: objects
-//!   re-announced, members out of scope deleted.
+//!   only once everything announced under them is acknowledged. A restart under the same
+//!   namespaces resumes the watch from the position. Under others (namespaces entered or left
+//!   while it was down) it resumes too when the members' namespaces, with some of the
+//!   namespaces in scope now that hold no member, tell which ones the position covered
+//!   ([`Scoped::resume_under`]), and takes the difference in as a move of its scope: those
+//!   that left have their members deleted, and those that entered are taken in from the
+//!   position ([`Scoped::floor`]), so every change after it is published. Otherwise (a
+//!   namespace in scope then without an object and out of scope now, the selectors changed, a
+//!   member too many, or a crash before a move was acknowledged, which forgot the position)
+//!   the position is dropped and the stream reconciles its members with a list of the whole
+//!   collection under the new scope: objects re-announced, members out of scope deleted.
 //! - A failed delivery replays its watch from the checkpoint, as any stream's does, once its
 //!   scope is settled (the checkpoints carry the namespaces applied): every change is published
 //!   again in order. During a scope change not acknowledged yet it resyncs whole instead: what
@@ -36,6 +37,10 @@ use crate::event::comparable;
 
 /// The namespaces in scope; `None` until they are known (a selector not listed yet).
 pub type Namespaces = Option<Arc<BTreeSet<String>>>;
+
+/// At a start whose namespaces moved, how many namespaces in scope without a member
+/// [`Scoped::resume_under`] tries in every combination (2^10 fingerprints at most).
+const UNTOLD_MAX: usize = 10;
 
 /// Where a filtered stream learns its namespaces.
 pub struct NamespaceFilter {
@@ -91,9 +96,6 @@ pub(super) struct Scoped {
     base: String,
     /// The fingerprint the stream's checkpoint was saved under.
     saved_query: Option<String>,
-    /// The fingerprint without the namespaces the checkpoint was saved under (see
-    /// [`crate::checkpoint::Saved::base`]); absent in older entries.
-    saved_base: Option<String>,
     /// The fences the checkpoint was saved with (see [`crate::checkpoint::Saved::fences`]).
     saved_fences: BTreeMap<String, String>,
     /// The namespaces whose objects the stream has announced (or is announcing).
@@ -114,14 +116,12 @@ impl Scoped {
         filter: NamespaceFilter,
         base: String,
         saved_query: Option<String>,
-        saved_base: Option<String>,
         saved_fences: BTreeMap<String, String>,
     ) -> Self {
         Self {
             filter,
             base,
             saved_query,
-            saved_base,
             saved_fences,
             applied: BTreeSet::new(),
             fences: HashMap::new(),
@@ -174,38 +174,52 @@ impl Scoped {
     }
 
     /// At a start whose checkpoint was saved under other namespaces (`saved`, its fingerprint)
-    /// at position `at`: takes for applied the namespaces the position covers, so that the
-    /// stream resumes from it and then takes the difference in as a move of its scope (those
-    /// that left deleted, those that entered taken in from the position, see [`Scoped::floor`]),
-    /// instead of reconciling the whole scope with a list. `held` are the namespaces of the
-    /// stream's members.
-    /// - The position covered `held`, or them and the namespaces in scope now (only namespaces
-    ///   left since, or none), when the fingerprint says so: applied exactly.
-    /// - Otherwise (a namespace in scope then without an object), under the same selectors
-    ///   (`saved_base`): `held`. A namespace in scope then without an object and in scope now
-    ///   is taken in from the position as if it entered, which publishes each of its changes
-    ///   after it; one no longer in scope had nothing to delete.
-    ///
-    /// Not resumed (false) when the selectors changed, or are not known to be the same (an older
-    /// entry), or when `at` is no integer: what the position covers is not known then.
+    /// at position `at`: takes for applied the namespaces the position covers, if they can be
+    /// told, so that the stream resumes from it and then takes the difference in as a move of
+    /// its scope (those that left deleted, those that entered taken in, see [`Scoped::floor`]),
+    /// instead of reconciling the whole scope with a list. The candidates are `held` (the
+    /// namespaces of the stream's members) with any of the namespaces in scope now that hold no
+    /// member (a namespace in scope then without an object), at most [`UNTOLD_MAX`] of them
+    /// tried in every combination, or with all of them; the one whose fingerprint is `saved`
+    /// is the position's. None matches (the selectors changed, a namespace in scope then
+    /// without an object and out of scope now, a member too many) and it is not resumed:
+    /// false.
     pub(super) fn resume_under(&mut self, saved: &str, held: BTreeSet<String>, at: &str) -> bool {
-        let Some(floor) = comparable(at) else {
-            return false;
+        let untold: Vec<&String> = self.applied.difference(&held).collect();
+        let n = untold.len();
+        // Which of them each candidate takes: every combination, or none and all.
+        let picks: Vec<Vec<bool>> = if n <= UNTOLD_MAX {
+            (0..1usize << n)
+                .map(|mask| (0..n).map(|i| mask >> i & 1 == 1).collect())
+                .collect()
+        } else {
+            vec![vec![false; n], vec![true; n]]
         };
-        let with_now: BTreeSet<String> = held.union(&self.applied).cloned().collect();
-        let told = [held.clone(), with_now].into_iter().find(|covered| {
-            crate::config::Channel::scoped_fingerprint(
+        let mut told = None;
+        for pick in picks {
+            let mut covered = held.clone();
+            covered.extend(
+                untold
+                    .iter()
+                    .zip(pick)
+                    .filter(|(_, taken)| *taken)
+                    .map(|(ns, _)| (*ns).clone()),
+            );
+            let fingerprint = crate::config::Channel::scoped_fingerprint(
                 covered.iter().map(String::as_str),
                 &self.base,
-            ) == saved
-        });
-        let same_selectors = self.saved_base.as_deref() == Some(self.base.as_str());
-        let Some(covered) = told.or_else(|| same_selectors.then_some(held)) else {
+            );
+            if fingerprint == saved {
+                told = Some(covered);
+                break;
+            }
+        }
+        let Some(covered) = told else {
             return false;
         };
         self.applied = covered;
         self.fences.clear();
-        self.floor = Some(floor);
+        self.floor = comparable(at);
         true
     }
 
@@ -306,77 +320,60 @@ mod tests {
         names.iter().map(|n| n.to_string()).collect()
     }
 
-    /// A scope of `a` and `c` now, as a start takes it, its checkpoint saved under the
-    /// selectors `saved_base` (`None`: an older entry).
-    async fn now(saved_base: Option<&str>) -> Scoped {
+    /// A scope of `a` and `c` now, as a start takes it.
+    async fn now() -> Scoped {
         let filter = NamespaceFilter::fixed(["a".to_string(), "c".to_string()]);
-        let mut scoped = Scoped::new(
-            filter,
-            "base".into(),
-            None,
-            saved_base.map(String::from),
-            BTreeMap::from([("a".to_string(), "150".to_string())]),
-        );
+        let fences = BTreeMap::from([("a".to_string(), "150".to_string())]);
+        let mut scoped = Scoped::new(filter, "base".into(), None, fences);
         scoped.take_all().await;
         scoped
     }
 
     #[tokio::test]
     async fn a_start_resumes_under_the_namespaces_its_position_covered_when_they_can_be_told() {
-        // (the selectors then, saved under, the selectors beside it, the members' namespaces,
-        // the position) -> applied, or no resume.
+        // (the selectors then, saved under, the members' namespaces, the position) -> applied,
+        // or no resume; the floor, where it resumes.
         type Row = (
             &'static str,
             &'static [&'static str],
-            Option<&'static str>,
             &'static [&'static str],
             &'static str,
             Option<&'static [&'static str]>,
         );
-        let rows: [Row; 10] = [
+        let rows: [Row; 9] = [
             // `c` entered while down, `b` left: the members tell the old scope.
-            (
-                "base",
-                &["a", "b"],
-                None,
-                &["a", "b"],
-                "100",
-                Some(&["a", "b"]),
-            ),
+            ("base", &["a", "b"], &["a", "b"], "100", Some(&["a", "b"])),
             // `b` left, nothing entered: the members and the scope now.
             (
                 "base",
                 &["a", "b", "c"],
-                None,
                 &["a", "b"],
                 "100",
                 Some(&["a", "b", "c"]),
             ),
-            // `c` entered; `a` had no member but was in scope. An older entry does not say the
-            // selectors are the same: not resumed.
-            ("base", &["a"], None, &[], "100", None),
-            // The same under the same selectors: resumed over the members' namespaces (none),
-            // `a` and `c` then taken in from the position.
-            ("base", &["a"], Some("base"), &[], "100", Some(&[])),
-            // A namespace in scope then without a member, and not in scope now.
-            ("base", &["a", "x"], None, &["a"], "100", None),
+            // `c` entered; `a` had no member but was in scope: the members and `a`.
+            ("base", &["a"], &[], "100", Some(&["a"])),
+            // `b` had members and left; `a` and `c` had none but were in scope: told by the
+            // combination of both.
             (
                 "base",
-                &["a", "x"],
-                Some("base"),
-                &["a"],
+                &["a", "b", "c"],
+                &["b"],
                 "100",
-                Some(&["a"]),
+                Some(&["a", "b", "c"]),
             ),
+            // A namespace in scope then without a member, and not in scope now: not told.
+            ("base", &["a", "x"], &["a"], "100", None),
+            // A member too many (`y`, whose leave's tombstone was lost): not told.
+            ("base", &["a"], &["a", "y"], "100", None),
             // The selectors changed: never resumed.
-            ("other", &["a"], None, &["a"], "100", None),
-            ("other", &["a"], Some("other"), &["a"], "100", None),
-            ("other", &["a"], Some("other"), &[], "100", None),
-            // A position that is no integer: what it covers cannot be compared.
-            ("base", &["a", "b"], Some("base"), &["a", "b"], "x1", None),
+            ("other", &["a"], &["a"], "100", None),
+            ("other", &["a"], &[], "100", None),
+            // A position that is no integer still resumes; what enters is listed then.
+            ("base", &["a", "b"], &["a", "b"], "x1", Some(&["a", "b"])),
         ];
-        for (i, (base, saved, saved_base, held, at, applied)) in rows.into_iter().enumerate() {
-            let mut scoped = now(saved_base).await;
+        for (i, (base, saved, held, at, applied)) in rows.into_iter().enumerate() {
+            let mut scoped = now().await;
             let saved = crate::config::Channel::scoped_fingerprint(saved.iter().copied(), base);
             let resumed = scoped.resume_under(&saved, set(held), at);
             assert_eq!(resumed, applied.is_some(), "row {i}");
@@ -386,15 +383,25 @@ mod tests {
                 "row {i}"
             );
             assert_eq!(
-                scoped.moved(),
-                resumed,
-                "row {i}: a resumed scope moves at once"
-            );
-            assert_eq!(
                 scoped.floor(),
-                resumed.then_some(100),
+                (resumed && at == "100").then_some(100),
                 "row {i}: what enters is taken in from the position"
             );
+        }
+    }
+
+    #[tokio::test]
+    async fn past_ten_namespaces_without_a_member_only_none_and_all_are_tried() {
+        let scope: Vec<String> = (0..12).map(|i| format!("n{i:02}")).collect();
+        for (saved, told) in [(&scope[..], true), (&scope[..1], false)] {
+            let filter = NamespaceFilter::fixed(scope.clone());
+            let mut scoped = Scoped::new(filter, "base".into(), None, BTreeMap::new());
+            scoped.take_all().await;
+            let saved = crate::config::Channel::scoped_fingerprint(
+                saved.iter().map(String::as_str),
+                "base",
+            );
+            assert_eq!(scoped.resume_under(&saved, BTreeSet::new(), "7"), told);
         }
     }
 
@@ -415,7 +422,7 @@ mod tests {
         for (i, (at, scope, at_fence, after, kept)) in rows.into_iter().enumerate() {
             let filter = NamespaceFilter::fixed(scope.iter().map(|s| s.to_string()));
             let fences = BTreeMap::from([("a".to_string(), "150".to_string())]);
-            let mut scoped = Scoped::new(filter, "base".into(), None, None, fences);
+            let mut scoped = Scoped::new(filter, "base".into(), None, fences);
             scoped.take_all().await;
             scoped.keep_fences(at);
             assert_eq!(scoped.admits(Some("a"), "150"), at_fence, "row {i}");
@@ -434,7 +441,7 @@ mod tests {
     async fn the_floor_holds_until_the_first_live_read_or_a_sync() {
         let saved = crate::config::Channel::scoped_fingerprint(["a"], "base");
         for sync in [false, true] {
-            let mut scoped = now(Some("base")).await;
+            let mut scoped = now().await;
             assert!(scoped.resume_under(&saved, set(&[]), "7"));
             assert_eq!(scoped.floor(), Some(7));
             if sync {
