@@ -122,9 +122,13 @@ fn settings(cfg: &Config, identity: &str) -> ClientConfig {
                     "session.timeout.ms",
                     sharding.session_timeout_ms.to_string(),
                 )
+                // A tenth of the session: the survivors of a crash learn of the rebalance at
+                // their next heartbeat after the eviction, so a shard of a dead replica waits
+                // the session plus up to one heartbeat (a kill lands anywhere between two of
+                // the dead replica's own). Joins and leaves are learnt just as late.
                 .set(
                     "heartbeat.interval.ms",
-                    (sharding.session_timeout_ms / 5).to_string(),
+                    (sharding.session_timeout_ms / 10).max(1).to_string(),
                 );
         }
         GroupProtocol::Consumer => {
