@@ -194,120 +194,28 @@ async fn a_leave_whose_deletes_kafka_refuses_tries_again_in_the_same_run() {
 /// none collapsed into a list of the whole scope.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scope_that_moved_while_down_resumes_and_takes_the_move_in() {
-    let bed = Bed::in_memory(SimConfig::default(), &["a", "b", "c"]).await;
-    for ns in ["a", "b", "c"] {
-        for i in 0..5 {
-            bed.sim
-                .create("pods", Some(ns), objects::pod(ns, &format!("p{i}")))
-                .unwrap();
-        }
-    }
-    bed.label("a", true);
-    bed.label("b", true);
-    let producer = Arc::new(Memory::new());
-    let relay = start(&bed, &producer, true);
-    converged(&bed, &producer).await;
-    relay.stop().await;
-    let from = bed.sim.current_rv();
-    for i in 0..5 {
-        for step in 0..2 {
-            let patch = serde_json::json!({"metadata": {"labels": {"step": step.to_string()}}});
-            bed.sim
-                .merge_patch("pods", Some("a"), &format!("p{i}"), patch)
-                .unwrap();
-        }
-    }
-    bed.label("c", true);
-    bed.label("b", false);
-
-    let relay = start(&bed, &producer, true);
-    let want = pods(&bed.sim, &["a", "c"], |_| true);
-    eventually(
-        || consumer_view(&events(&producer)) == want,
-        || {
-            format!(
-                "the consumer holds {:?}",
-                consumer_view(&events(&producer)).keys()
-            )
-        },
-    )
-    .await;
-    relay.stop().await;
-    let log = events(&producer);
+    let (bed, log, from) = moved_while_down(false).await;
     common::view::assert_published(
         &log,
         &bed.journal_after("pods", Some("a"), from),
         "the changes of a namespace that stayed in scope while the scope moved",
     );
-    let of_a = log
-        .iter()
-        .filter(|r| !r.tombstone && r.key.starts_with("a/"))
-        .count();
     assert_eq!(
-        of_a, 15,
+        published_of(&log, "a"),
+        15,
         "each pod of a announced once and each of its changes published once"
     );
 }
 
 /// As above, but a namespace (`d`) was in scope at the position without an object, so the
-/// members cannot tell which namespaces the position covered. While the relay is down, `d`
-/// gets pods that change, `c` enters, `b` leaves and `a`'s pods change: the next start still
-/// resumes from the position (the members' namespaces with `d` match its fingerprint), and
-/// takes `c` in from it.
-/// Every change of `a` and `d` after the position is published once, none collapsed into a
-/// list, and `c`'s pods are announced.
+/// members alone cannot tell which namespaces the position covered. While the relay is down,
+/// `d` also gets pods that change: the next start still resumes from the position (the
+/// members' namespaces with `d` match its fingerprint), and takes `c` in from it. Every change
+/// of `a` and `d` after the position is published once, none collapsed into a list, and `c`'s
+/// pods are announced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scope_with_an_empty_namespace_that_moved_while_down_still_resumes() {
-    let bed = Bed::in_memory(SimConfig::default(), &["a", "b", "c", "d"]).await;
-    for ns in ["a", "b", "c"] {
-        for i in 0..5 {
-            bed.sim
-                .create("pods", Some(ns), objects::pod(ns, &format!("p{i}")))
-                .unwrap();
-        }
-    }
-    for ns in ["a", "b", "d"] {
-        bed.label(ns, true);
-    }
-    let producer = Arc::new(Memory::new());
-    let relay = start(&bed, &producer, true);
-    converged(&bed, &producer).await;
-    relay.stop().await;
-    let from = bed.sim.current_rv();
-    for i in 0..5 {
-        for step in 0..2 {
-            let patch = serde_json::json!({"metadata": {"labels": {"step": step.to_string()}}});
-            bed.sim
-                .merge_patch("pods", Some("a"), &format!("p{i}"), patch)
-                .unwrap();
-        }
-    }
-    for i in 0..3 {
-        bed.sim
-            .create("pods", Some("d"), objects::pod("d", &format!("p{i}")))
-            .unwrap();
-        let patch = serde_json::json!({"metadata": {"labels": {"step": "1"}}});
-        bed.sim
-            .merge_patch("pods", Some("d"), &format!("p{i}"), patch)
-            .unwrap();
-    }
-    bed.label("c", true);
-    bed.label("b", false);
-
-    let relay = start(&bed, &producer, true);
-    let want = pods(&bed.sim, &["a", "c", "d"], |_| true);
-    eventually(
-        || consumer_view(&events(&producer)) == want,
-        || {
-            format!(
-                "the consumer holds {:?}",
-                consumer_view(&events(&producer)).keys()
-            )
-        },
-    )
-    .await;
-    relay.stop().await;
-    let log = events(&producer);
+    let (bed, log, from) = moved_while_down(true).await;
     for ns in ["a", "d"] {
         common::view::assert_published(
             &log,
@@ -317,16 +225,83 @@ async fn a_scope_with_an_empty_namespace_that_moved_while_down_still_resumes() {
             ),
         );
     }
-    let of = |ns: &str| {
-        log.iter()
-            .filter(|r| !r.tombstone && r.key.starts_with(&format!("{ns}/")))
-            .count()
-    };
     assert_eq!(
-        of("a"),
+        published_of(&log, "a"),
         15,
         "each pod of a announced once and each of its changes published once"
     );
-    assert_eq!(of("d"), 6, "each change of d's pods published once");
-    assert_eq!(of("c"), 5, "each pod of c announced once");
+    assert_eq!(
+        published_of(&log, "d"),
+        6,
+        "each change of d's pods published once"
+    );
+    assert_eq!(published_of(&log, "c"), 5, "each pod of c announced once");
+}
+
+/// The two tests above: pods in `a`, `b` and `c`, `a` and `b` in scope (and `d`, empty, with
+/// `empty`); stopped once the consumer holds them; then `a`'s pods change twice each (and `d`
+/// gets three pods that change), `c` enters and `b` leaves; started again until the consumer
+/// holds the scope. Returns the bed, the records, and the position the changes came after.
+async fn moved_while_down(empty: bool) -> (Bed, Vec<watchrelay::producer::Record>, u64) {
+    let bed = Bed::in_memory(SimConfig::default(), &["a", "b", "c", "d"]).await;
+    for ns in ["a", "b", "c"] {
+        for i in 0..5 {
+            bed.sim
+                .create("pods", Some(ns), objects::pod(ns, &format!("p{i}")))
+                .unwrap();
+        }
+    }
+    let labelled: &[&str] = if empty { &["a", "b", "d"] } else { &["a", "b"] };
+    for ns in labelled {
+        bed.label(ns, true);
+    }
+    let producer = Arc::new(Memory::new());
+    let relay = start(&bed, &producer, true);
+    converged(&bed, &producer).await;
+    relay.stop().await;
+    let from = bed.sim.current_rv();
+    let step = |ns: &str, i: usize, step: &str| {
+        let patch = serde_json::json!({"metadata": {"labels": {"step": step}}});
+        bed.sim
+            .merge_patch("pods", Some(ns), &format!("p{i}"), patch)
+            .unwrap();
+    };
+    for i in 0..5 {
+        step("a", i, "0");
+        step("a", i, "1");
+    }
+    if empty {
+        for i in 0..3 {
+            bed.sim
+                .create("pods", Some("d"), objects::pod("d", &format!("p{i}")))
+                .unwrap();
+            step("d", i, "1");
+        }
+    }
+    bed.label("c", true);
+    bed.label("b", false);
+
+    let relay = start(&bed, &producer, true);
+    let scope: &[&str] = if empty { &["a", "c", "d"] } else { &["a", "c"] };
+    let want = pods(&bed.sim, scope, |_| true);
+    eventually(
+        || consumer_view(&events(&producer)) == want,
+        || {
+            format!(
+                "the consumer holds {:?}",
+                consumer_view(&events(&producer)).keys()
+            )
+        },
+    )
+    .await;
+    relay.stop().await;
+    let log = events(&producer);
+    (bed, log, from)
+}
+
+/// The records of namespace `ns`'s pods in `log`, tombstones left out.
+fn published_of(log: &[watchrelay::producer::Record], ns: &str) -> usize {
+    log.iter()
+        .filter(|r| !r.tombstone && r.key.starts_with(&format!("{ns}/")))
+        .count()
 }
