@@ -26,10 +26,11 @@
 //!   there before it planned (a namespace whose objects a watch from that position would not
 //!   show had no stream, so it is one of them). A namespace whose stream was further on is
 //!   fenced at its own position (the receiving entry's `fences`): a stream over a list or a
-//!   selector does not publish its changes up to there again; an unfiltered one (`allNamespaces`)
-//!   still does (the same `watchrelay.id`s), as after a crash. A namespace there without a stream (created during the switch) does not stop the resume
-//!   when the term read it empty of the channel's objects ([`ScopeNow::empty`]): every object
-//!   it will hold appears after that position, so the watch shows each one.
+//!   selector does not publish its changes up to there again; an unfiltered one
+//!   (`allNamespaces`) still does (the same `watchrelay.id`s), as after a crash. A namespace
+//!   there without a stream (created during the switch) does not stop the resume when the
+//!   term read it empty of the channel's objects ([`ScopeNow::empty`]): every object it will
+//!   hold appears after that position, so the watch shows each one.
 //! - **Gather, partly**, when a namespace there without a stream holds objects (one that
 //!   entered a fixed list or a selector during the switch): the stream resumes from the lowest
 //!   position over the namespaces of the members it was handed, and takes the others in as
