@@ -443,17 +443,12 @@ impl Regroup<'_> {
                         let ns = StreamId::parts(&id).and_then(|(_, ns)| ns);
                         // A namespace the old stream had published past its position (its
                         // fence) resumes from there: what it published is not published again.
-                        let rv = rv.map(|rv| {
-                            let fence = ns.and_then(|ns| old.fences.get(ns));
-                            match fence.and_then(|f| Some((crate::event::comparable(f)?, f))) {
-                                Some((f, fence))
-                                    if crate::event::comparable(&rv).is_some_and(|at| f > at) =>
-                                {
-                                    fence.clone()
-                                }
-                                _ => rv,
-                            }
+                        let at = rv.as_deref().and_then(crate::event::comparable);
+                        let fenced = ns.and_then(|ns| old.fences.get(ns)).filter(|f| {
+                            at.zip(crate::event::comparable(f))
+                                .is_some_and(|(at, f)| f > at)
                         });
+                        let rv = fenced.cloned().or(rv);
                         (rv, ns.and_then(|ns| queries.get(ns).cloned()))
                     }
                     Move::Gather {
@@ -551,14 +546,22 @@ fn ahead(
         .map(|own| own.fences.clone())
         .unwrap_or_default();
     let ns = StreamId::parts(from).and_then(|(_, ns)| ns);
-    let position = Some(old)
-        .filter(|s| s.query.as_ref().is_none_or(|q| q == query))
-        .and_then(|s| s.rv.as_deref())
+    let position = position_under(old, query)
         .filter(|rv| crate::event::comparable(rv).is_some_and(|rv| rv > at));
     if let (Some(ns), Some(position)) = (ns, position) {
         fences.insert(ns.to_string(), position.to_string());
     }
     fences
+}
+
+/// The position of a per-namespace stream's entry `s`, when it was taken under `query` (or
+/// under no query stamped, an older entry's).
+fn position_under<'a>(s: &'a Saved, query: &str) -> Option<&'a str> {
+    s.query
+        .as_ref()
+        .is_none_or(|q| q == query)
+        .then_some(s.rv.as_deref())
+        .flatten()
 }
 
 /// For each stream that gathers members from streams that covered its whole scope (or part of
@@ -582,8 +585,7 @@ fn gathered_positions(
         };
         let rv = saved
             .get(from)
-            .filter(|s| s.query.as_ref().is_none_or(|q| q == query))
-            .and_then(|s| s.rv.as_deref())
+            .and_then(|s| position_under(s, query))
             .filter(|_| into_query.is_some() || partly.is_some())
             .and_then(|rv| Some((crate::event::comparable(rv)?, rv.to_string())));
         let entry = lowest.entry(into.clone()).or_insert_with(|| rv.clone());

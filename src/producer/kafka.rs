@@ -609,7 +609,7 @@ mod tests {
         assert!(kafka.drain(Duration::from_secs(60)));
         assert!(
             began.elapsed() < Duration::from_secs(5),
-            "woken by its timeout"
+            "the drain after the purge waited for its timeout, not for the purged report"
         );
         assert!(!kafka.producer.context().awaited());
     }

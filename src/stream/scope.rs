@@ -187,23 +187,21 @@ impl Scoped {
     pub(super) fn resume_under(&mut self, saved: &str, held: BTreeSet<String>, at: &str) -> bool {
         let untold: Vec<&String> = self.applied.difference(&held).collect();
         let n = untold.len();
-        // Which of them each candidate takes: every combination, or none and all.
-        let picks: Vec<Vec<bool>> = if n <= UNTOLD_MAX {
-            (0..1usize << n)
-                .map(|mask| (0..n).map(|i| mask >> i & 1 == 1).collect())
-                .collect()
+        // Each candidate's mask of them: every combination, or none and all.
+        let all = (1u64 << n.min(UNTOLD_MAX)) - 1;
+        let masks: Vec<u64> = if n <= UNTOLD_MAX {
+            (0..=all).collect()
         } else {
-            vec![vec![false; n], vec![true; n]]
+            vec![0, u64::MAX]
         };
         let mut told = None;
-        for pick in picks {
+        for mask in masks {
             let mut covered = held.clone();
+            let taken = untold.iter().enumerate();
             covered.extend(
-                untold
-                    .iter()
-                    .zip(pick)
-                    .filter(|(_, taken)| *taken)
-                    .map(|(ns, _)| (*ns).clone()),
+                taken
+                    .filter(|(i, _)| mask == u64::MAX || (*i < 64 && mask >> i & 1 == 1))
+                    .map(|(_, ns)| (*ns).clone()),
             );
             let fingerprint = crate::config::Channel::scoped_fingerprint(
                 covered.iter().map(String::as_str),
@@ -392,7 +390,7 @@ mod tests {
 
     #[tokio::test]
     async fn past_ten_namespaces_without_a_member_only_none_and_all_are_tried() {
-        let scope: Vec<String> = (0..12).map(|i| format!("n{i:02}")).collect();
+        let scope: Vec<String> = (0..70).map(|i| format!("n{i:02}")).collect();
         for (saved, told) in [(&scope[..], true), (&scope[..1], false)] {
             let filter = NamespaceFilter::fixed(scope.clone());
             let mut scoped = Scoped::new(filter, "base".into(), None, BTreeMap::new());
