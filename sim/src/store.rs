@@ -5,10 +5,16 @@
 //! list at an older resourceVersion (by undoing later changes) and replay a watch from any
 //! position still inside the window. Everything older than `compacted` is gone: asking for it is
 //! 410 Expired.
+//!
+//! A kept change holds its object as JSON text, as etcd holds its revisions, not as a parsed
+//! value: a pod is about 5 KB as text and ten times that parsed, and a churn of thousands of
+//! changes a second keeps every one of them for the whole window. The parsed objects stay with
+//! the newest [`HOT`] changes, where live watchers with selectors read them; an older change
+//! parses its text again when a replay or a list at an older resourceVersion asks for it.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Bound;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use serde_json::{json, Value};
@@ -16,6 +22,9 @@ use tokio::sync::broadcast;
 
 use crate::resources::Resource;
 use crate::SimError;
+
+/// How many of the newest changes keep their objects parsed.
+pub const HOT: usize = 1 << 10;
 
 /// One change, serialized once as a watch line and shared by every watcher.
 #[derive(Debug)]
@@ -25,11 +34,43 @@ pub struct Change {
     pub namespace: Option<String>,
     pub name: String,
     pub event_type: &'static str,
-    pub object: Arc<Value>,
-    /// The object before the change (None for ADDED).
-    pub prev: Option<Arc<Value>>,
     /// `{"type":..,"object":..}\n`
     pub line: Bytes,
+    /// The object after the change as JSON: a slice of `line`.
+    object: Bytes,
+    /// The object before the change as JSON (None for ADDED): a slice of the line that made it,
+    /// where the store still had it.
+    prev: Option<Bytes>,
+    /// Both parsed, while the change is among the newest [`HOT`].
+    parsed: Mutex<Option<Parsed>>,
+}
+
+type Parsed = (Arc<Value>, Option<Arc<Value>>);
+
+impl Change {
+    /// The object after the change.
+    pub fn object(&self) -> Arc<Value> {
+        self.parsed().0
+    }
+
+    /// The object before the change (None for ADDED).
+    pub fn prev(&self) -> Option<Arc<Value>> {
+        self.parsed().1
+    }
+
+    fn parsed(&self) -> Parsed {
+        if let Some(p) = &*self.parsed.lock().expect("change lock poisoned") {
+            return p.clone();
+        }
+        let parse =
+            |json: &Bytes| Arc::new(serde_json::from_slice(json).expect("the store wrote it"));
+        (parse(&self.object), self.prev.as_ref().map(parse))
+    }
+
+    /// Drops the parsed objects; the text stays.
+    fn cool(&self) {
+        self.parsed.lock().expect("change lock poisoned").take();
+    }
 }
 
 type Key = (String, String, String);
@@ -82,13 +123,24 @@ pub struct Store {
     pub resources: BTreeMap<String, Resource>,
     pub tx: broadcast::Sender<Arc<Change>>,
     uid_seed: u64,
+    /// Each current object's JSON, a slice of the line that made it: the next change's `prev`.
+    texts: BTreeMap<Key, Bytes>,
 }
 
 pub fn watch_line(event_type: &str, object: &Value) -> Bytes {
-    let mut v = serde_json::to_vec(&json!({ "type": event_type, "object": object }))
-        .expect("json values serialize");
-    v.push(b'\n');
-    Bytes::from(v)
+    line_of(event_type, object).0
+}
+
+/// `{"type":..,"object":..}\n`, as the API server writes it, and the object's JSON inside it.
+fn line_of(event_type: &str, object: &Value) -> (Bytes, Bytes) {
+    let mut v = format!(r#"{{"type":"{event_type}","object":"#).into_bytes();
+    let start = v.len();
+    serde_json::to_writer(&mut v, object).expect("json values serialize");
+    let end = v.len();
+    v.extend_from_slice(b"}\n");
+    // Exactly as long as the line: history keeps it for the whole window.
+    let line = Bytes::from(v.into_boxed_slice());
+    (line.clone(), line.slice(start..end))
 }
 
 fn now() -> String {
@@ -139,6 +191,7 @@ impl Store {
             resources: resources.into_iter().map(|r| (r.key(), r)).collect(),
             tx,
             uid_seed: seed | 1,
+            texts: BTreeMap::new(),
         }
     }
 
@@ -193,15 +246,28 @@ impl Store {
         prev: Option<Arc<Value>>,
     ) {
         let md = &object["metadata"];
+        let namespace = md["namespace"].as_str().map(str::to_string);
+        let name = md["name"].as_str().unwrap_or_default().to_string();
+        let (line, text) = line_of(event_type, &object);
+        let k = key(&res.key(), namespace.as_deref(), &name);
+        // The text before, kept from the line that made it (or written again after a restore).
+        let before = match event_type {
+            "DELETED" => self.texts.remove(&k),
+            _ => self.texts.insert(k, text.clone()),
+        };
+        let prev_text = prev.as_ref().map(|p| {
+            before.unwrap_or_else(|| Bytes::from(serde_json::to_vec(&**p).expect("serializes")))
+        });
         let change = Arc::new(Change {
             rv: self.rv,
             resource: res.key(),
-            namespace: md["namespace"].as_str().map(str::to_string),
-            name: md["name"].as_str().unwrap_or_default().to_string(),
+            namespace,
+            name,
             event_type,
-            line: watch_line(event_type, &object),
-            object: object.clone(),
-            prev,
+            line,
+            object: text,
+            prev: prev_text,
+            parsed: Mutex::new(Some((object.clone(), prev))),
         });
         if self.journal_limit.is_some_and(|n| self.journal.len() >= n) {
             self.journal.pop_front();
@@ -216,6 +282,9 @@ impl Store {
             resource: res.key(),
         });
         self.history.push_back(change.clone());
+        if let Some(cooled) = self.history.len().checked_sub(HOT + 1) {
+            self.history[cooled].cool();
+        }
         while self.history.len() > self.history_limit {
             let old = self.history.pop_front().expect("non-empty");
             self.compacted = old.rv;
@@ -240,6 +309,7 @@ impl Store {
     /// --mark-compacted`), so no position of either history can be resumed.
     pub fn restore(&mut self, snapshot: &Snapshot, bump: Option<u64>) {
         self.objects = snapshot.objects.clone();
+        self.texts.clear();
         self.history = snapshot.history.clone();
         self.compacted = snapshot.compacted;
         self.rv = snapshot.rv;
@@ -479,7 +549,7 @@ impl Store {
             for c in self.history.iter().rev().take_while(|c| c.rv > rv) {
                 let k = key(&c.resource, c.namespace.as_deref(), &c.name);
                 if in_scope(&k) {
-                    undone.insert(k, c.prev.clone());
+                    undone.insert(k, c.prev());
                 }
             }
         }

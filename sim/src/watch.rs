@@ -68,13 +68,14 @@ impl Params {
         if self.labels.is_empty() && self.fields.is_empty() && self.shards.is_none() {
             return Some(c.line.clone());
         }
-        let now = self.selects(&c.object);
-        let before = c.prev.as_ref().is_some_and(|p| self.selects(p));
+        let object = c.object();
+        let now = self.selects(&object);
+        let before = c.prev().is_some_and(|p| self.selects(&p));
         match (c.event_type, before, now) {
             ("ADDED", _, true) | ("MODIFIED", true, true) => Some(c.line.clone()),
             ("DELETED", true, _) => Some(c.line.clone()),
-            ("MODIFIED", false, true) => Some(watch_line("ADDED", &c.object)),
-            ("MODIFIED", true, false) => Some(watch_line("DELETED", &c.object)),
+            ("MODIFIED", false, true) => Some(watch_line("ADDED", &object)),
+            ("MODIFIED", true, false) => Some(watch_line("DELETED", &object)),
             _ => None,
         }
     }

@@ -172,6 +172,47 @@ async fn label_selector_watch_reports_objects_leaving_and_entering() {
     assert_eq!(summary(&ev), ["ADDED other"]);
 }
 
+/// The store keeps old changes as text and parses them again when asked: a change more than
+/// the 1,024 newest back still replays through a selector and lists as it was.
+#[tokio::test]
+async fn an_old_change_replays_and_lists_as_a_recent_one() {
+    let (sim, client) = setup().await;
+    let mut p = objects::pod("shop", "a");
+    p["metadata"]["labels"] = json!({"tier": "gold"});
+    sim.create("pods", Some("shop"), p).unwrap();
+    let rv = sim.current_rv();
+    let tier = |t: &str| json!({"metadata": {"labels": {"tier": t}}});
+    sim.merge_patch("pods", Some("shop"), "a", tier("silver"))
+        .unwrap();
+    let silver = sim.current_rv();
+    sim.create("pods", Some("shop"), objects::pod("shop", "other"))
+        .unwrap();
+    for i in 0..1_500 {
+        let patch = json!({"metadata": {"annotations": {"turn": i.to_string()}}});
+        sim.merge_patch("pods", Some("shop"), "other", patch)
+            .unwrap();
+    }
+    sim.merge_patch("pods", Some("shop"), "a", tier("gold"))
+        .unwrap();
+    let ev = watch(
+        &client,
+        &format!("resourceVersion={rv}&labelSelector=tier%3Dgold"),
+    )
+    .await;
+    assert_eq!(summary(&ev), ["DELETED a", "ADDED a"]);
+    let then = get(
+        &client,
+        &format!(
+            "/api/v1/namespaces/shop/pods?resourceVersion={silver}&resourceVersionMatch=Exact"
+        ),
+    )
+    .await
+    .unwrap();
+    let items = then["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0]["metadata"]["labels"]["tier"], "silver");
+}
+
 #[tokio::test]
 async fn pagination_is_a_consistent_snapshot() {
     let (sim, client) = setup().await;
