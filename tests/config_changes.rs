@@ -97,7 +97,7 @@ fn pod_records(memory: &Memory) -> Vec<watchrelay::producer::Record> {
 /// pod DELETED, and ends with the cluster each time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_strategy_switch_hands_each_shards_members_over() {
-    switch(true, false, Joins::No, Bookmarks::Often).await;
+    switch(true, Scope::List, Joins::No, Bookmarks::Often).await;
 }
 
 /// The same over a namespace selector (as an `allNamespaces` channel relayed per namespace
@@ -105,21 +105,21 @@ async fn a_watch_strategy_switch_hands_each_shards_members_over() {
 /// its stream, the part resumes from the lowest of their positions, and back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_strategy_switch_over_a_selector_loses_no_change() {
-    switch(true, true, Joins::No, Bookmarks::Often).await;
+    switch(true, Scope::Selector, Joins::No, Bookmarks::Often).await;
 }
 
 /// The same switch, there and back, of a single relay (sharding off): its stream over the
 /// collection takes the per-namespace streams' members, and gives them back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_strategy_switch_of_a_single_relay_retracts_nothing() {
-    switch(false, false, Joins::No, Bookmarks::Often).await;
+    switch(false, Scope::List, Joins::No, Bookmarks::Often).await;
 }
 
 /// The same over a namespace selector, of a single relay: the changes made while it was down
 /// are published by its stream over the collection, resumed from the namespaces' streams.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_strategy_switch_of_a_single_relay_over_a_selector_loses_no_change() {
-    switch(false, true, Joins::No, Bookmarks::Often).await;
+    switch(false, Scope::Selector, Joins::No, Bookmarks::Often).await;
 }
 
 /// A namespace created during the switch (here while the single relay is down), with no
@@ -127,14 +127,14 @@ async fn a_watch_strategy_switch_of_a_single_relay_over_a_selector_loses_no_chan
 /// from the namespaces' streams, and relays the new namespace's pods from there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_created_during_a_switch_does_not_make_it_relist() {
-    switch(false, true, Joins::Created, Bookmarks::Often).await;
+    switch(false, Scope::Selector, Joins::Created, Bookmarks::Often).await;
 }
 
 /// The same with sharding on, the old and new replicas side by side (the old one, still
 /// running, may start the new namespace's stream itself before it hands its shard over).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_created_during_a_sharded_switch_does_not_make_it_relist() {
-    switch(true, true, Joins::Created, Bookmarks::Often).await;
+    switch(true, Scope::Selector, Joins::Created, Bookmarks::Often).await;
 }
 
 /// An old namespace, with pods, labelled into the selector during the switch (here
@@ -142,7 +142,7 @@ async fn a_namespace_created_during_a_sharded_switch_does_not_make_it_relist() {
 /// namespaces' streams, and lists the new one as a namespace entering its scope.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_labelled_into_the_selector_during_a_switch_does_not_make_it_relist() {
-    switch(false, true, Joins::Labelled, Bookmarks::Often).await;
+    switch(false, Scope::Selector, Joins::Labelled, Bookmarks::Often).await;
 }
 
 /// The same with sharding on, the old and new replicas side by side (the old one, still
@@ -150,7 +150,7 @@ async fn a_namespace_labelled_into_the_selector_during_a_switch_does_not_make_it
 /// does not, the part resumes over the others and lists it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_labelled_into_the_selector_during_a_sharded_switch_does_not_make_it_relist() {
-    switch(true, true, Joins::Labelled, Bookmarks::Often).await;
+    switch(true, Scope::Selector, Joins::Labelled, Bookmarks::Often).await;
 }
 
 /// Without bookmarks (a real API server sends them about once a minute), a per-namespace
@@ -159,13 +159,39 @@ async fn a_namespace_labelled_into_the_selector_during_a_sharded_switch_does_not
 /// publishes none of what the others had published past it: nothing twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_switch_from_streams_at_different_positions_publishes_nothing_twice() {
-    switch(false, false, Joins::No, Bookmarks::Never).await;
+    switch(false, Scope::List, Joins::No, Bookmarks::Never).await;
 }
 
 /// The same with sharding on, the old and new replicas side by side.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sharded_switch_from_streams_at_different_positions_publishes_nothing_twice() {
-    switch(true, false, Joins::No, Bookmarks::Never).await;
+    switch(true, Scope::List, Joins::No, Bookmarks::Never).await;
+}
+
+/// The same from a selector's streams into `allNamespaces`, whose stream over the collection
+/// reads every namespace unfiltered: it too publishes nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switch_of_every_namespace_from_streams_at_different_positions_publishes_nothing_twice() {
+    switch(false, Scope::All, Joins::No, Bookmarks::Never).await;
+}
+
+/// The same with sharding on: each shard's part of the collection, read unfiltered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_switch_of_every_namespace_from_streams_at_different_positions_publishes_nothing_twice(
+) {
+    switch(true, Scope::All, Joins::No, Bookmarks::Never).await;
+}
+
+/// Which namespaces the switched channel holds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    /// `namespaces: [a, b]`.
+    List,
+    /// A namespace selector matching `a` and `b`.
+    Selector,
+    /// The selector relayed per namespace, then `allNamespaces` read over the collection (the
+    /// other namespaces hold no pod), then the selector again.
+    All,
 }
 
 /// How often the API server sends bookmarks during a switch.
@@ -188,9 +214,9 @@ enum Joins {
 }
 
 /// A `watchStrategy` switch there and back, with sharding or without, over the two
-/// namespaces, listed or matched by a selector; a third namespace may join the selector's
-/// scope during the switch (`joins`), and gets a pod after it.
-async fn switch(sharding: bool, selector: bool, joins: Joins, bookmarks: Bookmarks) {
+/// namespaces, listed, matched by a selector or among all; a third namespace may join the
+/// selector's scope during the switch (`joins`), and gets a pod after it.
+async fn switch(sharding: bool, scope: Scope, joins: Joins, bookmarks: Bookmarks) {
     let (a, b) = namespaces();
     let c = format!("{a}-new");
     let sim = SimConfig {
@@ -212,12 +238,16 @@ async fn switch(sharding: bool, selector: bool, joins: Joins, bookmarks: Bookmar
     }
     three_pods_in(&bed, &[&a, &b]);
     let channel = |strategy: &str| {
-        let scope = if selector {
-            "namespaceSelector: relay=yes".to_string()
-        } else {
-            format!("namespaces: [{a}, {b}]")
+        let scope = match scope {
+            Scope::List => format!("namespaces: [{a}, {b}]\n    watchStrategy: {strategy}"),
+            Scope::All if strategy == "clusterWide" => {
+                "allNamespaces: true\n    watchStrategy: clusterWide".to_string()
+            }
+            Scope::Selector | Scope::All => {
+                format!("namespaceSelector: relay=yes\n    watchStrategy: {strategy}")
+            }
         };
-        let text = format!("  - operationId: {CHANNEL}\n    {scope}\n    topic: pods\n    watchStrategy: {strategy}\n");
+        let text = format!("  - operationId: {CHANNEL}\n    {scope}\n    topic: pods\n");
         if sharding {
             config(&bed, &text)
         } else {

@@ -251,12 +251,11 @@ pub struct Saved {
     /// position is never resumed under another query. Absent in older entries.
     #[serde(default)]
     pub query: Option<String>,
-    /// A cluster-wide stream filtered to its namespaces (a list or a selector): the namespaces
-    /// whose changes up to a resourceVersion above `rv` were
-    /// published already (by the namespace's own stream, gathered into it at a switch of
-    /// `watchStrategy`, or by the list that took the namespace in), each with that version: a
-    /// resume from `rv` does not publish them again. Empty in older entries. An unfiltered
-    /// stream writes none, and one handed to it at a switch goes unused.
+    /// A stream over a collection read cluster-wide: the namespaces whose changes up to a
+    /// resourceVersion above `rv` were published already (by the namespace's own stream,
+    /// gathered into it at a switch of `watchStrategy`, or by the list that took the namespace
+    /// into a filtered stream's scope), each with that version: a resume from `rv` does not
+    /// publish them again. Empty in older entries.
     #[serde(default)]
     pub fences: BTreeMap<String, String>,
     /// Where the stream published, as `<topic> <key template>`: under another route its

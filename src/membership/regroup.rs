@@ -25,9 +25,8 @@
 //!   namespaces are a fixed list's, or for `allNamespaces` and a selector those the term read
 //!   there before it planned (a namespace whose objects a watch from that position would not
 //!   show had no stream, so it is one of them). A namespace whose stream was further on is
-//!   fenced at its own position (the receiving entry's `fences`): a stream over a list or a
-//!   selector does not publish its changes up to there again; an unfiltered one
-//!   (`allNamespaces`) still does (the same `watchrelay.id`s), as after a crash. A namespace
+//!   fenced at its own position (the receiving entry's `fences`): the stream does not publish
+//!   its changes up to there again (see `stream::fences`). A namespace
 //!   there without a stream (created during the switch) does not stop the resume when the
 //!   term read it empty of the channel's objects ([`ScopeNow::empty`]): every object it will
 //!   hold appears after that position, so the watch shows each one.

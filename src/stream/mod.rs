@@ -9,6 +9,7 @@
 
 mod announced;
 mod feed;
+mod fences;
 pub mod machine;
 mod permits;
 mod position;
@@ -135,6 +136,8 @@ pub struct Stream {
     syncs: Syncs,
     /// A cluster-wide stream filtered to some namespaces (see [`scope`]).
     scope: Option<scope::Scoped>,
+    /// The namespaces whose events up to a version were published already (see [`fences`]).
+    fences: fences::Fences,
     /// What its last list announced, if it failed midway (see [`relist`]).
     relist: Option<relist::Relist>,
 }
@@ -332,7 +335,8 @@ impl Stream {
                 permits: wiring.syncs.clone(),
                 held: Permit::None,
             },
-            scope: filter.map(|f| scope::Scoped::new(f, base, saved_query, saved_fences)),
+            scope: filter.map(|f| scope::Scoped::new(f, base, saved_query)),
+            fences: fences::Fences::saved(saved_fences),
             relist: None,
             checkpoints: wiring.checkpoints,
             source: Source {
@@ -412,10 +416,10 @@ impl Stream {
                     self.position.query_changed = true;
                 }
             }
-            if let Some(at) = self.outbox.checkpoint() {
-                scoped.keep_fences(at);
-            }
             self.position.query = scoped.fingerprint();
+        }
+        if let Some(at) = self.outbox.checkpoint() {
+            self.fences.resume_from(at);
         }
         self.stamp();
         if self.position.query_changed && !self.forget_position().await {
@@ -481,9 +485,10 @@ impl Stream {
                 _ = self.life.stop.cancelled() => return None,
                 _ = scoped.take_all() => {}
             }
-            // Its fences are gone: positions committed from now on carry none.
-            self.stamp();
         }
+        // Its fences are gone: positions committed from now on carry none.
+        self.fences.clear();
+        self.stamp();
         // A full resync (asked for, or the history went back) forgets the position first: a
         // crash midway must not leave a later start to resume from it, or to take a delta
         // from it, when that is exactly what this resync is for. It does so even without a
@@ -667,9 +672,7 @@ impl Stream {
         self.stamp();
         if let Some(mut saved) = self.outbox.take_saved() {
             saved.query = Some(self.position.query.clone());
-            saved.fences = self.scope.as_ref().map_or_else(Default::default, |s| {
-                Stamp::fences_above(&s.fences(), saved.rv.as_deref())
-            });
+            saved.fences = Stamp::fences_above(&self.fences.all(), saved.rv.as_deref());
             saved.route = Some(self.position.route_id.clone());
             saved.kind = self.learned_kind();
             self.reporter.checkpoint(saved);
@@ -746,11 +749,7 @@ impl Stream {
     fn stamp(&mut self) {
         let stamp = Stamp {
             query: self.position.query.clone(),
-            fences: self
-                .scope
-                .as_ref()
-                .map(scope::Scoped::fences)
-                .unwrap_or_default(),
+            fences: self.fences.all(),
             route: self.position.route_id.clone(),
             kind: self.learned_kind(),
         };

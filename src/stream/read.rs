@@ -226,9 +226,9 @@ impl Stream {
                     }
                     Reading::Live { at } => {
                         *at = Some(rv.clone());
-                        let admitted = self.scope.as_ref().is_none_or(|s| {
-                            s.admits(ev.meta.namespace(), ev.meta.resource_version())
-                        });
+                        let ns = ev.meta.namespace();
+                        let admitted = self.scope.as_ref().is_none_or(|s| s.holds(ns))
+                            && self.fences.admits(ns, ev.meta.resource_version());
                         if admitted {
                             self.emit(ev, arrived, Some(rv), change, false).await?;
                         } else {

@@ -62,6 +62,7 @@ impl Stream {
         if let Some(s) = self.scope.as_mut() {
             s.leave(ns);
         }
+        self.fences.lift(ns);
         let n = self.delete_members_of(ns, rv).await?;
         tracing::info!(stream = %self.id, namespace = %ns, objects = n, "namespace left the scope: deleted what was announced of it");
         Ok(())
@@ -141,8 +142,9 @@ impl Stream {
             return Err(Stop::Requested);
         };
         if let Some(s) = self.scope.as_mut() {
-            s.enter(ns, floor.unwrap_or(fence));
+            s.enter(ns);
         }
+        self.fences.fence(ns.to_string(), floor.unwrap_or(fence));
         tracing::info!(stream = %self.id, namespace = %ns, objects, rv = %list_rv, "namespace entered the scope: announced its objects");
         Ok(())
     }

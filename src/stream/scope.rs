@@ -6,7 +6,8 @@
 //! Exactly what one stream per namespace would give it:
 //! - A namespace entering scope has its objects announced: the stream lists that namespace
 //!   (at resourceVersion L) and announces every object, then drops the namespace's watch events
-//!   at or below L (the list already holds them), so each key keeps its order. This compares
+//!   at or below L (the list already holds them: its fence, see `stream::fences`), so each key
+//!   keeps its order. This compares
 //!   resourceVersions as integers (KEP-5504); where L is not one, the stream resyncs instead.
 //! - A namespace leaving scope has its members deleted (inferred, flagged `synthetic`), in the
 //!   stream's order, after everything the stream published about them.
@@ -28,7 +29,7 @@
 //!   it announced of entering namespaces (a list) and leaving ones (inferred DELETEDs) is not on
 //!   its watch, so replaying the watch would not announce it again.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -97,14 +98,8 @@ pub(super) struct Scoped {
     /// The fingerprint the stream's checkpoint was saved under.
     saved_query: Option<String>,
     /// The fences the checkpoint was saved with (see [`crate::checkpoint::Saved::fences`]).
-    saved_fences: BTreeMap<String, String>,
     /// The namespaces whose objects the stream has announced (or is announcing).
     applied: BTreeSet<String>,
-    /// Per namespace that entered while watching: the resourceVersion of its entry list; per
-    /// namespace whose changes were published past the position the stream resumed from (by its
-    /// own stream, before a switch gathered it here): that position. Its watch events at or
-    /// below it are already covered. Kept in the checkpoints while above their position.
-    fences: HashMap<String, u64>,
     /// Set by a start that resumed from a position under other namespaces, until its first live
     /// read took the move in: the position, which the namespaces entering then are taken in from
     /// (see [`Scoped::floor`]).
@@ -112,19 +107,12 @@ pub(super) struct Scoped {
 }
 
 impl Scoped {
-    pub(super) fn new(
-        filter: NamespaceFilter,
-        base: String,
-        saved_query: Option<String>,
-        saved_fences: BTreeMap<String, String>,
-    ) -> Self {
+    pub(super) fn new(filter: NamespaceFilter, base: String, saved_query: Option<String>) -> Self {
         Self {
             filter,
             base,
             saved_query,
-            saved_fences,
             applied: BTreeSet::new(),
-            fences: HashMap::new(),
             floor: None,
         }
     }
@@ -144,17 +132,6 @@ impl Scoped {
     /// Whether an object of `namespace` belongs to the state a sync announces.
     pub(super) fn holds(&self, namespace: Option<&str>) -> bool {
         namespace.is_some_and(|ns| self.applied.contains(ns))
-    }
-
-    /// Whether a live event of `namespace` at `rv` is published.
-    pub(super) fn admits(&self, namespace: Option<&str>, rv: &str) -> bool {
-        let Some(ns) = namespace.filter(|_| self.holds(namespace)) else {
-            return false;
-        };
-        match (self.fences.get(ns), comparable(rv)) {
-            (Some(fence), Some(rv)) => rv > *fence,
-            _ => true,
-        }
     }
 
     /// Whether the scope moved since the stream applied it.
@@ -216,35 +193,8 @@ impl Scoped {
             return false;
         };
         self.applied = covered;
-        self.fences.clear();
         self.floor = comparable(at);
         true
-    }
-
-    /// At a start resuming from position `at` (after [`Scoped::resume_under`], if it ran): the
-    /// checkpoint's fences above `at` fence their namespaces' watch events again, so that what
-    /// was published past the position is not published twice. A namespace not applied yet
-    /// keeps its fence for when it is taken in from the position ([`Scoped::enter`]).
-    pub(super) fn keep_fences(&mut self, at: &str) {
-        let Some(at) = comparable(at) else {
-            return;
-        };
-        for (ns, fence) in std::mem::take(&mut self.saved_fences) {
-            if let Some(fence) = comparable(&fence).filter(|f| *f > at) {
-                self.fence(ns, fence);
-            }
-        }
-    }
-
-    /// Fences namespace `ns`'s watch events at or below `at`, or keeps a higher fence.
-    fn fence(&mut self, ns: String, at: u64) {
-        let kept = self.fences.entry(ns).or_insert(at);
-        *kept = (*kept).max(at);
-    }
-
-    /// The fences, to keep in the stream's checkpoints (those above each one's position).
-    pub(super) fn fences(&self) -> BTreeMap<String, u64> {
-        self.fences.iter().map(|(ns, f)| (ns.clone(), *f)).collect()
     }
 
     /// The position a start resumed from under other namespaces, while its first live read has
@@ -277,14 +227,12 @@ impl Scoped {
     /// Namespace `ns` left: its objects no longer belong to the stream.
     pub(super) fn leave(&mut self, ns: &str) {
         self.applied.remove(ns);
-        self.fences.remove(ns);
     }
 
-    /// Namespace `ns` entered, listed at `fence`: its live events at or below it are dropped
-    /// (the list held them), or below a higher fence it kept from the checkpoint.
-    pub(super) fn enter(&mut self, ns: &str, fence: u64) {
+    /// Namespace `ns` entered: its objects are the stream's (the stream fences its events up to
+    /// the list that took it in, see `stream::fences`).
+    pub(super) fn enter(&mut self, ns: &str) {
         self.applied.insert(ns.to_string());
-        self.fence(ns.to_string(), fence);
     }
 
     /// Before a sync: waits for the scope to be known, then takes it whole. Should its source
@@ -297,7 +245,6 @@ impl Scoped {
         let learned = d.as_deref().cloned().unwrap_or_default();
         drop(d);
         self.applied = self.filter.kept(&learned);
-        self.fences.clear();
         self.floor = None;
     }
 }
@@ -321,8 +268,7 @@ mod tests {
     /// A scope of `a` and `c` now, as a start takes it.
     async fn now() -> Scoped {
         let filter = NamespaceFilter::fixed(["a".to_string(), "c".to_string()]);
-        let fences = BTreeMap::from([("a".to_string(), "150".to_string())]);
-        let mut scoped = Scoped::new(filter, "base".into(), None, fences);
+        let mut scoped = Scoped::new(filter, "base".into(), None);
         scoped.take_all().await;
         scoped
     }
@@ -393,45 +339,13 @@ mod tests {
         let scope: Vec<String> = (0..70).map(|i| format!("n{i:02}")).collect();
         for (saved, told) in [(&scope[..], true), (&scope[..1], false)] {
             let filter = NamespaceFilter::fixed(scope.clone());
-            let mut scoped = Scoped::new(filter, "base".into(), None, BTreeMap::new());
+            let mut scoped = Scoped::new(filter, "base".into(), None);
             scoped.take_all().await;
             let saved = crate::config::Channel::scoped_fingerprint(
                 saved.iter().map(String::as_str),
                 "base",
             );
             assert_eq!(scoped.resume_under(&saved, BTreeSet::new(), "7"), told);
-        }
-    }
-
-    #[tokio::test]
-    async fn a_checkpoints_fences_above_its_position_fence_the_namespaces_applied() {
-        // (position, the scope now) -> whether `a`'s events at 150 and at 151 are published,
-        // and whether the next checkpoint at the position keeps the fence.
-        type Row = (&'static str, &'static [&'static str], bool, bool, bool);
-        let rows: [Row; 4] = [
-            // Published past the position up to 150: only what came after.
-            ("100", &["a", "c"], false, true, true),
-            // The position passed the fence: nothing is fenced.
-            ("150", &["a", "c"], true, true, false),
-            ("200", &["a", "c"], true, true, false),
-            // `a` is out of scope now: nothing published; its fence is kept for an entry.
-            ("100", &["c"], false, false, true),
-        ];
-        for (i, (at, scope, at_fence, after, kept)) in rows.into_iter().enumerate() {
-            let filter = NamespaceFilter::fixed(scope.iter().map(|s| s.to_string()));
-            let fences = BTreeMap::from([("a".to_string(), "150".to_string())]);
-            let mut scoped = Scoped::new(filter, "base".into(), None, fences);
-            scoped.take_all().await;
-            scoped.keep_fences(at);
-            assert_eq!(scoped.admits(Some("a"), "150"), at_fence, "row {i}");
-            assert_eq!(scoped.admits(Some("a"), "151"), after, "row {i}");
-            let fences = crate::outbox::Stamp::fences_above(&scoped.fences(), Some(at));
-            assert_eq!(fences.contains_key("a"), kept, "row {i}");
-            if kept {
-                // Taken in from the position later, it stays fenced at 150.
-                scoped.enter("a", 100);
-                assert!(!scoped.admits(Some("a"), "150"), "row {i}");
-            }
         }
     }
 
