@@ -171,6 +171,8 @@ channels:
   - operationId: watchNamespacedServices
     namespaceSelector: team=web
   - operationId: watchNodes
+  - operationId: watchNamespacedDeployments
+    allNamespaces: true
   - path: /apis/example.com/v1/namespaces/{namespace}/widgets
     name: widgets
     namespaces: [shop]

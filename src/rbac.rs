@@ -1,6 +1,6 @@
 //! The Kubernetes permissions a configuration needs, and no more: `list` and `watch` on each
 //! channel's resource, in the namespaces it watches (cluster-wide only for cluster-scoped
-//! resources, `allNamespaces`, namespace selectors, which also watch namespaces, and
+//! resources, `allNamespaces` and namespace selectors, both of which also list namespaces, and
 //! `namespaces` lists watched cluster-wide by their watch strategy), and read and update of the
 //! relay's own checkpoint ConfigMap and Lease by name.
 //!
@@ -44,6 +44,9 @@ pub fn needs(cfg: &Config) -> Needs {
             Scope::Cluster => {
                 n.cluster.insert(res);
                 let what = if ch.path.namespaced {
+                    // A switch into it lists the namespaces to resume from the gathered
+                    // streams' positions; with sharding its parts follow them.
+                    n.cluster.insert((String::new(), "namespaces".into()));
                     "allNamespaces"
                 } else {
                     "a cluster-scoped resource"
@@ -264,6 +267,16 @@ mod tests {
             n.cluster_wide.keys().collect::<Vec<_>>(),
             ["watchNamespacedDeployments", "watchNodes"],
             "each channel that reads cluster-wide is named, with why"
+        );
+    }
+
+    #[test]
+    fn every_namespace_lists_the_namespaces_with_sharding_or_without() {
+        let cfg = Config::parse("clusterName: c\nkafka:\n  bootstrapServers: k:1\n  oversize: trim\ncheckpoint:\n  namespace: relay\nchannels:\n  - operationId: watchNamespacedPods\n    allNamespaces: true\n  - operationId: watchNodes\n").unwrap();
+        let r = |g: &str, res: &str| (g.to_string(), res.to_string());
+        assert_eq!(
+            needs(&cfg).cluster,
+            BTreeSet::from([r("", "pods"), r("", "nodes"), r("", "namespaces")])
         );
     }
 
