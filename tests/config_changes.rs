@@ -182,6 +182,15 @@ async fn a_sharded_switch_of_every_namespace_from_streams_at_different_positions
     switch(true, Scope::All, Joins::No, Bookmarks::Never).await;
 }
 
+/// A namespace created with a pod while a selector's streams switch to `allNamespaces` over
+/// the collection (the relay stopped meanwhile): the stream resumes from the gathered position
+/// all the same (the pod came after it, so the watch shows it), and nothing collapses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_created_with_a_pod_during_a_switch_to_every_namespace_does_not_make_it_relist()
+{
+    switch(false, Scope::All, Joins::CreatedWithPod, Bookmarks::Often).await;
+}
+
 /// Which namespaces the switched channel holds.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Scope {
@@ -209,6 +218,8 @@ enum Joins {
     No,
     /// Created, with no pod until after the switch.
     Created,
+    /// Created with a pod during the switch.
+    CreatedWithPod,
     /// An old namespace with pods, labelled.
     Labelled,
 }
@@ -274,13 +285,18 @@ async fn switch(sharding: bool, scope: Scope, joins: Joins, bookmarks: Bookmarks
     let (per_ns, wide) = (channel("perNamespace"), channel("clusterWide"));
     // A pod deleted, one created and one changed twice while the switch goes on.
     let change = || {
-        if joins == Joins::Created {
+        if matches!(joins, Joins::Created | Joins::CreatedWithPod) {
             bed.sim
                 .create("namespaces", None, objects::namespace(&c))
                 .unwrap();
         }
         if joins != Joins::No {
             bed.label(&c, true);
+        }
+        if joins == Joins::CreatedWithPod {
+            bed.sim
+                .create("pods", Some(&c), objects::pod(&c, "p8"))
+                .unwrap();
         }
         bed.sim.delete("pods", Some(&a), "p0").unwrap();
         bed.sim
@@ -389,7 +405,8 @@ async fn switch(sharding: bool, scope: Scope, joins: Joins, bookmarks: Bookmarks
     // And nothing collapsed: the new streams resumed where the old ones stopped, so every
     // change has its record.
     let changes = bed.journal_after("pods", None, from);
-    assert_eq!(changes.len(), 4 + usize::from(joins != Joins::No));
+    let joined = usize::from(joins != Joins::No) + usize::from(joins == Joins::CreatedWithPod);
+    assert_eq!(changes.len(), 4 + joined);
     common::view::assert_published(&pod_log(), &changes, "");
     // And nothing was published twice: a stream resuming from the lowest of the positions it
     // gathered publishes none of what a namespace's own stream had published past it.

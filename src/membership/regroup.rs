@@ -28,14 +28,18 @@
 //!   fenced at its own position (the receiving entry's `fences`): the stream does not publish
 //!   its changes up to there again (see `stream::fences`). A namespace
 //!   there without a stream (created during the switch) does not stop the resume when the
-//!   term read it empty of the channel's objects ([`ScopeNow::empty`]): every object it will
-//!   hold appears after that position, so the watch shows each one.
+//!   term read it empty of the channel's objects, or over every namespace holding none of them
+//!   at or below that position ([`ScopeNow::unseen`]): every object it holds or will hold
+//!   changed after that position, so the watch shows each one.
 //! - **Gather, partly**, when a namespace there without a stream holds objects (one that
 //!   entered a fixed list or a selector during the switch): the stream resumes from the lowest
 //!   position over the namespaces of the members it was handed, and takes the others in as
 //!   namespaces entering its scope (see `stream::scope`).
-//! - Otherwise (`allNamespaces` with such a namespace, or the namespaces could not be read)
-//!   the receiving stream starts without a position: its first
+//! - Over every namespace, such a namespace does not stop the resume when each object it holds
+//!   changed after the gathered position ([`ScopeNow::unseen`]): the watch shows them all.
+//! - Otherwise (`allNamespaces` with such a namespace holding an object at or below the
+//!   position, or the namespaces could not be read) the receiving stream starts without a
+//!   position: its first
 //!   sync lists its scope against the members it was handed, announces every object again
 //!   (the versions it holds; changes in between collapse into them) and infers a DELETED for
 //!   each member the list lacks.
@@ -183,7 +187,7 @@ pub fn plan<'a>(
                         .as_ref()
                         .filter(|listed| {
                             unstreamed(name, listed, &ids)
-                                .all(|ns| empty_in(channel, namespaces).contains(ns))
+                                .all(|ns| unseen_in(channel, namespaces).contains(ns))
                         })
                         .map(|listed| part_query(channel, listed));
                     let partly = (into_query.is_none()
@@ -233,10 +237,11 @@ pub struct ScopeNow {
     /// fixed list, whose namespaces are the configuration's.
     pub namespaces: BTreeSet<String>,
     /// Namespaces of the scope that had no stream to gather (created during the switch, or
-    /// added to the scope with it) and held none of the channel's objects when read: every
-    /// object they will hold appears after any position taken before, so a watch from the
-    /// gathered streams' lowest position shows each one. The gather resumes over them.
-    pub empty: BTreeSet<String>,
+    /// added to the scope with it) and held none of the channel's objects when read, or, over
+    /// every namespace, none at or below the gathered streams' lowest position (see
+    /// [`lowest_gathered`]): every object they hold or will hold changed after that position,
+    /// so a watch from it shows each one. The gather resumes over them.
+    pub unseen: BTreeSet<String>,
 }
 
 /// The namespaces of `listed` whose stream of channel `name` is not among `ids`.
@@ -251,16 +256,16 @@ fn unstreamed<'l>(
         .filter(move |ns| !ids.contains(StreamId::new(name, Some(ns)).to_string().as_str()))
 }
 
-fn empty_in<'n>(
+fn unseen_in<'n>(
     channel: &Channel,
     namespaces: &'n HashMap<String, ScopeNow>,
 ) -> &'n BTreeSet<String> {
     static NONE: BTreeSet<String> = BTreeSet::new();
-    namespaces.get(&channel.name).map_or(&NONE, |s| &s.empty)
+    namespaces.get(&channel.name).map_or(&NONE, |s| &s.unseen)
 }
 
 /// The namespaces of `channel`'s scope in `shard` that keep its gather from resuming: those
-/// with no stream among `ids` and not known to be empty (see [`ScopeNow::empty`]). `None`
+/// with no stream among `ids` and not known to be unseen (see [`ScopeNow::unseen`]). `None`
 /// when its scope's namespaces were not read, or no gather into the stream over the
 /// collection is due.
 pub fn unstreamed_in<'a>(
@@ -272,10 +277,10 @@ pub fn unstreamed_in<'a>(
 ) -> Option<Vec<String>> {
     let ids: BTreeSet<&str> = ids.into_iter().collect();
     let listed = listed_in(cfg, channel, shard, namespaces)?;
-    let empty = empty_in(channel, namespaces);
+    let unseen = unseen_in(channel, namespaces);
     Some(
         unstreamed(&channel.name, &listed, &ids)
-            .filter(|ns| !empty.contains(*ns))
+            .filter(|ns| !unseen.contains(*ns))
             .map(str::to_string)
             .collect(),
     )
@@ -529,7 +534,7 @@ fn receiving(own: Option<&Saved>, old: &Saved, rv: Option<String>, query: Option
 /// [`gathered_positions`] takes it): those of the gathers before it into the same position
 /// (`own`), and `from`'s namespace at `old`'s position when that is above `rv`. Its
 /// changes up to there were published by `from`: the stream resuming from `rv` does not
-/// publish them again (see `stream::scope`).
+/// publish them again (see `stream::fences`).
 fn ahead(
     own: Option<&Saved>,
     old: &Saved,
@@ -561,6 +566,27 @@ fn position_under<'a>(s: &'a Saved, query: &str) -> Option<&'a str> {
         .is_none_or(|q| q == query)
         .then_some(s.rv.as_deref())
         .flatten()
+}
+
+/// The lowest position, as an integer, of the per-namespace streams of `channel` that `moves`
+/// gather (each under the query it stood under), as their stream over the collection would
+/// resume from it; `None` when none is gathered, or one has no position or one that does not
+/// compare.
+pub fn lowest_gathered(
+    moves: &[Move],
+    channel: &str,
+    saved: &HashMap<String, Saved>,
+) -> Option<u64> {
+    let mut lowest = None;
+    for m in moves.iter().filter(|m| m.channel() == channel) {
+        let Move::Gather { from, query, .. } = m else {
+            continue;
+        };
+        let rv = saved.get(from).and_then(|s| position_under(s, query));
+        let rv = crate::event::comparable(rv?)?;
+        lowest = Some(lowest.map_or(rv, |l: u64| l.min(rv)));
+    }
+    lowest
 }
 
 /// For each stream that gathers members from streams that covered its whole scope (or part of
@@ -811,6 +837,13 @@ mod tests {
         assert_eq!(got["x"].as_deref(), Some("7"));
         assert_eq!(got["y"], None, "one of them had no position");
         assert_eq!(got["z"], None, "the old streams did not cover the scope");
+        // Before the namespaces are read: the lowest of a channel's gathered positions,
+        // whether the old streams covered the scope or not.
+        let of = |moves: &[Move]| lowest_gathered(moves, "p", &saved);
+        assert_eq!(of(&moves[..2]), Some(7));
+        assert_eq!(of(&moves[4..]), Some(12));
+        assert_eq!(of(&moves), None, "one of them had no position");
+        assert_eq!(lowest_gathered(&moves[..2], "other", &saved), None);
         // The era never goes back; a carried position is stamped with the query it stands
         // under, for the next move to check.
         let own = Saved {
@@ -928,7 +961,7 @@ mod tests {
         );
         // Unless the namespace without a stream held none of the channel's objects when read.
         let mut c_empty = there(&["a", "b", "c"]);
-        c_empty.get_mut("watchNamespacedPods").unwrap().empty = ["c".to_string()].into();
+        c_empty.get_mut("watchNamespacedPods").unwrap().unseen = ["c".to_string()].into();
         let with_empty = plan(&every, &Shapes::new(), None, ids, &c_empty);
         assert_eq!(
             strip(with_empty.clone()),

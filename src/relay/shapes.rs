@@ -10,6 +10,7 @@ use kube::Api;
 
 use crate::config::Config;
 use crate::config::{Channel, Scope, Shape, Shapes, StreamId};
+use crate::event::comparable;
 use crate::kubeapi::{self, Query};
 use crate::membership::regroup::ScopeNow;
 use crate::metrics::Metrics;
@@ -178,32 +179,61 @@ pub(super) async fn scope_namespaces(
     found
 }
 
-/// Of `namespaces`, those holding none of `channel`'s objects now (under its label and field
-/// selectors): one list of at most one object each. A namespace whose list fails is taken for
-/// one that holds some.
-pub(super) async fn empty_namespaces(
+/// Of `namespaces`, those holding none of `channel`'s objects (under its label and field
+/// selectors) at or below resourceVersion `above`: each object they hold changed after it, so
+/// a watch from it shows each one. Without `above`, those holding none at all: one list of at
+/// most one object each. With it, their objects are listed page by page until one at or below
+/// it (or whose version does not compare). A namespace whose list fails is taken for one that
+/// holds some.
+pub(super) async fn unseen_namespaces(
     client: &kube::Client,
     channel: &Channel,
     namespaces: &[String],
+    above: Option<u64>,
 ) -> BTreeSet<String> {
+    #[derive(serde::Deserialize)]
+    struct Item {
+        metadata: Metadata,
+    }
+    #[derive(serde::Deserialize)]
+    struct Metadata {
+        #[serde(rename = "resourceVersion", default)]
+        resource_version: String,
+    }
+    // Whether the watch from `above` would not show `item` as it is now.
+    let seen = |item: &serde_json::value::RawValue| {
+        let Some(above) = above else { return true };
+        let rv = serde_json::from_str::<Item>(item.get()).ok();
+        let rv = rv.and_then(|i| comparable(&i.metadata.resource_version));
+        rv.is_none_or(|rv| rv <= above)
+    };
     let query = Query {
         label_selector: channel.label_selector.as_deref(),
         field_selector: channel.field_selector.as_deref(),
         shard_selector: None,
     };
-    let mut empty = BTreeSet::new();
-    for ns in namespaces {
+    let limit = if above.is_some() { 500 } else { 1 };
+    let mut unseen = BTreeSet::new();
+    'namespaces: for ns in namespaces {
         let path = channel.path.collection_url(Some(ns));
-        match kubeapi::list_page(client, &path, &query, Some(1), None).await {
-            // A filtered page may come back empty with more to read: only the end counts.
-            Ok(page) if page.items.is_empty() && page.continue_token.is_none() => {
-                empty.insert(ns.clone());
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(channel = %channel.name, namespace = %ns, error = %e, "reading whether a namespace without a stream is empty failed; taken for one that is not");
+        let mut token: Option<String> = None;
+        loop {
+            match kubeapi::list_page(client, &path, &query, Some(limit), token.as_deref()).await {
+                Ok(page) if page.items.iter().any(|i| seen(i)) => continue 'namespaces,
+                // A filtered page may come back empty with more to read: only the end counts.
+                Ok(page) => match page.continue_token {
+                    Some(c) => token = Some(c),
+                    None => {
+                        unseen.insert(ns.clone());
+                        continue 'namespaces;
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!(channel = %channel.name, namespace = %ns, error = %e, "reading whether a namespace without a stream holds objects the gathered position does not show failed; taken for one that does");
+                    continue 'namespaces;
+                }
             }
         }
     }
-    empty
+    unseen
 }

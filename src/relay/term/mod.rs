@@ -45,9 +45,10 @@ const FATAL_POLL: Duration = Duration::from_secs(1);
 /// How long a term waits before trying again a handover or a retirement that failed.
 const AGAIN: Duration = Duration::from_secs(5);
 
-/// At most how many namespaces without a stream a switching channel reads, to tell whether
-/// they are empty (see [`membership::regroup::ScopeNow::empty`]); past it, the gather relists.
-const EMPTY_PROBES: usize = 32;
+/// At most how many namespaces without a stream a switching channel reads, to tell whether a
+/// watch from the gathered position shows all they hold (see
+/// [`membership::regroup::ScopeNow::unseen`]); past it, the gather relists.
+const UNSEEN_PROBES: usize = 32;
 
 /// The checkpoints of a term, read until the API server answers (see
 /// [`crate::checkpoint::until_read`]), or `None` once `stop` fires: nothing starts before the
@@ -289,8 +290,10 @@ impl<'a> Run<'a> {
                 n = shapes::scope_namespaces(&relay.client, &dynamic) => n,
             };
             // A namespace without a stream to gather (created during the switch) keeps the
-            // gather from resuming, unless it holds none of the channel's objects: a few are
-            // read to tell.
+            // gather from resuming, unless it holds none of the channel's objects, or over
+            // every namespace none that a watch from the gathered position would not show: a
+            // few are read to tell.
+            let read = plan(&namespaces);
             for channel in &dynamic {
                 let gathers = moves
                     .iter()
@@ -304,16 +307,21 @@ impl<'a> Run<'a> {
                     &namespaces,
                 );
                 let Some(missing) =
-                    missing.filter(|m| gathers && (1..=EMPTY_PROBES).contains(&m.len()))
+                    missing.filter(|m| gathers && (1..=UNSEEN_PROBES).contains(&m.len()))
                 else {
                     continue;
                 };
-                let empty = tokio::select! {
+                // A stream over a list or a selector takes a namespace with objects in with a
+                // list instead (see `Move::Gather`'s `partly`).
+                let above = (channel.scope == Scope::Cluster).then(|| {
+                    membership::regroup::lowest_gathered(&read, &channel.name, &loaded.streams)
+                });
+                let unseen = tokio::select! {
                     _ = stop.cancelled() => return None,
-                    e = shapes::empty_namespaces(&relay.client, channel, &missing) => e,
+                    u = shapes::unseen_namespaces(&relay.client, channel, &missing, above.flatten()) => u,
                 };
                 if let Some(now) = namespaces.get_mut(&channel.name) {
-                    now.empty = empty;
+                    now.unseen = unseen;
                 }
             }
             moves = plan(&namespaces);
