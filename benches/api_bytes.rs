@@ -154,7 +154,7 @@ fn count_writes(url: &str, writes: &AtomicU64, bytes: &AtomicU64) {
         }
         let line = &buf;
         let line = line.trim_end();
-        if line.ends_with("\"type\":\"ADDED\"}") || line.ends_with("\"type\":\"MODIFIED\"}") {
+        if line.starts_with("{\"type\":\"ADDED\"") || line.starts_with("{\"type\":\"MODIFIED\"") {
             writes.fetch_add(1, Ordering::SeqCst);
             bytes.fetch_add(line.len() as u64, Ordering::SeqCst);
         }

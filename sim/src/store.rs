@@ -23,6 +23,11 @@ use tokio::sync::broadcast;
 use crate::resources::Resource;
 use crate::SimError;
 
+/// An object's JSON as the store wrote it, parsed again.
+fn parse(json: &Bytes) -> Arc<Value> {
+    Arc::new(serde_json::from_slice(json).expect("the store wrote it"))
+}
+
 /// How many of the newest changes keep their objects parsed.
 pub const HOT: usize = 1 << 10;
 
@@ -50,21 +55,18 @@ type Parsed = (Arc<Value>, Option<Arc<Value>>);
 impl Change {
     /// The object after the change.
     pub fn object(&self) -> Arc<Value> {
-        self.parsed().0
+        match &*self.parsed.lock().expect("change lock poisoned") {
+            Some((object, _)) => object.clone(),
+            None => parse(&self.object),
+        }
     }
 
     /// The object before the change (None for ADDED).
     pub fn prev(&self) -> Option<Arc<Value>> {
-        self.parsed().1
-    }
-
-    fn parsed(&self) -> Parsed {
-        if let Some(p) = &*self.parsed.lock().expect("change lock poisoned") {
-            return p.clone();
+        match &*self.parsed.lock().expect("change lock poisoned") {
+            Some((_, prev)) => prev.clone(),
+            None => self.prev.as_ref().map(parse),
         }
-        let parse =
-            |json: &Bytes| Arc::new(serde_json::from_slice(json).expect("the store wrote it"));
-        (parse(&self.object), self.prev.as_ref().map(parse))
     }
 
     /// Drops the parsed objects; the text stays.
@@ -546,10 +548,12 @@ impl Store {
             if rv < self.compacted {
                 return Err(SimError::expired(rv, self.compacted));
             }
-            for c in self.history.iter().rev().take_while(|c| c.rv > rv) {
+            // Oldest first: each key's state then is its first change's `prev`, read once.
+            let first = self.history.partition_point(|c| c.rv <= rv);
+            for c in self.history.range(first..) {
                 let k = key(&c.resource, c.namespace.as_deref(), &c.name);
                 if in_scope(&k) {
-                    undone.insert(k, c.prev());
+                    undone.entry(k).or_insert_with(|| c.prev());
                 }
             }
         }

@@ -12,7 +12,9 @@
 //!
 //! The fences travel with the stream's checkpoints while they are above its position (see
 //! [`crate::outbox::Stamp::fences_above`]): a start resuming from that position takes them
-//! again. Once the position passes a fence, the fence no longer matters and is not written.
+//! again. Once the position passes a fence, the fence no longer matters and is not written; a
+//! sync clears them all once it reached its list's position, not before, so that a sync cut
+//! short resumes from the checkpoint still fenced.
 //! Comparing resourceVersions needs integers (KEP-5504): a fence or an event version that is
 //! not one fences nothing.
 
@@ -64,7 +66,7 @@ impl Fences {
         self.kept.remove(ns);
     }
 
-    /// A sync announces the whole state: nothing it publishes is fenced, and nothing fenced is
+    /// A sync announced the whole state as of a list above every fence: nothing fenced is
     /// kept in the checkpoints from now on.
     pub(super) fn clear(&mut self) {
         self.saved.clear();

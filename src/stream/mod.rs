@@ -486,9 +486,6 @@ impl Stream {
                 _ = scoped.take_all() => {}
             }
         }
-        // Its fences are gone: positions committed from now on carry none.
-        self.fences.clear();
-        self.stamp();
         // A full resync (asked for, or the history went back) forgets the position first: a
         // crash midway must not leave a later start to resume from it, or to take a delta
         // from it, when that is exactly what this resync is for. It does so even without a
@@ -531,6 +528,12 @@ impl Stream {
             Outcome::Synced { .. } => match self.settle_scope().await {
                 Ok(()) => {
                     self.position.era_fresh = false;
+                    // Its position is the list's, above every fence: positions committed from
+                    // now on carry none. Until here they kept them, so that a sync cut short
+                    // (a failed delivery resumes from the checkpoint, a crash restarts from
+                    // it) publishes nothing twice.
+                    self.fences.clear();
+                    self.stamp();
                     outcome
                 }
                 Err(why) => Self::stopped(why),

@@ -97,7 +97,6 @@ pub(super) struct Scoped {
     base: String,
     /// The fingerprint the stream's checkpoint was saved under.
     saved_query: Option<String>,
-    /// The fences the checkpoint was saved with (see [`crate::checkpoint::Saved::fences`]).
     /// The namespaces whose objects the stream has announced (or is announcing).
     applied: BTreeSet<String>,
     /// Set by a start that resumed from a position under other namespaces, until its first live
