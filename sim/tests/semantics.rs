@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 mod common;
 
 use common::setup;
-use watchrelay_sim::objects;
+use watchrelay_sim::{objects, Sim};
 
 async fn get(client: &kube::Client, path: &str) -> Result<Value, kube::Error> {
     let text = client
@@ -135,35 +135,40 @@ async fn bookmarks_and_initial_events_end() {
     assert!(matches!(err, kube::Error::Api(s) if s.code == 422));
 }
 
-#[tokio::test]
-async fn label_selector_watch_reports_objects_leaving_and_entering() {
-    let (sim, client) = setup().await;
+/// Pod `a` labelled `tier: gold`, then silver, with pod `other` created after, `changes` more
+/// changes of `other`, then `a` gold again: a watch from before the first change through the
+/// selector `tier=gold` sees `a` leave and enter. Returns that position and the silver one.
+async fn leaves_and_enters(sim: &Sim, client: &kube::Client, changes: usize) -> (u64, u64) {
     let mut p = objects::pod("shop", "a");
     p["metadata"]["labels"] = json!({"tier": "gold"});
     sim.create("pods", Some("shop"), p).unwrap();
     let rv = sim.current_rv();
-    sim.merge_patch(
-        "pods",
-        Some("shop"),
-        "a",
-        json!({"metadata": {"labels": {"tier": "silver"}}}),
-    )
-    .unwrap();
-    sim.merge_patch(
-        "pods",
-        Some("shop"),
-        "a",
-        json!({"metadata": {"labels": {"tier": "gold"}}}),
-    )
-    .unwrap();
+    let tier = |t: &str| json!({"metadata": {"labels": {"tier": t}}});
+    sim.merge_patch("pods", Some("shop"), "a", tier("silver"))
+        .unwrap();
+    let silver = sim.current_rv();
     sim.create("pods", Some("shop"), objects::pod("shop", "other"))
         .unwrap();
+    for i in 0..changes {
+        let patch = json!({"metadata": {"annotations": {"turn": i.to_string()}}});
+        sim.merge_patch("pods", Some("shop"), "other", patch)
+            .unwrap();
+    }
+    sim.merge_patch("pods", Some("shop"), "a", tier("gold"))
+        .unwrap();
     let ev = watch(
-        &client,
+        client,
         &format!("resourceVersion={rv}&labelSelector=tier%3Dgold"),
     )
     .await;
     assert_eq!(summary(&ev), ["DELETED a", "ADDED a"]);
+    (rv, silver)
+}
+
+#[tokio::test]
+async fn label_selector_watch_reports_objects_leaving_and_entering() {
+    let (sim, client) = setup().await;
+    let (rv, _) = leaves_and_enters(&sim, &client, 0).await;
     let ev = watch(
         &client,
         &format!("resourceVersion={rv}&fieldSelector=metadata.name%3Dother"),
@@ -177,29 +182,7 @@ async fn label_selector_watch_reports_objects_leaving_and_entering() {
 #[tokio::test]
 async fn an_old_change_replays_and_lists_as_a_recent_one() {
     let (sim, client) = setup().await;
-    let mut p = objects::pod("shop", "a");
-    p["metadata"]["labels"] = json!({"tier": "gold"});
-    sim.create("pods", Some("shop"), p).unwrap();
-    let rv = sim.current_rv();
-    let tier = |t: &str| json!({"metadata": {"labels": {"tier": t}}});
-    sim.merge_patch("pods", Some("shop"), "a", tier("silver"))
-        .unwrap();
-    let silver = sim.current_rv();
-    sim.create("pods", Some("shop"), objects::pod("shop", "other"))
-        .unwrap();
-    for i in 0..1_500 {
-        let patch = json!({"metadata": {"annotations": {"turn": i.to_string()}}});
-        sim.merge_patch("pods", Some("shop"), "other", patch)
-            .unwrap();
-    }
-    sim.merge_patch("pods", Some("shop"), "a", tier("gold"))
-        .unwrap();
-    let ev = watch(
-        &client,
-        &format!("resourceVersion={rv}&labelSelector=tier%3Dgold"),
-    )
-    .await;
-    assert_eq!(summary(&ev), ["DELETED a", "ADDED a"]);
+    let (_, silver) = leaves_and_enters(&sim, &client, 1_500).await;
     let then = get(
         &client,
         &format!(
