@@ -268,7 +268,7 @@ checkov -d "$work/checkov" --framework kubernetes --quiet --compact --skip-downl
 
 echo "== deploy/watchrelay.yaml is the chart's current rendering"
 if ! diff -u deploy/watchrelay.yaml "$work/default.yaml"; then
-  echo "deploy/watchrelay.yaml is stale: helm template watchrelay charts/watchrelay --set config.clusterName=my-cluster --set config.kafka.bootstrapServers=kafka:9092 --namespace watchrelay > deploy/watchrelay.yaml" >&2
+  echo "deploy/watchrelay.yaml is stale: helm template watchrelay charts/watchrelay --set config.clusterName=my-cluster --set config.kafka.bootstrapServers=kafka:9092 --namespace watchrelay --no-hooks > deploy/watchrelay.yaml" >&2
   exit 1
 fi
 
