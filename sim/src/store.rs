@@ -29,7 +29,7 @@ fn parse(json: &Bytes) -> Arc<Value> {
 }
 
 /// How many of the newest changes keep their objects parsed.
-pub const HOT: usize = 1 << 10;
+const HOT: usize = 1 << 10;
 
 /// One change, serialized once as a watch line and shared by every watcher.
 #[derive(Debug)]

@@ -582,11 +582,22 @@ pub fn lowest_gathered(
         let Move::Gather { from, query, .. } = m else {
             continue;
         };
-        let rv = saved.get(from).and_then(|s| position_under(s, query));
-        let rv = crate::event::comparable(rv?)?;
+        let (rv, _) = carried(from, query, saved)?;
         lowest = Some(lowest.map_or(rv, |l: u64| l.min(rv)));
     }
     lowest
+}
+
+/// The position a gather takes from per-namespace stream `from`, with its value as an integer:
+/// the stream's position under `query`, the query it stood under; `None` without one, or with
+/// one that does not compare.
+fn carried<'s>(
+    from: &str,
+    query: &str,
+    saved: &'s HashMap<String, Saved>,
+) -> Option<(u64, &'s str)> {
+    let rv = saved.get(from).and_then(|s| position_under(s, query))?;
+    Some((crate::event::comparable(rv)?, rv))
 }
 
 /// For each stream that gathers members from streams that covered its whole scope (or part of
@@ -596,7 +607,7 @@ fn gathered_positions(
     moves: &[Move],
     saved: &HashMap<String, Saved>,
 ) -> BTreeMap<String, Option<String>> {
-    let mut lowest: BTreeMap<String, Option<(u64, String)>> = BTreeMap::new();
+    let mut lowest: BTreeMap<String, Option<(u64, &str)>> = BTreeMap::new();
     for m in moves {
         let Move::Gather {
             from,
@@ -608,20 +619,13 @@ fn gathered_positions(
         else {
             continue;
         };
-        let rv = saved
-            .get(from)
-            .and_then(|s| position_under(s, query))
-            .filter(|_| into_query.is_some() || partly.is_some())
-            .and_then(|rv| Some((crate::event::comparable(rv)?, rv.to_string())));
-        let entry = lowest.entry(into.clone()).or_insert_with(|| rv.clone());
-        *entry = match (entry.take(), rv) {
-            (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
-            _ => None,
-        };
+        let rv = carried(from, query, saved).filter(|_| into_query.is_some() || partly.is_some());
+        let entry = lowest.entry(into.clone()).or_insert(rv);
+        *entry = entry.zip(rv).map(|(a, b)| if b.0 < a.0 { b } else { a });
     }
     lowest
         .into_iter()
-        .map(|(into, rv)| (into, rv.map(|(_, rv)| rv)))
+        .map(|(into, rv)| (into, rv.map(|(_, rv)| rv.to_string())))
         .collect()
 }
 

@@ -293,6 +293,9 @@ impl<'a> Run<'a> {
             // gather from resuming, unless it holds none of the channel's objects, or over
             // every namespace none that a watch from the gathered position would not show: a
             // few are read to tell.
+            // The gathers as the final plan makes them (a stream whose namespace is gone is
+            // not gathered): the position a namespace is judged against is the one the stream
+            // will resume from, never a lower one.
             let read = plan(&namespaces);
             for channel in &dynamic {
                 let gathers = moves
