@@ -122,6 +122,8 @@ pub struct Metrics {
     pub fanout_watches: IntCounter,
     /// Lists of collections fanned out to its shards (one serves every shard then waiting).
     pub fanout_lists: IntCounter,
+    /// Parts of fanned-out collections let go for queueing too much while they read nothing.
+    pub fanout_parts_let_go: IntCounter,
     /// Objects received in reads of fanned-out collections, by whose shard they are (`own`:
     /// this replica's, `other`: another's, received and dropped).
     pub fanout_objects: IntCounterVec,
@@ -225,6 +227,10 @@ impl Metrics {
         let fanout_lists = registered(&registry, IntCounter::new(
             "fanout_lists_total",
             "Lists of collections fanned out to this replica's shards, each serving every shard then waiting",
+        ));
+        let fanout_parts_let_go = registered(&registry, IntCounter::new(
+            "fanout_parts_let_go_total",
+            "Parts of collections fanned out to this replica's shards let go for falling behind the shared watch (each resumes from its position)",
         ));
         let fanout_objects = counter(
             "fanout_objects_received_total",
@@ -415,6 +421,7 @@ impl Metrics {
             shard_handover_seconds,
             fanout_watches,
             fanout_lists,
+            fanout_parts_let_go,
             fanout_objects,
             fanout_server_filtered,
             registry,
@@ -503,10 +510,11 @@ impl Metrics {
             shard_handover_seconds,
             fanout_watches,
             fanout_lists,
+            fanout_parts_let_go,
             fanout_objects,
             fanout_server_filtered,
         } = self;
-        let collectors: [&dyn Collector; 44] = [
+        let collectors: [&dyn Collector; 45] = [
             events_received,
             events_published,
             events_filtered,
@@ -549,6 +557,7 @@ impl Metrics {
             shard_handover_seconds,
             fanout_watches,
             fanout_lists,
+            fanout_parts_let_go,
             fanout_objects,
             fanout_server_filtered,
         ];

@@ -559,11 +559,37 @@ async fn a_replica_whose_namespaces_lag_takes_no_live_object_for_deleted() {
 }
 
 /// S16: a part that takes no line (its records unacknowledged, as behind the partition of its
-/// keys with its leader stalled) holds its replica's shared watch up for a while at most: it is
-/// let go, and the other shards' parts go on publishing. Once its records are acknowledged it
-/// resumes from its position and publishes every change of its own.
+/// keys with its leader stalled) holds up no other part of its replica's shared watch: its
+/// lines queue in the hub while the other shards' parts go on publishing. Once its records are
+/// acknowledged it takes them, in order: it was not let go, and nothing was read again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_part_that_takes_no_line_is_let_go_and_the_others_go_on() {
+async fn a_part_that_takes_no_line_holds_up_no_other() {
+    let (a, watches) = a_part_stalls(600, 0).await;
+    assert_eq!(a.metrics.fanout_parts_let_go.get(), 0);
+    assert_eq!(
+        a.metrics.fanout_watches.get(),
+        watches,
+        "the shared watch was reopened"
+    );
+    a.stop().await;
+}
+
+/// A stalled part whose queue in the hub outgrows its bound is let go: it resumes from its
+/// position and publishes every change of its own, and the others were not held up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_that_falls_too_far_behind_is_let_go_and_resumes() {
+    // Past what its subscription buffers, 700 changes of 32 KiB: more than a part may queue.
+    let (a, _) = a_part_stalls(1200, 32 << 10).await;
+    assert_eq!(a.metrics.fanout_parts_let_go.get(), 1);
+    assert_eq!(expired(&a.metrics), 0.0, "a part relisted");
+    a.stop().await;
+}
+
+/// One part of a fanned-out collection stops reading while its pod changes `changes` times
+/// (with an annotation of `pad` bytes), more than its subscription buffers; the other shards'
+/// changes are all published meanwhile. Then it reads again, and every change is published.
+/// Returns the relay and how many watches it had opened before the part stalled.
+async fn a_part_stalls(changes: usize, pad: usize) -> (Relay, u64) {
     let bed = Bed::in_memory_serving(true, &NAMESPACES).await;
     pods_p1(&bed);
     let channel = "  - operationId: watchNamespacedPods\n    allNamespaces: true\n    watchStrategy: clusterWide\n    topic: pods\n";
@@ -573,11 +599,15 @@ async fn a_part_that_takes_no_line_is_let_go_and_the_others_go_on() {
     let memory = Arc::new(Memory::new());
     let a = relaying_every_shard_as(&bed, cfg.clone(), &memory).await;
     let from = bed.sim.current_rv();
+    let watches = a.metrics.fanout_watches.get();
     let stalled = NAMESPACES[0];
     memory.hold_keys(Some(&format!("{stalled}/")));
-    // More changes of its pod than the part and its share of the shared watch hold.
-    for i in 0..600 {
-        let patch = serde_json::json!({"metadata": {"labels": {"v": i.to_string()}}});
+    let padding = "x".repeat(pad);
+    for i in 0..changes {
+        let patch = serde_json::json!({"metadata": {
+            "labels": {"v": i.to_string()},
+            "annotations": {"pad": padding},
+        }});
         bed.sim
             .merge_patch("pods", Some(stalled), "p1", patch)
             .unwrap();
@@ -607,7 +637,7 @@ async fn a_part_that_takes_no_line_is_let_go_and_the_others_go_on() {
     )
     .await;
     assert_published(&events(&memory), &bed.journal_after("pods", None, from), "");
-    a.stop().await;
+    (a, watches)
 }
 
 /// A simulator that filters by shard (serving `shardSelector` as kube-apiserver with

@@ -216,6 +216,22 @@ impl Board {
             .any(|s| matches!(s.phase, Phase::Resuming { .. }))
     }
 
+    /// The seats that take lines: the live ones and those being listed.
+    pub fn taking(&self) -> impl Iterator<Item = u64> + '_ {
+        self.seats
+            .iter()
+            .filter(|(_, s)| matches!(s.phase, Phase::Live | Phase::Listing { .. }))
+            .map(|(id, _)| *id)
+    }
+
+    /// The seats being listed.
+    pub fn listing_ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.seats
+            .iter()
+            .filter(|(_, s)| matches!(s.phase, Phase::Listing { .. }))
+            .map(|(id, _)| *id)
+    }
+
     /// Whether a seat is being listed.
     #[cfg(test)]
     pub fn listing(&self) -> bool {

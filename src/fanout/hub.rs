@@ -24,16 +24,22 @@
 //!   heartbeat ──► a bookmark at the main position to the live seats, only while a main watch runs
 //!   a catch-up due while the main position is not an integer ──► the main watch closes and its
 //!       seats relist with the waiting ones: that catch-up goes on as the main watch
+//!   a part with no room for a line ──► stalled: its lines queue; room again ──► they go out
+//!       its queue too long ──► LetGo: its subscription closes and its part resumes later
+//!       every part that takes lines stalled ──► the main watch is not read until one has room
+//!       a part being listed stalled ──► the catch-up is not read; after slow_list ──► LetGo
 //! ```
 //!
-//! The board ([`super::board`]) decides who gets which line; this machine decides when the
-//! reads open, close and retry.
+//! The board ([`super::board`]) decides who gets which line, the backlogs
+//! ([`super::backlog`]) when a stalled part's lines go out; this machine decides when the reads
+//! open, close, retry and pause, and when a part is let go.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::backlog::Backlogs;
 use super::board::{Board, Line, Out, To};
 use super::cover::{self, Cover, Points};
 use crate::event::comparable;
@@ -58,6 +64,8 @@ pub struct Timing {
     pub retry_max: Duration,
     /// A main watch that delivered nothing for this long is reopened.
     pub idle: Duration,
+    /// How long a part being listed may hold the catch-up up with no room before it is let go.
+    pub slow_list: Duration,
 }
 
 /// What a read asked the server for: the shards and the ranges covering their namespaces;
@@ -109,6 +117,11 @@ pub enum Input {
     Beat { gone: Vec<u64> },
     /// Shards claimed by the replica are starting their streams (`true`), or none is any more.
     Starting(bool),
+    /// A seat's subscription had no room for this line (or its part's earlier lines still
+    /// wait): the seat is stalled.
+    NoRoom(Out),
+    /// A stalled seat's subscription has room again.
+    Room(u64),
 }
 
 /// What the loop does.
@@ -134,12 +147,15 @@ pub enum Effect {
     /// The reads were not asked for namespaces of these shards (created since): their seats
     /// relist (said in the log).
     Missed(BTreeSet<u32>),
+    /// Close the seat's subscription: its part, stalled too long, resumes from its position.
+    LetGo(u64),
 }
 
 /// The hub's state beside its board.
 #[derive(Debug)]
 pub struct Hub {
     board: Board,
+    backlogs: Backlogs,
     timing: Timing,
     /// A main watch runs, and what it asked for.
     main: Option<Asked>,
@@ -163,6 +179,7 @@ impl Hub {
     pub fn new(timing: Timing, now: Instant) -> Self {
         Self {
             board: Board::default(),
+            backlogs: Backlogs::default(),
             timing,
             main: None,
             catch: None,
@@ -182,12 +199,50 @@ impl Hub {
         &self.board
     }
 
+    /// Whether seat `id` is stalled: a line for it is to be reported as [`Input::NoRoom`], to
+    /// go behind the others it waits for.
+    pub fn stalled(&self, id: u64) -> bool {
+        self.backlogs.stalled(id)
+    }
+
+    /// The stalled seats, whose room the loop waits for.
+    pub fn stalled_ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.backlogs.ids()
+    }
+
+    /// Whether the main watch is not to be read: every seat that takes lines is stalled, so
+    /// reading on would only queue (see [`super::backlog`]).
+    pub fn main_paused(&self) -> bool {
+        let mut takers = self.board.taking().peekable();
+        takers.peek().is_some() && takers.all(|id| self.backlogs.stalled(id))
+    }
+
+    /// Whether the catch-up is not to be read: a seat it lists is stalled (a list is not
+    /// queued).
+    pub fn catch_paused(&self) -> bool {
+        self.board.listing_ids().any(|id| self.backlogs.stalled(id))
+    }
+
+    /// When the first seat being listed that is stalled has held the catch-up up too long.
+    fn slow_list_due(&self) -> Option<Instant> {
+        self.board
+            .listing_ids()
+            .filter_map(|id| self.backlogs.since(id))
+            .min()
+            .map(|since| since + self.timing.slow_list)
+    }
+
     /// When the hub must be told [`Input::Due`]; `None` while it waits for something else.
     pub fn deadline(&self) -> Option<Instant> {
-        [self.narrow_at, self.catch_up_due(), self.reopen_due()]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.narrow_at,
+            self.catch_up_due(),
+            self.reopen_due(),
+            self.slow_list_due(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// When joins have been `quiet` long enough to act on them.
@@ -265,12 +320,16 @@ impl Hub {
                 self.board.join(id, shard, from.as_deref())
             }
             Input::Leave(id) => {
-                self.board.leave(id);
-                if self.asks_too_much() {
-                    self.narrow_at.get_or_insert(now + self.timing.join_quiet);
+                self.leave(id, now);
+                Vec::new()
+            }
+            Input::NoRoom(out) => {
+                for id in self.backlogs.no_room(out, now) {
+                    self.let_go(id, now, &mut fx);
                 }
                 Vec::new()
             }
+            Input::Room(id) => self.backlogs.room(id),
             Input::Due => {
                 self.due(now, &mut fx);
                 Vec::new()
@@ -366,18 +425,50 @@ impl Hub {
             }
             Input::Beat { gone } => {
                 for id in gone {
+                    self.backlogs.forget(id);
                     self.board.leave(id);
                 }
                 self.beat(now, &mut fx)
             }
         };
+        let (out, let_go) = self.backlogs.route(out);
         fx.extend(out.into_iter().map(Effect::Seat));
+        for id in let_go {
+            self.let_go(id, now, &mut fx);
+        }
         fx
+    }
+
+    /// Seat `id` went away.
+    fn leave(&mut self, id: u64, now: Instant) {
+        self.backlogs.forget(id);
+        self.board.leave(id);
+        if self.asks_too_much() {
+            self.narrow_at.get_or_insert(now + self.timing.join_quiet);
+        }
+    }
+
+    /// Seat `id` queued too much: it goes, and its part resumes from its position.
+    fn let_go(&mut self, id: u64, now: Instant, fx: &mut Vec<Effect>) {
+        self.leave(id, now);
+        fx.push(Effect::LetGo(id));
     }
 
     /// The clock reached the deadline: narrow, begin a catch-up, (re)open the main watch,
     /// whichever is due.
     fn due(&mut self, now: Instant, fx: &mut Vec<Effect>) {
+        let slow: Vec<u64> = self
+            .board
+            .listing_ids()
+            .filter(|id| {
+                self.backlogs
+                    .since(*id)
+                    .is_some_and(|t| t + self.timing.slow_list <= now)
+            })
+            .collect();
+        for id in slow {
+            self.let_go(id, now, fx);
+        }
         if self.narrow_at.is_some_and(|t| t <= now) {
             self.narrow_at = None;
             if self.asks_too_much() && !self.board.is_empty() {
@@ -432,6 +523,10 @@ impl Hub {
             }
             return self.board.gap();
         }
+        if self.main_paused() {
+            // Not read, not silent: the idle timeout counts from when reading goes on.
+            self.last_line = now;
+        }
         if self.main.is_some() && now.duration_since(self.last_line) >= self.timing.idle {
             fx.push(Effect::Silent);
             self.close_main(fx);
@@ -440,7 +535,9 @@ impl Hub {
         // No bookmark while no main watch runs: a part that hears nothing for its idle
         // timeout stalls, and says so, rather than look healthy.
         if self.main.is_some() {
-            let beats = self.board.heartbeat();
+            // A stalled seat's bookmark would pass the lines it waits for.
+            let mut beats = self.board.heartbeat();
+            beats.retain(|(id, _)| !self.backlogs.stalled(*id));
             if !beats.is_empty() {
                 fx.push(Effect::Bookmark(beats));
             }

@@ -36,14 +36,18 @@
 //!   expires its shard's parts, which relist once the reads ask for it. Every object received
 //!   is still dealt by its shard, whatever the server sent.
 //!
-//! A part that stops reading (its outbox full, Kafka slow) holds the hub up, as a slow reader
-//! holds up a watch: the replica's parts share one producer, so they slow down together. One
-//! that takes no line for [`SLOW_PART`] is let go and resumes from its position later.
+//! A part that stops reading (its outbox full, its records behind a stalled partition) holds
+//! up no other part: its lines queue, and go out in order once it reads again ([`backlog`]).
+//! One that queues too much is let go (its subscription closed) and resumes from its position
+//! later. When every part stops reading (Kafka slow for the whole replica), the hub stops
+//! reading too, as a slow reader holds up a watch. A list is not queued: a part being listed
+//! that stops reading holds its catch-up up, for [`SLOW_LIST`] at most before it is let go.
 //! Lines are shared buffers, dealt without copying; a hub holds no objects, only the lines a
 //! part being listed must not miss (bounded by [`board::HELD_BYTES`] a part and
 //! [`board::HUB_HELD_BYTES`] a hub, past which the part holding the most drops them and,
 //! once its list ends, resumes from the list's position: it never lists again for it).
 
+mod backlog;
 mod board;
 pub mod cover;
 mod hub;
@@ -52,12 +56,13 @@ mod namespaces;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, PollSender};
 
 use crate::config::ShardingConfig;
 use crate::decode::{self, Trim};
@@ -82,14 +87,14 @@ pub const START_MAX: Duration = Duration::from_secs(30);
 /// How often live parts get a bookmark at the main watch's position (more often when the
 /// streams' idle timeout is short).
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
-/// Lines a part's subscription buffers before the hub waits for it.
+/// Lines a part's subscription buffers before its lines queue in the hub ([`backlog`]).
 const LINES: usize = 512;
 /// The first wait before trying again a request that failed; it doubles with each failure in a
 /// row, up to [`RETRY_MAX`], unless the server says when to come back.
 const RETRY: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
-/// How long a part may take no line before the hub lets it go (see [`Reader::deliver`]).
-const SLOW_PART: Duration = Duration::from_secs(30);
+/// How long a part being listed may hold up its catch-up with no room before it is let go.
+const SLOW_LIST: Duration = Duration::from_secs(30);
 /// Nothing is trimmed here: the parts trim as their channels say.
 const WHOLE: Trim = Trim {
     drop_managed_fields: false,
@@ -238,6 +243,8 @@ enum Seat {
 struct Lines {
     tx: mpsc::Sender<Bytes>,
     expired: Arc<AtomicBool>,
+    /// While the seat is stalled: waits for room in its subscription.
+    room: Option<PollSender<Bytes>>,
 }
 
 impl Subscription {
@@ -329,6 +336,7 @@ impl Fanouts {
                                 retry: RETRY,
                                 retry_max: RETRY_MAX,
                                 idle: self.settings.idle,
+                                slow_list: SLOW_LIST,
                             },
                             Instant::now(),
                         ),
@@ -343,6 +351,7 @@ impl Fanouts {
                         own: self.metrics.fanout_objects.with_label_values(&["own"]),
                         other: self.metrics.fanout_objects.with_label_values(&["other"]),
                         filtered: self.metrics.fanout_server_filtered.clone(),
+                        let_go: self.metrics.fanout_parts_let_go.clone(),
                         server: if self.settings.sharding.server_ranges {
                             Server::Unasked
                         } else {
@@ -370,6 +379,7 @@ impl Fanouts {
         let lines = Lines {
             tx,
             expired: expired.clone(),
+            room: None,
         };
         let _ = hub
             .joins
@@ -419,6 +429,7 @@ struct Reader {
     own: prometheus::IntCounter,
     other: prometheus::IntCounter,
     filtered: prometheus::IntGauge,
+    let_go: prometheus::IntCounter,
     server: Server,
     follow: Arc<Follow>,
     /// The replica's namespaces, once the server filters.
@@ -454,6 +465,8 @@ impl Reader {
         self.feed(Input::Starting(starting)).await;
         loop {
             let deadline = self.hub.deadline();
+            let (main_paused, catch_paused) = (self.hub.main_paused(), self.hub.catch_paused());
+            let stalled: Vec<u64> = self.hub.stalled_ids().collect();
             let input = tokio::select! {
                 _ = stop.cancelled() => return,
                 seat = joins.recv() => match seat {
@@ -468,7 +481,8 @@ impl Reader {
                     }
                 },
                 _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => Input::Due,
-                line = next_line(&mut self.main), if self.main.is_some() => match line {
+                id = room(&mut self.lines, &stalled), if !stalled.is_empty() => Input::Room(id),
+                line = next_line(&mut self.main), if self.main.is_some() && !main_paused => match line {
                     Ok(Some(line)) => match self.read(&line) {
                         Read::Dealt(line, rv) => Input::Main(line, rv),
                         Read::End(_) => continue,
@@ -480,7 +494,7 @@ impl Reader {
                     // Ended or cut: reopened from its position.
                     Ok(None) | Err(_) => Input::MainEnded,
                 },
-                line = next_caught(&mut self.catch), if self.catch.is_some() => match line {
+                line = next_caught(&mut self.catch), if self.catch.is_some() && !catch_paused => match line {
                     Paged::Line(line) => match self.read(&line) {
                         Read::Dealt(line, _) => Input::Listed(line),
                         Read::End(rv) => Input::CaughtUp { rv, watch: true },
@@ -538,8 +552,11 @@ impl Reader {
     /// Performs `effect`; what came of it, when the hub must know.
     async fn perform(&mut self, effect: Effect) -> Option<Input> {
         match effect {
-            Effect::Seat(out) => {
-                self.deliver(out).await;
+            Effect::Seat(out) => self.deliver(out),
+            Effect::LetGo(id) => {
+                tracing::info!(path = %self.collection.path, seat = id, "a part fell behind the collection's watch: let go, it resumes from its position");
+                self.lines.remove(&id);
+                self.let_go.inc();
                 None
             }
             // A part with no room for a heartbeat has lines to read: it is not waited for.
@@ -914,41 +931,41 @@ impl Reader {
         Bytes::from(serde_json::to_vec(&line).expect("a bookmark serializes"))
     }
 
-    /// Hands a seat its line, or expires it. A part that takes nothing for [`SLOW_PART`] is let
-    /// go (its subscription closed, as a watch the server ends): it holds up no other part, and
-    /// resumes from its position once it reads again.
-    async fn deliver(&mut self, out: Out) {
-        let (id, line) = match out {
-            Out::Send(id, line) => (id, line),
-            Out::End(id, rv) => (id, self.bookmark(&rv, true)),
+    /// Hands a seat its line, or expires it; never waits. A seat with no room for the line, or
+    /// stalled already (its earlier lines wait in the hub), is reported stalled, the line with
+    /// it; a seat whose part went away, gone.
+    fn deliver(&mut self, out: Out) -> Option<Input> {
+        let id = match &out {
             Out::Expire(id) => {
-                if let Some(l) = self.lines.remove(&id) {
+                if let Some(l) = self.lines.remove(id) {
                     l.expired.store(true, Ordering::Relaxed);
                     if l.tx.try_send(Bytes::from_static(EXPIRED)).is_ok() {
                         l.expired.store(false, Ordering::Relaxed);
                     }
                 }
-                return;
+                return None;
             }
+            Out::Send(id, _) | Out::End(id, _) => *id,
         };
-        let Some(tx) = self.lines.get(&id).map(|l| &l.tx) else {
-            return;
+        if !self.lines.contains_key(&id) {
+            return None;
+        }
+        if self.hub.stalled(id) {
+            return Some(Input::NoRoom(out));
+        }
+        let line = match out {
+            Out::Send(_, line) => line,
+            Out::End(_, rv) => self.bookmark(&rv, true),
+            Out::Expire(_) => unreachable!("expiries are handed out above"),
         };
-        let sent = match tx.try_send(line) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
-            Err(mpsc::error::TrySendError::Full(line)) => {
-                matches!(
-                    tokio::time::timeout(SLOW_PART, tx.send(line)).await,
-                    Ok(Ok(()))
-                )
+        let l = self.lines.get(&id)?;
+        match l.tx.try_send(line) {
+            Ok(()) => None,
+            Err(mpsc::error::TrySendError::Full(line)) => Some(Input::NoRoom(Out::Send(id, line))),
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                self.lines.remove(&id);
+                Some(Input::Leave(id))
             }
-        };
-        if !sent {
-            tracing::debug!(path = %self.collection.path, seat = id, "a part took no line for a while, or went away: let go");
-            self.lines.remove(&id);
-            let fx = self.hub.step(Input::Leave(id), Instant::now());
-            debug_assert!(fx.iter().all(|e| !matches!(e, Effect::Seat(_))));
         }
     }
 }
@@ -997,6 +1014,28 @@ async fn namespaces_changed(known: &mut Option<Known>) -> Arc<Points> {
         }
     }
     std::future::pending().await
+}
+
+/// The first of the `stalled` seats whose subscription has room again (or closed: the line
+/// handed to it then finds it gone).
+async fn room(lines: &mut HashMap<u64, Lines>, stalled: &[u64]) -> u64 {
+    std::future::poll_fn(|cx| {
+        for id in stalled {
+            let Some(l) = lines.get_mut(id) else {
+                return Poll::Ready(*id);
+            };
+            let tx = &l.tx;
+            let room = l.room.get_or_insert_with(|| PollSender::new(tx.clone()));
+            if room.poll_reserve(cx).is_ready() {
+                // The slot is let go at once: the hub is the subscription's only sender, so
+                // the next line finds room.
+                l.room = None;
+                return Poll::Ready(*id);
+            }
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 async fn next_line(main: &mut Option<kubeapi::Watch>) -> Result<Option<Bytes>, ApiError> {

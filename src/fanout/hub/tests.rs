@@ -13,6 +13,7 @@ use crate::fanout::board::HELD_BYTES;
 const QUIET: Duration = Duration::from_millis(500);
 const IDLE: Duration = Duration::from_secs(60);
 const START_MAX: Duration = Duration::from_secs(30);
+const SLOW_LIST: Duration = Duration::from_secs(30);
 
 fn timing() -> Timing {
     Timing {
@@ -23,6 +24,7 @@ fn timing() -> Timing {
         retry: Duration::from_secs(1),
         retry_max: Duration::from_secs(30),
         idle: IDLE,
+        slow_list: SLOW_LIST,
     }
 }
 
@@ -766,4 +768,169 @@ fn positions_that_do_not_compare_wait_for_the_expired_seats_whatever_made_the_ca
         Some(t0 + Duration::from_millis(6000) + QUIET),
         "the expired seat is waited for"
     );
+}
+
+/// Seat 1 (shard 0) live at 10, and seat 2 (shard 1) resumed live at 10.
+fn live_two(t0: Instant) -> Hub {
+    let mut hub = live_one(t0);
+    run(
+        &mut hub,
+        t0,
+        std::iter::once((600, join(2, 1, Some("10")), vec![]))
+            .chain(reopens(1200, "10", &[0, 1]))
+            .collect(),
+    );
+    hub
+}
+
+fn main_line(shard: u32, rv: u64) -> Input {
+    Input::Main(line(To::Shard(shard), rv), Some(rv.to_string()))
+}
+
+/// S16: a part with no room holds up no other part. Its lines queue and go out in order once
+/// it has room; a heartbeat does not pass them; the hub reads on for the others meanwhile.
+#[test]
+fn a_stalled_part_holds_up_no_other_and_gets_its_lines_in_order() {
+    let t0 = Instant::now();
+    let mut hub = live_two(t0);
+    let no_room = |rv| Input::NoRoom(Out::Send(1, line(To::Shard(0), rv).bytes));
+    run(
+        &mut hub,
+        t0,
+        vec![
+            (1300, main_line(0, 11), vec![send(1, To::Shard(0), 11)]),
+            // Seat 1 had no room for it: stalled, but seat 2 takes lines, so reading goes on.
+            (1301, no_room(11), vec![]),
+            (1302, main_line(0, 12), vec![]),
+            (1303, main_line(1, 13), vec![send(2, To::Shard(1), 13)]),
+            (
+                1304,
+                Input::Beat { gone: vec![] },
+                vec![Effect::Bookmark(vec![(2, "13".into())])],
+            ),
+            // Room: its lines, in order.
+            (
+                1305,
+                Input::Room(1),
+                vec![send(1, To::Shard(0), 11), send(1, To::Shard(0), 12)],
+            ),
+            (1306, main_line(0, 14), vec![send(1, To::Shard(0), 14)]),
+        ],
+    );
+    assert!(!hub.main_paused());
+}
+
+/// When every part that takes lines is stalled, the hub stops reading rather than queue, and a
+/// main watch not read is not silent.
+#[test]
+fn a_hub_whose_every_part_is_stalled_pauses_and_is_not_silent() {
+    let t0 = Instant::now();
+    let mut hub = live_two(t0);
+    run(
+        &mut hub,
+        t0,
+        vec![
+            (1300, main_line(0, 11), vec![send(1, To::Shard(0), 11)]),
+            (
+                1301,
+                Input::NoRoom(Out::Send(1, line(To::Shard(0), 11).bytes)),
+                vec![],
+            ),
+        ],
+    );
+    assert!(!hub.main_paused());
+    hub.step(
+        Input::NoRoom(Out::Send(2, line(To::Shard(1), 3).bytes)),
+        t0 + Duration::from_millis(1302),
+    );
+    assert!(hub.main_paused());
+    let later = 1302 + 2 * IDLE.as_millis() as u64;
+    run(
+        &mut hub,
+        t0,
+        vec![(later, Input::Beat { gone: vec![] }, vec![])],
+    );
+    hub.step(Input::Room(2), t0 + Duration::from_millis(later + 1));
+    assert!(!hub.main_paused());
+    // The idle timeout counts from the pause's last heartbeat.
+    run(
+        &mut hub,
+        t0,
+        vec![(
+            later + 2,
+            Input::Beat { gone: vec![] },
+            vec![Effect::Bookmark(vec![(2, "11".into())])],
+        )],
+    );
+}
+
+/// A part that queues past its bound is let go, and its seat gets nothing more: its part
+/// resumes from its position.
+#[test]
+fn a_part_queueing_too_much_is_let_go() {
+    let t0 = Instant::now();
+    let mut hub = live_two(t0);
+    let big = |rv: u64| Line {
+        to: To::Shard(0),
+        rv: Some(rv),
+        bytes: Bytes::from(vec![b'x'; crate::fanout::backlog::QUEUE_BYTES / 2 + 1]),
+    };
+    hub.step(
+        Input::NoRoom(Out::Send(1, big(11).bytes)),
+        t0 + Duration::from_millis(1300),
+    );
+    run(
+        &mut hub,
+        t0,
+        vec![
+            (
+                1301,
+                Input::Main(big(12), Some("12".into())),
+                vec![Effect::LetGo(1)],
+            ),
+            (1302, main_line(0, 13), vec![]),
+            (1303, main_line(1, 14), vec![send(2, To::Shard(1), 14)]),
+        ],
+    );
+    assert!(!hub.stalled(1));
+    assert_eq!(hub.board().ids().collect::<Vec<_>>(), vec![2]);
+}
+
+/// A list is not queued: a part being listed with no room holds its catch-up up, and is let go
+/// once it has for `slow_list`, so that the others' list goes on.
+#[test]
+fn a_part_stalled_in_its_list_holds_the_list_up_for_a_while_at_most() {
+    let t0 = Instant::now();
+    let mut hub = Hub::new(timing(), t0);
+    let listed = |shard, rv| Input::Listed(line(To::Shard(shard), rv));
+    run(
+        &mut hub,
+        t0,
+        [(0, join(1, 0, None), vec![]), (0, join(2, 1, None), vec![])]
+            .into_iter()
+            .chain(catch_up_begins(500, &[0, 1]))
+            .chain([
+                (502, listed(0, 5), vec![send(1, To::Shard(0), 5)]),
+                (
+                    503,
+                    Input::NoRoom(Out::Send(1, line(To::Shard(0), 5).bytes)),
+                    vec![],
+                ),
+            ])
+            .collect(),
+    );
+    assert!(hub.catch_paused() && !hub.main_paused());
+    let slow = 503 + SLOW_LIST.as_millis() as u64;
+    assert_eq!(hub.deadline(), Some(t0 + Duration::from_millis(slow)));
+    run(
+        &mut hub,
+        t0,
+        vec![
+            (slow - 1, Input::Due, vec![]),
+            (slow, Input::Due, vec![Effect::LetGo(1)]),
+            (slow + 1, listed(0, 6), vec![]),
+            (slow + 2, listed(1, 7), vec![send(2, To::Shard(1), 7)]),
+        ],
+    );
+    assert!(!hub.catch_paused());
 }
