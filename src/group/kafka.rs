@@ -267,6 +267,14 @@ fn poll(consumer: &BaseConsumer<Context>, deadline: &Deadline, stop: &AtomicBool
             && consumer.assignment().map_or(true, |a| a.count() == 0))
     {
         let _ = consumer.poll(Duration::from_millis(100));
+        // A client failed beyond repair hands nothing over: the group moves the shards once
+        // this member's session expires. Said, rather than waited out in silence.
+        if let Some((code, reason)) = consumer.client().fatal_error() {
+            if !fatal {
+                tracing::error!(error = %format!("{code:?}: {reason}"), "the shard group's Kafka consumer failed fatally while leaving; its shards move once its session expires");
+            }
+            break;
+        }
     }
 }
 
