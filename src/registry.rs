@@ -558,6 +558,7 @@ mod tests {
             at: None,
             query: None,
             fences: Default::default(),
+            covered: None,
             route: None,
             kind: None,
             known: None,

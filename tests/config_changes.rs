@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::bed::{eventually, shard_of, sharded, Bed, Relay, CHECKPOINT_NAME, CHECKPOINT_NS};
 use common::view::{consumer_view, events, pods};
 use watchrelay::config::Config;
-use watchrelay::testing::{Memory, MemoryGroup};
+use watchrelay::testing::{Memory, MemoryGroup, Transactions};
 use watchrelay_sim::{objects, SimConfig};
 
 const SHARDS: u32 = 4;
@@ -394,6 +394,11 @@ async fn switch(sharding: bool, scope: Scope, joins: Joins, bookmarks: Bookmarks
     .await;
     back.stop().await;
     assert_eq!(consumer(), cluster());
+    // A consumer keeping each key's highest version holds the same: no version went back.
+    assert_eq!(
+        common::view::version_view_by(&pod_log(), |md| md["uid"].as_str().unwrap().to_string()),
+        cluster()
+    );
 
     // Nothing was retracted: the one DELETED is the deleted pod's.
     let deleted: BTreeSet<String> = pod_log()
@@ -564,4 +569,148 @@ async fn a_switch_whose_hand_over_is_tried_again_still_resumes() {
     let changes = bed.journal_after("pods", None, from);
     assert_eq!(changes.len(), 3);
     common::view::assert_published(&pod_log(), &changes, "a hand-over tried again");
+}
+
+/// An old namespace holding pods, outside the selector, while the selector's streams switch
+/// to `allNamespaces` over the collection (the relay stopped meanwhile): its pods are older
+/// than the gathered position, so the watch from there would not show them. The stream
+/// resumes all the same and lists that namespace alone, announcing its pods: nothing of the
+/// other namespaces collapses into a list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_namespace_with_pods_taken_in_by_a_switch_to_every_namespace_does_not_make_it_relist(
+) {
+    switch(false, Scope::All, Joins::Labelled, Bookmarks::Often).await;
+}
+
+/// The same with sharding on, the old and new replicas side by side: each shard's part takes
+/// in what its position does not cover through its replica's shared read of the collection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_namespace_with_pods_taken_in_by_a_sharded_switch_to_every_namespace_does_not_make_it_relist(
+) {
+    switch(true, Scope::All, Joins::Labelled, Bookmarks::Often).await;
+}
+
+/// `namespaces: [a, b]` widened to `allNamespaces` read over the collection, while the relay
+/// is down and pods change: the stream resumes from the namespaces' streams, and takes in the
+/// pods of `c`, which the list had left out (and had retracted when it narrowed), before it
+/// watches. Every change is published, nothing collapses into a list, and `c`'s pods come
+/// back above their retraction's versions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn widening_a_list_to_every_namespace_takes_the_others_in_and_resumes() {
+    widen(false, false).await;
+}
+
+/// The same under exactly once: what is taken in, and the entry without the covered
+/// namespaces, commit together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn widening_a_list_to_every_namespace_takes_the_others_in_exactly_once() {
+    widen(false, true).await;
+}
+
+/// The same, the take-in cut short by a failed delivery: it is done again, and every pod of
+/// `c` is announced (the first attempt's again, at least once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_in_cut_short_is_done_again() {
+    widen(true, false).await;
+}
+
+/// The same under exactly once: the aborted attempt shows nothing, and each pod of `c` is
+/// announced once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_in_cut_short_is_done_again_exactly_once() {
+    widen(true, true).await;
+}
+
+/// `namespaces: [a, b, c]`, then `[a, b]`, then `allNamespaces` over the collection with pods
+/// changed while the relay is down; with `fail`, the second record of the last start fails;
+/// with `once`, under exactly once.
+async fn widen(fail: bool, once: bool) {
+    let (a, b) = namespaces();
+    let c = format!("{a}-out");
+    let bed = Bed::in_memory_serving(true, &[&a, &b, &c]).await;
+    three_pods_in(&bed, &[&a, &b, &c]);
+    let memory = Arc::new(Memory::new());
+    let txns = once.then(|| Transactions::new(memory.clone()));
+    let start = |mut cfg: Config| {
+        if once {
+            cfg.kafka.delivery = watchrelay::config::Delivery::ExactlyOnce;
+        }
+        Relay::start_with_txns(&bed, cfg, memory.clone(), txns.as_ref())
+    };
+    let pod_log = || pod_records(&memory);
+    let by_version =
+        || common::view::version_view_by(&pod_log(), |md| md["uid"].as_str().unwrap().to_string());
+    let listed = |namespaces: &str| {
+        bed.config(
+            &format!("  - operationId: {CHANNEL}\n    namespaces: [{namespaces}]\n    topic: pods\n    watchStrategy: perNamespace\n"),
+            "",
+        )
+    };
+    // c in the list, then left out: its pods are retracted.
+    for (config, scope) in [
+        (listed(&format!("{a}, {b}, {c}")), vec![a.as_str(), &b, &c]),
+        (listed(&format!("{a}, {b}")), vec![a.as_str(), &b]),
+    ] {
+        let relay = start(config);
+        eventually(
+            || consumer_view(&pod_log()) == pods(&bed.sim, &scope, |_| true),
+            || format!("the consumer holds {:?}", consumer_view(&pod_log()).keys()),
+        )
+        .await;
+        relay.stop().await;
+    }
+    let from = bed.sim.current_rv();
+    bed.sim.delete("pods", Some(&a), "p0").unwrap();
+    bed.sim
+        .create("pods", Some(&b), objects::pod(&b, "p9"))
+        .unwrap();
+    for v in ["1", "2"] {
+        let patch = serde_json::json!({"metadata": {"labels": {"v": v}}});
+        bed.sim.merge_patch("pods", Some(&a), "p1", patch).unwrap();
+    }
+
+    let every = bed.config(
+        &format!("  - operationId: {CHANNEL}\n    allNamespaces: true\n    topic: pods\n    watchStrategy: clusterWide\n"),
+        "",
+    );
+    let before = pod_log().len();
+    if fail {
+        memory.fail_to_after("pods", 1, 1);
+    }
+    let relay = start(every);
+    let cluster = || pods(&bed.sim, &[&a, &b, &c], |_| true);
+    eventually(
+        || consumer_view(&pod_log()) == cluster() && by_version() == cluster(),
+        || format!("the consumer holds {:?}", by_version().keys()),
+    )
+    .await;
+    // Once taken in, the entry says so: a restart takes nothing in again.
+    let entry = || {
+        let cm = bed
+            .sim
+            .get("configmaps", Some(CHECKPOINT_NS), CHECKPOINT_NAME)?;
+        let entry = cm["data"][format!("{CHANNEL}._all")].as_str()?.to_string();
+        serde_json::from_str::<serde_json::Value>(&entry).ok()
+    };
+    eventually(
+        || entry().is_some_and(|e| e.get("covered").is_none()),
+        || format!("the entry still takes in: {:?}", entry()),
+    )
+    .await;
+    relay.stop().await;
+    let changes = bed.journal_after("pods", None, from);
+    assert_eq!(changes.len(), 4);
+    common::view::assert_published(&pod_log(), &changes, "widened to every namespace");
+    // Each of c's pods announced by the take-in; once, unless it was cut short.
+    let mut announced: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &pod_log()[before..] {
+        if !r.tombstone && r.key.starts_with(&format!("{c}/")) {
+            *announced.entry(r.key.clone()).or_default() += 1;
+        }
+    }
+    let keys: BTreeSet<String> = (0..3).map(|i| format!("{c}/p{i}")).collect();
+    assert_eq!(announced.keys().cloned().collect::<BTreeSet<_>>(), keys);
+    if !fail || once {
+        assert!(announced.values().all(|n| *n == 1), "{announced:?}");
+    }
 }

@@ -16,7 +16,7 @@
 //! This module is the format; [`Store`] reads and writes the ConfigMap. The loop that writes what
 //! the streams publish is the relay's checkpoint writer.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde::{Deserialize, Serialize};
@@ -258,6 +258,16 @@ pub struct Saved {
     /// publish them again. Empty in older entries.
     #[serde(default)]
     pub fences: BTreeMap<String, String>,
+    /// A stream over a collection read cluster-wide, resumed from `rv` by a switch that
+    /// gathered namespaces' streams while other namespaces of its scope had none: the
+    /// namespaces those streams covered. Before it watches, it reads the collection and
+    /// announces every object at or below `rv` of the others (the watch from `rv` would show
+    /// none of them). Kept until that is acknowledged, so that a take-in cut short is done
+    /// again; meanwhile `query` is [`taking_in`]'s, so that a relay that does not know this
+    /// field (an older version, side by side in a rollout) takes the position for another
+    /// query's and relists rather than resume without taking in. Absent in older entries.
+    #[serde(default)]
+    pub covered: Option<BTreeSet<String>>,
     /// Where the stream published, as `<topic> <key template>`: under another route its
     /// members are retracted where they were announced and the stream reconciles. Absent in
     /// older entries.
@@ -301,6 +311,8 @@ struct Position<'a> {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     fences: &'a BTreeMap<String, String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    covered: Option<&'a BTreeSet<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     route: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     kind: Option<&'a str>,
@@ -312,6 +324,12 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+/// The query stamped on the position of a stream still to take in what it does not cover (see
+/// [`Saved::covered`]): `query`'s, marked so that no relay unaware of the take-in resumes it.
+pub fn taking_in(query: &str) -> String {
+    format!("{query}+take-in")
+}
+
 /// A stream's checkpoint, encoded for the ConfigMap's `data`.
 pub fn encode(saved: &Saved) -> String {
     serde_json::to_string(&Position {
@@ -319,6 +337,7 @@ pub fn encode(saved: &Saved) -> String {
         at: saved.at.as_deref(),
         query: saved.query.as_deref(),
         fences: &saved.fences,
+        covered: saved.covered.as_ref().filter(|_| saved.rv.is_some()),
         route: saved.route.as_deref(),
         kind: saved.kind.as_deref(),
         era: saved.era,
@@ -423,6 +442,7 @@ mod tests {
             at: Some("2026-01-01T00:00:00Z".into()),
             query: Some("q1".into()),
             fences: BTreeMap::from([("a".to_string(), "4800".to_string())]),
+            covered: Some(BTreeSet::from(["b".to_string()])),
             route: None,
             kind: None,
             known: Some(serde_json::json!({"u": {"name": "n", "rv": "1"}})),
@@ -431,7 +451,7 @@ mod tests {
         let entry = encode(&saved);
         assert_eq!(
             entry,
-            r#"{"rv":"4711","at":"2026-01-01T00:00:00Z","query":"q1","fences":{"a":"4800"}}"#,
+            r#"{"rv":"4711","at":"2026-01-01T00:00:00Z","query":"q1","fences":{"a":"4800"},"covered":["b"]}"#,
             "no set is ever written"
         );
         let read = read(&ConfigMap {

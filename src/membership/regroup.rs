@@ -37,12 +37,15 @@
 //!   namespaces entering its scope (see `stream::scope`).
 //! - Over every namespace, such a namespace does not stop the resume when each object it holds
 //!   changed after the gathered position ([`ScopeNow::unseen`]): the watch shows them all.
-//! - Otherwise (`allNamespaces` with such a namespace holding an object at or below the
-//!   position, or the namespaces could not be read) the receiving stream starts without a
-//!   position: its first
-//!   sync lists its scope against the members it was handed, announces every object again
-//!   (the versions it holds; changes in between collapse into them) and infers a DELETED for
-//!   each member the list lacks.
+//!   When one holds an object at or below it (a namespace the old scope left out), the stream
+//!   resumes all the same, and takes in what its position does not cover before it watches:
+//!   the receiving entry names the namespaces whose streams it gathered (`covered`), and the
+//!   stream announces the other namespaces' objects at or below the position (see
+//!   `stream::take_in`).
+//! - Otherwise (the namespaces could not be read) the receiving stream starts without a
+//!   position: its first sync lists its scope against the members it was handed, announces
+//!   every object again (the versions it holds; changes in between collapse into them) and
+//!   infers a DELETED for each member the list lacks.
 //!
 //! Nothing is published here; the old streams are not running (this runs before any stream of
 //! the term starts), so the new stream continues each key where the old one left it, in the
@@ -96,6 +99,12 @@ pub enum Move {
         /// fingerprint, and takes the others in as namespaces entering its scope, each listed
         /// (see `stream::scope`). `None`: it relists.
         partly: Option<String>,
+        /// Over every namespace (read unfiltered), when a namespace there without a stream
+        /// holds objects the gathered position does not cover (one the old scope left out):
+        /// the namespaces that had their streams. The stream resumes all the same
+        /// (`into_query`), and takes the others' objects in before it watches (see
+        /// `stream::take_in`).
+        take_in: Option<BTreeSet<String>>,
     },
     /// The members of the stream over the collection, each to the stream of its namespace.
     Scatter {
@@ -183,16 +192,22 @@ pub fn plan<'a>(
                     // Every namespace of the shard the scope holds had its stream, or holds
                     // none of the channel's objects: their positions cover the whole scope of
                     // the stream over the collection.
+                    let covered = listed.as_ref().map(|listed| {
+                        unstreamed(name, listed, &ids)
+                            .all(|ns| unseen_in(channel, namespaces).contains(ns))
+                    });
+                    // Over every namespace, the stream resumes whatever the namespaces hold:
+                    // it takes in what its position does not cover.
+                    let every = channel.scope == Scope::Cluster;
                     let into_query = listed
                         .as_ref()
-                        .filter(|listed| {
-                            unstreamed(name, listed, &ids)
-                                .all(|ns| unseen_in(channel, namespaces).contains(ns))
-                        })
+                        .filter(|_| covered == Some(true) || every)
                         .map(|listed| part_query(channel, listed));
-                    let partly = (into_query.is_none()
-                        && listed.is_some()
-                        && channel.scope != Scope::Cluster)
+                    let take_in = listed
+                        .as_ref()
+                        .filter(|_| every && covered == Some(false))
+                        .map(|listed| streamed(name, listed, &ids));
+                    let partly = (into_query.is_none() && listed.is_some() && !every)
                         .then(|| channel.query_fingerprint(None, true));
                     moves.push(Move::Gather {
                         from: id.to_string(),
@@ -200,6 +215,7 @@ pub fn plan<'a>(
                         query: channel.query_fingerprint(Some(ns), false),
                         into_query,
                         partly,
+                        take_in,
                     });
                 }
             }
@@ -242,6 +258,16 @@ pub struct ScopeNow {
     /// [`lowest_gathered`]): every object they hold or will hold changed after that position,
     /// so a watch from it shows each one. The gather resumes over them.
     pub unseen: BTreeSet<String>,
+}
+
+/// The namespaces of `listed` whose stream of channel `name` is among `ids`.
+fn streamed(name: &str, listed: &[&str], ids: &BTreeSet<&str>) -> BTreeSet<String> {
+    let unstreamed: BTreeSet<&str> = unstreamed(name, listed, ids).collect();
+    listed
+        .iter()
+        .filter(|ns| !unstreamed.contains(*ns))
+        .map(|ns| ns.to_string())
+        .collect()
 }
 
 /// The namespaces of `listed` whose stream of channel `name` is not among `ids`.
@@ -442,17 +468,8 @@ impl Regroup<'_> {
                         queries,
                         ..
                     } => {
-                        let covered = old.query == *query || old.query.as_ref() == Some(whole);
-                        let rv = old.rv.clone().filter(|_| query.is_some() && covered);
                         let ns = StreamId::parts(&id).and_then(|(_, ns)| ns);
-                        // A namespace the old stream had published past its position (its
-                        // fence) resumes from there: what it published is not published again.
-                        let at = rv.as_deref().and_then(crate::event::comparable);
-                        let fenced = ns.and_then(|ns| old.fences.get(ns)).filter(|f| {
-                            at.zip(crate::event::comparable(f))
-                                .is_some_and(|(at, f)| f > at)
-                        });
-                        let rv = fenced.cloned().or(rv);
+                        let rv = scattered(&old, query.as_ref(), whole, ns);
                         (rv, ns.and_then(|ns| queries.get(ns).cloned()))
                     }
                     Move::Gather {
@@ -475,8 +492,12 @@ impl Regroup<'_> {
                     }
                 };
                 let mut entry = receiving(saved.get(&id), &old, rv, query);
-                if let Move::Gather { query, .. } = m {
+                if let Move::Gather { query, take_in, .. } = m {
                     entry.fences = ahead(saved.get(&id), &old, query, from, entry.rv.as_deref());
+                    entry.covered = take_in.clone().filter(|_| entry.rv.is_some());
+                    if entry.covered.is_some() {
+                        entry.query = entry.query.as_deref().map(crate::checkpoint::taking_in);
+                    }
                 }
                 updates.insert(id.clone(), Some(encode(&entry)));
                 saved.insert(id, entry);
@@ -510,6 +531,31 @@ impl Regroup<'_> {
             },
         }
     }
+}
+
+/// Where namespace `ns`'s stream resumes when the stream over the collection scatters into
+/// the namespaces' (`old` its entry): from its position when it read under the query the
+/// namespace's stream covers now (`query`; `None`: none does) or unfiltered over every
+/// namespace (`whole`), or from the namespace's fence when that is further. A position still
+/// to take in what it does not cover (see `stream::take_in`) covers only the namespaces it
+/// names: the others list.
+fn scattered(old: &Saved, query: Option<&String>, whole: &str, ns: Option<&str>) -> Option<String> {
+    let covered = match &old.covered {
+        Some(names) => {
+            old.query.as_deref() == Some(&crate::checkpoint::taking_in(whole))
+                && ns.is_some_and(|ns| names.contains(ns))
+        }
+        None => old.query.as_ref() == query || old.query.as_deref() == Some(whole),
+    };
+    let rv = old.rv.clone().filter(|_| query.is_some() && covered);
+    // A namespace the old stream had published past its position (its fence) resumes from
+    // there: what it published is not published again.
+    let at = rv.as_deref().and_then(crate::event::comparable);
+    let fenced = ns.and_then(|ns| old.fences.get(ns)).filter(|f| {
+        at.zip(crate::event::comparable(f))
+            .is_some_and(|(at, f)| f > at)
+    });
+    fenced.cloned().or(rv)
 }
 
 /// The entry of a stream that takes members over from `old`: where it published and what it
@@ -615,6 +661,7 @@ fn gathered_positions(
             query,
             into_query,
             partly,
+            ..
         } = m
         else {
             continue;
@@ -644,6 +691,7 @@ mod tests {
                     into,
                     into_query,
                     partly,
+                    take_in,
                     ..
                 } => Move::Gather {
                     from,
@@ -651,6 +699,7 @@ mod tests {
                     query: String::new(),
                     into_query: into_query.map(|_| String::new()),
                     partly: partly.map(|_| String::new()),
+                    take_in,
                 },
                 Move::Scatter {
                     from,
@@ -710,6 +759,7 @@ mod tests {
             query: String::new(),
             into_query: resumes.then(String::new),
             partly: None,
+            take_in: None,
         };
         // Over the namespaces of its members, the others taken in as entering its scope.
         let gather_partly = Move::Gather {
@@ -718,6 +768,7 @@ mod tests {
             query: String::new(),
             into_query: None,
             partly: Some(String::new()),
+            take_in: None,
         };
         // Each listed namespace of the shard gets the part's position, members or not.
         let scatter = Move::Scatter {
@@ -810,6 +861,46 @@ mod tests {
     }
 
     #[test]
+    fn a_scatter_resumes_each_namespace_its_position_covers() {
+        let q = Some("ns-q".to_string());
+        let entry = |query: &str, covered: Option<&[&str]>| Saved {
+            rv: Some("100".into()),
+            query: Some(query.into()),
+            fences: BTreeMap::from([("f".to_string(), "150".to_string())]),
+            covered: covered.map(|c| c.iter().map(|n| n.to_string()).collect()),
+            ..Saved::default()
+        };
+        let whole = entry("whole", None);
+        let marked = crate::checkpoint::taking_in("whole");
+        let pending = entry(&marked, Some(&["a", "f"]));
+        // (case, entry, namespace, where it resumes)
+        let table: Vec<(&str, &Saved, &str, Option<&str>)> = vec![
+            ("read every namespace", &whole, "a", Some("100")),
+            ("its fence further on", &whole, "f", Some("150")),
+            ("still taking in, covered", &pending, "a", Some("100")),
+            ("still taking in, fenced", &pending, "f", Some("150")),
+            (
+                "still taking in, not covered: it lists",
+                &pending,
+                "b",
+                None,
+            ),
+        ];
+        for (case, old, ns, want) in table {
+            assert_eq!(
+                scattered(old, q.as_ref(), "whole", Some(ns)).as_deref(),
+                want,
+                "{case}"
+            );
+        }
+        // Covered namespaces, but not under the mark: another query's position.
+        let unmarked = entry("whole", Some(&["a"]));
+        assert_eq!(scattered(&unmarked, q.as_ref(), "whole", Some("a")), None);
+        // No namespace stream's query: nothing resumes.
+        assert_eq!(scattered(&whole, None, "whole", Some("a")), None);
+    }
+
+    #[test]
     fn a_receiving_stream_resumes_from_the_lowest_position_it_takes_over() {
         let at = |rv: Option<&str>, era| Saved {
             rv: rv.map(str::to_string),
@@ -819,6 +910,7 @@ mod tests {
         };
         let gather = |from: &str, into: &str, resumes: bool| Move::Gather {
             partly: None,
+            take_in: None,
             from: from.into(),
             into: into.into(),
             query: "q".into(),
@@ -921,6 +1013,16 @@ mod tests {
             query: String::new(),
             into_query: resumes.then(String::new),
             partly: None,
+            take_in: None,
+        };
+        // Resumed, what the position does not cover taken in first.
+        let taking_in = |ns: &str| Move::Gather {
+            from: format!("watchNamespacedPods.{ns}"),
+            into: "watchNamespacedPods._all".into(),
+            query: String::new(),
+            into_query: Some(String::new()),
+            partly: None,
+            take_in: Some(["a", "b"].map(String::from).into()),
         };
         let ids = ["watchNamespacedPods.a", "watchNamespacedPods.b"];
         let none = HashMap::new();
@@ -935,7 +1037,8 @@ mod tests {
         );
         // allNamespaces, with the namespaces there now read by the term: when each had its
         // stream, the stream over the collection resumes, stamped with its own (unfiltered)
-        // query; a namespace without one (created meanwhile, holding objects) makes it relist.
+        // query; a namespace without one (left out by the old scope, holding objects) is taken
+        // in before it watches.
         let there = |names: &[&str]| {
             let namespaces: BTreeSet<String> = names.iter().map(|n| n.to_string()).collect();
             let now = ScopeNow {
@@ -961,7 +1064,7 @@ mod tests {
                 ids,
                 &there(&["a", "b", "c"])
             )),
-            vec![gather("a", false), gather("b", false)]
+            vec![taking_in("a"), taking_in("b")]
         );
         // Unless the namespace without a stream held none of the channel's objects when read.
         let mut c_empty = there(&["a", "b", "c"]);

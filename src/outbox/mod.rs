@@ -25,7 +25,7 @@
 //!   transactional producer, entries Kafka acknowledged that wait for their commit count apart,
 //!   up to [`AWAITING_WINDOWS`] bounds more.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -151,6 +151,8 @@ pub struct Stamp {
     pub query: String,
     /// [`Saved::fences`], as integers: each record keeps those above its position.
     pub fences: BTreeMap<String, u64>,
+    /// [`Saved::covered`].
+    pub covered: Option<Arc<BTreeSet<String>>>,
     /// [`Saved::route`].
     pub route: String,
     /// [`Saved::kind`].
@@ -302,6 +304,7 @@ impl Outbox {
             at: Some(envelope::now_rfc3339()),
             query: None,
             fences: BTreeMap::new(),
+            covered: None,
             route: None,
             kind: None,
             known: None,
@@ -332,6 +335,15 @@ impl Outbox {
         self.mark(None);
     }
 
+    /// The stamp changed while the position did not: the position is checkpointed again with
+    /// it, and with a transactional producer committed again, after what was handed over
+    /// before it.
+    pub fn restamp(&mut self) {
+        self.moved = true;
+        let rv = self.tracker.checkpoint().map(str::to_string);
+        self.mark(rv.as_deref());
+    }
+
     /// What the stream's positions go with from now on: with a transactional producer, each
     /// position handed over is written with it.
     pub fn stamp(&mut self, stamp: Stamp) {
@@ -358,6 +370,7 @@ impl Outbox {
             at: None,
             query: Some(stamp.query.clone()),
             fences: Stamp::fences_above(&stamp.fences, rv),
+            covered: stamp.covered.as_deref().filter(|_| rv.is_some()).cloned(),
             route: Some(stamp.route.clone()),
             kind: stamp.kind.clone(),
             known: None,

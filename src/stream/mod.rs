@@ -19,10 +19,12 @@ mod rescope;
 mod resume;
 mod scope;
 mod sync;
+mod take_in;
 
 pub use announced::Announced;
 pub use scope::{NamespaceFilter, Namespaces};
 
+use std::collections::BTreeSet;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,6 +75,14 @@ enum Reading {
     },
     Live {
         at: Option<String>,
+    },
+    /// Objects of an initial state at or below `floor`, of other namespaces than `covered`,
+    /// announced before a watch from `floor` (see [`Stream::take_in`]).
+    TakeIn {
+        floor: u64,
+        covered: Arc<BTreeSet<String>>,
+        /// How many it announced.
+        objects: usize,
     },
 }
 
@@ -201,6 +211,12 @@ struct Position {
     /// A full resync was requested: the next resync re-announces every object, not only those
     /// changed since the position (see [`sync`]).
     full_resync: bool,
+    /// Objects at or below the position, of other namespaces than these, are still to be taken
+    /// in before the stream watches (see [`crate::checkpoint::Saved::covered`] and
+    /// [`Stream::take_in`]).
+    covered: Option<Arc<BTreeSet<String>>>,
+    /// This run of the stream took a new era for its take-in: one tried again announces in it.
+    take_in_era: bool,
     /// The stream's era is new and written, and nothing has reached a position in it yet: a
     /// sync without a position announces in it without taking (and writing) another.
     era_fresh: bool,
@@ -241,7 +257,9 @@ impl Stream {
         let metrics = wiring.metrics.clone();
         let id = reporter.id().to_string();
         let query = channel.query_fingerprint(namespace.as_deref(), filter.is_some());
-        let saved_query = saved.as_ref().and_then(|s| s.query.clone());
+        let saved_query = saved
+            .as_ref()
+            .and_then(|s| resume::standing(s.query.as_deref(), s.covered.is_some(), &query));
         let saved_fences = saved.as_ref().map(|s| s.fences.clone()).unwrap_or_default();
         let base = query.clone();
         let path = channel.path.collection_url(namespace.as_deref());
@@ -268,6 +286,11 @@ impl Stream {
         if let Some(s) = saved.as_mut().filter(|_| plan.drop_position) {
             s.rv = None;
         }
+        let covered = saved
+            .as_ref()
+            .filter(|s| s.rv.is_some())
+            .and_then(|s| s.covered.clone())
+            .map(Arc::new);
         let limits = Limits {
             max_in_flight: cfg.kafka.max_in_flight_per_stream,
             max_message_bytes: cfg.kafka.max_message_bytes,
@@ -329,6 +352,8 @@ impl Stream {
                 route_id: plan.route_id,
                 new_route: plan.new_route,
                 full_resync: false,
+                covered,
+                take_in_era: false,
                 era_fresh: false,
             },
             syncs: Syncs {
@@ -531,8 +556,9 @@ impl Stream {
                     // Its position is the list's, above every fence: positions committed from
                     // now on carry none. Until here they kept them, so that a sync cut short
                     // (a failed delivery resumes from the checkpoint, a crash restarts from
-                    // it) publishes nothing twice.
+                    // it) publishes nothing twice. Its list took every object in.
                     self.fences.clear();
+                    self.position.covered = None;
                     self.stamp();
                     outcome
                 }
@@ -671,17 +697,21 @@ impl Stream {
     }
 
     /// Publishes the checkpoint if it moved since it was last published.
-    fn publish_checkpoint(&mut self) {
+    fn publish_checkpoint(&mut self) -> Option<Arc<Saved>> {
         self.stamp();
-        if let Some(mut saved) = self.outbox.take_saved() {
-            saved.query = Some(self.position.query.clone());
+        let published = self.outbox.take_saved().map(|mut saved| {
+            saved.query = Some(self.stamped_query());
             saved.fences = Stamp::fences_above(&self.fences.all(), saved.rv.as_deref());
+            saved.covered = (self.position.covered.as_deref())
+                .filter(|_| saved.rv.is_some())
+                .cloned();
             saved.route = Some(self.position.route_id.clone());
             saved.kind = self.learned_kind();
-            self.reporter.checkpoint(saved);
-        }
+            self.reporter.checkpoint(saved)
+        });
         let next = tokio::time::Instant::now() + self.timers.publish_every;
         self.timers.publish.as_mut().reset(next);
+        published
     }
 
     /// What an API error means for the machine (see [`machine::api_stop`]).
@@ -751,12 +781,22 @@ impl Stream {
     /// Tells the outbox what the stream's positions go with now (see [`Outbox::stamp`]).
     fn stamp(&mut self) {
         let stamp = Stamp {
-            query: self.position.query.clone(),
+            query: self.stamped_query(),
             fences: self.fences.all(),
+            covered: self.position.covered.clone(),
             route: self.position.route_id.clone(),
             kind: self.learned_kind(),
         };
         self.outbox.stamp(stamp);
+    }
+
+    /// The query its positions are stamped with: its own, marked while it is still to take in
+    /// what its position does not cover (see [`crate::checkpoint::taking_in`]).
+    fn stamped_query(&self) -> String {
+        match self.position.covered {
+            Some(_) => crate::checkpoint::taking_in(&self.position.query),
+            None => self.position.query.clone(),
+        }
     }
 
     /// The kind to keep in the stream's checkpoint entry: one learned from the API server, for

@@ -23,6 +23,8 @@ impl Stream {
     pub(super) async fn forget_position(&mut self) -> bool {
         // With a transactional producer the forgotten position is committed with what follows,
         // under the query and route it follows.
+        // Without a position there is nothing to take in below it: the sync lists everything.
+        self.position.covered = None;
         self.stamp();
         self.outbox.next_era();
         self.outbox.forget_position();
@@ -35,12 +37,29 @@ impl Stream {
         saved.route = Some(self.position.route_id.clone());
         saved.kind = self.learned_kind();
         let saved = self.reporter.checkpoint(saved);
+        self.written(&saved).await
+    }
+
+    /// Moves the stream to a new era, its position kept, and waits until the era is written:
+    /// before it announces what may not continue the history its members' last records came
+    /// from (see [`crate::envelope::version`]). False when stopped first.
+    pub(super) async fn next_era(&mut self) -> bool {
+        self.outbox.next_era();
+        match self.publish_checkpoint() {
+            Some(saved) => self.written(&saved).await,
+            None => true,
+        }
+    }
+
+    /// Waits until `saved`, published, is written (at once without checkpoints); false when
+    /// stopped first.
+    pub(super) async fn written(&self, saved: &std::sync::Arc<crate::checkpoint::Saved>) -> bool {
         if !self.checkpoints {
             return true;
         }
         tokio::select! {
             _ = self.life.shutdown.cancelled() => false,
-            _ = self.reporter.written(&saved) => true,
+            _ = self.reporter.written(saved) => true,
         }
     }
 

@@ -9,8 +9,8 @@ use super::feed::Feed;
 use super::{join, Reading, Step, Stream};
 use crate::decode;
 use crate::envelope::Announcement;
-use crate::event::EventType;
 use crate::event::WatchEvent;
+use crate::event::{comparable, EventType};
 use crate::kubeapi::{self, ApiError, WatchFrom};
 use crate::membership::Change;
 use crate::producer::Inbox;
@@ -67,7 +67,9 @@ impl Stream {
                 }
                 // Kafka acknowledged an entry its transaction holds: room again, maybe.
                 () = acknowledged(acks.as_deref()), if !room => {}
-                _ = &mut self.timers.publish, if moved => self.publish_checkpoint(),
+                _ = &mut self.timers.publish, if moved => {
+                    self.publish_checkpoint();
+                }
                 delta = self.reporter.resync_requested() => {
                     self.position.full_resync = !delta;
                     return Err(Stop::Requested);
@@ -112,7 +114,7 @@ impl Stream {
                 self.position.full_resync = true;
                 let position = match reading {
                     Reading::Live { at } => at.as_deref(),
-                    Reading::Initial { .. } => None,
+                    Reading::Initial { .. } | Reading::TakeIn { .. } => None,
                 };
                 // Skipped: it can never be processed, and reading it again would only loop. The
                 // position stays where the last good event left it. Its content may be a
@@ -147,7 +149,13 @@ impl Stream {
                 }),
             }),
             // Not a position yet: the state before it is still arriving.
-            (EventType::Bookmark, Reading::Initial { .. }) if !ev.initial_events_end => Ok(None),
+            (EventType::Bookmark, Reading::Initial { .. } | Reading::TakeIn { .. })
+                if !ev.initial_events_end =>
+            {
+                Ok(None)
+            }
+            // Every object of the state was taken in or passed over.
+            (EventType::Bookmark, Reading::TakeIn { .. }) => Ok(Some(rv)),
             (EventType::Bookmark, Reading::Initial { announced, .. }) if announced.rewound(&rv) => {
                 // The state is older than the position (an etcd restore): what the delta
                 // skipped as unchanged may be back at another version.
@@ -222,6 +230,18 @@ impl Stream {
                         self.emit(ev, arrived, None, change, resync).await?;
                         if let Some((uid, rv)) = noted {
                             relisting.now.note(&uid, &rv);
+                        }
+                    }
+                    // The state's objects the position does not cover; the watch from there
+                    // publishes the rest.
+                    Reading::TakeIn {
+                        floor,
+                        covered,
+                        objects,
+                    } => {
+                        if t == EventType::Added && self.takes_in(&ev.meta, *floor, covered) {
+                            *objects += 1;
+                            self.emit(ev, arrived, None, change, false).await?;
                         }
                     }
                     Reading::Live { at } => {
@@ -334,6 +354,17 @@ impl Stream {
     }
 
     pub(super) async fn watch(&mut self, at: &Cursor, open: Option<Feed>) -> Step {
+        if let Some(covered) = self.position.covered.clone() {
+            // Before the watch from the position: what it does not cover (see `take_in`). A
+            // position that does not compare cannot tell: a resync takes everything in.
+            let taken = match comparable(&at.rv) {
+                Some(floor) => self.take_in(floor, covered).await,
+                None => Err(Stop::Requested),
+            };
+            if let Err(why) = taken {
+                return Self::stopped(why);
+            }
+        }
         let mut w = match open {
             Some(w) => w,
             None => match self.open(WatchFrom::Version(&at.rv)).await {

@@ -28,6 +28,17 @@ pub struct Plan {
     pub new_route: Option<String>,
 }
 
+/// The query a saved position stands under, for a stream that now reads `query`: the one
+/// `saved`, or `query` itself when the position is still to take in what it does not cover
+/// (`taking_in`, its query then marked: see [`crate::checkpoint::taking_in`]). A relay that
+/// knows no such mark takes it for another query's position, and drops it.
+pub fn standing(saved: Option<&str>, taking_in: bool, query: &str) -> Option<String> {
+    match saved {
+        Some(q) if taking_in && q == crate::checkpoint::taking_in(query) => Some(query.into()),
+        saved => saved.map(str::to_string),
+    }
+}
+
 /// The plan of a stream that now reads `query` and publishes on `route`, whose checkpoint saved
 /// `saved_query` and `saved_route`; `filtered` for a cluster-wide stream filtered to
 /// namespaces.
@@ -55,6 +66,19 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_position_still_taking_in_stands_under_its_query_only_for_who_knows_the_mark() {
+        let marked = crate::checkpoint::taking_in("q");
+        assert_eq!(standing(Some(&marked), true, "q").as_deref(), Some("q"));
+        assert_eq!(standing(Some("q"), false, "q").as_deref(), Some("q"));
+        // Another query's mark, or a mark without the namespaces it covers: not this query's.
+        let other = crate::checkpoint::taking_in("old");
+        assert_eq!(standing(Some(&other), true, "q"), Some(other.clone()));
+        assert_eq!(standing(Some(&marked), false, "q"), Some(marked.clone()));
+        // A relay unaware of the mark compares it as it is: another query's, dropped.
+        assert!(plan(Some(&marked), None, "q", "r", false).drop_position);
+    }
 
     #[test]
     fn a_position_is_resumed_only_under_its_own_query_and_route() {

@@ -44,10 +44,12 @@ impl Stream {
         match reason {
             Reason::Resync => {
                 let mut a = Announced::new(Some(self.outbox.members()));
+                // While objects are still to be taken in, a member below the position may have
+                // had its record lost (see `take_in`): nothing is skipped as unchanged.
                 if let Some(position) = self
                     .outbox
                     .checkpoint()
-                    .filter(|_| !self.position.full_resync)
+                    .filter(|_| !self.position.full_resync && self.position.covered.is_none())
                 {
                     a.since(position);
                 }

@@ -47,7 +47,9 @@ const AGAIN: Duration = Duration::from_secs(5);
 
 /// At most how many namespaces without a stream a switching channel reads, to tell whether a
 /// watch from the gathered position shows all they hold (see
-/// [`membership::regroup::ScopeNow::unseen`]); past it, the gather relists.
+/// [`membership::regroup::ScopeNow::unseen`]); past it, a gather into a filtered stream lists
+/// them as namespaces entering its scope, and one over every namespace takes their objects in
+/// before it watches (see `stream::take_in`).
 const UNSEEN_PROBES: usize = 32;
 
 /// The checkpoints of a term, read until the API server answers (see
@@ -289,10 +291,10 @@ impl<'a> Run<'a> {
                 _ = stop.cancelled() => return None,
                 n = shapes::scope_namespaces(&relay.client, &dynamic) => n,
             };
-            // A namespace without a stream to gather (created during the switch) keeps the
-            // gather from resuming, unless it holds none of the channel's objects, or over
-            // every namespace none that a watch from the gathered position would not show: a
-            // few are read to tell.
+            // A namespace without a stream to gather (created during the switch) needs a list
+            // of its own (an entry, or over every namespace a take-in), unless it holds none of
+            // the channel's objects, or over every namespace none that a watch from the
+            // gathered position would not show: a few are read to tell.
             // The gathers as the final plan makes them (a stream whose namespace is gone is
             // not gathered): the position a namespace is judged against is the one the stream
             // will resume from, never a lower one.
