@@ -578,7 +578,8 @@ async fn a_part_that_takes_no_line_holds_up_no_other() {
 /// position and publishes every change of its own, and the others were not held up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_part_that_falls_too_far_behind_is_let_go_and_resumes() {
-    // Past what its subscription buffers, 700 changes of 32 KiB: more than a part may queue.
+    // Past what its subscription buffers, some 690 changes of 32 KiB: more than a part may
+    // queue.
     let (a, _) = a_part_stalls(1200, 32 << 10).await;
     assert_eq!(a.metrics.fanout_parts_let_go.get(), 1);
     assert_eq!(expired(&a.metrics), 0.0, "a part relisted");

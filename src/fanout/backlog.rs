@@ -8,9 +8,9 @@
 //! ```text
 //!  flowing ──no room for a line──► stalled{queue: that line} ── its lines ──► queued behind
 //!     ▲                              │   │
-//!     └── room: the queue goes out ──┘   └── queue past QUEUE_BYTES, or the largest when the
-//!         in order (no room midway:          queues pass HUB_QUEUE_BYTES ──► let go
-//!         stalled again with the rest)
+//!     └── room for all of the queue ─┘   └── queue past QUEUE_BYTES, or the largest when the
+//!         (room for some: as many go         queues pass HUB_QUEUE_BYTES ──► let go
+//!         out, in order, the rest wait)
 //!  stalled ── expired (410) ──► its queue dropped, the 410 goes out; ── left ──► forgotten
 //! ```
 //!
@@ -70,6 +70,11 @@ fn seat(out: &Out) -> u64 {
 }
 
 impl Backlogs {
+    /// Whether no seat is stalled.
+    pub fn is_empty(&self) -> bool {
+        self.queues.is_empty()
+    }
+
     /// Whether seat `id` is stalled: a line for it goes behind its queue.
     pub fn stalled(&self, id: u64) -> bool {
         self.queues.contains_key(&id)
@@ -98,6 +103,20 @@ impl Backlogs {
         self.over(id)
     }
 
+    /// `out`, from the head of its seat's queue, found no room after all: back at the head.
+    pub fn requeue(&mut self, out: Out, now: Instant) {
+        let id = seat(&out);
+        let n = size(&out);
+        let q = self.queues.entry(id).or_insert_with(|| Queue {
+            outs: VecDeque::new(),
+            bytes: 0,
+            since: now,
+        });
+        q.bytes += n;
+        q.outs.push_front(out);
+        self.total += n;
+    }
+
     /// What to hand out now of `outs`, in order: a line for a stalled seat queues behind its
     /// others instead; an expiry drops a stalled seat's queue (its part relists) and goes out.
     /// Also returns the seats to let go.
@@ -124,20 +143,29 @@ impl Backlogs {
         (now, let_go)
     }
 
-    /// Seat `id` has room again: its queue, in order; it is no longer stalled.
-    pub fn room(&mut self, id: u64) -> Vec<Out> {
-        match self.queues.remove(&id) {
-            Some(q) => {
-                self.total -= q.bytes;
-                q.outs.into()
-            }
-            None => Vec::new(),
+    /// Seat `id` has room for `free` lines again: the first `free` of its queue, in order. It
+    /// is no longer stalled once its queue is empty; until then the rest waits (and so does
+    /// whatever comes for it), stalled since it first was.
+    pub fn room(&mut self, id: u64, free: usize) -> Vec<Out> {
+        let Some(q) = self.queues.get_mut(&id) else {
+            return Vec::new();
+        };
+        let n = free.min(q.outs.len());
+        let out: Vec<Out> = q.outs.drain(..n).collect();
+        let bytes: usize = out.iter().map(size).sum();
+        q.bytes -= bytes;
+        self.total -= bytes;
+        if q.outs.is_empty() {
+            self.queues.remove(&id);
         }
+        out
     }
 
     /// Seat `id` left (or was expired, or let go): its queue is dropped.
     pub fn forget(&mut self, id: u64) {
-        self.room(id);
+        if let Some(q) = self.queues.remove(&id) {
+            self.total -= q.bytes;
+        }
     }
 
     /// Queues `out` behind seat `id`'s lines; it is stalled.
@@ -217,7 +245,7 @@ mod tests {
         assert_eq!(now, vec![tag(2, "x")]);
         assert!(let_go.is_empty());
         assert_eq!(
-            b.room(1),
+            b.room(1, 512),
             vec![tag(1, "a"), tag(1, "b"), Out::End(1, "9".into())]
         );
         assert!(!b.stalled(1));
@@ -225,16 +253,30 @@ mod tests {
     }
 
     #[test]
-    fn a_seat_with_no_room_again_midway_keeps_the_rest_in_order() {
+    fn a_seat_with_room_for_some_gets_that_many_and_stays_stalled_since_it_was() {
+        let mut b = Backlogs::default();
+        let t = t0();
+        b.no_room(tag(1, "a"), t);
+        b.route(vec![tag(1, "b"), tag(1, "c")]);
+        assert_eq!(b.room(1, 1), vec![tag(1, "a")]);
+        assert!(b.stalled(1));
+        assert_eq!(b.since(1), Some(t));
+        // What comes meanwhile waits behind the rest.
+        assert_eq!(b.route(vec![tag(1, "d")]).0, vec![]);
+        assert_eq!(b.room(1, 512), vec![tag(1, "b"), tag(1, "c"), tag(1, "d")]);
+        assert!(!b.stalled(1));
+        assert_eq!(b.total, 0);
+    }
+
+    #[test]
+    fn a_head_handed_out_that_found_no_room_goes_back_ahead() {
         let mut b = Backlogs::default();
         b.no_room(tag(1, "a"), t0());
-        b.route(vec![tag(1, "b"), tag(1, "c")]);
-        let mut queue = b.room(1).into_iter();
-        // "a" went out; "b" found no room: the loop reports it, then "c" behind it.
-        assert_eq!(queue.next(), Some(tag(1, "a")));
-        b.no_room(queue.next().unwrap(), t0());
-        b.no_room(queue.next().unwrap(), t0());
-        assert_eq!(b.room(1), vec![tag(1, "b"), tag(1, "c")]);
+        b.route(vec![tag(1, "b")]);
+        let head = b.room(1, 1);
+        b.requeue(head.into_iter().next().unwrap(), t0());
+        assert_eq!(b.room(1, 512), vec![tag(1, "a"), tag(1, "b")]);
+        assert_eq!(b.total, 0);
     }
 
     #[test]
@@ -280,7 +322,7 @@ mod tests {
         b.no_room(tag(1, "a"), t0());
         b.forget(1);
         assert!(!b.stalled(1));
-        assert!(b.room(1).is_empty());
+        assert!(b.room(1, 512).is_empty());
         assert_eq!(b.ids().count(), 0);
     }
 }

@@ -216,11 +216,11 @@ impl Board {
             .any(|s| matches!(s.phase, Phase::Resuming { .. }))
     }
 
-    /// The seats that take lines: the live ones and those being listed.
-    pub fn taking(&self) -> impl Iterator<Item = u64> + '_ {
+    /// The live seats.
+    pub fn live_ids(&self) -> impl Iterator<Item = u64> + '_ {
         self.seats
             .iter()
-            .filter(|(_, s)| matches!(s.phase, Phase::Live | Phase::Listing { .. }))
+            .filter(|(_, s)| matches!(s.phase, Phase::Live))
             .map(|(id, _)| *id)
     }
 

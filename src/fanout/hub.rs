@@ -24,7 +24,8 @@
 //!   heartbeat ──► a bookmark at the main position to the live seats, only while a main watch runs
 //!   a catch-up due while the main position is not an integer ──► the main watch closes and its
 //!       seats relist with the waiting ones: that catch-up goes on as the main watch
-//!   a part with no room for a line ──► stalled: its lines queue; room again ──► they go out
+//!   a part with no room for a line ──► stalled: its lines queue; room again ──► as many go
+//!       out as fit (Drain), the head of its queue first
 //!       its queue too long ──► LetGo: its subscription closes and its part resumes later
 //!       every part that takes lines stalled ──► the main watch is not read until one has room
 //!       a part being listed stalled ──► the catch-up is not read; after slow_list ──► LetGo
@@ -120,8 +121,11 @@ pub enum Input {
     /// A seat's subscription had no room for this line (or its part's earlier lines still
     /// wait): the seat is stalled.
     NoRoom(Out),
-    /// A stalled seat's subscription has room again.
-    Room(u64),
+    /// A stalled seat's subscription has room again, for `free` lines.
+    Room { id: u64, free: usize },
+    /// A line of a stalled seat's queue, handed out for its room, found none after all: it
+    /// goes back to the head of the queue.
+    NoRoomAhead(Out),
 }
 
 /// What the loop does.
@@ -149,6 +153,9 @@ pub enum Effect {
     Missed(BTreeSet<u32>),
     /// Close the seat's subscription: its part, stalled too long, resumes from its position.
     LetGo(u64),
+    /// Hand a stalled seat a line from the head of its queue, for which it has room (see
+    /// [`Input::Room`]): ahead of what still waits there.
+    Drain(Out),
 }
 
 /// The hub's state beside its board.
@@ -210,11 +217,15 @@ impl Hub {
         self.backlogs.ids()
     }
 
-    /// Whether the main watch is not to be read: every seat that takes lines is stalled, so
-    /// reading on would only queue (see [`super::backlog`]).
+    /// Whether the main watch is not to be read: every live seat is stalled, so reading on
+    /// would only queue (see [`super::backlog`]). Seats being listed do not count: they hold
+    /// the main watch's lines in the board, bounded, or resume from their list's end.
     pub fn main_paused(&self) -> bool {
-        let mut takers = self.board.taking().peekable();
-        takers.peek().is_some() && takers.all(|id| self.backlogs.stalled(id))
+        if self.backlogs.is_empty() {
+            return false;
+        }
+        let mut live = self.board.live_ids().peekable();
+        live.peek().is_some() && live.all(|id| self.backlogs.stalled(id))
     }
 
     /// Whether the catch-up is not to be read: a seat it lists is stalled (a list is not
@@ -312,6 +323,16 @@ impl Hub {
 
     /// What to do about `input`, which happened at `now`.
     pub fn step(&mut self, input: Input, now: Instant) -> Vec<Effect> {
+        let paused = self.main_paused();
+        let fx = self.decide(input, now);
+        if paused && !self.main_paused() {
+            // Not read, not silent: the idle timeout counts from when reading goes on.
+            self.last_line = self.last_line.max(now);
+        }
+        fx
+    }
+
+    fn decide(&mut self, input: Input, now: Instant) -> Vec<Effect> {
         let mut fx = Vec::new();
         let out = match input {
             Input::Join { id, shard, from } => {
@@ -329,7 +350,16 @@ impl Hub {
                 }
                 Vec::new()
             }
-            Input::Room(id) => self.backlogs.room(id),
+            // The head of its queue: ahead of whatever still waits there.
+            Input::Room { id, free } => {
+                let head = self.backlogs.room(id, free);
+                fx.extend(head.into_iter().map(Effect::Drain));
+                Vec::new()
+            }
+            Input::NoRoomAhead(out) => {
+                self.backlogs.requeue(out, now);
+                Vec::new()
+            }
             Input::Due => {
                 self.due(now, &mut fx);
                 Vec::new()
@@ -486,7 +516,8 @@ impl Hub {
                 // instead, and the seats it fed relist with it, rejoining meanwhile. A seat
                 // listed while it ran would be expired at the list's end, again each time.
                 self.close_main(fx);
-                fx.extend(self.board.gap().into_iter().map(Effect::Seat));
+                let (out, _) = self.backlogs.route(self.board.gap());
+                fx.extend(out.into_iter().map(Effect::Seat));
                 // Waits for them to rejoin, quiet again, whatever made this catch-up due.
                 self.last_join = now;
                 self.first_waiting = Some(now);

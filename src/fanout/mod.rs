@@ -336,7 +336,9 @@ impl Fanouts {
                                 retry: RETRY,
                                 retry_max: RETRY_MAX,
                                 idle: self.settings.idle,
-                                slow_list: SLOW_LIST,
+                                // Parts waiting for the list hear nothing meanwhile: well within
+                                // their idle timeout.
+                                slow_list: SLOW_LIST.min(self.settings.idle / 2),
                             },
                             Instant::now(),
                         ),
@@ -481,7 +483,14 @@ impl Reader {
                     }
                 },
                 _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => Input::Due,
-                id = room(&mut self.lines, &stalled), if !stalled.is_empty() => Input::Room(id),
+                id = room(&mut self.lines, &stalled), if !stalled.is_empty() => match self.lines.get(&id) {
+                    // As many of its lines as fit go out (the hub is its only sender).
+                    Some(l) if !l.tx.is_closed() => Input::Room { id, free: l.tx.capacity().max(1) },
+                    _ => {
+                        self.lines.remove(&id);
+                        Input::Leave(id)
+                    }
+                },
                 line = next_line(&mut self.main), if self.main.is_some() && !main_paused => match line {
                     Ok(Some(line)) => match self.read(&line) {
                         Read::Dealt(line, rv) => Input::Main(line, rv),
@@ -552,9 +561,10 @@ impl Reader {
     /// Performs `effect`; what came of it, when the hub must know.
     async fn perform(&mut self, effect: Effect) -> Option<Input> {
         match effect {
-            Effect::Seat(out) => self.deliver(out),
+            Effect::Seat(out) => self.deliver(out, false),
+            Effect::Drain(out) => self.deliver(out, true),
             Effect::LetGo(id) => {
-                tracing::info!(path = %self.collection.path, seat = id, "a part fell behind the collection's watch: let go, it resumes from its position");
+                tracing::info!(path = %self.collection.path, seat = id, "a part fell behind the collection's watch: let go (it resumes from its position, or relists when cut in its list)");
                 self.lines.remove(&id);
                 self.let_go.inc();
                 None
@@ -933,8 +943,9 @@ impl Reader {
 
     /// Hands a seat its line, or expires it; never waits. A seat with no room for the line, or
     /// stalled already (its earlier lines wait in the hub), is reported stalled, the line with
-    /// it; a seat whose part went away, gone.
-    fn deliver(&mut self, out: Out) -> Option<Input> {
+    /// it; a seat whose part went away, gone. A line `drained` from the head of a stalled
+    /// seat's queue goes ahead of the rest.
+    fn deliver(&mut self, out: Out, drained: bool) -> Option<Input> {
         let id = match &out {
             Out::Expire(id) => {
                 if let Some(l) = self.lines.remove(id) {
@@ -950,7 +961,7 @@ impl Reader {
         if !self.lines.contains_key(&id) {
             return None;
         }
-        if self.hub.stalled(id) {
+        if self.hub.stalled(id) && !drained {
             return Some(Input::NoRoom(out));
         }
         let line = match out {
@@ -961,6 +972,9 @@ impl Reader {
         let l = self.lines.get(&id)?;
         match l.tx.try_send(line) {
             Ok(()) => None,
+            Err(mpsc::error::TrySendError::Full(line)) if drained => {
+                Some(Input::NoRoomAhead(Out::Send(id, line)))
+            }
             Err(mpsc::error::TrySendError::Full(line)) => Some(Input::NoRoom(Out::Send(id, line))),
             Err(mpsc::error::TrySendError::Closed(_)) => {
                 self.lines.remove(&id);
@@ -1016,8 +1030,7 @@ async fn namespaces_changed(known: &mut Option<Known>) -> Arc<Points> {
     std::future::pending().await
 }
 
-/// The first of the `stalled` seats whose subscription has room again (or closed: the line
-/// handed to it then finds it gone).
+/// The first of the `stalled` seats whose subscription has room again, or closed (or is gone).
 async fn room(lines: &mut HashMap<u64, Lines>, stalled: &[u64]) -> u64 {
     std::future::poll_fn(|cx| {
         for id in stalled {

@@ -783,6 +783,11 @@ fn live_two(t0: Instant) -> Hub {
     hub
 }
 
+/// A line of shard `shard` at `rv` from the head of seat `id`'s queue.
+fn drain(id: u64, shard: u32, rv: u64) -> Effect {
+    Effect::Drain(Out::Send(id, line(To::Shard(shard), rv).bytes))
+}
+
 fn main_line(shard: u32, rv: u64) -> Input {
     Input::Main(line(To::Shard(shard), rv), Some(rv.to_string()))
 }
@@ -811,8 +816,8 @@ fn a_stalled_part_holds_up_no_other_and_gets_its_lines_in_order() {
             // Room: its lines, in order.
             (
                 1305,
-                Input::Room(1),
-                vec![send(1, To::Shard(0), 11), send(1, To::Shard(0), 12)],
+                Input::Room { id: 1, free: 512 },
+                vec![drain(1, 0, 11), drain(1, 0, 12)],
             ),
             (1306, main_line(0, 14), vec![send(1, To::Shard(0), 14)]),
         ],
@@ -850,7 +855,10 @@ fn a_hub_whose_every_part_is_stalled_pauses_and_is_not_silent() {
         t0,
         vec![(later, Input::Beat { gone: vec![] }, vec![])],
     );
-    hub.step(Input::Room(2), t0 + Duration::from_millis(later + 1));
+    hub.step(
+        Input::Room { id: 2, free: 512 },
+        t0 + Duration::from_millis(later + 1),
+    );
     assert!(!hub.main_paused());
     // The idle timeout counts from the pause's last heartbeat.
     run(
@@ -931,6 +939,47 @@ fn a_part_stalled_in_its_list_holds_the_list_up_for_a_while_at_most() {
             (slow + 1, listed(0, 6), vec![]),
             (slow + 2, listed(1, 7), vec![send(2, To::Shard(1), 7)]),
         ],
+    );
+    assert!(!hub.catch_paused());
+}
+
+/// Room for some of a stalled part's lines: that many go out, in order; the rest wait, and so
+/// does what comes for it meanwhile. A part being listed does not keep the main watch read
+/// while every live part is stalled.
+#[test]
+fn a_stalled_part_gets_as_many_lines_as_it_has_room_for() {
+    let t0 = Instant::now();
+    let mut hub = live_two(t0);
+    let no_room = |rv| Input::NoRoom(Out::Send(1, line(To::Shard(0), rv).bytes));
+    run(
+        &mut hub,
+        t0,
+        vec![
+            (1300, main_line(0, 11), vec![send(1, To::Shard(0), 11)]),
+            (1301, no_room(11), vec![]),
+            (1302, main_line(0, 12), vec![]),
+            (1303, Input::Room { id: 1, free: 1 }, vec![drain(1, 0, 11)]),
+            (1304, main_line(0, 13), vec![]),
+            (
+                1305,
+                Input::Room { id: 1, free: 5 },
+                vec![drain(1, 0, 12), drain(1, 0, 13)],
+            ),
+            (1306, main_line(0, 14), vec![send(1, To::Shard(0), 14)]),
+            // Seat 3 joins and is listed; the live ones stall.
+            (1400, join(3, 2, None), vec![]),
+            (1401, no_room(15), vec![]),
+            (
+                1402,
+                Input::NoRoom(Out::Send(2, line(To::Shard(1), 16).bytes)),
+                vec![],
+            ),
+        ],
+    );
+    run(&mut hub, t0, catch_up_begins(1900, &[2]).into());
+    assert!(
+        hub.main_paused(),
+        "a seat being listed kept the main watch read"
     );
     assert!(!hub.catch_paused());
 }
