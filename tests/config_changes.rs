@@ -82,6 +82,18 @@ fn three_pods_in(bed: &Bed, namespaces: &[&String]) {
     }
 }
 
+/// A pod of `a` deleted, one of `b` created, and another of `a` changed twice.
+fn four_changes(bed: &Bed, a: &str, b: &str) {
+    bed.sim.delete("pods", Some(a), "p0").unwrap();
+    bed.sim
+        .create("pods", Some(b), objects::pod(b, "p9"))
+        .unwrap();
+    for v in ["1", "2"] {
+        let patch = serde_json::json!({"metadata": {"labels": {"v": v}}});
+        bed.sim.merge_patch("pods", Some(a), "p1", patch).unwrap();
+    }
+}
+
 /// The records `memory` holds of the pods topic.
 fn pod_records(memory: &Memory) -> Vec<watchrelay::producer::Record> {
     events(memory)
@@ -298,14 +310,7 @@ async fn switch(sharding: bool, scope: Scope, joins: Joins, bookmarks: Bookmarks
                 .create("pods", Some(&c), objects::pod(&c, "p8"))
                 .unwrap();
         }
-        bed.sim.delete("pods", Some(&a), "p0").unwrap();
-        bed.sim
-            .create("pods", Some(&b), objects::pod(&b, "p9"))
-            .unwrap();
-        for v in ["1", "2"] {
-            let patch = serde_json::json!({"metadata": {"labels": {"v": v}}});
-            bed.sim.merge_patch("pods", Some(&a), "p1", patch).unwrap();
-        }
+        four_changes(&bed, &a, &b);
     };
     // With sharding, the next configuration's replica starts beside the last one (a rolling
     // update) and the last one stops once it took shards over; without, the relay restarts,
@@ -490,14 +495,7 @@ async fn narrowing_every_namespace_to_a_list_resumes_each_namespace_from_the_pos
     .await;
     relay.stop().await;
     let from = bed.sim.current_rv();
-    bed.sim.delete("pods", Some(&a), "p0").unwrap();
-    bed.sim
-        .create("pods", Some(&b), objects::pod(&b, "p9"))
-        .unwrap();
-    for v in ["1", "2"] {
-        let patch = serde_json::json!({"metadata": {"labels": {"v": v}}});
-        bed.sim.merge_patch("pods", Some(&a), "p1", patch).unwrap();
-    }
+    four_changes(&bed, &a, &b);
 
     let listed = bed.config(
         &format!("  - operationId: {CHANNEL}\n    namespaces: [{a}, {b}]\n    topic: pods\n    watchStrategy: perNamespace\n"),
@@ -660,14 +658,7 @@ async fn widen(fail: bool, once: bool) {
         relay.stop().await;
     }
     let from = bed.sim.current_rv();
-    bed.sim.delete("pods", Some(&a), "p0").unwrap();
-    bed.sim
-        .create("pods", Some(&b), objects::pod(&b, "p9"))
-        .unwrap();
-    for v in ["1", "2"] {
-        let patch = serde_json::json!({"metadata": {"labels": {"v": v}}});
-        bed.sim.merge_patch("pods", Some(&a), "p1", patch).unwrap();
-    }
+    four_changes(&bed, &a, &b);
 
     let every = bed.config(
         &format!("  - operationId: {CHANNEL}\n    allNamespaces: true\n    topic: pods\n    watchStrategy: clusterWide\n"),

@@ -2,13 +2,11 @@
 //! consumer sees): the namespaces that left have their members deleted, those that entered are
 //! listed and announced.
 
-use std::time::Instant;
-
 use super::scope::Scoped;
 use super::Stream;
-use crate::event::comparable;
+use crate::event::{comparable, Meta};
 use crate::kubeapi::ApiError;
-use crate::membership::{Change, Key};
+use crate::membership::Key;
 use crate::stream::machine::Stop;
 
 impl Stream {
@@ -94,47 +92,23 @@ impl Stream {
             tracing::info!(stream = %self.id, namespace = %ns, objects = stale, "an earlier entry of the namespace was cut short: deleted what it announced before listing again");
         }
         let path = self.channel.path.collection_url(Some(ns));
-        let mut token: Option<String> = None;
-        let mut objects = 0usize;
-        let list_rv = loop {
-            let size = Some(self.cfg.kubernetes.list_page_size);
-            let page = match self.list_page(&path, size, token.as_deref()).await? {
-                Ok(p) => p,
-                // The namespace's listing cannot go on: a resync takes the whole scope anew.
-                Err(ApiError::Gone(_)) => return Err(Stop::Requested),
-                Err(e) => return Err(self.api_stopped(e)),
-            };
-            self.learn_kind(&page);
-            for item in &page.items {
-                let Some(mut ev) = self.listed(item).await? else {
-                    continue;
-                };
-                if let Some(floor) = floor {
-                    match comparable(ev.meta.resource_version()) {
-                        // Changed since the position: the resumed watch publishes it.
-                        Some(at) if at > floor => continue,
-                        Some(_) => {}
-                        None => {
-                            tracing::info!(stream = %self.id, namespace = %ns, "an object's resourceVersion does not compare; resyncing to take the namespace in");
-                            self.m.full_fallbacks.inc();
-                            return Err(Stop::Requested);
-                        }
-                    }
+        let keep = |s: &Stream, meta: &Meta| match floor {
+            None => Ok(true),
+            Some(floor) => match comparable(meta.resource_version()) {
+                // Changed since the position: the resumed watch publishes it.
+                Some(at) => Ok(at <= floor),
+                None => {
+                    tracing::info!(stream = %s.id, namespace = %ns, "an object's resourceVersion does not compare; resyncing to take the namespace in");
+                    s.m.full_fallbacks.inc();
+                    Err(Stop::Requested)
                 }
-                objects += 1;
-                self.emit(
-                    &mut ev,
-                    Instant::now(),
-                    None,
-                    Some(Change::Announced),
-                    false,
-                )
-                .await?;
-            }
-            match page.continue_token {
-                Some(c) => token = Some(c),
-                None => break page.resource_version,
-            }
+            },
+        };
+        let (list_rv, objects) = match self.announce_list(&path, keep).await? {
+            Ok(listed) => listed,
+            // The namespace's listing cannot go on: a resync takes the whole scope anew.
+            Err(ApiError::Gone(_)) => return Err(Stop::Requested),
+            Err(e) => return Err(self.api_stopped(e)),
         };
         let Some(fence) = comparable(&list_rv) else {
             tracing::info!(stream = %self.id, namespace = %ns, rv = %list_rv, "a resourceVersion that does not compare; resyncing to take the namespace in");

@@ -100,6 +100,42 @@ impl Stream {
         Ok(Ok(all))
     }
 
+    /// Lists `path` page by page and announces each item `keep` takes (as ADDED, joining the
+    /// members, with no position): the list's resourceVersion, and how many it announced.
+    /// `keep` may stop the list (an object it cannot judge); an API error comes back as is.
+    pub(super) async fn announce_list(
+        &mut self,
+        path: &str,
+        mut keep: impl FnMut(&Stream, &Meta) -> Result<bool, Stop>,
+    ) -> Result<Result<(String, usize), ApiError>, Stop> {
+        let mut token: Option<String> = None;
+        let mut objects = 0;
+        loop {
+            let size = Some(self.cfg.kubernetes.list_page_size);
+            let page = match self.list_page(path, size, token.as_deref()).await? {
+                Ok(p) => p,
+                Err(e) => return Ok(Err(e)),
+            };
+            self.learn_kind(&page);
+            for item in &page.items {
+                let Some(mut ev) = self.listed(item).await? else {
+                    continue;
+                };
+                if !keep(self, &ev.meta)? {
+                    continue;
+                }
+                objects += 1;
+                let change = Some(Change::Announced);
+                self.emit(&mut ev, Instant::now(), None, change, false)
+                    .await?;
+            }
+            match page.continue_token {
+                Some(c) => token = Some(c),
+                None => return Ok(Ok((page.resource_version, objects))),
+            }
+        }
+    }
+
     /// Learns the kind of the channel's objects from a list page (`PodList`: `Pod`).
     pub(super) fn learn_kind(&mut self, page: &kubeapi::ListPage) {
         if let Some(k) = page.kind.strip_suffix("List") {

@@ -35,7 +35,6 @@ use std::sync::Arc;
 use super::{Reading, Stream};
 use crate::event::{comparable, Meta};
 use crate::kubeapi::{ApiError, WatchFrom};
-use crate::membership::Change;
 use crate::stream::machine::Stop;
 
 impl Stream {
@@ -83,10 +82,17 @@ impl Stream {
                 code: 400 | 403 | 422,
                 ..
             }))
-            | Ok(None) => self
-                .take_in_pages(floor, &covered, &mut objects)
-                .await
-                .map_err(gone_is_cut)?,
+            | Ok(None) => {
+                let path = self.source.path.clone();
+                let keep = |s: &Stream, meta: &Meta| Ok(s.takes_in(meta, floor, &covered));
+                match self.announce_list(&path, keep).await.map_err(gone_is_cut)? {
+                    Ok((rv, n)) => {
+                        objects = n;
+                        rv
+                    }
+                    Err(e) => return Err(gone_is_cut(self.api_stopped(e))),
+                }
+            }
             Err(why) => return Err(why),
         };
         // A list older than the position (a lagging cache, a restored etcd) may lack what the
@@ -114,45 +120,6 @@ impl Stream {
         }
         tracing::info!(stream = %self.id, objects, floor, %rv, "took in the objects its position did not cover");
         Ok(())
-    }
-
-    /// The take-in through paginated lists; the list's resourceVersion.
-    async fn take_in_pages(
-        &mut self,
-        floor: u64,
-        covered: &BTreeSet<String>,
-        objects: &mut usize,
-    ) -> Result<String, Stop> {
-        let path = self.source.path.clone();
-        let mut token: Option<String> = None;
-        loop {
-            let size = Some(self.cfg.kubernetes.list_page_size);
-            let page = match self.list_page(&path, size, token.as_deref()).await? {
-                Ok(p) => p,
-                Err(e) => return Err(self.api_stopped(e)),
-            };
-            self.learn_kind(&page);
-            for item in &page.items {
-                let Some(mut ev) = self.listed(item).await? else {
-                    continue;
-                };
-                if self.takes_in(&ev.meta, floor, covered) {
-                    *objects += 1;
-                    self.emit(
-                        &mut ev,
-                        std::time::Instant::now(),
-                        None,
-                        Some(Change::Announced),
-                        false,
-                    )
-                    .await?;
-                }
-            }
-            match page.continue_token {
-                Some(c) => token = Some(c),
-                None => return Ok(page.resource_version),
-            }
-        }
     }
 
     /// Whether an object of the collection's state is taken in below `floor`: of a namespace

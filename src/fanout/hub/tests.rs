@@ -792,21 +792,38 @@ fn main_line(shard: u32, rv: u64) -> Input {
     Input::Main(line(To::Shard(shard), rv), Some(rv.to_string()))
 }
 
-/// S16: a part with no room holds up no other part. Its lines queue and go out in order once
-/// it has room; a heartbeat does not pass them; the hub reads on for the others meanwhile.
-#[test]
-fn a_stalled_part_holds_up_no_other_and_gets_its_lines_in_order() {
-    let t0 = Instant::now();
+/// Seat `id` had no room for its line of shard `shard` at `rv`.
+fn no_room(id: u64, shard: u32, rv: u64) -> Input {
+    Input::NoRoom(Out::Send(id, line(To::Shard(shard), rv).bytes))
+}
+
+/// `live_two`, then seat 1 with no room for its line at 11 (at 1301 ms), and its line at 12
+/// queued behind it.
+fn seat_1_stalled(t0: Instant) -> Hub {
     let mut hub = live_two(t0);
-    let no_room = |rv| Input::NoRoom(Out::Send(1, line(To::Shard(0), rv).bytes));
     run(
         &mut hub,
         t0,
         vec![
             (1300, main_line(0, 11), vec![send(1, To::Shard(0), 11)]),
-            // Seat 1 had no room for it: stalled, but seat 2 takes lines, so reading goes on.
-            (1301, no_room(11), vec![]),
+            (1301, no_room(1, 0, 11), vec![]),
             (1302, main_line(0, 12), vec![]),
+        ],
+    );
+    hub
+}
+
+/// S16: a part with no room holds up no other part. Its lines queue and go out in order once
+/// it has room; a heartbeat does not pass them; the hub reads on for the others meanwhile.
+#[test]
+fn a_stalled_part_holds_up_no_other_and_gets_its_lines_in_order() {
+    let t0 = Instant::now();
+    // Seat 1 stalled, but seat 2 takes lines, so reading goes on.
+    let mut hub = seat_1_stalled(t0);
+    run(
+        &mut hub,
+        t0,
+        vec![
             (1303, main_line(1, 13), vec![send(2, To::Shard(1), 13)]),
             (
                 1304,
@@ -830,24 +847,9 @@ fn a_stalled_part_holds_up_no_other_and_gets_its_lines_in_order() {
 #[test]
 fn a_hub_whose_every_part_is_stalled_pauses_and_is_not_silent() {
     let t0 = Instant::now();
-    let mut hub = live_two(t0);
-    run(
-        &mut hub,
-        t0,
-        vec![
-            (1300, main_line(0, 11), vec![send(1, To::Shard(0), 11)]),
-            (
-                1301,
-                Input::NoRoom(Out::Send(1, line(To::Shard(0), 11).bytes)),
-                vec![],
-            ),
-        ],
-    );
+    let mut hub = seat_1_stalled(t0);
     assert!(!hub.main_paused());
-    hub.step(
-        Input::NoRoom(Out::Send(2, line(To::Shard(1), 3).bytes)),
-        t0 + Duration::from_millis(1302),
-    );
+    hub.step(no_room(2, 1, 3), t0 + Duration::from_millis(1302));
     assert!(hub.main_paused());
     let later = 1302 + 2 * IDLE.as_millis() as u64;
     run(
@@ -867,7 +869,7 @@ fn a_hub_whose_every_part_is_stalled_pauses_and_is_not_silent() {
         vec![(
             later + 2,
             Input::Beat { gone: vec![] },
-            vec![Effect::Bookmark(vec![(2, "11".into())])],
+            vec![Effect::Bookmark(vec![(2, "12".into())])],
         )],
     );
 }
@@ -949,15 +951,11 @@ fn a_part_stalled_in_its_list_holds_the_list_up_for_a_while_at_most() {
 #[test]
 fn a_stalled_part_gets_as_many_lines_as_it_has_room_for() {
     let t0 = Instant::now();
-    let mut hub = live_two(t0);
-    let no_room = |rv| Input::NoRoom(Out::Send(1, line(To::Shard(0), rv).bytes));
+    let mut hub = seat_1_stalled(t0);
     run(
         &mut hub,
         t0,
         vec![
-            (1300, main_line(0, 11), vec![send(1, To::Shard(0), 11)]),
-            (1301, no_room(11), vec![]),
-            (1302, main_line(0, 12), vec![]),
             (1303, Input::Room { id: 1, free: 1 }, vec![drain(1, 0, 11)]),
             (1304, main_line(0, 13), vec![]),
             (
@@ -968,12 +966,8 @@ fn a_stalled_part_gets_as_many_lines_as_it_has_room_for() {
             (1306, main_line(0, 14), vec![send(1, To::Shard(0), 14)]),
             // Seat 3 joins and is listed; the live ones stall.
             (1400, join(3, 2, None), vec![]),
-            (1401, no_room(15), vec![]),
-            (
-                1402,
-                Input::NoRoom(Out::Send(2, line(To::Shard(1), 16).bytes)),
-                vec![],
-            ),
+            (1401, no_room(1, 0, 15), vec![]),
+            (1402, no_room(2, 1, 16), vec![]),
         ],
     );
     run(&mut hub, t0, catch_up_begins(1900, &[2]).into());
