@@ -650,8 +650,14 @@ async fn widen(fail: bool, once: bool) {
         (listed(&format!("{a}, {b}")), vec![a.as_str(), &b]),
     ] {
         let relay = start(config);
+        // Relayed, each namespace's stream checkpointed, and c's retired whole (its entry
+        // gone last).
+        let streams: BTreeSet<String> = scope.iter().map(|ns| format!("{CHANNEL}.{ns}")).collect();
         eventually(
-            || consumer_view(&pod_log()) == pods(&bed.sim, &scope, |_| true),
+            || {
+                consumer_view(&pod_log()) == pods(&bed.sim, &scope, |_| true)
+                    && pods_recorded(&bed).into_iter().collect::<BTreeSet<_>>() == streams
+            },
             || format!("the consumer holds {:?}", consumer_view(&pod_log()).keys()),
         )
         .await;

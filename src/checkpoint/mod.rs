@@ -292,7 +292,15 @@ impl Saved {
     /// This ConfigMap position replaced by `committed`, the one committed with the stream's
     /// records in the membership topic (exactly once), which it may lag: the era never goes
     /// back, and a kind the committed position lacks is kept.
+    ///
+    /// An entry that forgot its position in a later era than the committed one's stays as it
+    /// is: a stream (or its retirement) forgot the position before publishing what is no
+    /// replay from it, and was cut short before that was committed. Resuming from the committed
+    /// position would never undo what it had published (a retirement's DELETEDs).
     pub fn take_committed(&mut self, committed: Saved) {
+        if self.rv.is_none() && self.era > committed.era {
+            return;
+        }
         let (era, kind) = (self.era, self.kind.take());
         *self = committed;
         self.era = self.era.max(era);
@@ -434,6 +442,28 @@ pub(crate) fn size(data: &BTreeMap<String, String>) -> usize {
 mod tests {
     use super::*;
     use k8s_openapi::ByteString;
+
+    #[test]
+    fn a_committed_position_replaces_the_entry_unless_the_entry_forgot_it_since() {
+        let at = |rv: Option<&str>, era| Saved {
+            rv: rv.map(str::to_string),
+            era,
+            ..Saved::default()
+        };
+        // The ConfigMap lagging behind the commits: the committed position wins.
+        let mut lagging = at(Some("10"), 5);
+        lagging.take_committed(at(Some("20"), 5));
+        assert_eq!(lagging, at(Some("20"), 5));
+        // Forgotten in the same era (a sync then committed): the committed position wins.
+        let mut synced = at(None, 6);
+        synced.take_committed(at(Some("30"), 6));
+        assert_eq!(synced, at(Some("30"), 6));
+        // Forgotten in a later era (a retirement cut short before its commit): it stays
+        // forgotten, in its era.
+        let mut retiring = at(None, 7);
+        retiring.take_committed(at(Some("20"), 5));
+        assert_eq!(retiring, at(None, 7));
+    }
 
     #[test]
     fn a_position_is_small_and_round_trips() {
