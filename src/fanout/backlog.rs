@@ -16,7 +16,7 @@
 //!
 //! A part **let go** has its subscription closed once it has read what it buffered: it reads
 //! as a watch the server ended, and resumes from its position (the hub reopens from there), so
-//! memory stays bounded and the part never relists for it. When every part that takes lines is
+//! memory stays bounded; only one cut in its list syncs again. When every live part is
 //! stalled, none is held up by waiting: the hub then stops reading its main watch (see
 //! [`super::hub::Hub::main_paused`]), as a watch waits for a slow reader, and queues nothing.
 //!

@@ -27,7 +27,7 @@
 //!   a part with no room for a line ──► stalled: its lines queue; room again ──► as many go
 //!       out as fit (Drain), the head of its queue first
 //!       its queue too long ──► LetGo: its subscription closes and its part resumes later
-//!       every part that takes lines stalled ──► the main watch is not read until one has room
+//!       every live part stalled ──► the main watch is not read until one has room
 //!       a part being listed stalled ──► the catch-up is not read; after slow_list ──► LetGo
 //! ```
 //!
@@ -231,7 +231,7 @@ impl Hub {
     /// Whether the catch-up is not to be read: a seat it lists is stalled (a list is not
     /// queued).
     pub fn catch_paused(&self) -> bool {
-        self.board.listing_ids().any(|id| self.backlogs.stalled(id))
+        !self.backlogs.is_empty() && self.board.listing_ids().any(|id| self.backlogs.stalled(id))
     }
 
     /// When the first seat being listed that is stalled has held the catch-up up too long.

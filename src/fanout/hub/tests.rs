@@ -842,8 +842,8 @@ fn a_stalled_part_holds_up_no_other_and_gets_its_lines_in_order() {
     assert!(!hub.main_paused());
 }
 
-/// When every part that takes lines is stalled, the hub stops reading rather than queue, and a
-/// main watch not read is not silent.
+/// When every live part is stalled, the hub stops reading rather than queue, and a main watch
+/// not read is not silent.
 #[test]
 fn a_hub_whose_every_part_is_stalled_pauses_and_is_not_silent() {
     let t0 = Instant::now();
