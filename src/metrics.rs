@@ -102,8 +102,11 @@ pub struct Metrics {
     /// Shard moves seen by this replica, by kind: `claimed`, `revoked` (handed over) or `lost`.
     pub shard_rebalances: IntCounterVec,
     /// Times this replica stopped producing for its shards because it could not prove it still
-    /// owned them (the ownership deadline passed).
+    /// owned them (the ownership deadline lapsed).
     pub shard_fences: IntCounter,
+    /// Times this replica held its shards (took and committed nothing) because its ownership
+    /// was unproven past the deadline; a fence follows only when none is proven in the margin.
+    pub shard_holds: IntCounter,
     /// Seconds from a shard's claim to all of its streams watching.
     pub shard_takeover_seconds: prometheus::Histogram,
     /// Records produced per shard (hot shards show here).
@@ -266,7 +269,14 @@ impl Metrics {
             &registry,
             IntCounter::new(
                 "shard_fences_total",
-                "Times this replica stopped producing because its ownership deadline passed",
+                "Times this replica fenced its shards because no renewal proved its ownership within the session's margin after its ownership deadline",
+            ),
+        );
+        let shard_holds = registered(
+            &registry,
+            IntCounter::new(
+                "shard_holds_total",
+                "Times this replica held its shards (took and committed nothing for them) because its ownership deadline passed",
             ),
         );
         let shard_handover_purges = registered(
@@ -413,6 +423,7 @@ impl Metrics {
             shards,
             shard_rebalances,
             shard_fences,
+            shard_holds,
             shard_takeover_seconds,
             shard_records,
             transactions,
@@ -502,6 +513,7 @@ impl Metrics {
             shards,
             shard_rebalances,
             shard_fences,
+            shard_holds,
             shard_takeover_seconds,
             shard_records,
             transactions,
@@ -514,7 +526,7 @@ impl Metrics {
             fanout_objects,
             fanout_server_filtered,
         } = self;
-        let collectors: [&dyn Collector; 45] = [
+        let collectors: [&dyn Collector; 46] = [
             events_received,
             events_published,
             events_filtered,
@@ -549,6 +561,7 @@ impl Metrics {
             shards,
             shard_rebalances,
             shard_fences,
+            shard_holds,
             shard_takeover_seconds,
             shard_records,
             transactions,

@@ -165,9 +165,12 @@ impl Coordinator for Kafka {
                 message: e.to_string(),
             })?;
         let consumer = Arc::new(consumer);
-        let deadline = Arc::new(Deadline::new(Duration::from_millis(u64::from(
-            cfg.sharding.ownership_deadline_ms,
-        ))));
+        let deadline = Arc::new(
+            Deadline::new(Duration::from_millis(u64::from(
+                cfg.sharding.ownership_deadline_ms,
+            )))
+            .holding(cfg.sharding.delivery_timeout()),
+        );
         let stop = Arc::new(AtomicBool::new(false));
         let poller = {
             let (consumer, deadline, stop) = (consumer.clone(), deadline.clone(), stop.clone());
@@ -323,13 +326,17 @@ fn claim(consumer: &BaseConsumer<Context>, deadline: &Deadline, shards: &[u32]) 
 /// one that took [`RENEW`] or more (a broker stalling) is logged with what is left of it.
 fn renew(consumer: &BaseConsumer<Context>, deadline: &Deadline, stop: &AtomicBool) {
     let cx = consumer.context();
+    // Every RENEW from the last sending: one answered late (a broker that stalled) is followed
+    // at once by the next, which may end a hold.
+    let mut next = tokio::time::Instant::now() + RENEW;
     while !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(RENEW);
+        std::thread::sleep(next.saturating_duration_since(tokio::time::Instant::now()));
+        let sent = tokio::time::Instant::now();
+        next = sent + RENEW;
         let owned = cx.owned.lock().expect("owned lock poisoned").clone();
         if owned.is_empty() {
             continue;
         }
-        let sent = tokio::time::Instant::now();
         match consumer.commit(&epochs(&cx.topic, &owned), CommitMode::Sync) {
             Ok(()) => {
                 deadline.renew(sent);

@@ -12,8 +12,10 @@
 //! epoch under KIP-848), so a successful one proves ownership when it was sent; every owner of a
 //! shard has a higher epoch than the one before. The claimed shards are committed again every
 //! second; each success pushes the [`Deadline`] to `ownershipDeadlineMs` past when it was sent.
-//! A replica whose deadline passes (cut from the coordinator, or frozen) must stop
-//! producing for every shard it holds: it is the relay's to fence them.
+//! A replica whose deadline passes (cut from the coordinator, frozen, or its broker stalled)
+//! takes and commits nothing for its shards until a renewal proves ownership again; past the
+//! session's margin with none it must stop producing for every shard it holds: it is the
+//! relay's to fence them.
 //!
 //! # Handover
 //! A shard revoked is reported as [`Event::Revoked`] and the callback blocks until the relay says
@@ -55,24 +57,45 @@ pub enum Event {
 }
 
 /// Until when this replica may act as the owner of its shards: pushed forward by every commit
-/// the coordinator accepts. On tokio's clock (the real one outside a runtime, or in
-/// production), so fencing is tested on paused time.
+/// the coordinator accepts, `span` past when it was sent. On tokio's clock (the real one outside
+/// a runtime, or in production), so fencing is tested on paused time.
+///
+/// Once it has passed the replica *holds* its shards: it takes no record for them and commits no
+/// transaction, but keeps what it took. A renewal sent before the deadline may still be
+/// answered: a broker that stalls for seconds answers every request late, while the group
+/// moved nothing. Such an answer, or any renewal proving ownership again, ends the hold and the
+/// shards go on as if nothing happened. Only once the deadline has passed by `grace` with no
+/// renewal does it *lapse*, and the replica fences its shards (the margin by which the session
+/// outlasts the deadline: the group may have moved them by then).
 #[derive(Debug)]
 pub struct Deadline {
     base: Instant,
     /// Milliseconds past `base`.
     until: AtomicU64,
     span: Duration,
+    grace: Duration,
 }
 
+/// How often a replica holding its shards looks whether a renewal ended the hold.
+const HOLD_LOOK: Duration = Duration::from_millis(100);
+
 impl Deadline {
-    /// A deadline `span` past each renewal, passed until the first.
+    /// A deadline `span` past each renewal, passed until the first, lapsing as soon as it
+    /// passes (see [`Deadline::holding`]).
     pub fn new(span: Duration) -> Self {
         Self {
             base: Instant::now(),
             until: AtomicU64::new(0),
             span,
+            grace: Duration::ZERO,
         }
+    }
+
+    /// The same deadline, held for `grace` once passed before it lapses.
+    #[must_use]
+    pub fn holding(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
     }
 
     /// Ownership was proven at `sent` (a commit sent then succeeded).
@@ -81,15 +104,34 @@ impl Deadline {
         self.until.fetch_max(until, Ordering::Relaxed);
     }
 
-    /// Whether ownership can no longer be assumed.
+    /// Whether ownership can no longer be assumed: nothing is taken or committed for the
+    /// shards (held, or lapsed).
     pub fn passed(&self) -> bool {
         self.base.elapsed().as_millis() as u64 >= self.until.load(Ordering::Relaxed)
     }
 
+    /// Whether it passed `grace` ago with no renewal since: the shards are to be fenced.
+    pub fn lapsed(&self) -> bool {
+        self.base.elapsed() >= self.until() + self.grace
+    }
+
     /// How long until it passes (zero once it has).
     pub fn left(&self) -> Duration {
-        let until = Duration::from_millis(self.until.load(Ordering::Relaxed));
-        until.saturating_sub(self.base.elapsed())
+        self.until().saturating_sub(self.base.elapsed())
+    }
+
+    /// When to look at it next from `now`: when it passes, and while held, often enough to see
+    /// the hold end soon, and when it lapses.
+    pub fn next_look(&self, now: Instant) -> Instant {
+        if !self.passed() {
+            return now + self.left();
+        }
+        let lapses = self.base + self.until() + self.grace;
+        lapses.max(now).min(now + HOLD_LOOK)
+    }
+
+    fn until(&self) -> Duration {
+        Duration::from_millis(self.until.load(Ordering::Relaxed))
     }
 }
 

@@ -27,7 +27,7 @@ pub use record::{Headers, Record};
 pub(crate) use transaction::{fence, Connect, KafkaConnect};
 #[cfg(any(test, feature = "testing"))]
 pub(crate) use transaction::{Client, Witness};
-pub use transaction::{Transactional, TxnMetrics, TxnSource};
+pub use transaction::{Proof, Transactional, TxnMetrics, TxnSource};
 
 /// The `kind` labels of delivery errors: where the record failed.
 pub const ERROR_KINDS: [&str; 2] = ["enqueue", "delivery"];

@@ -114,7 +114,9 @@ impl Context {
         stop: &CancellationToken,
         fenced: &CancellationToken,
     ) -> Result<Option<Outlet>, RelayError> {
-        match self.transactional(owner, stop, fenced).await {
+        // A single leader's term owns the id until fenced: its lease's loss fences it.
+        let proven: producer::Proof = Arc::new(|| true);
+        match self.transactional(owner, stop, fenced, &proven).await {
             Transactions::Off => self.sink().map(Some),
             Transactions::Stopped => Ok(None),
             Transactions::On(p) => Ok(Some((p, self.admin()))),
@@ -124,12 +126,14 @@ impl Context {
     /// With `kafka.delivery: exactlyOnce` and Kafka as the sink, a transactional producer whose
     /// id is the term's `owner`'s, so that the next owner's fences it (see
     /// [`producer::Transactional`]): built again every [`RETRY`] until Kafka answers, or until
-    /// `stop` fires. Once `fenced` fires, it is never built again under the id.
+    /// `stop` fires. Once `fenced` fires, it is never built again under the id; while `proven`
+    /// says no, it commits nothing.
     pub(super) async fn transactional(
         &self,
         owner: &membership::Owner,
         stop: &CancellationToken,
         fenced: &CancellationToken,
+        proven: &producer::Proof,
     ) -> Transactions {
         let Some((id, connect)) = self.txn_connect(owner) else {
             return Transactions::Off;
@@ -145,6 +149,7 @@ impl Context {
                 connect.clone(),
                 interval,
                 fenced.clone(),
+                proven.clone(),
                 metrics.clone(),
             );
             let started = tokio::select! {

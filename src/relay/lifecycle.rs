@@ -7,7 +7,7 @@
 //!             Claimed(e) ┌──────────────────────────────────────────────┐
 //!   Ended ───────────────► Starting{e} ── every stream watches ──► Running{e}
 //!     ▲ ▲                     │  │  │                                 │  │  │
-//!     │ │           Revoked   │  │  │ Fence (deadline passed)         │  │  │
+//!     │ │           Revoked   │  │  │ Fence (deadline lapsed)         │  │  │
 //!     │ │  ┌──────────────────┘  │  └─────────────┐  (the same from Running)
 //!     │ │  ▼                     │ Lost           ▼
 //!     │ │ Revoking{then} ──Lost──┼──────────► Lost{then}      Fenced{then, answer}
@@ -25,7 +25,7 @@
 //!   written when revoked, purged when fenced or lost. A revoke of a shard with no term is
 //!   answered at once.
 //! - A revoke or a lost assignment drops a claim waiting in `then`: the group took it back.
-//! - Fencing wins over a drain under way: a revoked term whose deadline passes, or whose
+//! - Fencing wins over a drain under way: a revoked term whose deadline lapses, or whose
 //!   assignment is lost, stops without draining, and the revoke is still answered.
 
 /// Where a shard stands on this replica.
@@ -76,7 +76,8 @@ pub enum Input {
     Revoked,
     /// The group says the assignment was lost; the rebalance waits for the answer.
     Lost,
-    /// The ownership deadline passed: no record may be produced for it any more.
+    /// The ownership deadline lapsed (passed, and held for the session's margin with no
+    /// renewal): no record may be produced for it any more.
     Fence,
     /// Every stream of its term under this claimed epoch watches (the term said so).
     Watching(u64),
@@ -308,7 +309,7 @@ mod tests {
                 P::Ended,
                 vec![A::Answer],
             ),
-            // The deadline passed: fenced, and claimed again at once if still assigned here.
+            // The deadline lapsed: fenced, and claimed again at once if still assigned here.
             (
                 P::Running { epoch: 3 },
                 I::Fence,

@@ -51,6 +51,8 @@ struct Member {
     renewing: Arc<AtomicBool>,
     /// Cut off: out of the deal; the shards it owned when its session expired.
     cut: Option<Vec<u32>>,
+    /// Shards it claimed again while stalled, claimed once it is answered again.
+    unclaimed: Arc<Mutex<Vec<u32>>>,
 }
 
 impl MemoryGroup {
@@ -72,8 +74,61 @@ impl MemoryGroup {
         true
     }
 
+    /// Answers none of the `k`-th member's renewals for `stall` (counted as in
+    /// [`MemoryGroup::cut`]), then renews it again, as a broker that stalls that long answers
+    /// them late, while the group moves nothing. Blocks for `stall`.
+    pub fn stall(&self, k: usize, stall: Duration) {
+        let member = {
+            let st = self.inner.state.lock().expect("group lock poisoned");
+            let members: Vec<&Member> = st.members.values().filter(|m| m.cut.is_none()).collect();
+            if members.is_empty() {
+                return;
+            }
+            members[k % members.len()].clone()
+        };
+        member.renewing.store(false, Ordering::Relaxed);
+        std::thread::sleep(stall);
+        member.renewing.store(true, Ordering::Relaxed);
+        let unclaimed =
+            std::mem::take(&mut *member.unclaimed.lock().expect("unclaimed lock poisoned"));
+        self.claim_again(member.id, &unclaimed);
+    }
+
+    /// Claims `shards` again for member `id`, as its group client does after a fence: a
+    /// claim is a commit the group checks, so none reaches it from a member cut off or
+    /// stalled; a stalled member's claims are sent once it is answered again.
+    fn claim_again(&self, id: u64, shards: &[u32]) {
+        let mut st = self.inner.state.lock().expect("group lock poisoned");
+        let Some(m) = st.members.get(&id).cloned() else {
+            return;
+        };
+        if !m.renewing.load(Ordering::Relaxed) {
+            if m.cut.is_none() {
+                m.unclaimed
+                    .lock()
+                    .expect("unclaimed lock poisoned")
+                    .extend(shards);
+            }
+            return;
+        }
+        let claims: Vec<(u32, u64)> = shards
+            .iter()
+            .filter(|s| m.owned.contains(s))
+            .map(|s| {
+                let e = st.epochs.entry(*s).or_insert(0);
+                *e += 1;
+                (*s, *e)
+            })
+            .collect();
+        if !claims.is_empty() {
+            // A claim is a commit the group accepted: it proves ownership, as in Kafka.
+            m.deadline.renew(tokio::time::Instant::now());
+            let _ = m.events.send(Event::Claimed(claims));
+        }
+    }
+
     /// Cuts every member off at once, as the coordinator's broker going away past the
-    /// sessions does: each fences itself, and the shards wait, owned by none, until
+    /// sessions does: each holds its shards, then fences them, and they wait, owned by none, until
     /// [`MemoryGroup::heal`]. Blocks until every deadline and `session` more passed.
     pub fn cut_all(&self, session: Duration) {
         let members: Vec<Member> = {
@@ -136,13 +191,16 @@ impl MemoryGroup {
                 .values_mut()
                 .filter_map(|m| {
                     let lost = m.cut.take()?;
-                    m.renewing.store(true, Ordering::Relaxed);
                     Some((m.clone(), lost))
                 })
                 .collect()
         };
+        // Renewed only once it learnt of the loss, as a Kafka member whose session expired
+        // cannot commit again before it rejoins: a renewal first would end its hold over
+        // shards the others own now.
         for (member, shards) in healed {
             member.revoke(shards, true);
+            member.renewing.store(true, Ordering::Relaxed);
         }
         self.rebalance();
     }
@@ -200,6 +258,10 @@ impl MemoryGroup {
                 .collect();
             let m = st.members.get_mut(&id).expect("a member");
             m.owned.extend(fresh);
+            // A claim is a commit the group accepted: it proves ownership, as in Kafka.
+            if m.renewing.load(Ordering::Relaxed) {
+                m.deadline.renew(tokio::time::Instant::now());
+            }
             let _ = m.events.send(Event::Claimed(claims));
         }
     }
@@ -271,9 +333,12 @@ impl Coordinator for MemoryGroup {
         {
             let _ = events.send(Event::Fatal(reason));
         }
-        let deadline = Arc::new(Deadline::new(Duration::from_millis(u64::from(
-            cfg.sharding.ownership_deadline_ms,
-        ))));
+        let deadline = Arc::new(
+            Deadline::new(Duration::from_millis(u64::from(
+                cfg.sharding.ownership_deadline_ms,
+            )))
+            .holding(cfg.sharding.delivery_timeout()),
+        );
         let stop = Arc::new(AtomicBool::new(false));
         let renewing = Arc::new(AtomicBool::new(true));
         {
@@ -318,6 +383,7 @@ impl Coordinator for MemoryGroup {
                     deadline: deadline.clone(),
                     renewing,
                     cut: None,
+                    unclaimed: Arc::default(),
                 },
             );
             id
@@ -339,30 +405,7 @@ impl Membership for Joined {
     }
 
     fn reclaim(&self, shards: &[u32]) {
-        let mut st = self.group.inner.state.lock().expect("group lock poisoned");
-        // A claim is a commit the group checks: none reaches it from a member cut off.
-        let Some(m) = st
-            .members
-            .get(&self.id)
-            .filter(|m| m.renewing.load(Ordering::Relaxed))
-            .cloned()
-        else {
-            return;
-        };
-        let claims: Vec<(u32, u64)> = shards
-            .iter()
-            .filter(|s| m.owned.contains(s))
-            .map(|s| {
-                let e = st.epochs.entry(*s).or_insert(0);
-                *e += 1;
-                (*s, *e)
-            })
-            .collect();
-        if !claims.is_empty() {
-            // A claim is a commit the group accepted: it proves ownership, as in Kafka.
-            m.deadline.renew(tokio::time::Instant::now());
-            let _ = m.events.send(Event::Claimed(claims));
-        }
+        self.group.claim_again(self.id, shards);
     }
 
     fn leave(self: Box<Self>) {

@@ -13,6 +13,9 @@
 //! - the records' reports reach their streams only then ([`books`]): a checkpoint covers only
 //!   what a `read_committed` consumer can read, and a membership join counts only once
 //!   committed (the records announcing its object go in the same transaction or a later one);
+//! - while the term cannot prove it owns the id (a shard's ownership deadline passed: its
+//!   replica holds the shard), nothing is committed: the open transaction waits until
+//!   ownership is proven again, or the term is fenced and the next owner's producer aborts it;
 //! - a commit is asked once, and given up before librdkafka's own request for it times out
 //!   (and is sent again): librdkafka lacks KIP-890's second part, every transaction of a
 //!   producer has the same epoch, so a commit request arriving late would end the next
@@ -76,6 +79,9 @@ pub struct TxnMetrics {
     pub commit_seconds: prometheus::Histogram,
 }
 
+/// Whether a term can prove it owns its transactional id now ([`Transactional::start`]).
+pub type Proof = Arc<dyn Fn() -> bool + Send + Sync>;
+
 /// A transactional producer of one term (see the module).
 pub struct Transactional {
     inside: Mutex<Inside>,
@@ -90,6 +96,11 @@ pub struct Transactional {
     /// by a new producer under the id, which could fence the next owner's; the producer takes
     /// nothing more ([`Transactional::ended`]).
     owned: CancellationToken,
+    /// Whether the term can prove it owns the id now: while it cannot (a shard's ownership
+    /// deadline passed) nothing is committed, so that a replica
+    /// that may have been deposed shows nothing more to `read_committed` consumers; a renewal
+    /// lets the commits go on, a fence ends the term.
+    proven: Proof,
     /// Set once a commit failed after the term lost its ownership: sends are refused, without
     /// failing the relay.
     ended: std::sync::atomic::AtomicBool,
@@ -118,18 +129,19 @@ struct Pending {
 
 impl Transactional {
     /// A producer whose `transactional.id` is `id`, its first transaction begun; `owned` is
-    /// cancelled when the term owning the id is fenced. Blocks in `init_transactions` (on a thread of its
-    /// own) until the id's earlier producer is fenced. The error never contains a property's
-    /// value.
+    /// cancelled when the term owning the id is fenced, and no transaction is committed while
+    /// `proven` says no. Blocks in `init_transactions` (on a thread of its own) until the id's
+    /// earlier producer is fenced. The error never contains a property's value.
     pub async fn start(
         cfg: &KafkaConfig,
         id: &str,
         interval: Duration,
         owned: CancellationToken,
+        proven: Proof,
         metrics: TxnMetrics,
     ) -> Result<Arc<Self>, String> {
         let connect = Arc::new(KafkaConnect::new(cfg, id));
-        Self::start_with(connect, interval, owned, metrics).await
+        Self::start_with(connect, interval, owned, proven, metrics).await
     }
 
     /// [`Transactional::start`], its instances from `connect`.
@@ -137,6 +149,7 @@ impl Transactional {
         connect: Arc<dyn Connect>,
         interval: Duration,
         owned: CancellationToken,
+        proven: Proof,
         metrics: TxnMetrics,
     ) -> Result<Arc<Self>, String> {
         let commit_timeout = connect.commit_timeout();
@@ -152,6 +165,7 @@ impl Transactional {
             commit_now: Arc::default(),
             fatal: Mutex::new(None),
             owned,
+            proven,
             ended: std::sync::atomic::AtomicBool::new(false),
             scratch: Inbox::new(),
             commit_timeout,
@@ -202,6 +216,11 @@ impl Transactional {
     /// owner's producer settles the transaction. A fenced instance of a term that still owns
     /// the id, before a commit was asked, counts as an abort (see the module).
     async fn commit(&self) {
+        if !(self.proven)() {
+            // Held: the transaction stays open until ownership is proven again or the term is
+            // fenced (its next owner's producer then aborts it).
+            return;
+        }
         let (closed, kafka) = {
             let mut inside = self.inside.lock().expect("txn lock poisoned");
             let books = &inside.books;

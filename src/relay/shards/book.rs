@@ -45,6 +45,18 @@ pub(super) struct Book {
     terms: HashMap<u32, Running>,
     handovers: Vec<Handover>,
     reclaims: BTreeMap<u32, Instant>,
+    /// Since when its ownership is unproven while terms may still produce (see
+    /// [`crate::group::Deadline`]): they take and commit nothing until it is proven again.
+    held: Option<Instant>,
+}
+
+/// A hold beginning or ending ([`Book::hold`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Hold {
+    /// Ownership is unproven: the terms take and commit nothing.
+    Began,
+    /// Proven again after this long: the terms go on.
+    Ended(std::time::Duration),
 }
 
 impl Book {
@@ -182,6 +194,23 @@ impl Book {
         [fence, reclaim, leave].into_iter().flatten().min()
     }
 
+    /// Whether the membership's ownership is `proven` at `now`, while terms may still produce:
+    /// says when a hold begins or ends. Shards fenced end it.
+    pub(super) fn hold(&mut self, proven: bool, now: Instant) -> Option<Hold> {
+        let held = !proven && !self.unfenced().is_empty();
+        match (self.held, held) {
+            (None, true) => {
+                self.held = Some(now);
+                Some(Hold::Began)
+            }
+            (Some(since), false) => {
+                self.held = None;
+                Some(Hold::Ended(now.duration_since(since)))
+            }
+            _ => None,
+        }
+    }
+
     /// Answers every revoke whose shards are all handed over: the rebalance may go on. How
     /// long each took goes to `seconds`.
     pub(super) fn answer(&mut self, seconds: &prometheus::Histogram) {
@@ -223,6 +252,7 @@ mod tests {
             terms: terms.iter().map(|t| (*t, running())).collect(),
             handovers: Vec::new(),
             reclaims: reclaims.iter().map(|(k, at)| (*k, now + s(*at))).collect(),
+            held: None,
         };
         let running_one = [(1, Phase::Running { epoch: 2 })];
         // (case, book, unreachable, wakes at)
@@ -278,5 +308,51 @@ mod tests {
         for (case, book, unreachable, expected) in table {
             assert_eq!(book.next_look(lapse, unreachable), expected, "{case}");
         }
+    }
+
+    /// A hold begins once ownership is unproven while a term may still produce, ends once it
+    /// is proven again (saying how long it lasted), and is no hold when every shard is fenced.
+    #[tokio::test(start_paused = true)]
+    async fn a_hold_begins_when_ownership_is_unproven_and_ends_when_proven() {
+        let now = Instant::now();
+        let ms = Duration::from_millis;
+        let mut book = Book::default();
+        assert_eq!(book.hold(false, now), None, "nothing owned: no hold");
+        book.phases.insert(1, Phase::Running { epoch: 2 });
+        // (case, proven, at, says)
+        let table = [
+            ("proven: nothing", true, 0, None),
+            ("unproven: it begins", false, 10, Some(Hold::Began)),
+            ("still unproven: nothing more", false, 500, None),
+            (
+                "proven again: it ends",
+                true,
+                2_010,
+                Some(Hold::Ended(ms(2_000))),
+            ),
+            ("proven still: nothing", true, 3_000, None),
+            (
+                "unproven again: a new hold",
+                false,
+                4_000,
+                Some(Hold::Began),
+            ),
+        ];
+        for (case, proven, at, says) in table {
+            assert_eq!(book.hold(proven, now + ms(at)), says, "{case}");
+        }
+        book.phases.insert(
+            1,
+            Phase::Fenced {
+                then: None,
+                answer: false,
+            },
+        );
+        assert_eq!(
+            book.hold(false, now + ms(5_000)),
+            Some(Hold::Ended(ms(1_000))),
+            "fenced: the hold is over, the fence took its place"
+        );
+        assert_eq!(book.hold(false, now + ms(6_000)), None, "fenced: no hold");
     }
 }

@@ -19,7 +19,9 @@
 //!   records are awaited, the final positions are written), then the group is answered and the
 //!   rebalance goes on: the next owner resumes exactly there. Records of the term still
 //!   undelivered then are purged first, so none lands after the next owner's.
-//! - **Fenced** (the ownership deadline passed, or its writer found a newer owner) and **lost**
+//! - **Held** (the ownership deadline passed): its term takes and commits nothing until a
+//!   renewal proves ownership again, then goes on (see [`crate::group::Deadline`]).
+//! - **Fenced** (the ownership deadline lapsed, or its writer found a newer owner) and **lost**
 //!   (the assignment was lost): its term stops without draining, the producer's queued and
 //!   in-flight records are purged and nothing more is written. A fenced shard is claimed
 //!   again, under a new epoch, if the group still assigns it here.

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::book::{Book, Running};
+use super::book::{Book, Hold, Running};
 use super::resyncs::pass_on_resyncs;
 use super::share::{settle, ShardProducer, Share};
 use crate::checkpoint::{Ownership, Store};
@@ -142,7 +142,7 @@ impl Replica<'_> {
             let now = Instant::now();
             let unreachable = (leaving.is_none() && !grace.is_zero())
                 .then(|| now + grace.saturating_sub(reach.silent()));
-            let look = book.next_look(now + deadline.left(), unreachable);
+            let look = book.next_look(deadline.next_look(now), unreachable);
             tokio::select! {
                 _ = self.relay.shutdown.cancelled(), if leaving.is_none() => {
                     tracing::info!("leaving the shard group: handing every shard over");
@@ -200,7 +200,7 @@ impl Replica<'_> {
                 }
                 _ = tokio::time::sleep_until(look.unwrap_or(now)), if look.is_some() => {
                     let unfenced = book.unfenced();
-                    if !unfenced.is_empty() && deadline.passed() {
+                    if !unfenced.is_empty() && deadline.lapsed() {
                         self.relay.metrics.shard_fences.inc();
                         tracing::error!(shards = ?unfenced, "could not prove ownership of the shards in time: fenced, purging the producer; claiming them again if still assigned");
                         for shard in unfenced {
@@ -216,6 +216,20 @@ impl Replica<'_> {
                         leaving = leave(Left::Unreachable, &mut group);
                     }
                 }
+            }
+            // Whatever woke the loop: a renewal may have ended a hold, or the deadline begun one.
+            match book.hold(!deadline.passed(), Instant::now()) {
+                Some(Hold::Began) => {
+                    self.relay.metrics.shard_holds.inc();
+                    tracing::warn!(shards = ?book.unfenced(), "cannot prove ownership of the shards: taking and committing nothing for them until a renewal is answered, fencing them if none is within the session's margin");
+                }
+                Some(Hold::Ended(held)) if !book.unfenced().is_empty() => {
+                    tracing::info!(
+                        held_ms = held.as_millis() as u64,
+                        "ownership of the shards proven again: they go on"
+                    );
+                }
+                _ => {}
             }
             let mut reclaim = Vec::new();
             for (shard, action) in todo {
@@ -300,6 +314,11 @@ impl Replica<'_> {
         // A commit that fails after that never builds the producer again (which would fence the
         // next owner's).
         let owns = fenced.child_token();
+        // Nothing is committed while the replica holds its shards (see `Deadline`).
+        let proven: crate::producer::Proof = {
+            let deadline = deadline.clone();
+            Arc::new(move || !deadline.passed())
+        };
         let term = async move {
             let stopped = {
                 let stop = stop.clone();
@@ -313,7 +332,7 @@ impl Replica<'_> {
                 // previous owner's before anything of the shard is read back.
                 Some(epoch) => match self
                     .relay
-                    .transactional(&self.shard_owner(shard), &stop, &owns)
+                    .transactional(&self.shard_owner(shard), &stop, &owns, &proven)
                     .await
                 {
                     Transactions::Off => Some(epoch),

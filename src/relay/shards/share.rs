@@ -15,8 +15,8 @@ use crate::producer::{FlushError, Inbox, ProduceError, Producer, Receipt, Record
 /// The producer of one shard's term, a share of the replica's producer: its membership records
 /// go to the shard's partition, every record carries the shard and the owner epoch (a stream's
 /// records have them from its route; the others, such as retractions at a start, get them
-/// here), and nothing is taken once the ownership deadline passed or the term is fenced or
-/// over.
+/// here), and nothing is taken once the ownership deadline passed (its streams wait: the
+/// replica holds) or the term is fenced or over (refused).
 ///
 /// Every record it takes is counted in the term's [`Tally`] until reported: its flush waits
 /// for the term's own records only (a handover does not wait for the other shards' traffic),
@@ -46,16 +46,14 @@ impl Producer for ShardProducer {
         more: bool,
     ) -> Result<(), Refused> {
         let position = position.map(|p| self.pinned(p));
-        if self.deadline.passed()
-            && !self.share.closed.is_cancelled()
-            && self.share.inner.transactional()
-        {
-            // A stream refused for good would rewind, and its records in a transaction being
-            // committed would be published again by its replay: it waits instead, until the
+        if self.deadline.passed() && !self.share.closed.is_cancelled() {
+            // Held (see `Deadline`): a stream refused for good would rewind and replay (under
+            // exactly once, its records in a transaction being committed would be published
+            // again), though a renewal may yet prove ownership. It waits instead, until the
             // deadline is renewed or the term is fenced.
             return Err(Refused::Full(receipt));
         }
-        if self.deadline.passed() || self.share.closed.is_cancelled() {
+        if self.share.closed.is_cancelled() {
             return Err(Refused::Failed(ProduceError::retriable(format!(
                 "this replica cannot prove it still owns shard {}: not producing for it",
                 self.shard
@@ -270,29 +268,68 @@ mod tests {
     }
 
     /// On paused time: a shard's producer takes nothing before ownership is first proven,
-    /// takes records while it is, refuses them from the instant the deadline passes unrenewed,
-    /// and takes them again once renewed.
+    /// takes records while it is, holds them back (full: its streams wait, none rewinds) from
+    /// the instant the deadline passes unrenewed, in both delivery modes, and takes them again
+    /// once renewed.
     #[tokio::test(start_paused = true)]
-    async fn the_deadline_fences_on_the_clock() {
+    async fn the_deadline_holds_records_back_on_the_clock() {
         let memory = Arc::new(Memory::new());
         let deadline = Arc::new(Deadline::new(Duration::from_secs(10)));
         let p = producer(&memory, &deadline);
-        assert!(p
-            .send(&record("pods", Headers::default()), receipt())
-            .is_err());
+        let held = |p: &ShardProducer| {
+            matches!(
+                p.send(&record("pods", Headers::default()), receipt()),
+                Err(Refused::Full(_))
+            )
+        };
+        assert!(held(&p));
         deadline.renew(Instant::now());
         tokio::time::advance(Duration::from_millis(9_999)).await;
         p.send(&record("pods", Headers::default()), receipt())
             .unwrap();
         tokio::time::advance(Duration::from_millis(1)).await;
-        assert!(matches!(
-            p.send(&record("pods", Headers::default()), receipt()),
-            Err(Refused::Failed(_))
-        ));
+        assert!(held(&p));
+        assert_eq!(memory.log().len(), 1, "a record held back is not taken");
         deadline.renew(Instant::now());
         p.send(&record("pods", Headers::default()), receipt())
             .unwrap();
         assert_eq!(memory.log().len(), 2);
+    }
+
+    /// On paused time: a deadline held for a grace lapses that long after it passed, unless a
+    /// renewal comes first; the next look follows the hold.
+    #[tokio::test(start_paused = true)]
+    async fn a_held_deadline_lapses_after_its_grace_unless_renewed() {
+        let s = Duration::from_secs;
+        let deadline = Deadline::new(s(5)).holding(s(5));
+        deadline.renew(Instant::now());
+        let start = Instant::now();
+        assert_eq!(
+            deadline.next_look(start),
+            start + s(5),
+            "proven: when it passes"
+        );
+        tokio::time::advance(s(5)).await;
+        assert!(deadline.passed() && !deadline.lapsed(), "held");
+        let now = Instant::now();
+        assert_eq!(
+            deadline.next_look(now),
+            now + Duration::from_millis(100),
+            "held: looked at often"
+        );
+        // A renewal sent before the deadline, answered late (a broker that stalled).
+        deadline.renew(start + s(4));
+        assert!(!deadline.passed(), "proven again: the hold ends");
+        tokio::time::advance(s(4)).await;
+        assert!(deadline.passed() && !deadline.lapsed());
+        tokio::time::advance(Duration::from_millis(4_900)).await;
+        assert_eq!(
+            deadline.next_look(Instant::now()),
+            start + s(14),
+            "its lapse first"
+        );
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert!(deadline.lapsed(), "no renewal within the grace: lapsed");
     }
 
     #[test]
