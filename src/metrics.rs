@@ -269,7 +269,7 @@ impl Metrics {
             &registry,
             IntCounter::new(
                 "shard_fences_total",
-                "Times this replica fenced its shards because no renewal proved its ownership within the session's margin after its ownership deadline",
+                "Times this replica fenced its shards because no renewal proved its ownership within half the session's margin after its ownership deadline",
             ),
         );
         let shard_holds = registered(

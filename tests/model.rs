@@ -568,8 +568,10 @@ async fn replicas_case(seed: u64, exact: bool, once: bool) {
     let mut run = draw(&mut rng);
     let sharded = |run: Run| {
         let mut cfg = common::bed::sharded(config(&bed, run), 4);
-        // Short, so that a replica cut off fences itself soon.
+        // Short, so that a replica cut off fences itself soon; the session as the group moves
+        // a cut replica's shards (its margin after the deadline), so that a hold ends before.
         cfg.sharding.ownership_deadline_ms = 1_000;
+        cfg.sharding.session_timeout_ms = 1_000 + SESSION_MARGIN.as_millis() as u32;
         // Lists of several pages, so that a gap's list can be cut midway.
         cfg.kubernetes.list_page_size = 2;
         if once {

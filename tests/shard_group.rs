@@ -3,7 +3,7 @@
 //! `/healthz`, so the platform restarts it, instead of standing in the group owning nothing
 //! while it looks healthy. Its load on the API server: what it follows for the whole replica is
 //! followed once, however many shards it owns. Other releases' claims it cannot read delay its
-//! streams by its session timeout at most. A broker stall shorter than the session's margin
+//! streams by its session timeout at most. A broker stall shorter than half the session's margin
 //! holds its shards and fences nothing. The relay runs in-process against the simulator with
 //! the group and producer in memory.
 
@@ -126,7 +126,7 @@ async fn a_stall_within_the_sessions_margin_holds_the_shards_and_fences_nothing(
         let bed = bed(true).await;
         create(&bed, (0..3).map(|i| format!("p{i}")));
         let mut cfg = common::bed::sharded(config(&bed, ""), 2);
-        // The session's 10 s outlast it by 8 s: the margin a hold may last.
+        // The session's 10 s outlast it by 8 s: a hold may last half of that.
         cfg.sharding.ownership_deadline_ms = 2_000;
         if once {
             cfg.kafka.delivery = Delivery::ExactlyOnce;

@@ -94,6 +94,15 @@ impl ShardingConfig {
         ))
     }
 
+    /// How long a replica whose ownership deadline passed holds its shards, waiting for a
+    /// renewal, before it fences them: half the margin by which the session outlasts the
+    /// deadline. The other half is slack: the group may evict a member a heartbeat before a
+    /// session after its last accepted renewal, and a hold must end before any successor can
+    /// start.
+    pub fn hold_grace(&self) -> std::time::Duration {
+        self.delivery_timeout() / 2
+    }
+
     /// The shards' membership topic.
     pub fn topic(&self, cluster: &str) -> String {
         self.topic

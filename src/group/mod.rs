@@ -14,7 +14,7 @@
 //! second; each success pushes the [`Deadline`] to `ownershipDeadlineMs` past when it was sent.
 //! A replica whose deadline passes (cut from the coordinator, frozen, or its broker stalled)
 //! takes and commits nothing for its shards until a renewal proves ownership again; past the
-//! session's margin with none it must stop producing for every shard it holds: it is the
+//! half the session's margin with none it must stop producing for every shard it holds: it is the
 //! relay's to fence them.
 //!
 //! # Handover
@@ -65,8 +65,8 @@ pub enum Event {
 /// answered: a broker that stalls for seconds answers every request late, while the group
 /// moved nothing. Such an answer, or any renewal proving ownership again, ends the hold and the
 /// shards go on as if nothing happened. Only once the deadline has passed by `grace` with no
-/// renewal does it *lapse*, and the replica fences its shards (the margin by which the session
-/// outlasts the deadline: the group may have moved them by then).
+/// renewal does it *lapse*, and the replica fences its shards (half the margin by which the
+/// session outlasts the deadline: the group may move them soon after).
 #[derive(Debug)]
 pub struct Deadline {
     base: Instant,

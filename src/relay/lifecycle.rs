@@ -76,7 +76,7 @@ pub enum Input {
     Revoked,
     /// The group says the assignment was lost; the rebalance waits for the answer.
     Lost,
-    /// The ownership deadline lapsed (passed, and held for the session's margin with no
+    /// The ownership deadline lapsed (passed, and held for half the session's margin with no
     /// renewal): no record may be produced for it any more.
     Fence,
     /// Every stream of its term under this claimed epoch watches (the term said so).

@@ -337,7 +337,7 @@ impl Coordinator for MemoryGroup {
             Deadline::new(Duration::from_millis(u64::from(
                 cfg.sharding.ownership_deadline_ms,
             )))
-            .holding(cfg.sharding.delivery_timeout()),
+            .holding(cfg.sharding.hold_grace()),
         );
         let stop = Arc::new(AtomicBool::new(false));
         let renewing = Arc::new(AtomicBool::new(true));

@@ -14,8 +14,10 @@
 //!   what a `read_committed` consumer can read, and a membership join counts only once
 //!   committed (the records announcing its object go in the same transaction or a later one);
 //! - while the term cannot prove it owns the id (a shard's ownership deadline passed: its
-//!   replica holds the shard), nothing is committed: the open transaction waits until
-//!   ownership is proven again, or the term is fenced and the next owner's producer aborts it;
+//!   replica holds the shard), no commit starts and the producer is not built again: the open
+//!   transaction waits until ownership is proven again, or the term is fenced and the next
+//!   owner's producer aborts it (a commit already asked when the hold began ends as Kafka
+//!   decides: the id's fencing, not the hold, keeps a deposed owner's commits out);
 //! - a commit is asked once, and given up before librdkafka's own request for it times out
 //!   (and is sent again): librdkafka lacks KIP-890's second part, every transaction of a
 //!   producer has the same epoch, so a commit request arriving late would end the next
@@ -65,6 +67,8 @@ use crate::config::KafkaConfig;
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long to wait before building the producer again after it failed to start.
 const REBUILD_AGAIN: Duration = Duration::from_secs(1);
+/// How often a producer to be built again looks whether its term's ownership is proven again.
+const HELD_LOOK: Duration = Duration::from_millis(50);
 /// How often a flush looks whether everything handed over was committed.
 const FLUSH_POLL: Duration = Duration::from_millis(5);
 
@@ -97,9 +101,9 @@ pub struct Transactional {
     /// nothing more ([`Transactional::ended`]).
     owned: CancellationToken,
     /// Whether the term can prove it owns the id now: while it cannot (a shard's ownership
-    /// deadline passed) nothing is committed, so that a replica
-    /// that may have been deposed shows nothing more to `read_committed` consumers; a renewal
-    /// lets the commits go on, a fence ends the term.
+    /// deadline passed) no commit starts and no producer is built under the id, so that a
+    /// replica that may have been deposed neither shows more to `read_committed` consumers nor
+    /// fences its successor; a renewal lets the commits go on, a fence ends the term.
     proven: Proof,
     /// Set once a commit failed after the term lost its ownership: sends are refused, without
     /// failing the relay.
@@ -533,6 +537,15 @@ impl Transactional {
             if self.owned.is_cancelled() {
                 self.end();
                 return None;
+            }
+            if !(self.proven)() {
+                // Held: a successor may be taking the id over; a producer built now could fence
+                // its. Built once ownership is proven again, never once the term is fenced.
+                tokio::select! {
+                    _ = self.owned.cancelled() => {}
+                    _ = tokio::time::sleep(HELD_LOOK) => {}
+                }
+                continue;
             }
             match build(&*self.connect).await {
                 // A producer built after the fence would fence the next owner's: dropped.

@@ -221,7 +221,7 @@ impl Replica<'_> {
             match book.hold(!deadline.passed(), Instant::now()) {
                 Some(Hold::Began) => {
                     self.relay.metrics.shard_holds.inc();
-                    tracing::warn!(shards = ?book.unfenced(), "cannot prove ownership of the shards: taking and committing nothing for them until a renewal is answered, fencing them if none is within the session's margin");
+                    tracing::warn!(shards = ?book.unfenced(), "cannot prove ownership of the shards: taking and committing nothing for them until a renewal is answered, fencing them if none is within half the session's margin");
                 }
                 Some(Hold::Ended(held)) if !book.unfenced().is_empty() => {
                     tracing::info!(
