@@ -13,9 +13,9 @@
 //! shard has a higher epoch than the one before. The claimed shards are committed again every
 //! second; each success pushes the [`Deadline`] to `ownershipDeadlineMs` past when it was sent.
 //! A replica whose deadline passes (cut from the coordinator, frozen, or its broker stalled)
-//! takes and commits nothing for its shards until a renewal proves ownership again; past the
-//! half the session's margin with none it must stop producing for every shard it holds: it is the
-//! relay's to fence them.
+//! takes nothing for its shards and starts no commit until a renewal proves ownership again;
+//! half the session's margin later with none it must stop producing for every shard it holds:
+//! it is the relay's to fence them.
 //!
 //! # Handover
 //! A shard revoked is reported as [`Event::Revoked`] and the callback blocks until the relay says
@@ -60,8 +60,8 @@ pub enum Event {
 /// the coordinator accepts, `span` past when it was sent. On tokio's clock (the real one outside
 /// a runtime, or in production), so fencing is tested on paused time.
 ///
-/// Once it has passed the replica *holds* its shards: it takes no record for them and commits no
-/// transaction, but keeps what it took. A renewal sent before the deadline may still be
+/// Once it has passed the replica *holds* its shards: it takes no record for them and starts no
+/// commit of a transaction, but keeps what it took. A renewal sent before the deadline may still be
 /// answered: a broker that stalls for seconds answers every request late, while the group
 /// moved nothing. Such an answer, or any renewal proving ownership again, ends the hold and the
 /// shards go on as if nothing happened. Only once the deadline has passed by `grace` with no
