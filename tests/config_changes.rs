@@ -420,13 +420,7 @@ async fn switch(sharding: bool, scope: Scope, joins: Joins, bookmarks: Bookmarks
     common::view::assert_published(&pod_log(), &changes, "");
     // And nothing was published twice: a stream resuming from the lowest of the positions it
     // gathered publishes none of what a namespace's own stream had published past it.
-    let mut copies: BTreeMap<String, usize> = BTreeMap::new();
-    for r in pod_log().iter().filter(|r| !r.tombstone) {
-        if let Some(id) = common::view::json(r)["watchrelay"]["id"].as_str() {
-            *copies.entry(id.to_string()).or_default() += 1;
-        }
-    }
-    let twice: Vec<_> = copies.iter().filter(|(_, n)| **n > 1).collect();
+    let twice = common::view::repeated(&pod_log());
     assert!(twice.is_empty(), "published more than once: {twice:?}");
 }
 

@@ -9,13 +9,12 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::bed::{eventually, Bed, Relay};
 use common::stream::{bed, config, create};
-use common::view::{assert_published, events, json, unpublished};
+use common::view::{assert_published, events, json, repeated, unpublished};
 use watchrelay::config::Delivery;
 use watchrelay::testing::{Lane, Memory, MemoryGroup, Transactions};
 
@@ -170,13 +169,7 @@ async fn a_stall_within_the_sessions_margin_holds_the_shards_and_fences_nothing(
         .await;
         let log = events(&memory);
         assert_published(&log, &journal, "");
-        let mut ids: HashMap<String, usize> = HashMap::new();
-        for r in log.iter().filter(|r| !r.tombstone) {
-            if let Some(id) = json(r)["watchrelay"]["id"].as_str() {
-                *ids.entry(id.to_string()).or_default() += 1;
-            }
-        }
-        let twice: Vec<_> = ids.iter().filter(|(_, k)| **k > 1).collect();
+        let twice = repeated(&log);
         assert!(
             twice.is_empty(),
             "published twice (exactly once: {once}): {twice:?}"

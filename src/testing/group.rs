@@ -62,29 +62,26 @@ impl MemoryGroup {
     /// by which the session outlasts the deadline), its shards go to the others, never revoked
     /// from it. Blocks until then. False when no member is left to cut.
     pub fn cut(&self, k: usize, session: Duration) -> bool {
-        let member = {
-            let st = self.inner.state.lock().expect("group lock poisoned");
-            let members: Vec<&Member> = st.members.values().filter(|m| m.cut.is_none()).collect();
-            if members.is_empty() {
-                return false;
-            }
-            members[k % members.len()].clone()
+        let Some(member) = self.nth(k) else {
+            return false;
         };
         self.cut_off(&[member], session);
         true
+    }
+
+    /// The `k`-th member not cut off, in join order, counted modulo their number.
+    fn nth(&self, k: usize) -> Option<Member> {
+        let st = self.inner.state.lock().expect("group lock poisoned");
+        let members: Vec<&Member> = st.members.values().filter(|m| m.cut.is_none()).collect();
+        (!members.is_empty()).then(|| members[k % members.len()].clone())
     }
 
     /// Answers none of the `k`-th member's renewals for `stall` (counted as in
     /// [`MemoryGroup::cut`]), then renews it again, as a broker that stalls that long answers
     /// them late, while the group moves nothing. Blocks for `stall`.
     pub fn stall(&self, k: usize, stall: Duration) {
-        let member = {
-            let st = self.inner.state.lock().expect("group lock poisoned");
-            let members: Vec<&Member> = st.members.values().filter(|m| m.cut.is_none()).collect();
-            if members.is_empty() {
-                return;
-            }
-            members[k % members.len()].clone()
+        let Some(member) = self.nth(k) else {
+            return;
         };
         member.renewing.store(false, Ordering::Relaxed);
         std::thread::sleep(stall);

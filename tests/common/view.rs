@@ -269,3 +269,14 @@ pub fn unpublished(log: &[Record], journal: &[watchrelay_sim::JournalEntry]) -> 
         })
         .collect()
 }
+
+/// The records of `log` published more than once (by `watchrelay.id`), with their counts.
+pub fn repeated(log: &[Record]) -> Vec<(String, usize)> {
+    let mut copies: BTreeMap<String, usize> = BTreeMap::new();
+    for r in log.iter().filter(|r| !r.tombstone) {
+        if let Some(id) = json(r)["watchrelay"]["id"].as_str() {
+            *copies.entry(id.to_string()).or_default() += 1;
+        }
+    }
+    copies.into_iter().filter(|(_, n)| *n > 1).collect()
+}

@@ -45,20 +45,20 @@ impl Producer for ShardProducer {
         position: Option<Record>,
         more: bool,
     ) -> Result<(), Refused> {
-        let position = position.map(|p| self.pinned(p));
-        if self.deadline.passed() && !self.share.closed.is_cancelled() {
+        if self.share.closed.is_cancelled() {
+            return Err(Refused::Failed(ProduceError::retriable(format!(
+                "shard {}'s term is fenced or over on this replica: not producing for it",
+                self.shard
+            ))));
+        }
+        if self.deadline.passed() {
             // Held (see `Deadline`): a stream refused for good would rewind and replay (under
             // exactly once, its records in a transaction being committed would be published
             // again), though a renewal may yet prove ownership. It waits instead, until the
             // deadline is renewed or the term is fenced.
             return Err(Refused::Full(receipt));
         }
-        if self.share.closed.is_cancelled() {
-            return Err(Refused::Failed(ProduceError::retriable(format!(
-                "this replica cannot prove it still owns shard {}: not producing for it",
-                self.shard
-            ))));
-        }
+        let position = position.map(|p| self.pinned(p));
         self.records.inc();
         receipt.count_in(&self.share.tally);
         // A stream's records carry the headers already (its route says its shard).
