@@ -659,10 +659,14 @@ async fn a_broker_restart_loses_nothing() {
 }
 
 /// The same with `delivery: exactlyOnce`: a `read_committed` consumer reads every change once.
-/// Out of the suite for now: on one run of the full tier one early change (an ADDED) was
-/// missing after both replicas' terms were fenced during the restart; it passes alone.
+/// Out of the suite for now: the single broker's controlled shutdown takes the leadership of
+/// every partition while its transaction coordinator completes the commits in progress, and
+/// the coordinator skips the markers of partitions without a leader, so those transactions
+/// hang (see `docs/failure-modes.md`). Beside the at-least-once test, 6 runs of 19 stalled on
+/// one (a shard's restore waits for an operator to end it) and 1 of 19 published a change
+/// twice. A replicated topic keeps a leader through a broker's restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "one change missing once in the full tier; see the comment"]
+#[ignore = "the single broker's shutdown leaves transactions hanging; see the comment"]
 async fn exactly_once_through_a_broker_restart_publishes_every_change_once() {
     let msgs = broker_restart(Delivery::ExactlyOnce).await;
     assert_once(&msgs);

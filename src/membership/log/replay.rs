@@ -152,7 +152,7 @@ pub(super) fn replay(
             }
             None if idle.elapsed() > REPLAY_IDLE => {
                 return Err(other(format!(
-                    "reading {topic}: nothing for {REPLAY_IDLE:?} before its end offsets"
+                    "reading {topic}: nothing for {REPLAY_IDLE:?} before its end offsets (a transaction open or hanging there holds read_committed readers back: kafka-transactions.sh find-hanging lists those)"
                 )))
             }
             None => {}
