@@ -664,7 +664,7 @@ async fn a_broker_restart_loses_nothing() {
 /// the coordinator skips the markers of partitions without a leader, so those transactions
 /// hang (see `docs/failure-modes.md`). Beside the at-least-once test, 6 runs of 19 stalled on
 /// one (a shard's restore waits for an operator to end it) and 1 of 19 published a change
-/// twice. A replicated topic keeps a leader through a broker's restart.
+/// twice. A replicated topic should keep a leader through a broker's restart (not measured).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "the single broker's shutdown leaves transactions hanging; see the comment"]
 async fn exactly_once_through_a_broker_restart_publishes_every_change_once() {
