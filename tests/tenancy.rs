@@ -12,6 +12,7 @@ use common::bed::{eventually, Bed, Relay};
 use common::view::{self, consumer_view, events};
 use watchrelay::config::Config;
 use watchrelay::membership::TopicState;
+use watchrelay::producer::Producer as _;
 use watchrelay::testing::{Memory, Order};
 use watchrelay_sim::{objects, SimConfig};
 
@@ -349,6 +350,81 @@ async fn a_retirement_that_fails_partway_completes_before_anything_is_announced(
     let relay = start(&bed, channels(renamed), &producer);
     relay.wait_up(1).await;
     relay.stop().await;
+    assert_eq!(consumer_view(&events(&producer)), want());
+}
+
+/// A retirement killed after its DELETEDs were acknowledged and before its membership
+/// tombstones reached Kafka is done again whole at the next start, before anything is
+/// announced: the cut stream's objects are retracted once more (a DELETED twice, as
+/// documented), the other stream's once, and the stream that replaced them then announces
+/// every object, so no key ends deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retirement_killed_between_its_deletes_and_its_tombstones_is_done_again() {
+    let bed = bed(&["a", "b"]).await;
+    for ns in ["a", "b"] {
+        for i in 0..5 {
+            bed.sim
+                .create("pods", Some(ns), objects::pod(ns, &format!("x{i}")))
+                .unwrap();
+        }
+    }
+    let producer = Arc::new(Memory::new());
+    let channels = |scope: &str| {
+        bed.config(
+            &format!("  - operationId: watchNamespacedPods\n    {scope}\n    topic: pods\n"),
+            "",
+        )
+    };
+    let want = || view::pods(&bed.sim, &["a", "b"], |_| true);
+    let retracted = || {
+        events(&producer)
+            .iter()
+            .filter(|r| view::json(r)["watchrelay"]["synthetic"] == true)
+            .count()
+    };
+    let relay = start(&bed, channels("namespaces: [a, b]"), &producer);
+    relay.wait_up(2).await;
+    relay.stop().await;
+    // Renamed: the old streams are retired. Their DELETEDs go through; their tombstones wait
+    // in the membership topic until the relay is killed, and are lost with it.
+    let renamed = "allNamespaces: true\n    name: renamed";
+    producer.hold_to(Some(&bed.membership));
+    let relay = start(&bed, channels(renamed), &producer);
+    // The first stream's five DELETEDs, then its tombstones wait (the second stream's
+    // retirement waits for them).
+    eventually(
+        || retracted() == 5 && producer.held() > 0,
+        || {
+            format!(
+                "the retirement never reached its tombstones: {} DELETEDs",
+                retracted()
+            )
+        },
+    )
+    .await;
+    let announced = consumer_view(&events(&producer));
+    assert_eq!(
+        announced.len(),
+        5,
+        "nothing is announced while a retirement is unfinished"
+    );
+    relay.kill().await;
+    producer.purge();
+    producer.hold_to(None);
+    let relay = start(&bed, channels(renamed), &producer);
+    relay.wait_up(1).await;
+    eventually(
+        || consumer_view(&events(&producer)) == want(),
+        || "the cluster-wide stream never converged".into(),
+    )
+    .await;
+    relay.stop().await;
+    assert_eq!(retracted(), 15, "the retirement was done again whole, once");
+    // A later start finds nothing left to retire.
+    let relay = start(&bed, channels(renamed), &producer);
+    relay.wait_up(1).await;
+    relay.stop().await;
+    assert_eq!(retracted(), 15);
     assert_eq!(consumer_view(&events(&producer)), want());
 }
 
