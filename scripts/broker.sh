@@ -101,6 +101,9 @@ run_node() {
     kafka_class kafka.tools.StorageTool format --cluster-id="$cluster_id" -c "$dir/server.properties" \
       >"$dir/format.log" 2>&1 || { cat "$dir/format.log" >&2; exit 1; }
   fi
+  # A restart appends to the same log: wait for a start line after those already there.
+  local before now
+  before=$(grep -c "Kafka Server started" "$dir/broker.log" 2>/dev/null || true)
   # setsid: the broker outlives the shell that started it, until `stop`.
   # shellcheck disable=SC2046
   setsid java $(java_opts) -cp "$home/libs/*" kafka.Kafka "$dir/server.properties" \
@@ -111,7 +114,8 @@ run_node() {
   # Ready once the server says so: the listener opens before the controller quorum is up.
   local started=
   for _ in $(seq 1 600); do
-    if grep -q "Kafka Server started" "$dir/broker.log" 2>/dev/null; then
+    now=$(grep -c "Kafka Server started" "$dir/broker.log" 2>/dev/null || true)
+    if ((${now:-0} > ${before:-0})); then
       started=1
       break
     fi
