@@ -7,11 +7,11 @@
 //!    `sendInitialEvents` watch of `/api/v1/pods`) and produces each object's line as it is,
 //!    unkeyed, to a topic of its own, until the initial events end and Kafka acknowledged
 //!    them: the floor of a first sync on this bed. Its time and peak RSS.
-//! 3. The release: `BENCH_REPLICAS` (default 3) replicas of the real binary, sharded (64
-//!    shards), one channel `watchAllPods`, started at once with nothing saved. From their start
-//!    to the moment the records they published together reach N: the time, and per replica
-//!    the records it published, its share of them and its peak RSS; the list and watch requests
-//!    the API server received.
+//! 3. The release: `BENCH_REPLICAS` (default 3) replicas of the real binary, sharded
+//!    (`BENCH_SHARDS`, default 64 as the chart's), one channel `watchAllPods`, started at once
+//!    with nothing saved. From their start to the moment the records they published together
+//!    reach N: the time, and per replica the records it published, its share of them and its
+//!    peak RSS; the list and watch requests the API server received.
 //!
 //! 4. A relist after a 410: while the API server refuses every request, every watch is cut,
 //!    `BENCH_CHANGED` pods (default 1,000) change and the history is compacted, so every shard
@@ -45,8 +45,6 @@ use rdkafka::producer::{BaseRecord, Producer};
 use serde_json::{json, Value};
 use watchrelay_sim::{objects, Fault, SimConfig};
 
-const SHARDS: u32 = 64;
-
 fn main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
@@ -59,6 +57,7 @@ fn main() {
     let namespaces = env_or("BENCH_NAMESPACES", 1_000);
     let replicas = env_or("BENCH_REPLICAS", 3);
     let server_shards = env_or("BENCH_SERVER_SHARDS", 0) == 1;
+    let shards = u32::try_from(env_or("BENCH_SHARDS", 64)).expect("BENCH_SHARDS fits a u32");
     let bootstrap = std::env::var("KAFKA_BOOTSTRAP_SERVERS")
         .expect("KAFKA_BOOTSTRAP_SERVERS is not set: run scripts/bench.sh million");
     let (rt, sim) = start_sim(SimConfig {
@@ -120,6 +119,7 @@ fn main() {
         n,
         namespaces,
         replicas,
+        shards,
         floor_secs,
     };
     for (generation, delivery) in deliveries.split(',').enumerate() {
@@ -138,6 +138,7 @@ struct Bed<'a> {
     n: usize,
     namespaces: usize,
     replicas: usize,
+    shards: u32,
     floor_secs: f64,
 }
 
@@ -152,6 +153,7 @@ fn release(bed: &Bed<'_>, delivery: &str, topic: &str, generation: usize) {
         n,
         namespaces,
         replicas,
+        shards,
         floor_secs,
     } = *bed;
     let verb = |v: &str| sim.requests_for("pods").get(v).copied().unwrap_or(0);
@@ -162,7 +164,7 @@ fn release(bed: &Bed<'_>, delivery: &str, topic: &str, generation: usize) {
     let release = pods_release(
         dir,
         replicas,
-        SHARDS,
+        shards,
         kubeconfig,
         bootstrap,
         topic,
@@ -204,8 +206,8 @@ fn release(bed: &Bed<'_>, delivery: &str, topic: &str, generation: usize) {
     sim.stop_failing();
     // Every shard was told of the 410, is watching again, and published the changes.
     let up = |ports: &[u16]| total(ports, "watchrelay_stream_up");
-    while resyncs(&ports) < resyncs0 + f64::from(SHARDS)
-        || up(&ports) < f64::from(SHARDS)
+    while resyncs(&ports) < resyncs0 + f64::from(shards)
+        || up(&ports) < f64::from(shards)
         || published(&ports) < published0 + changed as f64
     {
         assert!(
@@ -255,7 +257,7 @@ fn release(bed: &Bed<'_>, delivery: &str, topic: &str, generation: usize) {
         .map(|(_, _, pid)| (peak_rss_kib(*pid) / 1024).to_string())
         .collect();
     println!(
-        "BENCH million delivery={delivery} pods={n} replicas={replicas} first_sync_vs_passthrough={:.2} relist_s={relist_secs:.1} relist_records={relisted:.0} shares={} rss_mib={}",
+        "BENCH million delivery={delivery} pods={n} replicas={replicas} shards={shards} first_sync_vs_passthrough={:.2} relist_s={relist_secs:.1} relist_records={relisted:.0} shares={} rss_mib={}",
         secs / floor_secs,
         shares
             .iter()
