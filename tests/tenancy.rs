@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -316,21 +317,9 @@ async fn a_retirements_inferred_deletes_validate_against_the_contract() {
 /// replaced it announced the object.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retirement_that_fails_partway_completes_before_anything_is_announced() {
-    let bed = bed(&["a", "b"]).await;
-    for ns in ["a", "b"] {
-        for i in 0..5 {
-            bed.sim
-                .create("pods", Some(ns), objects::pod(ns, &format!("x{i}")))
-                .unwrap();
-        }
-    }
+    let bed = bed_with_five_pods_each().await;
     let producer = Arc::new(Memory::new());
-    let channels = |scope: &str| {
-        bed.config(
-            &format!("  - operationId: watchNamespacedPods\n    {scope}\n    topic: pods\n"),
-            "",
-        )
-    };
+    let channels = |scope: &str| pods_scoped(&bed, scope);
     let want = || view::pods(&bed.sim, &["a", "b"], |_| true);
     let relay = start(&bed, channels("namespaces: [a, b]"), &producer);
     relay.wait_up(2).await;
@@ -338,14 +327,7 @@ async fn a_retirement_that_fails_partway_completes_before_anything_is_announced(
     // Renamed: the old streams are retired, and the retirement's first DELETED fails.
     let renamed = "allNamespaces: true\n    name: renamed";
     producer.fail_next_to("pods", 1);
-    let relay = start(&bed, channels(renamed), &producer);
-    relay.wait_up(1).await;
-    eventually(
-        || consumer_view(&events(&producer)) == want(),
-        || "the cluster-wide stream never converged".into(),
-    )
-    .await;
-    relay.stop().await;
+    run_until_view(&bed, channels(renamed), &producer, want).await;
     // A later start finds nothing left to retire.
     let relay = start(&bed, channels(renamed), &producer);
     relay.wait_up(1).await;
@@ -360,21 +342,9 @@ async fn a_retirement_that_fails_partway_completes_before_anything_is_announced(
 /// every object, so no key ends deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retirement_killed_between_its_deletes_and_its_tombstones_is_done_again() {
-    let bed = bed(&["a", "b"]).await;
-    for ns in ["a", "b"] {
-        for i in 0..5 {
-            bed.sim
-                .create("pods", Some(ns), objects::pod(ns, &format!("x{i}")))
-                .unwrap();
-        }
-    }
+    let bed = bed_with_five_pods_each().await;
     let producer = Arc::new(Memory::new());
-    let channels = |scope: &str| {
-        bed.config(
-            &format!("  - operationId: watchNamespacedPods\n    {scope}\n    topic: pods\n"),
-            "",
-        )
-    };
+    let channels = |scope: &str| pods_scoped(&bed, scope);
     let want = || view::pods(&bed.sim, &["a", "b"], |_| true);
     let retracted = || {
         events(&producer)
@@ -411,14 +381,7 @@ async fn a_retirement_killed_between_its_deletes_and_its_tombstones_is_done_agai
     relay.kill().await;
     producer.purge();
     producer.hold_to(None);
-    let relay = start(&bed, channels(renamed), &producer);
-    relay.wait_up(1).await;
-    eventually(
-        || consumer_view(&events(&producer)) == want(),
-        || "the cluster-wide stream never converged".into(),
-    )
-    .await;
-    relay.stop().await;
+    run_until_view(&bed, channels(renamed), &producer, want).await;
     assert_eq!(retracted(), 15, "the retirement was done again whole, once");
     // A later start finds nothing left to retire.
     let relay = start(&bed, channels(renamed), &producer);
@@ -426,6 +389,45 @@ async fn a_retirement_killed_between_its_deletes_and_its_tombstones_is_done_agai
     relay.stop().await;
     assert_eq!(retracted(), 15);
     assert_eq!(consumer_view(&events(&producer)), want());
+}
+
+/// Runs a relay with `cfg` until the consumer's view of `producer`'s records is `want()`, then
+/// stops it.
+async fn run_until_view(
+    bed: &Bed,
+    cfg: Config,
+    producer: &Arc<Memory>,
+    want: impl Fn() -> BTreeMap<String, String>,
+) {
+    let relay = start(bed, cfg, producer);
+    relay.wait_up(1).await;
+    eventually(
+        || consumer_view(&events(producer)) == want(),
+        || "the relay never converged".into(),
+    )
+    .await;
+    relay.stop().await;
+}
+
+/// Namespaces `a` and `b`, with five pods each (`x0` to `x4`).
+async fn bed_with_five_pods_each() -> Bed {
+    let bed = bed(&["a", "b"]).await;
+    for ns in ["a", "b"] {
+        for i in 0..5 {
+            bed.sim
+                .create("pods", Some(ns), objects::pod(ns, &format!("x{i}")))
+                .unwrap();
+        }
+    }
+    bed
+}
+
+/// One pods channel on topic `pods` over `scope` (its YAML line).
+fn pods_scoped(bed: &Bed, scope: &str) -> Config {
+    bed.config(
+        &format!("  - operationId: watchNamespacedPods\n    {scope}\n    topic: pods\n"),
+        "",
+    )
 }
 
 /// Namespaces `a` and `b`, with a pod each.
