@@ -383,12 +383,44 @@ async fn a_retirement_killed_between_its_deletes_and_its_tombstones_is_done_agai
     producer.hold_to(None);
     run_until_view(&bed, channels(renamed), &producer, want).await;
     assert_eq!(retracted(), 15, "the retirement was done again whole, once");
+    // Each key's history from its first retraction: the cut stream's keys retracted twice,
+    // the other's once, then each announced once by the new stream, never retracted after.
+    let histories = since_retracted(&events(&producer));
+    assert_eq!(histories.len(), 10, "every pod was retracted");
+    for (key, history) in histories {
+        let twice = ["DELETED*", "DELETED*", "ADDED"];
+        let want: &[&str] = if announced.contains_key(&key) {
+            &twice[1..]
+        } else {
+            &twice
+        };
+        assert_eq!(history, want, "{key}");
+    }
     // A later start finds nothing left to retire.
     let relay = start(&bed, channels(renamed), &producer);
     relay.wait_up(1).await;
     relay.stop().await;
     assert_eq!(retracted(), 15);
     assert_eq!(consumer_view(&events(&producer)), want());
+}
+
+/// Each key's event types from its first inferred DELETED on (`DELETED*` for an inferred one).
+fn since_retracted(log: &[watchrelay::producer::Record]) -> BTreeMap<String, Vec<String>> {
+    let mut histories: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for r in log {
+        let v = view::json(r);
+        let synthetic = v["watchrelay"]["synthetic"] == true;
+        let history = histories.get_mut(&r.key);
+        match (synthetic, history) {
+            (true, None) => {
+                histories.insert(r.key.clone(), vec!["DELETED*".into()]);
+            }
+            (true, Some(h)) => h.push("DELETED*".into()),
+            (false, Some(h)) => h.push(v["type"].as_str().unwrap_or_default().into()),
+            (false, None) => {}
+        }
+    }
+    histories
 }
 
 /// Runs a relay with `cfg` until the consumer's view of `producer`'s records is `want()`, then
