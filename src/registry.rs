@@ -557,6 +557,7 @@ mod tests {
             rv: Some(rv.into()),
             at: None,
             query: None,
+            sum: None,
             fences: Default::default(),
             covered: None,
             route: None,

@@ -194,7 +194,7 @@ async fn a_leave_whose_deletes_kafka_refuses_tries_again_in_the_same_run() {
 /// none collapsed into a list of the whole scope.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scope_that_moved_while_down_resumes_and_takes_the_move_in() {
-    let (bed, log, from) = moved_while_down(false).await;
+    let (bed, log, from) = moved_while_down(0).await;
     common::view::assert_published(
         &log,
         &bed.journal_after("pods", Some("a"), from),
@@ -207,16 +207,29 @@ async fn a_scope_that_moved_while_down_resumes_and_takes_the_move_in() {
     );
 }
 
-/// As above, but a namespace (`d`) was in scope at the position without an object, so the
+/// As above, but a namespace (`d0`) was in scope at the position without an object, so the
 /// members alone cannot tell which namespaces the position covered. While the relay is down,
-/// `d` also gets pods that change: the next start still resumes from the position (the
-/// members' namespaces with `d` match its fingerprint), and takes `c` in from it. Every change
-/// of `a` and `d` after the position is published once, none collapsed into a list, and `c`'s
+/// `d0` also gets pods that change: the next start still resumes from the position (the
+/// members' namespaces with `d0` match its fingerprint), and takes `c` in from it. Every change
+/// of `a` and `d0` after the position is published once, none collapsed into a list, and `c`'s
 /// pods are announced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scope_with_an_empty_namespace_that_moved_while_down_still_resumes() {
-    let (bed, log, from) = moved_while_down(true).await;
-    for ns in ["a", "d"] {
+    with_empty_namespaces_moved_while_down(1).await;
+}
+
+/// As above with twelve namespaces in scope at the position without an object, and `c`
+/// entering: past the ten whose every combination the fingerprint alone can be tried with. The
+/// set-sum saved beside it tells which namespaces the position covered, so the start still
+/// resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scope_with_twelve_empty_namespaces_that_moved_while_down_still_resumes() {
+    with_empty_namespaces_moved_while_down(12).await;
+}
+
+async fn with_empty_namespaces_moved_while_down(empty: usize) {
+    let (bed, log, from) = moved_while_down(empty).await;
+    for ns in ["a", "d0"] {
         common::view::assert_published(
             &log,
             &bed.journal_after("pods", Some(ns), from),
@@ -231,19 +244,23 @@ async fn a_scope_with_an_empty_namespace_that_moved_while_down_still_resumes() {
         "each pod of a announced once and each of its changes published once"
     );
     assert_eq!(
-        published_of(&log, "d"),
+        published_of(&log, "d0"),
         6,
-        "each change of d's pods published once"
+        "each change of d0's pods published once"
     );
     assert_eq!(published_of(&log, "c"), 5, "each pod of c announced once");
 }
 
-/// The two tests above: pods in `a`, `b` and `c`, `a` and `b` in scope (and `d`, empty, with
-/// `empty`); stopped once the consumer holds them; then `a`'s pods change twice each (and `d`
-/// gets three pods that change), `c` enters and `b` leaves; started again until the consumer
-/// holds the scope. Returns the bed, the records, and the position the changes came after.
-async fn moved_while_down(empty: bool) -> (Bed, Vec<watchrelay::producer::Record>, u64) {
-    let bed = Bed::in_memory(SimConfig::default(), &["a", "b", "c", "d"]).await;
+/// The tests above: pods in `a`, `b` and `c`, `a` and `b` in scope with `empty` namespaces
+/// without pods (`d0`, `d1`, ...); stopped once the consumer holds them; then `a`'s pods change
+/// twice each (and `d0` gets three pods that change), `c` enters and `b` leaves; started again
+/// until the consumer holds the scope. Returns the bed, the records, and the position the
+/// changes came after.
+async fn moved_while_down(empty: usize) -> (Bed, Vec<watchrelay::producer::Record>, u64) {
+    let empties: Vec<String> = (0..empty).map(|i| format!("d{i}")).collect();
+    let mut namespaces = vec!["a", "b", "c"];
+    namespaces.extend(empties.iter().map(String::as_str));
+    let bed = Bed::in_memory(SimConfig::default(), &namespaces).await;
     for ns in ["a", "b", "c"] {
         for i in 0..5 {
             bed.sim
@@ -251,8 +268,10 @@ async fn moved_while_down(empty: bool) -> (Bed, Vec<watchrelay::producer::Record
                 .unwrap();
         }
     }
-    let labelled: &[&str] = if empty { &["a", "b", "d"] } else { &["a", "b"] };
-    for ns in labelled {
+    for ns in ["a", "b"]
+        .into_iter()
+        .chain(empties.iter().map(String::as_str))
+    {
         bed.label(ns, true);
     }
     let producer = Arc::new(Memory::new());
@@ -270,20 +289,21 @@ async fn moved_while_down(empty: bool) -> (Bed, Vec<watchrelay::producer::Record
         step("a", i, "0");
         step("a", i, "1");
     }
-    if empty {
+    if empty > 0 {
         for i in 0..3 {
             bed.sim
-                .create("pods", Some("d"), objects::pod("d", &format!("p{i}")))
+                .create("pods", Some("d0"), objects::pod("d0", &format!("p{i}")))
                 .unwrap();
-            step("d", i, "1");
+            step("d0", i, "1");
         }
     }
     bed.label("c", true);
     bed.label("b", false);
 
     let relay = start(&bed, &producer, true);
-    let scope: &[&str] = if empty { &["a", "c", "d"] } else { &["a", "c"] };
-    let want = pods(&bed.sim, scope, |_| true);
+    let mut scope = vec!["a", "c"];
+    scope.extend(empties.iter().map(String::as_str));
+    let want = pods(&bed.sim, &scope, |_| true);
     eventually(
         || consumer_view(&events(&producer)) == want,
         || {

@@ -4,7 +4,8 @@
 //! stream) in `data`: the resourceVersion of its longest acknowledged prefix, when Kafka had
 //! acknowledged it and the fingerprint of the query it belongs to, as JSON
 //! (`{"rv":"4711","at":"…","query":"…"}`, readable with kubectl). That is a hundred bytes or so
-//! per stream however many objects it follows: which objects each stream announced lives in the
+//! per stream however many objects it follows (a stream filtered to some namespaces adds the
+//! set-sum of them, 64 to 256 hex digits): which objects each stream announced lives in the
 //! membership topic (see [`crate::membership`]), not here. Writes are debounced, use optimistic
 //! concurrency (the ConfigMap's own resourceVersion) and are retried on 409 Conflict after
 //! re-reading.
@@ -251,6 +252,12 @@ pub struct Saved {
     /// position is never resumed under another query. Absent in older entries.
     #[serde(default)]
     pub query: Option<String>,
+    /// A stream filtered to some namespaces: the set-sum of those `query` holds (hex, 256 to
+    /// 1,024 bits), which tells a start under other namespaces which of those in scope now
+    /// without a member the position covered, where `query` alone could try ten. Absent in
+    /// older entries, and for other streams.
+    #[serde(default)]
+    pub sum: Option<String>,
     /// A stream over a collection read cluster-wide: the namespaces whose changes up to a
     /// resourceVersion above `rv` were published already (by the namespace's own stream,
     /// gathered into it at a switch of `watchStrategy`, or by the list that took the namespace
@@ -316,6 +323,8 @@ struct Position<'a> {
     at: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     query: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sum: Option<&'a str>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     fences: &'a BTreeMap<String, String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -344,6 +353,7 @@ pub fn encode(saved: &Saved) -> String {
         rv: saved.rv.as_deref(),
         at: saved.at.as_deref(),
         query: saved.query.as_deref(),
+        sum: saved.sum.as_deref(),
         fences: &saved.fences,
         covered: saved.covered.as_ref().filter(|_| saved.rv.is_some()),
         route: saved.route.as_deref(),
@@ -471,6 +481,7 @@ mod tests {
             rv: Some("4711".into()),
             at: Some("2026-01-01T00:00:00Z".into()),
             query: Some("q1".into()),
+            sum: Some("s1".into()),
             fences: BTreeMap::from([("a".to_string(), "4800".to_string())]),
             covered: Some(BTreeSet::from(["b".to_string()])),
             route: None,
@@ -481,7 +492,7 @@ mod tests {
         let entry = encode(&saved);
         assert_eq!(
             entry,
-            r#"{"rv":"4711","at":"2026-01-01T00:00:00Z","query":"q1","fences":{"a":"4800"},"covered":["b"]}"#,
+            r#"{"rv":"4711","at":"2026-01-01T00:00:00Z","query":"q1","sum":"s1","fences":{"a":"4800"},"covered":["b"]}"#,
             "no set is ever written"
         );
         let read = read(&ConfigMap {

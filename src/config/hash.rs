@@ -9,7 +9,7 @@ pub fn fnv1a64(text: &str) -> u64 {
 }
 
 /// MurmurHash3's 64-bit finalizer: every input bit moves every output bit.
-pub(super) fn fmix64(mut k: u64) -> u64 {
+pub fn fmix64(mut k: u64) -> u64 {
     k ^= k >> 33;
     k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
     k ^= k >> 33;

@@ -26,7 +26,7 @@ mod syntax;
 pub(crate) use channel::{is_topic, topic_rule, topic_rule_for};
 pub use channel::{Channel, ChannelConfig, Scope, Shape, Shapes, StreamId, WatchStrategy};
 pub use fields::field_paths;
-pub use hash::fnv1a64;
+pub use hash::{fmix64, fnv1a64};
 pub use key::KeyTemplate;
 pub use registry::{SchemaRegistryConfig, WireFormat};
 pub use sharding::{GroupProtocol, ShardingConfig};

@@ -149,6 +149,8 @@ pub struct Outbox {
 pub struct Stamp {
     /// [`Saved::query`].
     pub query: String,
+    /// [`Saved::sum`].
+    pub sum: Option<String>,
     /// [`Saved::fences`], as integers: each record keeps those above its position.
     pub fences: BTreeMap<String, u64>,
     /// [`Saved::covered`].
@@ -303,6 +305,7 @@ impl Outbox {
             rv: self.tracker.checkpoint().map(str::to_string),
             at: Some(envelope::now_rfc3339()),
             query: None,
+            sum: None,
             fences: BTreeMap::new(),
             covered: None,
             route: None,
@@ -369,6 +372,7 @@ impl Outbox {
             rv: rv.map(str::to_string),
             at: None,
             query: Some(stamp.query.clone()),
+            sum: stamp.sum.clone(),
             fences: Stamp::fences_above(&stamp.fences, rv),
             covered: stamp.covered.as_deref().filter(|_| rv.is_some()).cloned(),
             route: Some(stamp.route.clone()),

@@ -18,6 +18,7 @@ mod relist;
 mod rescope;
 mod resume;
 mod scope;
+mod scope_sum;
 mod sync;
 mod take_in;
 
@@ -200,6 +201,8 @@ struct Timers {
 struct Position {
     /// The fingerprint of this stream's query, stamped on every checkpoint it publishes.
     query: String,
+    /// A filtered stream's set-sum of the namespaces in `query`, stamped beside it.
+    sum: Option<String>,
     /// The saved position belongs to another query: it is forgotten in the ConfigMap before the
     /// stream publishes anything (see [`Stream::forget_position`]).
     query_changed: bool,
@@ -261,6 +264,7 @@ impl Stream {
             .as_ref()
             .and_then(|s| resume::standing(s.query.as_deref(), s.covered.is_some(), &query));
         let saved_fences = saved.as_ref().map(|s| s.fences.clone()).unwrap_or_default();
+        let saved_sum = saved.as_ref().and_then(|s| s.sum.clone());
         let base = query.clone();
         let path = channel.path.collection_url(namespace.as_deref());
         let route =
@@ -348,6 +352,7 @@ impl Stream {
             },
             position: Position {
                 query,
+                sum: None,
                 query_changed: plan.query_changed,
                 route_id: plan.route_id,
                 new_route: plan.new_route,
@@ -360,7 +365,7 @@ impl Stream {
                 permits: wiring.syncs.clone(),
                 held: Permit::None,
             },
-            scope: filter.map(|f| scope::Scoped::new(f, base, saved_query)),
+            scope: filter.map(|f| scope::Scoped::new(f, base, saved_query, saved_sum)),
             fences: fences::Fences::saved(saved_fences),
             relist: None,
             checkpoints: wiring.checkpoints,
@@ -442,6 +447,7 @@ impl Stream {
                 }
             }
             self.position.query = scoped.fingerprint();
+            self.position.sum = Some(scoped.sum());
         }
         if let Some(at) = self.outbox.checkpoint() {
             self.fences.resume_from(at);
@@ -701,6 +707,7 @@ impl Stream {
         self.stamp();
         let published = self.outbox.take_saved().map(|mut saved| {
             saved.query = Some(self.stamped_query());
+            saved.sum = self.position.sum.clone();
             saved.fences = Stamp::fences_above(&self.fences.all(), saved.rv.as_deref());
             saved.covered = (self.position.covered.as_deref())
                 .filter(|_| saved.rv.is_some())
@@ -782,6 +789,7 @@ impl Stream {
     fn stamp(&mut self) {
         let stamp = Stamp {
             query: self.stamped_query(),
+            sum: self.position.sum.clone(),
             fences: self.fences.all(),
             covered: self.position.covered.clone(),
             route: self.position.route_id.clone(),

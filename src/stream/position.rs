@@ -34,6 +34,7 @@ impl Stream {
             .take_saved()
             .expect("forgetting the position moves it");
         saved.query = Some(self.position.query.clone());
+        saved.sum = self.position.sum.clone();
         saved.route = Some(self.position.route_id.clone());
         saved.kind = self.learned_kind();
         let saved = self.reporter.checkpoint(saved);

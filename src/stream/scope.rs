@@ -16,7 +16,8 @@
 //!   namespaces resumes the watch from the position. Under others (namespaces entered or left
 //!   while it was down) it resumes too when the members' namespaces, with some of the
 //!   namespaces in scope now that hold no member, tell which ones the position covered
-//!   ([`Scoped::resume_under`]), and takes the difference in as a move of its scope: those
+//!   ([`Scoped::resume_under`]; the set-sum saved beside the fingerprint tells which of many,
+//!   see [`super::scope_sum`]), and takes the difference in as a move of its scope: those
 //!   that left have their members deleted, and those that entered are taken in from the
 //!   position ([`Scoped::floor`]), so every change after it is published. Otherwise (a
 //!   namespace in scope then without an object and out of scope now, the selectors changed, a
@@ -34,13 +35,15 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
+use super::scope_sum::{self, chosen, Solutions};
 use crate::event::comparable;
 
 /// The namespaces in scope; `None` until they are known (a selector not listed yet).
 pub type Namespaces = Option<Arc<BTreeSet<String>>>;
 
 /// At a start whose namespaces moved, how many namespaces in scope without a member
-/// [`Scoped::resume_under`] tries in every combination (2^10 fingerprints at most).
+/// [`Scoped::resume_under`] tries in every combination (2^10 fingerprints at most), where the
+/// saved set-sum leaves them untold or there is none.
 const UNTOLD_MAX: usize = 10;
 
 /// Where a filtered stream learns its namespaces.
@@ -97,6 +100,9 @@ pub(super) struct Scoped {
     base: String,
     /// The fingerprint the stream's checkpoint was saved under.
     saved_query: Option<String>,
+    /// The set-sum of the namespaces it was saved under (see [`super::scope_sum`]); absent in
+    /// older entries.
+    saved_sum: Option<String>,
     /// The namespaces whose objects the stream has announced (or is announcing).
     applied: BTreeSet<String>,
     /// Set by a start that resumed from a position under other namespaces, until its first live
@@ -106,11 +112,17 @@ pub(super) struct Scoped {
 }
 
 impl Scoped {
-    pub(super) fn new(filter: NamespaceFilter, base: String, saved_query: Option<String>) -> Self {
+    pub(super) fn new(
+        filter: NamespaceFilter,
+        base: String,
+        saved_query: Option<String>,
+        saved_sum: Option<String>,
+    ) -> Self {
         Self {
             filter,
             base,
             saved_query,
+            saved_sum,
             applied: BTreeSet::new(),
             floor: None,
         }
@@ -122,6 +134,11 @@ impl Scoped {
             self.applied.iter().map(String::as_str),
             &self.base,
         )
+    }
+
+    /// The set-sum of the namespaces it applied, stamped beside [`Scoped::fingerprint`].
+    pub(super) fn sum(&self) -> String {
+        scope_sum::sum(self.applied.iter().map(String::as_str), &self.base)
     }
 
     pub(super) fn saved_query(&self) -> Option<&String> {
@@ -154,46 +171,46 @@ impl Scoped {
     /// told, so that the stream resumes from it and then takes the difference in as a move of
     /// its scope (those that left deleted, those that entered taken in, see [`Scoped::floor`]),
     /// instead of reconciling the whole scope with a list. The candidates are `held` (the
-    /// namespaces of the stream's members) with any of the namespaces in scope now that hold no
-    /// member (a namespace in scope then without an object), at most [`UNTOLD_MAX`] of them
-    /// tried in every combination, or with all of them; the one whose fingerprint is `saved`
-    /// is the position's. None matches (the selectors changed, a namespace in scope then
-    /// without an object and out of scope now, a member too many) and it is not resumed:
-    /// false.
+    /// namespaces of the stream's members) with some of the namespaces in scope now that hold
+    /// no member (a namespace in scope then without an object): those the saved set-sum allows
+    /// (see [`super::scope_sum`]), or without one every combination of at most [`UNTOLD_MAX`]
+    /// of them; past that, none or all of them. The one whose fingerprint is `saved` is the
+    /// position's. None matches (the selectors changed, a namespace in scope then without an
+    /// object and out of scope now, a member too many) and it is not resumed: false.
     pub(super) fn resume_under(&mut self, saved: &str, held: BTreeSet<String>, at: &str) -> bool {
-        let untold: Vec<&String> = self.applied.difference(&held).collect();
-        let n = untold.len();
-        // Each candidate's mask of them: every combination, or none and all.
-        let all = (1u64 << n.min(UNTOLD_MAX)) - 1;
-        let masks: Vec<u64> = if n <= UNTOLD_MAX {
-            (0..=all).collect()
-        } else {
-            vec![0, u64::MAX]
-        };
-        let mut told = None;
-        for mask in masks {
-            let mut covered = held.clone();
-            let taken = untold.iter().enumerate();
-            covered.extend(
-                taken
-                    .filter(|(i, _)| mask == u64::MAX || (*i < 64 && mask >> i & 1 == 1))
-                    .map(|(_, ns)| (*ns).clone()),
-            );
-            let fingerprint = crate::config::Channel::scoped_fingerprint(
-                covered.iter().map(String::as_str),
-                &self.base,
-            );
-            if fingerprint == saved {
-                told = Some(covered);
-                break;
-            }
-        }
-        let Some(covered) = told else {
+        let Some(covered) = self.told(saved, held) else {
             return false;
         };
         self.applied = covered;
         self.floor = comparable(at);
         true
+    }
+
+    /// The namespaces whose fingerprint is `saved`: `held` and some of the others applied.
+    fn told(&self, saved: &str, held: BTreeSet<String>) -> Option<BTreeSet<String>> {
+        let untold: Vec<&str> = self.applied.difference(&held).map(String::as_str).collect();
+        let n = untold.len();
+        let solutions = self
+            .saved_sum
+            .as_deref()
+            .and_then(|sum| {
+                let known = held.iter().map(String::as_str);
+                Solutions::of(sum, &self.base, known, &untold)
+            })
+            .or_else(|| (n <= UNTOLD_MAX).then(|| Solutions::any(n)));
+        let tries: Vec<Vec<u64>> = match solutions {
+            Some(s) if s.kernel.len() <= UNTOLD_MAX => s.each().collect(),
+            _ => vec![vec![0; n.div_ceil(64)], vec![u64::MAX; n.div_ceil(64)]],
+        };
+        tries.into_iter().find_map(|bits| {
+            let mut covered = held.clone();
+            covered.extend(chosen(&bits, &untold).map(str::to_string));
+            let fingerprint = crate::config::Channel::scoped_fingerprint(
+                covered.iter().map(String::as_str),
+                &self.base,
+            );
+            (fingerprint == saved).then_some(covered)
+        })
     }
 
     /// The position a start resumed from under other namespaces, while its first live read has
@@ -267,7 +284,7 @@ mod tests {
     /// A scope of `a` and `c` now, as a start takes it.
     async fn now() -> Scoped {
         let filter = NamespaceFilter::fixed(["a".to_string(), "c".to_string()]);
-        let mut scoped = Scoped::new(filter, "base".into(), None);
+        let mut scoped = Scoped::new(filter, "base".into(), None, None);
         scoped.take_all().await;
         scoped
     }
@@ -338,13 +355,56 @@ mod tests {
         let scope: Vec<String> = (0..70).map(|i| format!("n{i:02}")).collect();
         for (saved, told) in [(&scope[..], true), (&scope[..1], false)] {
             let filter = NamespaceFilter::fixed(scope.clone());
-            let mut scoped = Scoped::new(filter, "base".into(), None);
+            let mut scoped = Scoped::new(filter, "base".into(), None, None);
             scoped.take_all().await;
             let saved = crate::config::Channel::scoped_fingerprint(
                 saved.iter().map(String::as_str),
                 "base",
             );
             assert_eq!(scoped.resume_under(&saved, BTreeSet::new(), "7"), told);
+        }
+    }
+
+    #[tokio::test]
+    async fn past_ten_namespaces_without_a_member_the_saved_sum_tells_which() {
+        let scope: Vec<String> = (0..70).map(|i| format!("n{i:02}")).collect();
+        let names = |r: std::ops::Range<usize>, extra: &[&str]| -> Vec<String> {
+            let mut v = scope[r].to_vec();
+            v.extend(extra.iter().map(|s| s.to_string()));
+            v.sort_unstable();
+            v
+        };
+        // (the namespaces then, the selectors then, the members' namespaces) -> told.
+        let rows: [(Vec<String>, &str, &[&str], bool); 6] = [
+            // Twenty entered while down, none with a member yet.
+            (names(0..50, &[]), "base", &[], true),
+            // The same with members in some, and one with members left.
+            (
+                names(0..50, &["gone"]),
+                "base",
+                &["n01", "n02", "gone"],
+                true,
+            ),
+            // Nothing moved but the members.
+            (names(0..70, &[]), "base", &["n03"], true),
+            // One without a member then is out of scope now: not told.
+            (names(0..50, &["gone"]), "base", &[], false),
+            // The selectors changed.
+            (names(0..50, &[]), "other", &[], false),
+            // A member too many: one that was not in scope then.
+            (names(0..50, &[]), "base", &["n60"], false),
+        ];
+        for (i, (then, base, held, told)) in rows.into_iter().enumerate() {
+            let query =
+                crate::config::Channel::scoped_fingerprint(then.iter().map(String::as_str), base);
+            let sum = scope_sum::sum(then.iter().map(String::as_str), base);
+            let filter = NamespaceFilter::fixed(scope.clone());
+            let mut scoped = Scoped::new(filter, "base".into(), None, Some(sum));
+            scoped.take_all().await;
+            assert_eq!(scoped.resume_under(&query, set(held), "7"), told, "row {i}");
+            if told {
+                assert_eq!(scoped.applied, then.into_iter().collect(), "row {i}");
+            }
         }
     }
 
