@@ -33,6 +33,14 @@ impl KafkaConfig {
         config_of(settings(self))
     }
 
+    /// The value of producer setting `key`: the user's, else the relay's default.
+    pub fn producer_setting(&self, key: &str) -> Option<&str> {
+        settings(self)
+            .filter(|(k, _)| *k == key)
+            .last()
+            .map(|(_, v)| v)
+    }
+
     /// The connection settings (`bootstrap.servers`, security) without the producer's own: for
     /// the admin client and the consumer reading the membership topic. Built from the settings,
     /// not copied from a producer's [`ClientConfig`], whose `config_map` masks secrets such as

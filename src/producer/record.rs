@@ -95,6 +95,11 @@ pub struct Record {
 }
 
 impl Record {
+    /// What the record takes in a producer's queue, as librdkafka counts it: its key and value.
+    pub fn size(&self) -> usize {
+        self.key.len() + self.value.len()
+    }
+
     /// The tombstone following this record: its topic and key with a null value, so a
     /// compacted topic forgets the key.
     pub fn tombstone(&self) -> Record {

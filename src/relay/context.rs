@@ -180,7 +180,19 @@ impl Context {
         }
         let id = format!("watchrelay/{}/{owner}", self.cfg.cluster_name);
         let connect: Arc<dyn producer::Connect> = match &self.sink {
-            Sink::Kafka => Arc::new(producer::KafkaConnect::new(&self.cfg.producer_kafka(), &id)),
+            Sink::Kafka => {
+                // One producer a shard: each holds a shard's share of the replica's queue.
+                let shares = if self.cfg.sharding.enabled {
+                    self.cfg.sharding.shards
+                } else {
+                    1
+                };
+                Arc::new(producer::KafkaConnect::new(
+                    &self.cfg.producer_kafka(),
+                    &id,
+                    shares,
+                ))
+            }
             Sink::Given(_, _, Some(source)) => (source.0)(&id),
             Sink::Given(_, _, None) => return None,
         };

@@ -32,6 +32,8 @@ const COMMIT_POLL: Duration = Duration::from_millis(10);
 pub struct Transactions {
     memory: Arc<Memory>,
     state: Mutex<State>,
+    /// Each producer's queue bound, in bytes ([`Connect::queue_bytes`]).
+    queue_bytes: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Default)]
@@ -64,6 +66,7 @@ impl Transactions {
         Arc::new(Self {
             memory,
             state: Mutex::default(),
+            queue_bytes: std::sync::atomic::AtomicUsize::new(usize::MAX),
         })
     }
 
@@ -81,6 +84,15 @@ impl Transactions {
                 id: id.to_string(),
             }) as Arc<dyn Connect>
         }))
+    }
+
+    /// Bounds each producer's queue to `bytes` (unbounded by default).
+    pub fn bound_queue(&self, bytes: usize) {
+        self.queue_bytes.store(bytes, Ordering::Relaxed);
+    }
+
+    fn queue_bytes(&self) -> usize {
+        self.queue_bytes.load(Ordering::Relaxed)
     }
 
     /// Leaves the records of topics starting with `prefix` unacknowledged (`None`: stops, and
@@ -220,6 +232,10 @@ impl Connect for Connection {
 
     fn commit_timeout(&self) -> Duration {
         COMMIT_TIMEOUT
+    }
+
+    fn queue_bytes(&self) -> usize {
+        self.store.queue_bytes()
     }
 }
 

@@ -113,6 +113,8 @@ pub struct Transactional {
     /// How long a commit may wait for its records, and then its request, before its outcome
     /// is learnt from a new producer.
     commit_timeout: Duration,
+    /// What `pending` may take ([`Connect::queue_bytes`]).
+    queue_bytes: usize,
     metrics: TxnMetrics,
 }
 
@@ -120,8 +122,19 @@ struct Inside {
     books: Books,
     kafka: Arc<dyn Client>,
     /// Records taken while a transaction was being committed, in order: for the next one,
-    /// sent once it has begun. A stream never waits for a commit.
+    /// sent once it has begun. A stream waits for a commit only once these take the
+    /// producer's queue bound ([`Connect::queue_bytes`]).
     pending: Vec<Pending>,
+    /// The bytes of `pending`'s records.
+    pending_bytes: usize,
+}
+
+impl Inside {
+    /// `pending` is now `kept` (what is left of it, in order).
+    fn set_pending(&mut self, kept: Vec<Pending>) {
+        self.pending_bytes = kept.iter().map(|p| p.record.size()).sum();
+        self.pending = kept;
+    }
 }
 
 /// A record taken while a transaction closed, its receipt already held by the next one.
@@ -144,7 +157,7 @@ impl Transactional {
         proven: Proof,
         metrics: TxnMetrics,
     ) -> Result<Arc<Self>, String> {
-        let connect = Arc::new(KafkaConnect::new(cfg, id));
+        let connect = Arc::new(KafkaConnect::new(cfg, id, 1));
         Self::start_with(connect, interval, owned, proven, metrics).await
     }
 
@@ -157,12 +170,14 @@ impl Transactional {
         metrics: TxnMetrics,
     ) -> Result<Arc<Self>, String> {
         let commit_timeout = connect.commit_timeout();
+        let queue_bytes = connect.queue_bytes();
         let kafka = build(&*connect).await.map_err(|e| e.message)?;
         let txn = Arc::new(Self {
             inside: Mutex::new(Inside {
                 books: Books::default(),
                 kafka,
                 pending: Vec::new(),
+                pending_bytes: 0,
             }),
             connect,
             interval,
@@ -173,6 +188,7 @@ impl Transactional {
             ended: std::sync::atomic::AtomicBool::new(false),
             scratch: Inbox::new(),
             commit_timeout,
+            queue_bytes,
             metrics,
         });
         tokio::spawn(committer(
@@ -198,10 +214,10 @@ impl Transactional {
     fn drop_pending(&self, which: impl Fn(Option<StreamKey>) -> bool, why: &str) {
         let dropped: Vec<Pending> = {
             let mut inside = self.inside.lock().expect("txn lock poisoned");
-            let (dropped, kept) = std::mem::take(&mut inside.pending)
+            let (dropped, kept): (Vec<Pending>, Vec<Pending>) = std::mem::take(&mut inside.pending)
                 .into_iter()
                 .partition(|p| which(p.stream));
-            inside.pending = kept;
+            inside.set_pending(kept);
             dropped
         };
         for Pending { mut receipt, .. } in dropped {
@@ -487,7 +503,8 @@ impl Transactional {
                         receipt: back,
                         stream,
                     };
-                    inside.pending = std::iter::once(full).chain(rest).collect();
+                    let rest = std::iter::once(full).chain(rest).collect();
+                    inside.set_pending(rest);
                     return false;
                 }
                 Err(Refused::TooLarge(back)) => {
@@ -503,6 +520,7 @@ impl Transactional {
                 }
             }
         }
+        inside.pending_bytes = 0;
         inside.books.open();
         true
     }
@@ -647,7 +665,13 @@ impl Producer for Transactional {
         let mut inside = self.inside.lock().expect("txn lock poisoned");
         match inside.books.admit(stream) {
             Err(Refusal::Closed) => {
-                // Taken for the next transaction, sent once it has begun.
+                // Taken for the next transaction, sent once it has begun; past the queue's
+                // bound, refused as by a full queue (the stream offers it again).
+                let bytes = record.size();
+                if !inside.pending.is_empty() && inside.pending_bytes + bytes > self.queue_bytes {
+                    return Err(Refused::Full(receipt));
+                }
+                inside.pending_bytes += bytes;
                 receipt.hold = Some(inside.books.next_hold());
                 inside.books.taken(stream, more);
                 if let (Some(s), Some(p)) = (stream, position) {

@@ -343,3 +343,76 @@ fn what_a_closing_transaction_takes_belongs_to_the_next_and_an_abort_drops_its_s
     books.rewound(2);
     assert!(books.is_doomed(), "stream 2's are in the next transaction");
 }
+
+/// While a transaction commits, what the streams hand over waits for the next one, up to the
+/// producer's queue bound: past it, a send is refused as by a full queue (its stream offers it
+/// again), so a commit that hangs holds at most that much in memory. Once the next transaction
+/// opened, the waiting records are sent and sends are taken again.
+#[tokio::test]
+async fn records_waiting_for_the_next_transaction_are_bounded_by_the_queue() {
+    use crate::producer::{Producer, Refused};
+    use crate::testing::{Memory, Transactions};
+
+    let store = Transactions::new(Arc::new(Memory::new()));
+    let record = |key: &str| Record {
+        topic: "t".into(),
+        key: key.into(),
+        value: vec![b'x'; 1000],
+        headers: Default::default(),
+        tombstone: false,
+        partition: None,
+    };
+    // Room for two records waiting, not three.
+    store.bound_queue(2 * record("k1").size() + 10);
+    store.hold_to(Some("t"));
+    let connect = (store.source().0)("txn");
+    let metrics = super::TxnMetrics {
+        commits: prometheus::IntCounter::new("c", "c").unwrap(),
+        aborts: prometheus::IntCounter::new("a", "a").unwrap(),
+        commit_seconds: prometheus::Histogram::with_opts(prometheus::HistogramOpts::new("s", "s"))
+            .unwrap(),
+    };
+    let txn = super::Transactional::start_with(
+        connect,
+        Duration::from_millis(5),
+        tokio_util::sync::CancellationToken::new(),
+        Arc::new(|| true),
+        metrics,
+    )
+    .await
+    .expect("starts");
+    let inbox = Inbox::new();
+    let receipt = |seq| {
+        let sent = Sent::Entry {
+            arrived: std::time::Instant::now(),
+            bytes: 1000,
+            alone: false,
+        };
+        Receipt::new(inbox.clone(), seq, sent)
+    };
+    txn.send(&record("k1"), receipt(1))
+        .expect("the open transaction takes it");
+    // Its commit waits for the held record's acknowledgement.
+    while !txn.inside.lock().unwrap().books.is_closed() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    txn.send(&record("k2"), receipt(2))
+        .expect("waits for the next");
+    txn.send(&record("k3"), receipt(3))
+        .expect("waits for the next");
+    match txn.send(&record("k4"), receipt(4)) {
+        Err(Refused::Full(back)) => assert_eq!(back.seq, 4),
+        other => panic!("a third waiting record is refused as full, got {other:?}"),
+    }
+    assert_eq!(txn.inside.lock().unwrap().pending.len(), 2);
+    // The commit ends, the next transaction opens with the waiting records in it.
+    store.hold_to(None);
+    while txn.inside.lock().unwrap().books.is_closed() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let inside = txn.inside.lock().unwrap();
+    assert!(inside.pending.is_empty());
+    assert_eq!(inside.pending_bytes, 0);
+    drop(inside);
+    txn.send(&record("k4"), receipt(4)).expect("taken again");
+}
