@@ -376,6 +376,70 @@ async fn a_failed_delivery_of_a_part_publishes_every_change() {
     a.stop().await;
 }
 
+/// A selector's fanned-out parts move to another replica while a namespace holding a pod
+/// enters the scope and the pods change, with more than ten namespaces of each shard in scope
+/// without a pod: more than a part's fingerprint alone can tell apart. The new owner tells
+/// from each part's saved set-sum which namespaces its position covered, resumes every part
+/// from it and takes the entering namespace in: every change is published, none collapsed
+/// into a list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_part_with_many_empty_namespaces_in_scope_resumes() {
+    let empty: Vec<String> = (0..64).map(|i| format!("empty-{i:02}")).collect();
+    let mut all: Vec<&str> = NAMESPACES.to_vec();
+    all.push("late");
+    all.extend(empty.iter().map(String::as_str));
+    let bed = Bed::in_memory_serving(true, &all).await;
+    pods_p1(&bed);
+    bed.sim
+        .create("pods", Some("late"), objects::pod("late", "p1"))
+        .unwrap();
+    for ns in NAMESPACES
+        .iter()
+        .copied()
+        .chain(empty.iter().map(String::as_str))
+    {
+        bed.label(ns, true);
+    }
+    let channel = "  - operationId: watchNamespacedPods\n    namespaceSelector: relay=yes\n    watchStrategy: clusterWide\n    topic: pods\n";
+    let memory = Arc::new(Memory::new());
+    let cfg = sharded(bed.config(channel, ""), 4);
+    let group = MemoryGroup::default();
+    let start = || Relay::start_on_lane(&bed, cfg.clone(), Lane::new(memory.clone()), &group);
+    let a = start();
+    owns(&a, Some(4), "A never owned the shards").await;
+    a.wait_up(4).await;
+    eventually(
+        || {
+            consumer_view_by(&events(&memory), version)
+                == pods_by(&bed.sim, &NAMESPACES, |_| true, version)
+        },
+        || "A never relayed the pods".into(),
+    )
+    .await;
+    a.stop().await;
+
+    let from = bed.sim.current_rv();
+    change_p1(&bed, "1");
+    change_p1(&bed, "2");
+    bed.label("late", true);
+    let b = start();
+    owns(&b, Some(4), "B never owned the shards").await;
+    let mut scope = NAMESPACES.to_vec();
+    scope.push("late");
+    eventually(
+        || caught_up(&bed, &memory, &scope, from),
+        || {
+            let log = events(&memory);
+            format!(
+                "changes never published: {:?}",
+                common::view::unpublished(&log, &bed.journal_after("pods", None, from))
+            )
+        },
+    )
+    .await;
+    b.stop().await;
+}
+
 /// S12: a busy shard listed again while the shared watch runs (here: a namespace the reads
 /// were not asked for) holds its live lines until its list ends; lines past what a part may
 /// hold are dropped and the part resumes from its list's position once the list ends, instead
