@@ -404,25 +404,14 @@ async fn a_moved_part_with_many_empty_namespaces_in_scope_resumes() {
     let memory = Arc::new(Memory::new());
     let cfg = sharded(bed.config(channel, ""), 4);
     let group = MemoryGroup::default();
-    let start = || Relay::start_on_lane(&bed, cfg.clone(), Lane::new(memory.clone()), &group);
-    let a = start();
-    owns(&a, Some(4), "A never owned the shards").await;
-    a.wait_up(4).await;
-    eventually(
-        || {
-            consumer_view_by(&events(&memory), version)
-                == pods_by(&bed.sim, &NAMESPACES, |_| true, version)
-        },
-        || "A never relayed the pods".into(),
-    )
-    .await;
+    let a = relaying_every_shard_in(&bed, cfg.clone(), &memory, &group).await;
     a.stop().await;
 
     let from = bed.sim.current_rv();
     change_p1(&bed, "1");
     change_p1(&bed, "2");
     bed.label("late", true);
-    let b = start();
+    let b = Relay::start_on_lane(&bed, cfg, Lane::new(memory.clone()), &group);
     owns(&b, Some(4), "B never owned the shards").await;
     let mut scope = NAMESPACES.to_vec();
     scope.push("late");
@@ -732,8 +721,17 @@ async fn relaying_every_shard_as(
     cfg: watchrelay::config::Config,
     memory: &Arc<Memory>,
 ) -> Relay {
-    let group = MemoryGroup::default();
-    let a = Relay::start_on_lane(bed, cfg, Lane::new(memory.clone()), &group);
+    relaying_every_shard_in(bed, cfg, memory, &MemoryGroup::default()).await
+}
+
+/// The same, in shard group `group`.
+async fn relaying_every_shard_in(
+    bed: &Bed,
+    cfg: watchrelay::config::Config,
+    memory: &Arc<Memory>,
+    group: &MemoryGroup,
+) -> Relay {
+    let a = Relay::start_on_lane(bed, cfg, Lane::new(memory.clone()), group);
     owns(&a, Some(4), "A never owned the shards").await;
     a.wait_up(4).await;
     eventually(
