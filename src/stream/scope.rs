@@ -193,6 +193,8 @@ impl Scoped {
         let solutions = self
             .saved_sum
             .as_deref()
+            // Past its bits (and ten), a sum leaves too many candidates untold to try.
+            .filter(|sum| n <= sum.len() * 4 + UNTOLD_MAX)
             .and_then(|sum| {
                 let known = held.iter().map(String::as_str);
                 Solutions::of(sum, &self.base, known, &untold)
