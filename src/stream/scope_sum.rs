@@ -12,14 +12,14 @@
 //! answer is then checked against the fingerprint, so a sum can only fail to tell, never tell
 //! wrong.
 //!
-//! The width is stamped with the sum (its length): 256 bits for up to 192 namespaces, then
+//! The width is stamped with the sum (its length): 256 bits for up to 191 namespaces, then
 //! 64 more per 64, up to [`MAX_WORDS`] words.
 
 use crate::config::{fmix64, fnv1a64};
 
 /// The widest sum, in 64-bit words: 1,024 bits, 256 hex digits in a checkpoint entry. A
 /// scope past about a thousand namespaces without a member is not told by it.
-pub(super) const MAX_WORDS: usize = 16;
+const MAX_WORDS: usize = 16;
 
 /// The narrowest sum, in 64-bit words.
 const MIN_WORDS: usize = 4;
@@ -65,8 +65,7 @@ impl Solutions {
         let mut basis = Basis::new(words * 64);
         let mut kernel = Vec::new();
         for (i, ns) in candidates.iter().enumerate() {
-            let mut tag = vec![0u64; tag_words];
-            tag[i / 64] |= 1 << (i % 64);
+            let tag = unit(i, tag_words);
             let (rest, tag) = basis.reduce(vector(Domain::Namespace, ns, words), tag);
             match highest(&rest) {
                 Some(pivot) => basis.rows[pivot] = Some((rest, tag)),
@@ -82,14 +81,9 @@ impl Solutions {
     /// Every subset of `n` candidates: what is left to try without a sum.
     pub(super) fn any(n: usize) -> Self {
         let words = n.div_ceil(64);
-        let unit = |i: usize| {
-            let mut v = vec![0u64; words];
-            v[i / 64] |= 1 << (i % 64);
-            v
-        };
         Self {
             particular: vec![0; words],
-            kernel: (0..n).map(unit).collect(),
+            kernel: (0..n).map(|i| unit(i, words)).collect(),
         }
     }
 
@@ -105,6 +99,13 @@ impl Solutions {
             x
         })
     }
+}
+
+/// The bitset of `words` words naming candidate `i` alone.
+fn unit(i: usize, words: usize) -> Vec<u64> {
+    let mut v = vec![0u64; words];
+    v[i / 64] |= 1 << (i % 64);
+    v
 }
 
 /// The candidates bitset `bits` names.
