@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 
 use common::bed::{eventually, Bed, Relay};
-use common::view::{consumer_view, events, json, pods};
+use common::view::{consumer_view, consumer_view_by, events, json, pods, pods_by};
 use watchrelay::producer::Producer;
 use watchrelay::testing::{Memory, Order};
 use watchrelay_sim::{objects, SimConfig};
@@ -249,6 +249,87 @@ async fn with_empty_namespaces_moved_while_down(empty: usize) {
         "each change of d0's pods published once"
     );
     assert_eq!(published_of(&log, "c"), 5, "each pod of c announced once");
+}
+
+/// A crash after a leave was stamped on the checkpoints but before its members' tombstones
+/// reached Kafka: the next start finds members of a namespace its position did not cover (a
+/// member too many), under a scope that moved meanwhile (`c` entered). The saved set-sum tells
+/// that too, so the start still resumes, and the members left behind are deleted again (a
+/// superfluous inferred DELETED each). Every change of the namespace that stayed, made while the
+/// relay was down, is published once, none collapsed into a list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_too_many_after_a_crash_still_resumes() {
+    let bed = Bed::in_memory(SimConfig::default(), &["a", "b", "c"]).await;
+    for ns in ["a", "b", "c"] {
+        for i in 0..10 {
+            bed.sim
+                .create("pods", Some(ns), objects::pod(ns, &format!("p{i}")))
+                .unwrap();
+        }
+    }
+    bed.label("a", true);
+    bed.label("b", true);
+    let producer = Arc::new(Memory::new());
+    let relay = start(&bed, &producer, true);
+    converged(&bed, &producer).await;
+    let query = |c: &std::collections::HashMap<String, watchrelay::checkpoint::Saved>| {
+        c.values().find_map(|s| s.query.clone())
+    };
+    let before = query(&bed.checkpoints());
+    // b leaves: its DELETEDs are acknowledged, its members' tombstones are not.
+    producer.hold_to(Some(&bed.membership));
+    bed.label("b", false);
+    eventually(
+        || inferred_deletes(&producer, "b") == 10,
+        || "b's pods were never deleted".into(),
+    )
+    .await;
+    // A change of `a`, acknowledged: a position under the scope without `b`.
+    let step = |i: usize, step: &str| {
+        let patch = serde_json::json!({"metadata": {"labels": {"step": step}}});
+        bed.sim
+            .merge_patch("pods", Some("a"), &format!("p{i}"), patch)
+            .unwrap();
+    };
+    step(0, "0");
+    let rv = bed.sim.current_rv();
+    bed.wait_checkpoint(|c| {
+        query(c) != before
+            && c.values()
+                .any(|s| s.rv.as_deref().and_then(|v| v.parse::<u64>().ok()) >= Some(rv))
+    })
+    .await;
+    relay.kill().await;
+    producer.purge();
+    producer.hold_to(None);
+    let from = bed.sim.current_rv();
+    for i in 0..10 {
+        step(i, "1");
+        step(i, "2");
+    }
+    // And `c` enters while the relay is down: the start is under other namespaces.
+    bed.label("c", true);
+    let relay = start(&bed, &producer, true);
+    let rv = |md: &serde_json::Value| md["resourceVersion"].as_str().unwrap().to_string();
+    eventually(
+        || consumer_view_by(&events(&producer), rv) == pods_by(&bed.sim, &["a", "c"], |_| true, rv),
+        || "the consumer never held the pods in scope as they are".into(),
+    )
+    .await;
+    relay.stop().await;
+    let log = events(&producer);
+    assert_eq!(consumer_view(&log), pods(&bed.sim, &["a", "c"], |_| true));
+    common::view::assert_published(
+        &log,
+        &bed.journal_after("pods", Some("a"), from),
+        "the changes of a namespace that stayed in scope, made while the relay was down",
+    );
+    let after = log
+        .iter()
+        .skip_while(|r| !json(r)["object"]["metadata"]["labels"]["step"].is_string())
+        .filter(|r| !r.tombstone && r.key.starts_with("a/"))
+        .count();
+    assert_eq!(after, 21, "each change of a's pods published once");
 }
 
 /// The tests above: pods in `a`, `b` and `c`, `a` and `b` in scope with `empty` namespaces

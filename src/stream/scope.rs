@@ -19,10 +19,12 @@
 //!   ([`Scoped::resume_under`]; the set-sum saved beside the fingerprint tells which of many,
 //!   see [`super::scope_sum`]), and takes the difference in as a move of its scope: those
 //!   that left have their members deleted, and those that entered are taken in from the
-//!   position ([`Scoped::floor`]), so every change after it is published. Otherwise (a
-//!   namespace in scope then without an object and out of scope now, the selectors changed, a
-//!   member too many, or a crash before a move was acknowledged, which forgot the position)
-//!   the position is dropped and the stream reconciles its members with a list of the whole
+//!   position ([`Scoped::floor`]), so every change after it is published. The sum also tells
+//!   a member too many (members of a namespace the position did not cover: a crash lost the
+//!   tombstones of a leave already stamped), whose namespace then enters or leaves as any
+//!   other. Otherwise (a namespace in scope then without an object and out of scope now, the
+//!   selectors changed, a member too many under an entry without a sum, or a crash before a
+//!   move was acknowledged, which forgot the position) the position is dropped and the stream reconciles its members with a list of the whole
 //!   collection under the new scope: objects re-announced, members out of scope deleted.
 //! - A failed delivery replays its watch from the checkpoint, as any stream's does, once its
 //!   scope is settled (the checkpoints carry the namespaces applied): every change is published
@@ -175,38 +177,83 @@ impl Scoped {
     /// no member (a namespace in scope then without an object): those the saved set-sum allows
     /// (see [`super::scope_sum`]), or without one every combination of at most [`UNTOLD_MAX`]
     /// of them; past that, none or all of them. The one whose fingerprint is `saved` is the
-    /// position's. None matches (the selectors changed, a namespace in scope then without an
-    /// object and out of scope now, a member too many) and it is not resumed: false.
+    /// position's. Failing that, the sum may tell members' namespaces the position did not
+    /// cover (a member too many: its leave was stamped, and a crash lost its tombstone): one
+    /// in scope now enters, as any namespace entering; one out of scope stays applied, so that
+    /// its members are deleted again (a superfluous inferred DELETED each) as it leaves. None
+    /// matches (the selectors changed, a namespace in scope then without an object and out of
+    /// scope now) and it is not resumed: false.
     pub(super) fn resume_under(&mut self, saved: &str, held: BTreeSet<String>, at: &str) -> bool {
-        let Some(covered) = self.told(saved, held) else {
+        let Some(covered) = self
+            .told(saved, &held)
+            .or_else(|| self.too_many(saved, &held))
+        else {
             return false;
         };
+        let stale = held.difference(&covered);
+        let leaving: Vec<String> = stale
+            .filter(|ns| !self.applied.contains(*ns))
+            .cloned()
+            .collect();
         self.applied = covered;
+        self.applied.extend(leaving);
         self.floor = comparable(at);
         true
     }
 
     /// The namespaces whose fingerprint is `saved`: `held` and some of the others applied.
-    fn told(&self, saved: &str, held: BTreeSet<String>) -> Option<BTreeSet<String>> {
-        let untold: Vec<&str> = self.applied.difference(&held).map(String::as_str).collect();
+    fn told(&self, saved: &str, held: &BTreeSet<String>) -> Option<BTreeSet<String>> {
+        let untold: Vec<&str> = self.applied.difference(held).map(String::as_str).collect();
         let n = untold.len();
         let solutions = self
-            .saved_sum
-            .as_deref()
-            // Past its bits (and ten), a sum leaves too many candidates untold to try.
-            .filter(|sum| n <= sum.len() * 4 + UNTOLD_MAX)
-            .and_then(|sum| {
-                let known = held.iter().map(String::as_str);
-                Solutions::of(sum, &self.base, known, &untold)
-            })
+            .solve(held, &untold)
             .or_else(|| (n <= UNTOLD_MAX).then(|| Solutions::any(n)));
         let tries: Vec<Vec<u64>> = match solutions {
             Some(s) if s.kernel.len() <= UNTOLD_MAX => s.each().collect(),
             _ => vec![vec![0; n.div_ceil(64)], vec![u64::MAX; n.div_ceil(64)]],
         };
+        self.first_saved(saved, held, &untold, tries)
+    }
+
+    /// The namespaces whose fingerprint is `saved`, some of `held` not among them: those the
+    /// saved set-sum allows, a member's namespace chosen meaning it is out. Only with a sum:
+    /// without one, a member too many is not told.
+    fn too_many(&self, saved: &str, held: &BTreeSet<String>) -> Option<BTreeSet<String>> {
+        let mut candidates: Vec<&str> = self.applied.difference(held).map(String::as_str).collect();
+        candidates.extend(held.iter().map(String::as_str));
+        let solutions = self.solve(held, &candidates)?;
+        if solutions.kernel.len() > UNTOLD_MAX {
+            return None;
+        }
+        self.first_saved(saved, held, &candidates, solutions.each())
+    }
+
+    /// What the saved set-sum says of `candidates`, with `held` known to be in; `None` without
+    /// a sum, or past its bits and ten more candidates (too many to tell).
+    fn solve(&self, held: &BTreeSet<String>, candidates: &[&str]) -> Option<Solutions> {
+        let sum = self.saved_sum.as_deref()?;
+        if candidates.len() > sum.len() * 4 + UNTOLD_MAX {
+            return None;
+        }
+        Solutions::of(sum, &self.base, held.iter().map(String::as_str), candidates)
+    }
+
+    /// The first of `tries` whose namespaces have fingerprint `saved`: `held`, each candidate
+    /// a try chooses toggled (a namespace without a member in, a member's out).
+    fn first_saved(
+        &self,
+        saved: &str,
+        held: &BTreeSet<String>,
+        candidates: &[&str],
+        tries: impl IntoIterator<Item = Vec<u64>>,
+    ) -> Option<BTreeSet<String>> {
         tries.into_iter().find_map(|bits| {
             let mut covered = held.clone();
-            covered.extend(chosen(&bits, &untold).map(str::to_string));
+            for ns in chosen(&bits, candidates) {
+                if !covered.remove(ns) {
+                    covered.insert(ns.to_string());
+                }
+            }
             let fingerprint = crate::config::Channel::scoped_fingerprint(
                 covered.iter().map(String::as_str),
                 &self.base,
@@ -376,8 +423,9 @@ mod tests {
             v.sort_unstable();
             v
         };
-        // (the namespaces then, the selectors then, the members' namespaces) -> told.
-        let rows: [(Vec<String>, &str, &[&str], bool); 6] = [
+        // (the namespaces then, the selectors then, the members' namespaces) -> told; applied
+        // are then the namespaces then, with any member's namespace out of scope and not then.
+        let rows: [(Vec<String>, &str, &[&str], bool); 8] = [
             // Twenty entered while down, none with a member yet.
             (names(0..50, &[]), "base", &[], true),
             // The same with members in some, and one with members left.
@@ -393,8 +441,13 @@ mod tests {
             (names(0..50, &["gone"]), "base", &[], false),
             // The selectors changed.
             (names(0..50, &[]), "other", &[], false),
-            // A member too many: one that was not in scope then.
-            (names(0..50, &[]), "base", &["n60"], false),
+            // A member too many, its namespace in scope now but not then: told, and it enters.
+            (names(0..50, &[]), "base", &["n60"], true),
+            // A member too many, its namespace in scope neither then nor now: told, and it
+            // stays applied until the first live read takes it out.
+            (names(0..50, &[]), "base", &["n01", "stale"], true),
+            // A member too many and one without a member then, out of scope now: not told.
+            (names(0..50, &["gone"]), "base", &["n60"], false),
         ];
         for (i, (then, base, held, told)) in rows.into_iter().enumerate() {
             let query =
@@ -405,7 +458,13 @@ mod tests {
             scoped.take_all().await;
             assert_eq!(scoped.resume_under(&query, set(held), "7"), told, "row {i}");
             if told {
-                assert_eq!(scoped.applied, then.into_iter().collect(), "row {i}");
+                let mut applied: BTreeSet<String> = then.into_iter().collect();
+                applied.extend(
+                    held.iter()
+                        .filter(|ns| **ns == "stale")
+                        .map(|s| s.to_string()),
+                );
+                assert_eq!(scoped.applied, applied, "row {i}");
             }
         }
     }
