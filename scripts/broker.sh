@@ -145,6 +145,7 @@ join() {
     -e "s|^controller.quorum.voters=.*|controller.quorum.voters=$voters|" \
     -e "s|^listeners=.*|listeners=PLAINTEXT://127.0.0.1:$port|" \
     "$testbed/server.properties" >"$dir/server.properties"
+  [[ -n ${BROKER_EXTRA:-} ]] && printf '%s\n' "$BROKER_EXTRA" >>"$dir/server.properties"
   run_node "$dir" "$port" "$cluster_id"
   echo "127.0.0.1:$port"
 }

@@ -664,12 +664,70 @@ async fn a_broker_restart_loses_nothing() {
 /// the coordinator skips the markers of partitions without a leader, so those transactions
 /// hang (see `docs/failure-modes.md`). Beside the at-least-once test, 6 runs of 19 stalled on
 /// one (a shard's restore waits for an operator to end it) and 1 of 19 published a change
-/// twice. A replicated topic should keep a leader through a broker's restart (not measured).
+/// twice. Replicated topics keep a leader through a broker's restart: the rolling restart
+/// above is the tier's exactly-once broker restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "the single broker's shutdown leaves transactions hanging; see the comment"]
 async fn exactly_once_through_a_broker_restart_publishes_every_change_once() {
     let msgs = broker_restart(Delivery::ExactlyOnce).await;
     assert_once(&msgs);
+}
+
+/// The same on a cluster of two brokers whose partitions, group offsets and transaction state
+/// keep a replica on each, as in production: the second broker restarts, as in a rolling
+/// restart, while two exactly-once replicas relay under churn. The partitions and coordinators
+/// it led move to the first and back; a `read_committed` consumer reads every change once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_through_a_rolling_broker_restart_publishes_every_change_once() {
+    let replicated = [
+        "default.replication.factor=2",
+        "offsets.topic.replication.factor=2",
+        "transaction.state.log.replication.factor=2",
+    ];
+    let primary = OwnBroker::start(Options {
+        extra: replicated.iter().map(|l| l.to_string()).collect(),
+        ..Options::default()
+    });
+    let mut second = primary.join();
+    let topic = kafka::unique("sharded-rolling");
+    primary.tool(
+        "org.apache.kafka.tools.TopicCommand",
+        &[
+            "--create",
+            "--topic",
+            &topic,
+            "--partitions",
+            "3",
+            "--replication-factor",
+            "2",
+        ],
+    );
+    let scene = Scene::with_topic(8, topic, &primary.bootstrap).await;
+    let bed = &scene.bed;
+    let mut cfg = scene.sharded(GroupProtocol::Classic);
+    cfg.kafka.delivery = Delivery::ExactlyOnce;
+    let a = Relay::start(bed, cfg.clone());
+    let b = Relay::start(bed, cfg.clone());
+    wait_spread(&[&a, &b]).await;
+    let from = positioned_at(bed, &cfg.checkpoint.name, scene.names().len()).await;
+    let churn = scene.churn(100.0);
+    let down = Instant::now();
+    tokio::task::block_in_place(|| {
+        second.stop();
+        second.start_again();
+    });
+    let restart = down.elapsed();
+    // Not a wait: whatever the restart sets off plays out within the session timeout.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let back = takeover(&[&a, &b]).await;
+    churn.stop().await;
+    let fences = a.metrics.shard_fences.get() + b.metrics.shard_fences.get();
+    eprintln!("the second broker restarted in {restart:?}; shared again {back:?} after 7 s more; fences: {fences}");
+    let msgs = scene.converged(kafka_view).await;
+    assert_covers(&msgs, &bed.journal_after("pods", None, from));
+    assert_once(&msgs);
+    a.stop().await;
+    b.stop().await;
 }
 
 /// Two sharded replicas under churn while their only broker restarts; every change after the

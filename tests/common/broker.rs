@@ -68,15 +68,16 @@ impl OwnBroker {
         }
     }
 
-    /// Starts a second broker (node 2, the broker role only) in this broker's cluster; this one
-    /// stays its controller.
+    /// Starts a second broker (node 2, the broker role only) in this broker's cluster, with
+    /// this one's extra settings; this one stays its controller.
     pub fn join(&self) -> OwnBroker {
         let dir = tempfile::tempdir().unwrap();
         let bootstrap = run(
             Command::new(script())
                 .arg("join")
                 .arg(dir.path())
-                .arg(self.dir.path()),
+                .arg(self.dir.path())
+                .env("BROKER_EXTRA", self.options.extra.join("\n")),
             "the second broker did not start",
         );
         let port = bootstrap.rsplit(':').next().unwrap().parse().unwrap();
