@@ -931,7 +931,6 @@ async fn a_killed_replica_and_a_frozen_one_lose_nothing() {
 /// consumer reads every change once, and nothing of a fenced owner after its successor's
 /// first record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "three more relay processes beside the tier's own; run with --ignored"]
 async fn exactly_once_through_a_kill_and_a_freeze_publishes_every_change_once() {
     let msgs = killed_and_frozen(true, "  delivery: exactlyOnce\n").await;
     assert_once(&msgs);

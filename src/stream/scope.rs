@@ -24,8 +24,9 @@
 //!   tombstones of a leave already stamped), whose namespace then enters or leaves as any
 //!   other. Otherwise (a namespace in scope then without an object and out of scope now, the
 //!   selectors changed, a member too many under an entry without a sum, or a crash before a
-//!   move was acknowledged, which forgot the position) the position is dropped and the stream reconciles its members with a list of the whole
-//!   collection under the new scope: objects re-announced, members out of scope deleted.
+//!   move was acknowledged, which forgot the position) the position is dropped and the stream
+//!   reconciles its members with a list of the whole collection under the new scope: objects
+//!   re-announced, members out of scope deleted.
 //! - A failed delivery replays its watch from the checkpoint, as any stream's does, once its
 //!   scope is settled (the checkpoints carry the namespaces applied): every change is published
 //!   again in order. During a scope change not acknowledged yet it resyncs whole instead: what
