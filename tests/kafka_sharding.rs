@@ -703,38 +703,28 @@ async fn exactly_once_through_a_rolling_broker_restart_publishes_every_change_on
         ],
     );
     let scene = Scene::with_topic(8, topic, &primary.bootstrap).await;
-    let bed = &scene.bed;
-    let mut cfg = scene.sharded(GroupProtocol::Classic);
-    cfg.kafka.delivery = Delivery::ExactlyOnce;
-    let a = Relay::start(bed, cfg.clone());
-    let b = Relay::start(bed, cfg.clone());
-    wait_spread(&[&a, &b]).await;
-    let from = positioned_at(bed, &cfg.checkpoint.name, scene.names().len()).await;
-    let churn = scene.churn(100.0);
-    let down = Instant::now();
-    tokio::task::block_in_place(|| {
+    let msgs = restarted_under_churn(&scene, Delivery::ExactlyOnce, || {
         second.stop();
         second.start_again();
-    });
-    let restart = down.elapsed();
-    // Not a wait: whatever the restart sets off plays out within the session timeout.
-    tokio::time::sleep(Duration::from_secs(7)).await;
-    let back = takeover(&[&a, &b]).await;
-    churn.stop().await;
-    let fences = a.metrics.shard_fences.get() + b.metrics.shard_fences.get();
-    eprintln!("the second broker restarted in {restart:?}; shared again {back:?} after 7 s more; fences: {fences}");
-    let msgs = scene.converged(kafka_view).await;
-    assert_covers(&msgs, &bed.journal_after("pods", None, from));
+    })
+    .await;
     assert_once(&msgs);
-    a.stop().await;
-    b.stop().await;
 }
 
-/// Two sharded replicas under churn while their only broker restarts; every change after the
-/// streams' positions is published. The records read.
+/// Two sharded replicas under churn while their only broker restarts. The records read.
 async fn broker_restart(delivery: Delivery) -> Vec<Msg> {
     let mut broker = OwnBroker::start(Options::default());
     let scene = Scene::new(8, "sharded-restart", Some(&broker.bootstrap)).await;
+    restarted_under_churn(&scene, delivery, || broker.restart()).await
+}
+
+/// Two sharded replicas of `scene` under churn while `restart` restarts a broker; every change
+/// after the streams' positions is published. The records read.
+async fn restarted_under_churn(
+    scene: &Scene,
+    delivery: Delivery,
+    restart: impl FnOnce(),
+) -> Vec<Msg> {
     let bed = &scene.bed;
     let mut cfg = scene.sharded(GroupProtocol::Classic);
     cfg.kafka.delivery = delivery;
@@ -744,7 +734,7 @@ async fn broker_restart(delivery: Delivery) -> Vec<Msg> {
     let from = positioned_at(bed, &cfg.checkpoint.name, scene.names().len()).await;
     let churn = scene.churn(100.0);
     let down = Instant::now();
-    tokio::task::block_in_place(|| broker.restart());
+    tokio::task::block_in_place(restart);
     let restart = down.elapsed();
     // Not a wait: whatever the restart sets off (fences, lost sessions, claims again) plays out
     // within the session timeout after the broker is back.
