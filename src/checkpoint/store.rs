@@ -57,8 +57,16 @@ fn stamped_epoch(claimed: u64, found: u64) -> Option<u64> {
 fn forget_positions(data: &mut BTreeMap<String, String>) {
     for (_, value) in data.iter_mut().filter(|(k, _)| !k.starts_with('.')) {
         match serde_json::from_str::<Saved>(value) {
+            // In a later era than any position committed with the stream's records (exactly
+            // once), so that a start takes the forgotten entry over the committed position
+            // (see `Saved::take_committed`): that one too is of the history before the restore.
             Ok(saved) if saved.rv.is_some() => {
-                *value = encode(&Saved { rv: None, ..saved });
+                let era = saved.era + 1;
+                *value = encode(&Saved {
+                    rv: None,
+                    era,
+                    ..saved
+                });
             }
             Ok(_) => {}
             // Unreadable: read as no position anyway (see `read`); dropped to be sure.
@@ -494,6 +502,25 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::stamped_epoch;
+
+    #[test]
+    fn positions_forgotten_for_a_rewind_outrank_the_committed_ones() {
+        use super::{encode, forget_positions, Saved};
+        let saved = Saved {
+            rv: Some("24".into()),
+            era: 7,
+            ..Saved::default()
+        };
+        let mut data = std::collections::BTreeMap::from([("s".to_string(), encode(&saved))]);
+        forget_positions(&mut data);
+        let mut entry: Saved = serde_json::from_str(&data["s"]).unwrap();
+        assert_eq!(entry.rv, None);
+        // An exactly-once start reads the position committed in Kafka, of the history before
+        // the restore: the forgotten entry wins, and the stream relists in a new era.
+        entry.take_committed(saved);
+        assert_eq!(entry.rv, None);
+        assert!(entry.era > 7);
+    }
 
     #[test]
     fn a_new_owner_epoch_is_above_every_one_stamped() {
