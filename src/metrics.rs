@@ -51,6 +51,10 @@ pub struct Metrics {
     /// Resyncs that re-announced objects whole because a resourceVersion was not a decimal
     /// integer (a server that does not follow KEP-5504), by stream.
     pub resync_full_fallbacks: IntCounterVec,
+    /// Starts that dropped the stream's saved position and listed instead of resuming, by
+    /// stream and reason (query, route, scope): the changes made meanwhile collapse into
+    /// the list.
+    pub positions_dropped: IntCounterVec,
     /// API errors, by stream and kind.
     pub api_errors: IntCounterVec,
     /// Records sent and not yet acknowledged, by stream.
@@ -366,6 +370,11 @@ impl Metrics {
                 "Watches reopened",
                 &["stream", "reason"],
             ),
+            positions_dropped: counter(
+                "positions_dropped_total",
+                "Starts that dropped the saved position and listed instead of resuming, by reason: query (the query changed), route (the topic or key changed), scope (a filtered stream's namespaces or selectors moved, and the namespaces the position covered could not be told)",
+                &["stream", "reason"],
+            ),
             resyncs: counter(
                 "resyncs_total",
                 "Relists after an expired resourceVersion or on request",
@@ -466,6 +475,7 @@ impl Metrics {
         forget(&self.oversize, stream);
         forget(&self.delivery_errors, stream);
         forget(&self.watch_restarts, stream);
+        forget(&self.positions_dropped, stream);
         forget(&self.api_errors, stream);
     }
 
@@ -490,6 +500,7 @@ impl Metrics {
             synthetic_deletes,
             resync_unchanged,
             resync_full_fallbacks,
+            positions_dropped,
             api_errors,
             in_flight,
             stream_up,
@@ -526,7 +537,7 @@ impl Metrics {
             fanout_objects,
             fanout_server_filtered,
         } = self;
-        let collectors: [&dyn Collector; 46] = [
+        let collectors: [&dyn Collector; 47] = [
             events_received,
             events_published,
             events_filtered,
@@ -538,6 +549,7 @@ impl Metrics {
             synthetic_deletes,
             resync_unchanged,
             resync_full_fallbacks,
+            positions_dropped,
             api_errors,
             in_flight,
             stream_up,

@@ -12,6 +12,9 @@ use watchrelay::producer::Producer;
 use watchrelay::testing::{Memory, Order};
 use watchrelay_sim::{objects, SimConfig};
 
+/// The cluster-wide stream of the tests' channel.
+const WIDE: &str = "watchNamespacedPods._all";
+
 async fn bed() -> Bed {
     let bed = Bed::in_memory(SimConfig::default(), &["a", "b"]).await;
     for ns in ["a", "b"] {
@@ -316,6 +319,7 @@ async fn a_member_too_many_after_a_crash_still_resumes() {
         || "the consumer never held the pods in scope as they are".into(),
     )
     .await;
+    assert_eq!(relay.counter("positions_dropped_total", WIDE), 0);
     relay.stop().await;
     let log = events(&producer);
     assert_eq!(consumer_view(&log), pods(&bed.sim, &["a", "c"], |_| true));
@@ -330,6 +334,34 @@ async fn a_member_too_many_after_a_crash_still_resumes() {
         .filter(|r| !r.tombstone && r.key.starts_with("a/"))
         .count();
     assert_eq!(after, 21, "each change of a's pods published once");
+}
+
+/// The limit of telling: a namespace in scope at the position without an object, out of scope
+/// now (unlabelled, or deleted, while the relay was down), is in neither the members nor the
+/// scope, so the start cannot tell which namespaces its position covered. It drops the
+/// position and reconciles with a list, and counts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_namespace_gone_from_the_scope_while_down_drops_the_position_and_says_so() {
+    let bed = Bed::in_memory(SimConfig::default(), &["a", "b", "d"]).await;
+    for ns in ["a", "b"] {
+        for i in 0..3 {
+            bed.sim
+                .create("pods", Some(ns), objects::pod(ns, &format!("p{i}")))
+                .unwrap();
+        }
+    }
+    for ns in ["a", "b", "d"] {
+        bed.label(ns, true);
+    }
+    let producer = Arc::new(Memory::new());
+    let relay = start(&bed, &producer, true);
+    converged(&bed, &producer).await;
+    relay.stop().await;
+    bed.label("d", false);
+    let relay = start(&bed, &producer, true);
+    relay.wait_counter("positions_dropped_total", WIDE, 1).await;
+    converged(&bed, &producer).await;
+    relay.stop().await;
 }
 
 /// The tests above: pods in `a`, `b` and `c`, `a` and `b` in scope with `empty` namespaces

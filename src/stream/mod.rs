@@ -288,7 +288,17 @@ impl Stream {
             tracing::warn!(stream = %id, "the stream's topic or key changed since its checkpoint; retracting what it announced there and reconciling");
         }
         if let Some(s) = saved.as_mut().filter(|_| plan.drop_position) {
-            s.rv = None;
+            if s.rv.take().is_some() {
+                let reason = if plan.new_route.is_some() {
+                    "route"
+                } else {
+                    "query"
+                };
+                metrics
+                    .positions_dropped
+                    .with_label_values(&[&id, reason])
+                    .inc();
+            }
         }
         let covered = saved
             .as_ref()
@@ -439,11 +449,20 @@ impl Stream {
                 // first live read then takes the difference in), else the scope is reconciled.
                 let position = self.outbox.checkpoint().map(str::to_string);
                 let held = self.outbox.members().namespaces();
-                if position.is_some_and(|at| scoped.resume_under(&saved, held, &at)) {
+                let resumed = position
+                    .as_ref()
+                    .is_some_and(|at| scoped.resume_under(&saved, held, at));
+                if resumed {
                     tracing::info!(stream = %self.id, "the stream's namespaces changed since its checkpoint; resuming from it, then taking the change in");
                 } else {
                     tracing::info!(stream = %self.id, "the stream's namespaces changed since its checkpoint; reconciling with them");
                     self.position.query_changed = true;
+                    if position.is_some() {
+                        self.metrics
+                            .positions_dropped
+                            .with_label_values(&[&self.id, "scope"])
+                            .inc();
+                    }
                 }
             }
             self.position.query = scoped.fingerprint();
