@@ -303,7 +303,9 @@ impl Saved {
     /// An entry that forgot its position in a later era than the committed one's stays as it
     /// is: a stream (or its retirement) forgot the position before publishing what is no
     /// replay from it, and was cut short before that was committed. Resuming from the committed
-    /// position would never undo what it had published (a retirement's DELETEDs).
+    /// position would never undo what it had published (a retirement's DELETEDs). A write that
+    /// found the ConfigMap rewound (an etcd restore) forgot every position so, a later era
+    /// each: the committed ones are of the history before the restore.
     pub fn take_committed(&mut self, committed: Saved) {
         if self.rv.is_none() && self.era > committed.era {
             return;
