@@ -558,6 +558,7 @@ mod tests {
             at: None,
             query: None,
             sum: None,
+            table: None,
             fences: Default::default(),
             covered: None,
             route: None,

@@ -5,7 +5,7 @@
 //! acknowledged it and the fingerprint of the query it belongs to, as JSON
 //! (`{"rv":"4711","at":"…","query":"…"}`, readable with kubectl). That is a hundred bytes or so
 //! per stream however many objects it follows (a stream filtered to some namespaces adds the
-//! set-sum of them, 64 to 256 hex digits): which objects each stream announced lives in the
+//! set-sum of them, 64 to 256 hex digits, and their invertible table, 784): which objects each stream announced lives in the
 //! membership topic (see [`crate::membership`]), not here. Writes are debounced, use optimistic
 //! concurrency (the ConfigMap's own resourceVersion) and are retried on 409 Conflict after
 //! re-reading.
@@ -258,6 +258,12 @@ pub struct Saved {
     /// older entries, and for other streams.
     #[serde(default)]
     pub sum: Option<String>,
+    /// A stream filtered to some namespaces: the invertible table of those `query` holds (hex),
+    /// which reads back at a start under other namespaces the few that moved, even those it
+    /// cannot name (out of scope now, without a member), where `sum` only chooses among names
+    /// it is given. Absent in older entries, and for other streams.
+    #[serde(default)]
+    pub table: Option<String>,
     /// A stream over a collection read cluster-wide: the namespaces whose changes up to a
     /// resourceVersion above `rv` were published already (by the namespace's own stream,
     /// gathered into it at a switch of `watchStrategy`, or by the list that took the namespace
@@ -327,6 +333,8 @@ struct Position<'a> {
     query: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     sum: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    table: Option<&'a str>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     fences: &'a BTreeMap<String, String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -356,6 +364,7 @@ pub fn encode(saved: &Saved) -> String {
         at: saved.at.as_deref(),
         query: saved.query.as_deref(),
         sum: saved.sum.as_deref(),
+        table: saved.table.as_deref(),
         fences: &saved.fences,
         covered: saved.covered.as_ref().filter(|_| saved.rv.is_some()),
         route: saved.route.as_deref(),
@@ -484,6 +493,7 @@ mod tests {
             at: Some("2026-01-01T00:00:00Z".into()),
             query: Some("q1".into()),
             sum: Some("s1".into()),
+            table: Some("t1".into()),
             fences: BTreeMap::from([("a".to_string(), "4800".to_string())]),
             covered: Some(BTreeSet::from(["b".to_string()])),
             route: None,
@@ -494,7 +504,7 @@ mod tests {
         let entry = encode(&saved);
         assert_eq!(
             entry,
-            r#"{"rv":"4711","at":"2026-01-01T00:00:00Z","query":"q1","sum":"s1","fences":{"a":"4800"},"covered":["b"]}"#,
+            r#"{"rv":"4711","at":"2026-01-01T00:00:00Z","query":"q1","sum":"s1","table":"t1","fences":{"a":"4800"},"covered":["b"]}"#,
             "no set is ever written"
         );
         let read = read(&ConfigMap {

@@ -151,6 +151,8 @@ pub struct Stamp {
     pub query: String,
     /// [`Saved::sum`].
     pub sum: Option<String>,
+    /// [`Saved::table`].
+    pub table: Option<String>,
     /// [`Saved::fences`], as integers: each record keeps those above its position.
     pub fences: BTreeMap<String, u64>,
     /// [`Saved::covered`].
@@ -306,6 +308,7 @@ impl Outbox {
             at: Some(envelope::now_rfc3339()),
             query: None,
             sum: None,
+            table: None,
             fences: BTreeMap::new(),
             covered: None,
             route: None,
@@ -373,6 +376,7 @@ impl Outbox {
             at: None,
             query: Some(stamp.query.clone()),
             sum: stamp.sum.clone(),
+            table: stamp.table.clone(),
             fences: Stamp::fences_above(&stamp.fences, rv),
             covered: stamp.covered.as_deref().filter(|_| rv.is_some()).cloned(),
             route: Some(stamp.route.clone()),

@@ -19,6 +19,7 @@ mod rescope;
 mod resume;
 mod scope;
 mod scope_sum;
+mod scope_table;
 mod sync;
 mod take_in;
 
@@ -203,6 +204,8 @@ struct Position {
     query: String,
     /// A filtered stream's set-sum of the namespaces in `query`, stamped beside it.
     sum: Option<String>,
+    /// A filtered stream's invertible table of the namespaces in `query`, stamped beside it.
+    table: Option<String>,
     /// The saved position belongs to another query: it is forgotten in the ConfigMap before the
     /// stream publishes anything (see [`Stream::forget_position`]).
     query_changed: bool,
@@ -265,6 +268,7 @@ impl Stream {
             .and_then(|s| resume::standing(s.query.as_deref(), s.covered.is_some(), &query));
         let saved_fences = saved.as_ref().map(|s| s.fences.clone()).unwrap_or_default();
         let saved_sum = saved.as_ref().and_then(|s| s.sum.clone());
+        let saved_table = saved.as_ref().and_then(|s| s.table.clone());
         let base = query.clone();
         let path = channel.path.collection_url(namespace.as_deref());
         let route =
@@ -363,6 +367,7 @@ impl Stream {
             position: Position {
                 query,
                 sum: None,
+                table: None,
                 query_changed: plan.query_changed,
                 route_id: plan.route_id,
                 new_route: plan.new_route,
@@ -375,7 +380,7 @@ impl Stream {
                 permits: wiring.syncs.clone(),
                 held: Permit::None,
             },
-            scope: filter.map(|f| scope::Scoped::new(f, base, saved_query, saved_sum)),
+            scope: filter.map(|f| scope::Scoped::new(f, base, saved_query, saved_sum, saved_table)),
             fences: fences::Fences::saved(saved_fences),
             relist: None,
             checkpoints: wiring.checkpoints,
@@ -467,6 +472,7 @@ impl Stream {
             }
             self.position.query = scoped.fingerprint();
             self.position.sum = Some(scoped.sum());
+            self.position.table = Some(scoped.table());
         }
         if let Some(at) = self.outbox.checkpoint() {
             self.fences.resume_from(at);
@@ -727,6 +733,7 @@ impl Stream {
         let published = self.outbox.take_saved().map(|mut saved| {
             saved.query = Some(self.stamped_query());
             saved.sum = self.position.sum.clone();
+            saved.table = self.position.table.clone();
             saved.fences = Stamp::fences_above(&self.fences.all(), saved.rv.as_deref());
             saved.covered = (self.position.covered.as_deref())
                 .filter(|_| saved.rv.is_some())
@@ -809,6 +816,7 @@ impl Stream {
         let stamp = Stamp {
             query: self.stamped_query(),
             sum: self.position.sum.clone(),
+            table: self.position.table.clone(),
             fences: self.fences.all(),
             covered: self.position.covered.clone(),
             route: self.position.route_id.clone(),

@@ -35,6 +35,7 @@ impl Stream {
             .expect("forgetting the position moves it");
         saved.query = Some(self.position.query.clone());
         saved.sum = self.position.sum.clone();
+        saved.table = self.position.table.clone();
         saved.route = Some(self.position.route_id.clone());
         saved.kind = self.learned_kind();
         let saved = self.reporter.checkpoint(saved);

@@ -45,13 +45,16 @@ impl Stream {
     /// Once everything announced under the namespaces applied is acknowledged, the checkpoints
     /// carry them (see the module's doc); until then they carry the namespaces before.
     pub(super) async fn settle_scope(&mut self) -> Result<(), Stop> {
-        let Some((query, sum)) = self.scope.as_ref().map(|s| (s.fingerprint(), s.sum())) else {
+        let Some((query, sum, table)) =
+            (self.scope.as_ref()).map(|s| (s.fingerprint(), s.sum(), s.table()))
+        else {
             return Ok(());
         };
         if query != self.position.query {
             self.drained().await?;
             self.position.query = query;
             self.position.sum = Some(sum);
+            self.position.table = Some(table);
             self.stamp();
         }
         Ok(())

@@ -22,9 +22,12 @@
 //!   position ([`Scoped::floor`]), so every change after it is published. The sum also tells
 //!   a member too many (members of a namespace the position did not cover: a crash lost the
 //!   tombstones of a leave already stamped), whose namespace then enters or leaves as any
-//!   other. Otherwise (a namespace in scope then without an object and out of scope now, the
-//!   selectors changed, a member too many under an entry without a sum, or a crash before a
-//!   move was acknowledged, which forgot the position) the position is dropped and the stream
+//!   other. A namespace in scope then without an object and out of scope now, which no name
+//!   tells, is read back from the invertible table saved beside the sum (see
+//!   [`super::scope_table`]) while few namespaces moved. Otherwise (such a namespace among
+//!   more moves than the table reads, the selectors changed, a member too many under an entry
+//!   without a sum, or a crash before a move was acknowledged, which forgot the position) the
+//!   position is dropped and the stream
 //!   reconciles its members with a list of the whole collection under the new scope: objects
 //!   re-announced, members out of scope deleted.
 //! - A failed delivery replays its watch from the checkpoint, as any stream's does, once its
@@ -33,12 +36,13 @@
 //!   it announced of entering namespaces (a list) and leaving ones (inferred DELETEDs) is not on
 //!   its watch, so replaying the watch would not announce it again.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use tokio::sync::watch;
 
 use super::scope_sum::{self, chosen, Solutions};
+use super::scope_table;
 use crate::event::comparable;
 
 /// The namespaces in scope; `None` until they are known (a selector not listed yet).
@@ -106,6 +110,9 @@ pub(super) struct Scoped {
     /// The set-sum of the namespaces it was saved under (see [`super::scope_sum`]); absent in
     /// older entries.
     saved_sum: Option<String>,
+    /// The invertible table of those namespaces (see [`super::scope_table`]); absent in older
+    /// entries.
+    saved_table: Option<String>,
     /// The namespaces whose objects the stream has announced (or is announcing).
     applied: BTreeSet<String>,
     /// Set by a start that resumed from a position under other namespaces, until its first live
@@ -120,12 +127,14 @@ impl Scoped {
         base: String,
         saved_query: Option<String>,
         saved_sum: Option<String>,
+        saved_table: Option<String>,
     ) -> Self {
         Self {
             filter,
             base,
             saved_query,
             saved_sum,
+            saved_table,
             applied: BTreeSet::new(),
             floor: None,
         }
@@ -142,6 +151,11 @@ impl Scoped {
     /// The set-sum of the namespaces it applied, stamped beside [`Scoped::fingerprint`].
     pub(super) fn sum(&self) -> String {
         scope_sum::sum(self.applied.iter().map(String::as_str), &self.base)
+    }
+
+    /// The invertible table of the namespaces it applied, stamped beside [`Scoped::sum`].
+    pub(super) fn table(&self) -> String {
+        scope_table::table(self.applied.iter().map(String::as_str), &self.base)
     }
 
     pub(super) fn saved_query(&self) -> Option<&String> {
@@ -181,13 +195,16 @@ impl Scoped {
     /// position's. Failing that, the sum may tell members' namespaces the position did not
     /// cover (a member too many: its leave was stamped, and a crash lost its tombstone): one
     /// in scope now enters, as any namespace entering; one out of scope stays applied, so that
-    /// its members are deleted again (a superfluous inferred DELETED each) as it leaves. None
-    /// matches (the selectors changed, a namespace in scope then without an object and out of
-    /// scope now) and it is not resumed: false.
+    /// its members are deleted again (a superfluous inferred DELETED each) as it leaves.
+    /// Failing both, the saved invertible table reads back the namespaces that moved, those
+    /// it cannot name too (in scope then without an object, out of scope now). None tells (the
+    /// selectors changed, such a namespace among more moves than the table reads) and it is
+    /// not resumed: false.
     pub(super) fn resume_under(&mut self, saved: &str, held: BTreeSet<String>, at: &str) -> bool {
         let Some(covered) = self
             .told(saved, &held)
             .or_else(|| self.too_many(saved, &held))
+            .or_else(|| self.read_back(saved, &held))
         else {
             return false;
         };
@@ -227,6 +244,38 @@ impl Scoped {
             return None;
         }
         self.first_saved(saved, held, &candidates, solutions.each())
+    }
+
+    /// The namespaces the saved invertible table holds, read back against those applied (the
+    /// scope now): less those that entered, plus those that left, named by `held` where they
+    /// had a member. Those it cannot name (neither in scope now nor a member's: unlabelled or
+    /// deleted while the stream was down, without an object of it) are left out: they hold
+    /// nothing of the stream's, so they would only leave it. With none of those the answer is
+    /// checked against `saved`; with one, the table's own checks are all there is.
+    fn read_back(&self, saved: &str, held: &BTreeSet<String>) -> Option<BTreeSet<String>> {
+        let table = self.saved_table.as_deref()?;
+        let moved =
+            scope_table::difference(table, &self.base, self.applied.iter().map(String::as_str))?;
+        let named: HashMap<u64, &String> = (self.applied.iter().chain(held))
+            .map(|ns| (scope_table::seed(ns), ns))
+            .collect();
+        let mut covered = self.applied.clone();
+        let mut unnamed = 0;
+        for seed in moved {
+            match named.get(&seed) {
+                Some(ns) => {
+                    if !covered.remove(*ns) {
+                        covered.insert(ns.to_string());
+                    }
+                }
+                None => unnamed += 1,
+            }
+        }
+        let fingerprint = crate::config::Channel::scoped_fingerprint(
+            covered.iter().map(String::as_str),
+            &self.base,
+        );
+        (unnamed > 0 || fingerprint == saved).then_some(covered)
     }
 
     /// What the saved set-sum says of `candidates`, with `held` known to be in; `None` without
@@ -334,7 +383,7 @@ mod tests {
     /// A scope of `a` and `c` now, as a start takes it.
     async fn now() -> Scoped {
         let filter = NamespaceFilter::fixed(["a".to_string(), "c".to_string()]);
-        let mut scoped = Scoped::new(filter, "base".into(), None, None);
+        let mut scoped = Scoped::new(filter, "base".into(), None, None, None);
         scoped.take_all().await;
         scoped
     }
@@ -405,7 +454,7 @@ mod tests {
         let scope: Vec<String> = (0..70).map(|i| format!("n{i:02}")).collect();
         for (saved, told) in [(&scope[..], true), (&scope[..1], false)] {
             let filter = NamespaceFilter::fixed(scope.clone());
-            let mut scoped = Scoped::new(filter, "base".into(), None, None);
+            let mut scoped = Scoped::new(filter, "base".into(), None, None, None);
             scoped.take_all().await;
             let saved = crate::config::Channel::scoped_fingerprint(
                 saved.iter().map(String::as_str),
@@ -455,7 +504,7 @@ mod tests {
                 crate::config::Channel::scoped_fingerprint(then.iter().map(String::as_str), base);
             let sum = scope_sum::sum(then.iter().map(String::as_str), base);
             let filter = NamespaceFilter::fixed(scope.clone());
-            let mut scoped = Scoped::new(filter, "base".into(), None, Some(sum));
+            let mut scoped = Scoped::new(filter, "base".into(), None, Some(sum), None);
             scoped.take_all().await;
             assert_eq!(scoped.resume_under(&query, set(held), "7"), told, "row {i}");
             if told {
@@ -469,6 +518,82 @@ mod tests {
                 let applied: BTreeSet<String> = then.iter().cloned().chain(stale).collect();
                 assert_eq!(scoped.applied, applied, "row {i}");
             }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_namespace_without_a_member_gone_from_the_scope_is_read_from_the_saved_table() {
+        let scope: Vec<String> = (0..70).map(|i| format!("n{i:02}")).collect();
+        let names = |r: std::ops::Range<usize>, extra: &[&str]| -> Vec<String> {
+            let mut v = scope[r].to_vec();
+            v.extend(extra.iter().map(|s| s.to_string()));
+            v
+        };
+        // (the namespaces then, the selectors then, the members' namespaces, whether the entry
+        // has a table) -> applied, or not told. Each row has a namespace in scope then without
+        // a member, out of scope now (`gone`, `gone2`), which no name tells.
+        type Row = (
+            Vec<String>,
+            &'static str,
+            &'static [&'static str],
+            bool,
+            Option<Vec<String>>,
+        );
+        let rows: [Row; 7] = [
+            // Two entered and one without a member left: read back, `gone` left out.
+            (
+                names(0..68, &["gone"]),
+                "base",
+                &[],
+                true,
+                Some(names(0..68, &[])),
+            ),
+            // The same, and a namespace with members left too: applied until it is taken out.
+            (
+                names(0..68, &["gone", "left"]),
+                "base",
+                &["n01", "left"],
+                true,
+                Some(names(0..68, &["left"])),
+            ),
+            // Two without a member left, nothing entered.
+            (
+                names(0..70, &["gone", "gone2"]),
+                "base",
+                &["n05"],
+                true,
+                Some(names(0..70, &[])),
+            ),
+            // A member too many (`stale`, in scope neither then nor now) beside `gone`: it stays
+            // applied until the first live read takes it out.
+            (
+                names(0..70, &["gone"]),
+                "base",
+                &["stale"],
+                true,
+                Some(names(0..70, &["stale"])),
+            ),
+            // Fifty entered beside `gone`: more than the table reads, and the sum cannot name
+            // `gone`.
+            (names(0..20, &["gone"]), "base", &[], true, None),
+            // The selectors changed.
+            (names(0..68, &["gone"]), "other", &[], true, None),
+            // An entry without a table (an older version's).
+            (names(0..68, &["gone"]), "base", &[], false, None),
+        ];
+        for (i, (then, base, held, has_table, applied)) in rows.into_iter().enumerate() {
+            let query =
+                crate::config::Channel::scoped_fingerprint(then.iter().map(String::as_str), base);
+            let sum = scope_sum::sum(then.iter().map(String::as_str), base);
+            let table =
+                has_table.then(|| scope_table::table(then.iter().map(String::as_str), base));
+            let filter = NamespaceFilter::fixed(scope.clone());
+            let mut scoped = Scoped::new(filter, "base".into(), None, Some(sum), table);
+            scoped.take_all().await;
+            let told = scoped.resume_under(&query, set(held), "7");
+            assert_eq!(told, applied.is_some(), "row {i}");
+            let applied: BTreeSet<String> = applied.unwrap_or(scope.clone()).into_iter().collect();
+            assert_eq!(scoped.applied, applied, "row {i}");
         }
     }
 
