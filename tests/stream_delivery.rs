@@ -12,13 +12,13 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use common::bed::eventually;
+use common::bed::{eventually, Relay};
 use common::stream::{
     assert_converged, bed, cluster_view, config, create, last_pod_rv, running, start, wait_covered,
     wait_held, wait_until_saved, STREAM,
 };
 use common::view::{consumer_view, events, json};
-use watchrelay::testing::{Memory, Order};
+use watchrelay::testing::{Lane, Memory, MemoryGroup, Order, Transactions};
 use watchrelay_sim::objects;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,4 +160,58 @@ async fn a_fatal_producer_error_makes_the_process_unhealthy() {
         .unwrap_err()
         .contains("out of order sequence number"));
     relay.stop().await;
+}
+
+/// Under exactly once, a principal Kafka refuses the transactional ids (a missing ACL) holds
+/// `/readyz` with the ACL to grant, and nothing is relayed; once it is granted, the relay
+/// goes on by itself and the hold is lifted. As a single leader (its term's producer refused),
+/// and sharded with the single leader's id alone refused (each shard fences it before it
+/// copies what a single leader left).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_transactional_id_is_named_in_readiness_until_granted() {
+    for sharded in [false, true] {
+        let bed = bed(true).await;
+        create(&bed, (0..3).map(|i| format!("p{i}")));
+        let producer = Arc::new(Memory::new());
+        let txns = Transactions::new(producer.clone());
+        let mut cfg = config(&bed, "");
+        cfg.kafka.delivery = watchrelay::config::Delivery::ExactlyOnce;
+        let leader = format!(
+            "watchrelay/{}/{}/{}",
+            cfg.cluster_name, cfg.checkpoint.namespace, cfg.checkpoint.name
+        );
+        let relay = if sharded {
+            txns.deny_id(&leader);
+            let cfg = common::bed::sharded(cfg, 2);
+            let lane = Lane::new(producer.clone());
+            Relay::start_on_lane_with(&bed, cfg, lane, &MemoryGroup::default(), Some(&txns))
+        } else {
+            txns.deny(Some("watchrelay/"));
+            Relay::start_with_txns(&bed, cfg, producer.clone(), Some(&txns))
+        };
+        eventually(
+            || relay.registry.readiness().blocked.is_some(),
+            || format!("a refused transactional id left the relay ready (sharded: {sharded})"),
+        )
+        .await;
+        let readiness = relay.registry.readiness();
+        let reason = readiness.blocked.unwrap();
+        assert!(!readiness.ready);
+        assert!(
+            reason.contains(&format!("transactional id {leader}"))
+                && reason.contains("transactional ids prefixed watchrelay/"),
+            "{reason}"
+        );
+        assert!(consumer_view(&events(&producer)).is_empty());
+        txns.deny(None);
+        eventually(
+            || {
+                relay.registry.readiness().ready
+                    && consumer_view(&events(&producer)) == cluster_view(&bed)
+            },
+            || format!("still {:?}", relay.registry.readiness().blocked),
+        )
+        .await;
+        relay.stop().await;
+    }
 }

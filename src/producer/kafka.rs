@@ -316,6 +316,9 @@ pub(crate) struct TxnError {
     /// The call may be made again as it is (its outcome is not known yet: a commit that timed
     /// out may still be committed).
     pub(crate) retriable: bool,
+    /// Kafka refused the relay's principal (an ACL on the transactional id, the cluster or a
+    /// topic, or its credentials): it fails again until an operator acts.
+    pub(crate) denied: bool,
 }
 
 impl TxnError {
@@ -325,6 +328,16 @@ impl TxnError {
             message: message.to_string(),
             fatal: false,
             retriable: false,
+            denied: false,
+        }
+    }
+
+    /// Kafka refused the relay's principal.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn denied(message: &str) -> Self {
+        Self {
+            denied: true,
+            ..Self::abortable(message)
         }
     }
 }
@@ -337,10 +350,21 @@ impl From<KafkaError> for TxnError {
             }
             _ => (false, false),
         };
+        use RDKafkaErrorCode as C;
+        let denied = matches!(
+            e.rdkafka_error_code(),
+            Some(
+                C::TransactionalIdAuthorizationFailed
+                    | C::ClusterAuthorizationFailed
+                    | C::TopicAuthorizationFailed
+                    | C::SaslAuthenticationFailed
+            )
+        );
         Self {
             message: e.to_string(),
             fatal,
             retriable,
+            denied,
         }
     }
 }
@@ -527,6 +551,21 @@ impl Producer for Kafka {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_principal_is_told_from_other_transactional_failures() {
+        use RDKafkaErrorCode as C;
+        for (code, denied) in [
+            (C::TransactionalIdAuthorizationFailed, true),
+            (C::ClusterAuthorizationFailed, true),
+            (C::SaslAuthenticationFailed, true),
+            (C::CoordinatorNotAvailable, false),
+            (C::RequestTimedOut, false),
+        ] {
+            let e = TxnError::from(KafkaError::MessageProduction(code));
+            assert_eq!(e.denied, denied, "{code:?}");
+        }
+    }
 
     /// A flush waits for the next serving in either order: a serving before the wait began
     /// ends it at once, one while it waits wakes it, long before the wait's bound.

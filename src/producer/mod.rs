@@ -19,10 +19,11 @@ mod kafka;
 mod record;
 mod transaction;
 
+pub(crate) use kafka::TxnError;
+#[cfg(any(test, feature = "testing"))]
+pub(crate) use kafka::Unread;
 pub(crate) use kafka::MEMBERSHIP_GROUP;
 pub use kafka::{Kafka, Reporting};
-#[cfg(any(test, feature = "testing"))]
-pub(crate) use kafka::{TxnError, Unread};
 pub use record::{Headers, Record};
 pub(crate) use transaction::{fence, Connect, KafkaConnect};
 #[cfg(any(test, feature = "testing"))]

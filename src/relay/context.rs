@@ -15,7 +15,7 @@ use crate::config::Config;
 use crate::group::{self, Coordinator};
 use crate::membership::{self, Log};
 use crate::metrics::Metrics;
-use crate::producer::{self, Producer};
+use crate::producer::{self, Producer, TxnError};
 use crate::registry::Registry;
 use crate::schemas::Schemas;
 
@@ -156,10 +156,11 @@ impl Context {
                 _ = stop.cancelled() => return Transactions::Stopped,
                 s = started => s,
             };
+            self.refused(owner, started.as_ref().err());
             match started {
                 Ok(p) => return Transactions::On(p),
                 Err(e) => {
-                    tracing::warn!(error = %e, transactional_id = %id, "starting the transactional producer; trying again");
+                    tracing::warn!(error = %e.message, transactional_id = %id, "starting the transactional producer; trying again");
                     tokio::select! {
                         _ = stop.cancelled() => return Transactions::Stopped,
                         _ = tokio::time::sleep(RETRY) => {}
@@ -167,6 +168,26 @@ impl Context {
                 }
             }
         }
+    }
+
+    /// Holds `/readyz`, naming the ACL to grant, while Kafka refuses the relay's principal the
+    /// transactional id of `owner`'s terms (`failed` with [`TxnError::denied`]); lifts it once
+    /// a call under the id went through (`failed` `None`). Another failure leaves it as it is.
+    pub(super) fn refused(&self, owner: &membership::Owner, failed: Option<&TxnError>) {
+        let problem = match failed {
+            Some(e) if e.denied => {
+                let cluster = &self.cfg.cluster_name;
+                let reason = format!(
+                    "Kafka refused the transactional id watchrelay/{cluster}/{owner}: {}; grant the relay's principal Write and Describe on the transactional ids prefixed watchrelay/{cluster}/",
+                    e.message
+                );
+                Some(("unauthorized".to_string(), reason))
+            }
+            Some(_) => return,
+            None => None,
+        };
+        self.registry
+            .block_for(&format!("{owner} transactions"), problem);
     }
 
     /// With `kafka.delivery: exactlyOnce` and Kafka (or a given source) as the sink, the

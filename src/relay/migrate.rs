@@ -27,7 +27,7 @@ use super::shapes;
 use crate::checkpoint::{encode, CheckpointError, Saved, Store, MIGRATED_KEY};
 use crate::config::{Config, Shape, StreamId};
 use crate::membership::{self, Known, Log, Owner, Restored, SendError, TopicError};
-use crate::producer::{self, Connect, Producer};
+use crate::producer::{self, Connect, Producer, TxnError};
 
 /// Why copying a shard's share of the single-leader state failed (it is tried again).
 #[derive(Debug, thiserror::Error)]
@@ -45,8 +45,8 @@ pub(super) enum MigrateError {
     #[error("reading the leader Lease: {0}")]
     Lease(kube::Error),
     /// The single leader's transactional id could not be fenced.
-    #[error("fencing the single leader's transactional producer: {0}")]
-    Fence(String),
+    #[error("fencing the single leader's transactional producer: {}", .0.message)]
+    Fence(TxnError),
     /// Reading the topic panicked.
     #[error("reading the single leader's membership topic panicked: {0}")]
     Panicked(String),

@@ -28,7 +28,8 @@ const COMMIT_POLL: Duration = Duration::from_millis(10);
 /// commit waits for them and, past its timeout, fails, its transaction aborted;
 /// [`Transactions::away`] takes the brokers away (a restart);
 /// [`Transactions::lose_commit_answers`] loses commits' answers, so the relay must learn their
-/// outcome (they alternate: committed, then not).
+/// outcome (they alternate: committed, then not); [`Transactions::deny`] refuses the relay's
+/// principal transactional ids (a missing ACL).
 pub struct Transactions {
     memory: Arc<Memory>,
     state: Mutex<State>,
@@ -48,6 +49,9 @@ struct State {
     away: bool,
     lost_answers: usize,
     lost_so_far: u64,
+    /// Transactional ids refused to the relay's principal: those starting with the text, or
+    /// with `true` that one alone.
+    denied: Option<(String, bool)>,
 }
 
 /// An open transaction: its epoch, the records acknowledged in it and those not yet, and
@@ -116,6 +120,17 @@ impl Transactions {
         if !away {
             self.acknowledge_held();
         }
+    }
+
+    /// Refuses new instances of the transactional ids starting with `prefix` as an
+    /// authorization failure would (`None`: grants them again).
+    pub fn deny(&self, prefix: Option<&str>) {
+        self.state().denied = prefix.map(|p| (p.to_string(), false));
+    }
+
+    /// Refuses transactional id `id` alone (see [`Transactions::deny`]).
+    pub fn deny_id(&self, id: &str) {
+        self.state().denied = Some((id.to_string(), true));
     }
 
     /// Loses the answers of the next `n` commits: the first lost one was committed, the next
@@ -191,9 +206,8 @@ fn failed(receipts: Vec<Box<Receipt>>, why: &str) {
 
 fn fenced_error() -> TxnError {
     TxnError {
-        message: "fenced: a newer producer with the same transactional id".into(),
         fatal: true,
-        retriable: false,
+        ..TxnError::abortable("fenced: a newer producer with the same transactional id")
     }
 }
 
@@ -280,6 +294,18 @@ impl Client for Instance {
             if s.away {
                 return Err(TxnError::abortable(
                     "the transaction coordinator is not available",
+                ));
+            }
+            let refused = |(p, alone): &(String, bool)| {
+                if *alone {
+                    self.id == *p
+                } else {
+                    self.id.starts_with(p.as_str())
+                }
+            };
+            if s.denied.as_ref().is_some_and(refused) {
+                return Err(TxnError::denied(
+                    "Broker: Transactional Id authorization failed",
                 ));
             }
             let epoch = s.epochs.get(&self.id).copied().unwrap_or(0) + 1;

@@ -158,7 +158,9 @@ impl Transactional {
         metrics: TxnMetrics,
     ) -> Result<Arc<Self>, String> {
         let connect = Arc::new(KafkaConnect::new(cfg, id, 1));
-        Self::start_with(connect, interval, owned, proven, metrics).await
+        Self::start_with(connect, interval, owned, proven, metrics)
+            .await
+            .map_err(|e| e.message)
     }
 
     /// [`Transactional::start`], its instances from `connect`.
@@ -168,10 +170,10 @@ impl Transactional {
         owned: CancellationToken,
         proven: Proof,
         metrics: TxnMetrics,
-    ) -> Result<Arc<Self>, String> {
+    ) -> Result<Arc<Self>, TxnError> {
         let commit_timeout = connect.commit_timeout();
         let queue_bytes = connect.queue_bytes();
-        let kafka = build(&*connect).await.map_err(|e| e.message)?;
+        let kafka = build(&*connect).await?;
         let txn = Arc::new(Self {
             inside: Mutex::new(Inside {
                 books: Books::default(),
@@ -592,20 +594,18 @@ impl Transactional {
 /// open (committed if its commit had reached the coordinator, else aborted), with an instance
 /// dropped at once: for a term that takes over another id's state without producing under it
 /// (a shard copying the single leader's). Blocks in `init_transactions` on a thread of its own.
-pub(crate) async fn fence(connect: &dyn Connect) -> Result<(), String> {
-    let kafka = connect.client()?;
+pub(crate) async fn fence(connect: &dyn Connect) -> Result<(), TxnError> {
+    let kafka = connect.client().map_err(|e| TxnError::abortable(&e))?;
     tokio::task::spawn_blocking(move || kafka.init_transactions(CALL_TIMEOUT))
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.message)
+        .unwrap_or_else(|e| Err(TxnError::abortable(&e.to_string())))
 }
 
 /// A new instance from `connect`, its earlier epochs fenced and its first transaction begun.
 async fn build(connect: &dyn Connect) -> Result<Arc<dyn Client>, TxnError> {
     let kafka = connect.client().map_err(|message| TxnError {
-        message,
         fatal: true,
-        retriable: false,
+        ..TxnError::abortable(&message)
     })?;
     let k = kafka.clone();
     tokio::task::spawn_blocking(move || {

@@ -22,7 +22,7 @@ use crate::membership::{self, Log, Owner};
 use crate::producer::{Producer, Tally};
 use crate::relay::context::{Context, RelayError, Sink, Transactions, RETRY};
 use crate::relay::lifecycle::{Action, Input};
-use crate::relay::migrate::{LegacyCell, Migration, Target};
+use crate::relay::migrate::{LegacyCell, MigrateError, Migration, Target};
 use crate::relay::others::Others;
 use crate::relay::reach::{Reach, PROBE};
 use crate::relay::term::{Run, Term};
@@ -509,6 +509,11 @@ impl Replica<'_> {
                 _ = stop.cancelled() => return Ok(()),
                 copied = migration.migrate(to, legacy, old_log, &stop) => copied,
             };
+            if let Err(MigrateError::Fence(e)) = &copied {
+                self.relay.refused(&leader, Some(e));
+            } else if migration.leader.is_some() {
+                self.relay.refused(&leader, None);
+            }
             let Err(e) = copied else {
                 break;
             };
