@@ -564,6 +564,7 @@ mod tests {
             route: None,
             kind: None,
             known: None,
+            rewound: false,
             era: 0,
         }
     }

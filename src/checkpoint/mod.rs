@@ -299,6 +299,11 @@ pub struct Saved {
     /// [`crate::envelope::version`]). 0 in older entries.
     #[serde(default)]
     pub era: u64,
+    /// The position was forgotten by a write that found the ConfigMap rewound (an etcd
+    /// restore): no position committed with the stream's records in Kafka may replace the
+    /// entry, whatever its era (see [`Saved::take_committed`]). Until the stream's next write.
+    #[serde(default)]
+    pub rewound: bool,
 }
 
 impl Saved {
@@ -310,10 +315,13 @@ impl Saved {
     /// is: a stream (or its retirement) forgot the position before publishing what is no
     /// replay from it, and was cut short before that was committed. Resuming from the committed
     /// position would never undo what it had published (a retirement's DELETEDs). A write that
-    /// found the ConfigMap rewound (an etcd restore) forgot every position so, a later era
-    /// each: the committed ones are of the history before the restore.
+    /// found the ConfigMap rewound (an etcd restore) forgot every position so (`rewound`): the
+    /// committed ones are of the history before the restore. Such an entry stays whatever the
+    /// committed era (which another replica may have taken from a clock ahead of the one that
+    /// forgot), and takes an era above it, so that versions go on rising from both.
     pub fn take_committed(&mut self, committed: Saved) {
-        if self.rv.is_none() && self.era > committed.era {
+        if self.rv.is_none() && (self.rewound || self.era > committed.era) {
+            self.era = self.era.max(committed.era.saturating_add(1));
             return;
         }
         let (era, kind) = (self.era, self.kind.take());
@@ -345,6 +353,8 @@ struct Position<'a> {
     kind: Option<&'a str>,
     #[serde(skip_serializing_if = "is_zero")]
     era: u64,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    rewound: bool,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -370,6 +380,7 @@ pub fn encode(saved: &Saved) -> String {
         route: saved.route.as_deref(),
         kind: saved.kind.as_deref(),
         era: saved.era,
+        rewound: saved.rewound,
     })
     .expect("plain strings serialize")
 }
@@ -500,6 +511,7 @@ mod tests {
             kind: None,
             known: Some(serde_json::json!({"u": {"name": "n", "rv": "1"}})),
             era: 0,
+            rewound: false,
         };
         let entry = encode(&saved);
         assert_eq!(

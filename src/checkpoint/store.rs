@@ -57,16 +57,17 @@ fn stamped_epoch(claimed: u64, found: u64) -> Option<u64> {
 fn forget_positions(data: &mut BTreeMap<String, String>) {
     for (_, value) in data.iter_mut().filter(|(k, _)| !k.starts_with('.')) {
         match serde_json::from_str::<Saved>(value) {
-            // In a later era than any position committed with the stream's records (exactly
-            // once), so that a start takes the forgotten entry over the committed position
-            // (see `Saved::take_committed`): that one too is of the history before the restore.
-            // The restored entry's era may be older than one the stream took after the
-            // snapshot; eras come from the clock, so the clock now is above that one.
+            // Marked, so that a start takes the forgotten entry over any position committed
+            // with the stream's records (exactly once), which is of the history before the
+            // restore too (see `Saved::take_committed`); in a later era than the restored
+            // entry's and, by this replica's clock, than one the stream took after the
+            // snapshot.
             Ok(saved) if saved.rv.is_some() => {
                 let era = saved.era.saturating_add(1).max(clock_era());
                 *value = encode(&Saved {
                     rv: None,
                     era,
+                    rewound: true,
                     ..saved
                 });
             }
@@ -522,15 +523,31 @@ mod tests {
         };
         let mut data = std::collections::BTreeMap::from([("s".to_string(), encode(&saved))]);
         forget_positions(&mut data);
-        let mut entry: Saved = serde_json::from_str(&data["s"]).unwrap();
+        let entry: Saved = serde_json::from_str(&data["s"]).unwrap();
         assert_eq!(entry.rv, None);
         // An exactly-once start reads the position committed in Kafka, of the history before
         // the restore, here in an era the stream took after the snapshot (above the restored
-        // entry's): the forgotten entry wins, and the stream relists in a new era.
-        let committed = Saved { era: 8, ..saved };
-        entry.take_committed(committed);
-        assert_eq!(entry.rv, None);
-        assert!(entry.era > 8);
+        // entry's), or one a replica whose clock is a minute ahead took: the forgotten entry
+        // wins, and the stream relists in an era above both.
+        let ahead = super::clock_era() + 60_000;
+        for era in [8, ahead] {
+            let mut entry = entry.clone();
+            let committed = Saved {
+                era,
+                ..saved.clone()
+            };
+            entry.take_committed(committed);
+            assert_eq!(entry.rv, None);
+            assert!(entry.era > era);
+        }
+        // The stream's next write drops the mark.
+        let written: Saved = serde_json::from_str(&encode(&Saved {
+            rv: Some("30".into()),
+            era: entry.era,
+            ..Saved::default()
+        }))
+        .unwrap();
+        assert!(!written.rewound);
     }
 
     #[test]

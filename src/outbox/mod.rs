@@ -315,6 +315,7 @@ impl Outbox {
             kind: None,
             known: None,
             era: self.era,
+            rewound: false,
         })
     }
 
@@ -383,6 +384,7 @@ impl Outbox {
             kind: stamp.kind.clone(),
             known: None,
             era: self.era,
+            rewound: false,
         };
         Some(crate::membership::position_record(
             topic,
