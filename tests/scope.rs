@@ -313,16 +313,31 @@ async fn a_member_too_many_after_a_crash_still_resumes() {
     // And `c` enters while the relay is down: the start is under other namespaces.
     bed.label("c", true);
     let relay = start(&bed, &producer, true);
+    // The change checkpointed before the kill, and the twenty made while down.
+    resumed_with_every_change_of_a(&bed, &producer, relay, &["a", "c"], from, 21).await;
+}
+
+/// Once the consumer holds the pods of `scope` as they are (the relay then stopped): no
+/// position was dropped, every change of `a`'s pods after `from` was published, and the records
+/// of `a`'s pods from the first that carries a `step` label are `changes`, each change once.
+async fn resumed_with_every_change_of_a(
+    bed: &Bed,
+    producer: &Memory,
+    relay: Relay,
+    scope: &[&str],
+    from: u64,
+    changes: usize,
+) {
     let rv = |md: &serde_json::Value| md["resourceVersion"].as_str().unwrap().to_string();
     eventually(
-        || consumer_view_by(&events(&producer), rv) == pods_by(&bed.sim, &["a", "c"], |_| true, rv),
+        || consumer_view_by(&events(producer), rv) == pods_by(&bed.sim, scope, |_| true, rv),
         || "the consumer never held the pods in scope as they are".into(),
     )
     .await;
     assert_eq!(relay.counter("positions_dropped_total", WIDE), 0);
     relay.stop().await;
-    let log = events(&producer);
-    assert_eq!(consumer_view(&log), pods(&bed.sim, &["a", "c"], |_| true));
+    let log = events(producer);
+    assert_eq!(consumer_view(&log), pods(&bed.sim, scope, |_| true));
     common::view::assert_published(
         &log,
         &bed.journal_after("pods", Some("a"), from),
@@ -333,7 +348,7 @@ async fn a_member_too_many_after_a_crash_still_resumes() {
         .skip_while(|r| !json(r)["object"]["metadata"]["labels"]["step"].is_string())
         .filter(|r| !r.tombstone && r.key.starts_with("a/"))
         .count();
-    assert_eq!(after, 21, "each change of a's pods published once");
+    assert_eq!(after, changes, "each change of a's pods published once");
 }
 
 /// A namespace in scope at the position without an object, out of scope now (unlabelled, or
@@ -370,26 +385,7 @@ async fn an_empty_namespace_gone_from_the_scope_while_down_is_read_back_and_resu
     bed.label("d", false);
     bed.sim.delete("namespaces", None, "e").unwrap();
     let relay = start(&bed, &producer, true);
-    let rv = |md: &serde_json::Value| md["resourceVersion"].as_str().unwrap().to_string();
-    eventually(
-        || consumer_view_by(&events(&producer), rv) == pods_by(&bed.sim, &["a", "b"], |_| true, rv),
-        || "the consumer never held the pods in scope as they are".into(),
-    )
-    .await;
-    assert_eq!(relay.counter("positions_dropped_total", WIDE), 0);
-    relay.stop().await;
-    let log = events(&producer);
-    common::view::assert_published(
-        &log,
-        &bed.journal_after("pods", Some("a"), from),
-        "the changes of a namespace that stayed in scope, made while the relay was down",
-    );
-    let after = log
-        .iter()
-        .skip_while(|r| !json(r)["object"]["metadata"]["labels"]["step"].is_string())
-        .filter(|r| !r.tombstone && r.key.starts_with("a/"))
-        .count();
-    assert_eq!(after, 6, "each change of a's pods published once");
+    resumed_with_every_change_of_a(&bed, &producer, relay, &["a", "b"], from, 6).await;
 }
 
 /// The limit of telling: such a namespace gone beside more moves than the table reads (and the
