@@ -27,6 +27,9 @@ pub struct Store {
     name: String,
     /// The write counter as this store last read or wrote it (see [`WRITES_KEY`]).
     writes: AtomicU64,
+    /// The highest era floor this store read, was told of or wrote: every write stamps at
+    /// least this, so a ConfigMap a restore rewound gets its floor back with the next write.
+    era_floor: AtomicU64,
     /// A shard's owner: writes stamp its epoch and fail once a higher one is found.
     ownership: Option<Ownership>,
 }
@@ -100,6 +103,8 @@ pub struct Written {
     /// The resync request taken off the ConfigMap in the same write
     /// ([`Store::write_taking_request`] only).
     pub request: Option<String>,
+    /// The era floor it stamped (see [`crate::checkpoint::ERA_FLOOR_ANNOTATION`]).
+    pub era_floor: u64,
 }
 
 impl Store {
@@ -109,6 +114,7 @@ impl Store {
             api: Api::namespaced(client, namespace),
             name: name.to_string(),
             writes: AtomicU64::new(0),
+            era_floor: AtomicU64::new(0),
             ownership: None,
         }
     }
@@ -159,7 +165,15 @@ impl Store {
             })
             .unwrap_or_default();
         self.writes.store(loaded.writes, Ordering::Relaxed);
+        self.era_floor
+            .fetch_max(loaded.era_floor, Ordering::Relaxed);
         Ok(loaded)
+    }
+
+    /// Raises the era floor every write stamps to at least `floor` (one copied where a restore
+    /// does not reach, see [`Written::era_floor`]).
+    pub fn raise_era_floor(&self, floor: u64) {
+        self.era_floor.fetch_max(floor, Ordering::Relaxed);
     }
 
     /// Reads the ConfigMap, lets `change` edit it, and replaces it with a compare-and-swap,
@@ -455,12 +469,14 @@ impl Store {
             };
             // The era floor outlives the entries that raised it (a stream removed, retired):
             // the stamped one raised by what this write brings (entries the annotation
-            // predates were folded in when the term loaded them).
+            // predates were folded in when the term loaded them), and never below what this
+            // store saw (a restore rewinds the annotation too).
             let floor = updates
                 .values()
                 .flatten()
                 .map(|entry| super::era_of(entry))
-                .fold(super::stamped_era_floor(&cm), u64::max);
+                .fold(super::stamped_era_floor(&cm), u64::max)
+                .max(self.era_floor.load(Ordering::Relaxed));
             if floor > 0 {
                 cm.metadata
                     .annotations
@@ -491,11 +507,13 @@ impl Store {
             match result {
                 Ok(_) => {
                     self.writes.store(writes, Ordering::Relaxed);
+                    self.era_floor.fetch_max(floor, Ordering::Relaxed);
                     return Ok(Written {
                         bytes: serde_json::to_vec(&cm).map_or(0, |v| v.len()),
                         writes,
                         rewound: found < expected,
                         request,
+                        era_floor: floor,
                     });
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 => continue,

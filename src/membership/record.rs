@@ -76,14 +76,15 @@ pub fn mark_record(topic: &str, owner: &Owner, id: &str) -> Record {
 pub const WRITES_SUFFIX: &str = "/~/writes";
 
 /// The record that copies the checkpoint ConfigMap's write counter (see
-/// [`crate::checkpoint::WRITES_KEY`]) into the topic, after each write: a restore of the
-/// cluster rewinds the ConfigMap but not this copy.
-pub fn writes_record(topic: &str, owner: &Owner, writes: u64) -> Record {
+/// [`crate::checkpoint::WRITES_KEY`]) and its era floor (see
+/// [`crate::checkpoint::ERA_FLOOR_ANNOTATION`]) into the topic, after each write: a restore of
+/// the cluster rewinds the ConfigMap but not this copy.
+pub fn writes_record(topic: &str, owner: &Owner, writes: u64, era_floor: u64) -> Record {
     Record {
         topic: topic.to_string(),
         key: format!("{owner}{WRITES_SUFFIX}"),
-        value: serde_json::to_vec(&serde_json::json!({ "writes": writes }))
-            .expect("a number serializes"),
+        value: serde_json::to_vec(&serde_json::json!({ "writes": writes, "era": era_floor }))
+            .expect("numbers serialize"),
         headers: Default::default(),
         tombstone: false,
         partition: None,

@@ -31,6 +31,9 @@ pub struct Restored {
     pub mark: Option<String>,
     /// The checkpoint ConfigMap's write counter, as last copied here ([`super::writes_record`]).
     pub writes: Option<u64>,
+    /// The checkpoint ConfigMap's era floor, as last copied here (0 in copies of older
+    /// versions).
+    pub era_floor: u64,
     /// The streams' positions committed with their records, with exactly-once delivery
     /// ([`super::position_record`]), by stream id.
     pub positions: HashMap<String, Saved>,
@@ -61,6 +64,7 @@ impl Restored {
             legacy: HashMap::new(),
             mark: None,
             writes: None,
+            era_floor: 0,
             positions: HashMap::new(),
             records: 0,
             foreign: 0,
@@ -166,7 +170,11 @@ impl Restored {
                     }
                     let v = value.and_then(|v| serde_json::from_slice::<serde_json::Value>(v).ok());
                     match uid {
-                        "writes" => self.writes = v.and_then(|v| v["writes"].as_u64()),
+                        "writes" => {
+                            self.writes = v.as_ref().and_then(|v| v["writes"].as_u64());
+                            let era = v.as_ref().and_then(|v| v["era"].as_u64());
+                            self.era_floor = self.era_floor.max(era.unwrap_or(0));
+                        }
                         _ => self.mark = v.and_then(|v| v["id"].as_str().map(str::to_string)),
                     }
                     return;
@@ -333,9 +341,9 @@ mod tests {
             record("t", &me, "pods.a", u1, None),
             record("t", &me, "pods.c", u2, None),
             mark_record("t", &me, "id-1"),
-            writes_record("t", &me, 41),
-            writes_record("t", &other, 99),
-            writes_record("t", &me, 42),
+            writes_record("t", &me, 41, 7),
+            writes_record("t", &other, 99, 1_000),
+            writes_record("t", &me, 42, 7),
         ] {
             r.apply(
                 rec.key.as_bytes(),
@@ -349,6 +357,7 @@ mod tests {
         r.finish();
         assert_eq!((r.records, r.malformed, r.members()), (16, 2, 2));
         assert_eq!(r.writes, Some(42), "the latest of its own copies");
+        assert_eq!(r.era_floor, 7, "its own era floor, not another owner's");
         let claims: Vec<&Claim> = r.claims().collect();
         assert_eq!(
             claims,

@@ -184,6 +184,11 @@ impl<'a> Run<'a> {
             return Ok(None);
         }
         let term = &self.term;
+        // Every new era is above the floor the ConfigMap last had, which a restore rewinds
+        // with it, and its copy in Kafka does not: versions then never go back, whichever
+        // replica's clock took the eras before the restore.
+        loaded.era_floor = loaded.era_floor.max(members.era_floor);
+        term.store.raise_era_floor(members.era_floor);
         if let Some(copied) = members.writes.filter(|&w| w > term.store.writes()) {
             // The ConfigMap is older than what was relayed from it: the cluster was restored
             // while the relay was down. No position of it may be resumed.

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::checkpoint::{CheckpointError, Saved, Store};
+use crate::checkpoint::{CheckpointError, Saved, Store, Written};
 use crate::config::CHECKPOINT_RESERVE;
 use crate::membership::{self, Owner};
 use crate::metrics::Metrics;
@@ -52,18 +52,18 @@ impl Copy {
     /// Copies `writes` in the background, unless the last copy is still under way (a broker
     /// outage): writes never wait for Kafka. A copy that fails or is skipped only weakens the
     /// detection of a restore while the relay is down; the next write copies again.
-    fn send(self: &Arc<Self>, writes: u64, under_way: &mut Option<tokio::task::JoinHandle<()>>) {
+    fn send(self: &Arc<Self>, w: &Written, under_way: &mut Option<tokio::task::JoinHandle<()>>) {
         if under_way.as_ref().is_some_and(|t| !t.is_finished()) {
             return;
         }
-        let copy = self.clone();
+        let (copy, written) = (self.clone(), (w.writes, w.era_floor));
         *under_way = Some(tokio::spawn(async move {
             let never = CancellationToken::new();
             copy_counter(
                 copy.producer.as_ref(),
                 &copy.topic,
                 &copy.owner,
-                writes,
+                written,
                 &never,
             )
             .await;
@@ -71,16 +71,17 @@ impl Copy {
     }
 }
 
-/// Copies the write counter `writes` into the membership topic and waits for Kafka (at most
-/// [`COPY_TIMEOUT`], or until `stop`); a failure is logged, the next write copies again.
+/// Copies the write counter and the era floor a write stamped (`(writes, era_floor)`) into the
+/// membership topic and waits for Kafka (at most [`COPY_TIMEOUT`], or until `stop`); a failure
+/// is logged, the next write copies again.
 async fn copy_counter(
     producer: &dyn Producer,
     topic: &str,
     owner: &Owner,
-    writes: u64,
+    (writes, era_floor): (u64, u64),
     stop: &CancellationToken,
 ) {
-    let record = membership::writes_record(topic, owner, writes);
+    let record = membership::writes_record(topic, owner, writes, era_floor);
     let sent = membership::send_all(producer, [record], stop);
     match tokio::time::timeout(COPY_TIMEOUT, sent).await {
         Ok(Ok(())) => {}
@@ -104,8 +105,8 @@ pub async fn open_term(
     stop: &CancellationToken,
 ) {
     let written = tokio::time::timeout(WRITE_TIMEOUT, store.write(&BTreeMap::new())).await;
-    let writes = match written {
-        Ok(Ok(w)) => w.writes,
+    let written = match written {
+        Ok(Ok(w)) => (w.writes, w.era_floor),
         Ok(Err(e)) => {
             return tracing::warn!(error = %e, "raising the checkpoint write counter at the start of the term failed")
         }
@@ -115,7 +116,7 @@ pub async fn open_term(
             )
         }
     };
-    copy_counter(producer, topic, owner, writes, stop).await;
+    copy_counter(producer, topic, owner, written, stop).await;
 }
 
 /// How long after a term's start the writes its streams wait for take no turn.
@@ -274,7 +275,7 @@ pub async fn run(
                         tracing::error!(writes = w.writes, streams = asked, "the checkpoint ConfigMap went back behind what this relay wrote (an etcd restore?): every stream relists and re-announces every object");
                     }
                     if let Some(copy) = &copy {
-                        copy.send(w.writes, &mut copying);
+                        copy.send(&w, &mut copying);
                     }
                 }
                 Err(e) => {
