@@ -27,9 +27,8 @@
 //!   [`super::scope_table`]) while few namespaces moved. Otherwise (such a namespace among
 //!   more moves than the table reads, the selectors changed, a member too many under an entry
 //!   without a sum, or a crash before a move was acknowledged, which forgot the position) the
-//!   position is dropped and the stream
-//!   reconciles its members with a list of the whole collection under the new scope: objects
-//!   re-announced, members out of scope deleted.
+//!   position is dropped and the stream reconciles its members with a list of the whole
+//!   collection under the new scope: objects re-announced, members out of scope deleted.
 //! - A failed delivery replays its watch from the checkpoint, as any stream's does, once its
 //!   scope is settled (the checkpoints carry the namespaces applied): every change is published
 //!   again in order. During a scope change not acknowledged yet it resyncs whole instead: what
@@ -251,7 +250,8 @@ impl Scoped {
     /// had a member. Those it cannot name (neither in scope now nor a member's: unlabelled or
     /// deleted while the stream was down, without an object of it) are left out: they hold
     /// nothing of the stream's, so they would only leave it. With none of those the answer is
-    /// checked against `saved`; with one, the table's own checks are all there is.
+    /// checked against `saved`; with some, whose names the fingerprint needs, against the saved
+    /// set-sum, which needs only their seeds.
     fn read_back(&self, saved: &str, held: &BTreeSet<String>) -> Option<BTreeSet<String>> {
         let table = self.saved_table.as_deref()?;
         let moved =
@@ -260,7 +260,7 @@ impl Scoped {
             .map(|ns| (scope_table::seed(ns), ns))
             .collect();
         let mut covered = self.applied.clone();
-        let mut unnamed = 0;
+        let mut unnamed = Vec::new();
         for seed in moved {
             match named.get(&seed) {
                 Some(ns) => {
@@ -268,14 +268,17 @@ impl Scoped {
                         covered.insert(ns.to_string());
                     }
                 }
-                None => unnamed += 1,
+                None => unnamed.push(seed),
             }
         }
-        let fingerprint = crate::config::Channel::scoped_fingerprint(
-            covered.iter().map(String::as_str),
-            &self.base,
-        );
-        (unnamed > 0 || fingerprint == saved).then_some(covered)
+        let names = covered.iter().map(String::as_str);
+        let told = if unnamed.is_empty() {
+            crate::config::Channel::scoped_fingerprint(names, &self.base) == saved
+        } else {
+            (self.saved_sum.as_deref())
+                .is_some_and(|sum| scope_sum::sums_to(sum, &self.base, names, &unnamed))
+        };
+        told.then_some(covered)
     }
 
     /// What the saved set-sum says of `candidates`, with `held` known to be in; `None` without
@@ -595,6 +598,18 @@ mod tests {
             let applied: BTreeSet<String> = applied.unwrap_or(scope.clone()).into_iter().collect();
             assert_eq!(scoped.applied, applied, "row {i}");
         }
+        // What the table reads with an unnamed namespace is checked against the sum: one
+        // saved with another namespace besides (as a wrong read would be) tells nothing.
+        let then = names(0..68, &["gone"]);
+        let query =
+            crate::config::Channel::scoped_fingerprint(then.iter().map(String::as_str), "base");
+        let table = scope_table::table(then.iter().map(String::as_str), "base");
+        let other = names(0..68, &["gone", "more"]);
+        let sum = scope_sum::sum(other.iter().map(String::as_str), "base");
+        let filter = NamespaceFilter::fixed(scope.clone());
+        let mut scoped = Scoped::new(filter, "base".into(), None, Some(sum), Some(table));
+        scoped.take_all().await;
+        assert!(!scoped.resume_under(&query, set(&[]), "7"));
     }
 
     #[tokio::test]

@@ -160,10 +160,42 @@ fn vector(domain: Domain, name: &str, words: usize) -> Vec<u64> {
         Domain::Base => "query\n",
         Domain::Namespace => "namespace\n",
     };
-    let seed = fnv1a64(&format!("{tag}{name}"));
+    vector_of(fnv1a64(&format!("{tag}{name}")), words)
+}
+
+/// The `words`-word vector of the name whose seed is `seed` (see [`seed`]).
+fn vector_of(seed: u64, words: usize) -> Vec<u64> {
     (1..=words as u64)
         .map(|i| fmix64(seed ^ i.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
         .collect()
+}
+
+/// The seed of namespace `ns`: what its vector is drawn from, and what the invertible table
+/// holds of it (see [`super::scope_table`]).
+pub(super) fn seed(ns: &str) -> u64 {
+    fnv1a64(&format!("namespace\n{ns}"))
+}
+
+/// Whether `saved` is the sum of `namespaces` and of the namespaces whose seeds are `seeds`
+/// (named or not) over `base`.
+pub(super) fn sums_to<'a>(
+    saved: &str,
+    base: &str,
+    namespaces: impl Iterator<Item = &'a str>,
+    seeds: &[u64],
+) -> bool {
+    let Some(mut acc) = parse(saved) else {
+        return false;
+    };
+    let words = acc.len();
+    xor(&mut acc, &vector(Domain::Base, base, words));
+    for ns in namespaces {
+        xor(&mut acc, &vector(Domain::Namespace, ns, words));
+    }
+    for s in seeds {
+        xor(&mut acc, &vector_of(*s, words));
+    }
+    acc.iter().all(|w| *w == 0)
 }
 
 fn xor(acc: &mut [u64], v: &[u64]) {

@@ -10,9 +10,10 @@
 //! holds only the namespaces in one of the two scopes, and peeling its pure cells (a seed
 //! whose check matches) reads them back as seeds ([`difference`]): the caller names those it
 //! knows, and those it cannot name are namespaces of the saved scope alone. Up to about
-//! [`CELLS`] / 3 namespaces moved, it reads them all; past that it may not tell, and a cell
-//! left unpeeled fails the read, so it never tells wrong but with the odds of a 32-bit check
-//! matching by chance.
+//! [`CELLS`] / 3 namespaces moved, it reads them all; past that it may not tell: a cell left
+//! unpeeled fails the read. A seed is the one the set-sum draws the namespace's vector from,
+//! so what the table reads is checked against the sum saved beside it, unnamed namespaces
+//! included (the fingerprint needs their names).
 //!
 //! Saved as hex beside the sum: the query's check (16 digits), then each cell's seeds (16) and
 //! check (8): 784 digits in all.
@@ -46,10 +47,7 @@ struct Cell {
     checks: u32,
 }
 
-/// The seed of namespace `ns`: what the table holds of it.
-pub(super) fn seed(ns: &str) -> u64 {
-    fmix64(fnv1a64(&format!("namespace\n{ns}")))
-}
+pub(super) use super::scope_sum::seed;
 
 fn check(seed: u64) -> u32 {
     (fmix64(seed ^ CHECK_SALT) >> 32) as u32
