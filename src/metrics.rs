@@ -82,6 +82,9 @@ pub struct Metrics {
     /// 1 while the relay waits for the topics it publishes to (missing and not to be created,
     /// too few partitions, not compacted where tombstones need it, not permitted).
     pub topics_unready: IntGauge,
+    /// How many transactional ids Kafka refuses the relay's principal (exactly once): the terms
+    /// under them relay nothing.
+    pub transactional_ids_refused: IntGauge,
     /// Members whose retraction could not be addressed (written by an older version without a
     /// topic and key, of a channel that no longer exists).
     pub unretractable_members: IntCounter,
@@ -214,6 +217,13 @@ impl Metrics {
             IntGauge::new(
                 "topics_unready",
                 "1 while the relay waits for the topics it publishes to",
+            ),
+        );
+        let transactional_ids_refused = registered(
+            &registry,
+            IntGauge::new(
+                "transactional_ids_refused",
+                "Transactional ids Kafka refuses the relay's principal; the terms under them relay nothing",
             ),
         );
         let unretractable_members = registered(&registry, IntCounter::new(
@@ -414,6 +424,7 @@ impl Metrics {
             membership_restore_seconds,
             membership_topic_problem,
             topics_unready,
+            transactional_ids_refused,
             unretractable_members,
             history_rewinds,
             watch_strategy_switch_pending,
@@ -513,6 +524,7 @@ impl Metrics {
             membership_restore_seconds,
             membership_topic_problem,
             topics_unready,
+            transactional_ids_refused,
             unretractable_members,
             history_rewinds,
             watch_strategy_switch_pending,
@@ -537,7 +549,7 @@ impl Metrics {
             fanout_objects,
             fanout_server_filtered,
         } = self;
-        let collectors: [&dyn Collector; 47] = [
+        let collectors: [&dyn Collector; 48] = [
             events_received,
             events_published,
             events_filtered,
@@ -562,6 +574,7 @@ impl Metrics {
             membership_restore_seconds,
             membership_topic_problem,
             topics_unready,
+            transactional_ids_refused,
             unretractable_members,
             history_rewinds,
             watch_strategy_switch_pending,

@@ -271,6 +271,15 @@ impl Registry {
         }
     }
 
+    /// How many parts are blocked by a problem of `kind`.
+    pub fn blocked_count(&self, kind: &str) -> usize {
+        self.lock()
+            .blocked
+            .values()
+            .filter(|(k, _)| k == kind)
+            .count()
+    }
+
     /// Whether any part is blocked by a problem of `kind`.
     pub fn blocked_by(&self, kind: &str) -> bool {
         self.lock().blocked.values().any(|(k, _)| k == kind)

@@ -203,6 +203,7 @@ async fn a_refused_transactional_id_is_named_in_readiness_until_granted() {
             "{reason}"
         );
         assert!(consumer_view(&events(&producer)).is_empty());
+        assert_eq!(relay.metrics.transactional_ids_refused.get(), 1);
         txns.deny(None);
         eventually(
             || {
@@ -212,6 +213,7 @@ async fn a_refused_transactional_id_is_named_in_readiness_until_granted() {
             || format!("still {:?}", relay.registry.readiness().blocked),
         )
         .await;
+        assert_eq!(relay.metrics.transactional_ids_refused.get(), 0);
         relay.stop().await;
     }
 }

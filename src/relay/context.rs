@@ -19,6 +19,9 @@ use crate::producer::{self, Producer, TxnError};
 use crate::registry::Registry;
 use crate::schemas::Schemas;
 
+/// The kind of readiness problem of a transactional id Kafka refuses ([`Context::refused`]).
+const REFUSED_ID: &str = "transactional_id";
+
 /// A producer and the membership log it writes to.
 pub(super) type Outlet = (Arc<dyn Producer>, Arc<dyn Log>);
 
@@ -181,13 +184,15 @@ impl Context {
                     "Kafka refused the transactional id watchrelay/{cluster}/{owner}: {}; grant the relay's principal Write and Describe on the transactional ids prefixed watchrelay/{cluster}/",
                     e.message
                 );
-                Some(("unauthorized".to_string(), reason))
+                Some((REFUSED_ID.to_string(), reason))
             }
             Some(_) => return,
             None => None,
         };
         self.registry
             .block_for(&format!("{owner} transactions"), problem);
+        let refused = self.registry.blocked_count(REFUSED_ID);
+        (self.metrics.transactional_ids_refused).set(i64::try_from(refused).unwrap_or(i64::MAX));
     }
 
     /// With `kafka.delivery: exactlyOnce` and Kafka (or a given source) as the sink, the
