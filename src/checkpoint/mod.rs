@@ -5,10 +5,10 @@
 //! acknowledged it and the fingerprint of the query it belongs to, as JSON
 //! (`{"rv":"4711","at":"…","query":"…"}`, readable with kubectl). That is a hundred bytes or so
 //! per stream however many objects it follows (a stream filtered to some namespaces adds the
-//! set-sum of them, 64 to 256 hex digits, and their invertible table, 784): which objects each stream announced lives in the
-//! membership topic (see [`crate::membership`]), not here. Writes are debounced, use optimistic
-//! concurrency (the ConfigMap's own resourceVersion) and are retried on 409 Conflict after
-//! re-reading.
+//! set-sum of them, 64 to 256 hex digits, and their invertible table, 784): which objects each
+//! stream announced lives in the membership topic (see [`crate::membership`]), not here.
+//! Writes are debounced, use optimistic concurrency (the ConfigMap's own resourceVersion) and
+//! are retried on 409 Conflict after re-reading.
 //!
 //! Older versions kept known-object sets in the ConfigMap (inline in `data`, later zstd JSON in
 //! `binaryData`). They are still read, once, so the relay can move them to the membership

@@ -509,10 +509,10 @@ impl Replica<'_> {
                 _ = stop.cancelled() => return Ok(()),
                 copied = migration.migrate(to, legacy, old_log, &stop) => copied,
             };
-            if let Err(MigrateError::Fence(e)) = &copied {
-                self.relay.refused(&leader, Some(e));
-            } else if migration.leader.is_some() {
-                self.relay.refused(&leader, None);
+            match &copied {
+                Err(MigrateError::Fence(e)) => self.relay.refused(&leader, Some(e)),
+                Ok(()) if migration.leader.is_some() => self.relay.refused(&leader, None),
+                _ => {}
             }
             let Err(e) = copied else {
                 break;

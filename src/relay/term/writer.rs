@@ -49,9 +49,10 @@ pub struct Copy {
 }
 
 impl Copy {
-    /// Copies `writes` in the background, unless the last copy is still under way (a broker
-    /// outage): writes never wait for Kafka. A copy that fails or is skipped only weakens the
-    /// detection of a restore while the relay is down; the next write copies again.
+    /// Copies what write `w` stamped (the counter and the era floor) in the background, unless
+    /// the last copy is still under way (a broker outage): writes never wait for Kafka. A copy
+    /// that fails or is skipped only weakens the detection of a restore while the relay is
+    /// down, and the floor it would carry; the next write copies again.
     fn send(self: &Arc<Self>, w: &Written, under_way: &mut Option<tokio::task::JoinHandle<()>>) {
         if under_way.as_ref().is_some_and(|t| !t.is_finished()) {
             return;
