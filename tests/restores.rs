@@ -188,11 +188,7 @@ async fn a_restore_to_before_a_term_that_never_wrote_is_told_at_its_stop() {
 async fn new_eras_stay_above_the_configmaps_floor_whatever_the_clock() {
     let bed = bed(true).await;
     let producer = Arc::new(Memory::new());
-    let ahead = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-        + 86_400_000;
+    let ahead = days_ahead(1);
     bed.sim
         .create(
             "configmaps",
@@ -212,28 +208,14 @@ async fn new_eras_stay_above_the_configmaps_floor_whatever_the_clock() {
     let relay = start(&bed, &producer);
     wait_covered(&bed).await;
     relay.stop().await;
-    let eras: Vec<u64> = events(&producer)
-        .iter()
-        .filter_map(|r| {
-            let v: u128 = common::view::json(r)["watchrelay"]["version"]
-                .as_str()?
-                .parse()
-                .ok()?;
-            Some((v >> 64) as u64)
-        })
-        .collect();
+    let eras = eras(&producer);
     assert!(!eras.is_empty());
     assert!(
         eras.iter().all(|&e| e > ahead),
         "eras {eras:?} not above the floor {ahead}"
     );
     // And the floor is kept on the ConfigMap for the next owner.
-    let cm = bed.checkpoint_configmap();
-    let floor: u64 = cm["metadata"]["annotations"]["watchrelay.io/era-floor"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let floor = era_floor(&bed);
     assert!(floor >= eras[0]);
 }
 
@@ -247,11 +229,7 @@ async fn a_restore_rewinds_no_era_whatever_the_clock_that_took_it() {
     let bed = bed(true).await;
     let producer = Arc::new(Memory::new());
     create(&bed, (0..3).map(|i| format!("p{i}")));
-    let ahead = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-        + 2 * 86_400_000;
+    let ahead = days_ahead(2);
     let owner = Owner::new(common::bed::CHECKPOINT_NS, common::bed::CHECKPOINT_NAME);
     let copy = membership::writes_record(&bed.membership, &owner, 5, ahead);
     membership::send_all(producer.as_ref(), [copy], &CancellationToken::new())
@@ -265,7 +243,30 @@ async fn a_restore_rewinds_no_era_whatever_the_clock_that_took_it() {
         "the restore is told"
     );
     relay.stop().await;
-    let eras: Vec<u64> = events(&producer)
+    let eras = eras(&producer);
+    assert!(!eras.is_empty());
+    assert!(
+        eras.iter().all(|&e| e > ahead),
+        "eras {eras:?} not above the copied floor {ahead}"
+    );
+    // And the ConfigMap has its floor back.
+    let floor = era_floor(&bed);
+    assert!(floor > ahead);
+}
+
+/// The clock `days` ahead, in milliseconds since the Unix epoch: an era a replica whose clock
+/// runs that far ahead takes.
+fn days_ahead(days: u64) -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    now + days * 86_400_000
+}
+
+/// The era of each record published with a `watchrelay.version`.
+fn eras(producer: &Memory) -> Vec<u64> {
+    events(producer)
         .iter()
         .filter_map(|r| {
             let v: u128 = common::view::json(r)["watchrelay"]["version"]
@@ -274,18 +275,15 @@ async fn a_restore_rewinds_no_era_whatever_the_clock_that_took_it() {
                 .ok()?;
             Some((v >> 64) as u64)
         })
-        .collect();
-    assert!(!eras.is_empty());
-    assert!(
-        eras.iter().all(|&e| e > ahead),
-        "eras {eras:?} not above the copied floor {ahead}"
-    );
-    // And the ConfigMap has its floor back.
+        .collect()
+}
+
+/// The era floor stamped on the checkpoint ConfigMap.
+fn era_floor(bed: &Bed) -> u64 {
     let cm = bed.checkpoint_configmap();
-    let floor: u64 = cm["metadata"]["annotations"]["watchrelay.io/era-floor"]
+    cm["metadata"]["annotations"]["watchrelay.io/era-floor"]
         .as_str()
         .unwrap()
         .parse()
-        .unwrap();
-    assert!(floor > ahead);
+        .unwrap()
 }
