@@ -208,12 +208,7 @@ async fn new_eras_stay_above_the_configmaps_floor_whatever_the_clock() {
     let relay = start(&bed, &producer);
     wait_covered(&bed).await;
     relay.stop().await;
-    let eras = eras(&producer);
-    assert!(!eras.is_empty());
-    assert!(
-        eras.iter().all(|&e| e > ahead),
-        "eras {eras:?} not above the floor {ahead}"
-    );
+    let eras = eras_above(&producer, ahead);
     // And the floor is kept on the ConfigMap for the next owner.
     let floor = era_floor(&bed);
     assert!(floor >= eras[0]);
@@ -243,12 +238,7 @@ async fn a_restore_rewinds_no_era_whatever_the_clock_that_took_it() {
         "the restore is told"
     );
     relay.stop().await;
-    let eras = eras(&producer);
-    assert!(!eras.is_empty());
-    assert!(
-        eras.iter().all(|&e| e > ahead),
-        "eras {eras:?} not above the copied floor {ahead}"
-    );
+    eras_above(&producer, ahead);
     // And the ConfigMap has its floor back.
     let floor = era_floor(&bed);
     assert!(floor > ahead);
@@ -264,9 +254,10 @@ fn days_ahead(days: u64) -> u64 {
     now + days * 86_400_000
 }
 
-/// The era of each record published with a `watchrelay.version`.
-fn eras(producer: &Memory) -> Vec<u64> {
-    events(producer)
+/// The era of each record published with a `watchrelay.version`, asserted above `floor` (and
+/// some record published).
+fn eras_above(producer: &Memory, floor: u64) -> Vec<u64> {
+    let eras: Vec<u64> = events(producer)
         .iter()
         .filter_map(|r| {
             let v: u128 = common::view::json(r)["watchrelay"]["version"]
@@ -275,7 +266,13 @@ fn eras(producer: &Memory) -> Vec<u64> {
                 .ok()?;
             Some((v >> 64) as u64)
         })
-        .collect()
+        .collect();
+    assert!(!eras.is_empty());
+    assert!(
+        eras.iter().all(|&e| e > floor),
+        "eras {eras:?} not above the floor {floor}"
+    );
+    eras
 }
 
 /// The era floor stamped on the checkpoint ConfigMap.

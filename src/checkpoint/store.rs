@@ -62,9 +62,9 @@ fn forget_positions(data: &mut BTreeMap<String, String>) {
         match serde_json::from_str::<Saved>(value) {
             // Marked, so that a start takes the forgotten entry over any position committed
             // with the stream's records (exactly once), which is of the history before the
-            // restore too (see `Saved::take_committed`); in a later era than the restored
-            // entry's and, by this replica's clock, than one the stream took after the
-            // snapshot.
+            // restore too, and raises its era above that one's (see `Saved::take_committed`).
+            // The era from the clock is for a relay of an earlier version, side by side in a
+            // rollout: it reads no mark, and keeps the entry only when its era is the later.
             Ok(saved) if saved.rv.is_some() => {
                 let era = saved.era.saturating_add(1).max(clock_era());
                 *value = encode(&Saved {
