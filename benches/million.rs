@@ -20,7 +20,8 @@
 //!
 //! Steps 3 and 4 run once for each `kafka.delivery` in `BENCH_DELIVERY` (default
 //! `atLeastOnce,exactlyOnce`), each release with a topic, checkpoint and shard group of its own,
-//! against the same pass-through.
+//! against the same pass-through. `BENCH_GROUP_PROTOCOL=consumer` forms the shard group on
+//! KIP-848 instead of the classic protocol.
 //!
 //! Every shard relays its part of the collection, each replica reading it once for its shards:
 //! the shares say how evenly the replicas split it, the objects each replica received of

@@ -25,7 +25,7 @@
 #                              sharded replicas on the simulator: first sync vs the pass-through,
 #                              shares, peak RSS, requests; a relist after a 410 (BENCH_CHANGED);
 #                              once a delivery mode (BENCH_DELIVERY=atLeastOnce,exactlyOnce),
-#                              BENCH_SHARDS shards (default 64)
+#                              BENCH_SHARDS shards (default 64); BENCH_GROUP_PROTOCOL as above
 #   scripts/bench.sh server_shards  three sharded replicas on the real kube-apiserver with its
 #                              sharded lists and watches on and off (BENCH_PODS, default 20,000):
 #                              what the server sent each replica of its shards and of others'

@@ -444,7 +444,16 @@ async fn a_gap_and_a_cut_list_on_the_shared_watch_lose_only_what_the_gap_excuses
     // The gap: no read reaches the server while pods change, then it drops its history.
     let before = lists();
     bed.sim.fail_next(usize::MAX, Fault::ServerError);
-    bed.sim.drop_watches();
+    // Every watch closed before the pods change (a watch still streaming when cut, or opened
+    // just after, would carry the gap's changes): reopens fail while the server refuses.
+    eventually(
+        || {
+            bed.sim.drop_watches();
+            bed.sim.requests().watches_open == 0
+        },
+        || "the shared watches never closed".into(),
+    )
+    .await;
     let gap_from = bed.sim.current_rv();
     for ns in &names {
         let live: Vec<String> = pods(&bed.sim, &[ns], |_| true).into_keys().collect();

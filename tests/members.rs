@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::bed::{Bed, Relay};
+use common::bed::{eventually, Bed, Relay};
 use common::stream::{config, wait_covered, STREAM};
 use common::view::{consumer_view, events, pods};
 use watchrelay::producer::Producer;
@@ -54,9 +54,14 @@ async fn a_failed_membership_tombstone_is_produced_again() {
     wait_covered(&bed).await;
     let old = uid(&bed, "p0");
     assert_eq!(membership(&producer, &old), Some(true));
-    producer.fail_next_to("membership-", 1);
+    producer.fail_next_tombstones_to("membership-", 1);
     bed.sim.delete("pods", Some("a"), "p0").unwrap();
     wait_covered(&bed).await;
+    eventually(
+        || producer.tombstones_to_fail() == 0,
+        || "the tombstone was never sent".into(),
+    )
+    .await;
     // Recreated under its name: a resync after a restart must end the key on the live one.
     bed.sim
         .create("pods", Some("a"), objects::pod("a", "p0"))
@@ -111,7 +116,7 @@ async fn a_crash_while_retracting_a_changed_topic_retracts_the_rest_next_time() 
     // dies.
     producer.hold(true);
     let relay = Relay::start_with(&bed, on("pods2"), Some(producer.clone()));
-    common::bed::eventually(
+    eventually(
         || {
             producer.release_first(1, watchrelay::testing::Order::Sent);
             view_of("pods").len() <= 7
@@ -125,7 +130,7 @@ async fn a_crash_while_retracting_a_changed_topic_retracts_the_rest_next_time() 
     let relay = Relay::start_with(&bed, on("pods2"), Some(producer.clone()));
     relay.wait_up(1).await;
     wait_covered(&bed).await;
-    common::bed::eventually(
+    eventually(
         || view_of("pods").is_empty(),
         || format!("the old topic still holds {:?}", view_of("pods").keys()),
     )

@@ -347,9 +347,7 @@ pub fn sharded_replica_over(
 ) -> (KillOnDrop, u16) {
     let port = free_port();
     let config = dir.join(format!("{name}-{r}.yaml"));
-    // `BENCH_GROUP_PROTOCOL=consumer`: the shard group on KIP-848 (the broker's
-    // `group.consumer.*` settings then set the session and the heartbeat).
-    let protocol = std::env::var("BENCH_GROUP_PROTOCOL").unwrap_or_else(|_| "classic".into());
+    let protocol = group_protocol();
     std::fs::write(
         &config,
         format!(
@@ -361,6 +359,13 @@ pub fn sharded_replica_over(
     )
     .unwrap();
     (spawn_replica(&config, r), port)
+}
+
+/// The shard group's protocol: `BENCH_GROUP_PROTOCOL`, `classic` by default; `consumer` runs
+/// the group on KIP-848 (the broker's `group.consumer.*` settings then set the session and the
+/// heartbeat).
+fn group_protocol() -> String {
+    std::env::var("BENCH_GROUP_PROTOCOL").unwrap_or_else(|_| "classic".into())
 }
 
 /// The real binary run as replica `r` (its `POD_NAME`) on the configuration file `config`,
@@ -503,6 +508,7 @@ pub fn pods_release(
     name: &str,
     kafka: &str,
 ) -> Vec<(KillOnDrop, u16, u32)> {
+    let protocol = group_protocol();
     (0..replicas)
         .map(|r| {
             let port = free_port();
@@ -511,7 +517,7 @@ pub fn pods_release(
                 &config,
                 format!(
                     "clusterName: bench\nkubernetes:\n  kubeconfig: {}\nkafka:\n  bootstrapServers: {bootstrap}\n  oversize: trim\n{kafka}\
-                     checkpoint:\n  namespace: watchrelay\n  name: {name}\nsharding:\n  enabled: true\n  shards: {shards}\n  topic: {name}.shards\nhttp:\n  listen: 127.0.0.1:{port}\n\
+                     checkpoint:\n  namespace: watchrelay\n  name: {name}\nsharding:\n  enabled: true\n  shards: {shards}\n  topic: {name}.shards\n  groupProtocol: {protocol}\nhttp:\n  listen: 127.0.0.1:{port}\n\
                      channels:\n  - operationId: watchAllPods\n    topic: {name}\n",
                     kubeconfig.display()
                 ),

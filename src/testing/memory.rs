@@ -52,6 +52,8 @@ struct MemoryState {
     /// Fails deliveries to topics starting with the prefix: so many let through first, then
     /// so many failed.
     fail_topic: Option<(String, usize, usize)>,
+    /// Fails so many tombstones to topics starting with the prefix.
+    fail_tombstones: Option<(String, usize)>,
     fatal: Option<String>,
     /// What `ensure_compacted` reports of each topic (created compacted when first asked).
     topics: std::collections::HashMap<String, TopicState>,
@@ -175,6 +177,17 @@ impl Memory {
         self.state().fail_topic = Some((prefix.to_string(), skip, n));
     }
 
+    /// Fails the next `n` tombstones to topics whose name starts with `prefix` (other records
+    /// to them go through).
+    pub fn fail_next_tombstones_to(&self, prefix: &str, n: usize) {
+        self.state().fail_tombstones = Some((prefix.to_string(), n));
+    }
+
+    /// How many of the failures armed by [`Memory::fail_next_tombstones_to`] are still to come.
+    pub fn tombstones_to_fail(&self) -> usize {
+        self.state().fail_tombstones.as_ref().map_or(0, |(_, n)| *n)
+    }
+
     /// Sets what the broker reports of `topic`.
     pub fn set_topic(&self, topic: &str, state: TopicState) {
         self.state().topics.insert(topic.to_string(), state);
@@ -262,6 +275,18 @@ impl Memory {
                 }
                 _ => false,
             };
+            let to_topic = to_topic
+                || match &mut s.fail_tombstones {
+                    Some((prefix, n))
+                        if *n > 0
+                            && record.tombstone
+                            && record.topic.starts_with(prefix.as_str()) =>
+                    {
+                        *n -= 1;
+                        true
+                    }
+                    _ => false,
+                };
             if s.fail_next > 0 || to_topic {
                 s.fail_next = s.fail_next.saturating_sub(usize::from(!to_topic));
                 Err(DeliveryError::Failed(ProduceError::retriable(

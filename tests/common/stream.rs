@@ -65,6 +65,20 @@ pub fn last_pod_rv(bed: &Bed) -> u64 {
     bed.journal("pods", Some("a")).last().map(|e| e.rv).unwrap()
 }
 
+/// The resourceVersion of the first change to the pods of `a` after `rv`.
+pub fn first_pod_rv_after(bed: &Bed, rv: u64) -> u64 {
+    let journal = bed.journal("pods", Some("a"));
+    journal.iter().find(|e| e.rv > rv).map(|e| e.rv).unwrap()
+}
+
+/// Asserts that the stream's checkpoint is below `first`: none of the changes from it on was
+/// checkpointed. (An idle stream's checkpoint moves with the server's bookmarks, so its value
+/// before them is no fixed point.)
+pub fn assert_checkpoint_before(bed: &Bed, first: u64) {
+    let at = bed.checkpoint_rv(STREAM).unwrap_or_default();
+    assert!(at < first, "checkpointed at {at}, past {first}");
+}
+
 /// Waits until the stream's checkpoint covers every change made to its pods so far.
 pub async fn wait_covered(bed: &Bed) {
     bed.wait_pods_covered(STREAM, "a").await;
