@@ -4,15 +4,43 @@
 //! through without being decoded into typed structs, and so a malformed line is a countable
 //! event rather than the end of a typed stream.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{ListParams, VersionMatch};
 use kube::client::Body;
+use kube::Api;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use thiserror::Error;
+
+/// The names of the namespaces whose labels match `selector` (every namespace for an empty
+/// one): now, or with `at` as they were at exactly that resourceVersion (a server that no
+/// longer holds it answers 410).
+pub async fn namespaces(
+    client: &kube::Client,
+    selector: &str,
+    at: Option<&str>,
+) -> Result<BTreeSet<String>, kube::Error> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let mut params = ListParams::default();
+    if !selector.is_empty() {
+        params = params.labels(selector);
+    }
+    if let Some(rv) = at {
+        params = params.at(rv).matching(VersionMatch::Exact);
+    }
+    let list = api.list_metadata(&params).await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect())
+}
 
 /// Largest watch line the relay accepts; Kubernetes objects are limited to about 1.5 MiB in etcd,
 /// so anything much larger is a broken stream, not an object.

@@ -388,13 +388,37 @@ async fn an_empty_namespace_gone_from_the_scope_while_down_is_read_back_and_resu
     resumed_with_every_change_of_a(&bed, &producer, relay, &["a", "b"], from, 6).await;
 }
 
-/// The limit of telling: such a namespace gone beside more moves than the table reads (and the
-/// set-sum cannot name it). The start drops the position, reconciles with a list, and counts
-/// it.
+/// Such namespaces gone (one unlabelled, one deleted) beside more moves than the table reads
+/// (sixty entered), so that neither the set-sum nor the table can tell them: the start lists
+/// the namespaces in scope at exactly the position, which names them, and resumes. Every change
+/// of a namespace that stayed, made while the relay was down, is published once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_empty_namespace_gone_among_many_moves_drops_the_position_and_says_so() {
+async fn empty_namespaces_gone_among_many_moves_are_named_by_the_server_and_resumed() {
+    let (bed, producer, from) = gone_among_many_moves().await;
+    let relay = start(&bed, &producer, true);
+    resumed_with_every_change_of_a(&bed, &producer, relay, &["a", "b"], from, 6).await;
+}
+
+/// The limit: the same, with the history compacted past the position, so that the server can
+/// no longer say which namespaces were in scope then (nor replay the changes after it). The
+/// start drops the position, reconciles with a list, and counts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_namespaces_gone_among_many_moves_past_the_history_drop_the_position() {
+    let (bed, producer, _) = gone_among_many_moves().await;
+    bed.sim.compact();
+    let relay = start(&bed, &producer, true);
+    relay.wait_counter("positions_dropped_total", WIDE, 1).await;
+    converged(&bed, &producer).await;
+    relay.stop().await;
+}
+
+/// The two tests above: pods in `a` and `b`, in scope with `d` and `e` (without pods); stopped
+/// once the consumer holds them; then `a`'s pods change twice each, `d` is unlabelled, `e`
+/// deleted and sixty namespaces without pods labelled in. The bed, the records, and the position
+/// the changes came after.
+async fn gone_among_many_moves() -> (Bed, Arc<Memory>, u64) {
     let entering: Vec<String> = (0..60).map(|i| format!("e{i:02}")).collect();
-    let mut namespaces = vec!["a", "b", "d"];
+    let mut namespaces = vec!["a", "b", "d", "e"];
     namespaces.extend(entering.iter().map(String::as_str));
     let bed = Bed::in_memory(SimConfig::default(), &namespaces).await;
     for ns in ["a", "b"] {
@@ -404,21 +428,28 @@ async fn an_empty_namespace_gone_among_many_moves_drops_the_position_and_says_so
                 .unwrap();
         }
     }
-    for ns in ["a", "b", "d"] {
+    for ns in ["a", "b", "d", "e"] {
         bed.label(ns, true);
     }
     let producer = Arc::new(Memory::new());
     let relay = start(&bed, &producer, true);
     converged(&bed, &producer).await;
     relay.stop().await;
+    let from = bed.sim.current_rv();
+    for i in 0..3 {
+        for step in ["1", "2"] {
+            let patch = serde_json::json!({"metadata": {"labels": {"step": step}}});
+            bed.sim
+                .merge_patch("pods", Some("a"), &format!("p{i}"), patch)
+                .unwrap();
+        }
+    }
     bed.label("d", false);
+    bed.sim.delete("namespaces", None, "e").unwrap();
     for ns in &entering {
         bed.label(ns, true);
     }
-    let relay = start(&bed, &producer, true);
-    relay.wait_counter("positions_dropped_total", WIDE, 1).await;
-    converged(&bed, &producer).await;
-    relay.stop().await;
+    (bed, producer, from)
 }
 
 /// The tests above: pods in `a`, `b` and `c`, `a` and `b` in scope with `empty` namespaces

@@ -4,10 +4,6 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::ListParams;
-use kube::Api;
-
 use crate::config::Config;
 use crate::config::{Channel, Scope, Shape, Shapes, StreamId};
 use crate::event::comparable;
@@ -128,26 +124,10 @@ pub(super) async fn count_selectors(cfg: &Config, client: &kube::Client) -> Hash
     counts
 }
 
-/// The namespaces whose labels match `selector` (every namespace for an empty one).
-async fn namespaces(
-    client: &kube::Client,
-    selector: &str,
-) -> Result<BTreeSet<String>, kube::Error> {
-    let api: Api<Namespace> = Api::all(client.clone());
-    let params = match selector {
-        "" => ListParams::default(),
-        sel => ListParams::default().labels(sel),
-    };
-    let list = api.list_metadata(&params).await?;
-    Ok(list
-        .items
-        .into_iter()
-        .filter_map(|n| n.metadata.name)
-        .collect())
-}
-
 async fn count_namespaces(client: &kube::Client, selector: &str) -> Result<usize, kube::Error> {
-    namespaces(client, selector).await.map(|n| n.len())
+    kubeapi::namespaces(client, selector, None)
+        .await
+        .map(|n| n.len())
 }
 
 /// The namespaces each of `channels` holds now (every namespace, or its selector's), by
@@ -163,7 +143,7 @@ pub(super) async fn scope_namespaces(
             Scope::Selector(sel) => sel.as_str(),
             _ => "",
         };
-        match namespaces(client, selector).await {
+        match kubeapi::namespaces(client, selector, None).await {
             Ok(namespaces) => {
                 let now = ScopeNow {
                     namespaces,

@@ -454,9 +454,28 @@ impl Stream {
                 // first live read then takes the difference in), else the scope is reconciled.
                 let position = self.outbox.checkpoint().map(str::to_string);
                 let held = self.outbox.members().namespaces();
-                let resumed = position
+                let none = BTreeSet::new();
+                let mut resumed = position
                     .as_ref()
-                    .is_some_and(|at| scoped.resume_under(&saved, held, at));
+                    .is_some_and(|at| scoped.resume_under(&saved, held.clone(), at, &none));
+                if let (false, Some(at)) = (resumed, &position) {
+                    // Untold: a namespace in scope then that no name here tells. The server's
+                    // namespaces at the position name it (a 410 means the position is gone too).
+                    let selector = match &self.channel.scope {
+                        crate::config::Scope::Selector(sel) => sel.as_str(),
+                        _ => "",
+                    };
+                    let then = tokio::select! {
+                        _ = self.life.stop.cancelled() => return self.stop().await,
+                        then = kubeapi::namespaces(&self.client, selector, Some(at)) => then,
+                    };
+                    match then {
+                        Ok(then) => resumed = scoped.resume_under(&saved, held, at, &then),
+                        Err(e) => {
+                            tracing::info!(stream = %self.id, error = %e, "listing the namespaces at the stream's position failed");
+                        }
+                    }
+                }
                 if resumed {
                     tracing::info!(stream = %self.id, "the stream's namespaces changed since its checkpoint; resuming from it, then taking the change in");
                 } else {

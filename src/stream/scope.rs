@@ -24,9 +24,10 @@
 //!   tombstones of a leave already stamped), whose namespace then enters or leaves as any
 //!   other. A namespace in scope then without an object and out of scope now, which no name
 //!   tells, is read back from the invertible table saved beside the sum (see
-//!   [`super::scope_table`]) while few namespaces moved. Otherwise (such a namespace among
-//!   more moves than the table reads, the selectors changed, a member too many under an entry
-//!   without a sum, or a crash before a move was acknowledged, which forgot the position) the
+//!   [`super::scope_table`]) while few namespaces moved, and otherwise named by the API
+//!   server's list of the namespaces at exactly the position. Otherwise (the server no longer
+//!   holds the position, the selectors changed, a member too many under an entry without a
+//!   sum, or a crash before a move was acknowledged, which forgot the position) the
 //!   position is dropped and the stream reconciles its members with a list of the whole
 //!   collection under the new scope: objects re-announced, members out of scope deleted.
 //! - A failed delivery replays its watch from the checkpoint, as any stream's does, once its
@@ -93,9 +94,18 @@ impl NamespaceFilter {
     /// What the filter keeps of `learned`.
     fn kept(&self, learned: &BTreeSet<String>) -> BTreeSet<String> {
         match &self.within {
-            Some(keep) => learned.iter().filter(|ns| keep(ns)).cloned().collect(),
+            Some(_) => learned
+                .iter()
+                .filter(|ns| self.keeps(ns))
+                .cloned()
+                .collect(),
             None => learned.clone(),
         }
+    }
+
+    /// Whether the filter keeps `namespace` when it learns it.
+    fn keeps(&self, namespace: &str) -> bool {
+        self.within.as_ref().is_none_or(|keep| keep(namespace))
     }
 }
 
@@ -196,14 +206,29 @@ impl Scoped {
     /// in scope now enters, as any namespace entering; one out of scope stays applied, so that
     /// its members are deleted again (a superfluous inferred DELETED each) as it leaves.
     /// Failing both, the saved invertible table reads back the namespaces that moved, those
-    /// it cannot name too (in scope then without an object, out of scope now). None tells (the
-    /// selectors changed, such a namespace among more moves than the table reads) and it is
-    /// not resumed: false.
-    pub(super) fn resume_under(&mut self, saved: &str, held: BTreeSet<String>, at: &str) -> bool {
+    /// it cannot name too (in scope then without an object, out of scope now). `then` names
+    /// more candidates: the namespaces the API server says were in scope at the position (its
+    /// list at exactly that resourceVersion; empty when not asked), which names those too, so
+    /// that the sum tells them among any number of moves. None tells (the selectors changed,
+    /// such a namespace among more moves than the table reads and `then` does not name) and it
+    /// is not resumed: false.
+    pub(super) fn resume_under(
+        &mut self,
+        saved: &str,
+        held: BTreeSet<String>,
+        at: &str,
+        then: &BTreeSet<String>,
+    ) -> bool {
+        let extra: Vec<&str> = (then.iter())
+            .filter(|ns| {
+                self.filter.keeps(ns) && !self.applied.contains(*ns) && !held.contains(*ns)
+            })
+            .map(String::as_str)
+            .collect();
         let Some(covered) = self
-            .told(saved, &held)
-            .or_else(|| self.too_many(saved, &held))
-            .or_else(|| self.read_back(saved, &held))
+            .told(saved, &held, &extra)
+            .or_else(|| self.too_many(saved, &held, &extra))
+            .or_else(|| self.read_back(saved, &held, &extra))
         else {
             return false;
         };
@@ -218,9 +243,16 @@ impl Scoped {
         true
     }
 
-    /// The namespaces whose fingerprint is `saved`: `held` and some of the others applied.
-    fn told(&self, saved: &str, held: &BTreeSet<String>) -> Option<BTreeSet<String>> {
-        let untold: Vec<&str> = self.applied.difference(held).map(String::as_str).collect();
+    /// The namespaces whose fingerprint is `saved`: `held` and some of the others applied or
+    /// `extra`.
+    fn told(
+        &self,
+        saved: &str,
+        held: &BTreeSet<String>,
+        extra: &[&str],
+    ) -> Option<BTreeSet<String>> {
+        let mut untold: Vec<&str> = self.applied.difference(held).map(String::as_str).collect();
+        untold.extend_from_slice(extra);
         let n = untold.len();
         let solutions = self
             .solve(held, &untold)
@@ -235,8 +267,14 @@ impl Scoped {
     /// The namespaces whose fingerprint is `saved`, some of `held` not among them: those the
     /// saved set-sum allows, a member's namespace chosen meaning it is out. Only with a sum:
     /// without one, a member too many is not told.
-    fn too_many(&self, saved: &str, held: &BTreeSet<String>) -> Option<BTreeSet<String>> {
+    fn too_many(
+        &self,
+        saved: &str,
+        held: &BTreeSet<String>,
+        extra: &[&str],
+    ) -> Option<BTreeSet<String>> {
         let mut candidates: Vec<&str> = self.applied.difference(held).map(String::as_str).collect();
+        candidates.extend_from_slice(extra);
         candidates.extend(held.iter().map(String::as_str));
         let solutions = self.solve(held, &candidates)?;
         if solutions.kernel.len() > UNTOLD_MAX {
@@ -247,16 +285,22 @@ impl Scoped {
 
     /// The namespaces the saved invertible table holds, read back against those applied (the
     /// scope now): less those that entered, plus those that left, named by `held` where they
-    /// had a member. Those it cannot name (neither in scope now nor a member's: unlabelled or
-    /// deleted while the stream was down, without an object of it) are left out: they hold
-    /// nothing of the stream's, so they would only leave it. With none of those the answer is
-    /// checked against `saved`; with some, whose names the fingerprint needs, against the saved
-    /// set-sum, which needs only their seeds.
-    fn read_back(&self, saved: &str, held: &BTreeSet<String>) -> Option<BTreeSet<String>> {
+    /// had a member or `extra` names them. Those it cannot name (neither in scope now nor a
+    /// member's: unlabelled or deleted while the stream was down, without an object of it) are
+    /// left out: they hold nothing of the stream's, so they would only leave it. With none of
+    /// those the answer is checked against `saved`; with some, whose names the fingerprint
+    /// needs, against the saved set-sum, which needs only their seeds.
+    fn read_back(
+        &self,
+        saved: &str,
+        held: &BTreeSet<String>,
+        extra: &[&str],
+    ) -> Option<BTreeSet<String>> {
         let table = self.saved_table.as_deref()?;
         let moved =
             scope_table::difference(table, &self.base, self.applied.iter().map(String::as_str))?;
-        let named: HashMap<u64, &String> = (self.applied.iter().chain(held))
+        let named: HashMap<u64, &str> = (self.applied.iter().chain(held).map(String::as_str))
+            .chain(extra.iter().copied())
             .map(|ns| (scope_table::seed(ns), ns))
             .collect();
         let mut covered = self.applied.clone();
@@ -437,7 +481,7 @@ mod tests {
         for (i, (base, saved, held, at, applied)) in rows.into_iter().enumerate() {
             let mut scoped = now().await;
             let saved = crate::config::Channel::scoped_fingerprint(saved.iter().copied(), base);
-            let resumed = scoped.resume_under(&saved, set(held), at);
+            let resumed = scoped.resume_under(&saved, set(held), at, &BTreeSet::new());
             assert_eq!(resumed, applied.is_some(), "row {i}");
             assert_eq!(
                 scoped.applied,
@@ -463,7 +507,10 @@ mod tests {
                 saved.iter().map(String::as_str),
                 "base",
             );
-            assert_eq!(scoped.resume_under(&saved, BTreeSet::new(), "7"), told);
+            assert_eq!(
+                scoped.resume_under(&saved, BTreeSet::new(), "7", &BTreeSet::new()),
+                told
+            );
         }
     }
 
@@ -509,7 +556,11 @@ mod tests {
             let filter = NamespaceFilter::fixed(scope.clone());
             let mut scoped = Scoped::new(filter, "base".into(), None, Some(sum), None);
             scoped.take_all().await;
-            assert_eq!(scoped.resume_under(&query, set(held), "7"), told, "row {i}");
+            assert_eq!(
+                scoped.resume_under(&query, set(held), "7", &BTreeSet::new()),
+                told,
+                "row {i}"
+            );
             if told {
                 // A member's namespace in scope neither then nor now stays to be left.
                 let stale = held
@@ -593,7 +644,7 @@ mod tests {
             let filter = NamespaceFilter::fixed(scope.clone());
             let mut scoped = Scoped::new(filter, "base".into(), None, Some(sum), table);
             scoped.take_all().await;
-            let told = scoped.resume_under(&query, set(held), "7");
+            let told = scoped.resume_under(&query, set(held), "7", &BTreeSet::new());
             assert_eq!(told, applied.is_some(), "row {i}");
             let applied: BTreeSet<String> = applied.unwrap_or(scope.clone()).into_iter().collect();
             assert_eq!(scoped.applied, applied, "row {i}");
@@ -609,7 +660,59 @@ mod tests {
         let filter = NamespaceFilter::fixed(scope.clone());
         let mut scoped = Scoped::new(filter, "base".into(), None, Some(sum), Some(table));
         scoped.take_all().await;
-        assert!(!scoped.resume_under(&query, set(&[]), "7"));
+        assert!(!scoped.resume_under(&query, set(&[]), "7", &BTreeSet::new()));
+    }
+
+    #[tokio::test]
+    async fn the_servers_namespaces_at_the_position_name_what_no_table_reads() {
+        let scope: Vec<String> = (0..70).map(|i| format!("n{i:02}")).collect();
+        // Fifty entered beside `gone` (in scope then without a member, out of scope now): more
+        // than the table reads. The server's list at the position names `gone` (and more
+        // namespaces of the cluster), so the sum tells it among the fifty; the list's names out
+        // of the filter (another shard's) are no candidates.
+        let then: BTreeSet<String> = (scope[0..20].iter().cloned())
+            .chain(["gone".to_string()])
+            .collect();
+        let query =
+            crate::config::Channel::scoped_fingerprint(then.iter().map(String::as_str), "base");
+        let sum = scope_sum::sum(then.iter().map(String::as_str), "base");
+        let table = scope_table::table(then.iter().map(String::as_str), "base");
+        let listed = |extra: &[&str]| -> BTreeSet<String> {
+            then.iter()
+                .cloned()
+                .chain(extra.iter().map(|s| s.to_string()))
+                .collect()
+        };
+        // (the server's list at the position, whether the filter keeps `gone`) -> told.
+        let cases = [
+            (BTreeSet::new(), true, false),
+            (listed(&["other", "more"]), true, true),
+            (listed(&[]), true, true),
+            // Named, but out of the filter (another shard's): no candidate, not told.
+            (set(&["gone"]), false, false),
+        ];
+        for (i, (listed, keeps_gone, want)) in cases.into_iter().enumerate() {
+            let mut filter = NamespaceFilter::fixed(scope.clone());
+            if !keeps_gone {
+                filter = filter.within(Arc::new(|ns: &str| ns != "gone"));
+            }
+            let mut scoped = Scoped::new(
+                filter,
+                "base".into(),
+                None,
+                Some(sum.clone()),
+                Some(table.clone()),
+            );
+            scoped.take_all().await;
+            let told = scoped.resume_under(&query, set(&["n00"]), "7", &listed);
+            assert_eq!(told, want, "case {i}");
+            let applied = if want {
+                then.clone()
+            } else {
+                scope.iter().cloned().collect()
+            };
+            assert_eq!(scoped.applied, applied, "case {i}");
+        }
     }
 
     #[tokio::test]
@@ -617,7 +720,7 @@ mod tests {
         let saved = crate::config::Channel::scoped_fingerprint(["a"], "base");
         for sync in [false, true] {
             let mut scoped = now().await;
-            assert!(scoped.resume_under(&saved, set(&[]), "7"));
+            assert!(scoped.resume_under(&saved, set(&[]), "7", &BTreeSet::new()));
             assert_eq!(scoped.floor(), Some(7));
             if sync {
                 scoped.take_all().await;
