@@ -358,32 +358,7 @@ async fn resumed_with_every_change_of_a(
 /// published once, none collapsed into a list, and no position is dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_namespace_gone_from_the_scope_while_down_is_read_back_and_resumed() {
-    let bed = Bed::in_memory(SimConfig::default(), &["a", "b", "d", "e"]).await;
-    for ns in ["a", "b"] {
-        for i in 0..3 {
-            bed.sim
-                .create("pods", Some(ns), objects::pod(ns, &format!("p{i}")))
-                .unwrap();
-        }
-    }
-    for ns in ["a", "b", "d", "e"] {
-        bed.label(ns, true);
-    }
-    let producer = Arc::new(Memory::new());
-    let relay = start(&bed, &producer, true);
-    converged(&bed, &producer).await;
-    relay.stop().await;
-    let from = bed.sim.current_rv();
-    for i in 0..3 {
-        for step in ["1", "2"] {
-            let patch = serde_json::json!({"metadata": {"labels": {"step": step}}});
-            bed.sim
-                .merge_patch("pods", Some("a"), &format!("p{i}"), patch)
-                .unwrap();
-        }
-    }
-    bed.label("d", false);
-    bed.sim.delete("namespaces", None, "e").unwrap();
+    let (bed, producer, from) = gone_while_down(0).await;
     let relay = start(&bed, &producer, true);
     resumed_with_every_change_of_a(&bed, &producer, relay, &["a", "b"], from, 6).await;
 }
@@ -394,7 +369,7 @@ async fn an_empty_namespace_gone_from_the_scope_while_down_is_read_back_and_resu
 /// of a namespace that stayed, made while the relay was down, is published once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn empty_namespaces_gone_among_many_moves_are_named_by_the_server_and_resumed() {
-    let (bed, producer, from) = gone_among_many_moves().await;
+    let (bed, producer, from) = gone_while_down(60).await;
     let relay = start(&bed, &producer, true);
     resumed_with_every_change_of_a(&bed, &producer, relay, &["a", "b"], from, 6).await;
 }
@@ -404,7 +379,7 @@ async fn empty_namespaces_gone_among_many_moves_are_named_by_the_server_and_resu
 /// start drops the position, reconciles with a list, and counts it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn empty_namespaces_gone_among_many_moves_past_the_history_drop_the_position() {
-    let (bed, producer, _) = gone_among_many_moves().await;
+    let (bed, producer, _) = gone_while_down(60).await;
     bed.sim.compact();
     let relay = start(&bed, &producer, true);
     relay.wait_counter("positions_dropped_total", WIDE, 1).await;
@@ -412,12 +387,12 @@ async fn empty_namespaces_gone_among_many_moves_past_the_history_drop_the_positi
     relay.stop().await;
 }
 
-/// The two tests above: pods in `a` and `b`, in scope with `d` and `e` (without pods); stopped
-/// once the consumer holds them; then `a`'s pods change twice each, `d` is unlabelled, `e`
-/// deleted and sixty namespaces without pods labelled in. The bed, the records, and the position
-/// the changes came after.
-async fn gone_among_many_moves() -> (Bed, Arc<Memory>, u64) {
-    let entering: Vec<String> = (0..60).map(|i| format!("e{i:02}")).collect();
+/// The three tests above: pods in `a` and `b`, in scope with `d` and `e` (without pods);
+/// stopped once the consumer holds them; then `a`'s pods change twice each, `d` is unlabelled,
+/// `e` deleted and `entering` namespaces without pods labelled in. The bed, the records, and
+/// the position the changes came after.
+async fn gone_while_down(entering: usize) -> (Bed, Arc<Memory>, u64) {
+    let entering: Vec<String> = (0..entering).map(|i| format!("e{i:02}")).collect();
     let mut namespaces = vec!["a", "b", "d", "e"];
     namespaces.extend(entering.iter().map(String::as_str));
     let bed = Bed::in_memory(SimConfig::default(), &namespaces).await;
