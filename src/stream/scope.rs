@@ -24,12 +24,13 @@
 //!   tombstones of a leave already stamped), whose namespace then enters or leaves as any
 //!   other. A namespace in scope then without an object and out of scope now, which no name
 //!   tells, is read back from the invertible table saved beside the sum (see
-//!   [`super::scope_table`]) while few namespaces moved, and otherwise named by the API
-//!   server's list of the namespaces at exactly the position. Otherwise (the server no longer
-//!   holds the position, the selectors changed, a member too many under an entry without a
-//!   sum, or a crash before a move was acknowledged, which forgot the position) the
-//!   position is dropped and the stream reconciles its members with a list of the whole
-//!   collection under the new scope: objects re-announced, members out of scope deleted.
+//!   [`super::scope_table`]) while few namespaces moved, and otherwise (under a selector)
+//!   named by the API server's list of the namespaces it matched at exactly the position.
+//!   Otherwise (the server no longer holds the position, the selectors changed, a member too
+//!   many under an entry without a sum, or a crash before a move was acknowledged, which
+//!   forgot the position) the position is dropped and the stream reconciles its members with
+//!   a list of the whole collection under the new scope: objects re-announced, members out of
+//!   scope deleted.
 //! - A failed delivery replays its watch from the checkpoint, as any stream's does, once its
 //!   scope is settled (the checkpoints carry the namespaces applied): every change is published
 //!   again in order. During a scope change not acknowledged yet it resyncs whole instead: what
