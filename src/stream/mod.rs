@@ -459,14 +459,17 @@ impl Stream {
                     .as_ref()
                     .is_some_and(|at| scoped.resume_under(&saved, held.clone(), at, &none));
                 let selector = match &self.channel.scope {
-                    crate::config::Scope::Selector(sel) => Some(sel.as_str()),
+                    crate::config::Scope::Selector(sel) if scoped.saved_under_this_query() => {
+                        Some(sel.as_str())
+                    }
                     _ => None,
                 };
                 if let (false, Some(at), Some(selector)) = (resumed, &position, selector) {
                     // Untold: a namespace in scope then that no name here tells (unlabelled or
                     // deleted since, without an object). The server's namespaces under the
                     // selector at the position name it (a 410 means the position is gone too).
-                    // A `namespaces` list's namespaces are the configuration's: one dropped
+                    // Not asked when the selectors changed (nothing would tell), nor for a
+                    // `namespaces` list, whose namespaces are the configuration's: one dropped
                     // from it is left to the table, as the relay may not list namespaces.
                     let then = tokio::select! {
                         _ = self.life.stop.cancelled() => return self.stop().await,

@@ -168,6 +168,12 @@ impl Scoped {
         scope_table::table(self.applied.iter().map(String::as_str), &self.base)
     }
 
+    /// Whether the checkpoint was saved under this query but for its namespaces (the same
+    /// collection and selectors), as its table says; `false` without a table.
+    pub(super) fn saved_under_this_query(&self) -> bool {
+        (self.saved_table.as_deref()).is_some_and(|t| scope_table::over(t, &self.base))
+    }
+
     pub(super) fn saved_query(&self) -> Option<&String> {
         self.saved_query.as_ref()
     }

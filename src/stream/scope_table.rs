@@ -108,6 +108,11 @@ pub(super) fn difference<'a>(
     cells.iter().all(|c| *c == Cell::default()).then_some(moved)
 }
 
+/// Whether `saved` is a [`table`] written over the query whose fingerprint is `base`.
+pub(super) fn over(saved: &str, base: &str) -> bool {
+    parse(saved, base).is_some()
+}
+
 /// A saved table's cells, `None` for anything [`table`] does not write over `base`.
 fn parse(saved: &str, base: &str) -> Option<[Cell; CELLS]> {
     if saved.len() != DIGITS || !saved.is_ascii() {
@@ -215,8 +220,10 @@ mod tests {
             difference(&saved, "other", then.iter().map(String::as_str)),
             None
         );
+        assert!(over(&saved, "base") && !over(&saved, "other"));
         for bad in ["", "xyz", &"g".repeat(DIGITS), &"é".repeat(DIGITS / 2)] {
             assert_eq!(difference(bad, "base", std::iter::empty()), None, "{bad:?}");
+            assert!(!over(bad, "base"), "{bad:?}");
         }
     }
 }
