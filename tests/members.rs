@@ -58,7 +58,7 @@ async fn a_failed_membership_tombstone_is_produced_again() {
     bed.sim.delete("pods", Some("a"), "p0").unwrap();
     wait_covered(&bed).await;
     eventually(
-        || producer.tombstones_to_fail() == 0,
+        || producer.topic_failures_left() == 0,
         || "the tombstone was never sent".into(),
     )
     .await;

@@ -243,6 +243,32 @@ pub struct Resumed {
     pub members: Members,
 }
 
+/// The namespaces `channel`'s selector matched at exactly resourceVersion `at`, for
+/// [`scope::Scoped::resume_under`] to name a namespace in scope then that no name at the start
+/// tells (unlabelled or deleted since, without an object); a 410 means the position is gone
+/// too. `None` where a failure or a permission leaves it unknown, and where it is not asked:
+/// the selectors changed since (nothing would tell), or a `namespaces` list, whose namespaces
+/// are the configuration's (one dropped from it is left to the table: the relay may not list
+/// namespaces then).
+async fn scope_then(
+    client: &kube::Client,
+    channel: &Channel,
+    scoped: &scope::Scoped,
+    at: &str,
+    id: &str,
+) -> Option<BTreeSet<String>> {
+    let crate::config::Scope::Selector(selector) = &channel.scope else {
+        return None;
+    };
+    if !scoped.saved_under_this_query() {
+        return None;
+    }
+    kubeapi::namespaces(client, selector, Some(at))
+        .await
+        .inspect_err(|e| tracing::info!(stream = %id, error = %e, "listing the namespaces at the stream's position failed"))
+        .ok()
+}
+
 impl Stream {
     pub fn new(
         channel: Arc<Channel>,
@@ -458,28 +484,14 @@ impl Stream {
                 let mut resumed = position
                     .as_ref()
                     .is_some_and(|at| scoped.resume_under(&saved, held.clone(), at, &none));
-                let selector = match &self.channel.scope {
-                    crate::config::Scope::Selector(sel) if scoped.saved_under_this_query() => {
-                        Some(sel.as_str())
-                    }
-                    _ => None,
-                };
-                if let (false, Some(at), Some(selector)) = (resumed, &position, selector) {
-                    // Untold: a namespace in scope then that no name here tells (unlabelled or
-                    // deleted since, without an object). The server's namespaces under the
-                    // selector at the position name it (a 410 means the position is gone too).
-                    // Not asked when the selectors changed (nothing would tell), nor for a
-                    // `namespaces` list, whose namespaces are the configuration's: one dropped
-                    // from it is left to the table, as the relay may not list namespaces.
+                if let (false, Some(at)) = (resumed, &position) {
+                    // Untold: ask the server which namespaces were in scope then.
                     let then = tokio::select! {
                         _ = self.life.stop.cancelled() => return self.stop().await,
-                        then = kubeapi::namespaces(&self.client, selector, Some(at)) => then,
+                        then = scope_then(&self.client, &self.channel, scoped, at, &self.id) => then,
                     };
-                    match then {
-                        Ok(then) => resumed = scoped.resume_under(&saved, held, at, &then),
-                        Err(e) => {
-                            tracing::info!(stream = %self.id, error = %e, "listing the namespaces at the stream's position failed");
-                        }
+                    if let Some(then) = then {
+                        resumed = scoped.resume_under(&saved, held, at, &then);
                     }
                 }
                 if resumed {

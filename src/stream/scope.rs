@@ -94,14 +94,11 @@ impl NamespaceFilter {
 
     /// What the filter keeps of `learned`.
     fn kept(&self, learned: &BTreeSet<String>) -> BTreeSet<String> {
-        match &self.within {
-            Some(_) => learned
-                .iter()
-                .filter(|ns| self.keeps(ns))
-                .cloned()
-                .collect(),
-            None => learned.clone(),
-        }
+        learned
+            .iter()
+            .filter(|ns| self.keeps(ns))
+            .cloned()
+            .collect()
     }
 
     /// Whether the filter keeps `namespace` when it learns it.

@@ -156,11 +156,16 @@ enum Domain {
 
 /// The `words`-word vector of `name`.
 fn vector(domain: Domain, name: &str, words: usize) -> Vec<u64> {
+    vector_of(seed_in(domain, name), words)
+}
+
+/// The seed of `name` in `domain`: what its vector is drawn from.
+fn seed_in(domain: Domain, name: &str) -> u64 {
     let tag = match domain {
         Domain::Base => "query\n",
         Domain::Namespace => "namespace\n",
     };
-    vector_of(fnv1a64(&format!("{tag}{name}")), words)
+    fnv1a64(&format!("{tag}{name}"))
 }
 
 /// The `words`-word vector of the name whose seed is `seed` (see [`seed`]).
@@ -173,7 +178,7 @@ fn vector_of(seed: u64, words: usize) -> Vec<u64> {
 /// The seed of namespace `ns`: what its vector is drawn from, and what the invertible table
 /// holds of it (see [`super::scope_table`]).
 pub(super) fn seed(ns: &str) -> u64 {
-    fnv1a64(&format!("namespace\n{ns}"))
+    seed_in(Domain::Namespace, ns)
 }
 
 /// Whether `saved` is the sum of `namespaces` and of the namespaces whose seeds are `seeds`

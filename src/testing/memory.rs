@@ -33,6 +33,32 @@ pub struct Memory {
     state: Mutex<MemoryState>,
 }
 
+/// Deliveries to fail among those to topics starting with `prefix` (only tombstones, with
+/// `tombstones`): `skip` of them let through first, then `fail` failed.
+struct TopicFailures {
+    prefix: String,
+    tombstones: bool,
+    skip: usize,
+    fail: usize,
+}
+
+impl TopicFailures {
+    /// Whether `record` fails, counting it.
+    fn fails(&mut self, record: &Record) -> bool {
+        if !record.topic.starts_with(self.prefix.as_str()) || (self.tombstones && !record.tombstone)
+        {
+            return false;
+        }
+        if self.skip > 0 {
+            self.skip -= 1;
+            return false;
+        }
+        let fails = self.fail > 0;
+        self.fail = self.fail.saturating_sub(1);
+        fails
+    }
+}
+
 #[derive(Default)]
 struct MemoryState {
     /// Delivered records and their place in the send order.
@@ -49,11 +75,8 @@ struct MemoryState {
     /// Releases holding a record larger than this fail whole, as a broker refuses a batch.
     batch_limit: Option<usize>,
     fail_next: usize,
-    /// Fails deliveries to topics starting with the prefix: so many let through first, then
-    /// so many failed.
-    fail_topic: Option<(String, usize, usize)>,
-    /// Fails so many tombstones to topics starting with the prefix.
-    fail_tombstones: Option<(String, usize)>,
+    /// Fails some deliveries to topics starting with a prefix.
+    fail_topic: Option<TopicFailures>,
     fatal: Option<String>,
     /// What `ensure_compacted` reports of each topic (created compacted when first asked).
     topics: std::collections::HashMap<String, TopicState>,
@@ -174,18 +197,28 @@ impl Memory {
     /// Lets the next `skip` deliveries to topics whose name starts with `prefix` through, then
     /// fails `n` of them.
     pub fn fail_to_after(&self, prefix: &str, skip: usize, n: usize) {
-        self.state().fail_topic = Some((prefix.to_string(), skip, n));
+        self.fail_topic(prefix, false, skip, n);
     }
 
     /// Fails the next `n` tombstones to topics whose name starts with `prefix` (other records
     /// to them go through).
     pub fn fail_next_tombstones_to(&self, prefix: &str, n: usize) {
-        self.state().fail_tombstones = Some((prefix.to_string(), n));
+        self.fail_topic(prefix, true, 0, n);
     }
 
-    /// How many of the failures armed by [`Memory::fail_next_tombstones_to`] are still to come.
-    pub fn tombstones_to_fail(&self) -> usize {
-        self.state().fail_tombstones.as_ref().map_or(0, |(_, n)| *n)
+    /// How many of the failures armed by [`Memory::fail_to_after`] or
+    /// [`Memory::fail_next_tombstones_to`] are still to come.
+    pub fn topic_failures_left(&self) -> usize {
+        self.state().fail_topic.as_ref().map_or(0, |f| f.fail)
+    }
+
+    fn fail_topic(&self, prefix: &str, tombstones: bool, skip: usize, fail: usize) {
+        self.state().fail_topic = Some(TopicFailures {
+            prefix: prefix.to_string(),
+            tombstones,
+            skip,
+            fail,
+        });
     }
 
     /// Sets what the broker reports of `topic`.
@@ -262,31 +295,7 @@ impl Memory {
     fn settle(&self, n: u64, record: Record, receipt: Box<Receipt>) {
         let result = {
             let mut s = self.state();
-            let to_topic = match &mut s.fail_topic {
-                Some((prefix, skip, _))
-                    if *skip > 0 && record.topic.starts_with(prefix.as_str()) =>
-                {
-                    *skip -= 1;
-                    false
-                }
-                Some((prefix, _, n)) if *n > 0 && record.topic.starts_with(prefix.as_str()) => {
-                    *n -= 1;
-                    true
-                }
-                _ => false,
-            };
-            let to_topic = to_topic
-                || match &mut s.fail_tombstones {
-                    Some((prefix, n))
-                        if *n > 0
-                            && record.tombstone
-                            && record.topic.starts_with(prefix.as_str()) =>
-                    {
-                        *n -= 1;
-                        true
-                    }
-                    _ => false,
-                };
+            let to_topic = s.fail_topic.as_mut().is_some_and(|f| f.fails(&record));
             if s.fail_next > 0 || to_topic {
                 s.fail_next = s.fail_next.saturating_sub(usize::from(!to_topic));
                 Err(DeliveryError::Failed(ProduceError::retriable(
