@@ -166,6 +166,13 @@ enum Command {
         #[arg(long)]
         delta: bool,
     },
+    /// Fan out the streams a sharded release kept whole from before fan-out: each shard's part
+    /// takes its objects and resumes from the stream's position, so consumers see every change
+    /// and no retraction. Scale the release to zero first: refused while a replica runs.
+    SplitWhole {
+        #[command(flatten)]
+        config: ConfigFile,
+    },
     /// Print the Kubernetes permissions a configuration needs, as JSON: list and watch per
     /// resource, cluster-wide or per namespace, and the relay's own ConfigMap and Lease.
     Rbac {
@@ -393,6 +400,31 @@ fn dispatch(cli: Cli) -> Result<()> {
             match output {
                 Output::Json => outln!("{}", serde_json::to_string_pretty(&status)?),
                 Output::Text => out!("{}", watchrelay::status::text(&status)),
+            }
+            Ok(())
+        }
+        Command::SplitWhole { config } => {
+            let cfg = config.load()?;
+            logging(&cli)?;
+            let splits = block_on(async {
+                let client = kube_client(&cfg.kubernetes).await?;
+                Relay::new(cfg, client)
+                    .split_whole()
+                    .await
+                    .map_err(anyhow::Error::from)
+            })?;
+            if splits.is_empty() {
+                outln!("no stream is kept whole: nothing to split");
+            }
+            for s in &splits {
+                let members: usize = s.members.values().sum();
+                let from = s.position.as_deref().unwrap_or("none: each part lists");
+                outln!(
+                    "{} (shard {}): {members} members handed to {} parts, each resuming from resourceVersion {from}",
+                    s.stream,
+                    s.shard,
+                    s.members.len()
+                );
             }
             Ok(())
         }

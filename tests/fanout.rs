@@ -8,9 +8,11 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use common::bed::{eventually, sharded, wait_for, Bed, Relay, CHECKPOINT_NAME, CHECKPOINT_NS};
-use common::view::{assert_published, consumer_view_by, events, json, pods_by, version};
+use common::view::{assert_published, consumer_view_by, events, json, pods_by, repeated, version};
+use watchrelay::config::{Config, Delivery};
 use watchrelay::metrics::Metrics;
-use watchrelay::testing::{Lane, Memory, MemoryGroup, Order};
+use watchrelay::testing::{Lane, Memory, MemoryGroup, Order, Transactions};
+use watchrelay::RelayError;
 use watchrelay_sim::{objects, ChurnSpec, SimConfig};
 
 const NAMESPACES: [&str; 8] = ["a", "b", "c", "d", "e", "f", "g", "h"];
@@ -259,19 +261,7 @@ async fn a_stream_kept_whole_from_before_fan_out_loses_no_change() {
     let cfg = sharded(bed.config(channel, ""), 4);
     // As the older release left it: the stream recorded whole in its channel's shard.
     let whole = "watchNamespacedPods._all";
-    let home = cfg.sharding.shard_of_stream(whole);
-    bed.sim
-        .create(
-            "configmaps",
-            Some(CHECKPOINT_NS),
-            serde_json::json!({
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": {"name": format!("{CHECKPOINT_NAME}-s{home}"), "namespace": CHECKPOINT_NS},
-                "data": {whole: "{\"rv\":null}"},
-            }),
-        )
-        .unwrap();
+    let home = recorded_whole(&bed, &cfg, whole);
     let memory = Arc::new(Memory::new());
     let group = MemoryGroup::default();
     let cluster = || pods_by(&bed.sim, &NAMESPACES, |_| true, version);
@@ -318,6 +308,207 @@ async fn a_stream_kept_whole_from_before_fan_out_loses_no_change() {
     assert_eq!(retracted, 0, "objects were retracted");
     let journal = bed.journal_after("pods", None, from);
     assert_published(&log, &journal, "");
+}
+
+/// `watchrelay split-whole` fans out a stream kept whole from before fan-out. Refused while a
+/// replica runs; with the release stopped, every shard's part takes its objects' members and
+/// the stream's position, so the next start resumes each part from there: every change made
+/// while the release was down and after is published once (two changes of one object while
+/// down would collapse into a list), nothing is retracted, and the collection is never listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_kept_whole_split_into_the_shards_parts_loses_no_change() {
+    let channel = "  - operationId: watchNamespacedPods\n    allNamespaces: true\n    watchStrategy: clusterWide\n    topic: pods\n";
+    split_loses_no_change(channel, false).await;
+}
+
+/// The same with exactly-once delivery: the split fences every shard's transactional id and
+/// takes the position committed with the stream's records; no change is published twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_a_stream_kept_whole_split_into_the_shards_parts_publishes_every_change_once()
+{
+    let channel = "  - operationId: watchNamespacedPods\n    allNamespaces: true\n    watchStrategy: clusterWide\n    topic: pods\n";
+    split_loses_no_change(channel, true).await;
+}
+
+/// The same over a `namespaces` list read cluster-wide: each part's scope is its shard's
+/// namespaces of the list, which the stream's position covered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listed_stream_kept_whole_split_into_the_shards_parts_loses_no_change() {
+    let channel = format!(
+        "  - operationId: watchNamespacedPods\n    namespaces: [{}]\n    watchStrategy: clusterWide\n    topic: pods\n",
+        NAMESPACES.join(", ")
+    );
+    split_loses_no_change(&channel, false).await;
+}
+
+/// A stream of `channel` kept whole, relayed, split while the release is down, and relayed
+/// by its parts (`once`: with exactly-once delivery): see the tests above.
+async fn split_loses_no_change(channel: &str, once: bool) {
+    let bed = Bed::in_memory_serving(true, &NAMESPACES).await;
+    pods_p1(&bed);
+    let mut cfg = sharded(bed.config(channel, ""), 4);
+    if once {
+        cfg.kafka.delivery = Delivery::ExactlyOnce;
+    }
+    let whole = "watchNamespacedPods._all";
+    let home = recorded_whole(&bed, &cfg, whole);
+    let memory = Arc::new(Memory::new());
+    let txns = once.then(|| Transactions::new(memory.clone()));
+    let group = MemoryGroup::default();
+    let cluster = || pods_by(&bed.sim, &NAMESPACES, |_| true, version);
+    let consumer = || consumer_view_by(&events(&memory), version);
+    let lane = || Lane::new(memory.clone());
+    let start = || Relay::start_on_lane_with(&bed, cfg.clone(), lane(), &group, txns.as_ref());
+    let split = || Relay::split_whole(&bed, cfg.clone(), lane(), &group, txns.as_ref());
+    let a = start();
+    owns(&a, Some(4), "A never owned the shards").await;
+    eventually(
+        || consumer() == cluster(),
+        || "A never relayed the pods".into(),
+    )
+    .await;
+    let from = bed.sim.current_rv();
+    change_p1(&bed, "1");
+    eventually(
+        || consumer() == cluster(),
+        || "A never relayed the change".into(),
+    )
+    .await;
+    let refused = split().await;
+    assert!(
+        matches!(refused, Err(RelayError::Refused(_))),
+        "a split while a replica runs: {refused:?}"
+    );
+    // Stopped by a crash: the checkpoint ConfigMap may lag what was relayed (under exactly
+    // once, the positions committed in Kafka).
+    a.kill().await;
+    // While the release is down: two changes of every pod, one deleted, one created.
+    change_p1(&bed, "2");
+    change_p1(&bed, "3");
+    bed.sim.delete("pods", Some(NAMESPACES[0]), "p1").unwrap();
+    let p2 = objects::pod(NAMESPACES[1], "p2");
+    bed.sim.create("pods", Some(NAMESPACES[1]), p2).unwrap();
+    let splits = split().await.expect("the split");
+    assert_eq!(splits.len(), 1, "{splits:?}");
+    let made = &splits[0];
+    assert_eq!((made.stream.as_str(), made.shard), (whole, home));
+    assert_eq!(made.members.values().sum::<usize>(), NAMESPACES.len());
+    let position: u64 = made
+        .position
+        .as_deref()
+        .expect("a position")
+        .parse()
+        .unwrap();
+    for k in 0..4 {
+        let part = format!("watchNamespacedPods._all-s{k}");
+        assert_eq!(bed.shard_checkpoint_rv(k, whole), None, "shard {k}");
+        assert_eq!(
+            bed.shard_checkpoint_rv(k, &part),
+            Some(position),
+            "shard {k}"
+        );
+    }
+    let again = split().await;
+    assert!(again.expect("a second split").is_empty());
+    let b = start();
+    owns(&b, Some(4), "B never owned the shards").await;
+    eventually(
+        || consumer() == cluster(),
+        || "B never relayed the changes made while the release was down".into(),
+    )
+    .await;
+    let label = serde_json::json!({"metadata": {"labels": {"v": "4"}}});
+    (bed.sim
+        .merge_patch("pods", Some(NAMESPACES[1]), "p2", label))
+    .unwrap();
+    eventually(
+        || consumer() == cluster(),
+        || "B never relayed the last change".into(),
+    )
+    .await;
+    assert!(b.metrics.fanout_watches.get() > 0, "not fanned out");
+    assert_eq!(b.metrics.fanout_lists.get(), 0, "a part relisted");
+    let mut ids: Vec<String> = b.registry.phases().into_keys().collect();
+    ids.sort();
+    let parts: Vec<String> = (0..4)
+        .map(|k| format!("watchNamespacedPods._all-s{k}"))
+        .collect();
+    assert_eq!(ids, parts);
+    b.stop().await;
+    let log = events(&memory);
+    let retracted = log
+        .iter()
+        .filter(|r| json(r)["watchrelay"]["synthetic"] == true)
+        .count();
+    assert_eq!(retracted, 0, "objects were retracted");
+    let journal = bed.journal_after("pods", None, from);
+    assert_published(&log, &journal, "");
+    if once {
+        let twice = repeated(&log);
+        assert!(twice.is_empty(), "published twice: {twice:?}");
+    }
+}
+
+/// While a split of streams kept whole is under way, or was cut short, no replica starts; a
+/// replica that settled the release before a split stops at its next term, rather than run
+/// what it settled (a stream kept whole that the split handed to the shards' parts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_runs_nothing_of_a_release_being_split() {
+    let bed = Bed::in_memory_serving(true, &NAMESPACES).await;
+    pods_p1(&bed);
+    let channel = "  - operationId: watchNamespacedPods\n    allNamespaces: true\n    watchStrategy: clusterWide\n    topic: pods\n";
+    let cfg = sharded(bed.config(channel, ""), 4);
+    let memory = Arc::new(Memory::new());
+    let group = MemoryGroup::default();
+    let start = || Relay::start_on_lane(&bed, cfg.clone(), Lane::new(memory.clone()), &group);
+    let mark = |k: u32, key: &str, value: &str| {
+        let name = format!("{CHECKPOINT_NAME}-s{k}");
+        let data = serde_json::json!({"data": {key: value}});
+        (bed.sim
+            .merge_patch("configmaps", Some(CHECKPOINT_NS), &name, data))
+        .unwrap();
+    };
+    let a = start();
+    owns(&a, Some(4), "A never owned the shards").await;
+    // A split made after A settled the release (one whose marks A's start raced).
+    for k in 0..4 {
+        mark(k, ".splits", "1");
+    }
+    let b = start();
+    owns(&b, None, "B never took a shard").await;
+    b.kill().await;
+    eventually(
+        || a.ended(),
+        || "A ran a term of a release split since it started".into(),
+    )
+    .await;
+    assert_eq!(a.outcome().await, Ok(()));
+    // A split cut short.
+    mark(1, ".splitting", "watchNamespacedPods._all");
+    let refused = start().outcome().await;
+    assert!(
+        refused.as_ref().is_err_and(|e| e.contains("split-whole")),
+        "{refused:?}"
+    );
+}
+
+/// Records `whole` in its shard's checkpoint ConfigMap, as a release before fan-out left it
+/// (without a position); its shard.
+fn recorded_whole(bed: &Bed, cfg: &Config, whole: &str) -> u32 {
+    let home = cfg.sharding.shard_of_stream(whole);
+    bed.sim
+        .create(
+            "configmaps",
+            Some(CHECKPOINT_NS),
+            serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": format!("{CHECKPOINT_NAME}-s{home}"), "namespace": CHECKPOINT_NS},
+                "data": {whole: "{\"rv\":null}"},
+            }),
+        )
+        .unwrap();
+    home
 }
 
 /// S11: a reopen of the shared watch answered 504 (the server's cache behind the position, as
@@ -698,7 +889,7 @@ async fn a_part_stalls(changes: usize, pad: usize) -> (Relay, u64) {
 /// A simulator that filters by shard (serving `shardSelector` as kube-apiserver with
 /// `ShardedListAndWatch` on) holding a pod `p1` in every namespace, and a release over 4
 /// shards of `watchAllPods` on it.
-async fn filtering_bed() -> (Bed, watchrelay::config::Config) {
+async fn filtering_bed() -> (Bed, Config) {
     let sim = SimConfig {
         sharded_list_and_watch: true,
         ..SimConfig::default()
@@ -717,18 +908,14 @@ async fn relaying_every_shard(bed: &Bed, channel: &str, memory: &Arc<Memory>) ->
 }
 
 /// The same, configured as `cfg`.
-async fn relaying_every_shard_as(
-    bed: &Bed,
-    cfg: watchrelay::config::Config,
-    memory: &Arc<Memory>,
-) -> Relay {
+async fn relaying_every_shard_as(bed: &Bed, cfg: Config, memory: &Arc<Memory>) -> Relay {
     relaying_every_shard_in(bed, cfg, memory, &MemoryGroup::default()).await
 }
 
 /// The same, in shard group `group`.
 async fn relaying_every_shard_in(
     bed: &Bed,
-    cfg: watchrelay::config::Config,
+    cfg: Config,
     memory: &Arc<Memory>,
     group: &MemoryGroup,
 ) -> Relay {

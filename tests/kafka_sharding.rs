@@ -15,6 +15,7 @@ use common::kafka::{self, Msg};
 use common::proxy::{Proxy, Wire};
 use common::view::{kafka_view, pods};
 use watchrelay::config::{Config, Delivery, GroupProtocol, ShardingConfig};
+use watchrelay::group::{Coordinator, GroupError};
 use watchrelay_sim::{objects, ChurnHandle, ChurnSpec, Fault, SimConfig};
 
 const SHARDS: u32 = 8;
@@ -284,7 +285,27 @@ async fn replicas_share_the_shards_and_handovers_lose_nothing(
         "a deposed owner's record landed after its successor's"
     );
 
+    // The group's coordinator refuses a claim from outside the group while a replica is in it
+    // (what `watchrelay split-whole` stands on), whichever protocol the replicas speak, and
+    // takes it once the group is empty.
+    let claim = |cfg: &Config| {
+        let cfg = cfg.clone();
+        tokio::task::spawn_blocking(move || watchrelay::group::Kafka.claim_idle(&cfg))
+    };
+    let busy = claim(&cfg).await.unwrap();
+    assert!(matches!(busy, Err(GroupError::Busy(_))), "{busy:?}");
     e.stop().await;
+    let mut idle = claim(&cfg).await.unwrap();
+    for _ in 0..20 {
+        if idle.is_ok() {
+            break;
+        }
+        // The group may take a moment to empty once its last member left.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        idle = claim(&cfg).await.unwrap();
+    }
+    let claimed = idle.expect("a claim of the empty group");
+    assert_eq!(claimed.len(), SHARDS as usize);
 }
 
 /// Scale 3 -> 5 -> 2 under churn, over a fanned-out collection: two replicas join, then
@@ -1073,14 +1094,17 @@ fn previous_release() -> std::path::PathBuf {
     std::path::PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
-/// A rolling upgrade from 0.1.0, replicas of both versions side by side. Three 0.1.0 replicas
-/// relay `watchAllPods` whole, in its channel's shard (as releases before fan-out did); under
-/// churn they are replaced one by one by this version's, and then one new replica is killed.
-/// The stream stays whole and moves between versions like any shard: every change the API
-/// server made once it had its position is published, nothing is retracted, no shard runs a
-/// part of it, and every key ends as the cluster's.
+/// A rolling upgrade from 0.1.0, replicas of both versions side by side, then the stream
+/// fanned out. Three 0.1.0 replicas relay `watchAllPods` whole, in its channel's shard (as
+/// releases before fan-out did); under churn they are replaced one by one by this version's,
+/// and then one new replica is killed. The stream stays whole and moves between versions like
+/// any shard, and no shard runs a part of it. Then `watchrelay split-whole` is refused while
+/// replicas run; with the release stopped (the churn goes on) it hands every shard its part,
+/// and three replicas relay the parts from there. Through all of it every change the API
+/// server made once the stream had its position is published, nothing is retracted, and every
+/// key ends as the cluster's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rolling_upgrade_from_0_1_0_keeps_a_whole_streams_history() {
+async fn a_rolling_upgrade_from_0_1_0_and_a_split_keep_a_whole_streams_history() {
     let previous = tokio::task::spawn_blocking(previous_release).await.unwrap();
     let scene = Scene::new(12, "upgrade", None).await;
     let (bed, topic) = (&scene.bed, &scene.topic);
@@ -1127,6 +1151,62 @@ async fn a_rolling_upgrade_from_0_1_0_keeps_a_whole_streams_history() {
     let rest: Vec<&str> = rest.iter().map(String::as_str).collect();
     wait_owned_by(bed, &checkpoint, &rest).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
+    let over_the_collection = |k: u32| -> Vec<String> {
+        let name = ShardingConfig::configmap(&checkpoint, k);
+        let cm = bed.sim.get("configmaps", Some(CHECKPOINT_NS), &name);
+        cm.and_then(|cm| cm["data"].as_object().cloned())
+            .map(|d| {
+                d.keys()
+                    .filter(|id| id.contains("._all"))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for k in 0..SHARDS {
+        let expected: Vec<String> = if k == home {
+            vec![whole.into()]
+        } else {
+            vec![]
+        };
+        assert_eq!(over_the_collection(k), expected, "shard {k}, kept whole");
+    }
+    assert!(
+        new.iter()
+            .any(|r| r.log().contains("relayed whole in its channel's shard")),
+        "no new replica said it kept the stream whole"
+    );
+
+    // Fanned out: refused while replicas run, split once every one stopped.
+    let refused = new[0].split_whole();
+    let said = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert!(
+        !refused.status.success() && said.contains("scale the release to zero"),
+        "a split while replicas run: {refused:?}"
+    );
+    for (i, r) in new.iter_mut().enumerate() {
+        if i != crashed {
+            r.stop();
+        }
+    }
+    // The group may take a moment to empty once the last replica left.
+    let mut split = new[0].split_whole();
+    for _ in 0..20 {
+        if split.status.success() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        split = new[0].split_whole();
+    }
+    let said = String::from_utf8_lossy(&split.stdout).to_string();
+    assert!(split.status.success(), "the split failed: {split:?}");
+    assert!(said.contains(&format!("{whole} (shard {home})")), "{said}");
+    let mut fanned: Vec<RelayProcess> = ["f0", "f1", "f2"]
+        .iter()
+        .map(|pod| RelayProcess::replica(dir.path(), &config, pod))
+        .collect();
+    wait_owned_by(bed, &checkpoint, &["f0", "f1", "f2"]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     churn.stop().await;
 
     let msgs = scene.converged(|m| epoch_view(m).0).await;
@@ -1137,33 +1217,17 @@ async fn a_rolling_upgrade_from_0_1_0_keeps_a_whole_streams_history() {
         .count();
     assert_eq!(retracted, 0, "objects were retracted");
     for k in 0..SHARDS {
-        let name = ShardingConfig::configmap(&checkpoint, k);
-        let cm = bed.sim.get("configmaps", Some(CHECKPOINT_NS), &name);
-        let ids: Vec<String> = cm
-            .and_then(|cm| cm["data"].as_object().cloned())
-            .map(|d| {
-                d.keys()
-                    .filter(|id| id.contains("._all"))
-                    .cloned()
-                    .collect()
-            })
-            .unwrap_or_default();
-        let expected: Vec<String> = if k == home {
-            vec![whole.into()]
-        } else {
-            vec![]
-        };
-        assert_eq!(ids, expected, "shard {k}'s streams over the collection");
+        let part = format!("watchAllPods._all-s{k}");
+        assert_eq!(over_the_collection(k), [part], "shard {k}, split");
     }
     assert!(
-        new.iter()
+        !fanned
+            .iter()
             .any(|r| r.log().contains("relayed whole in its channel's shard")),
-        "no new replica said it kept the stream whole"
+        "a replica kept the stream whole after the split"
     );
     eprintln!("{}", scene.per_change(&msgs));
-    for (i, r) in new.iter_mut().enumerate() {
-        if i != crashed {
-            r.stop();
-        }
+    for r in &mut fanned {
+        r.stop();
     }
 }

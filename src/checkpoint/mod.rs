@@ -159,6 +159,16 @@ pub fn read_writes(cm: &ConfigMap) -> u64 {
 /// (positions and members) was copied in: the value names where from. Copied once.
 pub const MIGRATED_KEY: &str = ".migrated";
 
+/// The `data` key of a sharded release's checkpoint ConfigMaps while `watchrelay split-whole`
+/// hands streams kept whole to the shards' parts (the value names them): no replica starts,
+/// and no term of the shard runs, until the split removes it (see `relay::split`).
+pub const SPLITTING_KEY: &str = ".splitting";
+
+/// The `data` key of a sharded release's checkpoint ConfigMaps counting the splits of streams
+/// kept whole made on the release: each split raises it on every shard as it ends. A replica
+/// that settled its configuration before a split finds it raised and restarts.
+pub const SPLITS_KEY: &str = ".splits";
+
 /// What this relay recorded of its membership topic the last time it verified it: the topic,
 /// the id of the mark it wrote into it, and its partitions. A topic deleted and created again
 /// lacks the mark; one with other partitions spreads keys differently. Its presence also says
@@ -185,6 +195,11 @@ pub struct Loaded {
     /// A shard's ConfigMap: what its share of a single-leader release's state was copied from
     /// ([`MIGRATED_KEY`]), once it was.
     pub migrated: Option<String>,
+    /// A shard's ConfigMap: the streams kept whole that a split is handing to the shards'
+    /// parts ([`SPLITTING_KEY`]), until it is done.
+    pub splitting: Option<String>,
+    /// A shard's ConfigMap: how many splits of streams kept whole it recorded ([`SPLITS_KEY`]).
+    pub splits: u64,
     /// The highest era its streams were written with: the [`ERA_FLOOR_ANNOTATION`], or the
     /// highest era of its entries if above.
     pub era_floor: u64,

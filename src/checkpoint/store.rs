@@ -9,7 +9,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use super::{
     encode, read, read_mark, read_writes, size, CheckpointError, Loaded, Saved, BUDGET,
     EPOCH_ANNOTATION, MIGRATED_KEY, OWNER_ANNOTATION, RESYNC_ANNOTATION, SHARDING_ANNOTATION,
-    SHARD_OWNERS_ANNOTATION, WRITES_KEY,
+    SHARD_OWNERS_ANNOTATION, SPLITS_KEY, SPLITTING_KEY, WRITES_KEY,
 };
 
 /// Who writes a shard's ConfigMap: the replica, and its owner epoch of the shard.
@@ -160,6 +160,13 @@ impl Store {
                     mark: read_mark(cm),
                     writes: read_writes(cm),
                     migrated: cm.data.as_ref().and_then(|d| d.get(MIGRATED_KEY)).cloned(),
+                    splitting: cm.data.as_ref().and_then(|d| d.get(SPLITTING_KEY)).cloned(),
+                    splits: cm
+                        .data
+                        .as_ref()
+                        .and_then(|d| d.get(SPLITS_KEY))
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0),
                     era_floor,
                 }
             })

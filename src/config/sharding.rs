@@ -62,6 +62,11 @@ pub struct ShardingConfig {
     /// gate), each replica asks it for its shards' namespaces only, instead of reading a
     /// fanned-out collection of namespaced objects whole and dropping the others'.
     pub server_ranges: bool,
+    /// How many splits of streams kept whole the release's shards recorded when this replica
+    /// read them before relaying (see [`crate::checkpoint::SPLITS_KEY`]); not configured. A
+    /// term that finds more stops the replica: what it settled at its start is out of date.
+    #[serde(skip)]
+    pub splits_seen: u64,
 }
 
 impl Default for ShardingConfig {
@@ -75,6 +80,7 @@ impl Default for ShardingConfig {
             ownership_deadline_ms: 5_000,
             api_unreachable_seconds: 30,
             server_ranges: true,
+            splits_seen: 0,
         }
     }
 }

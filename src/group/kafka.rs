@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
@@ -200,6 +201,33 @@ impl Coordinator for Kafka {
         };
         Ok((Box::new(group), events))
     }
+
+    /// Commits every shard's next epoch as a consumer outside the group (generation -1, which
+    /// the classic protocol's client sends): the coordinator refuses such a commit with
+    /// `UNKNOWN_MEMBER_ID` (or a rebalance or generation error) while the group has members,
+    /// whichever protocol they speak.
+    fn claim_idle(&self, cfg: &Config) -> Result<BTreeMap<u32, u64>, GroupError> {
+        let topic = cfg.sharding.owners_topic(&cfg.cluster_name);
+        let consumer: BaseConsumer = settings(cfg, "outside-the-group")
+            .set("group.protocol", "classic")
+            .create()
+            .map_err(|e| GroupError::Client(e.to_string()))?;
+        let shards: Vec<u32> = (0..cfg.sharding.shards).collect();
+        let claims = raised(&consumer, &topic, &shards)
+            .map_err(|e| GroupError::Claim(format!("reading the shards' epochs: {e}")))?;
+        match consumer.commit(&epochs(&topic, &claims), CommitMode::Sync) {
+            Ok(()) => Ok(claims),
+            Err(e) => match e.rdkafka_error_code() {
+                Some(
+                    RDKafkaErrorCode::UnknownMemberId
+                    | RDKafkaErrorCode::IllegalGeneration
+                    | RDKafkaErrorCode::RebalanceInProgress
+                    | RDKafkaErrorCode::StaleMemberEpoch,
+                ) => Err(GroupError::Busy(e.to_string())),
+                _ => Err(GroupError::Claim(e.to_string())),
+            },
+        }
+    }
 }
 
 impl Membership for Group {
@@ -284,25 +312,10 @@ fn poll(consumer: &BaseConsumer<Context>, deadline: &Deadline, stop: &AtomicBool
 /// Claims `shards`: reads their epochs and commits each one higher.
 fn claim(consumer: &BaseConsumer<Context>, deadline: &Deadline, shards: &[u32]) {
     let cx = consumer.context();
-    let mut tpl = TopicPartitionList::new();
-    for &s in shards {
-        tpl.add_partition(&cx.topic, s.cast_signed());
-    }
-    let committed = match consumer.committed_offsets(tpl, COMMIT_TIMEOUT) {
+    let claims = match raised(consumer, &cx.topic, shards) {
         Ok(c) => c,
         Err(e) => return tracing::warn!(error = %e, "reading the shards' epochs failed"),
     };
-    let claims: BTreeMap<u32, u64> = committed
-        .elements()
-        .iter()
-        .map(|e| {
-            let before = match e.offset() {
-                Offset::Offset(o) if o > 0 => o as u64,
-                _ => 0,
-            };
-            (e.partition() as u32, before + 1)
-        })
-        .collect();
     let sent = tokio::time::Instant::now();
     match consumer.commit(&epochs(&cx.topic, &claims), CommitMode::Sync) {
         Ok(()) => {
@@ -320,6 +333,31 @@ fn claim(consumer: &BaseConsumer<Context>, deadline: &Deadline, shards: &[u32]) 
         }
         Err(e) => tracing::warn!(error = %e, ?shards, "claiming shards failed; retrying"),
     }
+}
+
+/// The epochs of `shards` as a claim makes them: each one above the epoch its committed offset
+/// on `topic` holds.
+fn raised<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    shards: &[u32],
+) -> rdkafka::error::KafkaResult<BTreeMap<u32, u64>> {
+    let mut tpl = TopicPartitionList::new();
+    for &s in shards {
+        tpl.add_partition(topic, s.cast_signed());
+    }
+    let committed = consumer.committed_offsets(tpl, COMMIT_TIMEOUT)?;
+    Ok(committed
+        .elements()
+        .iter()
+        .map(|e| {
+            let before = match e.offset() {
+                Offset::Offset(o) if o > 0 => o as u64,
+                _ => 0,
+            };
+            (e.partition() as u32, before + 1)
+        })
+        .collect())
 }
 
 /// Commits the claimed shards' epochs every [`RENEW`]: each success renews the deadline, and

@@ -23,6 +23,7 @@
 //! so the next owner starts from them. A lost assignment (the session expired) is reported the
 //! same way with `lost`: nothing may be drained any more.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -152,6 +153,13 @@ pub enum GroupError {
     /// Joining panicked.
     #[error("joining the shard group panicked: {0}")]
     Panicked(String),
+    /// The group has members: a claim made outside it was refused (see
+    /// [`Coordinator::claim_idle`]).
+    #[error("the shard group has members (replicas of the release are running): {0}")]
+    Busy(String),
+    /// The shards' epochs could not be read or committed.
+    #[error("claiming the shards outside the group: {0}")]
+    Claim(String),
     /// A thread of the group could not be started.
     #[error("starting the shard group's {thread} thread: {source}")]
     Thread {
@@ -173,6 +181,13 @@ pub trait Coordinator: Send + Sync {
         identity: &str,
         handover: Duration,
     ) -> Result<(Box<dyn Membership>, mpsc::UnboundedReceiver<Event>), GroupError>;
+
+    /// Claims every shard of `cfg`'s release from outside the group, for a tool that must run
+    /// while no replica does: each shard's epoch is raised as a member's claim raises it, by
+    /// a commit the coordinator accepts only while the group has no member (as it accepts an
+    /// administrator's offset reset). The epochs so claimed; [`GroupError::Busy`] while a
+    /// replica is in the group. Blocks.
+    fn claim_idle(&self, cfg: &Config) -> Result<BTreeMap<u32, u64>, GroupError>;
 }
 
 /// One replica's membership in the group.

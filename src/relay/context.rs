@@ -40,6 +40,9 @@ pub enum RelayError {
     /// The configuration cannot be applied to the release as it stands; says the safe way.
     #[error("refusing to start: {0}")]
     Refused(String),
+    /// Splitting the streams kept whole failed midway (`watchrelay split-whole`): run it again.
+    #[error("splitting the streams kept whole: {0}; run the split again to finish it")]
+    Split(String),
     /// The schema registry refused a topic's schema: nothing more may be published under it.
     #[error("stopped: {0}")]
     Schema(String),

@@ -32,6 +32,7 @@ pub use context::RelayError;
 use context::{Context, Sink};
 use others::Others;
 pub use preflight::preflight;
+pub use split::Split;
 use term::{Run, Term};
 
 mod context;
@@ -45,6 +46,7 @@ mod preflight;
 mod reach;
 mod shapes;
 mod shards;
+mod split;
 mod term;
 mod topics;
 
@@ -158,6 +160,14 @@ impl Relay {
     /// Cancel it to stop: the relay drains, writes its last checkpoint and returns.
     pub fn shutdown(&self) -> CancellationToken {
         self.ctx.shutdown.clone()
+    }
+
+    /// Splits the streams this sharded release keeps whole from before fan-out into the
+    /// shards' parts, each resuming from the stream's position, while no replica of the release
+    /// runs (`watchrelay split-whole`; see `split.rs`). Refused while one does. What it split;
+    /// nothing when no stream is kept whole.
+    pub async fn split_whole(self) -> Result<Vec<Split>, RelayError> {
+        split::run(&self.ctx).await
     }
 
     /// Runs until shut down; with leader election on, relays only while this replica holds the

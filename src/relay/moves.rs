@@ -18,7 +18,9 @@
 //!
 //! A replica refuses to start on such a change while any shard's checkpoint ConfigMap still
 //! holds the old stream, and names the safe way: remove the channel (or change it to its old
-//! shape), roll out, wait until its streams are retired, then make the change. A change within
+//! shape), roll out, wait until its streams are retired, then make the change. A stream kept
+//! whole is fanned out without retracting anything by `watchrelay split-whole`, with the
+//! release stopped (see `split`); a replica refuses to start while a split is under way. A change within
 //! one namespace never crosses, and neither does a `watchStrategy` switch of a namespaced
 //! channel between its per-namespace streams and its fanned-out parts: an object lives in its
 //! namespace's shard in both shapes, and that shard hands the members over
@@ -33,7 +35,7 @@
 
 use tokio_util::sync::CancellationToken;
 
-use crate::checkpoint::Store;
+use crate::checkpoint::{Store, SPLITTING_KEY};
 use crate::config::{Channel, Config, Scope, Shape, ShardingConfig, StreamId};
 
 /// Reads the release's sharding mark and every shard's checkpoint ConfigMap, decides what
@@ -66,11 +68,32 @@ pub(super) async fn preview(cfg: &Config, client: &kube::Client) -> Result<Confi
 }
 
 /// [`check`]'s verdict on what the release holds.
-async fn judge(
-    cfg: &Config,
-    client: &kube::Client,
-    (mark, recorded, single): Held,
-) -> Result<Config, String> {
+async fn judge(cfg: &Config, client: &kube::Client, held: Held) -> Result<Config, String> {
+    if let Some((shard, streams)) = held.splitting.first() {
+        return Err(format!(
+            "a split of the streams kept whole ({streams}) into the shards' parts is under way or was cut short (shard {shard}'s checkpoint ConfigMap holds {SPLITTING_KEY}): run `watchrelay split-whole` with this configuration again, with the release scaled to zero, to finish it"
+        ));
+    }
+    let recorded = held.recorded.clone();
+    let settled = settle(cfg, client, held).await?;
+    let found = crossings(&settled, &recorded);
+    if found.is_empty() {
+        return Ok(settled);
+    }
+    Err(refusal(&found))
+}
+
+/// `cfg` as the release runs it, from what it holds: `watchStrategy: auto` decided (see
+/// [`Config::settled`]) and the streams recorded whole kept whole; `Err` for a shard count or
+/// shards' topic other than the release's.
+async fn settle(cfg: &Config, client: &kube::Client, held: Held) -> Result<Config, String> {
+    let Held {
+        mark,
+        recorded,
+        single,
+        splits,
+        ..
+    } = held;
     let ours = mark_of(cfg);
     if mark != ours {
         return Err(format!(
@@ -90,7 +113,8 @@ async fn judge(
     );
     let selected = super::shapes::count_selectors(cfg, client).await;
     let in_shards: Vec<String> = recorded.iter().map(|r| r.id.clone()).collect();
-    let settled = cfg.settled(&ids, &selected).keeping_whole(&in_shards);
+    let mut settled = cfg.settled(&ids, &selected).keeping_whole(&in_shards);
+    settled.sharding.splits_seen = splits;
     for channel in &settled.channels {
         if let Some(before) = cfg.channels.iter().find(|c| c.name == channel.name) {
             if before.strategy != channel.strategy {
@@ -101,11 +125,22 @@ async fn judge(
             tracing::info!(channel = %channel.name, shard = cfg.sharding.shard_of_stream(&channel.stream_id(None).to_string()), "relayed whole in its channel's shard, as the release ran it before fan-out: not fanned out");
         }
     }
-    let found = crossings(&settled, &recorded);
-    if found.is_empty() {
-        return Ok(settled);
-    }
-    Err(refusal(&found))
+    Ok(settled)
+}
+
+/// `cfg` as the release runs it, its channels kept whole marked so (see
+/// [`Config::keeping_whole`]), and whether a split of them was cut short (a shard's ConfigMap
+/// still marked): read once without recording anything, for `watchrelay split-whole`. `Err`
+/// as [`check`] says, but for a split cut short, which the split finishes.
+pub(super) async fn kept_whole(
+    cfg: &Config,
+    client: &kube::Client,
+) -> Result<(Config, bool), String> {
+    let held = read(cfg, client, false)
+        .await
+        .map_err(|e| format!("reading the shards' checkpoint ConfigMaps: {e}"))?;
+    let marked = !held.splitting.is_empty();
+    Ok((settle(cfg, client, held).await?, marked))
 }
 
 /// The sharding mark of `cfg`: `<shards> <topic> <shard function>`. The function that maps a
@@ -122,9 +157,19 @@ fn mark_of(cfg: &Config) -> String {
 /// The name of [`ShardingConfig::shard_of`]'s mapping, recorded in the sharding mark.
 const SHARD_FUNCTION: &str = "fnv1a64-fmix64-top-bits";
 
-/// What the release holds: its sharding mark, the streams of every shard's ConfigMap, and the
-/// streams a single leader of the release recorded in its own.
-type Held = (String, Vec<Recorded>, Vec<String>);
+/// What the release holds.
+struct Held {
+    /// Its sharding mark.
+    mark: String,
+    /// The streams of every shard's ConfigMap.
+    recorded: Vec<Recorded>,
+    /// The streams a single leader of the release recorded in its own.
+    single: Vec<String>,
+    /// The shards whose ConfigMap a split of streams kept whole still marks, with the streams.
+    splitting: Vec<(u32, String)>,
+    /// The most splits of streams kept whole a shard recorded.
+    splits: u64,
+}
 
 /// What the release holds; with `record`, `cfg`'s sharding mark is recorded when none was.
 async fn read(
@@ -143,10 +188,12 @@ async fn read(
             .unwrap_or_else(|| mark_of(cfg))
     };
     let single = release.load().await?.streams.into_keys().collect();
-    let mut recorded = Vec::new();
+    let (mut recorded, mut splitting, mut splits) = (Vec::new(), Vec::new(), 0);
     for k in 0..cfg.sharding.shards {
         let name = ShardingConfig::configmap(&cfg.checkpoint.name, k);
         let loaded = Store::new(client.clone(), ns, &name).load().await?;
+        splitting.extend(loaded.splitting.map(|streams| (k, streams)));
+        splits = splits.max(loaded.splits);
         recorded.extend(
             loaded
                 .streams
@@ -154,7 +201,13 @@ async fn read(
                 .map(|(id, saved)| Recorded::new(id, saved.route.as_deref())),
         );
     }
-    Ok((mark, recorded, single))
+    Ok(Held {
+        mark,
+        recorded,
+        single,
+        splitting,
+        splits,
+    })
 }
 
 /// A stream some shard's checkpoint ConfigMap still holds: its id, and the topic its route
@@ -320,8 +373,19 @@ pub fn refusal(found: &[Crossing]) -> String {
     } else {
         String::new()
     };
+    // A channel kept whole from before fan-out, now per namespace, has a way that retracts
+    // nothing.
+    let whole = found.iter().any(|c| {
+        StreamId::parts(&c.retired).is_some_and(|(name, ns)| name == c.channel && ns.is_none())
+            && StreamId::shard_in(&c.retired).is_none()
+    });
+    let split = if whole {
+        ". A stream kept whole from before fan-out (`<channel>._all`) is better split first: with the channel still read cluster-wide and the release scaled to zero, `watchrelay split-whole` hands each shard its part without retracting anything, after which a switch to per-namespace streams is a plain rolling update"
+    } else {
+        ""
+    };
     format!(
-        "this configuration moves keys between shards: {}{more}. A stream in one shard cannot be retired in order with a stream in another, so the old stream's DELETEDs could land after the new one's ADDEDs. Make the change in two steps: first remove the channel (or rename it back, or restore its watchStrategy) and roll that out until no shard's checkpoint ConfigMap holds the old stream (every replica started on it and `watchrelay_streams` no longer lists it), then apply this configuration. A `namespaces` list under `watchStrategy: auto` switches shape when its length crosses `kubernetes.clusterWideAbove`: set `watchStrategy` to the shape it runs to keep it",
+        "this configuration moves keys between shards: {}{more}. A stream in one shard cannot be retired in order with a stream in another, so the old stream's DELETEDs could land after the new one's ADDEDs. Make the change in two steps: first remove the channel (or rename it back, or restore its watchStrategy) and roll that out until no shard's checkpoint ConfigMap holds the old stream (every replica started on it and `watchrelay_streams` no longer lists it), then apply this configuration. A `namespaces` list under `watchStrategy: auto` switches shape when its length crosses `kubernetes.clusterWideAbove`: set `watchStrategy` to the shape it runs to keep it{split}",
         list.join("; ")
     )
 }
@@ -508,5 +572,16 @@ mod tests {
         let text = refusal(&found);
         assert!(text.contains("pods.a (shard 3)"), "{text}");
         assert!(text.contains("two steps"), "{text}");
+        assert!(!text.contains("split-whole"), "{text}");
+        // A channel kept whole, now per namespace: split it first. Not a renamed one.
+        let whole = |channel: &str| Crossing {
+            retired: "pods._all".into(),
+            from: 3,
+            channel: channel.into(),
+            announced: "pods.<namespace>".into(),
+            to: None,
+        };
+        assert!(refusal(&[whole("pods")]).contains("split-whole"));
+        assert!(!refusal(&[whole("pods2")]).contains("split-whole"));
     }
 }

@@ -394,6 +394,22 @@ impl Coordinator for MemoryGroup {
         };
         Ok((Box::new(joined), rx))
     }
+
+    /// Refused while any member is in the group, as Kafka's coordinator refuses a commit from
+    /// outside it; otherwise every shard's epoch is raised.
+    fn claim_idle(&self, cfg: &Config) -> Result<BTreeMap<u32, u64>, GroupError> {
+        let mut st = self.inner.state.lock().expect("group lock poisoned");
+        if !st.members.is_empty() {
+            return Err(GroupError::Busy(format!("{} members", st.members.len())));
+        }
+        Ok((0..cfg.sharding.shards)
+            .map(|s| {
+                let e = st.epochs.entry(s).or_insert(0);
+                *e += 1;
+                (s, *e)
+            })
+            .collect())
+    }
 }
 
 impl Membership for Joined {

@@ -513,6 +513,26 @@ impl Relay {
         Self::start_on(bed, cfg, Some(sink(producer)), None, None, txns)
     }
 
+    /// `watchrelay split-whole` of `cfg`'s release, over `lane`, `group` and `txns` (with
+    /// `delivery: exactlyOnce`) as its replicas run on them.
+    pub async fn split_whole(
+        bed: &Bed,
+        cfg: Config,
+        lane: Arc<Lane>,
+        group: &MemoryGroup,
+        txns: Option<&Arc<Transactions>>,
+    ) -> Result<Vec<watchrelay::relay::Split>, RelayError> {
+        let url: http::Uri = bed.sim.url().parse().expect("a url");
+        let client = watchrelay::kubeclient::at(url, &cfg.kubernetes).expect("client");
+        let mut relay = watchrelay::Relay::new(cfg, client)
+            .with_producer(lane.clone(), lane)
+            .with_coordinator(Arc::new(group.clone()));
+        if let Some(txns) = txns {
+            relay = relay.with_transactions(txns.source());
+        }
+        relay.split_whole().await
+    }
+
     /// Starts a replica of a sharded release whose records go to `producer` and which meets
     /// the other replicas in `group`.
     pub fn start_in(bed: &Bed, cfg: Config, producer: Arc<Memory>, group: &MemoryGroup) -> Self {

@@ -235,6 +235,16 @@ impl RelayProcess {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// `watchrelay split-whole` on this replica's configuration, run to its end.
+    pub fn split_whole(&self) -> std::process::Output {
+        Command::new(&self.bin)
+            .args(["split-whole", "--config"])
+            .arg(&self.config)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
     /// Waits until the log contains `text` (hang guard: 60 s).
     pub async fn wait_log(&self, text: &str) {
         for _ in 0..600 {

@@ -142,6 +142,9 @@ impl<'a> Run<'a> {
             let Some(loaded) = load(&term.store, stop).await else {
                 return Ok(None);
             };
+            if !self.settled_for(&loaded) {
+                return Ok(None);
+            }
             tracing::info!(streams = loaded.streams.len(), owner = %term.owner, "loaded checkpoints");
             loaded
         } else {
@@ -199,6 +202,20 @@ impl<'a> Run<'a> {
             }
         }
         Ok(Some(Held { loaded, members }))
+    }
+
+    /// Whether the shard's ConfigMap is still as the replica settled its configuration at its
+    /// start: no split of streams kept whole under way or made since (see `relay::split`).
+    /// Otherwise the replica stops (to be started again, and settle again) before its term
+    /// runs anything: it would keep whole a stream now split into the shards' parts.
+    fn settled_for(&self, loaded: &Loaded) -> bool {
+        let seen = self.relay.cfg.sharding.splits_seen;
+        if loaded.splitting.is_none() && loaded.splits <= seen {
+            return true;
+        }
+        tracing::error!(splitting = ?loaded.splitting, splits = loaded.splits, seen, "the release's streams kept whole are being split, or were split, since this replica started: stopping it to start again on the release as it is now");
+        self.relay.shutdown.cancel();
+        false
     }
 
     /// The positions committed with the records in the membership topic: with a
