@@ -300,14 +300,7 @@ async fn a_stream_kept_whole_from_before_fan_out_loses_no_change() {
         assert_eq!(ids, expected, "shard {k}");
     }
     assert!(bed.shard_checkpoint_rv(home, whole).is_some());
-    let log = events(&memory);
-    let retracted = log
-        .iter()
-        .filter(|r| json(r)["watchrelay"]["synthetic"] == true)
-        .count();
-    assert_eq!(retracted, 0, "objects were retracted");
-    let journal = bed.journal_after("pods", None, from);
-    assert_published(&log, &journal, "");
+    assert_history_unretracted(&bed, &memory, from);
 }
 
 /// `watchrelay split-whole` fans out a stream kept whole from before fan-out. Refused while a
@@ -341,11 +334,23 @@ async fn a_listed_stream_kept_whole_split_into_the_shards_parts_loses_no_change(
     split_loses_no_change(&channel, false).await;
 }
 
+/// The same over a namespace selector read cluster-wide: each part's scope is its shard's
+/// namespaces the selector matches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_selected_stream_kept_whole_split_into_the_shards_parts_loses_no_change() {
+    let channel = "  - operationId: watchNamespacedPods\n    namespaceSelector: relay=yes\n    watchStrategy: clusterWide\n    topic: pods\n";
+    split_loses_no_change(channel, false).await;
+}
+
 /// A stream of `channel` kept whole, relayed, split while the release is down, and relayed
-/// by its parts (`once`: with exactly-once delivery): see the tests above.
+/// by its parts (`once`: with exactly-once delivery): see the tests above. A namespace
+/// selector's `relay=yes` matches every namespace.
 async fn split_loses_no_change(channel: &str, once: bool) {
     let bed = Bed::in_memory_serving(true, &NAMESPACES).await;
     pods_p1(&bed);
+    for ns in NAMESPACES {
+        bed.label(ns, true);
+    }
     let mut cfg = sharded(bed.config(channel, ""), 4);
     if once {
         cfg.kafka.delivery = Delivery::ExactlyOnce;
@@ -360,6 +365,12 @@ async fn split_loses_no_change(channel: &str, once: bool) {
     let lane = || Lane::new(memory.clone());
     let start = || Relay::start_on_lane_with(&bed, cfg.clone(), lane(), &group, txns.as_ref());
     let split = || Relay::split_whole(&bed, cfg.clone(), lane(), &group, txns.as_ref());
+    // Never run by this version: refused, with nothing marked (A starts).
+    let refused = split().await;
+    assert!(
+        matches!(&refused, Err(RelayError::Refused(why)) if why.contains("never run by this version")),
+        "a split of a shard this version never ran: {refused:?}"
+    );
     let a = start();
     owns(&a, Some(4), "A never owned the shards").await;
     eventually(
@@ -435,7 +446,17 @@ async fn split_loses_no_change(channel: &str, once: bool) {
         .collect();
     assert_eq!(ids, parts);
     b.stop().await;
-    let log = events(&memory);
+    assert_history_unretracted(&bed, &memory, from);
+    if once {
+        let twice = repeated(&events(&memory));
+        assert!(twice.is_empty(), "published twice: {twice:?}");
+    }
+}
+
+/// Every change of the pods the server made after `from` is published in `memory`, and no
+/// object was retracted (no inferred DELETED).
+fn assert_history_unretracted(bed: &Bed, memory: &Memory, from: u64) {
+    let log = events(memory);
     let retracted = log
         .iter()
         .filter(|r| json(r)["watchrelay"]["synthetic"] == true)
@@ -443,10 +464,6 @@ async fn split_loses_no_change(channel: &str, once: bool) {
     assert_eq!(retracted, 0, "objects were retracted");
     let journal = bed.journal_after("pods", None, from);
     assert_published(&log, &journal, "");
-    if once {
-        let twice = repeated(&log);
-        assert!(twice.is_empty(), "published twice: {twice:?}");
-    }
 }
 
 /// While a split of streams kept whole is under way, or was cut short, no replica starts; a

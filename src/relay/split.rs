@@ -87,6 +87,9 @@ pub(super) async fn run(ctx: &Context) -> Result<Vec<Split>, RelayError> {
     if whole.is_empty() && !cut_short {
         return Ok(Vec::new());
     }
+    for id in &whole {
+        adopted(ctx, id).await?;
+    }
     claim(ctx).await?;
     let shards = mark(ctx, &whole.join(" ")).await?;
     if let Err(e) = claim(ctx).await {
@@ -102,6 +105,23 @@ pub(super) async fn run(ctx: &Context) -> Result<Vec<Split>, RelayError> {
     let count = shards.iter().map(|(_, loaded)| *loaded).max().unwrap_or(0) + 1;
     unmark(&shards, Some(count)).await?;
     Ok(splits)
+}
+
+/// Refused unless a replica of this version ran the shard of stream `id`: its members are then
+/// in its partition under the shard's owner (older versions' records are adopted at a term's
+/// start, see `membership::restore`).
+async fn adopted(ctx: &Context, id: &str) -> Result<(), RelayError> {
+    let cfg = &ctx.cfg;
+    let home = cfg.sharding.shard_of_stream(id);
+    let name = ShardingConfig::configmap(&cfg.checkpoint.name, home);
+    let store = Store::new(ctx.client.clone(), &cfg.checkpoint.namespace, &name);
+    let loaded = (store.load().await).map_err(|e| failed("reading the stream's shard", e))?;
+    if loaded.mark.is_some() {
+        return Ok(());
+    }
+    Err(RelayError::Refused(format!(
+        "shard {home}, which holds {id}, was never run by this version (its checkpoint ConfigMap does not record the shards' topic): run the release on this version until every replica is ready, then stop it and split"
+    )))
 }
 
 /// Claims the group from outside: refused while a replica is in it.
@@ -186,11 +206,6 @@ async fn split(
     let home = sharding.shard_of_stream(id);
     let (store, _) = &shards[home as usize];
     let loaded = (store.load().await).map_err(|e| failed("reading the stream's shard", e))?;
-    if loaded.mark.is_none() {
-        return Err(RelayError::Refused(format!(
-            "shard {home}, which holds {id}, was never started by this version (its checkpoint ConfigMap does not record the shards' topic): run the release on this version until every replica is ready, then stop it and split"
-        )));
-    }
     let mut saved = loaded.streams.get(id).cloned().unwrap_or_default();
     let members = read(ctx, home).await?;
     if ctx.txn_connect(&owner(ctx, home)).is_some() {
