@@ -13,7 +13,7 @@ use kube::Api;
 use serde::Serialize;
 
 use crate::checkpoint::{self, EPOCH_ANNOTATION, OWNER_ANNOTATION, RESYNC_ANNOTATION};
-use crate::config::{Config, ShardingConfig};
+use crate::config::{Config, ShardingConfig, StreamId};
 
 /// How many shard ConfigMaps are read at once.
 const PARALLEL_READS: usize = 16;
@@ -263,6 +263,24 @@ pub fn text(s: &Status) -> String {
                 seconds(st.age_seconds),
             );
         }
+        // A stream over one collection recorded whole in a sharded release ran so before
+        // fan-out: one replica reads the collection for it.
+        let whole: Vec<&str> = s
+            .streams
+            .iter()
+            .map(|st| st.stream.as_str())
+            .filter(|id| {
+                StreamId::parts(id).is_some_and(|(_, ns)| ns.is_none())
+                    && StreamId::shard_in(id).is_none()
+            })
+            .collect();
+        if !whole.is_empty() {
+            let _ = writeln!(
+                out,
+                "kept whole from before fan-out: {}; `watchrelay split-whole`, with the release scaled to zero, fans them out",
+                whole.join(", ")
+            );
+        }
         return out;
     }
     let _ = writeln!(out, "{:width$}  {:>12}  {:>8}", "STREAM", "POSITION", "AGE");
@@ -385,10 +403,11 @@ mod tests {
             vec![
                 stream("watchNamespacedPods.a", "42", 7, Some(1)),
                 stream("watchNamespacedPods.b", "4711", 12, Some(0)),
+                stream("watchNodes._all-s1", "4711", 12, Some(1)),
             ],
             Some(vec![
                 shard(0, Some("watchrelay-7d9f-abcde"), Some(3), 1, Some(12)),
-                shard(1, Some("watchrelay-7d9f-fghij"), Some(1), 1, Some(7)),
+                shard(1, Some("watchrelay-7d9f-fghij"), Some(1), 2, Some(7)),
                 shard(2, None, None, 0, None),
             ]),
         );
@@ -398,17 +417,27 @@ mod tests {
              shards: 3 (1 never owned)\n\
              SHARD  OWNER                   EPOCH  STREAMS    OLDEST\n\
              \x20   0  watchrelay-7d9f-abcde       3        1       12s\n\
-             \x20   1  watchrelay-7d9f-fghij       1        1        7s\n\
+             \x20   1  watchrelay-7d9f-fghij       1        2        7s\n\
              \x20   2  (never owned)               -        0         -\n\
              STREAM                 SHARD      POSITION       AGE\n\
              watchNamespacedPods.a      1            42        7s\n\
-             watchNamespacedPods.b      0          4711       12s\n"
+             watchNamespacedPods.b      0          4711       12s\n\
+             watchNodes._all-s1         1          4711       12s\n"
         );
         let json = serde_json::to_value(&s).unwrap();
         assert_eq!(json["shards"][0]["ownerEpoch"], 3);
         assert_eq!(json["shards"][2]["configMap"], "watchrelay-checkpoints-s2");
         assert_eq!(json["shards"][2]["exists"], false);
         assert_eq!(json["streams"][1]["shard"], 0);
+        // A stream kept whole from before fan-out is named, with the way to fan it out.
+        let mut kept = s;
+        kept.streams
+            .push(stream("watchAllPods._all", "4712", 3, Some(2)));
+        let said = text(&kept);
+        assert!(
+            said.ends_with("kept whole from before fan-out: watchAllPods._all; `watchrelay split-whole`, with the release scaled to zero, fans them out\n"),
+            "{said}"
+        );
     }
 
     #[test]
