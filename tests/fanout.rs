@@ -365,10 +365,10 @@ async fn split_loses_no_change(channel: &str, once: bool) {
     let lane = || Lane::new(memory.clone());
     let start = || Relay::start_on_lane_with(&bed, cfg.clone(), lane(), &group, txns.as_ref());
     let split = || Relay::split_whole(&bed, cfg.clone(), lane(), &group, txns.as_ref());
-    // Never run by this version: refused, with nothing marked (A starts).
+    // Never run sharded: refused, with nothing marked (A starts).
     let refused = split().await;
     assert!(
-        matches!(&refused, Err(RelayError::Refused(why)) if why.contains("never run by this version")),
+        matches!(&refused, Err(RelayError::Refused(why)) if why.contains("never run by a sharded replica")),
         "a split of a shard this version never ran: {refused:?}"
     );
     let a = start();

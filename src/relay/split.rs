@@ -41,7 +41,7 @@ use super::moves;
 use crate::checkpoint::{encode, CheckpointError, Ownership, Store, SPLITS_KEY, SPLITTING_KEY};
 use crate::config::{ShardingConfig, StreamId};
 use crate::group::GroupError;
-use crate::membership::{self, Known, Log, Owner, Restored};
+use crate::membership::{self, Log, Owner, Restored};
 use crate::producer::{self, Producer, Record};
 
 /// What the split made of one stream kept whole.
@@ -53,7 +53,7 @@ pub struct Split {
     pub shard: u32,
     /// The position every part resumes from; `None`: the stream had none, and each part lists.
     pub position: Option<String>,
-    /// How many members each shard's part took.
+    /// How many members each shard's part took (every shard's, none or more).
     pub members: BTreeMap<u32, usize>,
 }
 
@@ -107,9 +107,9 @@ pub(super) async fn run(ctx: &Context) -> Result<Vec<Split>, RelayError> {
     Ok(splits)
 }
 
-/// Refused unless a replica of this version ran the shard of stream `id`: its members are then
-/// in its partition under the shard's owner (older versions' records are adopted at a term's
-/// start, see `membership::restore`).
+/// Refused unless a sharded replica ran the shard of stream `id` (its ConfigMap records the
+/// shards' topic): its members are then in its partition under the shard's owner (a term's
+/// start adopts what older versions wrote otherwise, see `membership::restore`).
 async fn adopted(ctx: &Context, id: &str) -> Result<(), RelayError> {
     let cfg = &ctx.cfg;
     let home = cfg.sharding.shard_of_stream(id);
@@ -120,7 +120,7 @@ async fn adopted(ctx: &Context, id: &str) -> Result<(), RelayError> {
         return Ok(());
     }
     Err(RelayError::Refused(format!(
-        "shard {home}, which holds {id}, was never run by this version (its checkpoint ConfigMap does not record the shards' topic): run the release on this version until every replica is ready, then stop it and split"
+        "shard {home}, which holds {id}, was never run by a sharded replica (its checkpoint ConfigMap does not record the shards' topic): run the release on this version until every replica is ready, then stop it and split"
     )))
 }
 
@@ -214,23 +214,25 @@ async fn split(
         }
     }
     let entry = encode(&saved);
-    let mut parts: BTreeMap<u32, Vec<(String, Known)>> = BTreeMap::new();
-    for (uid, known) in members.get(id).into_iter().flat_map(|m| m.iter()) {
-        let k = sharding.shard_of_object(known.namespace.as_deref(), &known.name);
-        parts.entry(k).or_default().push((uid, known));
-    }
+    // Every member joins its shard's part, in one pass: each record in its shard's partition.
     let (channel, _) = StreamId::parts(id).unwrap_or((id, None));
-    let mut taken = BTreeMap::new();
+    let mut taken: BTreeMap<u32, usize> = (0..sharding.shards).map(|k| (k, 0)).collect();
+    let held = members.get(id).into_iter().flat_map(|m| m.iter());
+    let joins = held.map(|(uid, known)| {
+        let k = sharding.shard_of_object(known.namespace.as_deref(), &known.name);
+        *taken.entry(k).or_default() += 1;
+        let part = StreamId::fanned(channel, k).to_string();
+        pinned(
+            membership::record(&topic, &owner(ctx, k), &part, &uid, Some(&known)),
+            k,
+        )
+    });
+    send(producer, joins).await?;
+    // Then each part's position, the whole stream's shard last: its members tombstoned, its
+    // entry removed with its part's written.
     let order = (0..sharding.shards).filter(|&k| k != home).chain([home]);
     for k in order {
         let part = StreamId::fanned(channel, k).to_string();
-        let these = parts.remove(&k).unwrap_or_default();
-        taken.insert(k, these.len());
-        let joins = these.iter().map(|(uid, known)| {
-            let record = membership::record(&topic, &owner(ctx, k), &part, uid, Some(known));
-            pinned(record, k)
-        });
-        send(producer, joins).await?;
         let mut updates = BTreeMap::from([(part, Some(entry.clone()))]);
         if k == home {
             let leaves = members.get(id).into_iter().flat_map(|m| m.iter());
