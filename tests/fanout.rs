@@ -365,6 +365,8 @@ async fn split_loses_no_change(channel: &str, once: bool) {
     let lane = || Lane::new(memory.clone());
     let start = || Relay::start_on_lane_with(&bed, cfg.clone(), lane(), &group, txns.as_ref());
     let split = || Relay::split_whole(&bed, cfg.clone(), lane(), &group, txns.as_ref());
+    let caught_up =
+        |what: &'static str| eventually(|| consumer() == cluster(), move || what.into());
     // Never run sharded: refused, with nothing marked (A starts).
     let refused = split().await;
     assert!(
@@ -373,18 +375,10 @@ async fn split_loses_no_change(channel: &str, once: bool) {
     );
     let a = start();
     owns(&a, Some(4), "A never owned the shards").await;
-    eventually(
-        || consumer() == cluster(),
-        || "A never relayed the pods".into(),
-    )
-    .await;
+    caught_up("A never relayed the pods").await;
     let from = bed.sim.current_rv();
     change_p1(&bed, "1");
-    eventually(
-        || consumer() == cluster(),
-        || "A never relayed the change".into(),
-    )
-    .await;
+    caught_up("A never relayed the change").await;
     let refused = split().await;
     assert!(
         matches!(refused, Err(RelayError::Refused(_))),
@@ -423,20 +417,12 @@ async fn split_loses_no_change(channel: &str, once: bool) {
     assert!(again.expect("a second split").is_empty());
     let b = start();
     owns(&b, Some(4), "B never owned the shards").await;
-    eventually(
-        || consumer() == cluster(),
-        || "B never relayed the changes made while the release was down".into(),
-    )
-    .await;
+    caught_up("B never relayed the changes made while the release was down").await;
     let label = serde_json::json!({"metadata": {"labels": {"v": "4"}}});
     (bed.sim
         .merge_patch("pods", Some(NAMESPACES[1]), "p2", label))
     .unwrap();
-    eventually(
-        || consumer() == cluster(),
-        || "B never relayed the last change".into(),
-    )
-    .await;
+    caught_up("B never relayed the last change").await;
     assert!(b.metrics.fanout_watches.get() > 0, "not fanned out");
     assert_eq!(b.metrics.fanout_lists.get(), 0, "a part relisted");
     let mut ids: Vec<String> = b.registry.phases().into_keys().collect();
