@@ -364,7 +364,7 @@ async fn split_loses_no_change(channel: &str, once: bool) {
     let consumer = || consumer_view_by(&events(&memory), version);
     let lane = || Lane::new(memory.clone());
     let start = || Relay::start_on_lane_with(&bed, cfg.clone(), lane(), &group, txns.as_ref());
-    let split = || Relay::split_whole(&bed, cfg.clone(), lane(), &group, txns.as_ref());
+    let split = || Relay::split_whole(&bed, cfg.clone(), Some((lane(), &group)), txns.as_ref());
     let caught_up =
         |what: &'static str| eventually(|| consumer() == cluster(), move || what.into());
     // Never run sharded: refused, with nothing marked (A starts).

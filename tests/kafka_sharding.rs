@@ -16,6 +16,7 @@ use common::proxy::{Proxy, Wire};
 use common::view::{kafka_view, pods};
 use watchrelay::config::{Config, Delivery, GroupProtocol, ShardingConfig};
 use watchrelay::group::{Coordinator, GroupError};
+use watchrelay::RelayError;
 use watchrelay_sim::{objects, ChurnHandle, ChurnSpec, Fault, SimConfig};
 
 const SHARDS: u32 = 8;
@@ -324,6 +325,83 @@ async fn scale_three_to_five_to_two_loses_no_change() {
 async fn exactly_once_through_scale_three_to_five_to_two_publishes_every_change_once() {
     let msgs = scale_three_to_five_to_two("  delivery: exactlyOnce\n").await;
     assert_once(&msgs);
+}
+
+/// With `delivery: exactlyOnce`, a stream kept whole from before fan-out split on Kafka: two
+/// replicas relay it whole under churn; the one relaying it is killed (its transaction left
+/// open, its ConfigMap behind the positions committed in Kafka) and the other stopped; the
+/// split is refused until the group is empty, then fences every shard's transactional id and
+/// hands the parts the committed position; two replicas relay the parts. A `read_committed`
+/// consumer reads every change once, in order, and nothing is retracted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_a_split_of_a_stream_kept_whole_publishes_every_change_once() {
+    let scene = Scene::new(8, "split-eos", None).await;
+    let bed = &scene.bed;
+    let cfg = sharded(
+        &bed.config(
+            &scene.channel(Some("allNamespaces: true\n    watchStrategy: clusterWide")),
+            "  delivery: exactlyOnce\n",
+        ),
+        GroupProtocol::Classic,
+    );
+    // As a release before fan-out left it: the stream recorded whole in its channel's shard.
+    let whole = "watchNamespacedPods._all";
+    let home = cfg.sharding.shard_of_stream(whole);
+    let name = ShardingConfig::configmap(&cfg.checkpoint.name, home);
+    let recorded = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": CHECKPOINT_NS},
+        "data": {whole: "{\"rv\":null}"},
+    });
+    bed.sim
+        .create("configmaps", Some(CHECKPOINT_NS), recorded)
+        .unwrap();
+    let a = Relay::start(bed, cfg.clone());
+    let b = Relay::start(bed, cfg.clone());
+    wait_spread(&[&a, &b]).await;
+    let from = positioned_at(bed, &cfg.checkpoint.name, 1).await;
+    let churn = scene.churn(300.0);
+    // Not a wait: churn runs a while through the whole stream.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (relaying, other) = if a.registry.phases().contains_key(whole) {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    relaying.kill().await;
+    other.stop().await;
+    // The group empties once the killed replica's threads left it.
+    let mut split = Relay::split_whole(bed, cfg.clone(), None, None).await;
+    for _ in 0..20 {
+        if !matches!(&split, Err(RelayError::Refused(why)) if why.contains("are running")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        split = Relay::split_whole(bed, cfg.clone(), None, None).await;
+    }
+    let split = split.expect("the split");
+    assert_eq!(split.len(), 1, "{split:?}");
+    let c = Relay::start(bed, cfg.clone());
+    let d = Relay::start(bed, cfg.clone());
+    wait_spread(&[&c, &d]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    churn.stop().await;
+    let msgs = scene.converged(kafka_view).await;
+    assert_covers(&msgs, &bed.journal_after("pods", None, from));
+    assert_once(&msgs);
+    let retracted = msgs
+        .iter()
+        .filter(|m| m.value["watchrelay"]["synthetic"] == true)
+        .count();
+    assert_eq!(retracted, 0, "objects were retracted");
+    assert!(
+        c.metrics.fanout_watches.get() + d.metrics.fanout_watches.get() > 0,
+        "the parts were not fanned out"
+    );
+    eprintln!("{}", scene.per_change(&msgs));
+    c.stop().await;
+    d.stop().await;
 }
 
 /// With `delivery: exactlyOnce`, two sharded replicas reading a fanned-out collection, one of

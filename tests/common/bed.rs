@@ -514,19 +514,22 @@ impl Relay {
     }
 
     /// `watchrelay split-whole` of `cfg`'s release, over `lane`, `group` and `txns` (with
-    /// `delivery: exactlyOnce`) as its replicas run on them.
+    /// `delivery: exactlyOnce`) as its replicas run on them; `None`: on Kafka and its group
+    /// coordinator.
     pub async fn split_whole(
         bed: &Bed,
         cfg: Config,
-        lane: Arc<Lane>,
-        group: &MemoryGroup,
+        on: Option<(Arc<Lane>, &MemoryGroup)>,
         txns: Option<&Arc<Transactions>>,
     ) -> Result<Vec<watchrelay::relay::Split>, RelayError> {
         let url: http::Uri = bed.sim.url().parse().expect("a url");
         let client = watchrelay::kubeclient::at(url, &cfg.kubernetes).expect("client");
-        let mut relay = watchrelay::Relay::new(cfg, client)
-            .with_producer(lane.clone(), lane)
-            .with_coordinator(Arc::new(group.clone()));
+        let mut relay = watchrelay::Relay::new(cfg, client);
+        if let Some((lane, group)) = on {
+            relay = relay
+                .with_producer(lane.clone(), lane)
+                .with_coordinator(Arc::new(group.clone()));
+        }
         if let Some(txns) = txns {
             relay = relay.with_transactions(txns.source());
         }
