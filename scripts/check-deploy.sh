@@ -110,6 +110,37 @@ yaml.safe_dump_all([d for d in docs if d["kind"] != "ServiceMonitor"], open(sys.
 PY
 kubernetes-validate --quiet --strict --kubernetes-version 1.30.0 "$work/core.yaml"
 
+echo "== the split recipe (docs/scale-out.md) makes a valid one-off Pod of a sharded replica"
+# The recipe's jq program (the release named watchrelay), on the Deployment as `kubectl get -o
+# json` gives it.
+helm template watchrelay charts/watchrelay "${id[@]}" --namespace watchrelay --no-hooks --set config.sharding.enabled=true \
+  --set config.sharding.shards=8 --set replicaCount=3 >"$work/sharded.yaml"
+python3 - "$work/sharded.yaml" >"$work/deployment.json" <<'PY'
+import json, sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "Deployment"]
+assert len(docs) == 1, f"one Deployment, found {len(docs)}"
+json.dump(docs[0], sys.stdout)
+PY
+jq '{apiVersion: "v1", kind: "Pod",
+  metadata: {name: "watchrelay-split-whole"},
+  spec: (.spec.template.spec | .restartPolicy = "Never"
+    | .containers[0] |= (.args = ["split-whole", "--config", "/etc/watchrelay/config.yaml"]
+      | del(.livenessProbe, .readinessProbe, .startupProbe)))}' "$work/deployment.json" >"$work/split.json"
+kubernetes-validate --quiet --strict --kubernetes-version 1.30.0 "$work/split.json"
+python3 - "$work/deployment.json" "$work/split.json" <<'PY'
+import json, sys
+deployment, pod = (json.load(open(p)) for p in sys.argv[1:3])
+replica, split = deployment["spec"]["template"]["spec"], pod["spec"]
+for key in ("serviceAccountName", "volumes"):
+    assert split.get(key) == replica.get(key), f"the split's {key} is not the replicas'"
+c, r = split["containers"][0], replica["containers"][0]
+assert r["args"] == ["run", "--config", "/etc/watchrelay/config.yaml"], r["args"]
+assert c["args"][0] == "split-whole" and c["args"][1:] == r["args"][1:], c["args"]
+for key in ("image", "env", "envFrom", "volumeMounts"):
+    assert c.get(key) == r.get(key), f"the split's {key} is not the replicas'"
+assert not {"livenessProbe", "readinessProbe", "startupProbe"} & c.keys(), "the split would be probed"
+PY
+
 echo "== several replicas need leader election"
 helm template watchrelay charts/watchrelay "${id[@]}" --namespace watchrelay --set replicaCount=2 >"$work/ha.yaml"
 kubernetes-validate --quiet --strict --kubernetes-version 1.30.0 "$work/ha.yaml"
