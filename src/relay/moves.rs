@@ -20,10 +20,10 @@
 //! holds the old stream, and names the safe way: remove the channel (or change it to its old
 //! shape), roll out, wait until its streams are retired, then make the change. A stream kept
 //! whole is fanned out without retracting anything by `watchrelay split-whole`, with the
-//! release stopped (see `split`); a replica refuses to start while a split is under way. A change within
-//! one namespace never crosses, and neither does a `watchStrategy` switch of a namespaced
-//! channel between its per-namespace streams and its fanned-out parts: an object lives in its
-//! namespace's shard in both shapes, and that shard hands the members over
+//! release stopped (see `split`); a replica refuses to start while a split is under way. A
+//! change within one namespace never crosses, and neither does a `watchStrategy` switch of a
+//! namespaced channel between its per-namespace streams and its fanned-out parts: an object
+//! lives in its namespace's shard in both shapes, and that shard hands the members over
 //! (`membership::regroup`).
 //!
 //! The shard count and the shards' topic are fixed for a release's life the same way: every
