@@ -384,8 +384,13 @@ async fn split_loses_no_change(channel: &str, once: bool) {
         matches!(refused, Err(RelayError::Refused(_))),
         "a split while a replica runs: {refused:?}"
     );
-    // Stopped by a crash: the checkpoint ConfigMap may lag what was relayed (under exactly
-    // once, the positions committed in Kafka).
+    // Stopped by a crash once the stream has a position: the checkpoint ConfigMap may lag what
+    // was relayed (under exactly once, the positions committed in Kafka).
+    eventually(
+        || bed.shard_checkpoint_rv(home, whole).is_some(),
+        || "the stream kept whole never wrote its position".into(),
+    )
+    .await;
     a.kill().await;
     // While the release is down: two changes of every pod, one deleted, one created.
     change_p1(&bed, "2");

@@ -17,7 +17,7 @@
 //! 2. Every shard's checkpoint ConfigMap is stamped with a new owner epoch (a deposed owner's
 //!    late write fails) and marked ([`SPLITTING_KEY`]): a replica refuses to start while a mark
 //!    stands, naming this command. The group is claimed again: a replica that joined since is
-//!    seen, and the marks are removed. One that joins later finds them, and one that settled
+//!    seen (or deposes a mark's write), and the marks are removed. One that joins later finds them, and one that settled
 //!    its configuration before them stops at its first term (see [`SPLITS_KEY`]).
 //! 3. With exactly-once delivery every shard's transactional id is fenced: no producer of an
 //!    earlier owner commits after the split read the positions.
@@ -91,10 +91,15 @@ pub(super) async fn run(ctx: &Context) -> Result<Vec<Split>, RelayError> {
         adopted(ctx, id).await?;
     }
     claim(ctx).await?;
-    let shards = mark(ctx, &whole.join(" ")).await?;
+    // A replica that joined meanwhile: the marks come off again (its terms, stopped at a
+    // marked shard or deposed by the stamps, start again on the release as it was).
+    let marked = mark(ctx, &whole.join(" ")).await;
+    let shards = match marked {
+        Ok(shards) => shards,
+        Err(e) => return Err(withdrawn(ctx, e).await),
+    };
     if let Err(e) = claim(ctx).await {
-        unmark(&shards, None).await?;
-        return Err(e);
+        return Err(withdrawn(ctx, e).await);
     }
     fence(ctx).await?;
     let (producer, _) = ctx.sink()?;
@@ -103,7 +108,7 @@ pub(super) async fn run(ctx: &Context) -> Result<Vec<Split>, RelayError> {
         splits.push(split(ctx, producer.as_ref(), &shards, id).await?);
     }
     let count = shards.iter().map(|(_, loaded)| *loaded).max().unwrap_or(0) + 1;
-    unmark(&shards, Some(count)).await?;
+    unmark(&shards, count).await?;
     Ok(splits)
 }
 
@@ -170,16 +175,32 @@ async fn mark(ctx: &Context, streams: &str) -> Result<Vec<(Store, u64)>, RelayEr
     Ok(shards)
 }
 
-/// Removes every shard's mark, raising its split count to `count` when given.
-async fn unmark(shards: &[(Store, u64)], count: Option<u64>) -> Result<(), RelayError> {
-    let mut updates = BTreeMap::from([(SPLITTING_KEY.to_string(), None)]);
-    if let Some(count) = count {
-        updates.insert(SPLITS_KEY.to_string(), Some(count.to_string()));
-    }
+/// Removes every shard's mark, raising its split count to `count`.
+async fn unmark(shards: &[(Store, u64)], count: u64) -> Result<(), RelayError> {
+    let updates = BTreeMap::from([
+        (SPLITTING_KEY.to_string(), None),
+        (SPLITS_KEY.to_string(), Some(count.to_string())),
+    ]);
     for (store, _) in shards {
         (store.write(&updates).await).map_err(|e| failed("removing the marks", e))?;
     }
     Ok(())
+}
+
+/// `why` the split stopped before it wrote anything but its marks, once every shard's mark is
+/// removed: written without an owner epoch, since a replica that joined may have stamped a
+/// higher one. A mark that cannot be removed is said too (run the split again).
+async fn withdrawn(ctx: &Context, why: RelayError) -> RelayError {
+    let cfg = &ctx.cfg;
+    let unmark = BTreeMap::from([(SPLITTING_KEY.to_string(), None)]);
+    for k in 0..cfg.sharding.shards {
+        let name = ShardingConfig::configmap(&cfg.checkpoint.name, k);
+        let store = Store::new(ctx.client.clone(), &cfg.checkpoint.namespace, &name);
+        if let Err(e) = store.write(&unmark).await {
+            return failed(&format!("{why}; then removing the marks"), e);
+        }
+    }
+    why
 }
 
 /// With exactly-once delivery, fences every shard's transactional id.
