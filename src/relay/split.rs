@@ -238,13 +238,17 @@ async fn split(
     // Every member joins its shard's part, in one pass: each record in its shard's partition.
     let (channel, _) = StreamId::parts(id).unwrap_or((id, None));
     let mut taken: BTreeMap<u32, usize> = (0..sharding.shards).map(|k| (k, 0)).collect();
+    // Each shard's owner and part, named once rather than for every member.
+    let parts: Vec<(Owner, String)> = (0..sharding.shards)
+        .map(|k| (owner(ctx, k), StreamId::fanned(channel, k).to_string()))
+        .collect();
     let held = members.get(id).into_iter().flat_map(|m| m.iter());
     let joins = held.map(|(uid, known)| {
         let k = sharding.shard_of_object(known.namespace.as_deref(), &known.name);
         *taken.entry(k).or_default() += 1;
-        let part = StreamId::fanned(channel, k).to_string();
+        let (owner, part) = &parts[k as usize];
         pinned(
-            membership::record(&topic, &owner(ctx, k), &part, &uid, Some(&known)),
+            membership::record(&topic, owner, part, &uid, Some(&known)),
             k,
         )
     });
@@ -253,16 +257,12 @@ async fn split(
     // entry removed with its part's written.
     let order = (0..sharding.shards).filter(|&k| k != home).chain([home]);
     for k in order {
-        let part = StreamId::fanned(channel, k).to_string();
-        let mut updates = BTreeMap::from([(part, Some(entry.clone()))]);
+        let (owner, part) = &parts[k as usize];
+        let mut updates = BTreeMap::from([(part.clone(), Some(entry.clone()))]);
         if k == home {
             let leaves = members.get(id).into_iter().flat_map(|m| m.iter());
-            let leaves = leaves.map(|(uid, _)| {
-                pinned(
-                    membership::record(&topic, &owner(ctx, k), id, &uid, None),
-                    k,
-                )
-            });
+            let leaves =
+                leaves.map(|(uid, _)| pinned(membership::record(&topic, owner, id, &uid, None), k));
             send(producer, leaves).await?;
             updates.insert(id.to_string(), None);
         }
