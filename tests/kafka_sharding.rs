@@ -115,6 +115,16 @@ impl Scene {
         )
     }
 
+    /// A sharded release of every namespace, read once per replica and fanned out to the
+    /// shards, with `kafka` (YAML lines) added to its Kafka settings.
+    fn fanned(&self, kafka: &str, protocol: GroupProtocol) -> Config {
+        let scope = "allNamespaces: true\n    watchStrategy: clusterWide";
+        sharded(
+            &self.bed.config(&self.channel(Some(scope)), kafka),
+            protocol,
+        )
+    }
+
     /// A sharded release of the listed namespaces.
     fn sharded(&self, protocol: GroupProtocol) -> Config {
         sharded(&self.bed.config(&self.channel(None), ""), protocol)
@@ -192,13 +202,7 @@ async fn replicas_share_the_shards_and_handovers_lose_nothing(
     let (bed, names) = (&scene.bed, scene.names());
     let mut cfg = scene.sharded(protocol);
     if fanned {
-        cfg = sharded(
-            &bed.config(
-                &scene.channel(Some("allNamespaces: true\n    watchStrategy: clusterWide")),
-                "",
-            ),
-            protocol,
-        );
+        cfg = scene.fanned("", protocol);
     }
 
     let a = Relay::start(bed, cfg.clone());
@@ -337,13 +341,7 @@ async fn exactly_once_through_scale_three_to_five_to_two_publishes_every_change_
 async fn exactly_once_a_split_of_a_stream_kept_whole_publishes_every_change_once() {
     let scene = Scene::new(8, "split-eos", None).await;
     let bed = &scene.bed;
-    let cfg = sharded(
-        &bed.config(
-            &scene.channel(Some("allNamespaces: true\n    watchStrategy: clusterWide")),
-            "  delivery: exactlyOnce\n",
-        ),
-        GroupProtocol::Classic,
-    );
+    let cfg = scene.fanned("  delivery: exactlyOnce\n", GroupProtocol::Classic);
     // As a release before fan-out left it: the stream recorded whole in its channel's shard.
     let whole = "watchNamespacedPods._all";
     let home = cfg.sharding.shard_of_stream(whole);
@@ -412,13 +410,7 @@ async fn exactly_once_a_split_of_a_stream_kept_whole_publishes_every_change_once
 async fn exactly_once_sharded_kills_during_churn_publish_every_change_once() {
     let scene = Scene::new(8, "sharded-eos", None).await;
     let bed = &scene.bed;
-    let cfg = sharded(
-        &bed.config(
-            &scene.channel(Some("allNamespaces: true\n    watchStrategy: clusterWide")),
-            "  delivery: exactlyOnce\n",
-        ),
-        GroupProtocol::Classic,
-    );
+    let cfg = scene.fanned("  delivery: exactlyOnce\n", GroupProtocol::Classic);
     let steady = Relay::start(bed, cfg.clone());
     let mut killed = Relay::start(bed, cfg.clone());
     wait_spread(&[&steady, &killed]).await;
@@ -460,13 +452,7 @@ async fn exactly_once_sharded_kills_during_churn_publish_every_change_once() {
 async fn scale_three_to_five_to_two(kafka: &str) -> Vec<Msg> {
     let scene = Scene::new(12, "sharded-352", None).await;
     let bed = &scene.bed;
-    let cfg = sharded(
-        &bed.config(
-            &scene.channel(Some("allNamespaces: true\n    watchStrategy: clusterWide")),
-            kafka,
-        ),
-        GroupProtocol::Classic,
-    );
+    let cfg = scene.fanned(kafka, GroupProtocol::Classic);
     let mut live: Vec<Relay> = (0..3).map(|_| Relay::start(bed, cfg.clone())).collect();
     wait_spread(&live.iter().collect::<Vec<_>>()).await;
     for r in &live {
@@ -513,13 +499,7 @@ async fn a_gap_and_a_cut_list_on_the_shared_watch_lose_only_what_the_gap_excuses
     };
     let scene = Scene::served(12, "sharded-gap", None, paged).await;
     let (bed, names) = (&scene.bed, scene.names());
-    let mut cfg = sharded(
-        &bed.config(
-            &scene.channel(Some("allNamespaces: true\n    watchStrategy: clusterWide")),
-            "",
-        ),
-        GroupProtocol::Classic,
-    );
+    let mut cfg = scene.fanned("", GroupProtocol::Classic);
     // Lists of many pages, so that one can be cut midway.
     cfg.kubernetes.list_page_size = 4;
     let replicas = [
